@@ -1,0 +1,235 @@
+/*
+ * args.c — the one flag parser shared by every subcommand.
+ */
+#include "cli.h"
+
+#include <getopt.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int count_opts(const cli_opt *opts) {
+    int n = 0;
+    while (opts && opts[n].name)
+        n++;
+    DT_ASSERT(n < CLI_MAX_OPTS);
+    return n;
+}
+
+static int count_choices(const char *const *choices) {
+    int n = 0;
+    while (choices && choices[n])
+        n++;
+    return n;
+}
+
+static const char *kind_metavar(const cli_opt *o) {
+    if (o->metavar)
+        return o->metavar;
+    switch (o->kind) {
+    case CLI_INT: return "N";
+    case CLI_SIZE: return "SIZE";
+    case CLI_DOUBLE: return "X";
+    case CLI_BOOL: return "BOOL";
+    case CLI_ENUM: return "CHOICE";
+    default: return "VALUE";
+    }
+}
+
+void cli_print_help(const cli_cmd *cmd, FILE *out) {
+    fprintf(out, "usage: %s\n", cmd->usage);
+    if (cmd->summary)
+        fprintf(out, "\n%s\n", cmd->summary);
+    if (cmd->description)
+        fprintf(out, "\n%s\n", cmd->description);
+    int n = count_opts(cmd->opts);
+    fprintf(out, "\noptions:\n");
+    for (int i = 0; i < n; i++) {
+        const cli_opt *o = &cmd->opts[i];
+        char left[96];
+        int len;
+        if (o->short_name)
+            len = snprintf(left, sizeof left, "  -%c, --%s", o->short_name, o->name);
+        else
+            len = snprintf(left, sizeof left, "      --%s", o->name);
+        if (o->kind != CLI_FLAG && len > 0 && (size_t)len < sizeof left)
+            snprintf(left + len, sizeof left - (size_t)len, " %s", kind_metavar(o));
+        fprintf(out, "%-32s %s", left, o->help ? o->help : "");
+        if (o->kind == CLI_ENUM) {
+            fprintf(out, " (");
+            for (int c = 0; o->choices[c]; c++)
+                fprintf(out, "%s%s", c ? "|" : "", o->choices[c]);
+            fprintf(out, ")");
+        }
+        if (o->def)
+            fprintf(out, " [default: %s]", o->def);
+        if (o->env)
+            fprintf(out, " [env: %s]", o->env);
+        fprintf(out, "\n");
+    }
+    fprintf(out, "%-32s %s\n", "  -h, --help", "show this help");
+}
+
+static void print_usage_short(const cli_cmd *cmd) {
+    fprintf(stderr, "usage: %s\n", cmd->usage);
+    if (cmd->parent)
+        fprintf(stderr, "Run 'dtrain %s %s --help' for every option and its default.\n",
+                cmd->parent, cmd->name);
+    else
+        fprintf(stderr, "Run 'dtrain help %s' for every option and its default.\n", cmd->name);
+}
+
+void cli_usage_error(const cli_cmd *cmd, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    fprintf(stderr, "dtrain %s%s%s: error: ", cmd->parent ? cmd->parent : "",
+            cmd->parent ? " " : "", cmd->name);
+    vfprintf(stderr, fmt, ap);
+    fprintf(stderr, "\n");
+    va_end(ap);
+    print_usage_short(cmd);
+    exit(2);
+}
+
+int cli_fail(dt_status st) {
+    const char *msg = dt_last_error();
+    fprintf(stderr, "dtrain: error: %s\n", msg && *msg ? msg : dt_strerror(st));
+    return st == DT_ERR_INVALID ? 2 : 1;
+}
+
+/* Convert the resolved text of option i; on error print and exit 2. */
+static void convert(const cli_cmd *cmd, const cli_opt *o, cli_value *v, const char *knob) {
+    dt_status st = DT_OK;
+    int64_t i;
+    switch (o->kind) {
+    case CLI_FLAG:
+        st = dt_config_parse_bool(knob, v->text, &v->b);
+        break;
+    case CLI_STRING:
+        break;
+    case CLI_INT:
+        st = dt_config_parse_int(knob, v->text, (int64_t)o->min, (int64_t)o->max, &i);
+        if (st == DT_OK)
+            v->i = i;
+        break;
+    case CLI_SIZE:
+        st = dt_config_parse_size(knob, v->text, (size_t)o->min,
+                                  o->max >= 1.8e19 ? SIZE_MAX : (size_t)o->max, &v->size);
+        break;
+    case CLI_DOUBLE:
+        st = dt_config_parse_double(knob, v->text, o->min, o->max, &v->d);
+        break;
+    case CLI_BOOL:
+        st = dt_config_parse_bool(knob, v->text, &v->b);
+        break;
+    case CLI_ENUM:
+        st = dt_config_parse_enum(knob, v->text, o->choices, count_choices(o->choices), &v->e);
+        break;
+    }
+    if (st != DT_OK)
+        cli_usage_error(cmd, "%s", dt_last_error());
+}
+
+void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
+    memset(out, 0, sizeof *out);
+    out->cmd = cmd;
+    int n = count_opts(cmd->opts);
+    struct option longopts[CLI_MAX_OPTS + 2];
+    char shortopts[2 * CLI_MAX_OPTS + 4];
+    size_t sp = 0;
+    shortopts[sp++] = cmd->stop_at_positional ? '+' : '-';
+    shortopts[sp++] = ':';
+    for (int i = 0; i < n; i++) {
+        const cli_opt *o = &cmd->opts[i];
+        longopts[i] = (struct option){o->name, o->kind == CLI_FLAG ? no_argument : required_argument,
+                                      NULL, 1000 + i};
+        if (o->short_name) {
+            shortopts[sp++] = o->short_name;
+            if (o->kind != CLI_FLAG)
+                shortopts[sp++] = ':';
+        }
+    }
+    longopts[n] = (struct option){"help", no_argument, NULL, 'h'};
+    longopts[n + 1] = (struct option){0};
+    shortopts[sp++] = 'h';
+    shortopts[sp] = '\0';
+
+    /* Positionals are collected in order; '-' mode returns them as 1. */
+    char **positional = calloc((size_t)argc + 1, sizeof *positional);
+    DT_ASSERT(positional);
+    int npos = 0;
+    optind = 1;
+    opterr = 0;
+    for (;;) {
+        int longidx = -1;
+        int c = getopt_long(argc, argv, shortopts, longopts, &longidx);
+        if (c == -1)
+            break;
+        if (c == 1) {
+            positional[npos++] = optarg;
+            continue;
+        }
+        if (c == 'h') {
+            cli_print_help(cmd, stdout);
+            exit(0);
+        }
+        if (c == '?') {
+            if (optopt)
+                cli_usage_error(cmd, "unknown option '-%c'", optopt);
+            cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+        }
+        if (c == ':')
+            cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
+        int idx = -1;
+        if (c >= 1000)
+            idx = c - 1000;
+        else
+            for (int i = 0; i < n; i++)
+                if (cmd->opts[i].short_name == c)
+                    idx = i;
+        DT_ASSERT(idx >= 0 && idx < n);
+        cli_value *v = &out->values[idx];
+        v->set = true;
+        v->text = cmd->opts[idx].kind == CLI_FLAG ? "1" : optarg;
+    }
+    for (int i = optind; i < argc; i++)
+        positional[npos++] = argv[i];
+    out->argc = npos;
+    out->argv = positional; /* lives until exit, like argv */
+
+    for (int i = 0; i < n; i++) {
+        const cli_opt *o = &cmd->opts[i];
+        cli_value *v = &out->values[i];
+        char knob[80];
+        snprintf(knob, sizeof knob, "--%s", o->name);
+        if (!v->set && o->env) {
+            const char *e = getenv(o->env);
+            if (e && *e) {
+                v->set = true;
+                v->text = e;
+                snprintf(knob, sizeof knob, "%s", o->env);
+            }
+        }
+        if (!v->set)
+            v->text = o->kind == CLI_FLAG ? "0" : o->def;
+        if (v->text)
+            convert(cmd, o, v, knob);
+    }
+}
+
+static int find(const cli_args *a, const char *name) {
+    for (int i = 0; a->cmd->opts[i].name; i++)
+        if (strcmp(a->cmd->opts[i].name, name) == 0)
+            return i;
+    dt__assert_fail(name, __FILE__, __LINE__, "cli option lookup");
+}
+
+const cli_value *cli_get(const cli_args *a, const char *name) { return &a->values[find(a, name)]; }
+const char *cli_str(const cli_args *a, const char *name) { return cli_get(a, name)->text; }
+int64_t cli_int(const cli_args *a, const char *name) { return cli_get(a, name)->i; }
+size_t cli_size(const cli_args *a, const char *name) { return cli_get(a, name)->size; }
+double cli_double(const cli_args *a, const char *name) { return cli_get(a, name)->d; }
+bool cli_bool(const cli_args *a, const char *name) { return cli_get(a, name)->b; }
+int cli_enum(const cli_args *a, const char *name) { return cli_get(a, name)->e; }
+bool cli_is_set(const cli_args *a, const char *name) { return cli_get(a, name)->set; }

@@ -1,0 +1,98 @@
+/*
+ * cli.h — the dtrain command's subcommand table and its one flag parser.
+ *
+ * Every subcommand declares its flags as a table of cli_opt. cli_parse()
+ * builds the getopt_long table from it, resolves each value (flag, else the
+ * DT_* variable, else the default), converts and range-checks it with the
+ * core config parsers, and on any error prints the message and the usage and
+ * exits 2. After a successful parse the typed getters cannot fail.
+ */
+#ifndef DTRAIN_CLI_H
+#define DTRAIN_CLI_H
+
+#include "dtrain/core.h"
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+
+typedef enum cli_kind {
+    CLI_FLAG,   /* no argument; presence sets it */
+    CLI_STRING, /* any text */
+    CLI_INT,    /* integer in [min, max] */
+    CLI_SIZE,   /* size with K/M/G suffix in [min, max] */
+    CLI_DOUBLE, /* finite real in [min, max] */
+    CLI_BOOL,   /* 1/0, true/false, yes/no, on/off */
+    CLI_ENUM,   /* one of choices[] */
+} cli_kind;
+
+typedef struct cli_opt {
+    const char *name;              /* long name without "--" */
+    char short_name;               /* one-letter alias, or 0 */
+    cli_kind kind;                 /* how the value is parsed */
+    const char *metavar;           /* shown in help ("N", "FILE") */
+    const char *def;               /* default as text, or NULL for none */
+    const char *env;               /* DT_* variable read when the flag is absent */
+    const char *help;              /* one line */
+    const char *const *choices;    /* CLI_ENUM only, NULL-terminated */
+    double min, max;               /* CLI_INT / CLI_SIZE / CLI_DOUBLE range */
+} cli_opt;
+
+#define CLI_MAX_OPTS 64
+
+typedef struct cli_value {
+    bool set;         /* given on the command line or by the environment */
+    const char *text; /* resolved text (flag, env or default), or NULL */
+    int64_t i;        /* CLI_INT */
+    size_t size;      /* CLI_SIZE */
+    double d;         /* CLI_DOUBLE */
+    bool b;           /* CLI_BOOL and CLI_FLAG */
+    int e;            /* CLI_ENUM: index into choices */
+} cli_value;
+
+typedef struct cli_cmd cli_cmd;
+
+typedef struct cli_args {
+    const cli_cmd *cmd;
+    cli_value values[CLI_MAX_OPTS]; /* parallel to cmd->opts */
+    int argc;                       /* positional arguments left */
+    char **argv;
+} cli_args;
+
+struct cli_cmd {
+    const char *name;        /* "train" */
+    const char *parent;      /* "bench" for `dtrain bench comm`, else NULL */
+    const char *summary;     /* one line for `dtrain --help` */
+    const char *usage;       /* "dtrain train [OPTIONS]" */
+    const char *description; /* paragraph(s) for `dtrain help train`, may be NULL */
+    const cli_opt *opts;     /* terminated by an entry with name == NULL */
+    int (*run)(cli_args *args);
+    bool stop_at_positional; /* true: options end at the first positional (launch) */
+};
+
+/* Parse argv (argv[0] is the subcommand name). Exits 0 after printing help
+ * for --help, exits 2 after printing an error and the usage on bad input. */
+void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out);
+
+const cli_value *cli_get(const cli_args *a, const char *name);
+const char *cli_str(const cli_args *a, const char *name);
+int64_t cli_int(const cli_args *a, const char *name);
+size_t cli_size(const cli_args *a, const char *name);
+double cli_double(const cli_args *a, const char *name);
+bool cli_bool(const cli_args *a, const char *name);
+int cli_enum(const cli_args *a, const char *name);
+bool cli_is_set(const cli_args *a, const char *name);
+
+void cli_print_help(const cli_cmd *cmd, FILE *out);
+/* Print "dtrain <cmd>: error: <msg>" and the usage, then exit 2. */
+_Noreturn void cli_usage_error(const cli_cmd *cmd, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Print "dtrain: error: <dt_last_error() or strerror>" and return an exit
+ * code for the status (1 in general, 2 for DT_ERR_INVALID). */
+int cli_fail(dt_status st);
+
+/* Subcommands, each defined in src/cli/cmd_<name>.c. */
+extern const cli_cmd cli_cmd_version;
+extern const cli_cmd cli_cmd_bench;
+
+#endif /* DTRAIN_CLI_H */

@@ -1,0 +1,75 @@
+/*
+ * cmd_bench.c — `dtrain bench WHAT`: dispatch to a benchmark.
+ *
+ * Each benchmark is its own cli_cmd (own flags, own help) listed in the
+ * table below, so `dtrain bench comm --help` works like any subcommand.
+ */
+#include "cli.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* `dtrain bench rng`: Philox throughput, the cost of our random numbers. */
+static const cli_opt rng_opts[] = {
+    {"count", 'n', CLI_SIZE, "N", "64M", NULL, "32-bit numbers to draw", NULL, 1, 1e12},
+    {"seed", 0, CLI_INT, "S", "1", NULL, "seed", NULL, 0, 9.2e18},
+    {0},
+};
+
+static int run_rng(cli_args *a) {
+    size_t n = cli_size(a, "count");
+    dt_rng r;
+    dt_rng_init(&r, (uint64_t)cli_int(a, "seed"), dt_rng_stream_id(0, 0, DT_RNG_TEST));
+    uint32_t acc = 0;
+    double t0 = dt_now();
+    for (size_t i = 0; i < n; i++)
+        acc ^= dt_rng_u32(&r);
+    double dt = dt_now() - t0;
+    printf("%-12s %14s %12s %12s\n", "generator", "numbers", "time (s)", "M/s");
+    printf("%-12s %14zu %12.3f %12.1f\n", "philox4x32", n, dt, (double)n / dt * 1e-6);
+    return acc == 0x12345678u ? 0 : 0; /* acc keeps the loop from being optimised away */
+}
+
+static const cli_cmd bench_rng = {
+    .name = "rng",
+    .parent = "bench",
+    .summary = "Philox4x32-10 throughput",
+    .usage = "dtrain bench rng [--count N]",
+    .opts = rng_opts,
+    .run = run_rng,
+};
+
+static const cli_cmd *const benches[] = {
+    &bench_rng,
+};
+#define NBENCHES (sizeof benches / sizeof benches[0])
+
+static const cli_opt bench_opts[] = {{0}};
+
+static const char bench_description[] =
+    "benchmarks:\n"
+    "  rng        Philox4x32-10 throughput\n"
+    "Run 'dtrain bench WHAT --help' for a benchmark's options.";
+
+static int run_bench(cli_args *a) {
+    if (a->argc < 1)
+        cli_usage_error(a->cmd, "which benchmark? (see 'dtrain help bench')");
+    for (size_t i = 0; i < NBENCHES; i++) {
+        if (strcmp(benches[i]->name, a->argv[0]) == 0) {
+            cli_args sub;
+            cli_parse(benches[i], a->argc, a->argv, &sub);
+            return benches[i]->run(&sub);
+        }
+    }
+    cli_usage_error(a->cmd, "unknown benchmark '%s'", a->argv[0]);
+}
+
+const cli_cmd cli_cmd_bench = {
+    .name = "bench",
+    .summary = "run a benchmark and print a table",
+    .usage = "dtrain bench WHAT [OPTIONS]",
+    .description = bench_description,
+    .opts = bench_opts,
+    .run = run_bench,
+    .stop_at_positional = true,
+};

@@ -1,0 +1,122 @@
+/*
+ * test.h — a tiny assertion header for dtrain's tests.
+ *
+ * Each test file is its own program (ctest runs it as a separate process
+ * with a timeout). A failed assertion prints both sides with file:line and
+ * exits 1 immediately: a test that fails must not go on to pass.
+ *
+ *     static void test_sizes(void) {
+ *         size_t v;
+ *         ASSERT_OK(dt_config_parse_size("--x", "64K", 0, SIZE_MAX, &v));
+ *         ASSERT_EQ(v, 65536);
+ *     }
+ *     int main(void) { RUN(test_sizes); return TEST_SUMMARY(); }
+ */
+#ifndef DTRAIN_TEST_H
+#define DTRAIN_TEST_H
+
+#include "dtrain/core.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int test__run_count;
+static const char *test__current = "";
+
+static inline _Noreturn void test__fail(const char *file, int line, const char *msg) {
+    fprintf(stderr, "FAIL %s\n  %s:%d: %s\n", test__current, file, line, msg);
+    const char *err = dt_last_error();
+    if (err && *err)
+        fprintf(stderr, "  dt_last_error: %s\n", err);
+    fflush(stderr);
+    exit(1);
+}
+
+#define TEST_FAILF(...)                                                                            \
+    do {                                                                                           \
+        char test__msg[1024];                                                                      \
+        snprintf(test__msg, sizeof test__msg, __VA_ARGS__);                                        \
+        test__fail(__FILE__, __LINE__, test__msg);                                                 \
+    } while (0)
+
+#define ASSERT_TRUE(cond)                                                                          \
+    do {                                                                                           \
+        if (!(cond))                                                                               \
+            TEST_FAILF("expected true: %s", #cond);                                                \
+    } while (0)
+
+/* Integer equality, printing both values (signed comparison via intmax_t,
+ * unsigned values above INTMAX_MAX compare through uintmax_t). */
+#define ASSERT_EQ(a, b)                                                                            \
+    do {                                                                                           \
+        intmax_t test__a = (intmax_t)(a), test__b = (intmax_t)(b);                                 \
+        if (test__a != test__b)                                                                    \
+            TEST_FAILF("%s == %s\n    left:  %jd (0x%jx)\n    right: %jd (0x%jx)", #a, #b,         \
+                       test__a, (uintmax_t)test__a, test__b, (uintmax_t)test__b);                  \
+    } while (0)
+
+#define ASSERT_NE(a, b)                                                                            \
+    do {                                                                                           \
+        intmax_t test__a = (intmax_t)(a), test__b = (intmax_t)(b);                                 \
+        if (test__a == test__b)                                                                    \
+            TEST_FAILF("%s != %s\n    both: %jd", #a, #b, test__a);                                \
+    } while (0)
+
+#define ASSERT_STREQ(a, b)                                                                         \
+    do {                                                                                           \
+        const char *test__a = (a), *test__b = (b);                                                 \
+        if (!test__a || !test__b || strcmp(test__a, test__b) != 0)                                 \
+            TEST_FAILF("%s == %s\n    left:  \"%s\"\n    right: \"%s\"", #a, #b,                   \
+                       test__a ? test__a : "(null)", test__b ? test__b : "(null)");                \
+    } while (0)
+
+#define ASSERT_CONTAINS(haystack, needle)                                                          \
+    do {                                                                                           \
+        const char *test__h = (haystack), *test__n = (needle);                                     \
+        if (!test__h || !strstr(test__h, test__n))                                                 \
+            TEST_FAILF("expected \"%s\" to contain \"%s\"", test__h ? test__h : "(null)",          \
+                       test__n);                                                                   \
+    } while (0)
+
+/* |a - b| <= atol + rtol * |b| */
+#define ASSERT_NEAR(a, b, rtol, atol)                                                              \
+    do {                                                                                           \
+        double test__a = (double)(a), test__b = (double)(b);                                       \
+        double test__tol = (double)(atol) + (double)(rtol)*fabs(test__b);                          \
+        if (!(fabs(test__a - test__b) <= test__tol))                                               \
+            TEST_FAILF("%s ~= %s\n    left:  %.9g\n    right: %.9g\n    diff:  %.3g > tol %.3g",   \
+                       #a, #b, test__a, test__b, fabs(test__a - test__b), test__tol);              \
+    } while (0)
+
+#define ASSERT_OK(call)                                                                            \
+    do {                                                                                           \
+        dt_status test__st = (call);                                                               \
+        if (test__st != DT_OK)                                                                     \
+            TEST_FAILF("%s returned %s (%s)", #call, dt_status_name(test__st),                     \
+                       dt_strerror(test__st));                                                     \
+    } while (0)
+
+#define ASSERT_STATUS(call, expected)                                                              \
+    do {                                                                                           \
+        dt_status test__st = (call);                                                               \
+        if (test__st != (expected))                                                                \
+            TEST_FAILF("%s returned %s, expected %s", #call, dt_status_name(test__st),             \
+                       dt_status_name(expected));                                                  \
+    } while (0)
+
+#define RUN(fn)                                                                                    \
+    do {                                                                                           \
+        test__current = #fn;                                                                       \
+        dt_error_clear();                                                                          \
+        fn();                                                                                      \
+        test__run_count++;                                                                         \
+        printf("ok %s\n", #fn);                                                                    \
+        fflush(stdout);                                                                            \
+    } while (0)
+
+#define TEST_SUMMARY() (printf("%d passed, 0 failed\n", test__run_count), 0)
+
+#endif /* DTRAIN_TEST_H */
