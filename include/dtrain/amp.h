@@ -1,0 +1,248 @@
+/*
+ * dtrain/amp.h — low precision: CPU features, 16-bit conversions, bf16
+ * matrix multiply, and the fp16 dynamic loss scaler.
+ *
+ * Overview
+ * --------
+ * Mixed-precision training keeps fp32 master weights and computes in a
+ * 16-bit type. This layer gives the rest of dtrain the four pieces that
+ * need no model:
+ *
+ *   1. Runtime CPU-feature detection. dt_isa() is the best instruction-set
+ *      level this CPU and OS can run (cpuid, XCR0 via xgetbv, and for AMX the
+ *      Linux permission request for the tile data state), optionally lowered
+ *      by DT_ISA=scalar|avx2|avx512|avx512bf16|amx. Every kernel here
+ *      dispatches on dt_isa(), so forcing a lower level exercises the
+ *      fallback on any machine. Asking for a level the CPU lacks is an error.
+ *   2. Conversions fp32 <-> bf16 (round to nearest even, NaN stays NaN) and
+ *      fp32 <-> fp16 (IEEE binary16, round to nearest even, subnormals kept).
+ *      Every vector path is bit-identical to the scalar reference.
+ *   3. C = A x B (+ C) with A, B in bf16, products accumulated in fp32, C in
+ *      fp32 or bf16, row-major, in the four transposition variants. Backends:
+ *      oneDNN's matmul (primitives cached per shape), OpenBLAS's
+ *      cblas_sbgemm when the installed OpenBLAS exports it, our own
+ *      AVX512-BF16 (vdpbf16ps) kernel, and a scalar reference.
+ *   4. The fp16 dynamic loss scaler (PyTorch GradScaler semantics), a fast
+ *      inf/nan check over a flat fp32 buffer, and unscaling.
+ *
+ * Example
+ * -------
+ *     if (dt_isa_init() != DT_OK)              // validates DT_ISA
+ *         return fail(dt_last_error());
+ *     dt_f32_to_bf16(wb, w, n);                // fp32 master -> bf16 copy
+ *     // out(BT,OC) = inp(BT,C) x W(OC,C)^T, the forward of a linear layer
+ *     DT_CHECK(dt_gemm_bf16(DT_GEMM_NT, BT, OC, C, inp, wb, out, DT_GEMM_OUT_F32, false));
+ *
+ *     dt_scaler s;
+ *     dt_scaler_init(&s, NULL);                // 2^16, x2 / 2000 steps, x0.5
+ *     ... backward with the loss multiplied by dt_scaler_scale(&s) ...
+ *     bool found_inf = dt_unscale(grads, n, 1.0f / dt_scaler_scale(&s));
+ *     if (!found_inf) optimizer_step();
+ *     dt_scaler_update(&s, found_inf);
+ */
+#ifndef DTRAIN_AMP_H
+#define DTRAIN_AMP_H
+
+#include "dtrain/core.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Instruction-set levels                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Ordered: each level implies the ones below it. */
+typedef enum dt_isa_level {
+    DT_ISA_SCALAR,     /* plain C */
+    DT_ISA_AVX2,       /* AVX2 + FMA + F16C, YMM state enabled by the OS */
+    DT_ISA_AVX512,     /* + AVX512 F/BW/VL/DQ, ZMM state enabled */
+    DT_ISA_AVX512BF16, /* + AVX512_BF16 (vdpbf16ps, vcvtneps2bf16) */
+    DT_ISA_AMX,        /* + AMX-TILE/AMX-BF16, tile state enabled and permitted */
+    DT_ISA_COUNT
+} dt_isa_level;
+
+/* Individual features found (for reports; dispatch uses the level). */
+typedef struct dt_cpu_features {
+    bool avx2, fma, f16c;                       /* with YMM state enabled */
+    bool avx512f, avx512bw, avx512vl, avx512dq; /* with ZMM state enabled */
+    bool avx512_bf16, avx512_fp16;
+    bool amx_tile, amx_bf16; /* cpuid bits */
+    bool amx_os;             /* XCR0 tile bits set and arch_prctl granted */
+    dt_isa_level max_level;  /* best level this CPU + OS can run */
+    char amx_note[96];       /* why AMX is unavailable, or "" */
+} dt_cpu_features;
+
+/* Detected once (thread-safe); never fails. */
+const dt_cpu_features *dt_cpu_features_get(void);
+
+/* Read DT_ISA (once; later calls return the first result). DT_ERR_INVALID for
+ * an unknown name, DT_ERR_UNSUPPORTED for a level above the CPU's, each with
+ * a message naming the value and what the CPU supports. Optional: dt_isa()
+ * calls it lazily and, on error, logs the message and uses the CPU's level. */
+dt_status dt_isa_init(void);
+
+/* The active level: min(DT_ISA or dt_isa_set, CPU level). */
+dt_isa_level dt_isa(void);
+
+/* Force the active level (tests, benchmarks). DT_ERR_UNSUPPORTED above the
+ * CPU's level, leaving the active level unchanged. Not meant to race with
+ * running kernels. */
+dt_status dt_isa_set(dt_isa_level level);
+
+/* "scalar", "avx2", "avx512", "avx512bf16", "amx"; "?" out of range. */
+const char *dt_isa_name(dt_isa_level level);
+
+/* Parse a name of dt_isa_name(); DT_ERR_INVALID with a message otherwise. */
+dt_status dt_isa_parse(const char *knob, const char *text, dt_isa_level *out);
+
+/* ------------------------------------------------------------------------ */
+/* 16-bit floating point                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef uint16_t dt_bf16; /* bfloat16: fp32's sign, 8-bit exponent, top 7 mantissa bits */
+typedef uint16_t dt_f16;  /* IEEE 754 binary16 */
+
+/* Scalar references (the definition every vector path must match bit for bit).
+ *
+ * fp32 -> bf16: round to nearest, ties to even, on the 32-bit pattern; a NaN
+ * keeps its sign and top payload bits and gets the quiet bit set (so a NaN
+ * whose payload sits in the low 16 bits cannot become infinity); subnormals
+ * are rounded like any other value (no flush to zero).
+ * bf16 -> fp32: exact (a 16-bit shift); NaNs are passed through unchanged.
+ * fp32 <-> fp16: IEEE round to nearest even with subnormals and overflow to
+ * infinity, NaNs quieted with their top payload bits kept — exactly what the
+ * F16C instructions vcvtps2ph (imm 0) and vcvtph2ps do. */
+dt_bf16 dt_bf16_from_f32(float x);
+float dt_f32_from_bf16(dt_bf16 x);
+dt_f16 dt_f16_from_f32(float x);
+float dt_f32_from_f16(dt_f16 x);
+
+/* Array conversions, dispatched on dt_isa(). out and in must not overlap. */
+void dt_f32_to_bf16(dt_bf16 *out, const float *in, size_t n);
+void dt_bf16_to_f32(float *out, const dt_bf16 *in, size_t n);
+void dt_f32_to_f16(dt_f16 *out, const float *in, size_t n);
+void dt_f16_to_f32(float *out, const dt_f16 *in, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* bf16 matrix multiply                                                     */
+/* ------------------------------------------------------------------------ */
+/*
+ * C(M,N) = op(A) x op(B) (+ C), row-major and densely packed:
+ *   DT_GEMM_NN: A is (M,K), B is (K,N)    e.g. dinp = dout x W
+ *   DT_GEMM_NT: A is (M,K), B is (N,K)    e.g. out  = inp x W^T   (forward)
+ *   DT_GEMM_TN: A is (K,M), B is (K,N)    e.g. dW  += dout^T x inp
+ *   DT_GEMM_TT: A is (K,M), B is (N,K)
+ * Products are summed in fp32 (the order of the sum differs by backend), then
+ * added to C if `accumulate`, then stored as fp32 or rounded to bf16.
+ */
+typedef enum dt_gemm_op {
+    DT_GEMM_NN,
+    DT_GEMM_NT,
+    DT_GEMM_TN,
+    DT_GEMM_TT,
+    DT_GEMM_OP_COUNT
+} dt_gemm_op;
+
+typedef enum dt_gemm_out { DT_GEMM_OUT_F32, DT_GEMM_OUT_BF16, DT_GEMM_OUT_COUNT } dt_gemm_out;
+
+typedef enum dt_gemm_backend {
+    DT_GEMM_AUTO,     /* DT_GEMM_BACKEND, else the fastest available (measured) */
+    DT_GEMM_REF,      /* scalar C, fp32 accumulation in k order */
+    DT_GEMM_ONEDNN,   /* oneDNN matmul; honours dt_isa() through its max ISA */
+    DT_GEMM_OPENBLAS, /* cblas_sbgemm, when the OpenBLAS library exports it */
+    DT_GEMM_AVX512,   /* our vdpbf16ps kernel; needs dt_isa() >= avx512bf16 */
+    DT_GEMM_BACKEND_COUNT
+} dt_gemm_backend;
+
+/* "auto", "ref", "onednn", "openblas", "avx512". */
+const char *dt_gemm_backend_name(dt_gemm_backend b);
+dt_status dt_gemm_backend_parse(const char *knob, const char *text, dt_gemm_backend *out);
+
+/* Whether a backend can run at the current dt_isa(); if not and `why` is
+ * given, a reason ("OpenBLAS 0.3.21 has no cblas_sbgemm") is written. */
+bool dt_gemm_backend_available(dt_gemm_backend b, char *why, size_t why_len);
+
+/* What DT_GEMM_AUTO resolves to now (reads DT_GEMM_BACKEND once). */
+dt_gemm_backend dt_gemm_backend_default(void);
+
+/* The multiply through the default backend. DT_ERR_INVALID for bad sizes
+ * (M, N, K >= 1 and each below 2^31) or NULL pointers. */
+dt_status dt_gemm_bf16(dt_gemm_op op, int M, int N, int K, const dt_bf16 *A, const dt_bf16 *B,
+                       void *C, dt_gemm_out out, bool accumulate);
+
+/* The same through a chosen backend; DT_ERR_UNSUPPORTED if it cannot run. */
+dt_status dt_gemm_bf16_with(dt_gemm_backend b, dt_gemm_op op, int M, int N, int K, const dt_bf16 *A,
+                            const dt_bf16 *B, void *C, dt_gemm_out out, bool accumulate);
+
+/* Release cached oneDNN primitives and packing buffers (at exit, or to
+ * bound memory after many shapes). Safe to call at any time no multiply
+ * is running. */
+void dt_gemm_release(void);
+
+/* ------------------------------------------------------------------------ */
+/* Dynamic loss scaling                                                     */
+/* ------------------------------------------------------------------------ */
+/*
+ * fp16 gradients underflow unless the loss is multiplied by a large scale
+ * before backward. dt_scaler follows PyTorch's GradScaler: after a step
+ * whose gradients hold an inf or nan the step is skipped and the scale is
+ * multiplied by backoff (0.5); after `growth_interval` consecutive clean
+ * steps it is multiplied by growth (2) and the count restarts.
+ */
+typedef struct dt_scaler_config {
+    double init_scale;       /* 65536 */
+    double growth_factor;    /* 2.0, > 1 */
+    double backoff_factor;   /* 0.5, in (0, 1) */
+    int64_t growth_interval; /* 2000 clean steps, >= 1 */
+} dt_scaler_config;
+
+typedef struct dt_scaler {
+    dt_scaler_config cfg;   /* fixed after init */
+    float scale;            /* the current multiplier of the loss */
+    int64_t growth_tracker; /* consecutive clean steps since the last change */
+    int64_t skipped;        /* steps skipped for inf/nan since init */
+    int64_t steps;          /* updates since init */
+} dt_scaler;
+
+/* The defaults above. */
+dt_scaler_config dt_scaler_config_default(void);
+
+/* Validate cfg (NULL means the defaults) and start. DT_ERR_INVALID names
+ * the bad field and value. */
+dt_status dt_scaler_init(dt_scaler *s, const dt_scaler_config *cfg);
+
+static inline float dt_scaler_scale(const dt_scaler *s) { return s->scale; }
+
+/* After a step: found_inf -> scale *= backoff, tracker = 0, skipped++;
+ * else tracker++, and at growth_interval scale *= growth, tracker = 0.
+ * Returns true if the step must be skipped (found_inf). The scale stays a
+ * finite positive float: growth saturates below FLT_MAX, and backoff stops
+ * at the smallest normal float. */
+bool dt_scaler_update(dt_scaler *s, bool found_inf);
+
+/* Checkpoint state: scale, growth tracker, skipped, steps. set validates
+ * (scale finite > 0, counters >= 0, tracker < interval). */
+typedef struct dt_scaler_state {
+    float scale;
+    int64_t growth_tracker, skipped, steps;
+} dt_scaler_state;
+void dt_scaler_get_state(const dt_scaler *s, dt_scaler_state *out);
+dt_status dt_scaler_set_state(dt_scaler *s, const dt_scaler_state *st);
+
+/* True if any of x[0..n) is inf or nan. Vectorised, reads the whole buffer. */
+bool dt_has_inf_nan(const float *x, size_t n);
+
+/* x *= inv_scale over x[0..n), and returns true if any element is inf or
+ * nan before scaling (one pass; the buffer is scaled either way). */
+bool dt_unscale(float *x, size_t n, float inv_scale);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_AMP_H */
