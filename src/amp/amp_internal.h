@@ -1,0 +1,32 @@
+/*
+ * amp_internal.h — what the files of src/amp share: the arguments of one
+ * multiply, already validated by gemm.c, and the backend entry points.
+ */
+#ifndef DTRAIN_AMP_INTERNAL_H
+#define DTRAIN_AMP_INTERNAL_H
+
+#include "dtrain/amp.h"
+
+typedef struct dt__gemm_args {
+    dt_gemm_op op;
+    int M, N, K;      /* C is (M,N); the sum runs over K */
+    const dt_bf16 *A; /* (M,K), or (K,M) when op transposes A */
+    const dt_bf16 *B; /* (K,N), or (N,K) when op transposes B */
+    void *C;          /* (M,N) fp32 or bf16 */
+    dt_gemm_out out;  /* C's type */
+    bool accumulate;  /* C += A x B instead of C = A x B */
+} dt__gemm_args;
+
+static inline bool dt__gemm_trans_a(dt_gemm_op op) { return op == DT_GEMM_TN || op == DT_GEMM_TT; }
+static inline bool dt__gemm_trans_b(dt_gemm_op op) { return op == DT_GEMM_NT || op == DT_GEMM_TT; }
+
+/* oneDNN (gemm_onednn.c). */
+bool dt__gemm_onednn_available(char *why, size_t why_len);
+dt_status dt__gemm_onednn(const dt__gemm_args *g);
+void dt__gemm_onednn_release(void);
+
+/* Our AVX512-BF16 kernel (gemm_avx512.c); needs dt_isa() >= avx512bf16. */
+dt_status dt__gemm_avx512(const dt__gemm_args *g);
+void dt__gemm_avx512_release(void);
+
+#endif /* DTRAIN_AMP_INTERNAL_H */

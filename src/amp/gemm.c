@@ -1,0 +1,203 @@
+/*
+ * gemm.c — the bf16 matrix multiply's front door: argument checks, backend
+ * names and choice, the scalar reference backend, and OpenBLAS's
+ * cblas_sbgemm when the library exports it.
+ *
+ * The default backend (DT_GEMM_AUTO) is the first available in
+ * `auto_order`, an order taken from `dtrain bench gemm-bf16` on a Sapphire
+ * Rapids machine (docs/amp.md has the table); DT_GEMM_BACKEND overrides it.
+ *
+ * OpenBLAS declares cblas_sbgemm in its header in every build, but only
+ * builds with BUILD_BFLOAT16=1 define it (Debian's 0.3.21 does not), so the
+ * symbol is looked up at run time with dlsym instead of linked: a library
+ * without it still loads, and one with it is used.
+ */
+#include "amp_internal.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const backend_names[DT_GEMM_BACKEND_COUNT] = {"auto", "ref", "onednn",
+                                                                 "openblas", "avx512"};
+_Static_assert(sizeof backend_names / sizeof backend_names[0] == DT_GEMM_BACKEND_COUNT,
+               "one name per backend");
+
+/* Fastest first, as measured (docs/amp.md). The reference is always last. */
+static const dt_gemm_backend auto_order[] = {DT_GEMM_ONEDNN, DT_GEMM_AVX512, DT_GEMM_OPENBLAS,
+                                             DT_GEMM_REF};
+
+const char *dt_gemm_backend_name(dt_gemm_backend b) {
+    return (unsigned)b < DT_GEMM_BACKEND_COUNT ? backend_names[b] : "?";
+}
+
+dt_status dt_gemm_backend_parse(const char *knob, const char *text, dt_gemm_backend *out) {
+    int idx;
+    DT_CHECK(dt_config_parse_enum(knob, text, backend_names, DT_GEMM_BACKEND_COUNT, &idx));
+    *out = (dt_gemm_backend)idx;
+    return DT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* OpenBLAS cblas_sbgemm, looked up at run time                             */
+/* ------------------------------------------------------------------------ */
+
+/* The CBLAS enum values are fixed by the CBLAS standard. */
+enum { CBLAS_ROW_MAJOR = 101, CBLAS_NO_TRANS = 111, CBLAS_TRANS = 112 };
+typedef void (*sbgemm_fn)(int order, int ta, int tb, int M, int N, int K, float alpha,
+                          const dt_bf16 *A, int lda, const dt_bf16 *B, int ldb, float beta,
+                          float *C, int ldc);
+
+static sbgemm_fn sbgemm;
+static pthread_once_t sbgemm_once = PTHREAD_ONCE_INIT;
+
+static void sbgemm_lookup(void) {
+    void *sym = dlsym(RTLD_DEFAULT, "cblas_sbgemm");
+    memcpy(&sbgemm, &sym, sizeof sym); /* object -> function pointer, POSIX-sanctioned */
+}
+
+static dt_status gemm_openblas(const dt__gemm_args *g) {
+    bool ta = dt__gemm_trans_a(g->op), tb = dt__gemm_trans_b(g->op);
+    int lda = ta ? g->M : g->K, ldb = tb ? g->K : g->N;
+    size_t mn = (size_t)g->M * (size_t)g->N;
+    float *c32 = g->out == DT_GEMM_OUT_F32 ? g->C : NULL;
+    if (!c32) { /* bf16 output: compute in fp32, then add and round */
+        c32 = dt_alloc(mn * sizeof(float));
+        if (!c32)
+            return DT_ERR_NOMEM;
+        if (g->accumulate)
+            dt_bf16_to_f32(c32, g->C, mn);
+    }
+    sbgemm(CBLAS_ROW_MAJOR, ta ? CBLAS_TRANS : CBLAS_NO_TRANS, tb ? CBLAS_TRANS : CBLAS_NO_TRANS,
+           g->M, g->N, g->K, 1.0f, g->A, lda, g->B, ldb, g->accumulate ? 1.0f : 0.0f, c32, g->N);
+    if (c32 != g->C) {
+        dt_f32_to_bf16(g->C, c32, mn);
+        dt_free(c32);
+    }
+    return DT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Scalar reference                                                         */
+/* ------------------------------------------------------------------------ */
+
+/* Sums products in k order in fp32; every bf16 x bf16 product is exact in
+ * fp32 (8 + 8 significant bits), so only the additions round. */
+static dt_status gemm_ref(const dt__gemm_args *g) {
+    bool ta = dt__gemm_trans_a(g->op), tb = dt__gemm_trans_b(g->op);
+    int M = g->M, N = g->N, K = g->K;
+    for (int i = 0; i < M; i++) {
+        for (int j = 0; j < N; j++) {
+            float acc = 0.0f;
+            for (int k = 0; k < K; k++) {
+                dt_bf16 a = ta ? g->A[(size_t)k * M + i] : g->A[(size_t)i * K + k];
+                dt_bf16 b = tb ? g->B[(size_t)j * K + k] : g->B[(size_t)k * N + j];
+                acc += dt_f32_from_bf16(a) * dt_f32_from_bf16(b);
+            }
+            size_t o = (size_t)i * N + j;
+            if (g->out == DT_GEMM_OUT_F32) {
+                float *c = g->C;
+                c[o] = g->accumulate ? c[o] + acc : acc;
+            } else {
+                dt_bf16 *c = g->C;
+                c[o] = dt_bf16_from_f32(g->accumulate ? dt_f32_from_bf16(c[o]) + acc : acc);
+            }
+        }
+    }
+    return DT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Choice and dispatch                                                      */
+/* ------------------------------------------------------------------------ */
+
+bool dt_gemm_backend_available(dt_gemm_backend b, char *why, size_t why_len) {
+    char dummy[160];
+    if (!why) {
+        why = dummy;
+        why_len = sizeof dummy;
+    }
+    why[0] = '\0';
+    switch (b) {
+    case DT_GEMM_AUTO:
+    case DT_GEMM_REF: return true;
+    case DT_GEMM_ONEDNN: return dt__gemm_onednn_available(why, why_len);
+    case DT_GEMM_OPENBLAS:
+        pthread_once(&sbgemm_once, sbgemm_lookup);
+        if (!sbgemm)
+            snprintf(why, why_len,
+                     "the loaded OpenBLAS has no cblas_sbgemm (built without "
+                     "BUILD_BFLOAT16)");
+        return sbgemm != NULL;
+    case DT_GEMM_AVX512:
+        if (dt_isa() < DT_ISA_AVX512BF16)
+            snprintf(why, why_len, "needs ISA avx512bf16, active is %s", dt_isa_name(dt_isa()));
+        return dt_isa() >= DT_ISA_AVX512BF16;
+    case DT_GEMM_BACKEND_COUNT: break;
+    }
+    snprintf(why, why_len, "unknown backend %d", (int)b);
+    return false;
+}
+
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static dt_gemm_backend env_backend = DT_GEMM_AUTO;
+
+static void read_env_backend(void) {
+    const char *env = getenv("DT_GEMM_BACKEND");
+    if (!env || !*env)
+        return;
+    if (dt_gemm_backend_parse("DT_GEMM_BACKEND", env, &env_backend) != DT_OK) {
+        DT_ERROR("%s; using auto", dt_last_error());
+        env_backend = DT_GEMM_AUTO;
+    }
+}
+
+dt_gemm_backend dt_gemm_backend_default(void) {
+    pthread_once(&default_once, read_env_backend);
+    if (env_backend != DT_GEMM_AUTO)
+        return env_backend;
+    for (size_t i = 0; i < sizeof auto_order / sizeof auto_order[0]; i++)
+        if (dt_gemm_backend_available(auto_order[i], NULL, 0))
+            return auto_order[i];
+    return DT_GEMM_REF;
+}
+
+dt_status dt_gemm_bf16_with(dt_gemm_backend b, dt_gemm_op op, int M, int N, int K, const dt_bf16 *A,
+                            const dt_bf16 *B, void *C, dt_gemm_out out, bool accumulate) {
+    if ((unsigned)op >= DT_GEMM_OP_COUNT || (unsigned)out >= DT_GEMM_OUT_COUNT)
+        return dt_error_set(DT_ERR_INVALID, "dt_gemm_bf16: op %d / out %d out of range", (int)op,
+                            (int)out);
+    if (M < 1 || N < 1 || K < 1)
+        return dt_error_set(DT_ERR_INVALID, "dt_gemm_bf16: sizes M=%d N=%d K=%d must be >= 1", M, N,
+                            K);
+    if (!A || !B || !C)
+        return dt_error_set(DT_ERR_INVALID, "dt_gemm_bf16: NULL matrix (A %p, B %p, C %p)",
+                            (const void *)A, (const void *)B, C);
+    if (b == DT_GEMM_AUTO)
+        b = dt_gemm_backend_default();
+    char why[160];
+    if (!dt_gemm_backend_available(b, why, sizeof why))
+        return dt_error_set(DT_ERR_UNSUPPORTED, "gemm backend %s: %s", dt_gemm_backend_name(b),
+                            why);
+    dt__gemm_args g = {op, M, N, K, A, B, C, out, accumulate};
+    switch (b) {
+    case DT_GEMM_REF: return gemm_ref(&g);
+    case DT_GEMM_ONEDNN: return dt__gemm_onednn(&g);
+    case DT_GEMM_OPENBLAS: return gemm_openblas(&g);
+    case DT_GEMM_AVX512: return dt__gemm_avx512(&g);
+    default: break;
+    }
+    return dt_error_set(DT_ERR_INTERNAL, "gemm backend %d has no entry", (int)b);
+}
+
+dt_status dt_gemm_bf16(dt_gemm_op op, int M, int N, int K, const dt_bf16 *A, const dt_bf16 *B,
+                       void *C, dt_gemm_out out, bool accumulate) {
+    return dt_gemm_bf16_with(DT_GEMM_AUTO, op, M, N, K, A, B, C, out, accumulate);
+}
+
+void dt_gemm_release(void) {
+    dt__gemm_onednn_release();
+    dt__gemm_avx512_release();
+}

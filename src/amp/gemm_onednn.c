@@ -1,0 +1,234 @@
+/*
+ * gemm_onednn.c — the bf16 multiply through oneDNN's matmul primitive.
+ *
+ * Creating a oneDNN primitive JIT-compiles a kernel (tens to hundreds of
+ * microseconds), so primitives are cached per (op, M, N, K, out,
+ * accumulate) and a training step's multiplies, whose shapes repeat every
+ * step, create each one once. A cache entry also keeps its three memory
+ * objects; each call only swaps their data pointers, under the entry's
+ * mutex, so concurrent calls of one shape stay correct.
+ *
+ * Transposition needs no copy: a transposed operand is described to oneDNN
+ * by its strides. Accumulation (C += A x B) is the "sum" post-op, applied in
+ * fp32 before the result is rounded to C's type.
+ *
+ * oneDNN picks its own kernels by ISA; to honour DT_ISA it is capped with
+ * dnnl_set_max_cpu_isa() at first use, which oneDNN allows only once per
+ * process. The cap is the level active then (dt_isa() scalar maps to
+ * oneDNN's lowest, SSE4.1); if dt_isa() is later set below it, the backend
+ * reports itself unavailable rather than run instructions it was told not to.
+ *
+ * Invariant: every cached object is destroyed by dt__gemm_onednn_release().
+ */
+#include "amp_internal.h"
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+typedef struct entry {
+    struct entry *next;
+    dt_gemm_op op;
+    int M, N, K;
+    dt_gemm_out out;
+    bool accumulate;
+    dnnl_primitive_t prim;
+    dnnl_memory_t a, b, c;
+    pthread_mutex_t lock; /* guards the memory objects' data handles */
+} entry;
+
+static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+static entry *cache;         /* singly linked, newest first */
+static dnnl_engine_t engine; /* created with the first entry */
+static dnnl_stream_t stream;
+static int pinned_level = -1; /* dt_isa() when oneDNN's max ISA was set */
+static dnnl_status_t pin_status = dnnl_success;
+static char probe_note[128]; /* why oneDNN cannot multiply bf16 here, or "" */
+
+static const dnnl_cpu_isa_t isa_map[DT_ISA_COUNT] = {
+    dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core, dnnl_cpu_isa_avx512_core_bf16,
+    dnnl_cpu_isa_avx512_core_amx};
+
+static dt_status fail(dnnl_status_t s, const char *what, const dt__gemm_args *g) {
+    return dt_error_set(DT_ERR_INTERNAL, "oneDNN %s failed (%s) for %s M=%d N=%d K=%d", what,
+                        dnnl_status2str(s), g ? "matmul" : "setup", g ? g->M : 0, g ? g->N : 0,
+                        g ? g->K : 0);
+}
+
+static dt_status create_entry(const dt__gemm_args *g, entry **out);
+static void destroy_entry(entry *e);
+
+/* Called with cache_lock held. Fix oneDNN's ISA, then ask for a 1x1x1 bf16
+ * matmul: oneDNN versions differ in which ISAs have bf16 kernels (2.6 has
+ * none below avx512_core), and asking is the only reliable test. */
+static void pin_isa(void) {
+    if (pinned_level >= 0)
+        return;
+    pinned_level = (int)dt_isa();
+    pin_status = dnnl_set_max_cpu_isa(isa_map[pinned_level]);
+    if (pin_status != dnnl_success)
+        DT_WARN("oneDNN: dnnl_set_max_cpu_isa(%s) failed (%s); oneDNN may use a higher ISA",
+                dt_isa_name((dt_isa_level)pinned_level), dnnl_status2str(pin_status));
+    dt_bf16 one = 0x3f80;
+    float c;
+    dt__gemm_args probe = {DT_GEMM_NN, 1, 1, 1, &one, &one, &c, DT_GEMM_OUT_F32, false};
+    entry *e = NULL;
+    if (create_entry(&probe, &e) != DT_OK)
+        snprintf(probe_note, sizeof probe_note, "oneDNN %d.%d has no bf16 matmul at ISA %s",
+                 dnnl_version()->major, dnnl_version()->minor,
+                 dt_isa_name((dt_isa_level)pinned_level));
+    else
+        destroy_entry(e);
+}
+
+bool dt__gemm_onednn_available(char *why, size_t why_len) {
+    pthread_mutex_lock(&cache_lock);
+    pin_isa();
+    int pinned = pinned_level;
+    pthread_mutex_unlock(&cache_lock);
+    if (probe_note[0]) {
+        snprintf(why, why_len, "%s", probe_note);
+        return false;
+    }
+    if ((int)dt_isa() < pinned) {
+        snprintf(why, why_len, "oneDNN's ISA was fixed at %s on first use, active is %s",
+                 dt_isa_name((dt_isa_level)pinned), dt_isa_name(dt_isa()));
+        return false;
+    }
+    return true;
+}
+
+static dt_status create_entry(const dt__gemm_args *g, entry **out) {
+    dnnl_status_t s;
+    dt_status st = DT_OK;
+    if (!engine) {
+        if ((s = dnnl_engine_create(&engine, dnnl_cpu, 0)) != dnnl_success)
+            return fail(s, "engine_create", NULL);
+        if ((s = dnnl_stream_create(&stream, engine, dnnl_stream_default_flags)) != dnnl_success)
+            return fail(s, "stream_create", NULL);
+    }
+    bool ta = dt__gemm_trans_a(g->op), tb = dt__gemm_trans_b(g->op);
+    int64_t M = g->M, N = g->N, K = g->K;
+    dnnl_dims_t a_dims = {M, K}, b_dims = {K, N}, c_dims = {M, N};
+    dnnl_dims_t a_str = {ta ? 1 : K, ta ? M : 1}; /* (K,M) row-major read as (M,K) */
+    dnnl_dims_t b_str = {tb ? 1 : N, tb ? K : 1};
+    dnnl_dims_t c_str = {N, 1};
+    dnnl_memory_desc_t a_md, b_md, c_md;
+    dnnl_data_type_t ct = g->out == DT_GEMM_OUT_F32 ? dnnl_f32 : dnnl_bf16;
+    if ((s = dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_bf16, a_str)) ||
+        (s = dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_bf16, b_str)) ||
+        (s = dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, ct, c_str)))
+        return fail(s, "memory_desc_init", g);
+    dnnl_matmul_desc_t desc;
+    if ((s = dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md)))
+        return fail(s, "matmul_desc_init", g);
+
+    dnnl_primitive_attr_t attr = NULL;
+    dnnl_post_ops_t ops = NULL;
+    dnnl_primitive_desc_t pd = NULL;
+    entry *e = calloc(1, sizeof *e);
+    if (!e)
+        return dt_error_set(DT_ERR_NOMEM, "oneDNN gemm cache entry");
+    if ((s = dnnl_primitive_attr_create(&attr)))
+        goto dnnl_fail;
+    if (g->accumulate) {
+        if ((s = dnnl_post_ops_create(&ops)) || (s = dnnl_post_ops_append_sum(ops, 1.0f)) ||
+            (s = dnnl_primitive_attr_set_post_ops(attr, ops)))
+            goto dnnl_fail;
+    }
+    if ((s = dnnl_primitive_desc_create(&pd, &desc, attr, engine, NULL)) ||
+        (s = dnnl_primitive_create(&e->prim, pd)) ||
+        (s = dnnl_memory_create(&e->a, &a_md, engine, DNNL_MEMORY_NONE)) ||
+        (s = dnnl_memory_create(&e->b, &b_md, engine, DNNL_MEMORY_NONE)) ||
+        (s = dnnl_memory_create(&e->c, &c_md, engine, DNNL_MEMORY_NONE)))
+        goto dnnl_fail;
+    if (dt_log_enabled(DT_LOG_LEVEL_DEBUG, "amp")) {
+        const char *impl = NULL;
+        dnnl_primitive_desc_query(pd, dnnl_query_impl_info_str, 0, &impl);
+        DT_DEBUG("amp", "oneDNN matmul op %d M=%d N=%d K=%d: %s", (int)g->op, g->M, g->N, g->K,
+                 impl ? impl : "?");
+    }
+    e->op = g->op, e->M = g->M, e->N = g->N, e->K = g->K, e->out = g->out;
+    e->accumulate = g->accumulate;
+    pthread_mutex_init(&e->lock, NULL);
+    *out = e;
+    goto done;
+dnnl_fail:
+    st = fail(s, "primitive creation", g);
+    if (e->prim)
+        dnnl_primitive_destroy(e->prim);
+    dnnl_memory_destroy(e->a);
+    dnnl_memory_destroy(e->b);
+    dnnl_memory_destroy(e->c);
+    free(e);
+done:
+    dnnl_primitive_desc_destroy(pd);
+    dnnl_post_ops_destroy(ops);
+    dnnl_primitive_attr_destroy(attr);
+    return st;
+}
+
+static dt_status lookup(const dt__gemm_args *g, entry **out) {
+    dt_status st = DT_OK;
+    pthread_mutex_lock(&cache_lock);
+    entry *e = cache;
+    while (e && !(e->op == g->op && e->M == g->M && e->N == g->N && e->K == g->K &&
+                  e->out == g->out && e->accumulate == g->accumulate))
+        e = e->next;
+    if (!e) {
+        st = create_entry(g, &e);
+        if (st == DT_OK) {
+            e->next = cache;
+            cache = e;
+        }
+    }
+    pthread_mutex_unlock(&cache_lock);
+    *out = e;
+    return st;
+}
+
+dt_status dt__gemm_onednn(const dt__gemm_args *g) {
+    entry *e;
+    DT_CHECK(lookup(g, &e));
+    dnnl_status_t s;
+    pthread_mutex_lock(&e->lock);
+    dnnl_memory_set_data_handle(e->a, (void *)g->A);
+    dnnl_memory_set_data_handle(e->b, (void *)g->B);
+    dnnl_memory_set_data_handle(e->c, g->C);
+    dnnl_exec_arg_t args[3] = {
+        {DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
+    s = dnnl_primitive_execute(e->prim, stream, 3, args);
+    if (s == dnnl_success)
+        s = dnnl_stream_wait(stream);
+    pthread_mutex_unlock(&e->lock);
+    if (s != dnnl_success)
+        return fail(s, "execute", g);
+    return DT_OK;
+}
+
+static void destroy_entry(entry *e) {
+    dnnl_primitive_destroy(e->prim);
+    dnnl_memory_destroy(e->a);
+    dnnl_memory_destroy(e->b);
+    dnnl_memory_destroy(e->c);
+    pthread_mutex_destroy(&e->lock);
+    free(e);
+}
+
+void dt__gemm_onednn_release(void) {
+    pthread_mutex_lock(&cache_lock);
+    while (cache) {
+        entry *e = cache;
+        cache = e->next;
+        destroy_entry(e);
+    }
+    if (stream)
+        dnnl_stream_destroy(stream);
+    if (engine)
+        dnnl_engine_destroy(engine);
+    stream = NULL;
+    engine = NULL;
+    pthread_mutex_unlock(&cache_lock);
+}
