@@ -1,0 +1,221 @@
+/*
+ * bench_gemm_bf16.c — `dtrain bench gemm-bf16`: GFLOP/s of each bf16 GEMM
+ * backend against fp32 cblas_sgemm (OpenBLAS) on the same shapes, same op,
+ * same thread count, in the same run.
+ *
+ * Each (shape, op, backend) is warmed up once (oneDNN creates and caches its
+ * primitive then), then timed `--runs` times; a run repeats the multiply
+ * until it has taken at least --min-time seconds, and the table shows the
+ * median run (and the fastest and slowest) as GFLOP/s = 2 M N K / time.
+ * Default shapes: the GPT-2 124M linear layers at B*T = 256 (M = 256 rows):
+ * qkv 768->2304, attention projection 768->768, MLP 768->3072 and
+ * 3072->768, and the tied LM head 768->50257.
+ */
+#include "cli.h"
+#include "dtrain/amp.h"
+
+#include <cblas.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const op_choices[] = {"nt", "nn", "tn", "all", NULL};
+
+static const cli_opt gemm_opts[] = {
+    {"shapes", 's', CLI_STRING, "MxNxK,...",
+     "256x2304x768,256x768x768,256x3072x768,256x768x3072,256x50257x768", NULL,
+     "shapes C(M,N) = A(M,K) B(K,N)", NULL, 0, 0},
+    {"op", 0, CLI_ENUM, NULL, "nt", NULL, "transposition: nt (forward), nn, tn (backward), all",
+     op_choices, 0, 0},
+    {"backends", 'b', CLI_STRING, "LIST", "onednn,openblas,avx512", NULL,
+     "bf16 backends to time (also: ref); unavailable ones are listed and skipped", NULL, 0, 0},
+    {"runs", 'r', CLI_INT, "N", "5", NULL, "timed runs per case (the median is shown)", NULL, 3,
+     1000},
+    {"min-time", 0, CLI_DOUBLE, "SEC", "0.2", NULL, "minimum duration of one run", NULL, 0, 3600},
+    {"threads", 't', CLI_INT, "N", "0", NULL, "threads for every backend (0: all CPUs)", NULL, 0,
+     4096},
+    {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print one JSON object per line instead of a table",
+     NULL, 0, 0},
+    {0},
+};
+
+typedef struct gemm_case {
+    int M, N, K;
+    dt_gemm_op op;
+    dt_bf16 *A, *B;
+    float *A32, *B32, *C;
+} gemm_case;
+
+/* backend index -1: fp32 sgemm */
+static dt_status run_once(const gemm_case *c, int be) {
+    if (be < 0) {
+        bool ta = c->op == DT_GEMM_TN, tb = c->op == DT_GEMM_NT;
+        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
+                    c->M, c->N, c->K, 1.0f, c->A32, ta ? c->M : c->K, c->B32, tb ? c->K : c->N,
+                    0.0f, c->C, c->N);
+        return DT_OK;
+    }
+    return dt_gemm_bf16_with((dt_gemm_backend)be, c->op, c->M, c->N, c->K, c->A, c->B, c->C,
+                             DT_GEMM_OUT_F32, false);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Fills gflops[0..runs) sorted; returns the status of the first failure. */
+static dt_status measure(const gemm_case *c, int be, int runs, double min_time, double *gflops) {
+    DT_CHECK(run_once(c, be)); /* warm-up: primitive creation, page faults */
+    double flop = 2.0 * c->M * c->N * c->K;
+    for (int r = 0; r < runs; r++) {
+        int iters = 0;
+        double t0 = dt_now(), t;
+        do {
+            DT_CHECK(run_once(c, be));
+            iters++;
+            t = dt_now() - t0;
+        } while (t < min_time);
+        gflops[r] = flop * iters / t * 1e-9;
+    }
+    qsort(gflops, (size_t)runs, sizeof *gflops, cmp_double);
+    return DT_OK;
+}
+
+static int parse_shapes(const char *text, int (*out)[3], int max) {
+    int n = 0;
+    const char *p = text;
+    while (*p && n < max) {
+        int used = 0;
+        if (sscanf(p, "%dx%dx%d%n", &out[n][0], &out[n][1], &out[n][2], &used) != 3 ||
+            out[n][0] < 1 || out[n][1] < 1 || out[n][2] < 1)
+            return -1;
+        n++;
+        p += used;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            return -1;
+    }
+    return n;
+}
+
+static int run_gemm_bf16(cli_args *a) {
+    dt_status st = dt_isa_init();
+    if (st != DT_OK)
+        return cli_fail(st);
+    int shapes[32][3];
+    int nshapes = parse_shapes(cli_str(a, "shapes"), shapes, 32);
+    if (nshapes <= 0)
+        cli_usage_error(a->cmd, "--shapes: \"%s\" is not a list like 256x768x768,64x64x64",
+                        cli_str(a, "shapes"));
+    bool use[DT_GEMM_BACKEND_COUNT] = {false};
+    char list[256];
+    snprintf(list, sizeof list, "%s", cli_str(a, "backends"));
+    for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
+         tok = strtok_r(NULL, ",", &save)) {
+        dt_gemm_backend be;
+        if (dt_gemm_backend_parse("--backends", tok, &be) != DT_OK || be == DT_GEMM_AUTO)
+            cli_usage_error(a->cmd,
+                            "--backends: unknown backend '%s' (ref, onednn, openblas, "
+                            "avx512)",
+                            tok);
+        use[be] = true;
+    }
+    int threads = (int)cli_int(a, "threads");
+    if (threads == 0)
+        threads = dt_cpu_count();
+    omp_set_num_threads(threads);
+    openblas_set_num_threads(threads);
+    int runs = (int)cli_int(a, "runs");
+    double min_time = cli_double(a, "min-time");
+    bool json = cli_bool(a, "json");
+    int op_sel = cli_enum(a, "op");
+    static const dt_gemm_op ops[] = {DT_GEMM_NT, DT_GEMM_NN, DT_GEMM_TN};
+    static const char *const op_names[] = {"nt", "nn", "tn"};
+
+    const dt_cpu_features *f = dt_cpu_features_get();
+    if (!json) {
+        printf("# bf16 GEMM, fp32 accumulation, fp32 output; peer: OpenBLAS cblas_sgemm (fp32)\n");
+        printf("# isa %s (cpu max %s), threads %d, %d runs of >= %.2f s each, median shown\n",
+               dt_isa_name(dt_isa()), dt_isa_name(f->max_level), threads, runs, min_time);
+        for (int be = DT_GEMM_REF; be < DT_GEMM_BACKEND_COUNT; be++) {
+            char why[160];
+            if (use[be] && !dt_gemm_backend_available((dt_gemm_backend)be, why, sizeof why))
+                printf("# %s: unavailable: %s\n", dt_gemm_backend_name((dt_gemm_backend)be), why);
+        }
+        printf("%6s %6s %6s %3s  %-9s %10s %10s %10s %10s %8s\n", "M", "N", "K", "op", "backend",
+               "ms", "GFLOP/s", "min", "max", "vs fp32");
+    }
+    double *g = malloc((size_t)runs * sizeof *g);
+    if (!g)
+        return cli_fail(DT_ERR_NOMEM);
+    dt_rng rng;
+    dt_rng_init(&rng, 1, dt_rng_stream_id(0, 0, DT_RNG_TEST));
+    int rc = 0;
+    for (int s = 0; s < nshapes && rc == 0; s++) {
+        gemm_case c = {.M = shapes[s][0], .N = shapes[s][1], .K = shapes[s][2]};
+        size_t na = (size_t)c.M * c.K, nb = (size_t)c.K * c.N, nc = (size_t)c.M * c.N;
+        c.A32 = dt_alloc(na * 4), c.B32 = dt_alloc(nb * 4), c.C = dt_alloc(nc * 4);
+        c.A = dt_alloc(na * 2), c.B = dt_alloc(nb * 2);
+        if (!c.A32 || !c.B32 || !c.C || !c.A || !c.B) {
+            rc = cli_fail(DT_ERR_NOMEM);
+            goto next;
+        }
+        for (size_t i = 0; i < na; i++)
+            c.A32[i] = dt_rng_normal(&rng);
+        for (size_t i = 0; i < nb; i++)
+            c.B32[i] = dt_rng_normal(&rng) * 0.02f;
+        dt_f32_to_bf16(c.A, c.A32, na);
+        dt_f32_to_bf16(c.B, c.B32, nb);
+        for (int oi = 0; oi < 3; oi++) {
+            if (op_sel != 3 && op_sel != oi)
+                continue;
+            c.op = ops[oi];
+            double base = 0;
+            for (int be = -1; be < DT_GEMM_BACKEND_COUNT; be++) {
+                if (be >= 0 &&
+                    (!use[be] || !dt_gemm_backend_available((dt_gemm_backend)be, NULL, 0)))
+                    continue;
+                const char *name = be < 0 ? "sgemm-f32" : dt_gemm_backend_name((dt_gemm_backend)be);
+                st = measure(&c, be, runs, min_time, g);
+                if (st != DT_OK) {
+                    rc = cli_fail(st);
+                    goto next;
+                }
+                double med = g[runs / 2];
+                if (be < 0)
+                    base = med;
+                double ms = 2.0 * c.M * c.N * c.K / med * 1e-6;
+                if (json)
+                    printf("{\"bench\":\"gemm-bf16\",\"M\":%d,\"N\":%d,\"K\":%d,\"op\":\"%s\","
+                           "\"backend\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"ms\":%.4f,"
+                           "\"gflops\":%.2f,\"gflops_min\":%.2f,\"gflops_max\":%.2f,"
+                           "\"vs_fp32\":%.3f}\n",
+                           c.M, c.N, c.K, op_names[oi], name, dt_isa_name(dt_isa()), threads, ms,
+                           med, g[0], g[runs - 1], med / base);
+                else
+                    printf("%6d %6d %6d %3s  %-9s %10.3f %10.1f %10.1f %10.1f %7.2fx\n", c.M, c.N,
+                           c.K, op_names[oi], name, ms, med, g[0], g[runs - 1], med / base);
+                fflush(stdout);
+            }
+        }
+    next:
+        dt_free(c.A32), dt_free(c.B32), dt_free(c.C), dt_free(c.A), dt_free(c.B);
+    }
+    free(g);
+    dt_gemm_release();
+    return rc;
+}
+
+const cli_cmd cli_bench_gemm_bf16 = {
+    .name = "gemm-bf16",
+    .parent = "bench",
+    .summary = "bf16 GEMM backends vs fp32 sgemm (GFLOP/s)",
+    .usage = "dtrain bench gemm-bf16 [--shapes MxNxK,...] [--op nt|nn|tn|all] [--runs N]",
+    .description = "Times C(M,N) = A x B with bf16 inputs and fp32 accumulation on each backend\n"
+                   "(DT_ISA lowers the instruction set) against fp32 cblas_sgemm on the same\n"
+                   "shapes and threads. Default shapes: GPT-2 124M linear layers at B*T = 256.",
+    .opts = gemm_opts,
+    .run = run_gemm_bf16,
+};
