@@ -21,7 +21,9 @@
  *      fp32 or bf16, row-major, in the four transposition variants. Backends:
  *      oneDNN's matmul (primitives cached per shape), OpenBLAS's
  *      cblas_sbgemm when the installed OpenBLAS exports it, our own
- *      AVX512-BF16 (vdpbf16ps) kernel, and a scalar reference.
+ *      AVX512-BF16 (vdpbf16ps) and AMX (tdpbf16ps) kernels, fp32 sgemm on
+ *      widened copies (the fast path of CPUs without bf16 units), and a
+ *      scalar reference.
  *   4. The fp16 dynamic loss scaler (PyTorch GradScaler semantics), a fast
  *      inf/nan check over a flat fp32 buffer, and unscaling.
  *
@@ -157,10 +159,12 @@ typedef enum dt_gemm_backend {
     DT_GEMM_ONEDNN,   /* oneDNN matmul; honours dt_isa() through its max ISA */
     DT_GEMM_OPENBLAS, /* cblas_sbgemm, when the OpenBLAS library exports it */
     DT_GEMM_AVX512,   /* our vdpbf16ps kernel; needs dt_isa() >= avx512bf16 */
+    DT_GEMM_AMX,      /* our AMX tile kernel; needs dt_isa() >= amx */
+    DT_GEMM_SGEMM,    /* widen A, B to fp32 and call OpenBLAS cblas_sgemm: any CPU */
     DT_GEMM_BACKEND_COUNT
 } dt_gemm_backend;
 
-/* "auto", "ref", "onednn", "openblas", "avx512". */
+/* "auto", "ref", "onednn", "openblas", "avx512", "amx", "sgemm". */
 const char *dt_gemm_backend_name(dt_gemm_backend b);
 dt_status dt_gemm_backend_parse(const char *knob, const char *text, dt_gemm_backend *out);
 

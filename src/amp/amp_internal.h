@@ -27,6 +27,14 @@ void dt__gemm_onednn_release(void);
 
 /* Our AVX512-BF16 kernel (gemm_avx512.c); needs dt_isa() >= avx512bf16. */
 dt_status dt__gemm_avx512(const dt__gemm_args *g);
+/* Pack columns [jp*32, jp*32+32) of B, k pairs [p0, p0+kcp), as
+ * dst[p][c] = (B[2p][j], B[2p+1][j]) in one 32-bit word; zero past N and K.
+ * This is the layout of vdpbf16ps's and AMX tdpbf16ps's B operand. */
+void dt__gemm_pack_b32(const dt__gemm_args *g, int jp, int p0, int kcp, uint32_t *dst);
 void dt__gemm_avx512_release(void);
+
+/* Our AMX kernel (gemm_amx.c); needs dt_isa() >= amx. */
+dt_status dt__gemm_amx(const dt__gemm_args *g);
+void dt__gemm_amx_release(void);
 
 #endif /* DTRAIN_AMP_INTERNAL_H */

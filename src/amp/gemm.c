@@ -14,20 +14,24 @@
  */
 #include "amp_internal.h"
 
+#include <cblas.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static const char *const backend_names[DT_GEMM_BACKEND_COUNT] = {"auto", "ref", "onednn",
-                                                                 "openblas", "avx512"};
+static const char *const backend_names[DT_GEMM_BACKEND_COUNT] = {
+    "auto", "ref", "onednn", "openblas", "avx512", "amx", "sgemm"};
 _Static_assert(sizeof backend_names / sizeof backend_names[0] == DT_GEMM_BACKEND_COUNT,
                "one name per backend");
 
-/* Fastest first, as measured (docs/amp.md). The reference is always last. */
-static const dt_gemm_backend auto_order[] = {DT_GEMM_ONEDNN, DT_GEMM_AVX512, DT_GEMM_OPENBLAS,
-                                             DT_GEMM_REF};
+/* Fastest first, as measured by `dtrain bench gemm-bf16` (docs/amp.md): oneDNN
+ * (AMX or AVX512-BF16 kernels) > our AMX kernel > our AVX512-BF16 kernel ~
+ * widened fp32 sgemm. OpenBLAS's sbgemm could not be measured here (Debian's
+ * build lacks it); it is placed after our kernels until it is. */
+static const dt_gemm_backend auto_order[] = {DT_GEMM_ONEDNN,   DT_GEMM_AMX,   DT_GEMM_AVX512,
+                                             DT_GEMM_OPENBLAS, DT_GEMM_SGEMM, DT_GEMM_REF};
 
 const char *dt_gemm_backend_name(dt_gemm_backend b) {
     return (unsigned)b < DT_GEMM_BACKEND_COUNT ? backend_names[b] : "?";
@@ -80,6 +84,48 @@ static dt_status gemm_openblas(const dt__gemm_args *g) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* fp32 sgemm on widened copies                                             */
+/* ------------------------------------------------------------------------ */
+
+/* Widening bf16 to fp32 is exact and so is each product, so this computes
+ * the same sum as the bf16 kernels (in OpenBLAS's order). The copies cost
+ * (M + N) K conversions against M N K multiply-adds; they live in buffers
+ * kept across calls (one call at a time, under the lock). */
+static pthread_mutex_t sgemm_lock = PTHREAD_MUTEX_INITIALIZER;
+static float *wide;     /* A32 then B32 then (bf16 output) C32 */
+static size_t wide_cap; /* in floats */
+
+static dt_status gemm_sgemm(const dt__gemm_args *g) {
+    bool ta = dt__gemm_trans_a(g->op), tb = dt__gemm_trans_b(g->op);
+    size_t na = (size_t)g->M * g->K, nb = (size_t)g->K * g->N, nc = (size_t)g->M * g->N;
+    size_t need = na + nb + (g->out == DT_GEMM_OUT_BF16 ? nc : 0);
+    pthread_mutex_lock(&sgemm_lock);
+    if (need > wide_cap) {
+        dt_free(wide);
+        wide_cap = 0;
+        if (!(wide = dt_alloc(need * sizeof *wide))) {
+            pthread_mutex_unlock(&sgemm_lock);
+            return dt_error_set(DT_ERR_NOMEM, "sgemm backend: %zu bytes for fp32 copies",
+                                need * sizeof *wide);
+        }
+        wide_cap = need;
+    }
+    float *a32 = wide, *b32 = wide + na;
+    float *c32 = g->out == DT_GEMM_OUT_F32 ? g->C : wide + na + nb;
+    dt_bf16_to_f32(a32, g->A, na);
+    dt_bf16_to_f32(b32, g->B, nb);
+    if (g->out == DT_GEMM_OUT_BF16 && g->accumulate)
+        dt_bf16_to_f32(c32, g->C, nc);
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g->M,
+                g->N, g->K, 1.0f, a32, ta ? g->M : g->K, b32, tb ? g->K : g->N,
+                g->accumulate ? 1.0f : 0.0f, c32, g->N);
+    if (g->out == DT_GEMM_OUT_BF16)
+        dt_f32_to_bf16(g->C, c32, nc);
+    pthread_mutex_unlock(&sgemm_lock);
+    return DT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
 /* Scalar reference                                                         */
 /* ------------------------------------------------------------------------ */
 
@@ -122,7 +168,8 @@ bool dt_gemm_backend_available(dt_gemm_backend b, char *why, size_t why_len) {
     why[0] = '\0';
     switch (b) {
     case DT_GEMM_AUTO:
-    case DT_GEMM_REF: return true;
+    case DT_GEMM_REF:
+    case DT_GEMM_SGEMM: return true;
     case DT_GEMM_ONEDNN: return dt__gemm_onednn_available(why, why_len);
     case DT_GEMM_OPENBLAS:
         pthread_once(&sbgemm_once, sbgemm_lookup);
@@ -135,6 +182,12 @@ bool dt_gemm_backend_available(dt_gemm_backend b, char *why, size_t why_len) {
         if (dt_isa() < DT_ISA_AVX512BF16)
             snprintf(why, why_len, "needs ISA avx512bf16, active is %s", dt_isa_name(dt_isa()));
         return dt_isa() >= DT_ISA_AVX512BF16;
+    case DT_GEMM_AMX:
+        if (dt_isa() < DT_ISA_AMX)
+            snprintf(why, why_len, "needs ISA amx, active is %s%s%s", dt_isa_name(dt_isa()),
+                     dt_cpu_features_get()->amx_note[0] ? ": " : "",
+                     dt_cpu_features_get()->amx_note);
+        return dt_isa() >= DT_ISA_AMX;
     case DT_GEMM_BACKEND_COUNT: break;
     }
     snprintf(why, why_len, "unknown backend %d", (int)b);
@@ -187,6 +240,8 @@ dt_status dt_gemm_bf16_with(dt_gemm_backend b, dt_gemm_op op, int M, int N, int 
     case DT_GEMM_ONEDNN: return dt__gemm_onednn(&g);
     case DT_GEMM_OPENBLAS: return gemm_openblas(&g);
     case DT_GEMM_AVX512: return dt__gemm_avx512(&g);
+    case DT_GEMM_AMX: return dt__gemm_amx(&g);
+    case DT_GEMM_SGEMM: return gemm_sgemm(&g);
     default: break;
     }
     return dt_error_set(DT_ERR_INTERNAL, "gemm backend %d has no entry", (int)b);
@@ -200,4 +255,10 @@ dt_status dt_gemm_bf16(dt_gemm_op op, int M, int N, int K, const dt_bf16 *A, con
 void dt_gemm_release(void) {
     dt__gemm_onednn_release();
     dt__gemm_avx512_release();
+    dt__gemm_amx_release();
+    pthread_mutex_lock(&sgemm_lock);
+    dt_free(wide);
+    wide = NULL;
+    wide_cap = 0;
+    pthread_mutex_unlock(&sgemm_lock);
 }

@@ -51,46 +51,57 @@ static inline dt_bf16 a_at(const dt__gemm_args *g, int i, int k) {
     return dt__gemm_trans_a(g->op) ? g->A[(size_t)k * g->M + i] : g->A[(size_t)i * g->K + k];
 }
 
-static inline dt_bf16 b_at(const dt__gemm_args *g, int k, int j) {
-    return dt__gemm_trans_b(g->op) ? g->B[(size_t)j * g->K + k] : g->B[(size_t)k * g->N + j];
-}
-
 static void pack_a_panel(const dt__gemm_args *g, int panel, int KP, uint32_t *dst) {
+    int K = g->K;
     for (int r = 0; r < MR; r++) {
         int i = panel * MR + r;
-        for (int p = 0; p < KP; p++) {
-            uint32_t lo = 0, hi = 0;
-            if (i < g->M) {
-                lo = a_at(g, i, 2 * p);
-                hi = 2 * p + 1 < g->K ? a_at(g, i, 2 * p + 1) : 0;
+        if (i >= g->M) {
+            for (int p = 0; p < KP; p++)
+                dst[(size_t)p * MR + r] = 0;
+        } else if (!dt__gemm_trans_a(g->op)) { /* row i of A holds the pairs in order */
+            const dt_bf16 *row = g->A + (size_t)i * K;
+            for (int p = 0; p < KP; p++) {
+                uint32_t hi = 2 * p + 1 < K ? row[2 * p + 1] : 0;
+                dst[(size_t)p * MR + r] = row[2 * p] | hi << 16;
             }
-            dst[(size_t)p * MR + r] = lo | hi << 16;
+        } else { /* A is (K,M): walk down column i */
+            for (int p = 0; p < KP; p++) {
+                uint32_t hi = 2 * p + 1 < K ? a_at(g, i, 2 * p + 1) : 0;
+                dst[(size_t)p * MR + r] = a_at(g, i, 2 * p) | hi << 16;
+            }
         }
     }
 }
 
-static void pack_b_panel(const dt__gemm_args *g, int jp, int p0, int kcp, uint32_t *dst) {
-    int K = g->K;
-    for (int c = 0; c < NR; c++) {
-        int j = jp * NR + c;
-        if (j >= g->N) {
-            for (int p = 0; p < kcp; p++)
-                dst[p * NR + c] = 0;
-            continue;
-        }
-        if (dt__gemm_trans_b(g->op)) { /* B is (N,K): row j holds the pairs in order */
-            const dt_bf16 *row = g->B + (size_t)j * K;
+void dt__gemm_pack_b32(const dt__gemm_args *g, int jp, int p0, int kcp, uint32_t *dst) {
+    int K = g->K, N = g->N, j0 = jp * NR;
+    int nc = N - j0 < NR ? N - j0 : NR;
+    if (dt__gemm_trans_b(g->op)) { /* B is (N,K): row j holds the pairs in order */
+        for (int c = 0; c < NR; c++) {
+            if (c >= nc) {
+                for (int p = 0; p < kcp; p++)
+                    dst[p * NR + c] = 0;
+                continue;
+            }
+            const dt_bf16 *row = g->B + (size_t)(j0 + c) * K;
             for (int p = 0; p < kcp; p++) {
                 int k = 2 * (p0 + p);
+                uint32_t lo = k < K ? row[k] : 0;
                 uint32_t hi = k + 1 < K ? row[k + 1] : 0;
-                dst[p * NR + c] = row[k] | hi << 16;
+                dst[p * NR + c] = lo | hi << 16;
             }
-        } else {
-            for (int p = 0; p < kcp; p++) {
-                int k = 2 * (p0 + p);
-                uint32_t hi = k + 1 < K ? b_at(g, k + 1, j) : 0;
-                dst[p * NR + c] = b_at(g, k, j) | hi << 16;
-            }
+        }
+        return;
+    }
+    /* B is (K,N): rows k and k+1 are interleaved, reading both contiguously. */
+    for (int p = 0; p < kcp; p++) {
+        int k = 2 * (p0 + p);
+        const dt_bf16 *r0 = k < K ? g->B + (size_t)k * N + j0 : NULL;
+        const dt_bf16 *r1 = k + 1 < K ? g->B + (size_t)(k + 1) * N + j0 : NULL;
+        for (int c = 0; c < NR; c++) {
+            uint32_t lo = r0 && c < nc ? r0[c] : 0;
+            uint32_t hi = r1 && c < nc ? r1[c] : 0;
+            dst[p * NR + c] = lo | hi << 16;
         }
     }
 }
@@ -215,7 +226,7 @@ dt_status dt__gemm_avx512(const dt__gemm_args *g) {
         for (int jp = 0; jp < np; jp++) {
             for (int p0 = 0; p0 < KP; p0 += KCP) {
                 int kcp = KP - p0 < KCP ? KP - p0 : KCP;
-                pack_b_panel(g, jp, p0, kcp, bp);
+                dt__gemm_pack_b32(g, jp, p0, kcp, bp);
                 for (int panel = 0; panel < mp; panel++)
                     micro_kernel(apack + ((size_t)panel * KP + p0) * MR, bp, kcp,
                                  cs + (size_t)panel * MR * NR, p0 == 0);

@@ -27,7 +27,7 @@ static const cli_opt gemm_opts[] = {
      "shapes C(M,N) = A(M,K) B(K,N)", NULL, 0, 0},
     {"op", 0, CLI_ENUM, NULL, "nt", NULL, "transposition: nt (forward), nn, tn (backward), all",
      op_choices, 0, 0},
-    {"backends", 'b', CLI_STRING, "LIST", "onednn,openblas,avx512", NULL,
+    {"backends", 'b', CLI_STRING, "LIST", "onednn,openblas,amx,avx512,sgemm", NULL,
      "bf16 backends to time (also: ref); unavailable ones are listed and skipped", NULL, 0, 0},
     {"runs", 'r', CLI_INT, "N", "5", NULL, "timed runs per case (the median is shown)", NULL, 3,
      1000},
@@ -118,7 +118,7 @@ static int run_gemm_bf16(cli_args *a) {
         if (dt_gemm_backend_parse("--backends", tok, &be) != DT_OK || be == DT_GEMM_AUTO)
             cli_usage_error(a->cmd,
                             "--backends: unknown backend '%s' (ref, onednn, openblas, "
-                            "avx512)",
+                            "avx512, amx, sgemm)",
                             tok);
         use[be] = true;
     }
