@@ -217,6 +217,11 @@ typedef struct dt_scaler {
 /* The defaults above. */
 dt_scaler_config dt_scaler_config_default(void);
 
+/* The defaults, overridden by DT_LOSS_SCALE_INIT, DT_LOSS_SCALE_GROWTH,
+ * DT_LOSS_SCALE_BACKOFF and DT_LOSS_SCALE_INTERVAL where set. DT_ERR_INVALID
+ * names the variable, the value and the accepted range; *out is untouched. */
+dt_status dt_scaler_config_from_env(dt_scaler_config *out);
+
 /* Validate cfg (NULL means the defaults) and start. DT_ERR_INVALID names
  * the bad field and value. */
 dt_status dt_scaler_init(dt_scaler *s, const dt_scaler_config *cfg);

@@ -30,6 +30,21 @@ dt_scaler_config dt_scaler_config_default(void) {
     };
 }
 
+dt_status dt_scaler_config_from_env(dt_scaler_config *out) {
+    dt_scaler_config c = dt_scaler_config_default();
+    /* The ranges are those dt_scaler_init accepts (open ends approximated). */
+    DT_CHECK(
+        dt_config_env_double("DT_LOSS_SCALE_INIT", c.init_scale, FLT_MIN, FLT_MAX, &c.init_scale));
+    DT_CHECK(dt_config_env_double("DT_LOSS_SCALE_GROWTH", c.growth_factor, 1.0 + 1e-6, 65536.0,
+                                  &c.growth_factor));
+    DT_CHECK(dt_config_env_double("DT_LOSS_SCALE_BACKOFF", c.backoff_factor, 1e-6, 1.0 - 1e-6,
+                                  &c.backoff_factor));
+    DT_CHECK(dt_config_env_int("DT_LOSS_SCALE_INTERVAL", c.growth_interval, 1, INT64_MAX,
+                               &c.growth_interval));
+    *out = c;
+    return DT_OK;
+}
+
 static bool scale_ok(double s) { return isfinite(s) && s >= FLT_MIN && s <= FLT_MAX; }
 
 dt_status dt_scaler_init(dt_scaler *s, const dt_scaler_config *cfg) {

@@ -175,6 +175,40 @@ static void test_inf_nan_check_all_levels(void) {
     free(x);
 }
 
+static void test_config_from_env(void) {
+    dt_scaler_config c;
+    unsetenv("DT_LOSS_SCALE_INIT");
+    ASSERT_OK(dt_scaler_config_from_env(&c));
+    ASSERT_EQ(c.growth_interval, 2000);
+    setenv("DT_LOSS_SCALE_INIT", "1024", 1);
+    setenv("DT_LOSS_SCALE_INTERVAL", "50", 1);
+    setenv("DT_LOSS_SCALE_BACKOFF", "0.25", 1);
+    setenv("DT_LOSS_SCALE_GROWTH", "4", 1);
+    ASSERT_OK(dt_scaler_config_from_env(&c));
+    ASSERT_EQ(c.init_scale, 1024);
+    ASSERT_EQ(c.growth_interval, 50);
+    ASSERT_EQ(c.backoff_factor, 0.25);
+    ASSERT_EQ(c.growth_factor, 4);
+    dt_scaler s;
+    ASSERT_OK(dt_scaler_init(&s, &c));
+    for (int i = 0; i < 50; i++)
+        dt_scaler_update(&s, false);
+    ASSERT_EQ(dt_scaler_scale(&s), 4096);
+    dt_scaler_update(&s, true);
+    ASSERT_EQ(dt_scaler_scale(&s), 1024);
+    setenv("DT_LOSS_SCALE_BACKOFF", "1.5", 1);
+    ASSERT_STATUS(dt_scaler_config_from_env(&c), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "DT_LOSS_SCALE_BACKOFF");
+    ASSERT_CONTAINS(dt_last_error(), "1.5");
+    unsetenv("DT_LOSS_SCALE_BACKOFF");
+    setenv("DT_LOSS_SCALE_INTERVAL", "0", 1);
+    ASSERT_STATUS(dt_scaler_config_from_env(&c), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "DT_LOSS_SCALE_INTERVAL");
+    unsetenv("DT_LOSS_SCALE_INTERVAL");
+    unsetenv("DT_LOSS_SCALE_INIT");
+    unsetenv("DT_LOSS_SCALE_GROWTH");
+}
+
 int main(void) {
     RUN(test_defaults_and_validation);
     RUN(test_growth_and_backoff);
@@ -182,5 +216,6 @@ int main(void) {
     RUN(test_clamps);
     RUN(test_state_roundtrip);
     RUN(test_inf_nan_check_all_levels);
+    RUN(test_config_from_env);
     return TEST_SUMMARY();
 }
