@@ -104,7 +104,10 @@ TARGET static void tiles_configure(void) {
         cfg.rows[t] = 16;
         cfg.colsb[t] = 64;
     }
-    _tile_loadconfig(&cfg);
+    /* Not _tile_loadconfig: GCC 12 declares its operand as 8 bytes of memory,
+     * so the stores filling the other 56 may be dropped as dead (seen in the
+     * -march=x86-64-v2 build: ldtilecfg then faults on a garbage config). */
+    __asm__ volatile("ldtilecfg %0" ::"m"(cfg));
 }
 
 TARGET static void tiles_release(void) { _tile_release(); }
