@@ -94,6 +94,7 @@ int cli_fail(dt_status st);
 /* Subcommands, each defined in src/cli/cmd_<name>.c. */
 extern const cli_cmd cli_cmd_version;
 extern const cli_cmd cli_cmd_bench;
-extern const cli_cmd cli_bench_gemm_bf16; /* bench_gemm_bf16.c */
+extern const cli_cmd cli_bench_gemm_bf16;   /* bench_gemm_bf16.c */
+extern const cli_cmd cli_bench_amp_convert; /* bench_amp_convert.c */
 
 #endif /* DTRAIN_CLI_H */
