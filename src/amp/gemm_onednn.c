@@ -22,6 +22,24 @@
  */
 #include "amp_internal.h"
 
+#include <stdio.h>
+
+#ifndef DT_HAVE_DNNL /* configured without libdnnl-dev: see src/amp/deps.cmake */
+
+bool dt__gemm_onednn_available(char *why, size_t why_len) {
+    snprintf(why, why_len, "dtrain was built without oneDNN (libdnnl-dev not found)");
+    return false;
+}
+
+dt_status dt__gemm_onednn(const dt__gemm_args *g) {
+    (void)g;
+    return dt_error_set(DT_ERR_UNSUPPORTED, "dtrain was built without oneDNN");
+}
+
+void dt__gemm_onednn_release(void) {}
+
+#else
+
 #include <oneapi/dnnl/dnnl.h>
 #include <oneapi/dnnl/dnnl_debug.h>
 #include <pthread.h>
@@ -232,3 +250,5 @@ void dt__gemm_onednn_release(void) {
     engine = NULL;
     pthread_mutex_unlock(&cache_lock);
 }
+
+#endif /* DT_HAVE_DNNL */
