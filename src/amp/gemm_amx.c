@@ -56,20 +56,24 @@ static float **cblock;   /* per thread: (TM, TN) floats */
 static int nthreads_cap;
 
 static void pack_a_panel(const dt__gemm_args *g, int panel, int KB, uint16_t *dst) {
-    int K = g->K;
-    bool ta = dt__gemm_trans_a(g->op);
-    for (int kb = 0; kb < KB; kb++) {
-        uint16_t *blk = dst + (size_t)kb * TM * TK;
-        for (int r = 0; r < TM; r++) {
-            int i = panel * TM + r;
-            for (int t = 0; t < TK; t++) {
-                int k = kb * TK + t;
-                dt_bf16 v = 0;
-                if (i < g->M && k < K)
-                    v = ta ? g->A[(size_t)k * g->M + i] : g->A[(size_t)i * K + k];
-                blk[r * TK + t] = v;
-            }
+    int K = g->K, M = g->M, i0 = panel * TM;
+    int nr = M - i0 < TM ? M - i0 : TM;
+    memset(dst, 0, (size_t)KB * TM * TK * sizeof *dst); /* padding rows and k */
+    if (!dt__gemm_trans_a(g->op)) {                     /* rows of A are rows of the tiles: copy */
+        for (int kb = 0; kb < KB; kb++) {
+            int nk = K - kb * TK < TK ? K - kb * TK : TK;
+            for (int r = 0; r < nr; r++)
+                memcpy(dst + ((size_t)kb * TM + r) * TK, g->A + (size_t)(i0 + r) * K + kb * TK,
+                       (size_t)nk * sizeof *dst);
         }
+        return;
+    }
+    /* A is (K,M): read each row k contiguously, scatter into the tile rows. */
+    for (int k = 0; k < K; k++) {
+        const dt_bf16 *row = g->A + (size_t)k * M + i0;
+        uint16_t *col = dst + (size_t)(k / TK) * TM * TK + k % TK;
+        for (int r = 0; r < nr; r++)
+            col[r * TK] = row[r];
     }
 }
 
