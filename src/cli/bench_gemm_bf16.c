@@ -3,10 +3,11 @@
  * backend against fp32 cblas_sgemm (OpenBLAS) on the same shapes, same op,
  * same thread count, in the same run.
  *
- * Each (shape, op, backend) is warmed up once (oneDNN creates and caches its
- * primitive then), then timed `--runs` times; a run repeats the multiply
- * until it has taken at least --min-time seconds, and the table shows the
- * median run (and the fastest and slowest) as GFLOP/s = 2 M N K / time.
+ * Each (shape, op) is warmed up once per backend (oneDNN creates and caches
+ * its primitive then), then timed `--runs` times, the backends taking turns
+ * within each round; a run repeats the multiply until it has taken at least
+ * --min-time seconds, and the table shows the median run (and the slowest
+ * and fastest) as GFLOP/s = 2 M N K / time.
  * Default shapes: the GPT-2 124M linear layers at B*T = 256 (M = 256 rows):
  * qkv 768->2304, attention projection 768->768, MLP 768->3072 and
  * 3072->768, and the tied LM head 768->50257.
@@ -64,21 +65,17 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Fills gflops[0..runs) sorted; returns the status of the first failure. */
-static dt_status measure(const gemm_case *c, int be, int runs, double min_time, double *gflops) {
-    DT_CHECK(run_once(c, be)); /* warm-up: primitive creation, page faults */
+/* One timed run: repeat until min_time has passed; returns GFLOP/s. */
+static dt_status timed_run(const gemm_case *c, int be, double min_time, double *gflops) {
     double flop = 2.0 * c->M * c->N * c->K;
-    for (int r = 0; r < runs; r++) {
-        int iters = 0;
-        double t0 = dt_now(), t;
-        do {
-            DT_CHECK(run_once(c, be));
-            iters++;
-            t = dt_now() - t0;
-        } while (t < min_time);
-        gflops[r] = flop * iters / t * 1e-9;
-    }
-    qsort(gflops, (size_t)runs, sizeof *gflops, cmp_double);
+    int iters = 0;
+    double t0 = dt_now(), t;
+    do {
+        DT_CHECK(run_once(c, be));
+        iters++;
+        t = dt_now() - t0;
+    } while (t < min_time);
+    *gflops = flop * iters / t * 1e-9;
     return DT_OK;
 }
 
@@ -147,7 +144,7 @@ static int run_gemm_bf16(cli_args *a) {
         printf("%6s %6s %6s %3s  %-9s %10s %10s %10s %10s %8s\n", "M", "N", "K", "op", "backend",
                "ms", "GFLOP/s", "min", "max", "vs fp32");
     }
-    double *g = malloc((size_t)runs * sizeof *g);
+    double *g = malloc((size_t)runs * (DT_GEMM_BACKEND_COUNT + 1) * sizeof *g);
     if (!g)
         return cli_fail(DT_ERR_NOMEM);
     dt_rng rng;
@@ -172,20 +169,35 @@ static int run_gemm_bf16(cli_args *a) {
             if (op_sel != 3 && op_sel != oi)
                 continue;
             c.op = ops[oi];
-            double base = 0;
-            for (int be = -1; be < DT_GEMM_BACKEND_COUNT; be++) {
-                if (be >= 0 &&
-                    (!use[be] || !dt_gemm_backend_available((dt_gemm_backend)be, NULL, 0)))
-                    continue;
-                const char *name = be < 0 ? "sgemm-f32" : dt_gemm_backend_name((dt_gemm_backend)be);
-                st = measure(&c, be, runs, min_time, g);
-                if (st != DT_OK) {
+            /* The backends take turns run by run, so that load from other
+             * processes on a shared machine falls on all of them alike. */
+            int bes[DT_GEMM_BACKEND_COUNT + 1], nbe = 0;
+            for (int be = -1; be < DT_GEMM_BACKEND_COUNT; be++)
+                if (be < 0 || (use[be] && dt_gemm_backend_available((dt_gemm_backend)be, NULL, 0)))
+                    bes[nbe++] = be;
+            for (int b = 0; b < nbe; b++) { /* warm-up: primitive creation, page faults */
+                if ((st = run_once(&c, bes[b])) != DT_OK) {
                     rc = cli_fail(st);
                     goto next;
                 }
-                double med = g[runs / 2];
-                if (be < 0)
+            }
+            for (int r = 0; r < runs; r++) {
+                for (int b = 0; b < nbe; b++) {
+                    if ((st = timed_run(&c, bes[b], min_time, &g[b * runs + r])) != DT_OK) {
+                        rc = cli_fail(st);
+                        goto next;
+                    }
+                }
+            }
+            double base = 0;
+            for (int b = 0; b < nbe; b++) {
+                double *gb = g + b * runs;
+                qsort(gb, (size_t)runs, sizeof *gb, cmp_double);
+                double med = gb[runs / 2];
+                if (b == 0)
                     base = med;
+                const char *name =
+                    bes[b] < 0 ? "sgemm-f32" : dt_gemm_backend_name((dt_gemm_backend)bes[b]);
                 double ms = 2.0 * c.M * c.N * c.K / med * 1e-6;
                 if (json)
                     printf("{\"bench\":\"gemm-bf16\",\"M\":%d,\"N\":%d,\"K\":%d,\"op\":\"%s\","
@@ -193,12 +205,12 @@ static int run_gemm_bf16(cli_args *a) {
                            "\"gflops\":%.2f,\"gflops_min\":%.2f,\"gflops_max\":%.2f,"
                            "\"vs_fp32\":%.3f}\n",
                            c.M, c.N, c.K, op_names[oi], name, dt_isa_name(dt_isa()), threads, ms,
-                           med, g[0], g[runs - 1], med / base);
+                           med, gb[0], gb[runs - 1], med / base);
                 else
                     printf("%6d %6d %6d %3s  %-9s %10.3f %10.1f %10.1f %10.1f %7.2fx\n", c.M, c.N,
-                           c.K, op_names[oi], name, ms, med, g[0], g[runs - 1], med / base);
-                fflush(stdout);
+                           c.K, op_names[oi], name, ms, med, gb[0], gb[runs - 1], med / base);
             }
+            fflush(stdout);
         }
     next:
         dt_free(c.A32), dt_free(c.B32), dt_free(c.C), dt_free(c.A), dt_free(c.B);
