@@ -5,8 +5,8 @@
  * microseconds), so primitives are cached per (op, M, N, K, out,
  * accumulate) and a training step's multiplies, whose shapes repeat every
  * step, create each one once. A cache entry also keeps its three memory
- * objects; each call only swaps their data pointers, under the entry's
- * mutex, so concurrent calls of one shape stay correct.
+ * objects; each call only swaps their data pointers, under exec_lock, so
+ * concurrent callers stay correct.
  *
  * Transposition needs no copy: a transposed operand is described to oneDNN
  * by its strides. Accumulation (C += A x B) is the "sum" post-op, applied in
@@ -54,10 +54,13 @@ typedef struct entry {
     bool accumulate;
     dnnl_primitive_t prim;
     dnnl_memory_t a, b, c;
-    pthread_mutex_t lock; /* guards the memory objects' data handles */
 } entry;
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
+/* One multiply at a time: the stream is shared (oneDNN streams are not
+ * thread-safe) and so are an entry's memory objects; each multiply already
+ * uses every OpenMP thread, so nothing is lost. */
+static pthread_mutex_t exec_lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *cache;         /* singly linked, newest first */
 static dnnl_engine_t engine; /* created with the first entry */
 static dnnl_stream_t stream;
@@ -170,7 +173,6 @@ static dt_status create_entry(const dt__gemm_args *g, entry **out) {
     }
     e->op = g->op, e->M = g->M, e->N = g->N, e->K = g->K, e->out = g->out;
     e->accumulate = g->accumulate;
-    pthread_mutex_init(&e->lock, NULL);
     *out = e;
     goto done;
 dnnl_fail:
@@ -211,7 +213,7 @@ dt_status dt__gemm_onednn(const dt__gemm_args *g) {
     entry *e;
     DT_CHECK(lookup(g, &e));
     dnnl_status_t s;
-    pthread_mutex_lock(&e->lock);
+    pthread_mutex_lock(&exec_lock);
     dnnl_memory_set_data_handle(e->a, (void *)g->A);
     dnnl_memory_set_data_handle(e->b, (void *)g->B);
     dnnl_memory_set_data_handle(e->c, g->C);
@@ -220,7 +222,7 @@ dt_status dt__gemm_onednn(const dt__gemm_args *g) {
     s = dnnl_primitive_execute(e->prim, stream, 3, args);
     if (s == dnnl_success)
         s = dnnl_stream_wait(stream);
-    pthread_mutex_unlock(&e->lock);
+    pthread_mutex_unlock(&exec_lock);
     if (s != dnnl_success)
         return fail(s, "execute", g);
     return DT_OK;
@@ -231,7 +233,6 @@ static void destroy_entry(entry *e) {
     dnnl_memory_destroy(e->a);
     dnnl_memory_destroy(e->b);
     dnnl_memory_destroy(e->c);
-    pthread_mutex_destroy(&e->lock);
     free(e);
 }
 

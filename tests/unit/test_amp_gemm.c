@@ -192,6 +192,55 @@ static void test_errors_and_default(void) {
     }
 }
 
+/* Several threads multiplying at once, through every backend, must each
+ * get their own exact result (backends share packing buffers and caches
+ * behind locks). Integer inputs: the result is exact. */
+typedef struct worker {
+    int seed;
+    int failures;
+} worker;
+
+static void *worker_main(void *arg) {
+    worker *w = arg;
+    dt_rng r;
+    dt_rng_init(&r, (uint64_t)w->seed, dt_rng_stream_id(0, 0, DT_RNG_TEST));
+    int M = 17 + w->seed, N = 40 + 3 * w->seed, K = 70 + w->seed;
+    dt_bf16 *A = make_bf16((size_t)M * K, true, &r, NULL);
+    dt_bf16 *B = make_bf16((size_t)K * N, true, &r, NULL);
+    float *C = malloc((size_t)M * N * 4), *R = malloc((size_t)M * N * 4);
+    if (!C || !R) {
+        w->failures++;
+        return NULL;
+    }
+    if (dt_gemm_bf16_with(DT_GEMM_REF, DT_GEMM_NT, M, N, K, A, B, R, DT_GEMM_OUT_F32, false))
+        w->failures++;
+    for (int rep = 0; rep < 20; rep++) {
+        dt_gemm_backend be =
+            (dt_gemm_backend)(DT_GEMM_REF + 1 + (rep + w->seed) % (DT_GEMM_BACKEND_COUNT - 2));
+        if (!dt_gemm_backend_available(be, NULL, 0))
+            continue;
+        if (dt_gemm_bf16_with(be, DT_GEMM_NT, M, N, K, A, B, C, DT_GEMM_OUT_F32, false) ||
+            memcmp(C, R, (size_t)M * N * 4) != 0)
+            w->failures++;
+    }
+    free(A), free(B), free(C), free(R);
+    return NULL;
+}
+
+static void test_concurrent_callers(void) {
+    enum { T = 4 };
+    worker w[T];
+    dt_thread *th[T];
+    for (int t = 0; t < T; t++) {
+        w[t] = (worker){.seed = t, .failures = 0};
+        ASSERT_OK(dt_thread_create(&th[t], "gemm-test", worker_main, &w[t]));
+    }
+    for (int t = 0; t < T; t++) {
+        dt_thread_join(th[t]);
+        ASSERT_EQ(w[t].failures, 0);
+    }
+}
+
 int main(void) {
     const char *env = getenv("DT_ISA");
     forced = env && *env;
@@ -203,5 +252,6 @@ int main(void) {
     ASSERT_OK(st);
     RUN(test_errors_and_default);
     RUN(test_backends_all_levels);
+    RUN(test_concurrent_callers);
     return TEST_SUMMARY();
 }
