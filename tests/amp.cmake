@@ -6,3 +6,17 @@ foreach(isa scalar avx2 avx512 avx512bf16)
   set_tests_properties(test_amp_gemm_isa_${isa} PROPERTIES TIMEOUT 300 LABELS "unit"
                        ENVIRONMENT "DT_ISA=${isa}" SKIP_RETURN_CODE 77)
 endforeach()
+
+# The benchmarks run (tiny sizes), and a bad DT_ISA stops them with its message.
+add_test(NAME cli_bench_gemm_bf16
+         COMMAND dtrain_cli bench gemm-bf16 --shapes 33x17x9,1x1x1 --op all --runs 3 --min-time 0
+                 --backends ref,onednn,openblas,avx512,amx,sgemm)
+set_tests_properties(cli_bench_gemm_bf16 PROPERTIES TIMEOUT 120 LABELS "unit"
+                     PASS_REGULAR_EXPRESSION "33 +17 +9 +tn +sgemm")
+add_test(NAME cli_bench_amp_convert COMMAND dtrain_cli bench amp-convert -n 1000 --runs 3)
+set_tests_properties(cli_bench_amp_convert PROPERTIES TIMEOUT 120 LABELS "unit"
+                     PASS_REGULAR_EXPRESSION "unscale")
+add_test(NAME cli_bench_bad_isa COMMAND dtrain_cli bench gemm-bf16 --shapes 8x8x8)
+set_tests_properties(cli_bench_bad_isa PROPERTIES TIMEOUT 60 LABELS "unit"
+                     ENVIRONMENT "DT_ISA=avx9"
+                     PASS_REGULAR_EXPRESSION "DT_ISA: \"avx9\" is not one of scalar")
