@@ -241,10 +241,53 @@ static void test_paths_bit_exact(void) {
     ASSERT_OK(dt_isa_set(max));
 }
 
+/* PyTorch's conversions (tests/data/gen_amp_convert.py) as an independent
+ * reference: every non-NaN value must give the same bits on every level;
+ * NaNs must stay NaN (PyTorch canonicalises their payload, we keep it). */
+static void test_against_pytorch(void) {
+    FILE *f = fopen(DT_TEST_DATA_DIR "/data/amp_convert.bin", "rb");
+    ASSERT_TRUE(f != NULL);
+    char magic[8];
+    uint32_t hdr[2];
+    ASSERT_EQ(fread(magic, 1, 8, f), 8);
+    ASSERT_TRUE(memcmp(magic, "DTAMPCNV", 8) == 0);
+    ASSERT_EQ(fread(hdr, 4, 2, f), 2);
+    ASSERT_EQ(hdr[0], 1);
+    uint32_t n = hdr[1];
+    ASSERT_TRUE(n > 1000 && n < 1000000);
+    uint32_t *xb = malloc(n * 4);
+    uint16_t *tb = malloc(n * 2), *th = malloc(n * 2), *ob = malloc(n * 2), *oh = malloc(n * 2);
+    ASSERT_TRUE(xb && tb && th && ob && oh);
+    ASSERT_EQ(fread(xb, 4, n, f), n);
+    ASSERT_EQ(fread(tb, 2, n, f), n);
+    ASSERT_EQ(fread(th, 2, n, f), n);
+    ASSERT_EQ(fgetc(f), EOF);
+    fclose(f);
+    dt_isa_level max = dt_cpu_features_get()->max_level;
+    for (int l = 0; l <= (int)max; l++) {
+        ASSERT_OK(dt_isa_set((dt_isa_level)l));
+        dt_f32_to_bf16(ob, (const float *)xb, n);
+        dt_f32_to_f16(oh, (const float *)xb, n);
+        for (uint32_t i = 0; i < n; i++) {
+            if ((xb[i] & 0x7fffffffu) > 0x7f800000u) {
+                ASSERT_TRUE((ob[i] & 0x7fff) > 0x7f80 && (oh[i] & 0x7fff) > 0x7c00);
+                continue;
+            }
+            if (ob[i] != tb[i] || oh[i] != th[i])
+                TEST_FAILF("%s: 0x%08x -> bf16 0x%04x (torch 0x%04x), f16 0x%04x (torch 0x%04x)",
+                           dt_isa_name(dt_isa()), xb[i], ob[i], tb[i], oh[i], th[i]);
+        }
+    }
+    printf("  %u values match PyTorch on every level\n", n);
+    ASSERT_OK(dt_isa_set(max));
+    free(xb), free(tb), free(th), free(ob), free(oh);
+}
+
 int main(void) {
     RUN(test_isa_env); /* first: children must inherit an unread DT_ISA */
     RUN(test_isa_names);
     RUN(test_reference_values);
     RUN(test_paths_bit_exact);
+    RUN(test_against_pytorch);
     return TEST_SUMMARY();
 }
