@@ -15,7 +15,7 @@
  *
  * Blocking (Goto-style, simplified): A is packed once per call (shared by
  * all threads); threads take 32-column panels of C; for each panel and each
- * block of KCP k pairs a thread packs its B micro-panel (32 KiB, stays in
+ * block of KCP k pairs a thread packs its B micro-panel (16 KiB, stays in
  * L1/L2) and sweeps it over every A panel, summing into a per-thread fp32
  * scratch column; at the end the column is added to C (if accumulating) and
  * stored as fp32 or rounded to bf16 with dt_f32_to_bf16 (so rounding matches
@@ -35,7 +35,7 @@
 
 #define MR  12  /* rows of C per micro-kernel */
 #define NR  32  /* columns of C per micro-kernel (two zmm) */
-#define KCP 256 /* k pairs per block of B (32 KiB packed) */
+#define KCP 128 /* k pairs per block of B (16 KiB packed: B and A blocks share L1) */
 
 #define TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")))
 

@@ -2,7 +2,7 @@
  * test_amp_gemm.c — the bf16 multiply on every backend, every op (NN, NT,
  * TN, TT), both output types, with and without accumulation, on odd shapes
  * (1, 7, 33, 1000 and shapes that cross the kernels' 12-row, 32-column and
- * 512-k blocks), at every ISA level this CPU has.
+ * 256-k blocks), at every ISA level this CPU has.
  *
  * Two checks per case, against a float64 reference:
  *   - integer-valued inputs in [-4, 4]: every partial sum is an integer below
