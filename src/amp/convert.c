@@ -17,6 +17,7 @@
 #include "dtrain/amp.h"
 
 #include <immintrin.h>
+#include <omp.h>
 #include <string.h>
 
 static inline uint32_t f32_bits(float x) {
@@ -229,44 +230,82 @@ BF16_TARGET static void f32_to_bf16_avx512bf16(dt_bf16 *out, const float *in, si
 /* Dispatch                                                                 */
 /* ------------------------------------------------------------------------ */
 
-void dt_f32_to_bf16(dt_bf16 *out, const float *in, size_t n) {
+/* Arrays of a million elements or more (a model's weights, cast every step)
+ * are split over the OpenMP threads in 64-element-aligned chunks: one core
+ * does not saturate memory bandwidth. Each chunk runs the same path, so the
+ * result is the same bits as one call. */
+#define PAR_MIN ((size_t)1 << 20)
+
+typedef enum conv_kind { TO_BF16, FROM_BF16, TO_F16, FROM_F16 } conv_kind;
+
+static void convert_serial(conv_kind k, dt_isa_level l, void *out, const void *in, size_t n) {
+    switch (k) {
+    case TO_BF16:
+        if (l >= DT_ISA_AVX512BF16)
+            f32_to_bf16_avx512bf16(out, in, n);
+        else if (l >= DT_ISA_AVX512)
+            f32_to_bf16_avx512(out, in, n);
+        else if (l >= DT_ISA_AVX2)
+            f32_to_bf16_avx2(out, in, n);
+        else
+            f32_to_bf16_scalar(out, in, n);
+        break;
+    case FROM_BF16:
+        if (l >= DT_ISA_AVX512)
+            bf16_to_f32_avx512(out, in, n);
+        else if (l >= DT_ISA_AVX2)
+            bf16_to_f32_avx2(out, in, n);
+        else
+            bf16_to_f32_scalar(out, in, n);
+        break;
+    case TO_F16:
+        if (l >= DT_ISA_AVX512)
+            f32_to_f16_avx512(out, in, n);
+        else if (l >= DT_ISA_AVX2)
+            f32_to_f16_avx2(out, in, n);
+        else
+            f32_to_f16_scalar(out, in, n);
+        break;
+    case FROM_F16:
+        if (l >= DT_ISA_AVX512)
+            f16_to_f32_avx512(out, in, n);
+        else if (l >= DT_ISA_AVX2)
+            f16_to_f32_avx2(out, in, n);
+        else
+            f16_to_f32_scalar(out, in, n);
+        break;
+    }
+}
+
+static void convert(conv_kind k, void *out, size_t out_size, const void *in, size_t in_size,
+                    size_t n) {
     dt_isa_level l = dt_isa();
-    if (l >= DT_ISA_AVX512BF16)
-        f32_to_bf16_avx512bf16(out, in, n);
-    else if (l >= DT_ISA_AVX512)
-        f32_to_bf16_avx512(out, in, n);
-    else if (l >= DT_ISA_AVX2)
-        f32_to_bf16_avx2(out, in, n);
-    else
-        f32_to_bf16_scalar(out, in, n);
+    int nt = omp_get_max_threads();
+    if (n < PAR_MIN || nt < 2 || omp_in_parallel()) {
+        convert_serial(k, l, out, in, n);
+        return;
+    }
+    size_t chunk = dt_align_up((n + (size_t)nt - 1) / (size_t)nt, 64);
+#pragma omp parallel for num_threads(nt) schedule(static)
+    for (int t = 0; t < nt; t++) {
+        size_t b = (size_t)t * chunk, e = b + chunk < n ? b + chunk : n;
+        if (b < e)
+            convert_serial(k, l, (char *)out + b * out_size, (const char *)in + b * in_size, e - b);
+    }
+}
+
+void dt_f32_to_bf16(dt_bf16 *out, const float *in, size_t n) {
+    convert(TO_BF16, out, sizeof *out, in, sizeof *in, n);
 }
 
 void dt_bf16_to_f32(float *out, const dt_bf16 *in, size_t n) {
-    dt_isa_level l = dt_isa();
-    if (l >= DT_ISA_AVX512)
-        bf16_to_f32_avx512(out, in, n);
-    else if (l >= DT_ISA_AVX2)
-        bf16_to_f32_avx2(out, in, n);
-    else
-        bf16_to_f32_scalar(out, in, n);
+    convert(FROM_BF16, out, sizeof *out, in, sizeof *in, n);
 }
 
 void dt_f32_to_f16(dt_f16 *out, const float *in, size_t n) {
-    dt_isa_level l = dt_isa();
-    if (l >= DT_ISA_AVX512)
-        f32_to_f16_avx512(out, in, n);
-    else if (l >= DT_ISA_AVX2)
-        f32_to_f16_avx2(out, in, n);
-    else
-        f32_to_f16_scalar(out, in, n);
+    convert(TO_F16, out, sizeof *out, in, sizeof *in, n);
 }
 
 void dt_f16_to_f32(float *out, const dt_f16 *in, size_t n) {
-    dt_isa_level l = dt_isa();
-    if (l >= DT_ISA_AVX512)
-        f16_to_f32_avx512(out, in, n);
-    else if (l >= DT_ISA_AVX2)
-        f16_to_f32_avx2(out, in, n);
-    else
-        f16_to_f32_scalar(out, in, n);
+    convert(FROM_F16, out, sizeof *out, in, sizeof *in, n);
 }

@@ -19,6 +19,7 @@
 #include <float.h>
 #include <immintrin.h>
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 dt_scaler_config dt_scaler_config_default(void) {
@@ -190,20 +191,38 @@ __attribute__((target("avx512f"))) static bool unscale_avx512(float *x, size_t n
     return bad != 0;
 }
 
-bool dt_has_inf_nan(const float *x, size_t n) {
-    dt_isa_level l = dt_isa();
+/* One pass over x[0..n) on one thread: check, and scale when `scale`. */
+static bool check_serial(dt_isa_level l, float *x, size_t n, bool scale, float inv) {
     if (l >= DT_ISA_AVX512)
-        return has_inf_nan_avx512(x, n);
+        return scale ? unscale_avx512(x, n, inv) : has_inf_nan_avx512(x, n);
     if (l >= DT_ISA_AVX2)
-        return has_inf_nan_avx2(x, n);
-    return has_inf_nan_scalar(x, n);
+        return scale ? unscale_avx2(x, n, inv) : has_inf_nan_avx2(x, n);
+    return scale ? unscale_scalar(x, n, inv) : has_inf_nan_scalar(x, n);
 }
 
-bool dt_unscale(float *x, size_t n, float inv_scale) {
+/* Gradient buffers are large (a 124M-parameter model: 500 MB): above a
+ * million elements the pass is split over the OpenMP threads, as in
+ * convert.c, and the flags OR-reduced. */
+#define PAR_MIN ((size_t)1 << 20)
+
+static bool check(float *x, size_t n, bool scale, float inv) {
     dt_isa_level l = dt_isa();
-    if (l >= DT_ISA_AVX512)
-        return unscale_avx512(x, n, inv_scale);
-    if (l >= DT_ISA_AVX2)
-        return unscale_avx2(x, n, inv_scale);
-    return unscale_scalar(x, n, inv_scale);
+    int nt = omp_get_max_threads();
+    if (n < PAR_MIN || nt < 2 || omp_in_parallel())
+        return check_serial(l, x, n, scale, inv);
+    size_t chunk = dt_align_up((n + (size_t)nt - 1) / (size_t)nt, 64);
+    int bad = 0;
+#pragma omp parallel for num_threads(nt) schedule(static) reduction(| : bad)
+    for (int t = 0; t < nt; t++) {
+        size_t b = (size_t)t * chunk, e = b + chunk < n ? b + chunk : n;
+        if (b < e)
+            bad |= check_serial(l, x + b, e - b, scale, inv);
+    }
+    return bad != 0;
 }
+
+bool dt_has_inf_nan(const float *x, size_t n) {
+    return check((float *)x, n, false, 1.0f); /* not written when scale is false */
+}
+
+bool dt_unscale(float *x, size_t n, float inv_scale) { return check(x, n, true, inv_scale); }

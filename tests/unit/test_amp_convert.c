@@ -283,11 +283,40 @@ static void test_against_pytorch(void) {
     free(xb), free(tb), free(th), free(ob), free(oh);
 }
 
+/* Arrays of >= 2^20 elements are split over threads: same bits as the
+ * reference, including at the chunk borders. */
+static void test_large_arrays_threaded(void) {
+    size_t n = (3u << 20) + 17;
+    float *x = malloc(n * 4), *y = malloc(n * 4);
+    uint16_t *h = malloc(n * 2);
+    ASSERT_TRUE(x && y && h);
+    dt_rng r;
+    dt_rng_init(&r, 11, dt_rng_stream_id(0, 1, DT_RNG_TEST));
+    for (size_t i = 0; i < n; i++)
+        x[i] = fl(dt_rng_u32(&r));
+    dt_f32_to_bf16(h, x, n);
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != dt_bf16_from_f32(x[i]))
+            TEST_FAILF("bf16 [%zu] 0x%08x -> 0x%04x", i, bits(x[i]), h[i]);
+    dt_bf16_to_f32(y, h, n);
+    for (size_t i = 0; i < n; i++)
+        ASSERT_EQ(bits(y[i]), bits(dt_f32_from_bf16(h[i])));
+    dt_f32_to_f16(h, x, n);
+    for (size_t i = 0; i < n; i++)
+        if (h[i] != dt_f16_from_f32(x[i]))
+            TEST_FAILF("f16 [%zu] 0x%08x -> 0x%04x", i, bits(x[i]), h[i]);
+    dt_f16_to_f32(y, h, n);
+    for (size_t i = 0; i < n; i++)
+        ASSERT_EQ(bits(y[i]), bits(dt_f32_from_f16(h[i])));
+    free(x), free(y), free(h);
+}
+
 int main(void) {
     RUN(test_isa_env); /* first: children must inherit an unread DT_ISA */
     RUN(test_isa_names);
     RUN(test_reference_values);
     RUN(test_paths_bit_exact);
     RUN(test_against_pytorch);
+    RUN(test_large_arrays_threaded);
     return TEST_SUMMARY();
 }

@@ -209,6 +209,30 @@ static void test_config_from_env(void) {
     unsetenv("DT_LOSS_SCALE_GROWTH");
 }
 
+/* Above 2^20 elements the check is split over threads: a bad value in any
+ * chunk, and at either end, is found; unscale scales every element. */
+static void test_inf_nan_check_threaded(void) {
+    size_t n = (3u << 20) + 5;
+    float *x = malloc(n * sizeof *x);
+    ASSERT_TRUE(x);
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)(i & 1023);
+    ASSERT_TRUE(!dt_has_inf_nan(x, n));
+    size_t where[] = {0, n / 3, n / 2 + 1, n - 1};
+    for (size_t w = 0; w < 4; w++) {
+        x[where[w]] = w % 2 ? NAN : -INFINITY;
+        ASSERT_TRUE(dt_has_inf_nan(x, n));
+        x[where[w]] = 1.0f;
+    }
+    ASSERT_TRUE(!dt_unscale(x, n, 0.5f));
+    for (size_t i = 1; i < n - 1; i++)
+        if (x[i] != (float)(i & 1023) * 0.5f && i != n / 3 && i != n / 2 + 1)
+            TEST_FAILF("x[%zu] = %g after unscale", i, (double)x[i]);
+    x[n - 1] = INFINITY;
+    ASSERT_TRUE(dt_unscale(x, n, 0.5f));
+    free(x);
+}
+
 int main(void) {
     RUN(test_defaults_and_validation);
     RUN(test_growth_and_backoff);
@@ -217,5 +241,6 @@ int main(void) {
     RUN(test_state_roundtrip);
     RUN(test_inf_nan_check_all_levels);
     RUN(test_config_from_env);
+    RUN(test_inf_nan_check_threaded);
     return TEST_SUMMARY();
 }
