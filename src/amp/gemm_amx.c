@@ -30,9 +30,10 @@
 #include <pthread.h>
 #include <string.h>
 
-#define TM 32 /* rows of C per block: two A tiles */
-#define TN 32 /* columns of C per block: two B tiles */
-#define TK 32 /* k values per tile step: 16 pairs, 64 bytes of bf16 per A row */
+#define TM  32 /* rows of C per block: two A tiles */
+#define TN  32 /* columns of C per block: two B tiles */
+#define TK  32 /* k values per tile step: 16 pairs, 64 bytes of bf16 per A row */
+#define KBC 8  /* tile steps per k block: 256 k, 16 KiB of A and 16 KiB of B, in L1 */
 
 #define TARGET                                                                                     \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
@@ -48,32 +49,50 @@ typedef struct tile_config {
 _Static_assert(sizeof(tile_config) == 64, "ldtilecfg reads 64 bytes");
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static uint16_t *apack;  /* (mp, kb, TM, TK) bf16 */
-static size_t apack_cap; /* in elements */
-static uint32_t **bpack; /* per thread: (KB*16 pairs, TN) words */
-static size_t bpack_cap; /* in words */
-static float **cblock;   /* per thread: (TM, TN) floats */
+static uint16_t *apack;   /* (mp, kb, TM, TK) bf16 */
+static size_t apack_cap;  /* in elements */
+static uint32_t **bpack;  /* per thread: (KBC*16 pairs, TN) words */
+static size_t bpack_cap;  /* in words */
+static float **cblock;    /* per thread: (mp*TM, TN) floats, C of one column panel */
+static size_t cblock_cap; /* in floats */
 static int nthreads_cap;
 
+/* A is (K,M), so a tile row (32 k of one i) is a column of A. In two
+ * vector steps: dt__gemm_pack_b32 reads 32 columns as k pairs,
+ * w[q][r] = (A[2q][i0+r], A[2q+1][i0+r]) (rows 2q, 2q+1 read contiguously),
+ * then one gather per tile row collects w[0..16)[r], a 32-bit transpose. */
+TARGET static void pack_a_panel_trans(const dt__gemm_args *g, int panel, int KB, uint16_t *dst) {
+    dt__gemm_args view = *g; /* A read as the (K, N=M) operand of an NN multiply */
+    view.op = DT_GEMM_NN;
+    view.B = g->A;
+    view.N = g->M;
+    uint32_t w[16 * 32];
+    const __m512i rows =
+        _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                           _mm512_set1_epi32(32));
+    _Static_assert(TM == 32 && TK == 32, "one 32-column pack per 32-row A panel");
+    for (int kb = 0; kb < KB; kb++) {
+        dt__gemm_pack_b32(&view, panel, kb * 16, 16, w);
+        uint32_t *tile = (uint32_t *)(dst + (size_t)kb * TM * TK); /* (32 rows, 16 words) */
+        for (int r = 0; r < TM; r++)
+            _mm512_storeu_si512(tile + r * 16, _mm512_i32gather_epi32(rows, w + r, 4));
+    }
+}
+
 static void pack_a_panel(const dt__gemm_args *g, int panel, int KB, uint16_t *dst) {
-    int K = g->K, M = g->M, i0 = panel * TM;
-    int nr = M - i0 < TM ? M - i0 : TM;
-    memset(dst, 0, (size_t)KB * TM * TK * sizeof *dst); /* padding rows and k */
-    if (!dt__gemm_trans_a(g->op)) {                     /* rows of A are rows of the tiles: copy */
-        for (int kb = 0; kb < KB; kb++) {
-            int nk = K - kb * TK < TK ? K - kb * TK : TK;
-            for (int r = 0; r < nr; r++)
-                memcpy(dst + ((size_t)kb * TM + r) * TK, g->A + (size_t)(i0 + r) * K + kb * TK,
-                       (size_t)nk * sizeof *dst);
-        }
+    if (dt__gemm_trans_a(g->op)) {
+        pack_a_panel_trans(g, panel, KB, dst);
         return;
     }
-    /* A is (K,M): read each row k contiguously, scatter into the tile rows. */
-    for (int k = 0; k < K; k++) {
-        const dt_bf16 *row = g->A + (size_t)k * M + i0;
-        uint16_t *col = dst + (size_t)(k / TK) * TM * TK + k % TK;
+    /* Rows of A are rows of the tiles: copy, and zero the padding. */
+    int K = g->K, M = g->M, i0 = panel * TM;
+    int nr = M - i0 < TM ? M - i0 : TM;
+    memset(dst, 0, (size_t)KB * TM * TK * sizeof *dst);
+    for (int kb = 0; kb < KB; kb++) {
+        int nk = K - kb * TK < TK ? K - kb * TK : TK;
         for (int r = 0; r < nr; r++)
-            col[r * TK] = row[r];
+            memcpy(dst + ((size_t)kb * TM + r) * TK, g->A + (size_t)(i0 + r) * K + kb * TK,
+                   (size_t)nk * sizeof *dst);
     }
 }
 
@@ -116,13 +135,21 @@ TARGET static void tiles_configure(void) {
 
 TARGET static void tiles_release(void) { _tile_release(); }
 
-/* cb (TM, TN) = Ap (KB blocks of TM x TK) x Bp (KB*16 pairs, TN). */
-TARGET static void block_kernel(const uint16_t *ap, const uint32_t *bp, int KB, float *cb) {
-    _tile_zero(0);
-    _tile_zero(1);
-    _tile_zero(2);
-    _tile_zero(3);
-    for (int kb = 0; kb < KB; kb++) {
+/* cb (TM, TN) (+)= Ap (nkb blocks of TM x TK) x Bp (nkb*16 pairs, TN); = when first. */
+TARGET static void block_kernel(const uint16_t *ap, const uint32_t *bp, int nkb, float *cb,
+                                bool first) {
+    if (first) {
+        _tile_zero(0);
+        _tile_zero(1);
+        _tile_zero(2);
+        _tile_zero(3);
+    } else {
+        _tile_loadd(0, cb, TN * 4);
+        _tile_loadd(1, cb + 16, TN * 4);
+        _tile_loadd(2, cb + 16 * TN, TN * 4);
+        _tile_loadd(3, cb + 16 * TN + 16, TN * 4);
+    }
+    for (int kb = 0; kb < nkb; kb++) {
         const uint16_t *a = ap + (size_t)kb * TM * TK;
         const uint32_t *b = bp + (size_t)kb * 16 * TN;
         _tile_loadd(4, a, TK * 2);           /* rows 0-15 */
@@ -149,17 +176,20 @@ static void free_buffers(void) {
     dt_free(cblock);
     dt_free(apack);
     bpack = NULL, cblock = NULL, apack = NULL;
-    nthreads_cap = 0, bpack_cap = 0, apack_cap = 0;
+    nthreads_cap = 0, bpack_cap = 0, apack_cap = 0, cblock_cap = 0;
 }
 
 /* Grow the buffers to fit; called with `lock` held. */
-static dt_status reserve(int nthreads, size_t a_elems, size_t b_words) {
-    if (a_elems <= apack_cap && nthreads <= nthreads_cap && b_words <= bpack_cap)
+static dt_status reserve(int nthreads, size_t a_elems, size_t b_words, size_t c_floats) {
+    if (a_elems <= apack_cap && nthreads <= nthreads_cap && b_words <= bpack_cap &&
+        c_floats <= cblock_cap)
         return DT_OK;
     if (a_elems < apack_cap)
         a_elems = apack_cap;
     if (b_words < bpack_cap)
         b_words = bpack_cap;
+    if (c_floats < cblock_cap)
+        c_floats = cblock_cap;
     if (nthreads < nthreads_cap)
         nthreads = nthreads_cap;
     free_buffers();
@@ -171,11 +201,11 @@ static dt_status reserve(int nthreads, size_t a_elems, size_t b_words) {
     nthreads_cap = nthreads;
     for (int t = 0; t < nthreads; t++) {
         bpack[t] = dt_alloc(b_words * sizeof(uint32_t));
-        cblock[t] = dt_alloc((size_t)TM * TN * sizeof(float));
+        cblock[t] = dt_alloc(c_floats * sizeof(float));
         if (!bpack[t] || !cblock[t])
             goto nomem;
     }
-    apack_cap = a_elems, bpack_cap = b_words;
+    apack_cap = a_elems, bpack_cap = b_words, cblock_cap = c_floats;
     return DT_OK;
 nomem:
     free_buffers();
@@ -189,7 +219,9 @@ dt_status dt__gemm_amx(const dt__gemm_args *g) {
     if (nthreads > np)
         nthreads = np;
     pthread_mutex_lock(&lock);
-    dt_status st = reserve(nthreads, (size_t)mp * KB * TM * TK, (size_t)KB * 16 * TN);
+    int kbc = KB < KBC ? KB : KBC;
+    dt_status st =
+        reserve(nthreads, (size_t)mp * KB * TM * TK, (size_t)kbc * 16 * TN, (size_t)mp * TM * TN);
     if (st != DT_OK) {
         pthread_mutex_unlock(&lock);
         return st;
@@ -204,11 +236,15 @@ dt_status dt__gemm_amx(const dt__gemm_args *g) {
         tiles_configure();
 #pragma omp for schedule(static)
         for (int jp = 0; jp < np; jp++) {
-            dt__gemm_pack_b32(g, jp, 0, KB * 16, bp);
-            for (int panel = 0; panel < mp; panel++) {
-                block_kernel(apack + (size_t)panel * KB * TM * TK, bp, KB, cb);
-                store_block(g, panel * TM, jp * TN, cb);
+            for (int kb0 = 0; kb0 < KB; kb0 += KBC) {
+                int nkb = KB - kb0 < KBC ? KB - kb0 : KBC;
+                dt__gemm_pack_b32(g, jp, kb0 * 16, nkb * 16, bp);
+                for (int panel = 0; panel < mp; panel++)
+                    block_kernel(apack + ((size_t)panel * KB + kb0) * TM * TK, bp, nkb,
+                                 cb + (size_t)panel * TM * TN, kb0 == 0);
             }
+            for (int panel = 0; panel < mp; panel++)
+                store_block(g, panel * TM, jp * TN, cb + (size_t)panel * TM * TN);
         }
         tiles_release();
     }
