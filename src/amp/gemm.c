@@ -27,10 +27,11 @@ _Static_assert(sizeof backend_names / sizeof backend_names[0] == DT_GEMM_BACKEND
                "one name per backend");
 
 /* Fastest first, as measured by `dtrain bench gemm-bf16` on the GPT-2 124M
- * shapes (docs/amp.md): oneDNN (its AMX kernels) > our AMX kernel (0.7-1.5x
- * oneDNN, median 0.8) > widened fp32 sgemm (0.7-1.0x fp32) > our AVX512-BF16
- * kernel (0.6-0.95x fp32). OpenBLAS's sbgemm could not be measured (Debian's
- * build lacks it), so it comes after every measured backend. */
+ * shapes (docs/amp.md): oneDNN (its AMX kernels) ~ our AMX kernel (0.6-1.9x
+ * oneDNN, median ~1: not measurably faster, so the well-kept library goes
+ * first) > widened fp32 sgemm (0.75-1.0x fp32) > our AVX512-BF16 kernel
+ * (0.6-0.9x fp32). OpenBLAS's sbgemm could not be measured (Debian's build
+ * lacks it), so it comes after every measured backend. */
 static const dt_gemm_backend auto_order[] = {DT_GEMM_ONEDNN, DT_GEMM_AMX,      DT_GEMM_SGEMM,
                                              DT_GEMM_AVX512, DT_GEMM_OPENBLAS, DT_GEMM_REF};
 
