@@ -125,10 +125,11 @@ dt_status dt_isa_parse(const char *knob, const char *text, dt_isa_level *out) {
 
 static dt_status unsupported(const char *knob, dt_isa_level want) {
     const dt_cpu_features *f = dt_cpu_features_get();
-    return dt_error_set(DT_ERR_UNSUPPORTED, "%s=%s: this CPU supports only up to %s%s%s", knob,
-                        dt_isa_name(want), dt_isa_name(f->max_level),
-                        want == DT_ISA_AMX && f->amx_note[0] ? " (AMX: " : "",
-                        want == DT_ISA_AMX && f->amx_note[0] ? f->amx_note : "");
+    char why[128] = "";
+    if (want == DT_ISA_AMX && f->amx_note[0])
+        snprintf(why, sizeof why, " (AMX: %s)", f->amx_note);
+    return dt_error_set(DT_ERR_UNSUPPORTED, "%s=%s: this CPU supports only up to %s%s", knob,
+                        dt_isa_name(want), dt_isa_name(f->max_level), why);
 }
 
 dt_status dt_isa_init(void) {
