@@ -184,6 +184,14 @@ dt_status dt_gemm_bf16(dt_gemm_op op, int M, int N, int K, const dt_bf16 *A, con
 dt_status dt_gemm_bf16_with(dt_gemm_backend b, dt_gemm_op op, int M, int N, int K, const dt_bf16 *A,
                             const dt_bf16 *B, void *C, dt_gemm_out out, bool accumulate);
 
+/* C(M,N) = op(A) x op(B) (+ C) for fp16 A and B, fp32 C: the operands are
+ * widened to fp32 (F16C / AVX-512, exact) and multiplied by OpenBLAS sgemm,
+ * since neither oneDNN 2.6 nor this CPU's dot-product units multiply fp16.
+ * Same arguments and errors as dt_gemm_bf16; write fp16 output with
+ * dt_f32_to_f16. */
+dt_status dt_gemm_f16(dt_gemm_op op, int M, int N, int K, const dt_f16 *A, const dt_f16 *B,
+                      float *C, bool accumulate);
+
 /* Release cached oneDNN primitives and packing buffers (at exit, or to
  * bound memory after many shapes). Safe to call at any time no multiply
  * is running. */

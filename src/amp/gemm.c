@@ -97,7 +97,8 @@ static pthread_mutex_t sgemm_lock = PTHREAD_MUTEX_INITIALIZER;
 static float *wide;     /* A32 then B32 then (bf16 output) C32 */
 static size_t wide_cap; /* in floats */
 
-static dt_status gemm_sgemm(const dt__gemm_args *g) {
+/* `f16`: A and B hold fp16 (dt_gemm_f16) rather than bf16. */
+static dt_status gemm_sgemm(const dt__gemm_args *g, bool f16) {
     bool ta = dt__gemm_trans_a(g->op), tb = dt__gemm_trans_b(g->op);
     size_t na = (size_t)g->M * g->K, nb = (size_t)g->K * g->N, nc = (size_t)g->M * g->N;
     size_t need = na + nb + (g->out == DT_GEMM_OUT_BF16 ? nc : 0);
@@ -114,8 +115,13 @@ static dt_status gemm_sgemm(const dt__gemm_args *g) {
     }
     float *a32 = wide, *b32 = wide + na;
     float *c32 = g->out == DT_GEMM_OUT_F32 ? g->C : wide + na + nb;
-    dt_bf16_to_f32(a32, g->A, na);
-    dt_bf16_to_f32(b32, g->B, nb);
+    if (f16) {
+        dt_f16_to_f32(a32, g->A, na);
+        dt_f16_to_f32(b32, g->B, nb);
+    } else {
+        dt_bf16_to_f32(a32, g->A, na);
+        dt_bf16_to_f32(b32, g->B, nb);
+    }
     if (g->out == DT_GEMM_OUT_BF16 && g->accumulate)
         dt_bf16_to_f32(c32, g->C, nc);
     cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g->M,
@@ -243,7 +249,7 @@ dt_status dt_gemm_bf16_with(dt_gemm_backend b, dt_gemm_op op, int M, int N, int 
     case DT_GEMM_OPENBLAS: return gemm_openblas(&g);
     case DT_GEMM_AVX512: return dt__gemm_avx512(&g);
     case DT_GEMM_AMX: return dt__gemm_amx(&g);
-    case DT_GEMM_SGEMM: return gemm_sgemm(&g);
+    case DT_GEMM_SGEMM: return gemm_sgemm(&g, false);
     default: break;
     }
     return dt_error_set(DT_ERR_INTERNAL, "gemm backend %d has no entry", (int)b);
@@ -252,6 +258,25 @@ dt_status dt_gemm_bf16_with(dt_gemm_backend b, dt_gemm_op op, int M, int N, int 
 dt_status dt_gemm_bf16(dt_gemm_op op, int M, int N, int K, const dt_bf16 *A, const dt_bf16 *B,
                        void *C, dt_gemm_out out, bool accumulate) {
     return dt_gemm_bf16_with(DT_GEMM_AUTO, op, M, N, K, A, B, C, out, accumulate);
+}
+
+/* fp16 has no multiply in oneDNN 2.6 on CPUs (its matmul reports f16
+ * unimplemented) and no AMX/AVX512 dot product before AMX-FP16, so fp16
+ * operands are widened with F16C / AVX-512 and multiplied by sgemm: each
+ * fp16 x fp16 product (11 + 11 significant bits) is exact in fp32, so the
+ * sum is the same fp32 accumulation as the bf16 paths. */
+dt_status dt_gemm_f16(dt_gemm_op op, int M, int N, int K, const dt_f16 *A, const dt_f16 *B,
+                      float *C, bool accumulate) {
+    if ((unsigned)op >= DT_GEMM_OP_COUNT)
+        return dt_error_set(DT_ERR_INVALID, "dt_gemm_f16: op %d out of range", (int)op);
+    if (M < 1 || N < 1 || K < 1)
+        return dt_error_set(DT_ERR_INVALID, "dt_gemm_f16: sizes M=%d N=%d K=%d must be >= 1", M, N,
+                            K);
+    if (!A || !B || !C)
+        return dt_error_set(DT_ERR_INVALID, "dt_gemm_f16: NULL matrix (A %p, B %p, C %p)",
+                            (const void *)A, (const void *)B, (void *)C);
+    dt__gemm_args g = {op, M, N, K, A, B, C, DT_GEMM_OUT_F32, accumulate};
+    return gemm_sgemm(&g, true);
 }
 
 void dt_gemm_release(void) {

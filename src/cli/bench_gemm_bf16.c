@@ -31,8 +31,9 @@ static const cli_opt gemm_opts[] = {
      "shapes C(M,N) = A(M,K) B(K,N)", NULL, 0, 0},
     {"op", 0, CLI_ENUM, NULL, "nt", NULL, "transposition: nt (forward), nn, tn (backward), all",
      op_choices, 0, 0},
-    {"backends", 'b', CLI_STRING, "LIST", "onednn,openblas,amx,avx512,sgemm", NULL,
-     "bf16 backends to time (also: ref); unavailable ones are listed and skipped", NULL, 0, 0},
+    {"backends", 'b', CLI_STRING, "LIST", "onednn,openblas,amx,avx512,sgemm,f16", NULL,
+     "backends to time (also: ref; f16 = dt_gemm_f16); unavailable ones are listed and skipped",
+     NULL, 0, 0},
     {"runs", 'r', CLI_INT, "N", "5", NULL, "timed runs per case (the median is shown)", NULL, 3,
      1000},
     {"min-time", 0, CLI_DOUBLE, "SEC", "0.2", NULL, "minimum duration of one run", NULL, 0, 3600},
@@ -47,11 +48,17 @@ typedef struct gemm_case {
     int M, N, K;
     dt_gemm_op op;
     dt_bf16 *A, *B;
+    dt_f16 *A16, *B16; /* fp16 copies, for dt_gemm_f16 */
     float *A32, *B32, *C;
 } gemm_case;
 
-/* backend index -1: fp32 sgemm */
+/* Pseudo-backend of the table: dt_gemm_f16 (fp16 widened to fp32, sgemm). */
+#define BE_F16 DT_GEMM_BACKEND_COUNT
+
+/* backend index -1: fp32 sgemm; BE_F16: dt_gemm_f16 */
 static dt_status run_once(const gemm_case *c, int be) {
+    if (be == BE_F16)
+        return dt_gemm_f16(c->op, c->M, c->N, c->K, c->A16, c->B16, c->C, false);
     if (be < 0) {
         bool ta = c->op == DT_GEMM_TN, tb = c->op == DT_GEMM_NT;
         cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
@@ -120,16 +127,20 @@ static int run_gemm_bf16(cli_args *a) {
     if (nshapes <= 0)
         cli_usage_error(a->cmd, "--shapes: \"%s\" is not a list like 256x768x768,64x64x64",
                         cli_str(a, "shapes"));
-    bool use[DT_GEMM_BACKEND_COUNT] = {false};
+    bool use[DT_GEMM_BACKEND_COUNT] = {false}, use_f16 = false;
     char list[256];
     snprintf(list, sizeof list, "%s", cli_str(a, "backends"));
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok;
          tok = strtok_r(NULL, ",", &save)) {
         dt_gemm_backend be;
+        if (strcmp(tok, "f16") == 0) {
+            use_f16 = true;
+            continue;
+        }
         if (dt_gemm_backend_parse("--backends", tok, &be) != DT_OK || be == DT_GEMM_AUTO)
             cli_usage_error(a->cmd,
                             "--backends: unknown backend '%s' (ref, onednn, openblas, "
-                            "avx512, amx, sgemm)",
+                            "avx512, amx, sgemm, f16)",
                             tok);
         use[be] = true;
     }
@@ -158,8 +169,8 @@ static int run_gemm_bf16(cli_args *a) {
         printf("%6s %6s %6s %3s  %-9s %10s %10s %10s %10s %8s %10s\n", "M", "N", "K", "op",
                "backend", "ms", "GFLOP/s", "min", "max", "vs fp32", "GF/cpu-s");
     }
-    double *g = malloc((size_t)runs * (DT_GEMM_BACKEND_COUNT + 1) * sizeof *g);
-    double *gc = malloc((size_t)runs * (DT_GEMM_BACKEND_COUNT + 1) * sizeof *gc);
+    double *g = malloc((size_t)runs * (DT_GEMM_BACKEND_COUNT + 2) * sizeof *g);
+    double *gc = malloc((size_t)runs * (DT_GEMM_BACKEND_COUNT + 2) * sizeof *gc);
     if (!g || !gc) {
         free(g);
         free(gc);
@@ -173,6 +184,7 @@ static int run_gemm_bf16(cli_args *a) {
         size_t na = (size_t)c.M * c.K, nb = (size_t)c.K * c.N, nc = (size_t)c.M * c.N;
         c.A32 = dt_alloc(na * 4), c.B32 = dt_alloc(nb * 4), c.C = dt_alloc(nc * 4);
         c.A = dt_alloc(na * 2), c.B = dt_alloc(nb * 2);
+        c.A16 = dt_alloc(na * 2), c.B16 = dt_alloc(nb * 2);
         if (!c.A32 || !c.B32 || !c.C || !c.A || !c.B) {
             rc = cli_fail(DT_ERR_NOMEM);
             goto next;
@@ -183,16 +195,20 @@ static int run_gemm_bf16(cli_args *a) {
             c.B32[i] = dt_rng_normal(&rng) * 0.02f;
         dt_f32_to_bf16(c.A, c.A32, na);
         dt_f32_to_bf16(c.B, c.B32, nb);
+        dt_f32_to_f16(c.A16, c.A32, na);
+        dt_f32_to_f16(c.B16, c.B32, nb);
         for (int oi = 0; oi < 3; oi++) {
             if (op_sel != 3 && op_sel != oi)
                 continue;
             c.op = ops[oi];
             /* The backends take turns run by run, so that load from other
              * processes on a shared machine falls on all of them alike. */
-            int bes[DT_GEMM_BACKEND_COUNT + 1], nbe = 0;
+            int bes[DT_GEMM_BACKEND_COUNT + 2], nbe = 0;
             for (int be = -1; be < DT_GEMM_BACKEND_COUNT; be++)
                 if (be < 0 || (use[be] && dt_gemm_backend_available((dt_gemm_backend)be, NULL, 0)))
                     bes[nbe++] = be;
+            if (use_f16)
+                bes[nbe++] = BE_F16;
             for (int b = 0; b < nbe; b++) { /* warm-up: primitive creation, page faults */
                 if ((st = run_once(&c, bes[b])) != DT_OK) {
                     rc = cli_fail(st);
@@ -217,8 +233,10 @@ static int run_gemm_bf16(cli_args *a) {
                 double med = gb[runs / 2];
                 if (b == 0)
                     base = med;
-                const char *name =
-                    bes[b] < 0 ? "sgemm-f32" : dt_gemm_backend_name((dt_gemm_backend)bes[b]);
+                const char *name = bes[b] < 0 ? "sgemm-f32"
+                                   : bes[b] == BE_F16
+                                       ? "f16-sgemm"
+                                       : dt_gemm_backend_name((dt_gemm_backend)bes[b]);
                 double ms = 2.0 * c.M * c.N * c.K / med * 1e-6;
                 if (json)
                     printf("{\"bench\":\"gemm-bf16\",\"M\":%d,\"N\":%d,\"K\":%d,\"op\":\"%s\","
@@ -236,6 +254,7 @@ static int run_gemm_bf16(cli_args *a) {
         }
     next:
         dt_free(c.A32), dt_free(c.B32), dt_free(c.C), dt_free(c.A), dt_free(c.B);
+        dt_free(c.A16), dt_free(c.B16);
     }
     free(g);
     free(gc);

@@ -192,6 +192,73 @@ static void test_errors_and_default(void) {
     }
 }
 
+/* dt_gemm_f16 (widened to fp32, sgemm) on every level (the widening is
+ * dispatched): integer inputs exact; random inputs within the fp32
+ * accumulation bound, and within (2^-10 + 2^-22) sum |a b| more of the
+ * product of the unrounded fp32 inputs (fp16 rounds each to 2^-11). */
+static void test_f16_all_levels(void) {
+    dt_isa_level top = dt_isa();
+    for (int l = (int)top; l >= (forced ? (int)top : 0); l--) {
+        ASSERT_OK(dt_isa_set((dt_isa_level)l));
+        dt_rng r;
+        dt_rng_init(&r, 5, dt_rng_stream_id(0, 0, DT_RNG_TEST));
+        for (int si = 0; si < NSHAPES; si++) {
+            shape s = shapes[si];
+            size_t na = (size_t)s.M * s.K, nb = (size_t)s.K * s.N, nc = (size_t)s.M * s.N;
+            float *a32 = malloc(na * 4), *b32 = malloc(nb * 4), *a16f = malloc(na * 4),
+                  *b16f = malloc(nb * 4), *c = malloc(nc * 4), *c0 = malloc(nc * 4);
+            dt_f16 *A = malloc(na * 2), *B = malloc(nb * 2);
+            double *ref = malloc(nc * 8), *absref = malloc(nc * 8), *ref32 = malloc(nc * 8),
+                   *absref32 = malloc(nc * 8);
+            ASSERT_TRUE(a32 && b32 && a16f && b16f && c && c0 && A && B && ref && absref && ref32 &&
+                        absref32);
+            for (int integers = 1; integers >= 0; integers--) {
+                for (size_t i = 0; i < na; i++)
+                    a32[i] = integers ? (float)((int)dt_rng_below(&r, 9) - 4)
+                                      : 2.0f * dt_rng_uniform(&r) - 1.0f;
+                for (size_t i = 0; i < nb; i++)
+                    b32[i] = integers ? (float)((int)dt_rng_below(&r, 9) - 4)
+                                      : 2.0f * dt_rng_uniform(&r) - 1.0f;
+                for (size_t i = 0; i < nc; i++)
+                    c0[i] = (float)((int)dt_rng_below(&r, 9) - 4);
+                dt_f32_to_f16(A, a32, na);
+                dt_f32_to_f16(B, b32, nb);
+                dt_f16_to_f32(a16f, A, na);
+                dt_f16_to_f32(b16f, B, nb);
+                for (int op = 0; op < DT_GEMM_OP_COUNT; op++) {
+                    reference((dt_gemm_op)op, s, a16f, b16f, ref, absref);
+                    reference((dt_gemm_op)op, s, a32, b32, ref32, absref32);
+                    for (int acc = 0; acc <= 1; acc++) {
+                        memcpy(c, c0, nc * 4);
+                        ASSERT_OK(dt_gemm_f16((dt_gemm_op)op, s.M, s.N, s.K, A, B, c, acc));
+                        for (size_t i = 0; i < nc; i++) {
+                            double old = acc ? c0[i] : 0.0, want = ref[i] + old;
+                            double tol =
+                                integers ? 0 : s.K * 0x1p-24 * absref[i] + 0x1p-24 * fabs(old);
+                            double tol32 = tol + (0x1p-10 + 0x1p-22) * absref32[i];
+                            if (!(fabs(c[i] - want) <= tol) ||
+                                (!integers && !(fabs(c[i] - (ref32[i] + old)) <= tol32)))
+                                TEST_FAILF("f16 isa %s %s acc=%d M=%d N=%d K=%d [%zu]: got %.9g "
+                                           "want %.9g (tol %.3g), fp32-input ref %.9g (tol %.3g)",
+                                           dt_isa_name(dt_isa()), op_names[op], acc, s.M, s.N, s.K,
+                                           i, (double)c[i], want, tol, ref32[i] + old, tol32);
+                        }
+                    }
+                }
+            }
+            free(a32), free(b32), free(a16f), free(b16f), free(c), free(c0), free(A), free(B);
+            free(ref), free(absref), free(ref32), free(absref32);
+        }
+        printf("  %-6s f16 (widened sgemm) ok\n", dt_isa_name(dt_isa()));
+    }
+    ASSERT_OK(dt_isa_set(top));
+    float c1[1];
+    dt_f16 one = 0x3c00;
+    ASSERT_STATUS(dt_gemm_f16(DT_GEMM_NN, 1, 0, 1, &one, &one, c1, false), DT_ERR_INVALID);
+    ASSERT_OK(dt_gemm_f16(DT_GEMM_TT, 1, 1, 1, &one, &one, c1, false));
+    ASSERT_EQ(c1[0], 1.0f);
+}
+
 /* Several threads multiplying at once, through every backend, must each
  * get their own exact result (backends share packing buffers and caches
  * behind locks). Integer inputs: the result is exact. */
@@ -252,6 +319,7 @@ int main(void) {
     ASSERT_OK(st);
     RUN(test_errors_and_default);
     RUN(test_backends_all_levels);
+    RUN(test_f16_all_levels);
     RUN(test_concurrent_callers);
     return TEST_SUMMARY();
 }
