@@ -23,7 +23,7 @@
  *      cblas_sbgemm when the installed OpenBLAS exports it, our own
  *      AVX512-BF16 (vdpbf16ps) and AMX (tdpbf16ps) kernels, fp32 sgemm on
  *      widened copies (the fast path of CPUs without bf16 units), and a
- *      scalar reference.
+ *      scalar reference. dt_gemm_f16 is the fp16 form (widened, sgemm).
  *   4. The fp16 dynamic loss scaler (PyTorch GradScaler semantics), a fast
  *      inf/nan check over a flat fp32 buffer, and unscaling.
  *
