@@ -1,11 +1,16 @@
 # amp: test_amp_gemm again under each forced ISA level, so that oneDNN's
 # fallbacks (whose ISA is fixed once per process) run too. A level above the
 # CPU's exits 77 and is reported as skipped.
+# OMP_WAIT_POLICY=passive: idle OpenMP workers sleep instead of spinning, so
+# tests that ctest runs side by side on a 2-core machine do not starve each
+# other.
 foreach(isa scalar avx2 avx512 avx512bf16)
   add_test(NAME test_amp_gemm_isa_${isa} COMMAND test_amp_gemm)
   set_tests_properties(test_amp_gemm_isa_${isa} PROPERTIES TIMEOUT 300 LABELS "unit"
-                       ENVIRONMENT "DT_ISA=${isa}" SKIP_RETURN_CODE 77)
+                       ENVIRONMENT "DT_ISA=${isa};OMP_WAIT_POLICY=passive" SKIP_RETURN_CODE 77)
 endforeach()
+set_tests_properties(test_amp_gemm test_amp_convert test_amp_scaler PROPERTIES
+                     ENVIRONMENT "OMP_WAIT_POLICY=passive")
 
 # The benchmarks run (tiny sizes), and a bad DT_ISA stops them with its message.
 add_test(NAME cli_bench_gemm_bf16
