@@ -1,12 +1,12 @@
 #!/usr/bin/python3
 """bf16 GEMM: dtrain's backends against PyTorch on the same shapes and threads.
 
-Runs `dtrain bench gemm-bf16 --json` and then times torch.matmul on bf16 and
-fp32 tensors of the same shapes and transpositions (C = A x B, fp32
-accumulation in both), and prints GFLOP/s side by side with the ratio of
-dtrain's default backend to PyTorch bf16. Medians of --runs runs of at least
---min-time seconds each. The two halves run one after the other, so on a
-shared machine compare numbers measured close together, or rerun.
+For each shape and transposition, runs `dtrain bench gemm-bf16 --json` and
+right after it times torch.matmul on bf16 and fp32 tensors of the same
+shape (C = A x B, fp32 accumulation, bf16 result in both), so the two sides are measured
+close together; prints GFLOP/s side by side with the ratio of dtrain's
+default backend (oneDNN) to PyTorch bf16. Medians of --runs runs of at
+least --min-time seconds each.
 
     /usr/bin/python3 bench/compare-gemm-bf16.py --dtrain build/dtrain --threads 2
 """
@@ -18,7 +18,12 @@ import subprocess
 import sys
 import time
 
-import torch
+# Idle OpenMP workers sleep instead of spinning, in PyTorch's libgomp as in
+# dtrain's (it is read when libgomp loads, so before torch is imported): on a
+# shared machine spinning workers turn small multiplies into 10 ms stalls.
+os.environ.setdefault("OMP_WAIT_POLICY", "passive")
+
+import torch  # noqa: E402
 
 DEFAULT_SHAPES = "256x2304x768,256x768x768,256x3072x768,256x768x3072,256x50257x768"
 
@@ -60,15 +65,14 @@ def main():
     args = p.parse_args()
 
     env = dict(os.environ)
-    env.setdefault("OMP_WAIT_POLICY", "passive")
-    cmd = [args.dtrain, "bench", "gemm-bf16", "--json", "--shapes", args.shapes, "--op", args.op,
-           "--runs", str(args.runs), "--min-time", str(args.min_time),
-           "--threads", str(args.threads), "--backends", "onednn,amx"]
-    out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
-    dt = {}
-    for line in out.splitlines():
-        r = json.loads(line)
-        dt[(r["M"], r["N"], r["K"], r["op"], r["backend"])] = r["gflops"]
+
+    def dtrain_gflops(shape, op):
+        cmd = [args.dtrain, "bench", "gemm-bf16", "--json", "--shapes", shape, "--op", op,
+               "--runs", str(args.runs), "--min-time", str(args.min_time),
+               "--threads", str(args.threads), "--backends", "onednn,amx",
+               "--out", "bf16"]  # torch.matmul of bf16 tensors returns bf16
+        out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
+        return {json.loads(l)["backend"]: json.loads(l)["gflops"] for l in out.splitlines()}
 
     torch.set_num_threads(args.threads)
     ops = ["nt", "nn", "tn"] if args.op == "all" else [args.op]
@@ -78,10 +82,10 @@ def main():
     for s in args.shapes.split(","):
         M, N, K = (int(v) for v in s.split("x"))
         for op in ops:
+            dt = dtrain_gflops(s, op)
             t32 = torch_gflops(M, N, K, op, torch.float32, args.runs, args.min_time)
             t16 = torch_gflops(M, N, K, op, torch.bfloat16, args.runs, args.min_time)
-            d1 = dt.get((M, N, K, op, "onednn"), float("nan"))
-            d2 = dt.get((M, N, K, op, "amx"), float("nan"))
+            d1, d2 = dt.get("onednn", float("nan")), dt.get("amx", float("nan"))
             print(f"{M:>6} {N:>6} {K:>6} {op:>3} {t32:>10.1f} {t16:>10.1f} {d1:>10.1f} "
                   f"{d2:>10.1f} {d1 / t16:>13.1f}x")
             sys.stdout.flush()

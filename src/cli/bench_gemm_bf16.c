@@ -24,11 +24,13 @@
 #include <time.h>
 
 static const char *const op_choices[] = {"nt", "nn", "tn", "all", NULL};
+static const char *const out_choices[] = {"f32", "bf16", NULL}; /* order of dt_gemm_out */
 
 static const cli_opt gemm_opts[] = {
     {"shapes", 's', CLI_STRING, "MxNxK,...",
      "256x2304x768,256x768x768,256x3072x768,256x768x3072,256x50257x768", NULL,
      "shapes C(M,N) = A(M,K) B(K,N)", NULL, 0, 0},
+    {"out", 0, CLI_ENUM, NULL, "f32", NULL, "C's type for the bf16 backends", out_choices, 0, 0},
     {"op", 0, CLI_ENUM, NULL, "nt", NULL, "transposition: nt (forward), nn, tn (backward), all",
      op_choices, 0, 0},
     {"backends", 'b', CLI_STRING, "LIST", "onednn,openblas,amx,avx512,sgemm,f16", NULL,
@@ -47,6 +49,7 @@ static const cli_opt gemm_opts[] = {
 typedef struct gemm_case {
     int M, N, K;
     dt_gemm_op op;
+    dt_gemm_out out; /* C's type for the bf16 backends */
     dt_bf16 *A, *B;
     dt_f16 *A16, *B16; /* fp16 copies, for dt_gemm_f16 */
     float *A32, *B32, *C;
@@ -66,8 +69,8 @@ static dt_status run_once(const gemm_case *c, int be) {
                     0.0f, c->C, c->N);
         return DT_OK;
     }
-    return dt_gemm_bf16_with((dt_gemm_backend)be, c->op, c->M, c->N, c->K, c->A, c->B, c->C,
-                             DT_GEMM_OUT_F32, false);
+    return dt_gemm_bf16_with((dt_gemm_backend)be, c->op, c->M, c->N, c->K, c->A, c->B, c->C, c->out,
+                             false);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -153,12 +156,14 @@ static int run_gemm_bf16(cli_args *a) {
     double min_time = cli_double(a, "min-time");
     bool json = cli_bool(a, "json");
     int op_sel = cli_enum(a, "op");
+    dt_gemm_out out = (dt_gemm_out)cli_enum(a, "out");
     static const dt_gemm_op ops[] = {DT_GEMM_NT, DT_GEMM_NN, DT_GEMM_TN};
     static const char *const op_names[] = {"nt", "nn", "tn"};
 
     const dt_cpu_features *f = dt_cpu_features_get();
     if (!json) {
-        printf("# bf16 GEMM, fp32 accumulation, fp32 output; peer: OpenBLAS cblas_sgemm (fp32)\n");
+        printf("# bf16 GEMM, fp32 accumulation, %s output; peer: OpenBLAS cblas_sgemm (fp32)\n",
+               out_choices[out]);
         printf("# isa %s (cpu max %s), threads %d, %d runs of >= %.2f s each, median shown\n",
                dt_isa_name(dt_isa()), dt_isa_name(f->max_level), threads, runs, min_time);
         for (int be = DT_GEMM_REF; be < DT_GEMM_BACKEND_COUNT; be++) {
@@ -180,7 +185,7 @@ static int run_gemm_bf16(cli_args *a) {
     dt_rng_init(&rng, 1, dt_rng_stream_id(0, 0, DT_RNG_TEST));
     int rc = 0;
     for (int s = 0; s < nshapes && rc == 0; s++) {
-        gemm_case c = {.M = shapes[s][0], .N = shapes[s][1], .K = shapes[s][2]};
+        gemm_case c = {.M = shapes[s][0], .N = shapes[s][1], .K = shapes[s][2], .out = out};
         size_t na = (size_t)c.M * c.K, nb = (size_t)c.K * c.N, nc = (size_t)c.M * c.N;
         c.A32 = dt_alloc(na * 4), c.B32 = dt_alloc(nb * 4), c.C = dt_alloc(nc * 4);
         c.A = dt_alloc(na * 2), c.B = dt_alloc(nb * 2);
@@ -240,11 +245,13 @@ static int run_gemm_bf16(cli_args *a) {
                 double ms = 2.0 * c.M * c.N * c.K / med * 1e-6;
                 if (json)
                     printf("{\"bench\":\"gemm-bf16\",\"M\":%d,\"N\":%d,\"K\":%d,\"op\":\"%s\","
-                           "\"backend\":\"%s\",\"isa\":\"%s\",\"threads\":%d,\"ms\":%.4f,"
+                           "\"backend\":\"%s\",\"out\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
+                           "\"ms\":%.4f,"
                            "\"gflops\":%.2f,\"gflops_min\":%.2f,\"gflops_max\":%.2f,"
                            "\"vs_fp32\":%.3f,\"gflops_per_cpu_s\":%.2f}\n",
-                           c.M, c.N, c.K, op_names[oi], name, dt_isa_name(dt_isa()), threads, ms,
-                           med, gb[0], gb[runs - 1], med / base, cmed);
+                           c.M, c.N, c.K, op_names[oi], name, out_choices[out],
+                           dt_isa_name(dt_isa()), threads, ms, med, gb[0], gb[runs - 1], med / base,
+                           cmed);
                 else
                     printf("%6d %6d %6d %3s  %-9s %10.3f %10.1f %10.1f %10.1f %7.2fx %10.1f\n", c.M,
                            c.N, c.K, op_names[oi], name, ms, med, gb[0], gb[runs - 1], med / base,
