@@ -23,7 +23,11 @@
 #include <string.h>
 #include <time.h>
 
-static const char *const op_choices[] = {"nt", "nn", "tn", "all", NULL};
+/* "layer": the three multiplies of a linear layer whose forward is the given
+ * shape: forward NT (M,N,K), input gradient NN (M,K,N), weight gradient TN
+ * (N,K,M). "all": each op on the literal shape. */
+static const char *const op_choices[] = {"nt", "nn", "tn", "all", "layer", NULL};
+enum { OP_SEL_ALL = 3, OP_SEL_LAYER = 4 };
 static const char *const out_choices[] = {"f32", "bf16", NULL}; /* order of dt_gemm_out */
 
 static const cli_opt gemm_opts[] = {
@@ -31,8 +35,8 @@ static const cli_opt gemm_opts[] = {
      "256x2304x768,256x768x768,256x3072x768,256x768x3072,256x50257x768", NULL,
      "shapes C(M,N) = A(M,K) B(K,N)", NULL, 0, 0},
     {"out", 0, CLI_ENUM, NULL, "f32", NULL, "C's type for the bf16 backends", out_choices, 0, 0},
-    {"op", 0, CLI_ENUM, NULL, "nt", NULL, "transposition: nt (forward), nn, tn (backward), all",
-     op_choices, 0, 0},
+    {"op", 0, CLI_ENUM, NULL, "nt", NULL,
+     "nt, nn, tn, all (each on the shape), layer (fwd NT, bwd NN + TN shapes)", op_choices, 0, 0},
     {"backends", 'b', CLI_STRING, "LIST", "onednn,openblas,amx,avx512,sgemm,f16", NULL,
      "backends to time (also: ref; f16 = dt_gemm_f16); unavailable ones are listed and skipped",
      NULL, 0, 0},
@@ -185,12 +189,17 @@ static int run_gemm_bf16(cli_args *a) {
     dt_rng_init(&rng, 1, dt_rng_stream_id(0, 0, DT_RNG_TEST));
     int rc = 0;
     for (int s = 0; s < nshapes && rc == 0; s++) {
-        gemm_case c = {.M = shapes[s][0], .N = shapes[s][1], .K = shapes[s][2], .out = out};
-        size_t na = (size_t)c.M * c.K, nb = (size_t)c.K * c.N, nc = (size_t)c.M * c.N;
+        int M0 = shapes[s][0], N0 = shapes[s][1], K0 = shapes[s][2];
+        gemm_case c = {.M = M0, .N = N0, .K = K0, .out = out};
+        /* Every buffer big enough for any of the three layer shapes. */
+        size_t mk = (size_t)M0 * K0, kn = (size_t)K0 * N0, mn = (size_t)M0 * N0;
+        size_t big = mk > kn ? mk : kn;
+        big = big > mn ? big : mn;
+        size_t na = big, nb = big, nc = big;
         c.A32 = dt_alloc(na * 4), c.B32 = dt_alloc(nb * 4), c.C = dt_alloc(nc * 4);
         c.A = dt_alloc(na * 2), c.B = dt_alloc(nb * 2);
         c.A16 = dt_alloc(na * 2), c.B16 = dt_alloc(nb * 2);
-        if (!c.A32 || !c.B32 || !c.C || !c.A || !c.B) {
+        if (!c.A32 || !c.B32 || !c.C || !c.A || !c.B || !c.A16 || !c.B16) {
             rc = cli_fail(DT_ERR_NOMEM);
             goto next;
         }
@@ -203,8 +212,12 @@ static int run_gemm_bf16(cli_args *a) {
         dt_f32_to_f16(c.A16, c.A32, na);
         dt_f32_to_f16(c.B16, c.B32, nb);
         for (int oi = 0; oi < 3; oi++) {
-            if (op_sel != 3 && op_sel != oi)
+            if (op_sel != OP_SEL_ALL && op_sel != OP_SEL_LAYER && op_sel != oi)
                 continue;
+            if (op_sel == OP_SEL_LAYER) { /* ops[] is NT, NN, TN */
+                int dims[3][3] = {{M0, N0, K0}, {M0, K0, N0}, {N0, K0, M0}};
+                c.M = dims[oi][0], c.N = dims[oi][1], c.K = dims[oi][2];
+            }
             c.op = ops[oi];
             /* The backends take turns run by run, so that load from other
              * processes on a shared machine falls on all of them alike. */
