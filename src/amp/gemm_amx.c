@@ -13,10 +13,17 @@
  * multiply-adds per load of 4 KiB.
  *
  *   A is packed once per call as [32-row panel][32-k block][32 rows][32 k];
- *   each thread takes 32-column panels of C, packs its B panel over all of K
- *   with dt__gemm_pack_b32 ([k pair][32 columns], so a B tile is 16 rows of
- *   64 bytes at a stride of 128), then runs every A panel against it. The C
- *   block stays in tiles for the whole k loop and is stored once.
+ *   each thread takes 32-column panels of C and walks K in blocks of 256:
+ *   it packs the block of its B panel with dt__gemm_pack_b32 ([k pair][32
+ *   columns], so a B tile is 16 rows of 64 bytes at a stride of 128; 16 KiB,
+ *   in L1 with the A block) and runs every A panel against it, keeping the
+ *   panel's C in an fp32 scratch column between blocks. With a single k
+ *   block each C block goes straight from the tiles to C.
+ *
+ *   When all of B packed fits in 1 MiB (weight gradients: K = B*T, N = C)
+ *   the order flips: B is packed once and shared, threads take A panels and
+ *   run each against every B panel with C in tiles over all of K, so the
+ *   large A is read once instead of once per column panel.
  *
  * Each thread loads the tile configuration before its first tile
  * instruction and releases it at the end (the OS permission was requested
@@ -30,10 +37,11 @@
 #include <pthread.h>
 #include <string.h>
 
-#define TM  32 /* rows of C per block: two A tiles */
-#define TN  32 /* columns of C per block: two B tiles */
-#define TK  32 /* k values per tile step: 16 pairs, 64 bytes of bf16 per A row */
-#define KBC 8  /* tile steps per k block: 256 k, 16 KiB of A and 16 KiB of B, in L1 */
+#define TM             32 /* rows of C per block: two A tiles */
+#define TN             32 /* columns of C per block: two B tiles */
+#define TK             32 /* k values per tile step: 16 pairs, 64 bytes of bf16 per A row */
+#define KBC            8  /* tile steps per k block: 256 k, 16 KiB of A and 16 KiB of B, in L1 */
+#define B_RESIDENT_MAX ((size_t)1 << 20) /* bytes of packed B kept in L2 (2 MiB on SPR) */
 
 #define TARGET                                                                                     \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
@@ -49,7 +57,7 @@ typedef struct tile_config {
 _Static_assert(sizeof(tile_config) == 64, "ldtilecfg reads 64 bytes");
 
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
-static uint16_t *apack;   /* (mp, kb, TM, TK) bf16 */
+static uint16_t *apack;   /* (mp, kb, TM, TK) bf16, then (B-resident) all of B packed */
 static size_t apack_cap;  /* in elements */
 static uint32_t **bpack;  /* per thread: (KBC*16 pairs, TN) words */
 static size_t bpack_cap;  /* in words */
@@ -215,17 +223,24 @@ nomem:
 
 dt_status dt__gemm_amx(const dt__gemm_args *g) {
     int KB = (g->K + TK - 1) / TK, mp = (g->M + TM - 1) / TM, np = (g->N + TN - 1) / TN;
+    /* B-resident order when all of packed B fits in L2 next to the A panel
+     * being worked on (weight gradients: K = B*T rows, N = C): then A, which
+     * is the big operand, is streamed once instead of once per column panel. */
+    size_t b_all = (size_t)np * KB * 16 * TN; /* words of all of B, packed */
+    bool b_resident = b_all * 4 <= B_RESIDENT_MAX && mp >= 2;
     int nthreads = omp_get_max_threads();
-    if (nthreads > np)
-        nthreads = np;
-    pthread_mutex_lock(&lock);
+    if (nthreads > (b_resident ? mp : np))
+        nthreads = b_resident ? mp : np;
+    size_t a_elems = (size_t)mp * KB * TM * TK; /* a multiple of 1024: B after it stays aligned */
     int kbc = KB < KBC ? KB : KBC;
-    dt_status st =
-        reserve(nthreads, (size_t)mp * KB * TM * TK, (size_t)kbc * 16 * TN, (size_t)mp * TM * TN);
+    pthread_mutex_lock(&lock);
+    dt_status st = reserve(nthreads, a_elems + (b_resident ? 2 * b_all : 0), (size_t)kbc * 16 * TN,
+                           (size_t)(b_resident || KB <= KBC ? 1 : mp) * TM * TN);
     if (st != DT_OK) {
         pthread_mutex_unlock(&lock);
         return st;
     }
+    uint32_t *b_shared = (uint32_t *)(apack + a_elems);
 #pragma omp parallel num_threads(nthreads)
     {
         uint32_t *bp = bpack[omp_get_thread_num()];
@@ -233,18 +248,42 @@ dt_status dt__gemm_amx(const dt__gemm_args *g) {
 #pragma omp for schedule(static)
         for (int panel = 0; panel < mp; panel++)
             pack_a_panel(g, panel, KB, apack + (size_t)panel * KB * TM * TK);
-        tiles_configure();
+        if (b_resident) {
 #pragma omp for schedule(static)
-        for (int jp = 0; jp < np; jp++) {
-            for (int kb0 = 0; kb0 < KB; kb0 += KBC) {
-                int nkb = KB - kb0 < KBC ? KB - kb0 : KBC;
-                dt__gemm_pack_b32(g, jp, kb0 * 16, nkb * 16, bp);
-                for (int panel = 0; panel < mp; panel++)
-                    block_kernel(apack + ((size_t)panel * KB + kb0) * TM * TK, bp, nkb,
-                                 cb + (size_t)panel * TM * TN, kb0 == 0);
+            for (int jp = 0; jp < np; jp++)
+                dt__gemm_pack_b32(g, jp, 0, KB * 16, b_shared + (size_t)jp * KB * 16 * TN);
+        }
+        tiles_configure();
+        if (b_resident) { /* threads take A panels; C stays in tiles over all of K */
+#pragma omp for schedule(static)
+            for (int panel = 0; panel < mp; panel++) {
+                for (int jp = 0; jp < np; jp++) {
+                    block_kernel(apack + (size_t)panel * KB * TM * TK,
+                                 b_shared + (size_t)jp * KB * 16 * TN, KB, cb, true);
+                    store_block(g, panel * TM, jp * TN, cb);
+                }
             }
-            for (int panel = 0; panel < mp; panel++)
-                store_block(g, panel * TM, jp * TN, cb + (size_t)panel * TM * TN);
+        } else { /* threads take B column panels */
+#pragma omp for schedule(static)
+            for (int jp = 0; jp < np; jp++) {
+                if (KB <= KBC) { /* one k block: each C block goes straight to C */
+                    dt__gemm_pack_b32(g, jp, 0, KB * 16, bp);
+                    for (int panel = 0; panel < mp; panel++) {
+                        block_kernel(apack + (size_t)panel * KB * TM * TK, bp, KB, cb, true);
+                        store_block(g, panel * TM, jp * TN, cb);
+                    }
+                    continue;
+                }
+                for (int kb0 = 0; kb0 < KB; kb0 += KBC) {
+                    int nkb = KB - kb0 < KBC ? KB - kb0 : KBC;
+                    dt__gemm_pack_b32(g, jp, kb0 * 16, nkb * 16, bp);
+                    for (int panel = 0; panel < mp; panel++)
+                        block_kernel(apack + ((size_t)panel * KB + kb0) * TM * TK, bp, nkb,
+                                     cb + (size_t)panel * TM * TN, kb0 == 0);
+                }
+                for (int panel = 0; panel < mp; panel++)
+                    store_block(g, panel * TM, jp * TN, cb + (size_t)panel * TM * TN);
+            }
         }
         tiles_release();
     }

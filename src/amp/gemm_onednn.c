@@ -96,12 +96,14 @@ static void pin_isa(void) {
     float c;
     dt__gemm_args probe = {DT_GEMM_NN, 1, 1, 1, &one, &one, &c, DT_GEMM_OUT_F32, false};
     entry *e = NULL;
-    if (create_entry(&probe, &e) != DT_OK)
+    if (create_entry(&probe, &e) != DT_OK) {
         snprintf(probe_note, sizeof probe_note, "oneDNN %d.%d has no bf16 matmul at ISA %s",
                  dnnl_version()->major, dnnl_version()->minor,
                  dt_isa_name((dt_isa_level)pinned_level));
-    else
+        dt_error_clear(); /* an answer, not a failure of the caller's call */
+    } else {
         destroy_entry(e);
+    }
 }
 
 bool dt__gemm_onednn_available(char *why, size_t why_len) {

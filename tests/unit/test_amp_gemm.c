@@ -2,7 +2,9 @@
  * test_amp_gemm.c — the bf16 multiply on every backend, every op (NN, NT,
  * TN, TT), both output types, with and without accumulation, on odd shapes
  * (1, 7, 33, 1000 and shapes that cross the kernels' 12-row, 32-column and
- * 256-k blocks), at every ISA level this CPU has.
+ * 256-k blocks; 17x40x700 keeps the AMX kernel in its column-panel order
+ * with several k blocks, the larger ones take its B-resident order), at
+ * every ISA level this CPU has.
  *
  * Two checks per case, against a float64 reference:
  *   - integer-valued inputs in [-4, 4]: every partial sum is an integer below
@@ -29,7 +31,8 @@ typedef struct shape {
 } shape;
 
 static const shape shapes[] = {
-    {1, 1, 1}, {7, 33, 1}, {1, 1000, 7}, {33, 7, 1000}, {1000, 33, 7}, {13, 70, 65}, {40, 64, 600},
+    {1, 1, 1},     {7, 33, 1},   {1, 1000, 7},  {33, 7, 1000},
+    {1000, 33, 7}, {13, 70, 65}, {40, 64, 600}, {17, 40, 700},
 };
 #define NSHAPES (int)(sizeof shapes / sizeof shapes[0])
 
