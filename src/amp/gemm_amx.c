@@ -20,7 +20,7 @@
  *   panel's C in an fp32 scratch column between blocks. With a single k
  *   block each C block goes straight from the tiles to C.
  *
- *   When all of B packed fits in 1 MiB (weight gradients: K = B*T, N = C)
+ *   When all of B packed fits in 2 MiB (L2) (weight gradients: K = B*T, N = C)
  *   the order flips: B is packed once and shared, threads take A panels and
  *   run each against every B panel with C in tiles over all of K, so the
  *   large A is read once instead of once per column panel.
@@ -41,7 +41,8 @@
 #define TN             32 /* columns of C per block: two B tiles */
 #define TK             32 /* k values per tile step: 16 pairs, 64 bytes of bf16 per A row */
 #define KBC            8  /* tile steps per k block: 256 k, 16 KiB of A and 16 KiB of B, in L1 */
-#define B_RESIDENT_MAX ((size_t)1 << 20) /* bytes of packed B kept in L2 (2 MiB on SPR) */
+#define B_RESIDENT_MAX ((size_t)1 << 21) /* bytes of packed B kept in L2 (2 MiB per core on SPR)   \
+                                          */
 
 #define TARGET                                                                                     \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
