@@ -26,12 +26,13 @@ static const char *const backend_names[DT_GEMM_BACKEND_COUNT] = {
 _Static_assert(sizeof backend_names / sizeof backend_names[0] == DT_GEMM_BACKEND_COUNT,
                "one name per backend");
 
-/* Fastest first, as measured by `dtrain bench gemm-bf16` on the GPT-2 124M
- * shapes (docs/amp.md): oneDNN (its AMX kernels) ~ our AMX kernel (0.6-1.9x
- * oneDNN, median ~1: not measurably faster, so the well-kept library goes
- * first) > widened fp32 sgemm (0.75-1.0x fp32) > our AVX512-BF16 kernel
- * (0.6-0.9x fp32). OpenBLAS's sbgemm could not be measured (Debian's build
- * lacks it), so it comes after every measured backend. */
+/* Fastest first, as measured by `dtrain bench gemm-bf16 --op layer` on the
+ * GPT-2 124M layers (docs/amp.md): oneDNN (its AMX kernels) ~ our AMX kernel
+ * (0.4-1.9x oneDNN, median ~0.95: ahead on weight gradients, behind on the
+ * LM head's input gradient; not measurably faster, so the well-kept library
+ * goes first) > widened fp32 sgemm (median 0.9x fp32) > our AVX512-BF16
+ * kernel (median 0.63x fp32). OpenBLAS's sbgemm could not be measured
+ * (Debian's build lacks it), so it comes after every measured backend. */
 static const dt_gemm_backend auto_order[] = {DT_GEMM_ONEDNN, DT_GEMM_AMX,      DT_GEMM_SGEMM,
                                              DT_GEMM_AVX512, DT_GEMM_OPENBLAS, DT_GEMM_REF};
 
