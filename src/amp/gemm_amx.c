@@ -41,8 +41,8 @@
 #define TN             32 /* columns of C per block: two B tiles */
 #define TK             32 /* k values per tile step: 16 pairs, 64 bytes of bf16 per A row */
 #define KBC            8  /* tile steps per k block: 256 k, 16 KiB of A and 16 KiB of B, in L1 */
-#define B_RESIDENT_MAX ((size_t)1 << 21) /* bytes of packed B kept in L2 (2 MiB per core on SPR)   \
-                                          */
+/* Bytes of packed B kept in L2 (2 MiB per core on Sapphire Rapids). */
+#define B_RESIDENT_MAX ((size_t)1 << 21)
 
 #define TARGET                                                                                     \
     __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,amx-tile,amx-bf16")))
