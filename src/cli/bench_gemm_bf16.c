@@ -17,7 +17,7 @@
 #include "cli.h"
 #include "dtrain/amp.h"
 
-#include <cblas.h>
+#include <cblas.h> /* cblas_sgemm: the same in every CBLAS */
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,6 +26,9 @@
 /* "layer": the three multiplies of a linear layer whose forward is the given
  * shape: forward NT (M,N,K), input gradient NN (M,K,N), weight gradient TN
  * (N,K,M). "all": each op on the literal shape. */
+/* OpenBLAS's own API (not CBLAS), declared here so that any cblas.h works. */
+void openblas_set_num_threads(int num_threads);
+
 static const char *const op_choices[] = {"nt", "nn", "tn", "all", "layer", NULL};
 enum { OP_SEL_ALL = 3, OP_SEL_LAYER = 4 };
 static const char *const out_choices[] = {"f32", "bf16", NULL}; /* order of dt_gemm_out */
