@@ -152,7 +152,7 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
     char **positional = calloc((size_t)argc + 1, sizeof *positional);
     DT_ASSERT(positional);
     int npos = 0;
-    optind = 1;
+    optind = 0; /* 0, not 1: glibc then re-reads the ordering mode (+/-) of this optstring */
     opterr = 0;
     for (;;) {
         int longidx = -1;
@@ -188,8 +188,14 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
     }
     for (int i = optind; i < argc; i++)
         positional[npos++] = argv[i];
+    /* Move the positionals to argv[1..npos] (argv[0] is not one, so they
+     * fit) and free the scratch list: nothing is left for LeakSanitizer. */
+    for (int i = 0; i < npos; i++)
+        argv[1 + i] = positional[i];
+    argv[1 + npos] = NULL;
+    free(positional);
     out->argc = npos;
-    out->argv = positional; /* lives until exit, like argv */
+    out->argv = argv + 1;
 
     for (int i = 0; i < n; i++) {
         const cli_opt *o = &cmd->opts[i];
