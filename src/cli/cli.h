@@ -95,5 +95,7 @@ int cli_fail(dt_status st);
 extern const cli_cmd cli_cmd_version;
 extern const cli_cmd cli_cmd_bench;
 extern const cli_cmd cli_cmd_data;
+/* Benchmarks listed in cmd_bench.c, each defined in its own file. */
+extern const cli_cmd cli_bench_optim;
 
 #endif /* DTRAIN_CLI_H */
