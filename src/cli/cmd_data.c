@@ -53,7 +53,7 @@ static void print_info(const dt_token_file *f, bool is_tok) {
     printf("checksum    xxh3-64 %016llx (verified)\n",
            (unsigned long long)dt_token_file_checksum(f));
     /* Decode the first tokens as a preview. */
-    uint8_t text[80];
+    uint8_t text[80] = {0};
     size_t n = dt_token_file_count(f) < sizeof text ? dt_token_file_count(f) : sizeof text;
     const uint16_t *tok = dt_token_file_tokens(f);
     for (size_t i = 0; i < n; i++)

@@ -101,7 +101,9 @@ void dt_scale(float *g, size_t n, float s) {
 }
 
 float dt_clip_scale(double sumsq, float max_norm) {
-    if (!(max_norm > 0.0f))
+    /* Non-finite gradients are the caller's to detect (isfinite(sumsq));
+     * scaling them by 0 or NaN would only hide where they came from. */
+    if (!(max_norm > 0.0f) || !isfinite(sumsq))
         return 1.0f;
     /* In float, as torch.nn.utils.clip_grad_norm_ computes it on a float tensor. */
     float norm = (float)sqrt(sumsq);
