@@ -277,6 +277,17 @@ static void test_corruption(void) {
     uint32_t vocab;
     memcpy(&vocab, img + 16, 4);
     size_t tok0 = 64 + ((vocab + 7) & ~7u);
+    /* Nonzero padding after the table (V = 26) and after the 101 tokens. */
+    ASSERT_EQ(vocab % 8 != 0, 1);
+    memcpy(bad, img, len);
+    bad[64 + vocab] = 1;
+    reseal(bad, len);
+    expect_corrupt("vpad.tok", bad, len, "padding byte");
+    memcpy(bad, img, len);
+    bad[tok0 + 2 * 101] = 1;
+    reseal(bad, len);
+    expect_corrupt("tpad.tok", bad, len, "after the tokens is not zero");
+    memcpy(bad, img, len);
     uint16_t big = (uint16_t)vocab;
     memcpy(bad + tok0 + 2 * 17, &big, 2);
     reseal(bad, len);
@@ -288,6 +299,60 @@ static void test_corruption(void) {
     dt_token_file *f;
     ASSERT_OK(dt_token_file_open(&f, tok));
     dt_token_file_close(f);
+    free(bad);
+    free(img);
+    free(text);
+}
+
+/* Random edits of the header and vocabulary, re-sealed with a valid
+ * checksum so they reach the structural checks: open must either refuse the
+ * file with DT_ERR_CORRUPT or return one whose invariants hold (under ASan
+ * this also shows that no check reads outside the file). */
+static void test_fuzz_header(void) {
+    char txt[128], tok[128], path[128];
+    path_in_tmp(txt, sizeof txt, "fuzz.txt");
+    path_in_tmp(tok, sizeof tok, "fuzz.tok");
+    path_in_tmp(path, sizeof path, "fuzzed.tok");
+    char *text = make_text(300, 4);
+    write_file(txt, text, 300);
+    ASSERT_OK(dt_data_prepare(txt, tok, DT_TOKENIZER_CHAR));
+    size_t len;
+    uint8_t *img = read_file(tok, &len);
+    uint8_t *bad = malloc(len);
+    dt_rng r;
+    dt_rng_init(&r, 5, dt_rng_stream_id(0, 2, DT_RNG_TEST));
+    int refused = 0, accepted = 0;
+    for (int iter = 0; iter < 1500; iter++) {
+        memcpy(bad, img, len);
+        int edits = 1 + (int)dt_rng_below(&r, 3);
+        for (int e = 0; e < edits; e++) {
+            size_t at = dt_rng_below(&r, 64 + 32); /* header and vocabulary table */
+            bad[at] = dt_rng_below(&r, 4) == 0 ? 0 : (uint8_t)dt_rng_u32(&r);
+        }
+        reseal(bad, len);
+        write_file(path, bad, len);
+        dt_token_file *f = NULL;
+        dt_status st = dt_token_file_open(&f, path);
+        if (st == DT_OK) {
+            const dt_tokenizer *t = dt_token_file_tokenizer(f);
+            const uint16_t *tk = dt_token_file_tokens(f);
+            ASSERT_TRUE(t->vocab_size >= 1 && t->vocab_size <= 256);
+            ASSERT_EQ(dt_token_file_bytes(f), len);
+            for (size_t i = 0; i < dt_token_file_count(f); i++)
+                ASSERT_TRUE(tk[i] < t->vocab_size);
+            dt_token_file_close(f);
+            accepted++;
+        } else {
+            if (st != DT_ERR_CORRUPT)
+                TEST_FAILF("iteration %d: %s, expected DT_ERR_CORRUPT", iter, dt_status_name(st));
+            ASSERT_TRUE(f == NULL);
+            ASSERT_CONTAINS(dt_last_error(), "fuzzed.tok: ");
+            refused++;
+        }
+    }
+    printf("  fuzzed headers: %d refused, %d accepted (edits that kept the file valid)\n", refused,
+           accepted);
+    ASSERT_TRUE(refused > 1000);
     free(bad);
     free(img);
     free(text);
@@ -463,6 +528,7 @@ int main(void) {
     RUN(test_prepare_and_open);
     RUN(test_bad_inputs);
     RUN(test_corruption);
+    RUN(test_fuzz_header);
     RUN(test_loader_shards);
     RUN(test_loader_determinism_and_resume);
     RUN(test_loader_bad_arguments);
