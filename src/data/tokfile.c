@@ -120,14 +120,10 @@ static dt_status validate(dt_token_file *f, const char *path, const uint8_t *img
     for (size_t i = TOK_HEADER + vocab; i < TOK_HEADER + pad8(vocab); i++)
         if (img[i] != 0)
             return dt_error_set(DT_ERR_CORRUPT,
-                                "%s: padding byte %zu after the vocabulary is "
-                                "not zero",
-                                path, i);
+                                "%s: padding byte %zu after the vocabulary is not zero", path, i);
     for (size_t i = tok_end; i < len - TOK_TRAILER; i++)
         if (img[i] != 0)
-            return dt_error_set(DT_ERR_CORRUPT,
-                                "%s: padding byte %zu after the tokens is not "
-                                "zero",
+            return dt_error_set(DT_ERR_CORRUPT, "%s: padding byte %zu after the tokens is not zero",
                                 path, i);
     dt_status st = dt_tokenizer_init_table(&f->tok, (dt_tokenizer_kind)(kind - 1), img + TOK_HEADER,
                                            (int)vocab);
