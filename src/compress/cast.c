@@ -1,0 +1,255 @@
+/*
+ * cast.c — the identity codec and the fp16 / bf16 cast codecs.
+ *
+ * Both casts round to nearest, ties to even, like the hardware converters:
+ *   fp16: 11 significant bits, so |x - q| <= 2^-11 |x| for normal results
+ *         (|x| >= 2^-14), |x - q| <= 2^-25 below; |x| >= 65520 becomes inf.
+ *   bf16: 8 significant bits, |x - q| <= 2^-8 |x|; fp32's exponent range.
+ * NaN stays NaN (quiet), inf stays inf.
+ *
+ * fp16 uses F16C (8 lanes) or AVX-512F (16 lanes) when the CPU has them,
+ * chosen at run time so a portable build still gets them; the scalar code
+ * is the reference the tests compare against bit for bit. bf16's rounding
+ * is three integer operations that the compiler vectorises; AVX512-BF16's
+ * VCVTNEPS2BF16 is not used because it flushes subnormal inputs to zero
+ * and would not match the reference.
+ */
+#include "internal.h"
+
+#include <immintrin.h>
+#include <math.h>
+
+/* ------------------------------------------------------------------------ */
+/* Scalar reference conversions                                             */
+/* ------------------------------------------------------------------------ */
+
+static inline uint32_t f2u(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+static inline float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* Round-to-nearest-even fp32 -> fp16. Subnormal results come from one fp32
+ * addition whose rounding (the default mode) does the work. */
+static uint16_t f16_from_f32(float x) {
+    uint32_t f = f2u(x);
+    uint32_t sign = (f >> 16) & 0x8000u;
+    f &= 0x7fffffffu;
+    if (f >= 0x47800000u) { /* >= 2^16: inf, or NaN keeping its top payload bits, quiet */
+        if (f > 0x7f800000u)
+            return (uint16_t)(sign | 0x7e00u | ((f >> 13) & 0x3ffu));
+        return (uint16_t)(sign | 0x7c00u);
+    }
+    if (f < 0x38800000u) { /* below 2^-14: fp16 subnormal or zero */
+        const uint32_t magic = (127u - 15u + 23u - 10u + 1u) << 23; /* 0.5 in fp16 ulp units */
+        return (uint16_t)(sign | (f2u(u2f(f) + u2f(magic)) - magic));
+    }
+    uint32_t odd = (f >> 13) & 1u;
+    f += 0xc8000fffu + odd; /* rebias the exponent by -112, add half an ulp minus tie bit */
+    return (uint16_t)(sign | (f >> 13));
+}
+
+static float f32_from_f16(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
+    uint32_t exp = (h >> 10) & 0x1fu, mant = h & 0x3ffu;
+    if (exp == 0) {
+        float v = (float)mant * 0x1p-24f;
+        return sign ? -v : v;
+    }
+    if (exp == 31)
+        return u2f(sign | 0x7f800000u | (mant << 13));
+    return u2f(sign | ((exp + 112u) << 23) | (mant << 13));
+}
+
+/* ------------------------------------------------------------------------ */
+/* SIMD fp16                                                                */
+/* ------------------------------------------------------------------------ */
+
+__attribute__((target("avx,f16c"))) static size_t f16_enc_f16c(uint8_t *out, const float *in,
+                                                               size_t n) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128((__m128i *)(out + 2 * i), h);
+    }
+    return i;
+}
+
+__attribute__((target("avx,f16c"))) static size_t f16_dec_f16c(float *out, const uint8_t *in,
+                                                               size_t n, dt_decode_mode mode) {
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 v = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(in + 2 * i)));
+        if (mode == DT_DECODE_ADD)
+            v = _mm256_add_ps(v, _mm256_loadu_ps(out + i));
+        _mm256_storeu_ps(out + i, v);
+    }
+    return i;
+}
+
+__attribute__((target("avx512f"))) static size_t f16_enc_avx512(uint8_t *out, const float *in,
+                                                                size_t n) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256i h = _mm512_cvtps_ph(_mm512_loadu_ps(in + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm256_storeu_si256((__m256i *)(out + 2 * i), h);
+    }
+    return i;
+}
+
+__attribute__((target("avx512f"))) static size_t f16_dec_avx512(float *out, const uint8_t *in,
+                                                                size_t n, dt_decode_mode mode) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 v = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(in + 2 * i)));
+        if (mode == DT_DECODE_ADD)
+            v = _mm512_add_ps(v, _mm512_loadu_ps(out + i));
+        _mm512_storeu_ps(out + i, v);
+    }
+    return i;
+}
+
+/* 0 scalar, 1 F16C, 2 AVX-512F; decided once. */
+static int f16_level(void) {
+    static int level = -1;
+    int l = __atomic_load_n(&level, __ATOMIC_RELAXED);
+    if (l < 0) {
+        __builtin_cpu_init();
+        l = __builtin_cpu_supports("avx512f")                                   ? 2
+            : (__builtin_cpu_supports("f16c") && __builtin_cpu_supports("avx")) ? 1
+                                                                                : 0;
+        __atomic_store_n(&level, l, __ATOMIC_RELAXED);
+    }
+    return l;
+}
+
+void dt__f32_to_f16(uint8_t *out, const float *in, size_t n, bool simd) {
+    size_t i = 0;
+    int level = simd ? f16_level() : 0;
+    if (level == 2)
+        i = f16_enc_avx512(out, in, n);
+    else if (level == 1)
+        i = f16_enc_f16c(out, in, n);
+    for (; i < n; i++) {
+        uint16_t h = f16_from_f32(in[i]);
+        memcpy(out + 2 * i, &h, 2);
+    }
+}
+
+void dt__f16_to_f32(float *out, const uint8_t *in, size_t n, bool simd, dt_decode_mode mode) {
+    size_t i = 0;
+    int level = simd ? f16_level() : 0;
+    if (level == 2)
+        i = f16_dec_avx512(out, in, n, mode);
+    else if (level == 1)
+        i = f16_dec_f16c(out, in, n, mode);
+    for (; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, in + 2 * i, 2);
+        float v = f32_from_f16(h);
+        out[i] = mode == DT_DECODE_ADD ? out[i] + v : v;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* bf16                                                                     */
+/* ------------------------------------------------------------------------ */
+
+void dt__f32_to_bf16(uint8_t *out, const float *in, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t f = f2u(in[i]);
+        uint32_t rounded = (f + 0x7fffu + ((f >> 16) & 1u)) >> 16;
+        uint32_t quiet_nan = (f >> 16) | 0x40u;
+        uint16_t h = (uint16_t)((f & 0x7fffffffu) > 0x7f800000u ? quiet_nan : rounded);
+        memcpy(out + 2 * i, &h, 2);
+    }
+}
+
+void dt__bf16_to_f32(float *out, const uint8_t *in, size_t n, dt_decode_mode mode) {
+    if (mode == DT_DECODE_ADD) {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, in + 2 * i, 2);
+            out[i] += u2f((uint32_t)h << 16);
+        }
+    } else {
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, in + 2 * i, 2);
+            out[i] = u2f((uint32_t)h << 16);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Codec tables                                                             */
+/* ------------------------------------------------------------------------ */
+
+static bool bytes_x4(const dt_codec_header *h, size_t *out) {
+    return dt_mul_size((size_t)h->count, 4, out);
+}
+static bool bytes_x2(const dt_codec_header *h, size_t *out) {
+    return dt_mul_size((size_t)h->count, 2, out);
+}
+
+static dt_status none_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+    memcpy(p, x, c->n * sizeof(float));
+    return DT_OK;
+}
+
+static void none_decode(const dt_codec_header *h, const uint8_t *p, float *out,
+                        dt_decode_mode mode) {
+    size_t n = (size_t)h->count;
+    if (mode == DT_DECODE_SET) {
+        memcpy(out, p, n * sizeof(float));
+        return;
+    }
+    for (size_t i = 0; i < n; i++)
+        out[i] += dt__load_f32(p + 4 * i);
+}
+
+static dt_status fp16_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+    dt__f32_to_f16(p, x, c->n, true);
+    return DT_OK;
+}
+
+static void fp16_decode(const dt_codec_header *h, const uint8_t *p, float *out,
+                        dt_decode_mode mode) {
+    dt__f16_to_f32(out, p, (size_t)h->count, true, mode);
+}
+
+static dt_status bf16_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+    dt__f32_to_bf16(p, x, c->n);
+    return DT_OK;
+}
+
+static void bf16_decode(const dt_codec_header *h, const uint8_t *p, float *out,
+                        dt_decode_mode mode) {
+    dt__bf16_to_f32(out, p, (size_t)h->count, mode);
+}
+
+const dt__codec_ops dt__codec_none = {
+    .info = {.name = "none", .linear = true},
+    .payload_bytes = bytes_x4,
+    .encode = none_encode,
+    .decode = none_decode,
+};
+
+const dt__codec_ops dt__codec_fp16 = {
+    .info = {.name = "fp16", .linear = true},
+    .payload_bytes = bytes_x2,
+    .encode = fp16_encode,
+    .decode = fp16_decode,
+};
+
+const dt__codec_ops dt__codec_bf16 = {
+    .info = {.name = "bf16", .linear = true},
+    .payload_bytes = bytes_x2,
+    .encode = bf16_encode,
+    .decode = bf16_decode,
+};

@@ -1,0 +1,102 @@
+/*
+ * compress/internal.h — what the codec files of src/compress share.
+ *
+ * Each codec is a dt__codec_ops table (codec.c lists them, indexed by
+ * dt_codec_kind). The split of work is fixed:
+ *   - codec.c reads and writes the header and checks that the buffer length
+ *     is exactly header + payload_bytes(header) before calling anything here;
+ *   - validate() checks payload contents that could steer a write (indices)
+ *     or that encode never produces (non-finite scales), without writing;
+ *   - decode() then runs on a buffer known to be well formed and cannot fail.
+ * Payload sections are 4-byte aligned relative to the header, but the
+ * buffer itself may come from anywhere, so payload reads use memcpy-style
+ * unaligned loads.
+ */
+#ifndef DTRAIN_COMPRESS_INTERNAL_H
+#define DTRAIN_COMPRESS_INTERNAL_H
+
+#include "dtrain/compress.h"
+
+#include <string.h>
+
+typedef struct dt__codec_ops {
+    dt_codec_info info;
+    /* Exact payload size for a validated header; false on size overflow. */
+    bool (*payload_bytes)(const dt_codec_header *h, size_t *out);
+    /* Encode x[0..h->count) into payload; c supplies scratch, state and the
+     * random-number identity. The payload has exactly payload_bytes(h). */
+    dt_status (*encode)(dt_compressor *c, const float *x, uint64_t step, uint8_t *payload);
+    /* Check payload contents; DT_ERR_CORRUPT with a message on failure. */
+    dt_status (*validate)(const dt_codec_header *h, const uint8_t *payload);
+    void (*decode)(const dt_codec_header *h, const uint8_t *payload, float *out,
+                   dt_decode_mode mode);
+} dt__codec_ops;
+
+/* The per-tensor state. Fields used by one codec only are marked. */
+struct dt_compressor {
+    dt_codec_spec spec;
+    const dt__codec_ops *ops;
+    dt_codec_header hdr;  /* the header every encoding of this tensor carries */
+    size_t n;             /* values per tensor */
+    size_t encoded_bytes; /* header + payload, exact */
+    dt_compressor_config cfg;
+    bool ef;          /* error feedback on */
+    float *residual;  /* (n) what was not sent yet; NULL without EF */
+    float *work;      /* (n) grad + residual, or PowerSGD's M */
+    float *decoded;   /* (n) decode of the last encoding, for the residual */
+    uint32_t *keys;   /* topk: (n) magnitude keys for the selection */
+    uint64_t *bitmap; /* randk: (ceil(n/64)) chosen indices */
+    /* powersgd */
+    size_t rows, cols; /* matrix shape */
+    int prank;         /* rank used, 0: sent uncompressed */
+    float *P;          /* (rows, prank) or (n) when uncompressed */
+    float *Q;          /* (cols, prank), warm start kept between steps */
+    bool q_ready;      /* Q holds a valid warm start */
+    int stage;         /* staged API: 0 idle, 1 after begin, 2 after middle */
+};
+
+extern const dt__codec_ops dt__codec_none, dt__codec_fp16, dt__codec_bf16, dt__codec_int8,
+    dt__codec_qsgd, dt__codec_sign, dt__codec_topk, dt__codec_randk, dt__codec_powersgd;
+
+/* The random stream of (seed, rank, step) for bucket `bucket`. */
+void dt__compress_rng(dt_rng *r, uint64_t seed, uint32_t rank, uint64_t step, uint32_t bucket);
+
+/* Blocks of DT_COMPRESS_BLOCK values covering n. */
+static inline size_t dt__nblocks(size_t n) {
+    return n / DT_COMPRESS_BLOCK + (n % DT_COMPRESS_BLOCK != 0);
+}
+
+static inline float dt__load_f32(const uint8_t *p) {
+    float v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline uint32_t dt__load_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+static inline void dt__store_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
+static inline void dt__store_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+
+/* Scale sections (one f32 per block) that must be finite and >= 0. */
+dt_status dt__validate_scales(const uint8_t *scales, size_t nblocks, const char *codec);
+
+/* Conversions (encoded side: unaligned little-endian u16), exposed so tests
+ * can compare the SIMD paths with the scalar reference bit for bit.
+ * `simd` false forces the scalar code. */
+void dt__f32_to_f16(uint8_t *out, const float *in, size_t n, bool simd);
+void dt__f16_to_f32(float *out, const uint8_t *in, size_t n, bool simd, dt_decode_mode mode);
+void dt__f32_to_bf16(uint8_t *out, const float *in, size_t n);
+void dt__bf16_to_f32(float *out, const uint8_t *in, size_t n, dt_decode_mode mode);
+
+/* topk selection: store (unaligned u32) the indices of the k largest |x|
+ * in increasing index order; ties at the threshold go to the lowest
+ * indices. keys is scratch of n u32. O(n): a radix select on the magnitude
+ * bits, never a sort. */
+void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t *idx_out);
+
+/* PowerSGD pieces, shared by the one-shot codec and the staged API. */
+void dt__powersgd_orthonormalize(float *P, size_t rows, size_t r);
+
+#endif /* DTRAIN_COMPRESS_INTERNAL_H */

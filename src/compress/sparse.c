@@ -1,0 +1,191 @@
+/*
+ * sparse.c — top-k and random-k sparsification.
+ *
+ * Payload: u32 idx[k] (strictly increasing, < count), then f32 val[k].
+ * 8 bytes per value sent. Decoding checks every index, and that they
+ * increase, before writing anything; SET mode zero-fills the output first.
+ *
+ * top-k keeps the k values of largest magnitude. Selection is a radix
+ * select on the magnitude bits (|x| as a u32 orders like the float):
+ * one histogram pass over the 11 high bits finds the bin holding the k-th
+ * largest, the values in that bin are compacted into scratch, and two more
+ * histograms over 10 bits each pin the exact threshold key. A final pass
+ * emits every value above the threshold and, of those equal to it, the
+ * lowest indices first. Three passes over the data, no sort, O(n) in the
+ * worst case (quickselect is O(n) only on average).
+ *
+ * random-k keeps k indices drawn uniformly without replacement (Floyd's
+ * algorithm on a bitmap: exactly k draws). The stream is rank 0's for
+ * (seed, step, bucket) on every rank, so all ranks choose the same indices:
+ * their encodings are summable value by value (linear), and a receiver
+ * holding the seed could regenerate the indices. The indices are still
+ * sent, so decoding never needs the seed.
+ *
+ * Both keep values unscaled and are biased; error feedback is on by default.
+ */
+#include "internal.h"
+
+static bool sparse_bytes(const dt_codec_header *h, size_t *out) {
+    return dt_mul_size((size_t)h->k, 8, out);
+}
+
+static dt_status sparse_validate(const dt_codec_header *h, const uint8_t *p) {
+    size_t k = (size_t)h->k;
+    uint64_t prev = 0;
+    for (size_t j = 0; j < k; j++) {
+        uint32_t i = dt__load_u32(p + 4 * j);
+        if (i >= h->count || (j > 0 && i <= prev))
+            return dt_error_set(DT_ERR_CORRUPT,
+                                "%s buffer: index %zu is %u (previous %llu, count %llu)",
+                                dt_codec_get_info(h->kind)->name, j, i, (unsigned long long)prev,
+                                (unsigned long long)h->count);
+        prev = i;
+    }
+    return DT_OK;
+}
+
+static void sparse_decode(const dt_codec_header *h, const uint8_t *p, float *out,
+                          dt_decode_mode mode) {
+    size_t k = (size_t)h->k;
+    if (mode == DT_DECODE_SET)
+        memset(out, 0, (size_t)h->count * sizeof(float));
+    const uint8_t *vals = p + 4 * k;
+    for (size_t j = 0; j < k; j++)
+        out[dt__load_u32(p + 4 * j)] += dt__load_f32(vals + 4 * j);
+}
+
+/* ------------------------------------------------------------------------ */
+/* top-k                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static inline uint32_t mag_key(float v) {
+    uint32_t u;
+    memcpy(&u, &v, 4);
+    return u & 0x7fffffffu;
+}
+
+/* In hist[0..nbins), find the bin where the `want`-th largest falls, scanning
+ * from the top; *above receives how many lie in higher bins. */
+static uint32_t find_bin(const uint32_t *hist, uint32_t nbins, size_t want, size_t *above) {
+    size_t cum = 0;
+    for (uint32_t b = nbins; b-- > 0;) {
+        if (cum + hist[b] >= want) {
+            *above = cum;
+            return b;
+        }
+        cum += hist[b];
+    }
+    DT_ASSERT(!"topk: histogram holds fewer values than wanted");
+    return 0;
+}
+
+void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t *idx_out) {
+    if (k == 0)
+        return;
+    if (k >= n) {
+        for (size_t i = 0; i < n; i++)
+            dt__store_u32(idx_out + 4 * i, (uint32_t)i);
+        return;
+    }
+    uint32_t hist[2048];
+    size_t above;
+
+    /* Level 1: bits 30..20 (bit 31 is the cleared sign). */
+    memset(hist, 0, sizeof hist);
+    for (size_t i = 0; i < n; i++)
+        hist[mag_key(x[i]) >> 20]++;
+    uint32_t b1 = find_bin(hist, 2048, k, &above);
+    size_t want = k - above;
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t key = mag_key(x[i]);
+        keys[m] = key;
+        m += (key >> 20) == b1; /* branch-free compaction */
+    }
+
+    /* Level 2: bits 19..10, over the candidates only. */
+    memset(hist, 0, 1024 * sizeof hist[0]);
+    for (size_t i = 0; i < m; i++)
+        hist[(keys[i] >> 10) & 0x3ffu]++;
+    uint32_t b2 = find_bin(hist, 1024, want, &above);
+    want -= above;
+    size_t m2 = 0;
+    for (size_t i = 0; i < m; i++) {
+        uint32_t key = keys[i];
+        keys[m2] = key;
+        m2 += ((key >> 10) & 0x3ffu) == b2;
+    }
+
+    /* Level 3: bits 9..0. */
+    memset(hist, 0, 1024 * sizeof hist[0]);
+    for (size_t i = 0; i < m2; i++)
+        hist[keys[i] & 0x3ffu]++;
+    uint32_t b3 = find_bin(hist, 1024, want, &above);
+    want -= above; /* how many values equal to the threshold are kept */
+    uint32_t thresh = (b1 << 20) | (b2 << 10) | b3;
+
+    size_t out = 0, ties = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t key = mag_key(x[i]);
+        if (key > thresh || (key == thresh && ties++ < want))
+            dt__store_u32(idx_out + 4 * out++, (uint32_t)i);
+    }
+    DT_ASSERT(out == k);
+}
+
+static dt_status topk_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+    size_t k = (size_t)c->hdr.k;
+    dt__topk_select(x, c->n, k, c->keys, p);
+    uint8_t *vals = p + 4 * k;
+    for (size_t j = 0; j < k; j++)
+        dt__store_f32(vals + 4 * j, x[dt__load_u32(p + 4 * j)]);
+    return DT_OK;
+}
+
+const dt__codec_ops dt__codec_topk = {
+    .info = {.name = "topk", .biased = true, .ef_default = true},
+    .payload_bytes = sparse_bytes,
+    .encode = topk_encode,
+    .validate = sparse_validate,
+    .decode = sparse_decode,
+};
+
+/* ------------------------------------------------------------------------ */
+/* random-k                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static dt_status randk_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+    size_t n = c->n, k = (size_t)c->hdr.k, words = n / 64 + 1;
+    uint64_t *bm = c->bitmap;
+    memset(bm, 0, words * sizeof *bm);
+    dt_rng rng;
+    dt__compress_rng(&rng, c->cfg.seed, 0, step, c->cfg.bucket);
+    /* Floyd: for j = n-k .. n-1 draw t in [0, j]; take t, or j if t is taken. */
+    for (size_t j = n - k; j < n; j++) {
+        size_t t = dt_rng_below(&rng, (uint32_t)(j + 1)); /* j + 1 <= n <= UINT32_MAX */
+        if (bm[t / 64] >> (t % 64) & 1u)
+            t = j;
+        bm[t / 64] |= 1ull << (t % 64);
+    }
+    uint8_t *vals = p + 4 * k;
+    size_t out = 0;
+    for (size_t w = 0; w < words; w++) {
+        for (uint64_t bits = bm[w]; bits; bits &= bits - 1) {
+            size_t i = w * 64 + (size_t)__builtin_ctzll(bits);
+            dt__store_u32(p + 4 * out, (uint32_t)i);
+            dt__store_f32(vals + 4 * out, x[i]);
+            out++;
+        }
+    }
+    DT_ASSERT(out == k);
+    return DT_OK;
+}
+
+const dt__codec_ops dt__codec_randk = {
+    .info =
+        {.name = "randk", .biased = true, .ef_default = true, .linear = true, .stochastic = true},
+    .payload_bytes = sparse_bytes,
+    .encode = randk_encode,
+    .validate = sparse_validate,
+    .decode = sparse_decode,
+};

@@ -1,0 +1,1051 @@
+/*
+ * test_compress.c — codecs and error feedback (src/compress).
+ *
+ * Each codec is checked against a bound derived from its definition, not
+ * against its own output: fp16 rounds to 11 significant bits (relative
+ * error <= 2^-11), bf16 to 8 (2^-8), int8 to half a step of absmax/127 per
+ * block, QSGD to less than one step 2m/(2^b - 1) and unbiased in the mean;
+ * top-k is compared with a full sort, PowerSGD with matrices whose rank or
+ * spectrum is known by construction. Error feedback is checked for
+ * conservation of mass on integer data, where fp32 is exact. Corrupt
+ * buffers (truncations, extensions, random byte flips) must be rejected or
+ * decode within bounds; run under ASan to make the second half meaningful.
+ */
+#include "compress/internal.h"
+#include "dtrain/compress.h"
+#include "test.h"
+
+#include <float.h>
+
+static dt_codec_spec spec_of(const char *text) {
+    dt_codec_spec s;
+    ASSERT_OK(dt_codec_parse("--compress", text, &s));
+    return s;
+}
+
+static float *falloc(size_t n) {
+    float *p = dt_alloc(n * sizeof(float) + 1);
+    ASSERT_TRUE(p != NULL);
+    return p;
+}
+
+/* Integer-valued data in [-range, range]. */
+static void fill_int(float *x, size_t n, int range, uint64_t seed) {
+    dt_rng r;
+    dt_rng_init(&r, seed, dt_rng_stream_id(0, 0, DT_RNG_TEST));
+    for (size_t i = 0; i < n; i++)
+        x[i] = (float)((int)dt_rng_below(&r, (uint32_t)(2 * range + 1)) - range);
+}
+
+static void fill_normal(float *x, size_t n, float scale, uint64_t seed) {
+    dt_rng r;
+    dt_rng_init(&r, seed, dt_rng_stream_id(0, 1, DT_RNG_TEST));
+    for (size_t i = 0; i < n; i++)
+        x[i] = scale * dt_rng_normal(&r);
+}
+
+/* Encode x with a fresh compressor (error feedback as given) and decode. */
+static size_t roundtrip(const char *spec_text, const float *x, size_t n, float *out, dt_ef_mode ef,
+                        uint64_t step) {
+    dt_codec_spec spec = spec_of(spec_text);
+    dt_compressor_config cfg = dt_compressor_config_default();
+    cfg.seed = 7;
+    cfg.ef = ef;
+    dt_compressor *c;
+    ASSERT_OK(dt_compressor_create(&c, &spec, n, &cfg));
+    size_t cap = dt_compressor_encoded_bytes(c), used = 0;
+    uint8_t *buf = dt_alloc(cap);
+    ASSERT_OK(dt_compressor_compress(c, x, step, buf, cap, &used));
+    ASSERT_EQ(used, cap);
+    ASSERT_OK(dt_codec_decode(buf, used, n, out, DT_DECODE_SET));
+    dt_free(buf);
+    dt_compressor_destroy(c);
+    return used;
+}
+
+/* ------------------------------------------------------------------------ */
+
+static void test_parse(void) {
+    char buf[64];
+    static const char *const good[] = {"none",      "fp16",      "bf16",       "int8",
+                                       "qsgd:1",    "qsgd:8",    "sign",       "topk:0.01",
+                                       "topk:1000", "randk:0.5", "powersgd:4", "topk:1.0"};
+    for (size_t i = 0; i < sizeof good / sizeof good[0]; i++) {
+        dt_codec_spec s = spec_of(good[i]);
+        ASSERT_STREQ(dt_codec_format(&s, buf, sizeof buf), good[i]);
+    }
+    dt_codec_spec s = spec_of("topk:1e-3");
+    ASSERT_NEAR(s.fraction, 1e-3, 0, 1e-12);
+    ASSERT_EQ(s.count, 0);
+    s = spec_of("topk:7");
+    ASSERT_EQ(s.count, 7);
+    static const char *const bad[] = {"",           "zip",        "qsgd",     "qsgd:0",
+                                      "qsgd:9",     "topk",       "topk:0.0", "topk:1.5",
+                                      "topk:0",     "topk:-3",    "topk:abc", "fp16:2",
+                                      "powersgd:0", "powersgd:x", "randk:",   "sign:1"};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        ASSERT_STATUS(dt_codec_parse("--compress", bad[i], &s), DT_ERR_INVALID);
+        ASSERT_CONTAINS(dt_last_error(), "--compress");
+    }
+    ASSERT_STATUS(dt_codec_parse("DT_COMPRESS", "qsgd:12", &s), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "1..8");
+    ASSERT_STATUS(dt_codec_parse("DT_COMPRESS", "zip", &s), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "\"zip\"");
+    /* k from a fraction rounds up and stays in [1, n]. */
+    s = spec_of("topk:0.01");
+    ASSERT_EQ(dt_codec_k(&s, 1000), 10);
+    ASSERT_EQ(dt_codec_k(&s, 1001), 11);
+    ASSERT_EQ(dt_codec_k(&s, 5), 1);
+    ASSERT_EQ(dt_codec_k(&s, 0), 0);
+    s = spec_of("topk:1000");
+    ASSERT_EQ(dt_codec_k(&s, 10), 10);
+}
+
+static void test_info(void) {
+    ASSERT_TRUE(dt_codec_get_info(DT_CODEC_SIGN)->ef_default);
+    ASSERT_TRUE(dt_codec_get_info(DT_CODEC_TOPK)->ef_default);
+    ASSERT_TRUE(dt_codec_get_info(DT_CODEC_POWERSGD)->ef_default);
+    ASSERT_TRUE(!dt_codec_get_info(DT_CODEC_INT8)->ef_default);
+    ASSERT_TRUE(!dt_codec_get_info(DT_CODEC_QSGD)->biased);
+    ASSERT_TRUE(dt_codec_get_info(DT_CODEC_FP16)->linear);
+    ASSERT_TRUE(dt_codec_get_info(DT_CODEC_COUNT) == NULL);
+}
+
+/* Exact byte accounting, from the layouts in docs/compress.md. */
+static void test_sizes(void) {
+    const size_t n = 1000, H = DT_COMPRESS_HEADER_BYTES, nb = 4;
+    struct {
+        const char *spec;
+        size_t bytes;
+    } cases[] = {
+        {"none", H + 4 * n},        {"fp16", H + 2 * n},          {"bf16", H + 2 * n},
+        {"int8", H + 4 * nb + n},   {"qsgd:3", H + 4 * nb + 375}, {"qsgd:8", H + 4 * nb + n},
+        {"sign", H + 4 * nb + 125}, {"topk:0.01", H + 8 * 10},    {"randk:25", H + 8 * 25},
+    };
+    float *x = falloc(n), *y = falloc(n);
+    fill_normal(x, n, 1.0f, 1);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        size_t used = roundtrip(cases[i].spec, x, n, y, DT_EF_DEFAULT, 0);
+        if (used != cases[i].bytes)
+            TEST_FAILF("%s: %zu bytes, expected %zu", cases[i].spec, used, cases[i].bytes);
+    }
+    /* PowerSGD: 40 x 25 at rank 2 sends 2 * (40 + 25) floats. */
+    dt_codec_spec spec = spec_of("powersgd:2");
+    dt_compressor_config cfg = dt_compressor_config_default();
+    cfg.rows = 40;
+    cfg.cols = 25;
+    dt_compressor *c;
+    ASSERT_OK(dt_compressor_create(&c, &spec, n, &cfg));
+    ASSERT_EQ(dt_compressor_encoded_bytes(c), H + 4 * 2 * 65);
+    ASSERT_EQ(dt_powersgd_rank(c), 2);
+    dt_compressor_destroy(c);
+    /* ... and a shape where low rank would not be smaller goes as fp32. */
+    cfg.rows = 4;
+    cfg.cols = 250;
+    spec = spec_of("powersgd:4");
+    ASSERT_OK(dt_compressor_create(&c, &spec, n, &cfg));
+    ASSERT_EQ(dt_powersgd_rank(c), 0);
+    ASSERT_EQ(dt_compressor_encoded_bytes(c), H + 4 * n);
+    dt_compressor_destroy(c);
+    cfg.rows = 3;
+    ASSERT_STATUS(dt_compressor_create(&c, &spec, n, &cfg), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "3 x 250");
+    dt_free(x);
+    dt_free(y);
+}
+
+static void test_empty_and_tiny(void) {
+    static const char *const specs[] = {"none", "fp16",      "bf16",      "int8",      "qsgd:4",
+                                        "sign", "topk:0.01", "randk:0.1", "powersgd:2"};
+    float x[3] = {1.5f, -2.0f, 0.25f}, y[3];
+    for (size_t i = 0; i < sizeof specs / sizeof specs[0]; i++) {
+        roundtrip(specs[i], x, 0, y, DT_EF_DEFAULT, 0);
+        roundtrip(specs[i], x, 1, y, DT_EF_DEFAULT, 0);
+        roundtrip(specs[i], x, 3, y, DT_EF_DEFAULT, 0);
+    }
+    /* top-k of 3 at 0.01 keeps one value: the largest. */
+    roundtrip("topk:0.01", x, 3, y, DT_EF_DEFAULT, 0);
+    ASSERT_EQ(y[0], 0);
+    ASSERT_EQ(y[1], -2);
+    ASSERT_EQ(y[2], 0);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Casts                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static float u2f(uint32_t u) {
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static void test_fp16_simd_matches_scalar(void) {
+    /* Encode: random bit patterns plus every rounding neighbourhood. */
+    const size_t n = 1 << 16;
+    float *x = falloc(n);
+    uint8_t *a = dt_alloc(2 * n + 2), *b = dt_alloc(2 * n + 2);
+    dt_rng r;
+    dt_rng_init(&r, 3, dt_rng_stream_id(0, 2, DT_RNG_TEST));
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u = dt_rng_u32(&r);
+        if (i % 4 == 1) /* exponents near fp16's range: subnormal to overflow */
+            u = (u & 0x807fffffu) | ((uint32_t)(100 + dt_rng_below(&r, 45)) << 23);
+        if (i % 4 == 2) /* exact ties: the 13 dropped bits are 1000000000000 */
+            u = (u & 0xffffe000u) | 0x1000u;
+        x[i] = u2f(u);
+    }
+    x[0] = 65504.0f;
+    x[1] = 65519.99f;
+    x[2] = 65520.0f;
+    x[3] = 0x1p-25f;
+    x[4] = 0x1p-24f * 1.5f;
+    x[5] = u2f(0x7f800001u);
+    /* odd length: the SIMD loop leaves a scalar tail */
+    dt__f32_to_f16(a, x, n - 3, true);
+    dt__f32_to_f16(b, x, n - 3, false);
+    for (size_t i = 0; i < n - 3; i++) {
+        uint16_t ha, hb;
+        memcpy(&ha, a + 2 * i, 2);
+        memcpy(&hb, b + 2 * i, 2);
+        bool nan_a = (ha & 0x7c00) == 0x7c00 && (ha & 0x3ff),
+             nan_b = (hb & 0x7c00) == 0x7c00 && (hb & 0x3ff);
+        if (nan_a || nan_b) {
+            ASSERT_TRUE(nan_a && nan_b);
+            continue;
+        }
+        if (ha != hb)
+            TEST_FAILF("fp16(%a): simd 0x%04x, scalar 0x%04x", (double)x[i], ha, hb);
+    }
+    /* Decode: every half value, both modes. */
+    float *fa = falloc(n), *fb = falloc(n);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h = (uint16_t)i;
+        memcpy(a + 2 * i, &h, 2);
+    }
+    dt__f16_to_f32(fa, a, n, true, DT_DECODE_SET);
+    dt__f16_to_f32(fb, a, n, false, DT_DECODE_SET);
+    for (size_t i = 0; i < n; i++) {
+        if (isnan(fa[i]) || isnan(fb[i])) {
+            ASSERT_TRUE(isnan(fa[i]) && isnan(fb[i]));
+            continue;
+        }
+        if (memcmp(&fa[i], &fb[i], 4) != 0)
+            TEST_FAILF("half 0x%04zx: simd %a, scalar %a", i, (double)fa[i], (double)fb[i]);
+    }
+    dt_free(x);
+    dt_free(a);
+    dt_free(b);
+    dt_free(fa);
+    dt_free(fb);
+}
+
+static void test_fp16_bound(void) {
+    const size_t n = 100000;
+    float *x = falloc(n), *y = falloc(n);
+    dt_rng r;
+    dt_rng_init(&r, 4, dt_rng_stream_id(0, 3, DT_RNG_TEST));
+    for (size_t i = 0; i < n; i++) /* log-uniform over fp16's range, both signs */
+        x[i] = (dt_rng_u32(&r) & 1 ? -1.0f : 1.0f) * exp2f(-26.0f + 41.9f * dt_rng_uniform(&r));
+    roundtrip("fp16", x, n, y, DT_EF_OFF, 0);
+    for (size_t i = 0; i < n; i++) {
+        double ax = fabs((double)x[i]), err = fabs((double)x[i] - y[i]);
+        double bound = ax >= 0x1p-14 ? ldexp(ax, -11) : 0x1p-25;
+        if (err > bound)
+            TEST_FAILF("fp16 %a -> %a: error %g > %g", (double)x[i], (double)y[i], err, bound);
+    }
+    /* Ties go to even; overflow to inf; specials survive. */
+    float t[] = {1.0f + 0x1p-11f, 1.0f + 3 * 0x1p-11f, 65520.0f, -INFINITY, NAN, -0.0f};
+    float e[] = {1.0f, 1.0f + 0x1p-9f, INFINITY, -INFINITY, NAN, -0.0f};
+    float o[6];
+    roundtrip("fp16", t, 6, o, DT_EF_OFF, 0);
+    for (int i = 0; i < 6; i++) {
+        if (isnan(e[i]))
+            ASSERT_TRUE(isnan(o[i]));
+        else
+            ASSERT_TRUE(memcmp(&o[i], &e[i], 4) == 0);
+    }
+    dt_free(x);
+    dt_free(y);
+}
+
+static void test_bf16_bound(void) {
+    const size_t n = 100000;
+    float *x = falloc(n), *y = falloc(n);
+    dt_rng r;
+    dt_rng_init(&r, 5, dt_rng_stream_id(0, 4, DT_RNG_TEST));
+    for (size_t i = 0; i < n; i++)
+        x[i] = (dt_rng_u32(&r) & 1 ? -1.0f : 1.0f) * exp2f(-120.0f + 240.0f * dt_rng_uniform(&r));
+    roundtrip("bf16", x, n, y, DT_EF_OFF, 0);
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)x[i] - y[i]), bound = ldexp(fabs((double)x[i]), -8);
+        if (err > bound)
+            TEST_FAILF("bf16 %a -> %a: error %g > %g", (double)x[i], (double)y[i], err, bound);
+    }
+    float t[] = {1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, FLT_MAX, -INFINITY, NAN, 0x1p-130f};
+    float e[] = {1.0f, 1.0f + 0x1p-6f, INFINITY, -INFINITY, NAN, 0x1p-130f};
+    float o[6];
+    roundtrip("bf16", t, 6, o, DT_EF_OFF, 0);
+    for (int i = 0; i < 6; i++) {
+        if (isnan(e[i]))
+            ASSERT_TRUE(isnan(o[i]));
+        else if (memcmp(&o[i], &e[i], 4) != 0)
+            TEST_FAILF("bf16(%a) = %a, expected %a", (double)t[i], (double)o[i], (double)e[i]);
+    }
+    dt_free(x);
+    dt_free(y);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Quantisers                                                               */
+/* ------------------------------------------------------------------------ */
+
+static float absmax_block(const float *x, size_t n, size_t b) {
+    float m = 0;
+    for (size_t i = b * DT_COMPRESS_BLOCK; i < n && i < (b + 1) * DT_COMPRESS_BLOCK; i++)
+        m = fmaxf(m, fabsf(x[i]));
+    return m;
+}
+
+static void test_int8_bound(void) {
+    const size_t n = 1000; /* 3 full blocks and a short one */
+    float *x = falloc(n), *y = falloc(n);
+    fill_normal(x, n, 3.0f, 6);
+    for (size_t i = 256; i < 512; i++) /* one block of very different scale */
+        x[i] *= 1e-4f;
+    x[700] = 0;
+    roundtrip("int8", x, n, y, DT_EF_OFF, 0);
+    for (size_t i = 0; i < n; i++) {
+        double step = absmax_block(x, n, i / DT_COMPRESS_BLOCK) / 127.0;
+        double bound = step / 2 * (1 + 1e-5);
+        if (fabs((double)x[i] - y[i]) > bound)
+            TEST_FAILF("int8 x[%zu] = %g -> %g: error > %g", i, (double)x[i], (double)y[i], bound);
+    }
+    ASSERT_EQ(y[700], 0);
+    /* An all-zero block decodes to zeros; a NaN is refused at encode. */
+    memset(x, 0, n * sizeof(float));
+    roundtrip("int8", x, n, y, DT_EF_OFF, 0);
+    for (size_t i = 0; i < n; i++)
+        ASSERT_EQ(y[i], 0);
+    x[300] = NAN;
+    dt_codec_spec spec = spec_of("int8");
+    dt_compressor *c;
+    ASSERT_OK(dt_compressor_create(&c, &spec, n, NULL));
+    uint8_t *buf = dt_alloc(dt_compressor_encoded_bytes(c));
+    size_t used;
+    ASSERT_STATUS(dt_compressor_compress(c, x, 0, buf, dt_compressor_encoded_bytes(c), &used),
+                  DT_ERR_NUMERIC);
+    ASSERT_CONTAINS(dt_last_error(), "block 1");
+    dt_free(buf);
+    dt_compressor_destroy(c);
+    dt_free(x);
+    dt_free(y);
+}
+
+static void test_qsgd_bound_and_reproducible(void) {
+    const size_t n = 777;
+    float *x = falloc(n), *y = falloc(n), *z = falloc(n);
+    fill_normal(x, n, 1.0f, 8);
+    for (int bits = 1; bits <= 8; bits++) {
+        char spec[16];
+        snprintf(spec, sizeof spec, "qsgd:%d", bits);
+        roundtrip(spec, x, n, y, DT_EF_OFF, 5);
+        double levels = (double)((1 << bits) - 1);
+        for (size_t i = 0; i < n; i++) {
+            double m = absmax_block(x, n, i / DT_COMPRESS_BLOCK), step = 2 * m / levels;
+            if (fabs((double)x[i] - y[i]) > step * (1 + 1e-5))
+                TEST_FAILF("%s x[%zu] = %g -> %g: error > step %g", spec, i, (double)x[i],
+                           (double)y[i], step);
+        }
+        /* Same (seed, rank, step, bucket): same result; another step differs. */
+        roundtrip(spec, x, n, z, DT_EF_OFF, 5);
+        ASSERT_TRUE(memcmp(y, z, n * sizeof(float)) == 0);
+        roundtrip(spec, x, n, z, DT_EF_OFF, 6);
+        ASSERT_TRUE(memcmp(y, z, n * sizeof(float)) != 0);
+    }
+    dt_free(x);
+    dt_free(y);
+    dt_free(z);
+}
+
+/* E[decode(encode(x))] = x: the mean over T independent draws (one step
+ * each) lies within 5 standard errors of x, per element, where one draw's
+ * variance is at most step^2 / 4 (a two-point distribution one step wide). */
+static void test_qsgd_unbiased(void) {
+    const size_t n = 300, T = 2000;
+    float *x = falloc(n), *y = falloc(n);
+    double *sum = calloc(n, sizeof(double));
+    fill_normal(x, n, 1.0f, 9);
+    static const int bit_cases[] = {1, 2, 4, 8};
+    for (size_t bc = 0; bc < 4; bc++) {
+        int bits = bit_cases[bc];
+        dt_codec_spec spec = {.kind = DT_CODEC_QSGD, .bits = bits};
+        dt_compressor_config cfg = dt_compressor_config_default();
+        cfg.seed = 11;
+        cfg.rank = 3;
+        dt_compressor *c;
+        ASSERT_OK(dt_compressor_create(&c, &spec, n, &cfg));
+        size_t cap = dt_compressor_encoded_bytes(c), used;
+        uint8_t *buf = dt_alloc(cap);
+        memset(sum, 0, n * sizeof(double));
+        for (size_t t = 0; t < T; t++) {
+            ASSERT_OK(dt_compressor_compress(c, x, t, buf, cap, &used));
+            ASSERT_OK(dt_codec_decode(buf, used, n, y, DT_DECODE_SET));
+            for (size_t i = 0; i < n; i++)
+                sum[i] += y[i];
+        }
+        double total_err = 0, total_var = 0;
+        for (size_t i = 0; i < n; i++) {
+            double m = absmax_block(x, n, i / DT_COMPRESS_BLOCK);
+            double step = 2 * m / ((1 << bits) - 1);
+            double se = step / 2 / sqrt((double)T);
+            double mean = sum[i] / (double)T;
+            if (fabs(mean - x[i]) > 5 * se + 1e-6 * m)
+                TEST_FAILF("qsgd:%d x[%zu] = %.6f, mean of %zu draws %.6f, > 5 SE (%.2g)", bits, i,
+                           (double)x[i], T, mean, se);
+            total_err += mean - x[i];
+            total_var += se * se;
+        }
+        /* The sum over elements must be unbiased too (catches a small
+         * systematic drift that no single element shows). */
+        if (fabs(total_err) > 5 * sqrt(total_var) + 1e-5)
+            TEST_FAILF("qsgd:%d total bias %.3g > 5 SE %.3g", bits, total_err, 5 * sqrt(total_var));
+        dt_free(buf);
+        dt_compressor_destroy(c);
+    }
+    free(sum);
+    dt_free(x);
+    dt_free(y);
+}
+
+static void test_sign(void) {
+    const size_t n = 600;
+    float *x = falloc(n), *y = falloc(n);
+    fill_int(x, n, 9, 10);
+    roundtrip("sign", x, n, y, DT_EF_OFF, 0);
+    for (size_t b = 0; b < 3; b++) {
+        size_t lo = b * 256, hi = lo + 256 < n ? lo + 256 : n;
+        double s = 0;
+        for (size_t i = lo; i < hi; i++)
+            s += fabs(x[i]);
+        float scale = (float)(s / (double)(hi - lo));
+        for (size_t i = lo; i < hi; i++) {
+            float e = x[i] < 0 ? -scale : scale;
+            if (y[i] != e)
+                TEST_FAILF("sign x[%zu] = %g -> %g, expected %g", i, (double)x[i], (double)y[i],
+                           (double)e);
+        }
+    }
+    dt_free(x);
+    dt_free(y);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Sparsifiers                                                              */
+/* ------------------------------------------------------------------------ */
+
+static const float *sort_base;
+/* Order by magnitude, largest first, then by index (the codec's tie rule). */
+static int cmp_mag_desc(const void *pa, const void *pb) {
+    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+    float ma = fabsf(sort_base[a]), mb = fabsf(sort_base[b]);
+    if (ma != mb)
+        return ma > mb ? -1 : 1;
+    return a < b ? -1 : (a > b);
+}
+static int cmp_u32(const void *pa, const void *pb) {
+    uint32_t a = *(const uint32_t *)pa, b = *(const uint32_t *)pb;
+    return a < b ? -1 : (a > b);
+}
+
+static void check_topk(const float *x, size_t n, size_t k) {
+    uint32_t *keys = dt_alloc(n * 4 + 4), *order = dt_alloc(n * 4 + 4);
+    uint8_t *idx = dt_alloc(k * 4 + 4);
+    dt__topk_select(x, n, k, keys, idx);
+    for (size_t i = 0; i < n; i++)
+        order[i] = (uint32_t)i;
+    sort_base = x;
+    qsort(order, n, 4, cmp_mag_desc);
+    qsort(order, k, 4, cmp_u32); /* the codec emits indices in increasing order */
+    for (size_t j = 0; j < k; j++) {
+        uint32_t got;
+        memcpy(&got, idx + 4 * j, 4);
+        if (got != order[j])
+            TEST_FAILF("topk n=%zu k=%zu: index %zu is %u, full sort says %u (|x| %g vs %g)", n, k,
+                       j, got, order[j], (double)fabsf(x[got < n ? got : 0]),
+                       (double)fabsf(x[order[j]]));
+    }
+    dt_free(keys);
+    dt_free(order);
+    dt_free(idx);
+}
+
+static void test_topk_matches_sort(void) {
+    static const size_t sizes[] = {1, 2, 7, 256, 1000, 4099, 50000};
+    float *x = falloc(50000);
+    for (size_t s = 0; s < sizeof sizes / sizeof sizes[0]; s++) {
+        size_t n = sizes[s];
+        size_t ks[] = {1, 2, n / 100 + 1, n / 3 + 1, n - 1 ? n - 1 : 1, n};
+        for (int kind = 0; kind < 3; kind++) {
+            if (kind == 0)
+                fill_normal(x, n, 1.0f, 20 + s);
+            else if (kind == 1)
+                fill_int(x, n, 3, 30 + s); /* many ties and zeros */
+            else
+                for (size_t i = 0; i < n; i++) /* magnitudes sharing high bits */
+                    x[i] = (i % 2 ? -1.0f : 1.0f) * (1.0f + (float)(i * 7919 % 1024) * 0x1p-23f);
+            for (size_t kk = 0; kk < sizeof ks / sizeof ks[0]; kk++)
+                check_topk(x, n, ks[kk] > n ? n : ks[kk]);
+        }
+    }
+    /* Through the codec: decode keeps exactly the selected values. */
+    const size_t n = 10000;
+    float *y = falloc(n);
+    fill_normal(x, n, 1.0f, 40);
+    roundtrip("topk:0.01", x, n, y, DT_EF_OFF, 0);
+    size_t kept = 0;
+    for (size_t i = 0; i < n; i++) {
+        if (y[i] != 0) {
+            ASSERT_TRUE(y[i] == x[i]);
+            kept++;
+        }
+    }
+    ASSERT_EQ(kept, 100);
+    dt_free(x);
+    dt_free(y);
+}
+
+static void test_randk(void) {
+    const size_t n = 1000, k = 50, T = 400;
+    float *x = falloc(n), *y = falloc(n), *z = falloc(n);
+    unsigned *hits = calloc(n, sizeof(unsigned));
+    fill_int(x, n, 5, 50);
+    for (size_t i = 0; i < n; i++)
+        x[i] += x[i] >= 0 ? 100 : -100; /* no zeros: a kept value is visible */
+    dt_codec_spec spec = spec_of("randk:50");
+    dt_compressor_config cfg = dt_compressor_config_default();
+    cfg.ef = DT_EF_OFF;
+    cfg.seed = 3;
+    dt_compressor *c, *c2;
+    ASSERT_OK(dt_compressor_create(&c, &spec, n, &cfg));
+    cfg.rank = 5; /* another rank picks the same indices */
+    ASSERT_OK(dt_compressor_create(&c2, &spec, n, &cfg));
+    size_t cap = dt_compressor_encoded_bytes(c), used;
+    uint8_t *buf = dt_alloc(cap), *buf2 = dt_alloc(cap);
+    for (size_t t = 0; t < T; t++) {
+        ASSERT_OK(dt_compressor_compress(c, x, t, buf, cap, &used));
+        ASSERT_OK(dt_compressor_compress(c2, x, t, buf2, cap, &used));
+        ASSERT_TRUE(memcmp(buf, buf2, cap) == 0);
+        ASSERT_OK(dt_codec_decode(buf, used, n, y, DT_DECODE_SET));
+        size_t kept = 0;
+        for (size_t i = 0; i < n; i++) {
+            if (y[i] != 0) {
+                ASSERT_TRUE(y[i] == x[i]);
+                hits[i]++;
+                kept++;
+            }
+        }
+        ASSERT_EQ(kept, k);
+    }
+    /* Each index is kept with probability k/n: T k/n = 20 expected hits,
+     * binomial sd ~4.4; all 1000 counts within 6 sd of it. */
+    for (size_t i = 0; i < n; i++)
+        if (hits[i] > 20 + 27 || hits[i] + 27 < 20)
+            TEST_FAILF("randk: index %zu kept %u times in %zu steps (expected ~20)", i, hits[i], T);
+    free(hits);
+    dt_free(buf);
+    dt_free(buf2);
+    dt_compressor_destroy(c);
+    dt_compressor_destroy(c2);
+    dt_free(x);
+    dt_free(y);
+    dt_free(z);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Error feedback                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* Over T steps, sum of what was sent + final residual == sum of inputs.
+ * Exact for the sparsifiers on integers (they send values unchanged); for
+ * the others every step's residual subtraction may round once. */
+static void ef_mass(const char *spec_text, bool exact) {
+    const size_t n = 1200, T = 25;
+    float *x = falloc(n), *y = falloc(n);
+    double *sent = calloc(n, sizeof(double)), *input = calloc(n, sizeof(double));
+    dt_codec_spec spec = spec_of(spec_text);
+    dt_compressor_config cfg = dt_compressor_config_default();
+    cfg.ef = DT_EF_ON;
+    cfg.rows = 40;
+    cfg.cols = 30;
+    dt_compressor *c;
+    ASSERT_OK(dt_compressor_create(&c, &spec, n, &cfg));
+    ASSERT_TRUE(dt_compressor_error_feedback(c));
+    size_t cap = dt_compressor_encoded_bytes(c), used;
+    uint8_t *buf = dt_alloc(cap);
+    for (size_t t = 0; t < T; t++) {
+        fill_int(x, n, 20, 100 + t);
+        ASSERT_OK(dt_compressor_compress(c, x, t, buf, cap, &used));
+        ASSERT_OK(dt_codec_decode(buf, used, n, y, DT_DECODE_SET));
+        for (size_t i = 0; i < n; i++) {
+            sent[i] += y[i];
+            input[i] += x[i];
+        }
+    }
+    const float *res = dt_compressor_residual(c);
+    for (size_t i = 0; i < n; i++) {
+        double lhs = sent[i] + res[i];
+        double tol = exact ? 0 : 1e-5 * (fabs(input[i]) + 20.0 * T);
+        if (fabs(lhs - input[i]) > tol)
+            TEST_FAILF("%s: sent + residual = %.9g, sum of inputs = %.9g (element %zu)", spec_text,
+                       lhs, input[i], i);
+    }
+    /* Error feedback keeps the residual bounded: it never holds more than a
+     * few steps' worth of gradient. */
+    double rmax = 0;
+    for (size_t i = 0; i < n; i++)
+        rmax = fmax(rmax, fabs(res[i]));
+    if (strncmp(spec_text, "randk", 5) != 0 && rmax > 20.0 * T)
+        TEST_FAILF("%s: residual grew to %g", spec_text, rmax);
+    free(sent);
+    free(input);
+    dt_free(buf);
+    dt_compressor_destroy(c);
+    dt_free(x);
+    dt_free(y);
+}
+
+static void test_error_feedback_conserves_mass(void) {
+    ef_mass("topk:0.05", true);
+    ef_mass("randk:0.05", true);
+    ef_mass("topk:7", true);
+    ef_mass("none", true);
+    ef_mass("sign", false);
+    ef_mass("int8", false);
+    ef_mass("qsgd:2", false);
+    ef_mass("fp16", false);
+    ef_mass("powersgd:3", false);
+}
+
+static void test_ef_defaults_and_residual_io(void) {
+    const size_t n = 500;
+    float *x = falloc(n), *y = falloc(n);
+    dt_codec_spec spec = spec_of("topk:0.1");
+    dt_compressor *a, *b, *c;
+    ASSERT_OK(dt_compressor_create(&a, &spec, n, NULL));
+    ASSERT_TRUE(dt_compressor_error_feedback(a));
+    ASSERT_OK(dt_compressor_create(&b, &spec, n, NULL));
+    size_t cap = dt_compressor_encoded_bytes(a), used;
+    uint8_t *ba = dt_alloc(cap), *bb = dt_alloc(cap);
+    fill_int(x, n, 50, 60);
+    ASSERT_OK(dt_compressor_compress(a, x, 0, ba, cap, &used));
+    /* Move a's residual to b (as a checkpoint would), then both continue
+     * identically. */
+    size_t rb = dt_compressor_residual_bytes(a);
+    ASSERT_EQ(rb, n * 4);
+    uint8_t *saved = dt_alloc(rb);
+    ASSERT_OK(dt_compressor_get_residual(a, saved, rb));
+    ASSERT_OK(dt_compressor_set_residual(b, saved, rb));
+    fill_int(x, n, 50, 61);
+    ASSERT_OK(dt_compressor_compress(a, x, 1, ba, cap, &used));
+    ASSERT_OK(dt_compressor_compress(b, x, 1, bb, cap, &used));
+    ASSERT_TRUE(memcmp(ba, bb, cap) == 0);
+    /* Wrong sizes and non-finite values are refused. */
+    ASSERT_STATUS(dt_compressor_set_residual(b, saved, rb - 4), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "1996 bytes given");
+    float nan = NAN;
+    memcpy(saved + 40, &nan, 4);
+    ASSERT_STATUS(dt_compressor_set_residual(b, saved, rb), DT_ERR_CORRUPT);
+    ASSERT_STATUS(dt_compressor_get_residual(b, saved, 3), DT_ERR_INVALID);
+    /* int8 has no error feedback unless asked for. */
+    dt_codec_spec s8 = spec_of("int8");
+    ASSERT_OK(dt_compressor_create(&c, &s8, n, NULL));
+    ASSERT_TRUE(!dt_compressor_error_feedback(c));
+    ASSERT_EQ(dt_compressor_residual_bytes(c), 0);
+    ASSERT_TRUE(dt_compressor_residual(c) == NULL);
+    ASSERT_OK(dt_compressor_set_residual(c, NULL, 0));
+    dt_compressor_destroy(c);
+    dt_compressor_destroy(NULL);
+    dt_free(saved);
+    dt_free(ba);
+    dt_free(bb);
+    dt_compressor_destroy(a);
+    dt_compressor_destroy(b);
+    dt_free(x);
+    dt_free(y);
+}
+
+/* ------------------------------------------------------------------------ */
+/* PowerSGD                                                                 */
+/* ------------------------------------------------------------------------ */
+
+static double frob_diff(const float *a, const float *b, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return sqrt(s);
+}
+
+static double frob(const float *a, size_t n) {
+    double s = 0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)a[i] * a[i];
+    return sqrt(s);
+}
+
+/* M = A B^T with A (rows, t), B (cols, t) small integers: rank <= t. */
+static void low_rank(float *M, size_t rows, size_t cols, size_t t, uint64_t seed) {
+    float *A = falloc(rows * t), *B = falloc(cols * t);
+    fill_int(A, rows * t, 3, seed);
+    fill_int(B, cols * t, 3, seed + 1);
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) {
+            float s = 0;
+            for (size_t l = 0; l < t; l++)
+                s += A[i * t + l] * B[j * t + l];
+            M[i * cols + j] = s;
+        }
+    dt_free(A);
+    dt_free(B);
+}
+
+static dt_compressor *psgd_new(int rank, size_t rows, size_t cols, dt_ef_mode ef, uint32_t who) {
+    dt_codec_spec spec = {.kind = DT_CODEC_POWERSGD, .rank = rank};
+    dt_compressor_config cfg = dt_compressor_config_default();
+    cfg.rows = rows;
+    cfg.cols = cols;
+    cfg.ef = ef;
+    cfg.seed = 99;
+    cfg.rank = who;
+    dt_compressor *c;
+    ASSERT_OK(dt_compressor_create(&c, &spec, rows * cols, &cfg));
+    return c;
+}
+
+static void test_powersgd_exact_low_rank(void) {
+    const size_t rows = 64, cols = 48, n = rows * cols;
+    float *M = falloc(n), *y = falloc(n);
+    for (size_t t = 1; t <= 3; t++) {
+        low_rank(M, rows, cols, t, 70 + t);
+        for (int r = (int)t; r <= (int)t + 2; r++) {
+            dt_compressor *c = psgd_new(r, rows, cols, DT_EF_OFF, 0);
+            size_t cap = dt_compressor_encoded_bytes(c), used;
+            ASSERT_EQ(cap, DT_COMPRESS_HEADER_BYTES + 4 * (size_t)r * (rows + cols));
+            uint8_t *buf = dt_alloc(cap);
+            ASSERT_OK(dt_compressor_compress(c, M, 0, buf, cap, &used));
+            ASSERT_OK(dt_codec_decode(buf, used, n, y, DT_DECODE_SET));
+            double rel = frob_diff(M, y, n) / frob(M, n);
+            if (rel > 1e-5)
+                TEST_FAILF("powersgd:%d of a rank-%zu matrix: relative error %.3g", r, t, rel);
+            dt_free(buf);
+            dt_compressor_destroy(c);
+        }
+    }
+    /* A zero matrix compresses to zero, and the next step still works. */
+    memset(M, 0, n * sizeof(float));
+    dt_compressor *c = psgd_new(2, rows, cols, DT_EF_OFF, 0);
+    size_t cap = dt_compressor_encoded_bytes(c), used;
+    uint8_t *buf = dt_alloc(cap);
+    ASSERT_OK(dt_compressor_compress(c, M, 0, buf, cap, &used));
+    ASSERT_OK(dt_codec_decode(buf, used, n, y, DT_DECODE_SET));
+    ASSERT_EQ(frob(y, n), 0);
+    low_rank(M, rows, cols, 2, 80);
+    ASSERT_OK(dt_compressor_compress(c, M, 1, buf, cap, &used));
+    ASSERT_OK(dt_codec_decode(buf, used, n, y, DT_DECODE_SET));
+    ASSERT_TRUE(frob_diff(M, y, n) / frob(M, n) < 1e-5);
+    dt_free(buf);
+    dt_compressor_destroy(c);
+    dt_free(M);
+    dt_free(y);
+}
+
+/* M = U diag(s) V^T with orthonormal U, V: the best rank-r error is
+ * sqrt(sum of s_i^2, i >= r). Repeated steps on the same M are subspace
+ * iteration from the warm start and must converge to it. */
+static void test_powersgd_warm_start_converges(void) {
+    const size_t rows = 60, cols = 40, n = rows * cols, full = 40, r = 2;
+    float *U = falloc(rows * full), *V = falloc(cols * full), *M = falloc(n), *y = falloc(n);
+    fill_normal(U, rows * full, 1.0f, 90);
+    fill_normal(V, cols * full, 1.0f, 91);
+    dt__powersgd_orthonormalize(U, rows, full);
+    dt__powersgd_orthonormalize(V, cols, full);
+    double s[40], best2 = 0;
+    for (size_t l = 0; l < full; l++) {
+        s[l] = l == 0 ? 10 : l == 1 ? 6 : 3.0 * pow(0.8, (double)l);
+        if (l >= r)
+            best2 += s[l] * s[l];
+    }
+    for (size_t i = 0; i < rows; i++)
+        for (size_t j = 0; j < cols; j++) {
+            double v = 0;
+            for (size_t l = 0; l < full; l++)
+                v += U[i * full + l] * s[l] * V[j * full + l];
+            M[i * cols + j] = (float)v;
+        }
+    dt_compressor *c = psgd_new((int)r, rows, cols, DT_EF_OFF, 0);
+    size_t cap = dt_compressor_encoded_bytes(c), used;
+    uint8_t *buf = dt_alloc(cap);
+    double first = 0, last = 0;
+    for (int it = 0; it < 40; it++) {
+        ASSERT_OK(dt_compressor_compress(c, M, (uint64_t)it, buf, cap, &used));
+        ASSERT_OK(dt_codec_decode(buf, used, n, y, DT_DECODE_SET));
+        last = frob_diff(M, y, n);
+        if (it == 0)
+            first = last;
+    }
+    double best = sqrt(best2);
+    if (!(last <= best * 1.01))
+        TEST_FAILF("powersgd warm start: error %.6g after 40 steps, best rank-2 error %.6g", last,
+                   best);
+    if (!(first > last * 1.05))
+        TEST_FAILF("powersgd warm start: first error %.6g not above final %.6g", first, last);
+    dt_free(buf);
+    dt_compressor_destroy(c);
+    dt_free(U);
+    dt_free(V);
+    dt_free(M);
+    dt_free(y);
+}
+
+/* Three "ranks" in one process run the staged API with sums in place of the
+ * allreduces: every rank gets the same output, equal to the one-shot codec
+ * applied to the average gradient, and each residual is its own M minus it. */
+static void test_powersgd_staged(void) {
+    const size_t rows = 32, cols = 24, n = rows * cols, W = 3;
+    dt_compressor *c[3];
+    float *g[3], *out[3], *avg = falloc(n), *ref = falloc(n);
+    memset(avg, 0, n * sizeof(float));
+    for (size_t w = 0; w < W; w++) {
+        c[w] = psgd_new(3, rows, cols, DT_EF_ON, (uint32_t)w);
+        g[w] = falloc(n);
+        out[w] = falloc(n);
+        low_rank(g[w], rows, cols, 2 + w, 200 + w);
+        for (size_t i = 0; i < n; i++)
+            avg[i] += g[w][i] / (float)W;
+    }
+    size_t np, nq;
+    float *sum = falloc(rows * cols);
+    for (size_t w = 0; w < W; w++)
+        ASSERT_OK(dt_powersgd_begin(c[w], g[w], 0));
+    ASSERT_STATUS(dt_powersgd_end(c[0], 1.0f, out[0]), DT_ERR_INVALID); /* out of order */
+    dt_powersgd_p(c[0], &np);
+    ASSERT_EQ(np, rows * 3);
+    memset(sum, 0, np * sizeof(float));
+    for (size_t w = 0; w < W; w++) {
+        float *P = dt_powersgd_p(c[w], &np);
+        for (size_t i = 0; i < np; i++)
+            sum[i] += P[i];
+    }
+    for (size_t w = 0; w < W; w++) {
+        memcpy(dt_powersgd_p(c[w], &np), sum, np * sizeof(float));
+        ASSERT_OK(dt_powersgd_middle(c[w]));
+    }
+    dt_powersgd_q(c[0], &nq);
+    ASSERT_EQ(nq, cols * 3);
+    memset(sum, 0, nq * sizeof(float));
+    for (size_t w = 0; w < W; w++) {
+        float *Q = dt_powersgd_q(c[w], &nq);
+        for (size_t i = 0; i < nq; i++)
+            sum[i] += Q[i];
+    }
+    for (size_t w = 0; w < W; w++) {
+        memcpy(dt_powersgd_q(c[w], &nq), sum, nq * sizeof(float));
+        ASSERT_OK(dt_powersgd_end(c[w], 1.0f / (float)W, out[w]));
+    }
+    for (size_t w = 1; w < W; w++)
+        ASSERT_TRUE(memcmp(out[0], out[w], n * sizeof(float)) == 0);
+    dt_compressor *one = psgd_new(3, rows, cols, DT_EF_OFF, 0);
+    size_t cap = dt_compressor_encoded_bytes(one), used;
+    uint8_t *buf = dt_alloc(cap);
+    ASSERT_OK(dt_compressor_compress(one, avg, 0, buf, cap, &used));
+    ASSERT_OK(dt_codec_decode(buf, used, n, ref, DT_DECODE_SET));
+    double rel = frob_diff(out[0], ref, n) / frob(ref, n);
+    if (rel > 1e-4)
+        TEST_FAILF("staged powersgd vs one-shot on the average: relative difference %.3g", rel);
+    for (size_t w = 0; w < W; w++) {
+        const float *res = dt_compressor_residual(c[w]);
+        for (size_t i = 0; i < n; i++)
+            ASSERT_NEAR(res[i] + out[w][i], g[w][i], 1e-5, 1e-4);
+    }
+    dt_free(buf);
+    dt_compressor_destroy(one);
+    for (size_t w = 0; w < W; w++) {
+        dt_compressor_destroy(c[w]);
+        dt_free(g[w]);
+        dt_free(out[w]);
+    }
+    dt_free(sum);
+    dt_free(avg);
+    dt_free(ref);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Hostile buffers                                                          */
+/* ------------------------------------------------------------------------ */
+
+static void test_corrupt_rejected(void) {
+    static const char *const specs[] = {"none", "fp16",      "bf16",      "int8",      "qsgd:3",
+                                        "sign", "topk:0.05", "randk:0.1", "powersgd:2"};
+    const size_t n = 600, trials = 1500;
+    float *x = falloc(n), *y = falloc(n);
+    fill_normal(x, n, 1.0f, 300);
+    dt_rng r;
+    dt_rng_init(&r, 301, dt_rng_stream_id(0, 9, DT_RNG_TEST));
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        dt_codec_spec spec = spec_of(specs[s]);
+        dt_compressor_config cfg = dt_compressor_config_default();
+        cfg.rows = 30;
+        cfg.cols = 20;
+        dt_compressor *c;
+        ASSERT_OK(dt_compressor_create(&c, &spec, n, &cfg));
+        size_t len = dt_compressor_encoded_bytes(c), used;
+        uint8_t *good = dt_alloc(len + 1);
+        ASSERT_OK(dt_compressor_compress(c, x, 0, good, len, &used));
+        ASSERT_OK(dt_codec_decode(good, len, n, y, DT_DECODE_SET));
+        /* Wrong expected count, one byte more, every truncation. */
+        ASSERT_STATUS(dt_codec_decode(good, len, n - 1, y, DT_DECODE_SET), DT_ERR_CORRUPT);
+        ASSERT_STATUS(dt_codec_decode(good, len + 1, n, y, DT_DECODE_SET), DT_ERR_CORRUPT);
+        for (size_t cut = 0; cut < len; cut += cut < 64 ? 1 : 37) {
+            /* A heap copy of exactly `cut` bytes, so ASan sees any over-read. */
+            uint8_t *t = malloc(cut ? cut : 1);
+            memcpy(t, good, cut);
+            ASSERT_STATUS(dt_codec_decode(t, cut, n, y, DT_DECODE_ADD), DT_ERR_CORRUPT);
+            free(t);
+        }
+        size_t ok = 0, bad = 0;
+        for (size_t t = 0; t < trials; t++) {
+            uint8_t *b = malloc(len);
+            memcpy(b, good, len);
+            int flips = 1 + (int)dt_rng_below(&r, 3);
+            bool header = t % 2 == 0; /* half the trials hit the header */
+            for (int f = 0; f < flips; f++) {
+                size_t at = header ? dt_rng_below(&r, DT_COMPRESS_HEADER_BYTES)
+                                   : dt_rng_below(&r, (uint32_t)len);
+                b[at] ^= (uint8_t)(1 + dt_rng_below(&r, 255));
+            }
+            /* Trials cut off mid-buffer too, on a third of them. */
+            size_t blen = t % 3 == 0 ? dt_rng_below(&r, (uint32_t)len) : len;
+            dt_status st = dt_codec_decode(b, blen, n, y, DT_DECODE_ADD);
+            ASSERT_TRUE(st == DT_OK || st == DT_ERR_CORRUPT);
+            if (st == DT_ERR_CORRUPT)
+                ASSERT_TRUE(dt_last_error()[0] != '\0');
+            if ((header || blen != len) && st == DT_OK && memcmp(b, good, DT_COMPRESS_HEADER_BYTES))
+                TEST_FAILF("%s: damaged header accepted (trial %zu)", specs[s], t);
+            st == DT_OK ? ok++ : bad++;
+            free(b);
+        }
+        ASSERT_TRUE(bad >= trials / 2);
+        dt_free(good);
+        dt_compressor_destroy(c);
+    }
+    /* Hand-made hostile headers: huge counts must not overflow a size. */
+    uint8_t h[DT_COMPRESS_HEADER_BYTES] = {0};
+    float dummy;
+    ASSERT_STATUS(dt_codec_decode(h, sizeof h, 0, &dummy, DT_DECODE_SET), DT_ERR_CORRUPT);
+    ASSERT_STATUS(dt_codec_decode(NULL, 0, 0, &dummy, DT_DECODE_SET), DT_ERR_CORRUPT);
+    dt_free(x);
+    dt_free(y);
+}
+
+/* A buffer whose header is intact but whose sparse indices were forged:
+ * out-of-range and repeated indices are refused before any write. */
+static void test_forged_indices(void) {
+    const size_t n = 100;
+    float x[100], y[100];
+    fill_normal(x, n, 1.0f, 400);
+    dt_codec_spec spec = spec_of("topk:4");
+    dt_compressor *c;
+    ASSERT_OK(dt_compressor_create(&c, &spec, n, NULL));
+    size_t len = dt_compressor_encoded_bytes(c), used;
+    uint8_t *b = dt_alloc(len);
+    ASSERT_OK(dt_compressor_compress(c, x, 0, b, len, &used));
+    uint8_t *idx = b + DT_COMPRESS_HEADER_BYTES;
+    uint32_t saved, v;
+    memcpy(&saved, idx + 8, 4);
+    for (int i = 0; i < 100; i++)
+        y[i] = 42;
+    v = 100; /* == n */
+    memcpy(idx + 8, &v, 4);
+    ASSERT_STATUS(dt_codec_decode(b, len, n, y, DT_DECODE_SET), DT_ERR_CORRUPT);
+    ASSERT_CONTAINS(dt_last_error(), "index 2");
+    v = 0xffffffffu;
+    memcpy(idx + 8, &v, 4);
+    ASSERT_STATUS(dt_codec_decode(b, len, n, y, DT_DECODE_SET), DT_ERR_CORRUPT);
+    memcpy(&v, idx + 4, 4); /* a repeat of the previous index */
+    memcpy(idx + 8, &v, 4);
+    ASSERT_STATUS(dt_codec_decode(b, len, n, y, DT_DECODE_SET), DT_ERR_CORRUPT);
+    for (int i = 0; i < 100; i++)
+        ASSERT_EQ(y[i], 42); /* nothing was written */
+    memcpy(idx + 8, &saved, 4);
+    ASSERT_OK(dt_codec_decode(b, len, n, y, DT_DECODE_SET));
+    /* A scale forged to NaN is refused too. */
+    dt_codec_spec s8 = spec_of("int8");
+    dt_compressor *c8;
+    ASSERT_OK(dt_compressor_create(&c8, &s8, n, NULL));
+    size_t len8 = dt_compressor_encoded_bytes(c8);
+    uint8_t *b8 = dt_alloc(len8);
+    ASSERT_OK(dt_compressor_compress(c8, x, 0, b8, len8, &used));
+    float nan = NAN;
+    memcpy(b8 + DT_COMPRESS_HEADER_BYTES, &nan, 4);
+    ASSERT_STATUS(dt_codec_decode(b8, len8, n, y, DT_DECODE_SET), DT_ERR_CORRUPT);
+    ASSERT_CONTAINS(dt_last_error(), "scale of block 0");
+    dt_free(b8);
+    dt_compressor_destroy(c8);
+    dt_free(b);
+    dt_compressor_destroy(c);
+}
+
+static void test_decode_add(void) {
+    const size_t n = 513;
+    float *x = falloc(n), *y = falloc(n), *z = falloc(n);
+    fill_int(x, n, 30, 500);
+    static const char *const specs[] = {"none", "fp16",     "bf16",      "int8",      "qsgd:5",
+                                        "sign", "topk:0.1", "randk:0.2", "powersgd:2"};
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        dt_codec_spec spec = spec_of(specs[s]);
+        dt_compressor_config cfg = dt_compressor_config_default();
+        cfg.rows = 27;
+        cfg.cols = 19;
+        dt_compressor *c;
+        ASSERT_OK(dt_compressor_create(&c, &spec, n, &cfg));
+        size_t len = dt_compressor_encoded_bytes(c), used;
+        uint8_t *b = dt_alloc(len);
+        ASSERT_OK(dt_compressor_compress(c, x, 0, b, len, &used));
+        ASSERT_OK(dt_codec_decode(b, len, n, y, DT_DECODE_SET));
+        for (size_t i = 0; i < n; i++)
+            z[i] = (float)i;
+        ASSERT_OK(dt_codec_decode(b, len, n, z, DT_DECODE_ADD));
+        for (size_t i = 0; i < n; i++)
+            ASSERT_NEAR(z[i], (float)i + y[i], 1e-6, 1e-4);
+        dt_free(b);
+        dt_compressor_destroy(c);
+    }
+    dt_free(x);
+    dt_free(y);
+    dt_free(z);
+}
+
+int main(void) {
+    RUN(test_parse);
+    RUN(test_info);
+    RUN(test_sizes);
+    RUN(test_empty_and_tiny);
+    RUN(test_fp16_simd_matches_scalar);
+    RUN(test_fp16_bound);
+    RUN(test_bf16_bound);
+    RUN(test_int8_bound);
+    RUN(test_qsgd_bound_and_reproducible);
+    RUN(test_qsgd_unbiased);
+    RUN(test_sign);
+    RUN(test_topk_matches_sort);
+    RUN(test_randk);
+    RUN(test_error_feedback_conserves_mass);
+    RUN(test_ef_defaults_and_residual_io);
+    RUN(test_powersgd_exact_low_rank);
+    RUN(test_powersgd_warm_start_converges);
+    RUN(test_powersgd_staged);
+    RUN(test_corrupt_rejected);
+    RUN(test_forged_indices);
+    RUN(test_decode_add);
+    return TEST_SUMMARY();
+}
