@@ -97,5 +97,6 @@ extern const cli_cmd cli_cmd_bench;
 extern const cli_cmd cli_cmd_data;
 /* Benchmarks listed in cmd_bench.c, each defined in its own file. */
 extern const cli_cmd cli_bench_optim;
+extern const cli_cmd cli_bench_compress;
 
 #endif /* DTRAIN_CLI_H */

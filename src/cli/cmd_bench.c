@@ -42,6 +42,7 @@ static const cli_cmd bench_rng = {
 static const cli_cmd *const benches[] = {
     &bench_rng,
     &cli_bench_optim,
+    &cli_bench_compress,
 };
 #define NBENCHES (sizeof benches / sizeof benches[0])
 
@@ -50,6 +51,7 @@ static const cli_opt bench_opts[] = {{0}};
 static const char bench_description[] = "benchmarks:\n"
                                         "  rng        Philox4x32-10 throughput\n"
                                         "  optim      optimizer kernels (AdamW, SGD, clipping)\n"
+                                        "  compress   gradient codecs: GB/s, bytes, error\n"
                                         "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {

@@ -458,19 +458,24 @@ dt_status dt_compressor_compress(dt_compressor *c, const float *grad, uint64_t s
     if (c->stage != 0)
         return dt_error_set(DT_ERR_INVALID, "%s encode: a staged PowerSGD step is in progress",
                             c->ops->info.name);
+    /* Locals with restrict: the build uses -fno-strict-aliasing, so through
+     * c-> every float store could alias c's own fields and no loop here
+     * would vectorise. */
+    const size_t n = c->n;
+    float *restrict work = c->work, *restrict res = c->residual, *restrict dec = c->decoded;
     const float *x = grad;
     if (c->ef) {
-        for (size_t i = 0; i < c->n; i++)
-            c->work[i] = grad[i] + c->residual[i];
-        x = c->work;
+        for (size_t i = 0; i < n; i++)
+            work[i] = grad[i] + res[i];
+        x = work;
     }
     uint8_t *p = out;
     header_write(p, &c->hdr);
     DT_CHECK(c->ops->encode(c, x, step, p + DT_COMPRESS_HEADER_BYTES));
     if (c->ef) {
-        c->ops->decode(&c->hdr, p + DT_COMPRESS_HEADER_BYTES, c->decoded, DT_DECODE_SET);
-        for (size_t i = 0; i < c->n; i++)
-            c->residual[i] = c->work[i] - c->decoded[i];
+        c->ops->decode(&c->hdr, p + DT_COMPRESS_HEADER_BYTES, dec, DT_DECODE_SET);
+        for (size_t i = 0; i < n; i++)
+            res[i] = work[i] - dec[i];
     }
     *used = c->encoded_bytes;
     return DT_OK;

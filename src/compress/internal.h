@@ -61,6 +61,12 @@ extern const dt__codec_ops dt__codec_none, dt__codec_fp16, dt__codec_bf16, dt__c
 /* The random stream of (seed, rank, step) for bucket `bucket`. */
 void dt__compress_rng(dt_rng *r, uint64_t seed, uint32_t rank, uint64_t step, uint32_t bucket);
 
+/* out[0..count) = outputs pos .. pos+count of the dt_rng stream (seed,
+ * stream): exactly what dt_rng_init + dt_rng_seek(pos) + count calls of
+ * dt_rng_u32 return, evaluated 16 Philox blocks at a time so that the
+ * compiler vectorises it. pos must be a multiple of 4. */
+void dt__philox_fill(uint64_t seed, uint64_t stream, uint64_t pos, uint32_t *out, size_t count);
+
 /* Blocks of DT_COMPRESS_BLOCK values covering n. */
 static inline size_t dt__nblocks(size_t n) {
     return n / DT_COMPRESS_BLOCK + (n % DT_COMPRESS_BLOCK != 0);
@@ -78,6 +84,20 @@ static inline uint32_t dt__load_u32(const uint8_t *p) {
 }
 static inline void dt__store_f32(uint8_t *p, float v) { memcpy(p, &v, 4); }
 static inline void dt__store_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, 4); }
+
+/* Largest |x[i]| of a block, as its bit pattern (which orders like the
+ * value); a result >= 0x7f800000 means the block holds inf or NaN. Integer
+ * max vectorises, unlike a float reduction. */
+static inline uint32_t dt__absmax_bits(const float *x, size_t len) {
+    uint32_t m = 0;
+    for (size_t i = 0; i < len; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        u &= 0x7fffffffu;
+        m = u > m ? u : m;
+    }
+    return m;
+}
 
 /* Scale sections (one f32 per block) that must be finite and >= 0. */
 dt_status dt__validate_scales(const uint8_t *scales, size_t nblocks, const char *codec);

@@ -39,24 +39,15 @@ static bool bytes_scaled(const dt_codec_header *h, size_t bits_per_value, size_t
     return *out >= codes;
 }
 
-static float block_absmax(const float *x, size_t len) {
-    float m = 0.0f;
-    for (size_t i = 0; i < len; i++) {
-        float a = fabsf(x[i]);
-        m = a > m ? a : m;
-    }
-    return m;
-}
-
-/* Non-finite check hoisted out of the inner loops: a NaN anywhere in the
- * block makes the sum of |x| NaN, an inf makes it inf. */
-static dt_status check_block(const char *codec, const float *x, size_t len, size_t block) {
-    float s = 0.0f;
-    for (size_t i = 0; i < len; i++)
-        s += fabsf(x[i]) * 0.0f; /* 0 for finite values, NaN for inf and NaN */
-    if (s != 0.0f)
+/* The block's absmax, or DT_ERR_NUMERIC if it holds inf or NaN (a scale
+ * computed from it would be meaningless). */
+static dt_status block_scale(const char *codec, const float *x, size_t len, size_t block,
+                             float *absmax) {
+    uint32_t bits = dt__absmax_bits(x, len);
+    if (bits >= 0x7f800000u)
         return dt_error_set(DT_ERR_NUMERIC, "%s encode: block %zu holds a non-finite value", codec,
                             block);
+    memcpy(absmax, &bits, 4);
     return DT_OK;
 }
 
@@ -76,15 +67,16 @@ static dt_status int8_encode(dt_compressor *c, const float *x, uint64_t step, ui
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
-        DT_CHECK(check_block("int8", x + lo, len, b));
-        float m = block_absmax(x + lo, len);
-        float scale = m / 127.0f;
+        float m = 0.0f;
+        DT_CHECK(block_scale("int8", x + lo, len, b, &m));
         float inv = m > 0.0f ? 127.0f / m : 0.0f;
-        dt__store_f32(p + 4 * b, scale);
+        dt__store_f32(p + 4 * b, m / 127.0f);
+        const float *restrict xb = x + lo;
+        int8_t *restrict q = codes + lo;
         for (size_t i = 0; i < len; i++) {
-            float q = rintf(x[lo + i] * inv);
-            q = q > 127.0f ? 127.0f : (q < -127.0f ? -127.0f : q);
-            codes[lo + i] = (int8_t)q;
+            float v = rintf(xb[i] * inv);
+            v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
+            q[i] = (int8_t)v;
         }
     }
     return DT_OK;
@@ -98,12 +90,14 @@ static void int8_decode(const dt_codec_header *h, const uint8_t *p, float *out,
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
         float s = dt__load_f32(p + 4 * b);
+        const int8_t *restrict q = codes + lo;
+        float *restrict o = out + lo;
         if (mode == DT_DECODE_ADD)
             for (size_t i = 0; i < len; i++)
-                out[lo + i] += (float)codes[lo + i] * s;
+                o[i] += (float)q[i] * s;
         else
             for (size_t i = 0; i < len; i++)
-                out[lo + i] = (float)codes[lo + i] * s;
+                o[i] = (float)q[i] * s;
     }
 }
 
@@ -123,43 +117,110 @@ static bool qsgd_bytes(const dt_codec_header *h, size_t *out) {
     return bytes_scaled(h, (size_t)h->bits, out);
 }
 
+/* Blocks start on byte boundaries in the code stream (256 b bits is a
+ * whole number of bytes), so each block packs and unpacks on its own. */
+static inline __attribute__((always_inline)) void pack_bits(uint8_t *out, const uint8_t *q,
+                                                            size_t len, unsigned bits) {
+    uint64_t acc = 0;
+    unsigned have = 0;
+    size_t o = 0;
+    for (size_t i = 0; i < len; i++) {
+        acc |= (uint64_t)q[i] << have;
+        have += bits;
+        if (have >= 32) {
+            dt__store_u32(out + o, (uint32_t)acc);
+            o += 4;
+            acc >>= 32;
+            have -= 32;
+        }
+    }
+    for (; have > 0; have = have > 8 ? have - 8 : 0) {
+        out[o++] = (uint8_t)acc;
+        acc >>= 8;
+    }
+}
+
+/* Reads exactly ceil(len bits / 8) bytes. */
+static inline __attribute__((always_inline)) void unpack_bits(uint8_t *q, const uint8_t *in,
+                                                              size_t len, unsigned bits) {
+    size_t nbytes = (len * bits + 7) / 8, at = 0;
+    uint64_t acc = 0;
+    unsigned have = 0;
+    uint32_t mask = (1u << bits) - 1u;
+    for (size_t i = 0; i < len; i++) {
+        if (have < bits) {
+            if (at + 4 <= nbytes) {
+                acc |= (uint64_t)dt__load_u32(in + at) << have;
+                at += 4;
+                have += 32;
+            } else {
+                while (have < bits) {
+                    acc |= (uint64_t)in[at++] << have;
+                    have += 8;
+                }
+            }
+        }
+        q[i] = (uint8_t)(acc & mask);
+        acc >>= bits;
+        have -= bits;
+    }
+}
+
+/* A switch on constant bit widths lets each case's loop specialise. */
+static void pack_block(uint8_t *out, const uint8_t *q, size_t len, unsigned bits) {
+    switch (bits) {
+    case 1: pack_bits(out, q, len, 1); break;
+    case 2: pack_bits(out, q, len, 2); break;
+    case 3: pack_bits(out, q, len, 3); break;
+    case 4: pack_bits(out, q, len, 4); break;
+    case 5: pack_bits(out, q, len, 5); break;
+    case 6: pack_bits(out, q, len, 6); break;
+    case 7: pack_bits(out, q, len, 7); break;
+    default: memcpy(out, q, len); break;
+    }
+}
+
+static void unpack_block(uint8_t *q, const uint8_t *in, size_t len, unsigned bits) {
+    switch (bits) {
+    case 1: unpack_bits(q, in, len, 1); break;
+    case 2: unpack_bits(q, in, len, 2); break;
+    case 3: unpack_bits(q, in, len, 3); break;
+    case 4: unpack_bits(q, in, len, 4); break;
+    case 5: unpack_bits(q, in, len, 5); break;
+    case 6: unpack_bits(q, in, len, 6); break;
+    case 7: unpack_bits(q, in, len, 7); break;
+    default: memcpy(q, in, len); break;
+    }
+}
+
 static dt_status qsgd_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
     size_t n = c->n, nb = dt__nblocks(n);
     unsigned bits = (unsigned)c->hdr.bits;
-    float levels = (float)((1u << bits) - 1u);
+    uint32_t top = (1u << bits) - 1u;
+    float levels = (float)top;
     uint8_t *codes = p + 4 * nb;
-    dt_rng rng;
-    dt__compress_rng(&rng, c->cfg.seed, c->cfg.rank, step, c->cfg.bucket);
-    uint64_t acc = 0; /* bit stream accumulator, LSB first */
-    unsigned have = 0;
-    size_t out = 0;
+    /* Value i of the bucket uses output (bucket << 40) + i of the stream. */
+    uint64_t stream = dt_rng_stream_id(c->cfg.rank, step, DT_RNG_COMPRESS);
+    uint64_t base = (uint64_t)c->cfg.bucket << 40;
+    uint32_t rnd[DT_COMPRESS_BLOCK];
+    uint8_t q[DT_COMPRESS_BLOCK];
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
-        DT_CHECK(check_block("qsgd", x + lo, len, b));
-        float m = block_absmax(x + lo, len);
+        float m = 0.0f;
+        DT_CHECK(block_scale("qsgd", x + lo, len, b, &m));
         dt__store_f32(p + 4 * b, m);
+        dt__philox_fill(c->cfg.seed, stream, base + lo, rnd, len);
         float mul = m > 0.0f ? 0.5f * levels / m : 0.0f;
+        const float *restrict xb = x + lo;
         for (size_t i = 0; i < len; i++) {
-            float u = (x[lo + i] + m) * mul; /* in [0, levels] */
+            float u = (xb[i] + m) * mul; /* in [0, levels] */
             float f = floorf(u);
-            uint32_t q = (uint32_t)f + (dt_rng_uniform(&rng) < u - f);
-            if (q > (1u << bits) - 1u)
-                q = (1u << bits) - 1u;
-            acc |= (uint64_t)q << have;
-            have += bits;
-            if (have >= 32) {
-                dt__store_u32(codes + out, (uint32_t)acc);
-                out += 4;
-                acc >>= 32;
-                have -= 32;
-            }
+            float r = (float)(rnd[i] >> 8) * 0x1p-24f; /* dt_rng_uniform's mapping */
+            uint32_t level = (uint32_t)f + (r < u - f);
+            q[i] = (uint8_t)(level < top ? level : top);
         }
-    }
-    while (have > 0) {
-        codes[out++] = (uint8_t)acc;
-        acc >>= 8;
-        have = have > 8 ? have - 8 : 0;
+        pack_block(codes + lo / 8 * bits, q, len, bits);
     }
     return DT_OK;
 }
@@ -168,37 +229,22 @@ static void qsgd_decode(const dt_codec_header *h, const uint8_t *p, float *out,
                         dt_decode_mode mode) {
     size_t n = (size_t)h->count, nb = dt__nblocks(n);
     unsigned bits = (unsigned)h->bits;
-    uint32_t mask = (1u << bits) - 1u;
-    float levels = (float)mask;
+    float levels = (float)((1u << bits) - 1u);
     const uint8_t *codes = p + 4 * nb;
-    size_t code_bytes = (n * bits + 7) / 8, in = 0;
-    uint64_t acc = 0;
-    unsigned have = 0;
+    uint8_t q[DT_COMPRESS_BLOCK];
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
         float m = dt__load_f32(p + 4 * b);
         float stepv = 2.0f * m / levels;
-        for (size_t i = 0; i < len; i++) {
-            if (have < bits) {
-                /* Refill 32 bits when they exist, else the tail byte by byte:
-                 * never read past code_bytes. */
-                if (in + 4 <= code_bytes) {
-                    acc |= (uint64_t)dt__load_u32(codes + in) << have;
-                    in += 4;
-                    have += 32;
-                } else {
-                    while (have < bits && in < code_bytes) {
-                        acc |= (uint64_t)codes[in++] << have;
-                        have += 8;
-                    }
-                }
-            }
-            float v = (float)(uint32_t)(acc & mask) * stepv - m;
-            acc >>= bits;
-            have -= bits;
-            out[lo + i] = mode == DT_DECODE_ADD ? out[lo + i] + v : v;
-        }
+        unpack_block(q, codes + lo / 8 * bits, len, bits);
+        float *restrict o = out + lo;
+        if (mode == DT_DECODE_ADD)
+            for (size_t i = 0; i < len; i++)
+                o[i] += (float)q[i] * stepv - m;
+        else
+            for (size_t i = 0; i < len; i++)
+                o[i] = (float)q[i] * stepv - m;
     }
 }
 
@@ -219,18 +265,38 @@ static bool sign_bytes(const dt_codec_header *h, size_t *out) { return bytes_sca
 static dt_status sign_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
     size_t n = c->n, nb = dt__nblocks(n);
     uint8_t *bitsp = p + 4 * nb;
-    memset(bitsp, 0, n / 8 + (n % 8 != 0));
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
-        DT_CHECK(check_block("sign", x + lo, len, b));
-        float sum = 0.0f;
-        for (size_t i = 0; i < len; i++)
-            sum += fabsf(x[lo + i]);
-        dt__store_f32(p + 4 * b, sum / (float)len);
+        float m = 0.0f;
+        DT_CHECK(block_scale("sign", x + lo, len, b, &m));
+        const float *restrict xb = x + lo;
+        /* 16 partial sums in a fixed order: vectorisable and deterministic. */
+        float part[16] = {0};
+        size_t i = 0;
+        for (; i + 16 <= len; i += 16)
+            for (int l = 0; l < 16; l++)
+                part[l] += fabsf(xb[i + l]);
+        for (; i < len; i++)
+            part[i % 16] += fabsf(xb[i]);
+        for (int w = 8; w > 0; w /= 2)
+            for (int l = 0; l < w; l++)
+                part[l] += part[l + w];
+        dt__store_f32(p + 4 * b, part[0] / (float)len);
         /* Blocks start on byte boundaries (256 is a multiple of 8). */
-        for (size_t i = 0; i < len; i++)
-            bitsp[(lo + i) >> 3] |= (uint8_t)((x[lo + i] < 0.0f) << ((lo + i) & 7));
+        uint8_t *restrict ob = bitsp + lo / 8;
+        for (size_t j = 0; j < len / 8; j++) {
+            unsigned byte = 0;
+            for (unsigned k = 0; k < 8; k++)
+                byte |= (unsigned)(xb[8 * j + k] < 0.0f) << k;
+            ob[j] = (uint8_t)byte;
+        }
+        if (len % 8) {
+            unsigned byte = 0;
+            for (size_t k = len / 8 * 8; k < len; k++)
+                byte |= (unsigned)(xb[k] < 0.0f) << (k % 8);
+            ob[len / 8] = (uint8_t)byte;
+        }
     }
     return DT_OK;
 }
@@ -242,11 +308,14 @@ static void sign_decode(const dt_codec_header *h, const uint8_t *p, float *out,
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
-        float s = dt__load_f32(p + 4 * b);
+        uint32_t s = dt__load_u32(p + 4 * b); /* the scale's bits; >= 0, so bit 31 is 0 */
+        const uint8_t *restrict ib = bitsp + lo / 8;
+        float *restrict o = out + lo;
         for (size_t i = 0; i < len; i++) {
-            size_t j = lo + i;
-            float v = (bitsp[j >> 3] >> (j & 7)) & 1u ? -s : s;
-            out[j] = mode == DT_DECODE_ADD ? out[j] + v : v;
+            uint32_t u = s | (uint32_t)((ib[i >> 3] >> (i & 7)) & 1u) << 31;
+            float v;
+            memcpy(&v, &u, 4);
+            o[i] = mode == DT_DECODE_ADD ? o[i] + v : v;
         }
     }
 }

@@ -342,6 +342,29 @@ static void test_int8_bound(void) {
     dt_free(y);
 }
 
+/* The batched Philox used by QSGD is dt_rng's stream, output for output. */
+static void test_philox_fill_matches_dt_rng(void) {
+    static const uint64_t seeds[] = {0, 1, 0xdeadbeefcafef00dull};
+    static const uint64_t positions[] = {0, 4, 256, (1ull << 40) + 512, 0xfffffffffull * 4};
+    uint32_t got[300];
+    for (size_t s = 0; s < 3; s++)
+        for (size_t p = 0; p < 5; p++) {
+            uint64_t stream = dt_rng_stream_id((uint32_t)s * 7, p * 1000 + 3, DT_RNG_COMPRESS);
+            size_t count = 1 + (s * 97 + p * 61) % 300;
+            dt__philox_fill(seeds[s], stream, positions[p], got, count);
+            dt_rng r;
+            dt_rng_init(&r, seeds[s], stream);
+            dt_rng_seek(&r, positions[p]);
+            for (size_t i = 0; i < count; i++) {
+                uint32_t want = dt_rng_u32(&r);
+                if (got[i] != want)
+                    TEST_FAILF("philox_fill seed %" PRIu64 " pos %" PRIu64 " [%zu]: 0x%08x, "
+                               "dt_rng 0x%08x",
+                               seeds[s], positions[p], i, got[i], want);
+            }
+        }
+}
+
 static void test_qsgd_bound_and_reproducible(void) {
     const size_t n = 777;
     float *x = falloc(n), *y = falloc(n), *z = falloc(n);
@@ -1034,6 +1057,7 @@ int main(void) {
     RUN(test_fp16_bound);
     RUN(test_bf16_bound);
     RUN(test_int8_bound);
+    RUN(test_philox_fill_matches_dt_rng);
     RUN(test_qsgd_bound_and_reproducible);
     RUN(test_qsgd_unbiased);
     RUN(test_sign);
