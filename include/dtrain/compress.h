@@ -20,6 +20,9 @@
  *   randk:F       8F                            biased     on
  *   powersgd:R    4R(rows+cols)/(rows*cols)     biased     on
  *
+ * The header also carries a 32-bit check of itself, so a damaged header
+ * (fp16 turned into bf16, say) is refused rather than misread.
+ *
  * A dt_compressor holds what one tensor or bucket needs between steps: the
  * error-feedback residual, PowerSGD's warm-started Q, scratch space, and the
  * identity (seed, rank, bucket id) that keys its random numbers. The hot
@@ -130,14 +133,27 @@ typedef enum dt_decode_mode {
 dt_status dt_codec_decode(const void *buf, size_t len, size_t n, float *out, dt_decode_mode mode);
 
 /* ------------------------------------------------------------------------ */
-/* Compressor: per-tensor (or per-bucket) state                             */
+/* Configuration knobs                                                      */
 /* ------------------------------------------------------------------------ */
 
 typedef enum dt_ef_mode {
-    DT_EF_DEFAULT, /* the codec's default (dt_codec_info.ef_default) */
-    DT_EF_ON,
-    DT_EF_OFF,
+    DT_EF_DEFAULT, /* "auto": the codec's default (dt_codec_info.ef_default) */
+    DT_EF_ON,      /* "on" */
+    DT_EF_OFF,     /* "off" */
 } dt_ef_mode;
+
+/* Parse auto | on | off (also the core booleans: 1/0, true/false, yes/no). */
+dt_status dt_ef_parse(const char *knob, const char *text, dt_ef_mode *out);
+
+/* Read DT_COMPRESS (default "none") and DT_COMPRESS_EF (default "auto");
+ * an unset or empty variable gives the default. Either output may be NULL.
+ * The CLI flags --compress / --compress-ef take precedence over these and
+ * are parsed with dt_codec_parse / dt_ef_parse. */
+dt_status dt_compress_env(dt_codec_spec *spec, dt_ef_mode *ef);
+
+/* ------------------------------------------------------------------------ */
+/* Compressor: per-tensor (or per-bucket) state                             */
+/* ------------------------------------------------------------------------ */
 
 typedef struct dt_compressor_config {
     uint64_t seed;       /* run seed */

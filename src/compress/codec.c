@@ -179,6 +179,33 @@ char *dt_codec_format(const dt_codec_spec *s, char *buf, size_t len) {
     return buf;
 }
 
+dt_status dt_ef_parse(const char *knob, const char *text, dt_ef_mode *out) {
+    if (text && strcmp(text, "auto") == 0) {
+        *out = DT_EF_DEFAULT;
+        return DT_OK;
+    }
+    bool on;
+    if (!text || dt_config_parse_bool(knob, text, &on) != DT_OK)
+        return dt_error_set(DT_ERR_INVALID,
+                            "%s: \"%s\" is not an error-feedback mode (expected auto|on|off)", knob,
+                            text ? text : "");
+    *out = on ? DT_EF_ON : DT_EF_OFF;
+    return DT_OK;
+}
+
+dt_status dt_compress_env(dt_codec_spec *spec, dt_ef_mode *ef) {
+    const char *v;
+    if (spec) {
+        v = getenv("DT_COMPRESS");
+        DT_CHECK(dt_codec_parse("DT_COMPRESS", v && *v ? v : "none", spec));
+    }
+    if (ef) {
+        v = getenv("DT_COMPRESS_EF");
+        DT_CHECK(dt_ef_parse("DT_COMPRESS_EF", v && *v ? v : "auto", ef));
+    }
+    return DT_OK;
+}
+
 size_t dt_codec_k(const dt_codec_spec *s, size_t n) {
     if (n == 0)
         return 0;

@@ -101,6 +101,34 @@ static void test_parse(void) {
     ASSERT_EQ(dt_codec_k(&s, 10), 10);
 }
 
+static void test_env_knobs(void) {
+    dt_codec_spec s;
+    dt_ef_mode ef;
+    unsetenv("DT_COMPRESS");
+    unsetenv("DT_COMPRESS_EF");
+    ASSERT_OK(dt_compress_env(&s, &ef));
+    ASSERT_EQ(s.kind, DT_CODEC_NONE);
+    ASSERT_EQ(ef, DT_EF_DEFAULT);
+    setenv("DT_COMPRESS", "powersgd:4", 1);
+    setenv("DT_COMPRESS_EF", "off", 1);
+    ASSERT_OK(dt_compress_env(&s, &ef));
+    ASSERT_EQ(s.kind, DT_CODEC_POWERSGD);
+    ASSERT_EQ(s.rank, 4);
+    ASSERT_EQ(ef, DT_EF_OFF);
+    setenv("DT_COMPRESS_EF", "sometimes", 1);
+    ASSERT_STATUS(dt_compress_env(NULL, &ef), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "DT_COMPRESS_EF: \"sometimes\"");
+    setenv("DT_COMPRESS", "topk:2.0", 1);
+    ASSERT_STATUS(dt_compress_env(&s, NULL), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "DT_COMPRESS");
+    ASSERT_OK(dt_ef_parse("--compress-ef", "on", &ef));
+    ASSERT_EQ(ef, DT_EF_ON);
+    ASSERT_OK(dt_ef_parse("--compress-ef", "auto", &ef));
+    ASSERT_EQ(ef, DT_EF_DEFAULT);
+    unsetenv("DT_COMPRESS");
+    unsetenv("DT_COMPRESS_EF");
+}
+
 static void test_info(void) {
     ASSERT_TRUE(dt_codec_get_info(DT_CODEC_SIGN)->ef_default);
     ASSERT_TRUE(dt_codec_get_info(DT_CODEC_TOPK)->ef_default);
@@ -1050,6 +1078,7 @@ static void test_decode_add(void) {
 
 int main(void) {
     RUN(test_parse);
+    RUN(test_env_knobs);
     RUN(test_info);
     RUN(test_sizes);
     RUN(test_empty_and_tiny);
