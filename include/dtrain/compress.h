@@ -197,6 +197,15 @@ dt_status dt_compressor_set_residual(dt_compressor *c, const void *buf, size_t l
 /* Read-only view of the residual (NULL without error feedback). */
 const float *dt_compressor_residual(const dt_compressor *c);
 
+/* Everything a checkpoint needs to resume bit for bit: the residual (n
+ * fp32, with error feedback) followed by PowerSGD's warm-start Q (cols x
+ * rank fp32, when the tensor is compressed). Raw little-endian bytes;
+ * set_state requires exactly state_bytes and finite values, and refuses to
+ * run in the middle of a staged PowerSGD step. */
+size_t dt_compressor_state_bytes(const dt_compressor *c);
+dt_status dt_compressor_get_state(const dt_compressor *c, void *buf, size_t len);
+dt_status dt_compressor_set_state(dt_compressor *c, const void *buf, size_t len);
+
 /* ------------------------------------------------------------------------ */
 /* PowerSGD in stages, for data-parallel use                                */
 /* ------------------------------------------------------------------------ */

@@ -542,3 +542,43 @@ dt_status dt_compressor_set_residual(dt_compressor *c, const void *buf, size_t l
         memcpy(c->residual, buf, need);
     return DT_OK;
 }
+
+static size_t q_floats(const dt_compressor *c) { return c->cols * (size_t)c->prank; }
+
+size_t dt_compressor_state_bytes(const dt_compressor *c) {
+    return dt_compressor_residual_bytes(c) + q_floats(c) * sizeof(float);
+}
+
+dt_status dt_compressor_get_state(const dt_compressor *c, void *buf, size_t len) {
+    size_t need = dt_compressor_state_bytes(c), rb = dt_compressor_residual_bytes(c);
+    if (len < need)
+        return dt_error_set(DT_ERR_INVALID, "compressor state: buffer of %zu bytes, need %zu", len,
+                            need);
+    if (rb)
+        memcpy(buf, c->residual, rb);
+    if (q_floats(c))
+        memcpy((uint8_t *)buf + rb, c->Q, q_floats(c) * sizeof(float));
+    return DT_OK;
+}
+
+dt_status dt_compressor_set_state(dt_compressor *c, const void *buf, size_t len) {
+    size_t need = dt_compressor_state_bytes(c), rb = dt_compressor_residual_bytes(c);
+    if (len != need)
+        return dt_error_set(DT_ERR_INVALID,
+                            "compressor state: %zu bytes given, this %s compressor of %zu values "
+                            "has %zu",
+                            len, c->ops->info.name, c->n, need);
+    if (c->stage != 0)
+        return dt_error_set(DT_ERR_INVALID,
+                            "compressor state: cannot restore during a staged PowerSGD step");
+    for (size_t i = 0; i < need / 4; i++) {
+        float v = dt__load_f32((const uint8_t *)buf + 4 * i);
+        if (!isfinite(v))
+            return dt_error_set(DT_ERR_CORRUPT, "compressor state: value %zu is %g", i, (double)v);
+    }
+    if (rb)
+        memcpy(c->residual, buf, rb);
+    if (q_floats(c))
+        memcpy(c->Q, (const uint8_t *)buf + rb, q_floats(c) * sizeof(float));
+    return DT_OK;
+}

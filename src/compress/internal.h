@@ -51,7 +51,6 @@ struct dt_compressor {
     int prank;         /* rank used, 0: sent uncompressed */
     float *P;          /* (rows, prank) or (n) when uncompressed */
     float *Q;          /* (cols, prank), warm start kept between steps */
-    bool q_ready;      /* Q holds a valid warm start */
     int stage;         /* staged API: 0 idle, 1 after begin, 2 after middle */
 };
 

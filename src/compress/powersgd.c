@@ -130,7 +130,6 @@ static dt_status psgd_encode(dt_compressor *c, const float *x, uint64_t step, ui
     product_p(c, x);
     dt__powersgd_orthonormalize(c->P, c->rows, r);
     product_q(c, x);
-    c->q_ready = true;
     memcpy(p, c->P, c->rows * r * sizeof(float));
     memcpy(p + c->rows * r * sizeof(float), c->Q, c->cols * r * sizeof(float));
     return DT_OK;
@@ -235,7 +234,6 @@ dt_status dt_powersgd_end(dt_compressor *c, float scale, float *out) {
         for (size_t i = 0; i < c->cols * r; i++)
             c->Q[i] *= scale;
         product_out(out, c->P, c->Q, c->rows, c->cols, r, 1.0f, 0.0f);
-        c->q_ready = true;
     }
     if (c->ef)
         for (size_t i = 0; i < c->n; i++)

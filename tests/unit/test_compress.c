@@ -931,6 +931,125 @@ static void test_powersgd_staged(void) {
 }
 
 /* ------------------------------------------------------------------------ */
+/* PyTorch reference (tests/reference/gen_compress_reference.py)            */
+/* ------------------------------------------------------------------------ */
+
+static void read_exact(FILE *f, void *p, size_t bytes) {
+    if (fread(p, 1, bytes, f) != bytes)
+        TEST_FAILF("compress_ref.bin: short read of %zu bytes", bytes);
+}
+
+static void test_pytorch_reference(void) {
+    const char *path = DT_TEST_DATA_DIR "/data/compress_ref.bin";
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        TEST_FAILF("cannot open %s", path);
+    char magic[8];
+    read_exact(f, magic, 8);
+    ASSERT_TRUE(memcmp(magic, "DTCZREF1", 8) == 0);
+    uint32_t n;
+    read_exact(f, &n, 4);
+    ASSERT_EQ(n, 8192);
+    float *x = falloc(n);
+    uint16_t *t16 = malloc(2 * n), *tbf = malloc(2 * n);
+    uint8_t *ours = malloc(2 * n);
+    read_exact(f, x, 4 * n);
+    read_exact(f, t16, 2 * n);
+    read_exact(f, tbf, 2 * n);
+    for (int simd = 0; simd < 2; simd++) {
+        dt__f32_to_f16(ours, x, n, simd);
+        for (size_t i = 0; i < n; i++) {
+            uint16_t h;
+            memcpy(&h, ours + 2 * i, 2);
+            if (h != t16[i])
+                TEST_FAILF("fp16(%a) [%zu, simd %d]: 0x%04x, torch 0x%04x", (double)x[i], i, simd,
+                           h, t16[i]);
+        }
+    }
+    dt__f32_to_bf16(ours, x, n);
+    for (size_t i = 0; i < n; i++) {
+        uint16_t h;
+        memcpy(&h, ours + 2 * i, 2);
+        if (h != tbf[i])
+            TEST_FAILF("bf16(%a) [%zu]: 0x%04x, torch 0x%04x", (double)x[i], i, h, tbf[i]);
+    }
+
+    uint32_t shape[3];
+    read_exact(f, shape, sizeof shape);
+    size_t rows = shape[0], cols = shape[1], r = shape[2], mn = rows * cols;
+    float *q0 = falloc(cols * r), *m1 = falloc(mn), *o1 = falloc(mn), *m2 = falloc(mn),
+          *o2 = falloc(mn), *y = falloc(mn);
+    read_exact(f, q0, 4 * cols * r);
+    read_exact(f, m1, 4 * mn);
+    read_exact(f, o1, 4 * mn);
+    read_exact(f, m2, 4 * mn);
+    read_exact(f, o2, 4 * mn);
+    fclose(f);
+    /* Same start Q as torch, then two steps: the second warm-starts. */
+    dt_compressor *c = psgd_new((int)r, rows, cols, DT_EF_OFF, 0);
+    ASSERT_EQ(dt_compressor_state_bytes(c), 4 * cols * r);
+    ASSERT_OK(dt_compressor_set_state(c, q0, 4 * cols * r));
+    size_t cap = dt_compressor_encoded_bytes(c), used;
+    uint8_t *buf = dt_alloc(cap);
+    const float *ms[2] = {m1, m2}, *os[2] = {o1, o2};
+    for (int s = 0; s < 2; s++) {
+        ASSERT_OK(dt_compressor_compress(c, ms[s], (uint64_t)s, buf, cap, &used));
+        ASSERT_OK(dt_codec_decode(buf, used, mn, y, DT_DECODE_SET));
+        double rel = frob_diff(y, os[s], mn) / frob(os[s], mn);
+        if (rel > 2e-5)
+            TEST_FAILF("powersgd step %d vs torch powerSGD_hook math: relative difference %.3g", s,
+                       rel);
+    }
+    dt_free(buf);
+    dt_compressor_destroy(c);
+    dt_free(q0);
+    dt_free(m1);
+    dt_free(o1);
+    dt_free(m2);
+    dt_free(o2);
+    dt_free(y);
+    dt_free(x);
+    free(t16);
+    free(tbf);
+    free(ours);
+}
+
+/* Checkpoint state: residual + warm-start Q restore a run bit for bit. */
+static void test_state_resume(void) {
+    const size_t rows = 24, cols = 20, n = rows * cols;
+    float *g = falloc(n);
+    dt_compressor *a = psgd_new(2, rows, cols, DT_EF_ON, 0),
+                  *b = psgd_new(2, rows, cols, DT_EF_ON, 0);
+    size_t cap = dt_compressor_encoded_bytes(a), used;
+    uint8_t *ba = dt_alloc(cap), *bb = dt_alloc(cap);
+    for (uint64_t t = 0; t < 3; t++) {
+        fill_int(g, n, 9, 600 + t);
+        ASSERT_OK(dt_compressor_compress(a, g, t, ba, cap, &used));
+    }
+    size_t sb = dt_compressor_state_bytes(a);
+    ASSERT_EQ(sb, 4 * n + 4 * cols * 2);
+    uint8_t *state = dt_alloc(sb);
+    ASSERT_OK(dt_compressor_get_state(a, state, sb));
+    ASSERT_OK(dt_compressor_set_state(b, state, sb));
+    for (uint64_t t = 3; t < 6; t++) {
+        fill_int(g, n, 9, 600 + t);
+        ASSERT_OK(dt_compressor_compress(a, g, t, ba, cap, &used));
+        ASSERT_OK(dt_compressor_compress(b, g, t, bb, cap, &used));
+        ASSERT_TRUE(memcmp(ba, bb, cap) == 0);
+    }
+    ASSERT_STATUS(dt_compressor_set_state(b, state, sb - 1), DT_ERR_INVALID);
+    ASSERT_OK(dt_powersgd_begin(b, g, 7));
+    ASSERT_STATUS(dt_compressor_set_state(b, state, sb), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "staged");
+    dt_free(state);
+    dt_free(ba);
+    dt_free(bb);
+    dt_compressor_destroy(a);
+    dt_compressor_destroy(b);
+    dt_free(g);
+}
+
+/* ------------------------------------------------------------------------ */
 /* Hostile buffers                                                          */
 /* ------------------------------------------------------------------------ */
 
@@ -1097,6 +1216,8 @@ int main(void) {
     RUN(test_powersgd_exact_low_rank);
     RUN(test_powersgd_warm_start_converges);
     RUN(test_powersgd_staged);
+    RUN(test_pytorch_reference);
+    RUN(test_state_resume);
     RUN(test_corrupt_rejected);
     RUN(test_forged_indices);
     RUN(test_decode_add);
