@@ -112,8 +112,9 @@ void dt__bf16_to_f32(float *out, const uint8_t *in, size_t n, dt_decode_mode mod
 /* topk selection: store (unaligned u32) the indices of the k largest |x|
  * in increasing index order; ties at the threshold go to the lowest
  * indices. keys is scratch of n u32. O(n): a radix select on the magnitude
- * bits, never a sort. */
-void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t *idx_out);
+ * bits, never a sort. `simd` false forces the scalar code (for tests). */
+void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t *idx_out,
+                     bool simd);
 
 /* PowerSGD pieces, shared by the one-shot codec and the staged API. */
 void dt__powersgd_orthonormalize(float *P, size_t rows, size_t r);

@@ -12,7 +12,9 @@
  * histograms over 10 bits each pin the exact threshold key. A final pass
  * emits every value above the threshold and, of those equal to it, the
  * lowest indices first. Three passes over the data, no sort, O(n) in the
- * worst case (quickselect is O(n) only on average).
+ * worst case (quickselect is O(n) only on average). With AVX-512F the
+ * compaction and the final pass use compress-stores; the scalar code is
+ * the fallback and gives the same indices.
  *
  * random-k keeps k indices drawn uniformly without replacement (Floyd's
  * algorithm on a bitmap: exactly k draws). The stream is rank 0's for
@@ -24,6 +26,8 @@
  * Both keep values unscaled and are biased; error feedback is on by default.
  */
 #include "internal.h"
+
+#include <immintrin.h>
 
 static bool sparse_bytes(const dt_codec_header *h, size_t *out) {
     return dt_mul_size((size_t)h->k, 8, out);
@@ -79,7 +83,97 @@ static uint32_t find_bin(const uint32_t *hist, uint32_t nbins, size_t want, size
     return 0;
 }
 
-void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t *idx_out) {
+/* Histogram of (key >> shift) & mask over keys computed by `load`. Four
+ * interleaved sub-histograms: gradients crowd into a few bins, and a single
+ * counter incremented back to back stalls on store-to-load forwarding. */
+static void histogram_x(const float *x, size_t n, uint32_t hist[2048]) {
+    uint32_t h[4][2048];
+    memset(h, 0, sizeof h);
+    size_t i = 0;
+    for (; i + 4 <= n; i += 4) {
+        h[0][mag_key(x[i]) >> 20]++;
+        h[1][mag_key(x[i + 1]) >> 20]++;
+        h[2][mag_key(x[i + 2]) >> 20]++;
+        h[3][mag_key(x[i + 3]) >> 20]++;
+    }
+    for (; i < n; i++)
+        h[0][mag_key(x[i]) >> 20]++;
+    for (size_t b = 0; b < 2048; b++)
+        hist[b] = h[0][b] + h[1][b] + h[2][b] + h[3][b];
+}
+
+/* keys[0..m) = magnitude keys of x whose top 11 bits equal b1; returns m. */
+static size_t compact_scalar(const float *x, size_t n, uint32_t b1, uint32_t *keys) {
+    size_t m = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t key = mag_key(x[i]);
+        keys[m] = key;
+        m += (key >> 20) == b1; /* branch-free compaction */
+    }
+    return m;
+}
+
+__attribute__((target("avx512f"))) static size_t compact_avx512(const float *x, size_t n,
+                                                                uint32_t b1, uint32_t *keys) {
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), bin = _mm512_set1_epi32((int)b1);
+    size_t m = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i key = _mm512_and_si512(_mm512_loadu_si512(x + i), abs_mask);
+        __mmask16 hit = _mm512_cmpeq_epi32_mask(_mm512_srli_epi32(key, 20), bin);
+        _mm512_mask_compressstoreu_epi32(keys + m, hit, key);
+        m += (size_t)__builtin_popcount(hit);
+    }
+    return m + compact_scalar(x + i, n - i, b1, keys + m);
+}
+
+/* Store the indices of keys > thresh, and of the first `want` keys ==
+ * thresh, in increasing order; returns how many. */
+static size_t emit_scalar(const float *x, size_t begin, size_t n, uint32_t thresh, size_t *ties,
+                          size_t want, uint8_t *idx_out) {
+    size_t out = 0;
+    for (size_t i = begin; i < n; i++) {
+        uint32_t key = mag_key(x[i]);
+        if (key > thresh || (key == thresh && (*ties)++ < want))
+            dt__store_u32(idx_out + 4 * out++, (uint32_t)i);
+    }
+    return out;
+}
+
+__attribute__((target("avx512f"))) static size_t
+emit_avx512(const float *x, size_t n, uint32_t thresh, size_t want, uint8_t *idx_out) {
+    const __m512i abs_mask = _mm512_set1_epi32(0x7fffffff), t = _mm512_set1_epi32((int)thresh);
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    size_t out = 0, ties = 0, i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512i key = _mm512_and_si512(_mm512_loadu_si512(x + i), abs_mask);
+        __mmask16 gt = _mm512_cmpgt_epu32_mask(key, t);
+        if (ties < want && _mm512_cmpeq_epi32_mask(key, t)) {
+            /* Ties still to take in this chunk: keep index order exact. */
+            out += emit_scalar(x, i, i + 16, thresh, &ties, want, idx_out + 4 * out);
+            continue;
+        }
+        if (gt) {
+            __m512i idx = _mm512_add_epi32(lane, _mm512_set1_epi32((int)(uint32_t)i));
+            _mm512_mask_compressstoreu_epi32(idx_out + 4 * out, gt, idx);
+            out += (size_t)__builtin_popcount(gt);
+        }
+    }
+    return out + emit_scalar(x, i, n, thresh, &ties, want, idx_out + 4 * out);
+}
+
+static bool have_avx512(void) {
+    static int have = -1;
+    int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx512f") != 0;
+        __atomic_store_n(&have, h, __ATOMIC_RELAXED);
+    }
+    return h;
+}
+
+void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t *idx_out,
+                     bool simd) {
     if (k == 0)
         return;
     if (k >= n) {
@@ -87,21 +181,15 @@ void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t
             dt__store_u32(idx_out + 4 * i, (uint32_t)i);
         return;
     }
+    simd = simd && have_avx512();
     uint32_t hist[2048];
     size_t above;
 
     /* Level 1: bits 30..20 (bit 31 is the cleared sign). */
-    memset(hist, 0, sizeof hist);
-    for (size_t i = 0; i < n; i++)
-        hist[mag_key(x[i]) >> 20]++;
+    histogram_x(x, n, hist);
     uint32_t b1 = find_bin(hist, 2048, k, &above);
     size_t want = k - above;
-    size_t m = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t key = mag_key(x[i]);
-        keys[m] = key;
-        m += (key >> 20) == b1; /* branch-free compaction */
-    }
+    size_t m = simd ? compact_avx512(x, n, b1, keys) : compact_scalar(x, n, b1, keys);
 
     /* Level 2: bits 19..10, over the candidates only. */
     memset(hist, 0, 1024 * sizeof hist[0]);
@@ -124,18 +212,15 @@ void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t
     want -= above; /* how many values equal to the threshold are kept */
     uint32_t thresh = (b1 << 20) | (b2 << 10) | b3;
 
-    size_t out = 0, ties = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t key = mag_key(x[i]);
-        if (key > thresh || (key == thresh && ties++ < want))
-            dt__store_u32(idx_out + 4 * out++, (uint32_t)i);
-    }
+    size_t ties = 0;
+    size_t out = simd ? emit_avx512(x, n, thresh, want, idx_out)
+                      : emit_scalar(x, 0, n, thresh, &ties, want, idx_out);
     DT_ASSERT(out == k);
 }
 
 static dt_status topk_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
     size_t k = (size_t)c->hdr.k;
-    dt__topk_select(x, c->n, k, c->keys, p);
+    dt__topk_select(x, c->n, k, c->keys, p, true);
     uint8_t *vals = p + 4 * k;
     for (size_t j = 0; j < k; j++)
         dt__store_f32(vals + 4 * j, x[dt__load_u32(p + 4 * j)]);
