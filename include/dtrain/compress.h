@@ -107,6 +107,12 @@ dt_status dt_codec_parse(const char *knob, const char *text, dt_codec_spec *out)
 /* Write the canonical spec string ("qsgd:4"); returns buf. */
 char *dt_codec_format(const dt_codec_spec *spec, char *buf, size_t len);
 
+/* Exact size of the encoding of n values (header included), without
+ * creating a compressor: for planning and metrics. rows, cols and
+ * min_compress matter for powersgd only (as in dt_compressor_config). */
+dt_status dt_codec_encoded_bytes(const dt_codec_spec *spec, size_t n, size_t rows, size_t cols,
+                                 size_t min_compress, size_t *out);
+
 /* Values kept by topk/randk for a tensor of n values (1 <= k <= n when n > 0). */
 size_t dt_codec_k(const dt_codec_spec *spec, size_t n);
 

@@ -385,20 +385,67 @@ static dt_status alloc_array(void *out, size_t count, size_t size, const char *w
     return DT_OK;
 }
 
+/* The header every encoding of (spec, n, shape) carries: the one place
+ * that decides k and PowerSGD's effective rank. Also checks the arguments. */
+static dt_status plan_header(const dt_codec_spec *spec, size_t n, size_t rows, size_t cols,
+                             size_t min_compress, dt_codec_header *h) {
+    DT_CHECK(validate_spec(spec));
+    const char *name = codecs[spec->kind]->info.name;
+    if (n > SIZE_MAX / 16)
+        return dt_error_set(DT_ERR_INVALID, "%s: %zu values is too many", name, n);
+    if ((spec->kind == DT_CODEC_TOPK || spec->kind == DT_CODEC_RANDK) && n > UINT32_MAX)
+        return dt_error_set(DT_ERR_INVALID,
+                            "%s indexes with u32, %zu values is too many (split the bucket)", name,
+                            n);
+    *h = (dt_codec_header){.kind = spec->kind, .count = n};
+    switch (spec->kind) {
+    case DT_CODEC_QSGD: h->bits = spec->bits; break;
+    case DT_CODEC_TOPK:
+    case DT_CODEC_RANDK: h->k = dt_codec_k(spec, n); break;
+    case DT_CODEC_POWERSGD: {
+        if (rows == 0 && cols == 0) {
+            rows = n;
+            cols = n ? 1 : 0;
+        }
+        size_t prod;
+        if (!dt_mul_size(rows, cols, &prod) || prod != n || (n > 0 && (rows == 0 || cols == 0)))
+            return dt_error_set(DT_ERR_INVALID,
+                                "powersgd: shape %zu x %zu does not hold %zu values", rows, cols,
+                                n);
+        size_t mn = rows < cols ? rows : cols;
+        size_t r = (size_t)spec->rank < mn ? (size_t)spec->rank : mn;
+        /* Low rank only pays when P and Q are smaller than the matrix, and
+         * rank >= min(rows, cols) would be an exact but larger encoding. */
+        if (r >= mn || n < min_compress || (rows + cols) * r >= n)
+            r = 0;
+        h->k = n ? rows : 0;
+        h->rank = r;
+        break;
+    }
+    default: break;
+    }
+    DT_ASSERT(header_check(h) == DT_OK);
+    return DT_OK;
+}
+
+dt_status dt_codec_encoded_bytes(const dt_codec_spec *spec, size_t n, size_t rows, size_t cols,
+                                 size_t min_compress, size_t *out) {
+    dt_codec_header h;
+    DT_CHECK(plan_header(spec, n, rows, cols, min_compress, &h));
+    size_t payload;
+    DT_ASSERT(codecs[h.kind]->payload_bytes(&h, &payload));
+    *out = DT_COMPRESS_HEADER_BYTES + payload;
+    return DT_OK;
+}
+
 dt_status dt_compressor_create(dt_compressor **out, const dt_codec_spec *spec, size_t n,
                                const dt_compressor_config *cfg_in) {
     dt_compressor_config cfg = cfg_in ? *cfg_in : dt_compressor_config_default();
-    DT_CHECK(validate_spec(spec));
     if (cfg.rank >= (1u << 20))
         return dt_error_set(DT_ERR_INVALID, "compressor: rank %u is not below 2^20", cfg.rank);
-    if (n > SIZE_MAX / 16)
-        return dt_error_set(DT_ERR_INVALID, "compressor: %zu values is too many", n);
+    dt_codec_header hdr;
+    DT_CHECK(plan_header(spec, n, cfg.rows, cfg.cols, cfg.min_compress, &hdr));
     const dt__codec_ops *ops = codecs[spec->kind];
-    if ((spec->kind == DT_CODEC_TOPK || spec->kind == DT_CODEC_RANDK) && n > UINT32_MAX)
-        return dt_error_set(DT_ERR_INVALID,
-                            "compressor: %s indexes with u32, %zu values is too many (split the "
-                            "bucket)",
-                            ops->info.name, n);
     dt_status st = DT_OK;
     dt_compressor *c = dt_calloc(1, sizeof *c);
     if (!c)
@@ -408,40 +455,12 @@ dt_status dt_compressor_create(dt_compressor **out, const dt_codec_spec *spec, s
     c->n = n;
     c->cfg = cfg;
     c->ef = cfg.ef == DT_EF_ON || (cfg.ef == DT_EF_DEFAULT && ops->info.ef_default);
-    c->hdr = (dt_codec_header){.kind = spec->kind, .count = n};
-    switch (spec->kind) {
-    case DT_CODEC_QSGD: c->hdr.bits = spec->bits; break;
-    case DT_CODEC_TOPK:
-    case DT_CODEC_RANDK: c->hdr.k = dt_codec_k(spec, n); break;
-    case DT_CODEC_POWERSGD: {
-        size_t rows = cfg.rows, cols = cfg.cols;
-        if (rows == 0 && cols == 0) {
-            rows = n;
-            cols = n ? 1 : 0;
-        }
-        size_t prod;
-        if (!dt_mul_size(rows, cols, &prod) || prod != n || (n > 0 && (rows == 0 || cols == 0))) {
-            st = dt_error_set(DT_ERR_INVALID,
-                              "compressor: powersgd shape %zu x %zu does not hold %zu values", rows,
-                              cols, n);
-            goto fail;
-        }
-        size_t mn = rows < cols ? rows : cols;
-        size_t r = (size_t)spec->rank < mn ? (size_t)spec->rank : mn;
-        /* Low rank only pays when P and Q are smaller than the matrix, and
-         * rank >= min(rows, cols) would be an exact but larger encoding. */
-        if (r >= mn || n < cfg.min_compress || (rows + cols) * r >= n)
-            r = 0;
-        c->rows = rows;
-        c->cols = cols;
-        c->prank = (int)r;
-        c->hdr.k = n ? rows : 0;
-        c->hdr.rank = r;
-        break;
+    c->hdr = hdr;
+    if (spec->kind == DT_CODEC_POWERSGD) {
+        c->rows = hdr.k ? (size_t)hdr.k : 0;
+        c->cols = hdr.k ? n / (size_t)hdr.k : 0;
+        c->prank = (int)hdr.rank;
     }
-    default: break;
-    }
-    DT_ASSERT(header_check(&c->hdr) == DT_OK);
     size_t payload;
     DT_ASSERT(ops->payload_bytes(&c->hdr, &payload));
     c->encoded_bytes = DT_COMPRESS_HEADER_BYTES + payload;

@@ -153,9 +153,12 @@ static void test_sizes(void) {
     float *x = falloc(n), *y = falloc(n);
     fill_normal(x, n, 1.0f, 1);
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
-        size_t used = roundtrip(cases[i].spec, x, n, y, DT_EF_DEFAULT, 0);
+        size_t used = roundtrip(cases[i].spec, x, n, y, DT_EF_DEFAULT, 0), planned = 0;
         if (used != cases[i].bytes)
             TEST_FAILF("%s: %zu bytes, expected %zu", cases[i].spec, used, cases[i].bytes);
+        dt_codec_spec sp = spec_of(cases[i].spec);
+        ASSERT_OK(dt_codec_encoded_bytes(&sp, n, 0, 0, 0, &planned));
+        ASSERT_EQ(planned, used);
     }
     /* PowerSGD: 40 x 25 at rank 2 sends 2 * (40 + 25) floats. */
     dt_codec_spec spec = spec_of("powersgd:2");
@@ -166,6 +169,11 @@ static void test_sizes(void) {
     ASSERT_OK(dt_compressor_create(&c, &spec, n, &cfg));
     ASSERT_EQ(dt_compressor_encoded_bytes(c), H + 4 * 2 * 65);
     ASSERT_EQ(dt_powersgd_rank(c), 2);
+    size_t planned = 0;
+    ASSERT_OK(dt_codec_encoded_bytes(&spec, n, 40, 25, 0, &planned));
+    ASSERT_EQ(planned, H + 4 * 2 * 65);
+    ASSERT_OK(dt_codec_encoded_bytes(&spec, n, 40, 25, 1001, &planned)); /* below min_compress */
+    ASSERT_EQ(planned, H + 4 * n);
     dt_compressor_destroy(c);
     /* ... and a shape where low rank would not be smaller goes as fp32. */
     cfg.rows = 4;
@@ -178,6 +186,7 @@ static void test_sizes(void) {
     cfg.rows = 3;
     ASSERT_STATUS(dt_compressor_create(&c, &spec, n, &cfg), DT_ERR_INVALID);
     ASSERT_CONTAINS(dt_last_error(), "3 x 250");
+    ASSERT_STATUS(dt_codec_encoded_bytes(&spec, n, 3, 250, 0, &planned), DT_ERR_INVALID);
     dt_free(x);
     dt_free(y);
 }
