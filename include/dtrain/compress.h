@@ -239,6 +239,54 @@ dt_status dt_powersgd_begin(dt_compressor *c, const float *grad, uint64_t step);
 dt_status dt_powersgd_middle(dt_compressor *c);
 dt_status dt_powersgd_end(dt_compressor *c, float scale, float *out);
 
+/* ------------------------------------------------------------------------ */
+/* PowerSGD over a bucket of tensors                                        */
+/* ------------------------------------------------------------------------ */
+/*
+ * A data-parallel bucket holds several tensors. dt_powersgd_bucket runs the
+ * same three stages over all of them at once, so that a step costs two
+ * allreduces per bucket whatever the number of tensors (as PyTorch's hook
+ * batches them):
+ *
+ *   dt_powersgd_bucket_begin(b, grad, step)  P buffer = [P of every matrix |
+ *                                              every value sent uncompressed]
+ *     ... allreduce the P buffer (sum) ...
+ *   dt_powersgd_bucket_middle(b)             orthonormalise each P; each Q = M^T P
+ *     ... allreduce the Q buffer (sum) ...
+ *   dt_powersgd_bucket_end(b, s, out)        Q *= s (kept as warm start);
+ *                                            out = P Q^T per matrix, s * values
+ *                                            otherwise; residual = M - out
+ *
+ * Tensors are (offset, rows, cols) views of the bucket; they must lie in
+ * [0, n) without overlapping. A tensor goes uncompressed when rank r would
+ * not make it smaller (r >= min(rows, cols), r (rows + cols) >= rows cols,
+ * or fewer than cfg->min_compress values); so do values not covered by any
+ * tensor. cfg->rows/cols are ignored; cfg->ef defaults to on.
+ */
+typedef struct dt_powersgd_tensor {
+    size_t offset;     /* first value of the tensor in the bucket */
+    size_t rows, cols; /* row-major shape; a vector is rows x 1 */
+} dt_powersgd_tensor;
+
+typedef struct dt_powersgd_bucket dt_powersgd_bucket;
+
+dt_status dt_powersgd_bucket_create(dt_powersgd_bucket **out, int rank, size_t n,
+                                    const dt_powersgd_tensor *tensors, size_t ntensors,
+                                    const dt_compressor_config *cfg);
+void dt_powersgd_bucket_destroy(dt_powersgd_bucket *b);
+/* The two buffers to allreduce, owned by the bucket: *count floats each. */
+float *dt_powersgd_bucket_p(dt_powersgd_bucket *b, size_t *count);
+float *dt_powersgd_bucket_q(dt_powersgd_bucket *b, size_t *count);
+/* Tensors compressed (the others go in the P buffer as plain values). */
+size_t dt_powersgd_bucket_compressed(const dt_powersgd_bucket *b);
+dt_status dt_powersgd_bucket_begin(dt_powersgd_bucket *b, const float *grad, uint64_t step);
+dt_status dt_powersgd_bucket_middle(dt_powersgd_bucket *b);
+dt_status dt_powersgd_bucket_end(dt_powersgd_bucket *b, float scale, float *out);
+/* Checkpoint state: residual (n fp32, with error feedback), then every Q. */
+size_t dt_powersgd_bucket_state_bytes(const dt_powersgd_bucket *b);
+dt_status dt_powersgd_bucket_get_state(const dt_powersgd_bucket *b, void *buf, size_t len);
+dt_status dt_powersgd_bucket_set_state(dt_powersgd_bucket *b, const void *buf, size_t len);
+
 #ifdef __cplusplus
 }
 #endif

@@ -33,6 +33,7 @@
 
 #include <cblas.h>
 #include <math.h>
+#include <stdlib.h>
 
 static bool psgd_bytes(const dt_codec_header *h, size_t *out) {
     size_t n = (size_t)h->count;
@@ -73,37 +74,49 @@ void dt__powersgd_orthonormalize(float *P, size_t rows, size_t r) {
     }
 }
 
-/* Redraw every all-zero column of Q (cols, r) from the shared stream. */
-static void q_refresh(dt_compressor *c, uint64_t step) {
-    size_t r = (size_t)c->prank, cols = c->cols;
+/* Redraw every all-zero column of Q (cols, r) from rank 0's stream of
+ * (seed, step, bucket). `pos` separates the tensors of one bucket: column j
+ * starts at output (bucket << 40) + pos + 2 j cols (a normal takes two). */
+static void q_refresh_raw(float *Q, size_t cols, size_t r, uint64_t seed, uint64_t step,
+                          uint32_t bucket, uint64_t pos) {
     for (size_t j = 0; j < r; j++) {
         bool zero = true;
         for (size_t i = 0; i < cols && zero; i++)
-            zero = c->Q[i * r + j] == 0.0f;
+            zero = Q[i * r + j] == 0.0f;
         if (!zero)
             continue;
         dt_rng rng;
-        dt__compress_rng(&rng, c->cfg.seed, 0, step, c->cfg.bucket);
-        /* Column j starts at its own offset in the bucket's range; each
-         * normal draws two 32-bit outputs. */
-        dt_rng_seek(&rng, ((uint64_t)c->cfg.bucket << 40) + (uint64_t)j * cols * 2);
+        dt__compress_rng(&rng, seed, 0, step, bucket);
+        dt_rng_seek(&rng, ((uint64_t)bucket << 40) + pos + (uint64_t)j * cols * 2);
         for (size_t i = 0; i < cols; i++)
-            c->Q[i * r + j] = dt_rng_normal(&rng);
+            Q[i * r + j] = dt_rng_normal(&rng);
     }
 }
 
-/* P = M Q */
-static void product_p(dt_compressor *c, const float *M) {
-    int rows = (int)c->rows, cols = (int)c->cols, r = c->prank;
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, rows, r, cols, 1.0f, M, cols, c->Q, r,
-                0.0f, c->P, r);
+/* P = M Q;  M (rows, cols), Q (cols, r), P (rows, r) */
+static void product_p_raw(float *P, const float *M, const float *Q, size_t rows, size_t cols,
+                          size_t r) {
+    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, (int)rows, (int)r, (int)cols, 1.0f, M,
+                (int)cols, Q, (int)r, 0.0f, P, (int)r);
 }
 
 /* Q = M^T P */
+static void product_q_raw(float *Q, const float *M, const float *P, size_t rows, size_t cols,
+                          size_t r) {
+    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, (int)cols, (int)r, (int)rows, 1.0f, M,
+                (int)cols, P, (int)r, 0.0f, Q, (int)r);
+}
+
+static void q_refresh(dt_compressor *c, uint64_t step) {
+    q_refresh_raw(c->Q, c->cols, (size_t)c->prank, c->cfg.seed, step, c->cfg.bucket, 0);
+}
+
+static void product_p(dt_compressor *c, const float *M) {
+    product_p_raw(c->P, M, c->Q, c->rows, c->cols, (size_t)c->prank);
+}
+
 static void product_q(dt_compressor *c, const float *M) {
-    int rows = (int)c->rows, cols = (int)c->cols, r = c->prank;
-    cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, cols, r, rows, 1.0f, M, cols, c->P, r,
-                0.0f, c->Q, r);
+    product_q_raw(c->Q, M, c->P, c->rows, c->cols, (size_t)c->prank);
 }
 
 /* out = scale P Q^T (+ out when beta = 1) */
@@ -239,5 +252,263 @@ dt_status dt_powersgd_end(dt_compressor *c, float scale, float *out) {
         for (size_t i = 0; i < c->n; i++)
             c->residual[i] = c->work[i] - out[i];
     c->stage = 0;
+    return DT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Bucket of tensors                                                        */
+/* ------------------------------------------------------------------------ */
+
+typedef struct psgd_part {
+    size_t offset, rows, cols, r; /* a compressed matrix of the bucket */
+    size_t p_at, q_at;            /* where its P and Q start in the shared buffers */
+} psgd_part;
+
+typedef struct raw_seg {
+    size_t offset, len; /* values of the bucket sent as they are */
+    size_t at;          /* where they sit in the P buffer */
+} raw_seg;
+
+struct dt_powersgd_bucket {
+    size_t n; /* values in the bucket */
+    dt_compressor_config cfg;
+    bool ef;          /* error feedback on */
+    int stage;        /* 0 idle, 1 after begin, 2 after middle */
+    psgd_part *parts; /* compressed matrices, by offset */
+    size_t nparts;
+    raw_seg *segs; /* uncompressed ranges, by offset */
+    size_t nsegs;
+    size_t np, nq;   /* P buffer (all P, then raw values) and Q buffer sizes */
+    float *P, *Q;    /* (np), (nq) */
+    float *work;     /* (n) grad + residual */
+    float *residual; /* (n) or NULL */
+};
+
+void dt_powersgd_bucket_destroy(dt_powersgd_bucket *b) {
+    if (!b)
+        return;
+    free(b->parts);
+    free(b->segs);
+    dt_free(b->P);
+    dt_free(b->Q);
+    dt_free(b->work);
+    dt_free(b->residual);
+    free(b);
+}
+
+static int cmp_tensor_offset(const void *a, const void *b) {
+    const dt_powersgd_tensor *x = a, *y = b;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static void add_seg(dt_powersgd_bucket *b, size_t offset, size_t len, size_t *raw) {
+    if (len == 0)
+        return;
+    raw_seg *last = b->nsegs ? &b->segs[b->nsegs - 1] : NULL;
+    if (last && last->offset + last->len == offset) {
+        last->len += len; /* merge neighbours: one copy instead of two */
+    } else {
+        b->segs[b->nsegs++] = (raw_seg){.offset = offset, .len = len, .at = *raw};
+    }
+    *raw += len;
+}
+
+dt_status dt_powersgd_bucket_create(dt_powersgd_bucket **out, int rank, size_t n,
+                                    const dt_powersgd_tensor *tensors, size_t ntensors,
+                                    const dt_compressor_config *cfg_in) {
+    dt_compressor_config cfg = cfg_in ? *cfg_in : dt_compressor_config_default();
+    if (rank < 1 || rank > DT_COMPRESS_MAX_RANK)
+        return dt_error_set(DT_ERR_INVALID, "powersgd bucket: rank %d is not in 1..%d", rank,
+                            DT_COMPRESS_MAX_RANK);
+    if (ntensors > 0 && !tensors)
+        return dt_error_set(DT_ERR_INVALID, "powersgd bucket: tensors is NULL");
+    dt_status st = DT_OK;
+    dt_powersgd_tensor *t = NULL;
+    dt_powersgd_bucket *b = calloc(1, sizeof *b);
+    if (!b)
+        return dt_error_set(DT_ERR_NOMEM, "powersgd bucket: out of memory");
+    b->n = n;
+    b->cfg = cfg;
+    b->ef = cfg.ef != DT_EF_OFF;
+    t = malloc((ntensors ? ntensors : 1) * sizeof *t);
+    b->parts = calloc(ntensors ? ntensors : 1, sizeof *b->parts);
+    b->segs = calloc(2 * ntensors + 1, sizeof *b->segs);
+    if (!t || !b->parts || !b->segs) {
+        st = dt_error_set(DT_ERR_NOMEM, "powersgd bucket: out of memory for %zu tensors", ntensors);
+        goto fail;
+    }
+    if (ntensors)
+        memcpy(t, tensors, ntensors * sizeof *t);
+    qsort(t, ntensors, sizeof *t, cmp_tensor_offset);
+    size_t pos = 0, pmat = 0, raw = 0;
+    for (size_t i = 0; i < ntensors; i++) {
+        size_t size;
+        if (!dt_mul_size(t[i].rows, t[i].cols, &size) || t[i].offset < pos || t[i].offset > n ||
+            size > n - t[i].offset) {
+            st = dt_error_set(DT_ERR_INVALID,
+                              "powersgd bucket: tensor at %zu (%zu x %zu) overlaps another or "
+                              "leaves the bucket of %zu values",
+                              t[i].offset, t[i].rows, t[i].cols, n);
+            goto fail;
+        }
+        size_t mn = t[i].rows < t[i].cols ? t[i].rows : t[i].cols;
+        size_t r = (size_t)rank < mn ? (size_t)rank : mn;
+        if (r >= mn || size < cfg.min_compress || (t[i].rows + t[i].cols) * r >= size)
+            r = 0;
+        if (r && (t[i].rows > INT32_MAX || t[i].cols > INT32_MAX)) {
+            st = dt_error_set(DT_ERR_UNSUPPORTED, "powersgd: %zu x %zu exceeds BLAS int sizes",
+                              t[i].rows, t[i].cols);
+            goto fail;
+        }
+        add_seg(b, pos, t[i].offset - pos, &raw); /* the gap before it */
+        if (r) {
+            b->parts[b->nparts++] = (psgd_part){.offset = t[i].offset,
+                                                .rows = t[i].rows,
+                                                .cols = t[i].cols,
+                                                .r = r,
+                                                .p_at = pmat,
+                                                .q_at = b->nq};
+            pmat += t[i].rows * r;
+            b->nq += t[i].cols * r;
+        } else {
+            add_seg(b, t[i].offset, size, &raw);
+        }
+        pos = t[i].offset + size;
+    }
+    add_seg(b, pos, n - pos, &raw);
+    for (size_t i = 0; i < b->nsegs; i++)
+        b->segs[i].at += pmat; /* raw values follow the matrices' P */
+    b->np = pmat + raw;
+    b->P = dt_calloc(b->np + 1, sizeof(float));
+    b->Q = dt_calloc(b->nq + 1, sizeof(float));
+    b->work = dt_calloc(n + 1, sizeof(float));
+    b->residual = b->ef ? dt_calloc(n + 1, sizeof(float)) : NULL;
+    if (!b->P || !b->Q || !b->work || (b->ef && !b->residual)) {
+        st = dt_error_set(DT_ERR_NOMEM, "powersgd bucket: cannot allocate buffers for %zu values",
+                          n);
+        goto fail;
+    }
+    free(t);
+    *out = b;
+    return DT_OK;
+fail:
+    free(t);
+    dt_powersgd_bucket_destroy(b);
+    return st;
+}
+
+float *dt_powersgd_bucket_p(dt_powersgd_bucket *b, size_t *count) {
+    *count = b->np;
+    return b->P;
+}
+
+float *dt_powersgd_bucket_q(dt_powersgd_bucket *b, size_t *count) {
+    *count = b->nq;
+    return b->Q;
+}
+
+size_t dt_powersgd_bucket_compressed(const dt_powersgd_bucket *b) { return b->nparts; }
+
+static dt_status bucket_stage(const dt_powersgd_bucket *b, int stage, const char *fn) {
+    if (b->stage != stage)
+        return dt_error_set(DT_ERR_INVALID, "%s: called at stage %d, expected %d", fn, b->stage,
+                            stage);
+    return DT_OK;
+}
+
+dt_status dt_powersgd_bucket_begin(dt_powersgd_bucket *b, const float *grad, uint64_t step) {
+    DT_CHECK(bucket_stage(b, 0, "dt_powersgd_bucket_begin"));
+    if (step >= (1ull << 36))
+        return dt_error_set(DT_ERR_INVALID, "dt_powersgd_bucket_begin: step %llu >= 2^36",
+                            (unsigned long long)step);
+    float *restrict work = b->work;
+    const float *restrict res = b->residual;
+    size_t n = b->n;
+    if (res)
+        for (size_t i = 0; i < n; i++)
+            work[i] = grad[i] + res[i];
+    else
+        memcpy(work, grad, n * sizeof(float));
+    for (size_t i = 0; i < b->nparts; i++) {
+        const psgd_part *t = &b->parts[i];
+        float *Q = b->Q + t->q_at;
+        q_refresh_raw(Q, t->cols, t->r, b->cfg.seed, step, b->cfg.bucket, 2 * t->q_at);
+        product_p_raw(b->P + t->p_at, work + t->offset, Q, t->rows, t->cols, t->r);
+    }
+    for (size_t i = 0; i < b->nsegs; i++)
+        memcpy(b->P + b->segs[i].at, work + b->segs[i].offset, b->segs[i].len * sizeof(float));
+    b->stage = 1;
+    return DT_OK;
+}
+
+dt_status dt_powersgd_bucket_middle(dt_powersgd_bucket *b) {
+    DT_CHECK(bucket_stage(b, 1, "dt_powersgd_bucket_middle"));
+    for (size_t i = 0; i < b->nparts; i++) {
+        const psgd_part *t = &b->parts[i];
+        dt__powersgd_orthonormalize(b->P + t->p_at, t->rows, t->r);
+        product_q_raw(b->Q + t->q_at, b->work + t->offset, b->P + t->p_at, t->rows, t->cols, t->r);
+    }
+    b->stage = 2;
+    return DT_OK;
+}
+
+dt_status dt_powersgd_bucket_end(dt_powersgd_bucket *b, float scale, float *out) {
+    DT_CHECK(bucket_stage(b, 2, "dt_powersgd_bucket_end"));
+    for (size_t i = 0; i < b->nq; i++)
+        b->Q[i] *= scale;
+    for (size_t i = 0; i < b->nparts; i++) {
+        const psgd_part *t = &b->parts[i];
+        product_out(out + t->offset, b->P + t->p_at, b->Q + t->q_at, t->rows, t->cols, t->r, 1.0f,
+                    0.0f);
+    }
+    for (size_t i = 0; i < b->nsegs; i++) {
+        const float *restrict src = b->P + b->segs[i].at;
+        float *restrict dst = out + b->segs[i].offset;
+        for (size_t j = 0; j < b->segs[i].len; j++)
+            dst[j] = scale * src[j];
+    }
+    if (b->residual) {
+        float *restrict res = b->residual;
+        const float *restrict work = b->work;
+        for (size_t i = 0; i < b->n; i++)
+            res[i] = work[i] - out[i];
+    }
+    b->stage = 0;
+    return DT_OK;
+}
+
+size_t dt_powersgd_bucket_state_bytes(const dt_powersgd_bucket *b) {
+    return ((b->residual ? b->n : 0) + b->nq) * sizeof(float);
+}
+
+dt_status dt_powersgd_bucket_get_state(const dt_powersgd_bucket *b, void *buf, size_t len) {
+    size_t need = dt_powersgd_bucket_state_bytes(b), rb = b->residual ? b->n * sizeof(float) : 0;
+    if (len < need)
+        return dt_error_set(DT_ERR_INVALID, "powersgd bucket state: buffer of %zu bytes, need %zu",
+                            len, need);
+    if (rb)
+        memcpy(buf, b->residual, rb);
+    memcpy((uint8_t *)buf + rb, b->Q, b->nq * sizeof(float));
+    return DT_OK;
+}
+
+dt_status dt_powersgd_bucket_set_state(dt_powersgd_bucket *b, const void *buf, size_t len) {
+    size_t need = dt_powersgd_bucket_state_bytes(b), rb = b->residual ? b->n * sizeof(float) : 0;
+    if (len != need)
+        return dt_error_set(DT_ERR_INVALID,
+                            "powersgd bucket state: %zu bytes given, this bucket has %zu", len,
+                            need);
+    if (b->stage != 0)
+        return dt_error_set(DT_ERR_INVALID,
+                            "powersgd bucket state: cannot restore during a staged step");
+    for (size_t i = 0; i < need / 4; i++) {
+        float v = dt__load_f32((const uint8_t *)buf + 4 * i);
+        if (!isfinite(v))
+            return dt_error_set(DT_ERR_CORRUPT, "powersgd bucket state: value %zu is %g", i,
+                                (double)v);
+    }
+    if (rb)
+        memcpy(b->residual, buf, rb);
+    memcpy(b->Q, (const uint8_t *)buf + rb, b->nq * sizeof(float));
     return DT_OK;
 }

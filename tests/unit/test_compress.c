@@ -941,6 +941,102 @@ static void test_powersgd_staged(void) {
     dt_free(ref);
 }
 
+/* A bucket of three tensors and two uncovered gaps, reduced over three
+ * simulated ranks: matrices of rank <= r come back exactly (averaged), the
+ * vector and the gaps are plain averages, every rank gets the same result,
+ * and residual + output == gradient on each rank. */
+static void test_powersgd_bucket(void) {
+    const size_t W = 3, r = 3, n = 5 + 32 * 24 + 24 + 16 * 40 + 10;
+    const dt_powersgd_tensor t[] = {
+        {.offset = 5 + 32 * 24 + 24, .rows = 16, .cols = 40}, /* given out of order */
+        {.offset = 5, .rows = 32, .cols = 24},
+        {.offset = 5 + 32 * 24, .rows = 24, .cols = 1}, /* a bias: uncompressed */
+    };
+    dt_powersgd_bucket *b[3];
+    float *g[3], *out[3], *avg = falloc(n);
+    memset(avg, 0, n * sizeof(float));
+    dt_compressor_config cfg = dt_compressor_config_default();
+    cfg.seed = 5;
+    for (size_t w = 0; w < W; w++) {
+        cfg.rank = (uint32_t)w;
+        ASSERT_OK(dt_powersgd_bucket_create(&b[w], (int)r, n, t, 3, &cfg));
+        g[w] = falloc(n);
+        out[w] = falloc(n);
+        fill_int(g[w], n, 4, 700 + w);
+        low_rank(g[w] + 5, 32, 24, 1, 710 + w); /* sum of three: rank <= 3 */
+        low_rank(g[w] + 5 + 32 * 24 + 24, 16, 40, 1, 720 + w);
+        for (size_t i = 0; i < n; i++)
+            avg[i] += g[w][i] / (float)W;
+    }
+    ASSERT_EQ(dt_powersgd_bucket_compressed(b[0]), 2);
+    size_t np, nq;
+    dt_powersgd_bucket_p(b[0], &np);
+    dt_powersgd_bucket_q(b[0], &nq);
+    ASSERT_EQ(np, (32 + 16) * r + 5 + 24 + 10);
+    ASSERT_EQ(nq, (24 + 40) * r);
+    float *sum = falloc(np + nq);
+    for (int pass = 0; pass < 2; pass++) {
+        for (size_t w = 0; w < W; w++) {
+            if (pass == 0)
+                ASSERT_OK(dt_powersgd_bucket_begin(b[w], g[w], 0));
+            else
+                ASSERT_OK(dt_powersgd_bucket_middle(b[w]));
+        }
+        size_t cnt = 0;
+        memset(sum, 0, (np + nq) * sizeof(float));
+        for (size_t w = 0; w < W; w++) {
+            float *buf =
+                pass == 0 ? dt_powersgd_bucket_p(b[w], &cnt) : dt_powersgd_bucket_q(b[w], &cnt);
+            for (size_t i = 0; i < cnt; i++)
+                sum[i] += buf[i];
+        }
+        for (size_t w = 0; w < W; w++) {
+            float *buf =
+                pass == 0 ? dt_powersgd_bucket_p(b[w], &cnt) : dt_powersgd_bucket_q(b[w], &cnt);
+            memcpy(buf, sum, cnt * sizeof(float));
+        }
+    }
+    for (size_t w = 0; w < W; w++)
+        ASSERT_OK(dt_powersgd_bucket_end(b[w], 1.0f / (float)W, out[w]));
+    for (size_t w = 1; w < W; w++)
+        ASSERT_TRUE(memcmp(out[0], out[w], n * sizeof(float)) == 0);
+    /* The averaged matrices have rank <= 3: reconstructed; the rest exact. */
+    for (size_t i = 0; i < n; i++)
+        ASSERT_NEAR(out[0][i], avg[i], 1e-4, 1e-4);
+    uint8_t *state = dt_alloc(dt_powersgd_bucket_state_bytes(b[0]));
+    ASSERT_EQ(dt_powersgd_bucket_state_bytes(b[0]), 4 * (n + nq));
+    ASSERT_OK(dt_powersgd_bucket_get_state(b[0], state, 4 * (n + nq)));
+    const float *res = (const float *)state;
+    for (size_t i = 0; i < n; i++)
+        ASSERT_NEAR(res[i] + out[0][i], g[0][i], 1e-5, 1e-4);
+    ASSERT_OK(dt_powersgd_bucket_set_state(b[1], state, 4 * (n + nq)));
+    ASSERT_STATUS(dt_powersgd_bucket_set_state(b[1], state, 4), DT_ERR_INVALID);
+    ASSERT_STATUS(dt_powersgd_bucket_middle(b[1]), DT_ERR_INVALID); /* out of order */
+    /* Overlapping and out-of-range tensors are refused. */
+    dt_powersgd_bucket *bad;
+    dt_powersgd_tensor overlap[] = {{.offset = 0, .rows = 10, .cols = 10},
+                                    {.offset = 99, .rows = 2, .cols = 2}};
+    ASSERT_STATUS(dt_powersgd_bucket_create(&bad, 2, 200, overlap, 2, NULL), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "tensor at 99");
+    dt_powersgd_tensor outside[] = {{.offset = 150, .rows = 10, .cols = 10}};
+    ASSERT_STATUS(dt_powersgd_bucket_create(&bad, 2, 200, outside, 1, NULL), DT_ERR_INVALID);
+    ASSERT_STATUS(dt_powersgd_bucket_create(&bad, 0, 200, NULL, 0, NULL), DT_ERR_INVALID);
+    /* No tensors at all: everything travels as plain values. */
+    ASSERT_OK(dt_powersgd_bucket_create(&bad, 2, 200, NULL, 0, NULL));
+    dt_powersgd_bucket_p(bad, &np);
+    ASSERT_EQ(np, 200);
+    dt_powersgd_bucket_destroy(bad);
+    dt_powersgd_bucket_destroy(NULL);
+    dt_free(state);
+    dt_free(sum);
+    for (size_t w = 0; w < W; w++) {
+        dt_powersgd_bucket_destroy(b[w]);
+        dt_free(g[w]);
+        dt_free(out[w]);
+    }
+    dt_free(avg);
+}
+
 /* ------------------------------------------------------------------------ */
 /* PyTorch reference (tests/reference/gen_compress_reference.py)            */
 /* ------------------------------------------------------------------------ */
@@ -1227,6 +1323,7 @@ int main(void) {
     RUN(test_powersgd_exact_low_rank);
     RUN(test_powersgd_warm_start_converges);
     RUN(test_powersgd_staged);
+    RUN(test_powersgd_bucket);
     RUN(test_pytorch_reference);
     RUN(test_state_resume);
     RUN(test_corrupt_rejected);
