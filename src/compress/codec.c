@@ -30,7 +30,9 @@
  * Error feedback: work = grad + residual; encode(work); residual = work -
  * decode(encoding). Sent plus residual therefore equals the sum of all
  * inputs up to fp32 rounding of that one subtraction (exactly, when the
- * values are small integers or dyadic).
+ * values are small integers or dyadic). top-k and random-k, which send
+ * values unchanged, get the same result in place: residual += grad, encode
+ * from it, zero what was sent.
  */
 #include "internal.h"
 
@@ -465,11 +467,12 @@ dt_status dt_compressor_create(dt_compressor **out, const dt_codec_spec *spec, s
     DT_ASSERT(ops->payload_bytes(&c->hdr, &payload));
     c->encoded_bytes = DT_COMPRESS_HEADER_BYTES + payload;
 
-    if (c->ef) {
+    bool generic_ef = c->ef && !ops->ef_sent;
+    if (c->ef)
         DT_CHECK_GOTO(alloc_array(&c->residual, n, sizeof(float), "residual"), st, fail);
+    if (generic_ef)
         DT_CHECK_GOTO(alloc_array(&c->decoded, n, sizeof(float), "decode buffer"), st, fail);
-    }
-    if (c->ef || spec->kind == DT_CODEC_POWERSGD)
+    if (generic_ef || spec->kind == DT_CODEC_POWERSGD)
         DT_CHECK_GOTO(alloc_array(&c->work, n, sizeof(float), "work buffer"), st, fail);
     if (spec->kind == DT_CODEC_TOPK)
         DT_CHECK_GOTO(alloc_array(&c->keys, n, sizeof(uint32_t), "selection keys"), st, fail);
@@ -509,14 +512,25 @@ dt_status dt_compressor_compress(dt_compressor *c, const float *grad, uint64_t s
      * would vectorise. */
     const size_t n = c->n;
     float *restrict work = c->work, *restrict res = c->residual, *restrict dec = c->decoded;
+    uint8_t *p = out;
+    header_write(p, &c->hdr);
+    if (c->ef && c->ops->ef_sent) {
+        /* Sparse codecs send values unchanged: the residual itself is the
+         * work buffer, and what was sent is zeroed afterwards. The encode
+         * cannot fail, so the residual is never left half updated. */
+        for (size_t i = 0; i < n; i++)
+            res[i] += grad[i];
+        DT_CHECK(c->ops->encode(c, res, step, p + DT_COMPRESS_HEADER_BYTES));
+        c->ops->ef_sent(&c->hdr, p + DT_COMPRESS_HEADER_BYTES, res);
+        *used = c->encoded_bytes;
+        return DT_OK;
+    }
     const float *x = grad;
     if (c->ef) {
         for (size_t i = 0; i < n; i++)
             work[i] = grad[i] + res[i];
         x = work;
     }
-    uint8_t *p = out;
-    header_write(p, &c->hdr);
     DT_CHECK(c->ops->encode(c, x, step, p + DT_COMPRESS_HEADER_BYTES));
     if (c->ef) {
         c->ops->decode(&c->hdr, p + DT_COMPRESS_HEADER_BYTES, dec, DT_DECODE_SET);

@@ -30,6 +30,11 @@ typedef struct dt__codec_ops {
     dt_status (*validate)(const dt_codec_header *h, const uint8_t *payload);
     void (*decode)(const dt_codec_header *h, const uint8_t *payload, float *out,
                    dt_decode_mode mode);
+    /* Optional, for codecs that send some values exactly and nothing of the
+     * rest (topk, randk): with error feedback, encode straight from the
+     * residual (residual += grad) and then zero what was sent. Same result
+     * as the generic work - decode(work), two passes fewer. */
+    void (*ef_sent)(const dt_codec_header *h, const uint8_t *payload, float *residual);
 } dt__codec_ops;
 
 /* The per-tensor state. Fields used by one codec only are marked. */

@@ -58,6 +58,11 @@ static void sparse_decode(const dt_codec_header *h, const uint8_t *p, float *out
         out[dt__load_u32(p + 4 * j)] += dt__load_f32(vals + 4 * j);
 }
 
+static void sparse_ef_sent(const dt_codec_header *h, const uint8_t *p, float *residual) {
+    for (size_t j = 0; j < (size_t)h->k; j++)
+        residual[dt__load_u32(p + 4 * j)] = 0.0f;
+}
+
 /* ------------------------------------------------------------------------ */
 /* top-k                                                                    */
 /* ------------------------------------------------------------------------ */
@@ -233,6 +238,7 @@ const dt__codec_ops dt__codec_topk = {
     .encode = topk_encode,
     .validate = sparse_validate,
     .decode = sparse_decode,
+    .ef_sent = sparse_ef_sent,
 };
 
 /* ------------------------------------------------------------------------ */
@@ -273,4 +279,5 @@ const dt__codec_ops dt__codec_randk = {
     .encode = randk_encode,
     .validate = sparse_validate,
     .decode = sparse_decode,
+    .ef_sent = sparse_ef_sent,
 };
