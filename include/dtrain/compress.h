@@ -35,6 +35,20 @@
  * ranks then choose the same indices / start from the same Q, which is what
  * makes random-k encodings summable and PowerSGD's allreduces meaningful.
  *
+ * Pieces
+ * ------
+ *   dt_codec_parse, dt_ef_parse,         spec strings and the --compress /
+ *   dt_compress_env                      --compress-ef knobs
+ *   dt_compressor_*                      one tensor or bucket: encode with
+ *                                        error feedback; checkpoint state
+ *   dt_codec_decode, dt_codec_peek       any encoded buffer, validated
+ *   dt_codec_encoded_bytes               exact size, for planning
+ *   dt_powersgd_begin/middle/end         PowerSGD of one matrix in stages,
+ *                                        with allreduces in between
+ *   dt_powersgd_bucket_*                 the same for every tensor of a
+ *                                        data-parallel bucket at once
+ * docs/compress.md describes each codec, its bounds and the buffer layout.
+ *
  * Example
  * -------
  *     dt_codec_spec spec;
