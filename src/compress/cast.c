@@ -115,8 +115,25 @@ __attribute__((target("avx512f"))) static size_t f16_dec_avx512(float *out, cons
     return i;
 }
 
+bool dt__compress_scalar_only = false;
+
+bool dt__have_avx512f(void) {
+    if (dt__compress_scalar_only)
+        return false;
+    static int have = -1;
+    int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
+    if (h < 0) {
+        __builtin_cpu_init();
+        h = __builtin_cpu_supports("avx512f") != 0;
+        __atomic_store_n(&have, h, __ATOMIC_RELAXED);
+    }
+    return h;
+}
+
 /* 0 scalar, 1 F16C, 2 AVX-512F; decided once. */
 static int f16_level(void) {
+    if (dt__compress_scalar_only)
+        return 0;
     static int level = -1;
     int l = __atomic_load_n(&level, __ATOMIC_RELAXED);
     if (l < 0) {

@@ -71,6 +71,11 @@ void dt__compress_rng(dt_rng *r, uint64_t seed, uint32_t rank, uint64_t step, ui
  * compiler vectorises it. pos must be a multiple of 4. */
 void dt__philox_fill(uint64_t seed, uint64_t stream, uint64_t pos, uint32_t *out, size_t count);
 
+/* True if the CPU (and OS) support AVX-512F; decided once, thread-safe. */
+bool dt__have_avx512f(void);
+/* Tests set this to run every codec through its portable scalar code. */
+extern bool dt__compress_scalar_only;
+
 /* Blocks of DT_COMPRESS_BLOCK values covering n. */
 static inline size_t dt__nblocks(size_t n) {
     return n / DT_COMPRESS_BLOCK + (n % DT_COMPRESS_BLOCK != 0);

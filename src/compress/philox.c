@@ -97,23 +97,12 @@ __attribute__((target("avx512f"))) static void philox_lanes_avx512(uint64_t firs
             out[4 * l + j] = v[j][l];
 }
 
-static bool have_avx512(void) {
-    static int have = -1;
-    int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
-    if (h < 0) {
-        __builtin_cpu_init();
-        h = __builtin_cpu_supports("avx512f") != 0;
-        __atomic_store_n(&have, h, __ATOMIC_RELAXED);
-    }
-    return h;
-}
-
 void dt__philox_fill(uint64_t seed, uint64_t stream, uint64_t pos, uint32_t *out, size_t count) {
     DT_ASSERT(pos % 4 == 0);
     uint32_t k0 = (uint32_t)seed, k1 = (uint32_t)(seed >> 32);
     uint64_t block = pos / 4;
     void (*lanes)(uint64_t, uint64_t, uint32_t, uint32_t, uint32_t *) =
-        have_avx512() ? philox_lanes_avx512 : philox_lanes;
+        dt__have_avx512f() ? philox_lanes_avx512 : philox_lanes;
     size_t i = 0;
     for (; i + 4 * LANES <= count; i += 4 * LANES, block += LANES)
         lanes(block, stream, k0, k1, out + i);

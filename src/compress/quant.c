@@ -28,6 +28,7 @@
  */
 #include "internal.h"
 
+#include <immintrin.h>
 #include <math.h>
 
 static bool bytes_scaled(const dt_codec_header *h, size_t bits_per_value, size_t *out) {
@@ -213,12 +214,16 @@ static dt_status qsgd_encode(dt_compressor *c, const float *x, uint64_t step, ui
         dt__philox_fill(c->cfg.seed, stream, base + lo, rnd, len);
         float mul = m > 0.0f ? 0.5f * levels / m : 0.0f;
         const float *restrict xb = x + lo;
+        /* Signed conversions, truncation for floor (u >= 0) and a float
+         * select keep this loop vectorised; floorf would not be (it may
+         * not raise "inexact" under the default -ftrapping-math). */
+        const int itop = (int)top;
         for (size_t i = 0; i < len; i++) {
             float u = (xb[i] + m) * mul; /* in [0, levels] */
-            float f = floorf(u);
-            float r = (float)(rnd[i] >> 8) * 0x1p-24f; /* dt_rng_uniform's mapping */
-            uint32_t level = (uint32_t)f + (r < u - f);
-            q[i] = (uint8_t)(level < top ? level : top);
+            float f = (float)(int)u;
+            float r = (float)(int32_t)(rnd[i] >> 8) * 0x1p-24f; /* dt_rng_uniform's mapping */
+            int level = (int)(f + (r < u - f ? 1.0f : 0.0f));
+            q[i] = (uint8_t)(level < itop ? level : itop);
         }
         pack_block(codes + lo / 8 * bits, q, len, bits);
     }
@@ -301,22 +306,47 @@ static dt_status sign_encode(dt_compressor *c, const float *x, uint64_t step, ui
     return DT_OK;
 }
 
+static void sign_decode_block(float *o, const uint8_t *ib, size_t len, uint32_t s,
+                              dt_decode_mode mode) {
+    for (size_t i = 0; i < len; i++) {
+        uint32_t u = s | (uint32_t)((ib[i >> 3] >> (i & 7)) & 1u) << 31;
+        float v;
+        memcpy(&v, &u, 4);
+        o[i] = mode == DT_DECODE_ADD ? o[i] + v : v;
+    }
+}
+
+/* 16 values per step: two bytes of sign bits are the blend mask. */
+__attribute__((target("avx512f"))) static void
+sign_decode_block_avx512(float *o, const uint8_t *ib, size_t len, uint32_t s, dt_decode_mode mode) {
+    float sv;
+    memcpy(&sv, &s, 4);
+    const __m512 pos = _mm512_set1_ps(sv), neg = _mm512_set1_ps(-sv);
+    size_t i = 0;
+    for (; i + 16 <= len; i += 16) {
+        uint16_t mask;
+        memcpy(&mask, ib + i / 8, 2);
+        __m512 v = _mm512_mask_blend_ps((__mmask16)mask, pos, neg);
+        if (mode == DT_DECODE_ADD)
+            v = _mm512_add_ps(v, _mm512_loadu_ps(o + i));
+        _mm512_storeu_ps(o + i, v);
+    }
+    sign_decode_block(o + i, ib + i / 8, len - i, s, mode);
+}
+
 static void sign_decode(const dt_codec_header *h, const uint8_t *p, float *out,
                         dt_decode_mode mode) {
     size_t n = (size_t)h->count, nb = dt__nblocks(n);
     const uint8_t *bitsp = p + 4 * nb;
+    bool simd = dt__have_avx512f();
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
         uint32_t s = dt__load_u32(p + 4 * b); /* the scale's bits; >= 0, so bit 31 is 0 */
-        const uint8_t *restrict ib = bitsp + lo / 8;
-        float *restrict o = out + lo;
-        for (size_t i = 0; i < len; i++) {
-            uint32_t u = s | (uint32_t)((ib[i >> 3] >> (i & 7)) & 1u) << 31;
-            float v;
-            memcpy(&v, &u, 4);
-            o[i] = mode == DT_DECODE_ADD ? o[i] + v : v;
-        }
+        if (simd)
+            sign_decode_block_avx512(out + lo, bitsp + lo / 8, len, s, mode);
+        else
+            sign_decode_block(out + lo, bitsp + lo / 8, len, s, mode);
     }
 }
 

@@ -166,17 +166,6 @@ emit_avx512(const float *x, size_t n, uint32_t thresh, size_t want, uint8_t *idx
     return out + emit_scalar(x, i, n, thresh, &ties, want, idx_out + 4 * out);
 }
 
-static bool have_avx512(void) {
-    static int have = -1;
-    int h = __atomic_load_n(&have, __ATOMIC_RELAXED);
-    if (h < 0) {
-        __builtin_cpu_init();
-        h = __builtin_cpu_supports("avx512f") != 0;
-        __atomic_store_n(&have, h, __ATOMIC_RELAXED);
-    }
-    return h;
-}
-
 void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t *idx_out,
                      bool simd) {
     if (k == 0)
@@ -186,7 +175,7 @@ void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t
             dt__store_u32(idx_out + 4 * i, (uint32_t)i);
         return;
     }
-    simd = simd && have_avx512();
+    simd = simd && dt__have_avx512f();
     uint32_t hist[2048];
     size_t above;
 

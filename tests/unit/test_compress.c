@@ -1302,6 +1302,47 @@ static void test_decode_add(void) {
     dt_free(z);
 }
 
+/* Every codec encodes and decodes to the same bytes with or without SIMD. */
+static void test_simd_scalar_identical(void) {
+    static const char *const specs[] = {"fp16", "bf16",      "int8",       "qsgd:3",
+                                        "sign", "topk:0.02", "randk:0.02", "powersgd:2"};
+    const size_t n = 40 * 103; /* a partial block, SIMD tails, a 40 x 103 matrix */
+    float *x = falloc(n), *ya = falloc(n), *yb = falloc(n);
+    fill_normal(x, n, 2.0f, 800);
+    for (size_t i = 0; i < n; i += 97)
+        x[i] = 0; /* zeros, and ties for top-k */
+    for (size_t s = 0; s < sizeof specs / sizeof specs[0]; s++) {
+        dt_codec_spec spec = spec_of(specs[s]);
+        dt_compressor_config cfg = dt_compressor_config_default();
+        cfg.ef = DT_EF_OFF;
+        cfg.rows = 40;
+        cfg.cols = 103;
+        dt_compressor *c, *c2; /* two: PowerSGD's warm start is state */
+        ASSERT_OK(dt_compressor_create(&c, &spec, n, &cfg));
+        ASSERT_OK(dt_compressor_create(&c2, &spec, n, &cfg));
+        size_t cap = dt_compressor_encoded_bytes(c), used;
+        uint8_t *a = dt_alloc(cap), *b = dt_alloc(cap);
+        dt__compress_scalar_only = false;
+        ASSERT_OK(dt_compressor_compress(c, x, 3, a, cap, &used));
+        ASSERT_OK(dt_codec_decode(a, cap, n, ya, DT_DECODE_SET));
+        dt__compress_scalar_only = true;
+        ASSERT_OK(dt_compressor_compress(c2, x, 3, b, cap, &used));
+        ASSERT_OK(dt_codec_decode(b, cap, n, yb, DT_DECODE_SET));
+        dt__compress_scalar_only = false;
+        if (memcmp(a, b, cap) != 0)
+            TEST_FAILF("%s: SIMD and scalar encodings differ", specs[s]);
+        if (memcmp(ya, yb, n * sizeof(float)) != 0)
+            TEST_FAILF("%s: SIMD and scalar decodings differ", specs[s]);
+        dt_free(a);
+        dt_free(b);
+        dt_compressor_destroy(c);
+        dt_compressor_destroy(c2);
+    }
+    dt_free(x);
+    dt_free(ya);
+    dt_free(yb);
+}
+
 int main(void) {
     RUN(test_parse);
     RUN(test_env_knobs);
@@ -1329,5 +1370,20 @@ int main(void) {
     RUN(test_corrupt_rejected);
     RUN(test_forged_indices);
     RUN(test_decode_add);
+    RUN(test_simd_scalar_identical);
+    /* Again through the portable scalar code (what a CPU without F16C or
+     * AVX-512 runs): same bounds, same exact results. */
+    dt__compress_scalar_only = true;
+    RUN(test_philox_fill_matches_dt_rng);
+    RUN(test_fp16_bound);
+    RUN(test_qsgd_bound_and_reproducible);
+    RUN(test_qsgd_unbiased);
+    RUN(test_sign);
+    RUN(test_topk_matches_sort);
+    RUN(test_error_feedback_conserves_mass);
+    RUN(test_pytorch_reference);
+    RUN(test_corrupt_rejected);
+    RUN(test_decode_add);
+    dt__compress_scalar_only = false;
     return TEST_SUMMARY();
 }
