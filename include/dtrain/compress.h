@@ -187,6 +187,8 @@ typedef struct dt_compressor_config {
 /* seed 0, rank 0, bucket 0, DT_EF_DEFAULT, rows = cols = 0, min_compress 0. */
 dt_compressor_config dt_compressor_config_default(void);
 
+/* A compressor is used by one thread at a time; different compressors are
+ * independent and may run concurrently. */
 typedef struct dt_compressor dt_compressor;
 
 /* Create the state for a tensor of n values. Allocates everything the hot

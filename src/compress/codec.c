@@ -36,6 +36,7 @@
  */
 #include "internal.h"
 
+#include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
 #include <math.h>
@@ -92,6 +93,10 @@ static dt_status parse_k(const char *knob, const char *text, const char *arg, dt
                             "%s: \"%s\" needs a fraction in (0, 1] (e.g. 0.01) or a count "
                             "(e.g. 1000) after ':'",
                             knob, text);
+    if (!(isdigit((unsigned char)arg[0]) || arg[0] == '.'))
+        return dt_error_set(DT_ERR_INVALID,
+                            "%s: \"%s\": \"%s\" is neither a fraction in (0, 1] nor a count >= 1",
+                            knob, text, arg);
     if (strpbrk(arg, ".eE")) {
         char *end;
         errno = 0;

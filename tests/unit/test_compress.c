@@ -79,10 +79,11 @@ static void test_parse(void) {
     ASSERT_EQ(s.count, 0);
     s = spec_of("topk:7");
     ASSERT_EQ(s.count, 7);
-    static const char *const bad[] = {"",           "zip",        "qsgd",     "qsgd:0",
-                                      "qsgd:9",     "topk",       "topk:0.0", "topk:1.5",
-                                      "topk:0",     "topk:-3",    "topk:abc", "fp16:2",
-                                      "powersgd:0", "powersgd:x", "randk:",   "sign:1"};
+    static const char *const bad[] = {
+        "",           "zip",        "qsgd",     "qsgd:0",    "qsgd:9",    "topk",
+        "topk:0.0",   "topk:1.5",   "topk:0",   "topk:-3",   "topk:abc",  "fp16:2",
+        "powersgd:0", "powersgd:x", "randk:",   "sign:1",    "topk: 0.1", "topk:+0.1",
+        "topk:nan",   "topk:1e0x",  "TOPK:0.1", "topk:0.1:2"};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         ASSERT_STATUS(dt_codec_parse("--compress", bad[i], &s), DT_ERR_INVALID);
         ASSERT_CONTAINS(dt_last_error(), "--compress");
