@@ -17,7 +17,7 @@
  *   qsgd:B        B/8 + 4/256  (B = 1..8)       unbiased   off
  *   sign          1/8 + 4/256                   biased     on
  *   topk:F        8F  (u32 index + f32 value)   biased     on
- *   randk:F       8F                            biased     on
+ *   randk:F       4F  (indices from the seed)   biased     on
  *   powersgd:R    4R(rows+cols)/(rows*cols)     biased     on
  *
  * The header also carries a 32-bit check of itself, so a damaged header

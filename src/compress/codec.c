@@ -373,7 +373,6 @@ void dt_compressor_destroy(dt_compressor *c) {
     dt_free(c->work);
     dt_free(c->decoded);
     dt_free(c->keys);
-    dt_free(c->bitmap);
     dt_free(c->P);
     dt_free(c->Q);
     dt_free(c);
@@ -481,9 +480,6 @@ dt_status dt_compressor_create(dt_compressor **out, const dt_codec_spec *spec, s
         DT_CHECK_GOTO(alloc_array(&c->work, n, sizeof(float), "work buffer"), st, fail);
     if (spec->kind == DT_CODEC_TOPK)
         DT_CHECK_GOTO(alloc_array(&c->keys, n, sizeof(uint32_t), "selection keys"), st, fail);
-    if (spec->kind == DT_CODEC_RANDK)
-        DT_CHECK_GOTO(alloc_array(&c->bitmap, n / 64 + 1, sizeof(uint64_t), "index bitmap"), st,
-                      fail);
     if (spec->kind == DT_CODEC_POWERSGD) {
         size_t r = (size_t)c->prank;
         DT_CHECK_GOTO(alloc_array(&c->P, r ? c->rows * r : n, sizeof(float), "powersgd P"), st,

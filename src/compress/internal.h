@@ -45,12 +45,11 @@ struct dt_compressor {
     size_t n;             /* values per tensor */
     size_t encoded_bytes; /* header + payload, exact */
     dt_compressor_config cfg;
-    bool ef;          /* error feedback on */
-    float *residual;  /* (n) what was not sent yet; NULL without EF */
-    float *work;      /* (n) grad + residual, or PowerSGD's M */
-    float *decoded;   /* (n) decode of the last encoding, for the residual */
-    uint32_t *keys;   /* topk: (n) magnitude keys for the selection */
-    uint64_t *bitmap; /* randk: (ceil(n/64)) chosen indices */
+    bool ef;         /* error feedback on */
+    float *residual; /* (n) what was not sent yet; NULL without EF */
+    float *work;     /* (n) grad + residual, or PowerSGD's M */
+    float *decoded;  /* (n) decode of the last encoding, for the residual */
+    uint32_t *keys;  /* topk: (n) magnitude keys for the selection */
     /* powersgd */
     size_t rows, cols; /* matrix shape */
     int prank;         /* rank used, 0: sent uncompressed */

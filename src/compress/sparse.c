@@ -1,9 +1,10 @@
 /*
  * sparse.c — top-k and random-k sparsification.
  *
- * Payload: u32 idx[k] (strictly increasing, < count), then f32 val[k].
- * 8 bytes per value sent. Decoding checks every index, and that they
- * increase, before writing anything; SET mode zero-fills the output first.
+ * top-k payload: u32 idx[k] (strictly increasing, < count), then f32
+ * val[k]: 8 bytes per value sent. Decoding checks every index, and that
+ * they increase, before writing anything; SET mode zero-fills the output
+ * first.
  *
  * top-k keeps the k values of largest magnitude. Selection is a radix
  * select on the magnitude bits (|x| as a u32 orders like the float):
@@ -16,12 +17,12 @@
  * compaction and the final pass use compress-stores; the scalar code is
  * the fallback and gives the same indices.
  *
- * random-k keeps k indices drawn uniformly without replacement (Floyd's
- * algorithm on a bitmap: exactly k draws). The stream is rank 0's for
- * (seed, step, bucket) on every rank, so all ranks choose the same indices:
- * their encodings are summable value by value (linear), and a receiver
- * holding the seed could regenerate the indices. The indices are still
- * sent, so decoding never needs the seed.
+ * random-k keeps one uniformly drawn index in each of k equal strata of
+ * [0, n), so every index is kept with probability ~k/n and k draws suffice.
+ * The indices come from rank 0's stream for (seed, step, bucket) on every
+ * rank: all ranks keep the same indices, their encodings add up value by
+ * value (linear), and the indices are not sent at all: the buffer carries
+ * (seed, step, bucket) and the receiver regenerates them. 4 bytes per value.
  *
  * Both keep values unscaled and are biased; error feedback is on by default.
  */
@@ -234,39 +235,101 @@ const dt__codec_ops dt__codec_topk = {
 /* random-k                                                                 */
 /* ------------------------------------------------------------------------ */
 
-static dt_status randk_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
-    size_t n = c->n, k = (size_t)c->hdr.k, words = n / 64 + 1;
-    uint64_t *bm = c->bitmap;
-    memset(bm, 0, words * sizeof *bm);
+/*
+ * random-k payload: u64 seed, u64 step, u32 bucket, u32 0, f32 value[k].
+ * The indices are not sent: stratum j = [j n / k, (j + 1) n / k) contributes
+ * index lo_j + below(size_j), drawn in order from rank 0's stream of (seed,
+ * step, bucket). Any seed the buffer carries yields indices inside their
+ * strata, so a forged buffer can only choose other in-range indices.
+ */
+#define RANDK_PREFIX 24
+
+static bool randk_bytes(const dt_codec_header *h, size_t *out) {
+    return dt_mul_size((size_t)h->k, 4, out) && (*out += RANDK_PREFIX) >= RANDK_PREFIX;
+}
+
+typedef struct randk_iter {
     dt_rng rng;
-    dt__compress_rng(&rng, c->cfg.seed, 0, step, c->cfg.bucket);
-    /* Floyd: for j = n-k .. n-1 draw t in [0, j]; take t, or j if t is taken. */
-    for (size_t j = n - k; j < n; j++) {
-        size_t t = dt_rng_below(&rng, (uint32_t)(j + 1)); /* j + 1 <= n <= UINT32_MAX */
-        if (bm[t / 64] >> (t % 64) & 1u)
-            t = j;
-        bm[t / 64] |= 1ull << (t % 64);
-    }
-    uint8_t *vals = p + 4 * k;
-    size_t out = 0;
-    for (size_t w = 0; w < words; w++) {
-        for (uint64_t bits = bm[w]; bits; bits &= bits - 1) {
-            size_t i = w * 64 + (size_t)__builtin_ctzll(bits);
-            dt__store_u32(p + 4 * out, (uint32_t)i);
-            dt__store_f32(vals + 4 * out, x[i]);
-            out++;
-        }
-    }
-    DT_ASSERT(out == k);
+    uint64_t n, k, j; /* values, strata, next stratum */
+} randk_iter;
+
+static void randk_begin(randk_iter *it, uint64_t seed, uint64_t step, uint32_t bucket, uint64_t n,
+                        uint64_t k) {
+    dt__compress_rng(&it->rng, seed, 0, step, bucket);
+    it->n = n;
+    it->k = k;
+    it->j = 0;
+}
+
+/* Index chosen in the next stratum (n, k < 2^32, so j n fits in 64 bits). */
+static inline size_t randk_next(randk_iter *it) {
+    uint64_t lo = it->j * it->n / it->k, hi = (it->j + 1) * it->n / it->k;
+    it->j++;
+    return (size_t)(lo + dt_rng_below(&it->rng, (uint32_t)(hi - lo)));
+}
+
+static void randk_read_prefix(const uint8_t *p, uint64_t *seed, uint64_t *step, uint32_t *bucket) {
+    memcpy(seed, p, 8);
+    memcpy(step, p + 8, 8);
+    memcpy(bucket, p + 16, 4);
+}
+
+static dt_status randk_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+    size_t k = (size_t)c->hdr.k;
+    uint32_t zero = 0;
+    memcpy(p, &c->cfg.seed, 8);
+    memcpy(p + 8, &step, 8);
+    memcpy(p + 16, &c->cfg.bucket, 4);
+    memcpy(p + 20, &zero, 4);
+    randk_iter it;
+    randk_begin(&it, c->cfg.seed, step, c->cfg.bucket, c->n, k);
+    uint8_t *vals = p + RANDK_PREFIX;
+    for (size_t j = 0; j < k; j++)
+        dt__store_f32(vals + 4 * j, x[randk_next(&it)]);
     return DT_OK;
+}
+
+static dt_status randk_validate(const dt_codec_header *h, const uint8_t *p) {
+    uint64_t seed, step;
+    uint32_t bucket, pad;
+    randk_read_prefix(p, &seed, &step, &bucket);
+    memcpy(&pad, p + 20, 4);
+    if (step >= (1ull << 36) || pad != 0)
+        return dt_error_set(DT_ERR_CORRUPT, "randk buffer: step %llu / padding %u is invalid",
+                            (unsigned long long)step, pad);
+    return DT_OK;
+}
+
+static void randk_decode(const dt_codec_header *h, const uint8_t *p, float *out,
+                         dt_decode_mode mode) {
+    uint64_t seed, step;
+    uint32_t bucket;
+    randk_read_prefix(p, &seed, &step, &bucket);
+    if (mode == DT_DECODE_SET)
+        memset(out, 0, (size_t)h->count * sizeof(float));
+    randk_iter it;
+    randk_begin(&it, seed, step, bucket, h->count, h->k);
+    const uint8_t *vals = p + RANDK_PREFIX;
+    for (size_t j = 0; j < (size_t)h->k; j++)
+        out[randk_next(&it)] += dt__load_f32(vals + 4 * j);
+}
+
+static void randk_ef_sent(const dt_codec_header *h, const uint8_t *p, float *residual) {
+    uint64_t seed, step;
+    uint32_t bucket;
+    randk_read_prefix(p, &seed, &step, &bucket);
+    randk_iter it;
+    randk_begin(&it, seed, step, bucket, h->count, h->k);
+    for (size_t j = 0; j < (size_t)h->k; j++)
+        residual[randk_next(&it)] = 0.0f;
 }
 
 const dt__codec_ops dt__codec_randk = {
     .info =
         {.name = "randk", .biased = true, .ef_default = true, .linear = true, .stochastic = true},
-    .payload_bytes = sparse_bytes,
+    .payload_bytes = randk_bytes,
     .encode = randk_encode,
-    .validate = sparse_validate,
-    .decode = sparse_decode,
-    .ef_sent = sparse_ef_sent,
+    .validate = randk_validate,
+    .decode = randk_decode,
+    .ef_sent = randk_ef_sent,
 };

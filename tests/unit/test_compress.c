@@ -149,7 +149,7 @@ static void test_sizes(void) {
     } cases[] = {
         {"none", H + 4 * n},        {"fp16", H + 2 * n},          {"bf16", H + 2 * n},
         {"int8", H + 4 * nb + n},   {"qsgd:3", H + 4 * nb + 375}, {"qsgd:8", H + 4 * nb + n},
-        {"sign", H + 4 * nb + 125}, {"topk:0.01", H + 8 * 10},    {"randk:25", H + 8 * 25},
+        {"sign", H + 4 * nb + 125}, {"topk:0.01", H + 8 * 10},    {"randk:25", H + 24 + 4 * 25},
     };
     float *x = falloc(n), *y = falloc(n);
     fill_normal(x, n, 1.0f, 1);
@@ -610,6 +610,24 @@ static void test_randk(void) {
         }
         ASSERT_EQ(kept, k);
     }
+    /* Linear: two ranks' value arrays added in encoded form decode to the
+     * sum of the two decodes. */
+    fill_int(z, n, 7, 51);
+    ASSERT_OK(dt_compressor_compress(c, x, 77, buf, cap, &used));
+    ASSERT_OK(dt_compressor_compress(c2, z, 77, buf2, cap, &used));
+    float *sum1 = falloc(n);
+    ASSERT_OK(dt_codec_decode(buf, cap, n, sum1, DT_DECODE_SET));
+    ASSERT_OK(dt_codec_decode(buf2, cap, n, sum1, DT_DECODE_ADD));
+    for (size_t j = 0; j < k; j++) {
+        float a, b;
+        memcpy(&a, buf + cap - 4 * (k - j), 4);
+        memcpy(&b, buf2 + cap - 4 * (k - j), 4);
+        a += b;
+        memcpy(buf + cap - 4 * (k - j), &a, 4);
+    }
+    ASSERT_OK(dt_codec_decode(buf, cap, n, y, DT_DECODE_SET));
+    ASSERT_TRUE(memcmp(y, sum1, n * sizeof(float)) == 0);
+    dt_free(sum1);
     /* Each index is kept with probability k/n: T k/n = 20 expected hits,
      * binomial sd ~4.4; all 1000 counts within 6 sd of it. */
     for (size_t i = 0; i < n; i++)
@@ -1269,6 +1287,26 @@ static void test_forged_indices(void) {
     ASSERT_CONTAINS(dt_last_error(), "scale of block 0");
     dt_free(b8);
     dt_compressor_destroy(c8);
+    /* random-k carries (seed, step, bucket): an impossible step or a
+     * non-zero pad is refused (a bad step must not reach dt_rng's assert). */
+    dt_codec_spec sr = spec_of("randk:10");
+    dt_compressor *cr;
+    ASSERT_OK(dt_compressor_create(&cr, &sr, n, NULL));
+    size_t lenr = dt_compressor_encoded_bytes(cr);
+    uint8_t *br = dt_alloc(lenr);
+    ASSERT_OK(dt_compressor_compress(cr, x, 9, br, lenr, &used));
+    uint64_t big = 1ull << 40;
+    memcpy(br + DT_COMPRESS_HEADER_BYTES + 8, &big, 8);
+    ASSERT_STATUS(dt_codec_decode(br, lenr, n, y, DT_DECODE_SET), DT_ERR_CORRUPT);
+    ASSERT_CONTAINS(dt_last_error(), "randk buffer: step");
+    uint64_t nine = 9;
+    memcpy(br + DT_COMPRESS_HEADER_BYTES + 8, &nine, 8);
+    br[DT_COMPRESS_HEADER_BYTES + 21] = 1;
+    ASSERT_STATUS(dt_codec_decode(br, lenr, n, y, DT_DECODE_SET), DT_ERR_CORRUPT);
+    br[DT_COMPRESS_HEADER_BYTES + 21] = 0;
+    ASSERT_OK(dt_codec_decode(br, lenr, n, y, DT_DECODE_SET));
+    dt_free(br);
+    dt_compressor_destroy(cr);
     dt_free(b);
     dt_compressor_destroy(c);
 }
