@@ -30,11 +30,11 @@
 
 #include <immintrin.h>
 
-static bool sparse_bytes(const dt_codec_header *h, size_t *out) {
+static bool topk_bytes(const dt_codec_header *h, size_t *out) {
     return dt_mul_size((size_t)h->k, 8, out);
 }
 
-static dt_status sparse_validate(const dt_codec_header *h, const uint8_t *p) {
+static dt_status topk_validate(const dt_codec_header *h, const uint8_t *p) {
     size_t k = (size_t)h->k;
     uint64_t prev = 0;
     for (size_t j = 0; j < k; j++) {
@@ -49,7 +49,7 @@ static dt_status sparse_validate(const dt_codec_header *h, const uint8_t *p) {
     return DT_OK;
 }
 
-static void sparse_decode(const dt_codec_header *h, const uint8_t *p, float *out,
+static void topk_decode(const dt_codec_header *h, const uint8_t *p, float *out,
                           dt_decode_mode mode) {
     size_t k = (size_t)h->k;
     if (mode == DT_DECODE_SET)
@@ -59,7 +59,7 @@ static void sparse_decode(const dt_codec_header *h, const uint8_t *p, float *out
         out[dt__load_u32(p + 4 * j)] += dt__load_f32(vals + 4 * j);
 }
 
-static void sparse_ef_sent(const dt_codec_header *h, const uint8_t *p, float *residual) {
+static void topk_ef_sent(const dt_codec_header *h, const uint8_t *p, float *residual) {
     for (size_t j = 0; j < (size_t)h->k; j++)
         residual[dt__load_u32(p + 4 * j)] = 0.0f;
 }
@@ -224,11 +224,11 @@ static dt_status topk_encode(dt_compressor *c, const float *x, uint64_t step, ui
 
 const dt__codec_ops dt__codec_topk = {
     .info = {.name = "topk", .biased = true, .ef_default = true},
-    .payload_bytes = sparse_bytes,
+    .payload_bytes = topk_bytes,
     .encode = topk_encode,
-    .validate = sparse_validate,
-    .decode = sparse_decode,
-    .ef_sent = sparse_ef_sent,
+    .validate = topk_validate,
+    .decode = topk_decode,
+    .ef_sent = topk_ef_sent,
 };
 
 /* ------------------------------------------------------------------------ */
