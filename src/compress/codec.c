@@ -32,7 +32,9 @@
  * inputs up to fp32 rounding of that one subtraction (exactly, when the
  * values are small integers or dyadic). top-k and random-k, which send
  * values unchanged, get the same result in place: residual += grad, encode
- * from it, zero what was sent.
+ * from it, zero what was sent. The block quantisers (int8, qsgd, sign) fuse
+ * the four passes into one, writing the new residual next to the old and
+ * swapping the two buffers when the encode has succeeded.
  */
 #include "internal.h"
 
@@ -48,6 +50,8 @@ _Static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "encoded buffers are l
 
 #define HDR_MAGIC   0x5A435444u /* "DTCZ" read as a little-endian u32 */
 #define HDR_VERSION 1
+
+bool dt__compress_generic_ef = false;
 
 static const dt__codec_ops *const codecs[DT_CODEC_COUNT] = {
     [DT_CODEC_NONE] = &dt__codec_none,         [DT_CODEC_FP16] = &dt__codec_fp16,
@@ -523,6 +527,15 @@ dt_status dt_compressor_compress(dt_compressor *c, const float *grad, uint64_t s
             res[i] += grad[i];
         DT_CHECK(c->ops->encode(c, res, step, p + DT_COMPRESS_HEADER_BYTES));
         c->ops->ef_sent(&c->hdr, p + DT_COMPRESS_HEADER_BYTES, res);
+        *used = c->encoded_bytes;
+        return DT_OK;
+    }
+    if (c->ef && c->ops->encode_ef && !dt__compress_generic_ef) {
+        /* Fused: the new residual goes to the work buffer, which becomes
+         * the residual only once the encode has succeeded. */
+        DT_CHECK(c->ops->encode_ef(c, grad, res, work, step, p + DT_COMPRESS_HEADER_BYTES));
+        c->work = res;
+        c->residual = work;
         *used = c->encoded_bytes;
         return DT_OK;
     }

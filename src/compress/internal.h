@@ -35,6 +35,12 @@ typedef struct dt__codec_ops {
      * residual (residual += grad) and then zero what was sent. Same result
      * as the generic work - decode(work), two passes fewer. */
     void (*ef_sent)(const dt_codec_header *h, const uint8_t *payload, float *residual);
+    /* Optional, for block codecs: encode grad + res_in and write the new
+     * residual (grad + res_in) - decode to res_out in the same pass, with
+     * the decode's own arithmetic, so the result equals the generic path
+     * bit for bit. res_out is scratch until the call succeeds. */
+    dt_status (*encode_ef)(dt_compressor *c, const float *grad, const float *res_in, float *res_out,
+                           uint64_t step, uint8_t *payload);
 } dt__codec_ops;
 
 /* The per-tensor state. Fields used by one codec only are marked. */
@@ -74,6 +80,8 @@ void dt__philox_fill(uint64_t seed, uint64_t stream, uint64_t pos, uint32_t *out
 bool dt__have_avx512f(void);
 /* Tests set this to run every codec through its portable scalar code. */
 extern bool dt__compress_scalar_only;
+/* Tests set this to use the generic error-feedback path for every codec. */
+extern bool dt__compress_generic_ef;
 
 /* Blocks of DT_COMPRESS_BLOCK values covering n. */
 static inline size_t dt__nblocks(size_t n) {

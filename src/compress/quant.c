@@ -52,6 +52,17 @@ static dt_status block_scale(const char *codec, const float *x, size_t len, size
     return DT_OK;
 }
 
+/* A block's input: x itself, or x + residual gathered into tmp (the fused
+ * error-feedback path: one pass instead of add, encode, decode, subtract). */
+static const float *block_input(const float *x, const float *res_in, size_t lo, size_t len,
+                                float *tmp) {
+    if (!res_in)
+        return x + lo;
+    for (size_t i = 0; i < len; i++)
+        tmp[i] = x[lo + i] + res_in[lo + i];
+    return tmp;
+}
+
 static dt_status scales_validate(const dt_codec_header *h, const uint8_t *p) {
     return dt__validate_scales(p, dt__nblocks((size_t)h->count), dt_codec_get_info(h->kind)->name);
 }
@@ -62,25 +73,43 @@ static dt_status scales_validate(const dt_codec_header *h, const uint8_t *p) {
 
 static bool int8_bytes(const dt_codec_header *h, size_t *out) { return bytes_scaled(h, 8, out); }
 
-static dt_status int8_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+/* With res_in (error feedback): encode x + res_in and write res_out =
+ * (x + res_in) - decode, computed exactly as decode does. */
+static dt_status int8_encode_impl(dt_compressor *c, const float *x, const float *res_in,
+                                  float *res_out, uint8_t *p) {
     size_t n = c->n, nb = dt__nblocks(n);
     int8_t *codes = (int8_t *)(p + 4 * nb);
+    float tmp[DT_COMPRESS_BLOCK];
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
+        const float *restrict xb = block_input(x, res_in, lo, len, tmp);
         float m = 0.0f;
-        DT_CHECK(block_scale("int8", x + lo, len, b, &m));
-        float inv = m > 0.0f ? 127.0f / m : 0.0f;
-        dt__store_f32(p + 4 * b, m / 127.0f);
-        const float *restrict xb = x + lo;
+        DT_CHECK(block_scale("int8", xb, len, b, &m));
+        float inv = m > 0.0f ? 127.0f / m : 0.0f, s = m / 127.0f;
+        dt__store_f32(p + 4 * b, s);
         int8_t *restrict q = codes + lo;
         for (size_t i = 0; i < len; i++) {
             float v = rintf(xb[i] * inv);
             v = v > 127.0f ? 127.0f : (v < -127.0f ? -127.0f : v);
             q[i] = (int8_t)v;
         }
+        if (res_out) {
+            float *restrict r = res_out + lo;
+            for (size_t i = 0; i < len; i++)
+                r[i] = xb[i] - (float)q[i] * s;
+        }
     }
     return DT_OK;
+}
+
+static dt_status int8_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+    return int8_encode_impl(c, x, NULL, NULL, p);
+}
+
+static dt_status int8_encode_ef(dt_compressor *c, const float *grad, const float *res_in,
+                                float *res_out, uint64_t step, uint8_t *p) {
+    return int8_encode_impl(c, grad, res_in, res_out, p);
 }
 
 static void int8_decode(const dt_codec_header *h, const uint8_t *p, float *out,
@@ -106,6 +135,7 @@ const dt__codec_ops dt__codec_int8 = {
     .info = {.name = "int8"},
     .payload_bytes = int8_bytes,
     .encode = int8_encode,
+    .encode_ef = int8_encode_ef,
     .validate = scales_validate,
     .decode = int8_decode,
 };
@@ -194,7 +224,8 @@ static void unpack_block(uint8_t *q, const uint8_t *in, size_t len, unsigned bit
     }
 }
 
-static dt_status qsgd_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+static dt_status qsgd_encode_impl(dt_compressor *c, const float *x, const float *res_in,
+                                  float *res_out, uint64_t step, uint8_t *p) {
     size_t n = c->n, nb = dt__nblocks(n);
     unsigned bits = (unsigned)c->hdr.bits;
     uint32_t top = (1u << bits) - 1u;
@@ -205,15 +236,16 @@ static dt_status qsgd_encode(dt_compressor *c, const float *x, uint64_t step, ui
     uint64_t base = (uint64_t)c->cfg.bucket << 40;
     uint32_t rnd[DT_COMPRESS_BLOCK];
     uint8_t q[DT_COMPRESS_BLOCK];
+    float tmp[DT_COMPRESS_BLOCK];
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
+        const float *restrict xb = block_input(x, res_in, lo, len, tmp);
         float m = 0.0f;
-        DT_CHECK(block_scale("qsgd", x + lo, len, b, &m));
+        DT_CHECK(block_scale("qsgd", xb, len, b, &m));
         dt__store_f32(p + 4 * b, m);
         dt__philox_fill(c->cfg.seed, stream, base + lo, rnd, len);
         float mul = m > 0.0f ? 0.5f * levels / m : 0.0f;
-        const float *restrict xb = x + lo;
         /* Signed conversions, truncation for floor (u >= 0) and a float
          * select keep this loop vectorised; floorf would not be (it may
          * not raise "inexact" under the default -ftrapping-math). */
@@ -226,8 +258,23 @@ static dt_status qsgd_encode(dt_compressor *c, const float *x, uint64_t step, ui
             q[i] = (uint8_t)(level < itop ? level : itop);
         }
         pack_block(codes + lo / 8 * bits, q, len, bits);
+        if (res_out) {
+            float stepv = 2.0f * m / levels; /* exactly as qsgd_decode */
+            float *restrict r = res_out + lo;
+            for (size_t i = 0; i < len; i++)
+                r[i] = xb[i] - ((float)q[i] * stepv - m);
+        }
     }
     return DT_OK;
+}
+
+static dt_status qsgd_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+    return qsgd_encode_impl(c, x, NULL, NULL, step, p);
+}
+
+static dt_status qsgd_encode_ef(dt_compressor *c, const float *grad, const float *res_in,
+                                float *res_out, uint64_t step, uint8_t *p) {
+    return qsgd_encode_impl(c, grad, res_in, res_out, step, p);
 }
 
 static void qsgd_decode(const dt_codec_header *h, const uint8_t *p, float *out,
@@ -257,6 +304,7 @@ const dt__codec_ops dt__codec_qsgd = {
     .info = {.name = "qsgd", .stochastic = true},
     .payload_bytes = qsgd_bytes,
     .encode = qsgd_encode,
+    .encode_ef = qsgd_encode_ef,
     .validate = scales_validate,
     .decode = qsgd_decode,
 };
@@ -267,15 +315,17 @@ const dt__codec_ops dt__codec_qsgd = {
 
 static bool sign_bytes(const dt_codec_header *h, size_t *out) { return bytes_scaled(h, 1, out); }
 
-static dt_status sign_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+static dt_status sign_encode_impl(dt_compressor *c, const float *x, const float *res_in,
+                                  float *res_out, uint8_t *p) {
     size_t n = c->n, nb = dt__nblocks(n);
     uint8_t *bitsp = p + 4 * nb;
+    float tmp[DT_COMPRESS_BLOCK];
     for (size_t b = 0; b < nb; b++) {
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
+        const float *restrict xb = block_input(x, res_in, lo, len, tmp);
         float m = 0.0f;
-        DT_CHECK(block_scale("sign", x + lo, len, b, &m));
-        const float *restrict xb = x + lo;
+        DT_CHECK(block_scale("sign", xb, len, b, &m));
         /* 16 partial sums in a fixed order: vectorisable and deterministic. */
         float part[16] = {0};
         size_t i = 0;
@@ -287,7 +337,8 @@ static dt_status sign_encode(dt_compressor *c, const float *x, uint64_t step, ui
         for (int w = 8; w > 0; w /= 2)
             for (int l = 0; l < w; l++)
                 part[l] += part[l + w];
-        dt__store_f32(p + 4 * b, part[0] / (float)len);
+        float scale = part[0] / (float)len;
+        dt__store_f32(p + 4 * b, scale);
         /* Blocks start on byte boundaries (256 is a multiple of 8). */
         uint8_t *restrict ob = bitsp + lo / 8;
         for (size_t j = 0; j < len / 8; j++) {
@@ -302,8 +353,22 @@ static dt_status sign_encode(dt_compressor *c, const float *x, uint64_t step, ui
                 byte |= (unsigned)(xb[k] < 0.0f) << (k % 8);
             ob[len / 8] = (uint8_t)byte;
         }
+        if (res_out) {
+            float *restrict r = res_out + lo;
+            for (size_t j = 0; j < len; j++)
+                r[j] = xb[j] - (xb[j] < 0.0f ? -scale : scale); /* as sign_decode */
+        }
     }
     return DT_OK;
+}
+
+static dt_status sign_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
+    return sign_encode_impl(c, x, NULL, NULL, p);
+}
+
+static dt_status sign_encode_ef(dt_compressor *c, const float *grad, const float *res_in,
+                                float *res_out, uint64_t step, uint8_t *p) {
+    return sign_encode_impl(c, grad, res_in, res_out, p);
 }
 
 static void sign_decode_block(float *o, const uint8_t *ib, size_t len, uint32_t s,
@@ -354,6 +419,7 @@ const dt__codec_ops dt__codec_sign = {
     .info = {.name = "sign", .biased = true, .ef_default = true},
     .payload_bytes = sign_bytes,
     .encode = sign_encode,
+    .encode_ef = sign_encode_ef,
     .validate = scales_validate,
     .decode = sign_decode,
 };

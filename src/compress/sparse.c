@@ -50,7 +50,7 @@ static dt_status topk_validate(const dt_codec_header *h, const uint8_t *p) {
 }
 
 static void topk_decode(const dt_codec_header *h, const uint8_t *p, float *out,
-                          dt_decode_mode mode) {
+                        dt_decode_mode mode) {
     size_t k = (size_t)h->k;
     if (mode == DT_DECODE_SET)
         memset(out, 0, (size_t)h->count * sizeof(float));

@@ -708,6 +708,47 @@ static void test_error_feedback_conserves_mass(void) {
     ef_mass("powersgd:3", false);
 }
 
+/* The fused error-feedback path of the block codecs gives the generic
+ * path's bytes and residuals exactly, and a failed encode leaves the
+ * residual as it was. */
+static void test_fused_ef_matches_generic(void) {
+    static const char *const specs[] = {"int8", "qsgd:3", "sign"};
+    const size_t n = 1000;
+    float *g = falloc(n);
+    for (size_t s = 0; s < 3; s++) {
+        dt_codec_spec spec = spec_of(specs[s]);
+        dt_compressor_config cfg = dt_compressor_config_default();
+        cfg.ef = DT_EF_ON;
+        dt_compressor *a, *b;
+        ASSERT_OK(dt_compressor_create(&a, &spec, n, &cfg));
+        ASSERT_OK(dt_compressor_create(&b, &spec, n, &cfg));
+        size_t cap = dt_compressor_encoded_bytes(a), used;
+        uint8_t *ba = dt_alloc(cap), *bb = dt_alloc(cap);
+        for (uint64_t t = 0; t < 5; t++) {
+            fill_normal(g, n, 1.0f, 900 + t);
+            ASSERT_OK(dt_compressor_compress(a, g, t, ba, cap, &used));
+            dt__compress_generic_ef = true;
+            ASSERT_OK(dt_compressor_compress(b, g, t, bb, cap, &used));
+            dt__compress_generic_ef = false;
+            if (memcmp(ba, bb, cap) != 0)
+                TEST_FAILF("%s step %" PRIu64 ": fused and generic encodings differ", specs[s], t);
+            if (memcmp(dt_compressor_residual(a), dt_compressor_residual(b), n * 4) != 0)
+                TEST_FAILF("%s step %" PRIu64 ": fused and generic residuals differ", specs[s], t);
+        }
+        float *before = falloc(n);
+        memcpy(before, dt_compressor_residual(a), n * 4);
+        g[700] = INFINITY;
+        ASSERT_STATUS(dt_compressor_compress(a, g, 9, ba, cap, &used), DT_ERR_NUMERIC);
+        ASSERT_TRUE(memcmp(before, dt_compressor_residual(a), n * 4) == 0);
+        dt_free(before);
+        dt_free(ba);
+        dt_free(bb);
+        dt_compressor_destroy(a);
+        dt_compressor_destroy(b);
+    }
+    dt_free(g);
+}
+
 static void test_ef_defaults_and_residual_io(void) {
     const size_t n = 500;
     float *x = falloc(n), *y = falloc(n);
@@ -1399,6 +1440,7 @@ int main(void) {
     RUN(test_topk_matches_sort);
     RUN(test_randk);
     RUN(test_error_feedback_conserves_mass);
+    RUN(test_fused_ef_matches_generic);
     RUN(test_ef_defaults_and_residual_io);
     RUN(test_powersgd_exact_low_rank);
     RUN(test_powersgd_warm_start_converges);
