@@ -14,3 +14,10 @@ set_tests_properties(compress_bench_powersgd PROPERTIES
                      TIMEOUT 60 LABELS "unit"
                      ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0"
                      FAIL_REGULAR_EXPRESSION "error:")
+# A bad spec is refused: exit code 2 and a message naming the knob and value.
+add_test(NAME compress_bench_bad_codec
+         COMMAND sh -c "out=$(\"$0\" bench compress --codec topk:2.5 --count 1000 2>&1); rc=$?; \
+echo \"$out\"; [ $rc -eq 2 ] && echo \"$out\" | grep -q 'codec: .topk:2.5.: fraction'"
+                 $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(compress_bench_bad_codec PROPERTIES
+                     TIMEOUT 30 LABELS "unit" ENVIRONMENT "ASAN_OPTIONS=detect_leaks=0")

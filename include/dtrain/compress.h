@@ -246,7 +246,8 @@ dt_status dt_compressor_set_state(dt_compressor *c, const void *buf, size_t len)
  * residual is what this rank's gradient lost to it (as in PyTorch's
  * powerSGD_hook). When the tensor is sent uncompressed (dt_powersgd_rank()
  * == 0), begin copies M into P (n values), middle does nothing, and end
- * writes s * P.
+ * writes s * P. begin copies the gradient, so `out` may be the gradient
+ * buffer itself (the same holds for the bucket API below).
  */
 int dt_powersgd_rank(const dt_compressor *c); /* rank used; 0: uncompressed */
 float *dt_powersgd_p(dt_compressor *c, size_t *count);
