@@ -178,7 +178,7 @@ dt_status dt_compress_env(dt_codec_spec *spec, dt_ef_mode *ef);
 typedef struct dt_compressor_config {
     uint64_t seed;       /* run seed */
     uint32_t rank;       /* this process's rank (< 2^20) */
-    uint32_t bucket;     /* bucket / tensor id: separates random streams */
+    uint32_t bucket;     /* bucket / tensor id (< 2^24): separates random streams */
     dt_ef_mode ef;       /* error feedback */
     size_t rows, cols;   /* powersgd: matrix shape, rows * cols == n; 0,0: n x 1 */
     size_t min_compress; /* powersgd: tensors with fewer values go uncompressed */

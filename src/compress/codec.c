@@ -70,7 +70,8 @@ const dt_codec_info *dt_codec_get_info(dt_codec_kind kind) {
 
 void dt__compress_rng(dt_rng *r, uint64_t seed, uint32_t rank, uint64_t step, uint32_t bucket) {
     dt_rng_init(r, seed, dt_rng_stream_id(rank, step, DT_RNG_COMPRESS));
-    /* 2^40 outputs per bucket: far more than any bucket draws. */
+    /* 2^40 outputs per bucket, far more than any bucket draws; bucket ids
+     * are below 2^24 (checked at creation), so this fits 64 bits. */
     dt_rng_seek(r, (uint64_t)bucket << 40);
 }
 
@@ -453,6 +454,9 @@ dt_status dt_compressor_create(dt_compressor **out, const dt_codec_spec *spec, s
     dt_compressor_config cfg = cfg_in ? *cfg_in : dt_compressor_config_default();
     if (cfg.rank >= (1u << 20))
         return dt_error_set(DT_ERR_INVALID, "compressor: rank %u is not below 2^20", cfg.rank);
+    if (cfg.bucket >= (1u << 24)) /* bucket << 40 must fit a 64-bit stream position */
+        return dt_error_set(DT_ERR_INVALID, "compressor: bucket id %u is not below 2^24",
+                            cfg.bucket);
     dt_codec_header hdr;
     DT_CHECK(plan_header(spec, n, cfg.rows, cfg.cols, cfg.min_compress, &hdr));
     const dt__codec_ops *ops = codecs[spec->kind];

@@ -322,6 +322,9 @@ dt_status dt_powersgd_bucket_create(dt_powersgd_bucket **out, int rank, size_t n
                             DT_COMPRESS_MAX_RANK);
     if (ntensors > 0 && !tensors)
         return dt_error_set(DT_ERR_INVALID, "powersgd bucket: tensors is NULL");
+    if (cfg.bucket >= (1u << 24))
+        return dt_error_set(DT_ERR_INVALID, "powersgd bucket: bucket id %u is not below 2^24",
+                            cfg.bucket);
     dt_status st = DT_OK;
     dt_powersgd_tensor *t = NULL;
     dt_powersgd_bucket *b = calloc(1, sizeof *b);

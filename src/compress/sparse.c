@@ -294,9 +294,10 @@ static dt_status randk_validate(const dt_codec_header *h, const uint8_t *p) {
     uint32_t bucket, pad;
     randk_read_prefix(p, &seed, &step, &bucket);
     memcpy(&pad, p + 20, 4);
-    if (step >= (1ull << 36) || pad != 0)
-        return dt_error_set(DT_ERR_CORRUPT, "randk buffer: step %llu / padding %u is invalid",
-                            (unsigned long long)step, pad);
+    if (step >= (1ull << 36) || bucket >= (1u << 24) || pad != 0)
+        return dt_error_set(DT_ERR_CORRUPT,
+                            "randk buffer: step %llu / bucket %u / padding %u is invalid",
+                            (unsigned long long)step, bucket, pad);
     return DT_OK;
 }
 

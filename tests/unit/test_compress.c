@@ -184,7 +184,14 @@ static void test_sizes(void) {
     ASSERT_EQ(dt_powersgd_rank(c), 0);
     ASSERT_EQ(dt_compressor_encoded_bytes(c), H + 4 * n);
     dt_compressor_destroy(c);
+    cfg.rows = 40;
+    cfg.cols = 25;
+    cfg.bucket = 1u << 24;
+    ASSERT_STATUS(dt_compressor_create(&c, &spec, n, &cfg), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "bucket id");
+    cfg.bucket = 0;
     cfg.rows = 3;
+    cfg.cols = 250;
     ASSERT_STATUS(dt_compressor_create(&c, &spec, n, &cfg), DT_ERR_INVALID);
     ASSERT_CONTAINS(dt_last_error(), "3 x 250");
     ASSERT_STATUS(dt_codec_encoded_bytes(&spec, n, 3, 250, 0, &planned), DT_ERR_INVALID);
