@@ -1291,6 +1291,106 @@ static void test_corrupt_rejected(void) {
     dt_free(y);
 }
 
+/* Hostile headers that carry a valid check (anyone can compute XXH3): every
+ * field takes edge values, the payload is random and its length sometimes
+ * exactly what the header implies. Decoding must return OK or CORRUPT and
+ * stay in bounds (ASan). */
+static uint64_t edge_value(dt_rng *r, uint64_t n) {
+    static const uint64_t edges[] = {0,
+                                     1,
+                                     2,
+                                     3,
+                                     255,
+                                     256,
+                                     257,
+                                     0xffffffffull,
+                                     0x100000000ull,
+                                     (uint64_t)SIZE_MAX / 8,
+                                     (uint64_t)SIZE_MAX / 8 + 1,
+                                     (uint64_t)SIZE_MAX / 4,
+                                     UINT64_MAX};
+    switch (dt_rng_below(r, 4)) {
+    case 0: return edges[dt_rng_below(r, sizeof edges / sizeof edges[0])];
+    case 1: return n + dt_rng_below(r, 3) - 1;
+    case 2: return dt_rng_below(r, (uint32_t)n + 1);
+    default: return dt_rng_u64(r);
+    }
+}
+
+static void test_forged_headers(void) {
+    const size_t n = 300;
+    float *y = falloc(n);
+    dt_rng r;
+    dt_rng_init(&r, 77, dt_rng_stream_id(0, 10, DT_RNG_TEST));
+    size_t accepted = 0;
+    for (int t = 0; t < 20000; t++) {
+        uint8_t h[DT_COMPRESS_HEADER_BYTES];
+        uint32_t magic = 0x5A435444u;
+        memcpy(h, &magic, 4);
+        h[4] = 1;
+        /* Half the trials are plausible (fields valid for the codec, one of
+         * them possibly at an edge), half are arbitrary. */
+        bool plausible = dt_rng_below(&r, 2);
+        uint8_t kind = (uint8_t)dt_rng_below(&r, DT_CODEC_COUNT + !plausible);
+        h[5] = kind;
+        h[6] = (uint8_t)(plausible ? (kind == DT_CODEC_QSGD ? 1 + dt_rng_below(&r, 8) : 0)
+                                   : dt_rng_below(&r, 10));
+        h[7] = 0;
+        uint64_t count = plausible || dt_rng_below(&r, 2) ? n : edge_value(&r, n);
+        uint64_t k = 0;
+        uint32_t rank = 0;
+        if (kind == DT_CODEC_TOPK || kind == DT_CODEC_RANDK)
+            k = plausible ? 1 + dt_rng_below(&r, (uint32_t)n) : edge_value(&r, n);
+        if (kind == DT_CODEC_POWERSGD) {
+            static const uint64_t shapes[] = {1,  2,  3,  4,  5,  6,  10,  12,  15,
+                                              20, 25, 30, 50, 60, 75, 100, 150, 300};
+            k = plausible ? shapes[dt_rng_below(&r, 18)] : edge_value(&r, n);
+            rank = (uint32_t)(plausible ? dt_rng_below(&r, 6) : edge_value(&r, n));
+        }
+        if (!plausible && dt_rng_below(&r, 2)) {
+            k = edge_value(&r, n);
+            rank = (uint32_t)edge_value(&r, n);
+        }
+        memcpy(h + 8, &count, 8);
+        memcpy(h + 16, &k, 8);
+        memcpy(h + 24, &rank, 4);
+        uint32_t check = (uint32_t)dt_hash64(h, 28, 0);
+        memcpy(h + 28, &check, 4);
+        dt_codec_header ph;
+        size_t len = DT_COMPRESS_HEADER_BYTES + dt_rng_below(&r, 4096);
+        /* Peek at the bare header: for a sane one its error names the
+         * implied length, which three trials in four then use. */
+        if (dt_codec_peek(h, sizeof h, &ph) == DT_ERR_CORRUPT) {
+            const char *e = dt_last_error();
+            const char *at = strstr(e, "header implies ");
+            if (at && dt_rng_below(&r, 4) != 0) {
+                unsigned long long implied = strtoull(at + 15, NULL, 10);
+                if (implied < 64 * 1024)
+                    len = (size_t)implied;
+            }
+        }
+        uint8_t *b = malloc(len);
+        memcpy(b, h, DT_COMPRESS_HEADER_BYTES);
+        for (size_t i = DT_COMPRESS_HEADER_BYTES; i < len; i++)
+            b[i] = (uint8_t)dt_rng_u32(&r);
+        if (dt_rng_below(&r, 3) == 0 && len >= DT_COMPRESS_HEADER_BYTES + 4 * 256)
+            memset(b + DT_COMPRESS_HEADER_BYTES, 0, 4 * 256); /* sane scales, small indices */
+        dt_status st = dt_codec_decode(b, len, n, y, DT_DECODE_ADD);
+        if (st != DT_OK && st != DT_ERR_CORRUPT)
+            TEST_FAILF("trial %d: decode returned %s", t, dt_status_name(st));
+        if (st == DT_OK) {
+            ASSERT_OK(dt_codec_peek(b, len, &ph));
+            ASSERT_EQ(ph.count, n);
+            accepted++;
+        }
+        free(b);
+    }
+    /* Some forged buffers are well formed; they must have decoded in bounds. */
+    printf("  forged headers: %zu of 20000 decoded, the rest refused\n", accepted);
+    ASSERT_TRUE(accepted > 100);
+    dt_free(y);
+}
+
 /* A buffer whose header is intact but whose sparse indices were forged:
  * out-of-range and repeated indices are refused before any write. */
 static void test_forged_indices(void) {
@@ -1456,6 +1556,7 @@ int main(void) {
     RUN(test_pytorch_reference);
     RUN(test_state_resume);
     RUN(test_corrupt_rejected);
+    RUN(test_forged_headers);
     RUN(test_forged_indices);
     RUN(test_decode_add);
     RUN(test_simd_scalar_identical);
@@ -1471,6 +1572,7 @@ int main(void) {
     RUN(test_error_feedback_conserves_mass);
     RUN(test_pytorch_reference);
     RUN(test_corrupt_rejected);
+    RUN(test_forged_headers);
     RUN(test_decode_add);
     dt__compress_scalar_only = false;
     return TEST_SUMMARY();
