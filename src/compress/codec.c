@@ -507,6 +507,9 @@ bool dt_compressor_error_feedback(const dt_compressor *c) { return c->ef; }
 
 dt_status dt_compressor_compress(dt_compressor *c, const float *grad, uint64_t step, void *out,
                                  size_t cap, size_t *used) {
+    if (!out || !used || (c->n > 0 && !grad))
+        return dt_error_set(DT_ERR_INVALID, "%s encode: NULL gradient, buffer or size",
+                            c->ops->info.name);
     if (cap < c->encoded_bytes)
         return dt_error_set(DT_ERR_INVALID, "%s encode: buffer of %zu bytes, need %zu",
                             c->ops->info.name, cap, c->encoded_bytes);

@@ -208,6 +208,8 @@ float *dt_powersgd_q(dt_compressor *c, size_t *count) {
 
 dt_status dt_powersgd_begin(dt_compressor *c, const float *grad, uint64_t step) {
     DT_CHECK(need_powersgd(c, 0, "dt_powersgd_begin"));
+    if (c->n > 0 && !grad)
+        return dt_error_set(DT_ERR_INVALID, "dt_powersgd_begin: gradient is NULL");
     if (step >= (1ull << 36))
         return dt_error_set(DT_ERR_INVALID, "dt_powersgd_begin: step %llu is not below 2^36",
                             (unsigned long long)step);
@@ -238,6 +240,8 @@ dt_status dt_powersgd_middle(dt_compressor *c) {
 
 dt_status dt_powersgd_end(dt_compressor *c, float scale, float *out) {
     DT_CHECK(need_powersgd(c, 2, "dt_powersgd_end"));
+    if (c->n > 0 && !out)
+        return dt_error_set(DT_ERR_INVALID, "dt_powersgd_end: out is NULL");
     size_t r = (size_t)c->prank;
     if (r == 0) {
         for (size_t i = 0; i < c->n; i++)
@@ -421,6 +425,8 @@ static dt_status bucket_stage(const dt_powersgd_bucket *b, int stage, const char
 
 dt_status dt_powersgd_bucket_begin(dt_powersgd_bucket *b, const float *grad, uint64_t step) {
     DT_CHECK(bucket_stage(b, 0, "dt_powersgd_bucket_begin"));
+    if (b->n > 0 && !grad)
+        return dt_error_set(DT_ERR_INVALID, "dt_powersgd_bucket_begin: gradient is NULL");
     if (step >= (1ull << 36))
         return dt_error_set(DT_ERR_INVALID, "dt_powersgd_bucket_begin: step %llu >= 2^36",
                             (unsigned long long)step);
@@ -457,6 +463,8 @@ dt_status dt_powersgd_bucket_middle(dt_powersgd_bucket *b) {
 
 dt_status dt_powersgd_bucket_end(dt_powersgd_bucket *b, float scale, float *out) {
     DT_CHECK(bucket_stage(b, 2, "dt_powersgd_bucket_end"));
+    if (b->n > 0 && !out)
+        return dt_error_set(DT_ERR_INVALID, "dt_powersgd_bucket_end: out is NULL");
     for (size_t i = 0; i < b->nq; i++)
         b->Q[i] *= scale;
     for (size_t i = 0; i < b->nparts; i++) {

@@ -378,6 +378,13 @@ static void test_int8_bound(void) {
     ASSERT_OK(dt_compressor_create(&c, &spec, n, NULL));
     uint8_t *buf = dt_alloc(dt_compressor_encoded_bytes(c));
     size_t used;
+    ASSERT_STATUS(dt_compressor_compress(c, NULL, 0, buf, dt_compressor_encoded_bytes(c), &used),
+                  DT_ERR_INVALID);
+    ASSERT_STATUS(dt_compressor_compress(c, x, 0, buf, dt_compressor_encoded_bytes(c) - 1, &used),
+                  DT_ERR_INVALID);
+    ASSERT_STATUS(
+        dt_compressor_compress(c, x, 1ull << 36, buf, dt_compressor_encoded_bytes(c), &used),
+        DT_ERR_INVALID);
     ASSERT_STATUS(dt_compressor_compress(c, x, 0, buf, dt_compressor_encoded_bytes(c), &used),
                   DT_ERR_NUMERIC);
     ASSERT_CONTAINS(dt_last_error(), "block 1");
