@@ -276,9 +276,9 @@ dt_status dt_powersgd_end(dt_compressor *c, float scale, float *out);
  *
  * Tensors are (offset, rows, cols) views of the bucket; they must lie in
  * [0, n) without overlapping. A tensor goes uncompressed when rank r would
- * not make it smaller (r >= min(rows, cols), r (rows + cols) >= rows cols,
- * or fewer than cfg->min_compress values); so do values not covered by any
- * tensor. cfg->rows/cols are ignored; cfg->ef defaults to on.
+ * not at least halve it (2 r (rows + cols) > rows cols, or r >= min(rows,
+ * cols)) or it has fewer than cfg->min_compress values; so do values not
+ * covered by any tensor. cfg->rows/cols are ignored; cfg->ef defaults to on.
  */
 typedef struct dt_powersgd_tensor {
     size_t offset;     /* first value of the tensor in the bucket */

@@ -423,12 +423,7 @@ static dt_status plan_header(const dt_codec_spec *spec, size_t n, size_t rows, s
             return dt_error_set(DT_ERR_INVALID,
                                 "powersgd: shape %zu x %zu does not hold %zu values", rows, cols,
                                 n);
-        size_t mn = rows < cols ? rows : cols;
-        size_t r = (size_t)spec->rank < mn ? (size_t)spec->rank : mn;
-        /* Low rank only pays when P and Q are smaller than the matrix, and
-         * rank >= min(rows, cols) would be an exact but larger encoding. */
-        if (r >= mn || n < min_compress || (rows + cols) * r >= n)
-            r = 0;
+        size_t r = dt__powersgd_rank_for(rows, cols, (size_t)spec->rank, min_compress);
         h->k = n ? rows : 0;
         h->rank = r;
         break;

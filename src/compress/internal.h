@@ -133,6 +133,19 @@ void dt__bf16_to_f32(float *out, const uint8_t *in, size_t n, dt_decode_mode mod
 void dt__topk_select(const float *x, size_t n, size_t k, uint32_t *keys, uint8_t *idx_out,
                      bool simd);
 
+/* The rank PowerSGD uses for a rows x cols tensor asked for rank `rank`:
+ * 0 (send it as fp32) unless rank < min(rows, cols), the tensor has at
+ * least min_compress values, and P and Q take at most half its size (the
+ * min_compression_rate of 2 that PyTorch's hook defaults to: below that the
+ * approximation costs accuracy for little traffic). */
+static inline size_t dt__powersgd_rank_for(size_t rows, size_t cols, size_t rank,
+                                           size_t min_compress) {
+    size_t mn = rows < cols ? rows : cols, n = rows * cols;
+    if (rank >= mn || n < min_compress || 2 * rank * (rows + cols) > n)
+        return 0;
+    return rank;
+}
+
 /* PowerSGD pieces, shared by the one-shot codec and the staged API. */
 void dt__powersgd_orthonormalize(float *P, size_t rows, size_t r);
 

@@ -21,9 +21,10 @@
  * (seed, step, bucket), then only ever replaced by allreduced values), so
  * the ranks' P = M Q add up meaningfully. A Q column that is all zeros (first
  * use, or dropped by the orthogonalisation because P had lower numerical
- * rank) is redrawn from that stream before use. Tensors where a rank-r
- * encoding would not be smaller (r >= min(rows, cols), or r (rows + cols) >=
- * rows cols, or fewer values than min_compress) are sent as plain fp32.
+ * rank) is redrawn from that stream before use. Tensors where rank r would
+ * not at least halve the traffic (2 r (rows + cols) > rows cols, which
+ * includes r >= min(rows, cols)), or with fewer values than min_compress,
+ * are sent as plain fp32 (dt__powersgd_rank_for).
  *
  * The products use OpenBLAS's cblas_sgemm; orthogonalisation accumulates in
  * double. Decoding reads P and Q straight from the buffer; their values are
@@ -358,10 +359,7 @@ dt_status dt_powersgd_bucket_create(dt_powersgd_bucket **out, int rank, size_t n
                               t[i].offset, t[i].rows, t[i].cols, n);
             goto fail;
         }
-        size_t mn = t[i].rows < t[i].cols ? t[i].rows : t[i].cols;
-        size_t r = (size_t)rank < mn ? (size_t)rank : mn;
-        if (r >= mn || size < cfg.min_compress || (t[i].rows + t[i].cols) * r >= size)
-            r = 0;
+        size_t r = dt__powersgd_rank_for(t[i].rows, t[i].cols, (size_t)rank, cfg.min_compress);
         if (r && (t[i].rows > INT32_MAX || t[i].cols > INT32_MAX)) {
             st = dt_error_set(DT_ERR_UNSUPPORTED, "powersgd: %zu x %zu exceeds BLAS int sizes",
                               t[i].rows, t[i].cols);

@@ -175,6 +175,13 @@ static void test_sizes(void) {
     ASSERT_EQ(planned, H + 4 * 2 * 65);
     ASSERT_OK(dt_codec_encoded_bytes(&spec, n, 40, 25, 1001, &planned)); /* below min_compress */
     ASSERT_EQ(planned, H + 4 * n);
+    /* Compressed only when P and Q take at most half the tensor: 16 x 16 at
+     * rank 4 sends 4 * (16 + 16) = 128 of 256 floats; rank 5 would send 160. */
+    dt_codec_spec r4 = spec_of("powersgd:4"), r5 = spec_of("powersgd:5");
+    ASSERT_OK(dt_codec_encoded_bytes(&r4, 256, 16, 16, 0, &planned));
+    ASSERT_EQ(planned, H + 4 * 4 * 32);
+    ASSERT_OK(dt_codec_encoded_bytes(&r5, 256, 16, 16, 0, &planned));
+    ASSERT_EQ(planned, H + 4 * 256);
     dt_compressor_destroy(c);
     /* ... and a shape where low rank would not be smaller goes as fp32. */
     cfg.rows = 4;
