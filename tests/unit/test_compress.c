@@ -8,8 +8,11 @@
  * top-k is compared with a full sort, PowerSGD with matrices whose rank or
  * spectrum is known by construction. Error feedback is checked for
  * conservation of mass on integer data, where fp32 is exact. Corrupt
- * buffers (truncations, extensions, random byte flips) must be rejected or
- * decode within bounds; run under ASan to make the second half meaningful.
+ * buffers (truncations, extensions, random byte flips, forged headers with
+ * a valid check) must be rejected or decode within bounds; run under ASan
+ * to make the second half meaningful. PyTorch is the independent reference
+ * for the casts and PowerSGD (tests/data/compress_ref.bin). The codec tests
+ * run twice: with the SIMD paths, then with the scalar fallbacks forced.
  */
 #include "compress/internal.h"
 #include "dtrain/compress.h"
