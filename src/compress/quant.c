@@ -40,6 +40,12 @@ static bool bytes_scaled(const dt_codec_header *h, size_t bits_per_value, size_t
     return *out >= codes;
 }
 
+/* int8 and QSGD send a block whose largest magnitude is below this as
+ * zeros: the reciprocal of its scale would overflow (127 / m is inf for m
+ * below ~4e-37), and such values carry nothing a model could use. With error
+ * feedback they stay in the residual. */
+#define TINY 1e-30f
+
 /* The block's absmax, or DT_ERR_NUMERIC if it holds inf or NaN (a scale
  * computed from it would be meaningless). */
 static dt_status block_scale(const char *codec, const float *x, size_t len, size_t block,
@@ -86,6 +92,7 @@ static dt_status int8_encode_impl(dt_compressor *c, const float *x, const float 
         const float *restrict xb = block_input(x, res_in, lo, len, tmp);
         float m = 0.0f;
         DT_CHECK(block_scale("int8", xb, len, b, &m));
+        m = m < TINY ? 0.0f : m;
         float inv = m > 0.0f ? 127.0f / m : 0.0f, s = m / 127.0f;
         dt__store_f32(p + 4 * b, s);
         int8_t *restrict q = codes + lo;
@@ -243,6 +250,7 @@ static dt_status qsgd_encode_impl(dt_compressor *c, const float *x, const float 
         const float *restrict xb = block_input(x, res_in, lo, len, tmp);
         float m = 0.0f;
         DT_CHECK(block_scale("qsgd", xb, len, b, &m));
+        m = m < TINY ? 0.0f : m;
         dt__store_f32(p + 4 * b, m);
         dt__philox_fill(c->cfg.seed, stream, base + lo, rnd, len);
         float mul = m > 0.0f ? 0.5f * levels / m : 0.0f;

@@ -427,6 +427,25 @@ static void test_philox_fill_matches_dt_rng(void) {
         }
 }
 
+/* Blocks of tiny values (subnormal, or just above) decode to finite values
+ * within 1e-30; int8 and QSGD send them as exact zeros, since their
+ * reciprocal scale would overflow (and 0 * inf would be NaN). */
+static void test_tiny_blocks(void) {
+    const size_t n = 512;
+    float x[512], y[512];
+    for (size_t i = 0; i < n; i++)
+        x[i] = (i % 2 ? -1.0f : 1.0f) * (i < 256 ? 1e-38f * (float)(i % 7) : 0x1p-149f * (float)i);
+    static const char *const specs[] = {"int8", "qsgd:1", "qsgd:8", "sign"};
+    for (size_t s = 0; s < 4; s++) {
+        roundtrip(specs[s], x, n, y, DT_EF_OFF, 0);
+        for (size_t i = 0; i < n; i++) {
+            if (!isfinite(y[i]) || fabsf(y[i] - x[i]) > 1e-30f || (s < 3 && y[i] != 0.0f))
+                TEST_FAILF("%s: tiny x[%zu] = %g decoded as %g", specs[s], i, (double)x[i],
+                           (double)y[i]);
+        }
+    }
+}
+
 static void test_qsgd_bound_and_reproducible(void) {
     const size_t n = 777;
     float *x = falloc(n), *y = falloc(n), *z = falloc(n);
@@ -1558,6 +1577,7 @@ int main(void) {
     RUN(test_bf16_bound);
     RUN(test_int8_bound);
     RUN(test_philox_fill_matches_dt_rng);
+    RUN(test_tiny_blocks);
     RUN(test_qsgd_bound_and_reproducible);
     RUN(test_qsgd_unbiased);
     RUN(test_sign);
