@@ -94,6 +94,8 @@ static dt_status int8_encode_impl(dt_compressor *c, const float *x, const float 
         DT_CHECK(block_scale("int8", xb, len, b, &m));
         m = m < TINY ? 0.0f : m;
         float inv = m > 0.0f ? 127.0f / m : 0.0f, s = m / 127.0f;
+        if (!(s * 127.0f <= 3.4028235e38f)) /* m near FLT_MAX: keep 127 s finite */
+            s = nextafterf(s, 0.0f);
         dt__store_f32(p + 4 * b, s);
         int8_t *restrict q = codes + lo;
         for (size_t i = 0; i < len; i++) {
@@ -253,13 +255,13 @@ static dt_status qsgd_encode_impl(dt_compressor *c, const float *x, const float 
         m = m < TINY ? 0.0f : m;
         dt__store_f32(p + 4 * b, m);
         dt__philox_fill(c->cfg.seed, stream, base + lo, rnd, len);
-        float mul = m > 0.0f ? 0.5f * levels / m : 0.0f;
+        float mul = m > 0.0f ? 0.5f * levels / m : 0.0f, half = 0.5f * levels;
         /* Signed conversions, truncation for floor (u >= 0) and a float
          * select keep this loop vectorised; floorf would not be (it may
          * not raise "inexact" under the default -ftrapping-math). */
         const int itop = (int)top;
         for (size_t i = 0; i < len; i++) {
-            float u = (xb[i] + m) * mul; /* in [0, levels] */
+            float u = xb[i] * mul + half; /* in [0, levels]; x + m could overflow */
             float f = (float)(int)u;
             float r = (float)(int32_t)(rnd[i] >> 8) * 0x1p-24f; /* dt_rng_uniform's mapping */
             int level = (int)(f + (r < u - f ? 1.0f : 0.0f));
@@ -267,10 +269,9 @@ static dt_status qsgd_encode_impl(dt_compressor *c, const float *x, const float 
         }
         pack_block(codes + lo / 8 * bits, q, len, bits);
         if (res_out) {
-            float stepv = 2.0f * m / levels; /* exactly as qsgd_decode */
-            float *restrict r = res_out + lo;
+            float *restrict r = res_out + lo; /* exactly as qsgd_decode */
             for (size_t i = 0; i < len; i++)
-                r[i] = xb[i] - ((float)q[i] * stepv - m);
+                r[i] = xb[i] - m * ((float)(2 * (int)q[i] - itop) / levels);
         }
     }
     return DT_OK;
@@ -296,15 +297,15 @@ static void qsgd_decode(const dt_codec_header *h, const uint8_t *p, float *out,
         size_t lo = b * DT_COMPRESS_BLOCK;
         size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
         float m = dt__load_f32(p + 4 * b);
-        float stepv = 2.0f * m / levels;
+        const int itop = (int)levels;
         unpack_block(q, codes + lo / 8 * bits, len, bits);
         float *restrict o = out + lo;
         if (mode == DT_DECODE_ADD)
             for (size_t i = 0; i < len; i++)
-                o[i] += (float)q[i] * stepv - m;
+                o[i] += m * ((float)(2 * (int)q[i] - itop) / levels);
         else
             for (size_t i = 0; i < len; i++)
-                o[i] = (float)q[i] * stepv - m;
+                o[i] = m * ((float)(2 * (int)q[i] - itop) / levels);
     }
 }
 
@@ -346,6 +347,9 @@ static dt_status sign_encode_impl(dt_compressor *c, const float *x, const float 
             for (int l = 0; l < w; l++)
                 part[l] += part[l + w];
         float scale = part[0] / (float)len;
+        if (!(scale <= 3.4028235e38f)) /* the sum of 256 huge values overflowed */
+            return dt_error_set(DT_ERR_NUMERIC,
+                                "sign encode: block %zu: the sum of |x| overflows fp32", b);
         dt__store_f32(p + 4 * b, scale);
         /* Blocks start on byte boundaries (256 is a multiple of 8). */
         uint8_t *restrict ob = bitsp + lo / 8;

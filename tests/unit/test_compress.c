@@ -446,6 +446,34 @@ static void test_tiny_blocks(void) {
     }
 }
 
+/* Blocks near FLT_MAX: int8 and QSGD decode finite values within their
+ * bounds (no x + m or 2m overflow); sign refuses a block whose |x| sums
+ * past FLT_MAX instead of producing a scale its decoder would reject. */
+static void test_huge_blocks(void) {
+    const size_t n = 300;
+    float x[300], y[300];
+    for (size_t i = 0; i < n; i++)
+        x[i] = (i % 3 ? -1.0f : 1.0f) * ((float)(i % 5 + 1) / 5.0f * FLT_MAX);
+    static const char *const specs[] = {"int8", "qsgd:1", "qsgd:4", "qsgd:8"};
+    for (size_t s = 0; s < 4; s++) {
+        roundtrip(specs[s], x, n, y, DT_EF_OFF, 0);
+        for (size_t i = 0; i < n; i++)
+            if (!isfinite(y[i]) ||
+                fabs((double)y[i] - x[i]) > 2.0 * FLT_MAX * 1.0001 / (s ? 1 : 254))
+                TEST_FAILF("%s: x[%zu] = %g decoded as %g", specs[s], i, (double)x[i],
+                           (double)y[i]);
+    }
+    dt_codec_spec spec = spec_of("sign");
+    dt_compressor *c;
+    ASSERT_OK(dt_compressor_create(&c, &spec, n, NULL));
+    size_t cap = dt_compressor_encoded_bytes(c), used;
+    uint8_t *buf = dt_alloc(cap);
+    ASSERT_STATUS(dt_compressor_compress(c, x, 0, buf, cap, &used), DT_ERR_NUMERIC);
+    ASSERT_CONTAINS(dt_last_error(), "overflows");
+    dt_free(buf);
+    dt_compressor_destroy(c);
+}
+
 static void test_qsgd_bound_and_reproducible(void) {
     const size_t n = 777;
     float *x = falloc(n), *y = falloc(n), *z = falloc(n);
@@ -1578,6 +1606,7 @@ int main(void) {
     RUN(test_int8_bound);
     RUN(test_philox_fill_matches_dt_rng);
     RUN(test_tiny_blocks);
+    RUN(test_huge_blocks);
     RUN(test_qsgd_bound_and_reproducible);
     RUN(test_qsgd_unbiased);
     RUN(test_sign);
