@@ -272,6 +272,14 @@ static void test_fp16_simd_matches_scalar(void) {
         if (ha != hb)
             TEST_FAILF("fp16(%a): simd 0x%04x, scalar 0x%04x", (double)x[i], ha, hb);
     }
+    /* bf16: the same patterns (NaN payloads included) through both paths. */
+    dt__compress_scalar_only = true;
+    dt__f32_to_bf16(b, x, n - 3);
+    dt__compress_scalar_only = false;
+    dt__f32_to_bf16(a, x, n - 3);
+    for (size_t i = 0; i < n - 3; i++)
+        if (memcmp(a + 2 * i, b + 2 * i, 2) != 0)
+            TEST_FAILF("bf16(%a): simd and scalar differ", (double)x[i]);
     /* Decode: every half value, both modes. */
     float *fa = falloc(n), *fb = falloc(n);
     for (size_t i = 0; i < n; i++) {
