@@ -2,7 +2,10 @@
 # bench/compress-vs-torch.sh — dtrain's codecs next to the same operations in
 # PyTorch, measured in the same run on the same data size, one thread each.
 #
-#   bench/compress-vs-torch.sh [BUILD_DIR] [COUNT]      (defaults: build 4M)
+#   bench/compress-vs-torch.sh [BUILD_DIR] [COUNT] [wall|cpu]   (defaults: build 4M wall)
+#
+# "cpu" times both sides with the process CPU clock instead of the wall
+# clock, which is steadier when other jobs share the machine.
 #
 # Peers (torch, CPU, torch.set_num_threads(1)):
 #   fp16 / bf16   x.half() / x.bfloat16() and back with .float()
@@ -13,6 +16,12 @@
 set -eu
 BUILD=${1:-build}
 COUNT=${2:-4M}
+CLOCK=${3:-wall}
+case "$CLOCK" in
+    wall) CLOCKFLAG= ;;
+    cpu) CLOCKFLAG=--cpu-time ;;
+    *) echo "error: clock must be wall or cpu, not '$CLOCK'" >&2; exit 2 ;;
+esac
 DTRAIN="$BUILD/dtrain"
 [ -x "$DTRAIN" ] || { echo "error: $DTRAIN not found (build first)" >&2; exit 2; }
 PY=/usr/bin/python3
@@ -21,15 +30,17 @@ PY=/usr/bin/python3
 TMP=$(mktemp)
 trap 'rm -f "$TMP"' EXIT
 for codec in fp16 bf16 topk:0.01 powersgd:4; do
-    OPENBLAS_NUM_THREADS=1 "$DTRAIN" bench compress --codec "$codec" --count "$COUNT" --iters 7 --json >>"$TMP"
+    OPENBLAS_NUM_THREADS=1 "$DTRAIN" bench compress --codec "$codec" --count "$COUNT" --iters 7 \
+        --json $CLOCKFLAG >>"$TMP"
 done
 
-"$PY" - "$TMP" <<'PYEOF'
+"$PY" - "$TMP" "$CLOCK" <<'PYEOF'
 import json, statistics, sys, time
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks.powerSGD_hook import _orthogonalize
 
 torch.set_num_threads(1)
+clock = time.process_time if sys.argv[2] == "cpu" else time.perf_counter
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.startswith("{")]
 n = rows[0]["count"]
 g = torch.Generator().manual_seed(1)
@@ -39,7 +50,7 @@ def med(fn, reps=7):
     fn()
     t = []
     for _ in range(reps):
-        t0 = time.perf_counter(); fn(); t.append(time.perf_counter() - t0)
+        t0 = clock(); fn(); t.append(clock() - t0)
     return statistics.median(t)
 
 def side(codec):
@@ -73,7 +84,7 @@ def side(codec):
         return med(enc), med(lambda: P @ Q2.t())
     raise ValueError(codec)
 
-print(f"# {n} fp32 values, one thread each; GB/s of fp32 input (median of 7); torch {torch.__version__}")
+print(f"# {n} fp32 values, one thread each; GB/s of fp32 input (median of 7, {sys.argv[2]} clock); torch {torch.__version__}")
 print(f"{'codec':<12} {'dtrain enc':>10} {'torch enc':>10} {'ratio':>6}   {'dtrain dec':>10} {'torch dec':>10} {'ratio':>6}")
 for r in rows:
     te, td = side(r["codec"])
