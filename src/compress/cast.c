@@ -288,10 +288,61 @@ static void bf16_decode(const dt_codec_header *h, const uint8_t *p, float *out,
     dt__bf16_to_f32(out, p, (size_t)h->count, mode);
 }
 
+/* Error feedback for the element-wise codecs in chunks that stay in L1:
+ * x = grad + residual, encode, decode, residual = x - decoded; the same
+ * arithmetic as the generic path, one pass over memory instead of four. */
+typedef void (*chunk_enc)(uint8_t *out, const float *in, size_t n);
+typedef void (*chunk_dec)(float *out, const uint8_t *in, size_t n);
+
+static void ef_chunks(size_t width, chunk_enc enc, chunk_dec dec, size_t n, const float *grad,
+                      const float *res_in, float *res_out, uint8_t *p) {
+    float x[DT_COMPRESS_BLOCK], d[DT_COMPRESS_BLOCK];
+    for (size_t lo = 0; lo < n; lo += DT_COMPRESS_BLOCK) {
+        size_t len = n - lo < DT_COMPRESS_BLOCK ? n - lo : DT_COMPRESS_BLOCK;
+        for (size_t i = 0; i < len; i++)
+            x[i] = grad[lo + i] + res_in[lo + i];
+        enc(p + width * lo, x, len);
+        dec(d, p + width * lo, len);
+        for (size_t i = 0; i < len; i++)
+            res_out[lo + i] = x[i] - d[i];
+    }
+}
+
+static void none_chunk_enc(uint8_t *out, const float *in, size_t n) { memcpy(out, in, 4 * n); }
+static void none_chunk_dec(float *out, const uint8_t *in, size_t n) { memcpy(out, in, 4 * n); }
+static void fp16_chunk_enc(uint8_t *out, const float *in, size_t n) {
+    dt__f32_to_f16(out, in, n, true);
+}
+static void fp16_chunk_dec(float *out, const uint8_t *in, size_t n) {
+    dt__f16_to_f32(out, in, n, true, DT_DECODE_SET);
+}
+static void bf16_chunk_dec(float *out, const uint8_t *in, size_t n) {
+    dt__bf16_to_f32(out, in, n, DT_DECODE_SET);
+}
+
+static dt_status none_encode_ef(dt_compressor *c, const float *grad, const float *res_in,
+                                float *res_out, uint64_t step, uint8_t *p) {
+    ef_chunks(4, none_chunk_enc, none_chunk_dec, c->n, grad, res_in, res_out, p);
+    return DT_OK;
+}
+
+static dt_status fp16_encode_ef(dt_compressor *c, const float *grad, const float *res_in,
+                                float *res_out, uint64_t step, uint8_t *p) {
+    ef_chunks(2, fp16_chunk_enc, fp16_chunk_dec, c->n, grad, res_in, res_out, p);
+    return DT_OK;
+}
+
+static dt_status bf16_encode_ef(dt_compressor *c, const float *grad, const float *res_in,
+                                float *res_out, uint64_t step, uint8_t *p) {
+    ef_chunks(2, dt__f32_to_bf16, bf16_chunk_dec, c->n, grad, res_in, res_out, p);
+    return DT_OK;
+}
+
 const dt__codec_ops dt__codec_none = {
     .info = {.name = "none", .linear = true},
     .payload_bytes = bytes_x4,
     .encode = none_encode,
+    .encode_ef = none_encode_ef,
     .decode = none_decode,
 };
 
@@ -299,6 +350,7 @@ const dt__codec_ops dt__codec_fp16 = {
     .info = {.name = "fp16", .linear = true},
     .payload_bytes = bytes_x2,
     .encode = fp16_encode,
+    .encode_ef = fp16_encode_ef,
     .decode = fp16_decode,
 };
 
@@ -306,5 +358,6 @@ const dt__codec_ops dt__codec_bf16 = {
     .info = {.name = "bf16", .linear = true},
     .payload_bytes = bytes_x2,
     .encode = bf16_encode,
+    .encode_ef = bf16_encode_ef,
     .decode = bf16_decode,
 };

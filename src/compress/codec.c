@@ -32,9 +32,9 @@
  * inputs up to fp32 rounding of that one subtraction (exactly, when the
  * values are small integers or dyadic). top-k and random-k, which send
  * values unchanged, get the same result in place: residual += grad, encode
- * from it, zero what was sent. The block quantisers (int8, qsgd, sign) fuse
- * the four passes into one, writing the new residual next to the old and
- * swapping the two buffers when the encode has succeeded.
+ * from it, zero what was sent. The block quantisers (int8, qsgd, sign) and
+ * the casts fuse the four passes into one, writing the new residual next to
+ * the old and swapping the two buffers when the encode has succeeded.
  */
 #include "internal.h"
 

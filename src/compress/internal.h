@@ -35,7 +35,7 @@ typedef struct dt__codec_ops {
      * residual (residual += grad) and then zero what was sent. Same result
      * as the generic work - decode(work), two passes fewer. */
     void (*ef_sent)(const dt_codec_header *h, const uint8_t *payload, float *residual);
-    /* Optional, for block codecs: encode grad + res_in and write the new
+    /* Optional (block codecs, casts): encode grad + res_in and write the new
      * residual (grad + res_in) - decode to res_out in the same pass, with
      * the decode's own arithmetic, so the result equals the generic path
      * bit for bit. res_out is scratch until the call succeeds. */

@@ -787,14 +787,14 @@ static void test_error_feedback_conserves_mass(void) {
     ef_mass("powersgd:3", false);
 }
 
-/* The fused error-feedback path of the block codecs gives the generic
+/* The fused error-feedback paths (block codecs, casts) give the generic
  * path's bytes and residuals exactly, and a failed encode leaves the
  * residual as it was. */
 static void test_fused_ef_matches_generic(void) {
-    static const char *const specs[] = {"int8", "qsgd:3", "sign"};
+    static const char *const specs[] = {"int8", "qsgd:3", "sign", "none", "fp16", "bf16"};
     const size_t n = 1000;
     float *g = falloc(n);
-    for (size_t s = 0; s < 3; s++) {
+    for (size_t s = 0; s < 6; s++) {
         dt_codec_spec spec = spec_of(specs[s]);
         dt_compressor_config cfg = dt_compressor_config_default();
         cfg.ef = DT_EF_ON;
@@ -814,12 +814,14 @@ static void test_fused_ef_matches_generic(void) {
             if (memcmp(dt_compressor_residual(a), dt_compressor_residual(b), n * 4) != 0)
                 TEST_FAILF("%s step %" PRIu64 ": fused and generic residuals differ", specs[s], t);
         }
-        float *before = falloc(n);
-        memcpy(before, dt_compressor_residual(a), n * 4);
-        g[700] = INFINITY;
-        ASSERT_STATUS(dt_compressor_compress(a, g, 9, ba, cap, &used), DT_ERR_NUMERIC);
-        ASSERT_TRUE(memcmp(before, dt_compressor_residual(a), n * 4) == 0);
-        dt_free(before);
+        if (s < 3) { /* the block codecs refuse non-finite input */
+            float *before = falloc(n);
+            memcpy(before, dt_compressor_residual(a), n * 4);
+            g[700] = INFINITY;
+            ASSERT_STATUS(dt_compressor_compress(a, g, 9, ba, cap, &used), DT_ERR_NUMERIC);
+            ASSERT_TRUE(memcmp(before, dt_compressor_residual(a), n * 4) == 0);
+            dt_free(before);
+        }
         dt_free(ba);
         dt_free(bb);
         dt_compressor_destroy(a);
