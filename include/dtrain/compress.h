@@ -206,7 +206,9 @@ bool dt_compressor_error_feedback(const dt_compressor *c);
 /* Encode grad[0..n) (plus the residual when error feedback is on) into
  * out[0..cap); *used receives the exact byte count. With error feedback the
  * residual becomes (grad + residual) - decode(out). `step` (< 2^36) keys the
- * random numbers. grad is not modified. */
+ * random numbers. grad is not modified. On failure (DT_ERR_NUMERIC for a
+ * block holding inf/NaN in int8/qsgd/sign) the residual is unchanged and
+ * the contents of out are unspecified. */
 dt_status dt_compressor_compress(dt_compressor *c, const float *grad, uint64_t step, void *out,
                                  size_t cap, size_t *used);
 
