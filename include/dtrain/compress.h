@@ -227,6 +227,9 @@ const float *dt_compressor_residual(const dt_compressor *c);
  * set_state requires exactly state_bytes and finite values, and refuses to
  * run in the middle of a staged PowerSGD step. */
 size_t dt_compressor_state_bytes(const dt_compressor *c);
+/* Forget the state: zero residual, PowerSGD's Q redrawn at the next step
+ * (e.g. after an elastic restart that changed the data-parallel group). */
+void dt_compressor_reset(dt_compressor *c);
 dt_status dt_compressor_get_state(const dt_compressor *c, void *buf, size_t len);
 dt_status dt_compressor_set_state(dt_compressor *c, const void *buf, size_t len);
 

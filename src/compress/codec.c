@@ -631,3 +631,11 @@ dt_status dt_compressor_set_state(dt_compressor *c, const void *buf, size_t len)
         memcpy(c->Q, (const uint8_t *)buf + rb, q_floats(c) * sizeof(float));
     return DT_OK;
 }
+
+void dt_compressor_reset(dt_compressor *c) {
+    if (c->residual)
+        memset(c->residual, 0, c->n * sizeof(float));
+    if (q_floats(c))
+        memset(c->Q, 0, q_floats(c) * sizeof(float)); /* zero columns are redrawn */
+    c->stage = 0;
+}

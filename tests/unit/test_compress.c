@@ -1289,6 +1289,13 @@ static void test_state_resume(void) {
     ASSERT_OK(dt_powersgd_begin(b, g, 7));
     ASSERT_STATUS(dt_compressor_set_state(b, state, sb), DT_ERR_INVALID);
     ASSERT_CONTAINS(dt_last_error(), "staged");
+    /* reset == a fresh compressor: same bytes as one that never ran. */
+    dt_compressor_reset(b);
+    dt_compressor *fresh = psgd_new(2, rows, cols, DT_EF_ON, 0);
+    ASSERT_OK(dt_compressor_compress(b, g, 8, ba, cap, &used));
+    ASSERT_OK(dt_compressor_compress(fresh, g, 8, bb, cap, &used));
+    ASSERT_TRUE(memcmp(ba, bb, cap) == 0);
+    dt_compressor_destroy(fresh);
     dt_free(state);
     dt_free(ba);
     dt_free(bb);
