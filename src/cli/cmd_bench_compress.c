@@ -197,9 +197,10 @@ static int run_compress(cli_args *a) {
             printf("{\"bench\":\"compress\",\"codec\":\"%s\",\"count\":%zu,\"bytes\":%zu,"
                    "\"ratio\":%.3f,\"bits_per_value\":%.4f,\"encode_gbps\":%.3f,"
                    "\"decode_gbps\":%.3f,\"encode_ef_gbps\":%.3f,\"ef_default\":%s,"
-                   "\"rel_error\":%.6g}\n",
+                   "\"rel_error\":%.6g,\"clock\":\"%s\"}\n",
                    name, n, res.bytes, ratio, bpv, in / res.enc_s * 1e-9, in / res.dec_s * 1e-9,
-                   in / res.enc_ef_s * 1e-9, res.ef_default ? "true" : "false", res.rel_err);
+                   in / res.enc_ef_s * 1e-9, res.ef_default ? "true" : "false", res.rel_err,
+                   use_cpu_clock ? "cpu" : "wall");
         else
             printf("%-12s %12zu %8.2f %9.3f %10.2f %10.2f %12.2f %4s %10.3g\n", name, res.bytes,
                    ratio, bpv, in / res.enc_s * 1e-9, in / res.dec_s * 1e-9,
