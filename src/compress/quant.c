@@ -206,13 +206,44 @@ static inline __attribute__((always_inline)) void unpack_bits(uint8_t *q, const 
     }
 }
 
+/* Widths that divide 8: whole bytes of 8 / bits values, the same LSB-first
+ * layout as pack_bits (value i at bit i * bits), in loops that vectorise. */
+static inline __attribute__((always_inline)) void pack_pow2(uint8_t *out, const uint8_t *q,
+                                                            size_t len, unsigned bits) {
+    const unsigned per = 8 / bits;
+    size_t full = len / per;
+    for (size_t j = 0; j < full; j++) {
+        unsigned byte = 0;
+        for (unsigned k = 0; k < per; k++)
+            byte |= (unsigned)q[j * per + k] << (k * bits);
+        out[j] = (uint8_t)byte;
+    }
+    if (len % per) {
+        unsigned byte = 0;
+        for (size_t k = 0; k < len % per; k++)
+            byte |= (unsigned)q[full * per + k] << (k * bits);
+        out[full] = (uint8_t)byte;
+    }
+}
+
+static inline __attribute__((always_inline)) void unpack_pow2(uint8_t *q, const uint8_t *in,
+                                                              size_t len, unsigned bits) {
+    const unsigned per = 8 / bits, mask = (1u << bits) - 1u;
+    size_t full = len / per;
+    for (size_t j = 0; j < full; j++)
+        for (unsigned k = 0; k < per; k++)
+            q[j * per + k] = (uint8_t)((in[j] >> (k * bits)) & mask);
+    for (size_t k = 0; k < len % per; k++)
+        q[full * per + k] = (uint8_t)((in[full] >> (k * bits)) & mask);
+}
+
 /* A switch on constant bit widths lets each case's loop specialise. */
 static void pack_block(uint8_t *out, const uint8_t *q, size_t len, unsigned bits) {
     switch (bits) {
-    case 1: pack_bits(out, q, len, 1); break;
-    case 2: pack_bits(out, q, len, 2); break;
+    case 1: pack_pow2(out, q, len, 1); break;
+    case 2: pack_pow2(out, q, len, 2); break;
     case 3: pack_bits(out, q, len, 3); break;
-    case 4: pack_bits(out, q, len, 4); break;
+    case 4: pack_pow2(out, q, len, 4); break;
     case 5: pack_bits(out, q, len, 5); break;
     case 6: pack_bits(out, q, len, 6); break;
     case 7: pack_bits(out, q, len, 7); break;
@@ -222,10 +253,10 @@ static void pack_block(uint8_t *out, const uint8_t *q, size_t len, unsigned bits
 
 static void unpack_block(uint8_t *q, const uint8_t *in, size_t len, unsigned bits) {
     switch (bits) {
-    case 1: unpack_bits(q, in, len, 1); break;
-    case 2: unpack_bits(q, in, len, 2); break;
+    case 1: unpack_pow2(q, in, len, 1); break;
+    case 2: unpack_pow2(q, in, len, 2); break;
     case 3: unpack_bits(q, in, len, 3); break;
-    case 4: unpack_bits(q, in, len, 4); break;
+    case 4: unpack_pow2(q, in, len, 4); break;
     case 5: unpack_bits(q, in, len, 5); break;
     case 6: unpack_bits(q, in, len, 6); break;
     case 7: unpack_bits(q, in, len, 7); break;

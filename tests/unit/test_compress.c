@@ -412,6 +412,42 @@ static void test_int8_bound(void) {
     dt_free(y);
 }
 
+/* QSGD's wire format as documented: per-block f32 scales, then codes as
+ * one LSB-first bit stream (value i at bit i * B), decoded here by hand. */
+static void test_qsgd_wire_format(void) {
+    const size_t n = 600, nb = 3;
+    float *x = falloc(n), *y = falloc(n);
+    fill_normal(x, n, 1.0f, 950);
+    for (int bits = 1; bits <= 8; bits++) {
+        dt_codec_spec spec = {.kind = DT_CODEC_QSGD, .bits = bits};
+        dt_compressor *c;
+        ASSERT_OK(dt_compressor_create(&c, &spec, n, NULL));
+        size_t cap = dt_compressor_encoded_bytes(c), used;
+        uint8_t *buf = dt_alloc(cap);
+        ASSERT_OK(dt_compressor_compress(c, x, 1, buf, cap, &used));
+        ASSERT_OK(dt_codec_decode(buf, used, n, y, DT_DECODE_SET));
+        const uint8_t *p = buf + DT_COMPRESS_HEADER_BYTES, *codes = p + 4 * nb;
+        int L = (1 << bits) - 1;
+        for (size_t i = 0; i < n; i++) {
+            unsigned v = 0;
+            for (int t = 0; t < bits; t++) {
+                size_t at = i * (size_t)bits + (size_t)t;
+                v |= (unsigned)((codes[at / 8] >> (at % 8)) & 1u) << t;
+            }
+            float m;
+            memcpy(&m, p + 4 * (i / 256), 4);
+            float want = m * ((float)(2 * (int)v - L) / (float)L);
+            if (memcmp(&want, &y[i], 4) != 0)
+                TEST_FAILF("qsgd:%d value %zu: code %u decodes to %g, by hand %g", bits, i, v,
+                           (double)y[i], (double)want);
+        }
+        dt_free(buf);
+        dt_compressor_destroy(c);
+    }
+    dt_free(x);
+    dt_free(y);
+}
+
 /* The batched Philox used by QSGD is dt_rng's stream, output for output. */
 static void test_philox_fill_matches_dt_rng(void) {
     static const uint64_t seeds[] = {0, 1, 0xdeadbeefcafef00dull};
@@ -1624,6 +1660,7 @@ int main(void) {
     RUN(test_philox_fill_matches_dt_rng);
     RUN(test_tiny_blocks);
     RUN(test_huge_blocks);
+    RUN(test_qsgd_wire_format);
     RUN(test_qsgd_bound_and_reproducible);
     RUN(test_qsgd_unbiased);
     RUN(test_sign);
