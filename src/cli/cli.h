@@ -94,6 +94,12 @@ int cli_fail(dt_status st);
 /* Subcommands, each defined in src/cli/cmd_<name>.c. */
 extern const cli_cmd cli_cmd_version;
 extern const cli_cmd cli_cmd_bench;
+extern const cli_cmd cli_cmd_sample;
+extern const cli_cmd cli_bench_gemm, cli_bench_train; /* cmd_bench_engine.c */
+extern const cli_cmd cli_cmd_data;
+/* Benchmarks listed in cmd_bench.c, each defined in its own file. */
+extern const cli_cmd cli_bench_optim;
+extern const cli_cmd cli_bench_compress;
 extern const cli_cmd cli_bench_gemm_bf16;   /* bench_gemm_bf16.c */
 extern const cli_cmd cli_bench_amp_convert; /* bench_amp_convert.c */
 

@@ -40,9 +40,8 @@ static const cli_cmd bench_rng = {
 };
 
 static const cli_cmd *const benches[] = {
-    &bench_rng,
-    &cli_bench_gemm_bf16,
-    &cli_bench_amp_convert,
+    &bench_rng,          &cli_bench_gemm,      &cli_bench_train,       &cli_bench_optim,
+    &cli_bench_compress, &cli_bench_gemm_bf16, &cli_bench_amp_convert,
 };
 #define NBENCHES (sizeof benches / sizeof benches[0])
 
@@ -50,6 +49,10 @@ static const cli_opt bench_opts[] = {{0}};
 
 static const char bench_description[] = "benchmarks:\n"
                                         "  rng        Philox4x32-10 throughput\n"
+                                        "  gemm       OpenBLAS sgemm GFLOP/s (MFU peak)\n"
+                                        "  train      GPT training step: tokens/s, MFU\n"
+                                        "  optim      optimizer kernels (AdamW, SGD, clipping)\n"
+                                        "  compress   gradient codecs: GB/s, bytes, error\n"
                                         "  gemm-bf16  bf16 GEMM backends vs fp32 sgemm\n"
                                         "  amp-convert 16-bit conversions per ISA level\n"
                                         "Run 'dtrain bench WHAT --help' for a benchmark's options.";

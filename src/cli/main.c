@@ -12,6 +12,8 @@
 
 static const cli_cmd *const commands[] = {
     &cli_cmd_bench,
+    &cli_cmd_data,
+    &cli_cmd_sample,
     &cli_cmd_version,
 };
 

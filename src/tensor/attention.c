@@ -1,0 +1,247 @@
+/*
+ * attention.c — causal multi-head self-attention, forward and backward.
+ *
+ * The fast path is the "flash" scheme (Dao et al. 2022, 2023) on a CPU:
+ * queries and keys are taken in blocks of DT_ATTN_BLOCK; for each query row
+ * the scores against one key block are computed, the running maximum m and
+ * normaliser l are updated (online softmax) and the output row is rescaled
+ * and accumulated. The (T,T) matrix never exists; forward keeps only the
+ * output and lse = m + log(l) per query, i.e. O(T) memory per head.
+ *
+ * Backward recomputes the probabilities block by block from lse:
+ *     p  = exp(q.k * scale - lse)          dp = dout . v
+ *     ds = p * (dp - D),  D = dout . out   (= sum_j p_j dp_j, per query)
+ *     dq += scale ds k,   dk += scale ds q,   dv += p dout
+ * Threads own whole (batch, head) pairs in backward (dk and dv of a head are
+ * summed over all query blocks) and (batch, head, query block) triples in
+ * forward; no two threads write the same element. The tile products (at
+ * most 64 x 64 x HS) go to sgemm on the calling thread; the online softmax,
+ * the causal mask and dS = P (dP - D) are ours.
+ *
+ * Layout: qkv (B,T,3C) = [q | k | v], each C = NH * HS with heads
+ * contiguous, exactly what one linear layer of width 3C produces.
+ */
+#include "dtrain/tensor.h"
+
+#include "simd.h"
+
+#include <math.h>
+#include <string.h>
+
+#define BLK    DT_ATTN_BLOCK
+#define MAX_HS 256 /* head size bound for the stack tiles (checked by nn) */
+
+/* Row-major tile products through sgemm: (M,K) x (K,N), operands given with
+ * their leading dimensions. The tiles are at most 64 x 64 x HS, small
+ * enough that OpenBLAS runs them on the calling thread. */
+static inline void mm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc) {
+    dt_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* One query block [i0, i1) of head h of sequence b against all keys <= i1-1. */
+static void attn_forward_block(float *out, float *lse, const float *qkv, int b, int h, int i0,
+                               int T, int C, int NH) {
+    const int HS = C / NH, i1 = i0 + BLK < T ? i0 + BLK : T, nq = i1 - i0;
+    const int C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)HS);
+    const float *base = qkv + (size_t)b * T * C3;
+    const float *qb = base + (size_t)h * HS, *kb = qb + C, *vb = qb + 2 * (size_t)C;
+    float S[BLK * BLK];    /* scores, then probabilities, of the tile */
+    float O[BLK * MAX_HS]; /* unnormalised output rows */
+    float m[BLK], l[BLK];
+    for (int r = 0; r < nq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    for (int j0 = 0; j0 < i1; j0 += BLK) {
+        const int j1 = j0 + BLK < i1 ? j0 + BLK : i1, nk = j1 - j0;
+        // S (nq,nk) = scale * Q_i (nq,HS) K_j^T (HS,nk)
+        mm(false, true, nq, nk, HS, scale, qb + (size_t)i0 * C3, C3, kb + (size_t)j0 * C3, C3, 0.0f,
+           S, BLK);
+        for (int r = 0; r < nq; r++) {
+            const int t = i0 + r, nv = (j1 < t + 1 ? j1 : t + 1) - j0; /* causal: keys <= t */
+            float *srow = S + (size_t)r * BLK;
+            float *orow = O + (size_t)r * HS;
+            if (j0 == 0)
+                memset(orow, 0, sizeof(float) * (size_t)HS);
+            if (nv <= 0) {
+                memset(srow, 0, sizeof(float) * (size_t)nk);
+                continue;
+            }
+            float mb = dt__max(srow, (size_t)nv);
+            float mnew = mb > m[r] ? mb : m[r];
+            float corr = expf(m[r] - mnew); /* 0 on the first block (m = -inf) */
+            l[r] = l[r] * corr + dt__exp_shift_sum(srow, srow, mnew, (size_t)nv);
+            m[r] = mnew;
+            if (nv < nk)
+                memset(srow + nv, 0, sizeof(float) * (size_t)(nk - nv));
+            if (j0 != 0 && corr != 1.0f)
+                dt__scal(orow, corr, (size_t)HS);
+        }
+        // O (nq,HS) += P (nq,nk) V_j (nk,HS)
+        mm(false, false, nq, HS, nk, 1.0f, S, BLK, vb + (size_t)j0 * C3, C3, 1.0f, O, HS);
+    }
+    for (int r = 0; r < nq; r++) {
+        const int t = i0 + r;
+        float inv = 1.0f / l[r];
+        float *dst = out + ((size_t)b * T + t) * C + (size_t)h * HS;
+        for (int d = 0; d < HS; d++)
+            dst[d] = O[(size_t)r * HS + d] * inv;
+        lse[((size_t)b * NH + h) * T + t] = m[r] + logf(l[r]);
+    }
+}
+
+void dt_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+    DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS);
+    int nblk = (T + BLK - 1) / BLK;
+    /* Later query blocks see more keys; dynamic scheduling evens that out. */
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (B * NH * nblk > 1)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int ib = 0; ib < nblk; ib++)
+                attn_forward_block(out, lse, qkv, b, h, ib * BLK, T, C, NH);
+}
+
+static void attn_backward_head(float *dqkv, const float *dout, const float *qkv, const float *out,
+                               const float *lse, int b, int h, int T, int C, int NH) {
+    const int HS = C / NH, C3 = 3 * C;
+    const float scale = 1.0f / sqrtf((float)HS);
+    const float *base = qkv + (size_t)b * T * C3;
+    const float *qb = base + (size_t)h * HS, *kb = qb + C, *vb = qb + 2 * (size_t)C;
+    float *dbase = dqkv + (size_t)b * T * C3;
+    float *dqb = dbase + (size_t)h * HS, *dkb = dqb + C, *dvb = dqb + 2 * (size_t)C;
+    const float *dob = dout + (size_t)b * T * C + (size_t)h * HS;
+    const float *ob = out + (size_t)b * T * C + (size_t)h * HS;
+    const float *lrow = lse + ((size_t)b * NH + h) * T;
+    float P[BLK * BLK], dP[BLK * BLK], D[BLK];
+    for (int t = 0; t < T; t++) {
+        memset(dqb + (size_t)t * C3, 0, sizeof(float) * HS);
+        memset(dkb + (size_t)t * C3, 0, sizeof(float) * HS);
+        memset(dvb + (size_t)t * C3, 0, sizeof(float) * HS);
+    }
+    for (int i0 = 0; i0 < T; i0 += BLK) {
+        const int i1 = i0 + BLK < T ? i0 + BLK : T, nq = i1 - i0;
+        const float *Qi = qb + (size_t)i0 * C3, *dOi = dob + (size_t)i0 * C;
+        for (int t = i0; t < i1; t++)
+            D[t - i0] = dt__dot(dob + (size_t)t * C, ob + (size_t)t * C, (size_t)HS);
+        for (int j0 = 0; j0 < i1; j0 += BLK) {
+            const int j1 = j0 + BLK < i1 ? j0 + BLK : i1, nk = j1 - j0;
+            const float *Kj = kb + (size_t)j0 * C3, *Vj = vb + (size_t)j0 * C3;
+            // P (nq,nk) = exp(scale Q_i K_j^T - lse), zero above the diagonal
+            mm(false, true, nq, nk, HS, scale, Qi, C3, Kj, C3, 0.0f, P, BLK);
+            // dP (nq,nk) = dO_i V_j^T
+            mm(false, true, nq, nk, HS, 1.0f, dOi, C, Vj, C3, 0.0f, dP, BLK);
+            for (int r = 0; r < nq; r++) {
+                const int t = i0 + r, nv = (j1 < t + 1 ? j1 : t + 1) - j0;
+                const int nvv = nv > 0 ? nv : 0;
+                float *prow = P + (size_t)r * BLK, *dsrow = dP + (size_t)r * BLK;
+                if (nvv > 0)
+                    dt__exp_shift_sum(prow, prow, lrow[t], (size_t)nvv);
+                for (int c = nvv; c < nk; c++)
+                    prow[c] = 0.0f;
+                // dS = P * (dP - D) * scale, written over dP
+                const float Dt = D[r];
+                for (int c = 0; c < nk; c++)
+                    dsrow[c] = prow[c] * (dsrow[c] - Dt) * scale;
+            }
+            // dV_j (nk,HS) += P^T (nk,nq) dO_i (nq,HS)
+            mm(true, false, nk, HS, nq, 1.0f, P, BLK, dOi, C, 1.0f, dvb + (size_t)j0 * C3, C3);
+            // dQ_i (nq,HS) += dS (nq,nk) K_j (nk,HS)
+            mm(false, false, nq, HS, nk, 1.0f, dP, BLK, Kj, C3, 1.0f, dqb + (size_t)i0 * C3, C3);
+            // dK_j (nk,HS) += dS^T (nk,nq) Q_i (nq,HS)
+            mm(true, false, nk, HS, nq, 1.0f, dP, BLK, Qi, C3, 1.0f, dkb + (size_t)j0 * C3, C3);
+        }
+    }
+}
+
+void dt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                           const float *lse, int B, int T, int C, int NH) {
+    DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS);
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (B * NH > 1)
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            attn_backward_head(dqkv, dout, qkv, out, lse, b, h, T, C, NH);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Naive reference: scalar loops, the (T,T) probabilities stored            */
+/* ------------------------------------------------------------------------ */
+
+void dt_attention_naive_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                int NH) {
+    const int HS = C / NH;
+    const size_t C3 = 3 * (size_t)C;
+    const float scale = 1.0f / sqrtf((float)HS);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                const float *q = qkv + ((size_t)b * T + t) * C3 + (size_t)h * HS;
+                float *a = att + (((size_t)b * NH + h) * T + t) * T; // (T)
+                float mx = -INFINITY;
+                for (int j = 0; j <= t; j++) {
+                    const float *k = qkv + ((size_t)b * T + j) * C3 + C + (size_t)h * HS;
+                    float s = 0.0f;
+                    for (int d = 0; d < HS; d++)
+                        s += q[d] * k[d];
+                    a[j] = s * scale;
+                    mx = a[j] > mx ? a[j] : mx;
+                }
+                float sum = 0.0f;
+                for (int j = 0; j <= t; j++) {
+                    a[j] = expf(a[j] - mx);
+                    sum += a[j];
+                }
+                for (int j = 0; j < T; j++)
+                    a[j] = j <= t ? a[j] / sum : 0.0f;
+                float *o = out + ((size_t)b * T + t) * C + (size_t)h * HS;
+                for (int d = 0; d < HS; d++)
+                    o[d] = 0.0f;
+                for (int j = 0; j <= t; j++) {
+                    const float *v =
+                        qkv + ((size_t)b * T + j) * C3 + 2 * (size_t)C + (size_t)h * HS;
+                    for (int d = 0; d < HS; d++)
+                        o[d] += a[j] * v[d];
+                }
+            }
+}
+
+void dt_attention_naive_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                 int B, int T, int C, int NH) {
+    const int HS = C / NH;
+    const size_t C3 = 3 * (size_t)C;
+    const float scale = 1.0f / sqrtf((float)HS);
+    memset(dqkv, 0, sizeof(float) * (size_t)B * T * C3);
+    for (int b = 0; b < B; b++)
+        for (int h = 0; h < NH; h++)
+            for (int t = 0; t < T; t++) {
+                size_t off = (size_t)h * HS;
+                const float *a = att + (((size_t)b * NH + h) * T + t) * T;
+                const float *q = qkv + ((size_t)b * T + t) * C3 + off;
+                const float *dO = dout + ((size_t)b * T + t) * C + off;
+                float *dq = dqkv + ((size_t)b * T + t) * C3 + off;
+                /* datt[j] = dout . v_j, recomputed in both passes (no scratch). */
+                float sum = 0.0f;
+                for (int j = 0; j <= t; j++) {
+                    const float *v = qkv + ((size_t)b * T + j) * C3 + 2 * (size_t)C + off;
+                    float da = 0.0f;
+                    for (int d = 0; d < HS; d++)
+                        da += dO[d] * v[d];
+                    sum += a[j] * da;
+                }
+                for (int j = 0; j <= t; j++) {
+                    size_t row = ((size_t)b * T + j) * C3;
+                    const float *k = qkv + row + C + off, *v = qkv + row + 2 * (size_t)C + off;
+                    float *dk = dqkv + row + C + off, *dv = dqkv + row + 2 * (size_t)C + off;
+                    float da = 0.0f;
+                    for (int d = 0; d < HS; d++)
+                        da += dO[d] * v[d];
+                    float ds = a[j] * (da - sum) * scale;
+                    for (int d = 0; d < HS; d++) {
+                        dq[d] += ds * k[d];
+                        dk[d] += ds * q[d];
+                        dv[d] += a[j] * dO[d];
+                    }
+                }
+            }
+}

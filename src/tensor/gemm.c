@@ -1,0 +1,225 @@
+/*
+ * gemm.c — thread control and the matrix multiplies (OpenBLAS cblas_sgemm).
+ *
+ * One thread pool: OpenMP. OpenBLAS is kept single-threaded and a large
+ * sgemm is split by dt_sgemm into one block of rows (or columns) of C per
+ * OpenMP thread, each a single-threaded sgemm call. With OpenBLAS's own
+ * pthread pool as well, its workers spin after every call while our OpenMP
+ * kernels run, and on a machine with few cores the two pools steal each
+ * other's cores. Calls made inside an OpenMP region (the attention tiles)
+ * go straight to OpenBLAS. All matrices are row-major; linear layers keep
+ * PyTorch's (out, in) weight layout so checkpoints and fixtures map one to
+ * one.
+ */
+#include "dtrain/tensor.h"
+
+#include <cblas.h>
+#ifdef __SSE__
+#include <xmmintrin.h>
+#endif
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Declared by OpenBLAS's cblas.h; repeated so a reference cblas.h still builds. */
+void openblas_set_num_threads(int num_threads);
+
+static int g_threads; /* 0 = not set yet */
+
+void dt_tensor_set_threads(int n) {
+    if (n < 1)
+        n = 1;
+    g_threads = n;
+    omp_set_num_threads(n);
+#ifdef __SSE__
+    /* Flush denormals to zero (FTZ) and read them as zero (DAZ) on this
+     * thread and every pool thread: a saturated softmax produces gradients
+     * below 1e-38, and sgemm on denormal inputs runs ~10x slower (measured
+     * with PyTorch's default init on this machine). Values that small are
+     * far below float32's resolution of the sums they enter. */
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+#pragma omp parallel num_threads(n)
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+#endif
+    openblas_set_num_threads(1); /* see the file comment: we split sgemm ourselves */
+}
+
+int dt_tensor_threads(void) {
+    if (g_threads == 0) {
+        int n;
+        if (dt_tensor_threads_from_env(&n) != DT_OK) {
+            DT_WARN("%s; using %d threads", dt_last_error(), dt_cpu_count());
+            dt_tensor_set_threads(dt_cpu_count());
+        }
+    }
+    return g_threads;
+}
+
+dt_status dt_tensor_threads_from_env(int *out) {
+    int64_t n;
+    DT_CHECK(dt_config_env_int("DT_THREADS", dt_cpu_count(), 1, 1024, &n));
+    dt_tensor_set_threads((int)n);
+    if (out)
+        *out = (int)n;
+    return DT_OK;
+}
+
+bool dt_tensor_have_avx512(void) {
+#ifdef __AVX512F__
+    return true;
+#else
+    return false;
+#endif
+}
+
+/* Parts per thread of a split product. More parts than threads, taken
+ * dynamically: when the OS preempts one of our threads (a shared machine),
+ * the others take its remaining parts instead of spinning at the barrier.
+ * Parts stay >= 64 rows/columns, large enough for sgemm to run at speed. */
+#define PARTS_PER_THREAD 4
+
+/* Block t of nt over [0, len), multiples of 64 wide (whole register tiles). */
+static void split_range(int len, int nt, int t, int *lo, int *hi) {
+    int chunk = ((len + nt - 1) / nt + 63) & ~63;
+    *lo = t * chunk < len ? t * chunk : len;
+    *hi = *lo + chunk < len ? *lo + chunk : len;
+}
+
+/* Below this many multiply-adds an sgemm runs on one thread. */
+#define GEMM_SPLIT_MIN (1u << 21)
+
+static void sgemm1(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+void dt_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc) {
+    if (M == 0 || N == 0)
+        return;
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (nt <= 1 || (double)M * N * K < GEMM_SPLIT_MIN) {
+        sgemm1(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    /* Split the larger of M and N into parts, multiples of 64 so that
+     * every block keeps whole register tiles. Each thread packs its own
+     * panels; the duplicated packing of the shared operand is small next to
+     * the multiply for the sizes that reach this path. */
+    bool split_m = M >= N;
+    int len = split_m ? M : N, np = nt * PARTS_PER_THREAD;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int p = 0; p < np; p++) {
+        int lo, hi;
+        split_range(len, np, p, &lo, &hi);
+        if (lo >= hi)
+            continue;
+        if (split_m) {
+            /* rows lo..hi of op(A) and of C */
+            const float *Ab = trans_a ? A + lo : A + (size_t)lo * lda;
+            sgemm1(trans_a, trans_b, hi - lo, N, K, alpha, Ab, lda, B, ldb, beta,
+                   C + (size_t)lo * ldc, ldc);
+        } else {
+            /* columns lo..hi of op(B) and of C */
+            const float *Bb = trans_b ? B + (size_t)lo * ldb : B + lo;
+            sgemm1(trans_a, trans_b, M, hi - lo, K, alpha, A, lda, Bb, ldb, beta, C + lo, ldc);
+        }
+    }
+}
+
+static int pool_size(double macs) {
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    return macs < GEMM_SPLIT_MIN ? 1 : nt;
+}
+
+/* Part t of nt of a linear forward: the bias is written into this part of
+ * out, then sgemm adds into it (beta = 1). */
+static void matmul_forward_part(float *out, const float *inp, const float *weight,
+                                const float *bias, int N, int IC, int OC, int nt, int t) {
+    bool split_rows = N >= OC; /* tokens, else output channels */
+    int lo, hi;
+    split_range(split_rows ? N : OC, nt, t, &lo, &hi);
+    if (lo >= hi)
+        return;
+    int r0 = split_rows ? lo : 0, r1 = split_rows ? hi : N;
+    int c0 = split_rows ? 0 : lo, c1 = split_rows ? OC : hi;
+    if (bias)
+        for (int i = r0; i < r1; i++)
+            memcpy(out + (size_t)i * OC + c0, bias + c0, sizeof(float) * (size_t)(c1 - c0));
+    // out[r0:r1, c0:c1] (+)= inp[r0:r1, :] @ weight[c0:c1, :]^T
+    sgemm1(false, true, r1 - r0, c1 - c0, IC, 1.0f, inp + (size_t)r0 * IC, IC,
+           weight + (size_t)c0 * IC, IC, bias ? 1.0f : 0.0f, out + (size_t)r0 * OC + c0, OC);
+}
+
+void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+                       int IC, int OC) {
+    // out (N,OC) = inp (N,IC) @ weight^T (IC,OC) [+ bias]
+    /* One parallel region per layer: each thread seeds and multiplies its
+     * own block of out, so there is no barrier between bias and sgemm. */
+    int nt = pool_size((double)N * IC * OC);
+    if (nt <= 1) {
+        matmul_forward_part(out, inp, weight, bias, N, IC, OC, 1, 0);
+        return;
+    }
+    int np = nt * PARTS_PER_THREAD;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int p = 0; p < np; p++)
+        matmul_forward_part(out, inp, weight, bias, N, IC, OC, np, p);
+}
+
+/* Part t of nt of a linear backward: a block of dinp rows, a block of
+ * dweight, a slice of dbias. The three are independent, so one region
+ * without inner barriers does all of them. dbias sums rows in order for a
+ * fixed slice, so it does not depend on the thread count. */
+static void matmul_backward_part(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, int N, int IC, int OC,
+                                 int nt, int t) {
+    int lo, hi;
+    if (dinp) {
+        // dinp[lo:hi, :] = dout[lo:hi, :] (.,OC) @ weight (OC,IC)
+        split_range(N, nt, t, &lo, &hi);
+        if (lo < hi)
+            sgemm1(false, false, hi - lo, IC, OC, 1.0f, dout + (size_t)lo * OC, OC, weight, IC,
+                   0.0f, dinp + (size_t)lo * IC, IC);
+    }
+    // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC), split by the longer side
+    if (OC >= IC) {
+        split_range(OC, nt, t, &lo, &hi);
+        if (lo < hi)
+            sgemm1(true, false, hi - lo, IC, N, 1.0f, dout + lo, OC, inp, IC, 1.0f,
+                   dweight + (size_t)lo * IC, IC);
+    } else {
+        split_range(IC, nt, t, &lo, &hi);
+        if (lo < hi)
+            sgemm1(true, false, OC, hi - lo, N, 1.0f, dout, OC, inp + lo, IC, 1.0f, dweight + lo,
+                   IC);
+    }
+    if (dbias) {
+        split_range(OC, nt, t, &lo, &hi);
+        for (int o0 = lo; o0 < hi; o0 += 64) {
+            int o1 = o0 + 64 < hi ? o0 + 64 : hi;
+            float acc[64] = {0};
+            for (int i = 0; i < N; i++) {
+                const float *row = dout + (size_t)i * OC;
+                for (int o = o0; o < o1; o++)
+                    acc[o - o0] += row[o];
+            }
+            for (int o = o0; o < o1; o++)
+                dbias[o] += acc[o - o0];
+        }
+    }
+}
+
+void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int N, int IC, int OC) {
+    int nt = pool_size((double)N * IC * OC);
+    if (nt <= 1) {
+        matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, 1, 0);
+        return;
+    }
+    int np = nt * PARTS_PER_THREAD;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int p = 0; p < np; p++)
+        matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, np, p);
+}
