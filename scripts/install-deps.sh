@@ -15,6 +15,7 @@ PACKAGES=(
     pkg-config        # locating libraries
     libopenblas-dev   # sgemm for the training kernels
     libxxhash-dev     # XXH3 checksums for checkpoints
+    libdnnl-dev       # oneDNN: bf16 matrix multiply on AMX / AVX512-BF16
     libopenmpi-dev    # MPI backend and the Open MPI peer in bench/compare-mpi.sh
     openmpi-bin       # mpirun, for tests under MPI
     iproute2          # ip netns / tc: the multi-host test bed
