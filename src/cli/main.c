@@ -12,6 +12,7 @@
 
 static const cli_cmd *const commands[] = {
     &cli_cmd_bench,
+    &cli_cmd_launch,
     &cli_cmd_version,
 };
 

@@ -1,0 +1,22 @@
+# Launcher tests: real `dtrain launch` runs with the probe program as ranks.
+# Each named case of tests/launch/test_launch.c is its own ctest test.
+add_executable(launch_probe ${CMAKE_CURRENT_SOURCE_DIR}/launch/probe.c)
+add_executable(launch_selfexec ${CMAKE_CURRENT_SOURCE_DIR}/launch/selfexec.c)
+target_link_libraries(launch_selfexec PRIVATE dtrain)
+add_executable(test_launch ${CMAKE_CURRENT_SOURCE_DIR}/launch/test_launch.c)
+target_include_directories(test_launch PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_definitions(test_launch PRIVATE _GNU_SOURCE
+  DT_CLI="$<TARGET_FILE:dtrain_cli>"
+  PROBE="$<TARGET_FILE:launch_probe>"
+  SELFEXEC="$<TARGET_FILE:launch_selfexec>")
+target_link_libraries(test_launch PRIVATE dtrain)
+# Captured outputs are large; messages quoting them are cut on purpose.
+target_compile_options(test_launch PRIVATE -Wno-format-truncation)
+add_dependencies(test_launch dtrain_cli launch_probe launch_selfexec)
+
+foreach(t env tag_output fail fail_signal fail_grace sigint sigterm restart no_orphans
+          launcher_killed bad_input port_in_use unreachable_master two_nodes
+          two_nodes_mismatch two_nodes_fail two_nodes_restart self)
+  add_test(NAME launch_${t} COMMAND test_launch ${t})
+  set_tests_properties(launch_${t} PROPERTIES TIMEOUT 60 LABELS "launch")
+endforeach()
