@@ -20,3 +20,11 @@ foreach(t env tag_output fail fail_signal fail_grace sigint sigterm restart no_o
   add_test(NAME launch_${t} COMMAND test_launch ${t})
   set_tests_properties(launch_${t} PROPERTIES TIMEOUT 60 LABELS "launch")
 endforeach()
+
+# Two hosts made of network namespaces (scripts/netns-cluster.sh): needs
+# root and iproute2, skipped with a message otherwise.
+add_test(NAME launch_netns
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/launch/netns_launch.sh
+                 $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:launch_probe>)
+set_tests_properties(launch_netns PROPERTIES TIMEOUT 60 LABELS "launch;netns"
+                     SKIP_RETURN_CODE 77)
