@@ -103,11 +103,8 @@ static void convert(const cli_cmd *cmd, const cli_opt *o, cli_value *v, const ch
     dt_status st = DT_OK;
     int64_t i;
     switch (o->kind) {
-    case CLI_FLAG:
-        st = dt_config_parse_bool(knob, v->text, &v->b);
-        break;
-    case CLI_STRING:
-        break;
+    case CLI_FLAG: st = dt_config_parse_bool(knob, v->text, &v->b); break;
+    case CLI_STRING: break;
     case CLI_INT:
         st = dt_config_parse_int(knob, v->text, (int64_t)o->min, (int64_t)o->max, &i);
         if (st == DT_OK)
@@ -117,12 +114,8 @@ static void convert(const cli_cmd *cmd, const cli_opt *o, cli_value *v, const ch
         st = dt_config_parse_size(knob, v->text, (size_t)o->min,
                                   o->max >= 1.8e19 ? SIZE_MAX : (size_t)o->max, &v->size);
         break;
-    case CLI_DOUBLE:
-        st = dt_config_parse_double(knob, v->text, o->min, o->max, &v->d);
-        break;
-    case CLI_BOOL:
-        st = dt_config_parse_bool(knob, v->text, &v->b);
-        break;
+    case CLI_DOUBLE: st = dt_config_parse_double(knob, v->text, o->min, o->max, &v->d); break;
+    case CLI_BOOL: st = dt_config_parse_bool(knob, v->text, &v->b); break;
     case CLI_ENUM:
         st = dt_config_parse_enum(knob, v->text, o->choices, count_choices(o->choices), &v->e);
         break;
@@ -142,8 +135,8 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
     shortopts[sp++] = ':';
     for (int i = 0; i < n; i++) {
         const cli_opt *o = &cmd->opts[i];
-        longopts[i] = (struct option){o->name, o->kind == CLI_FLAG ? no_argument : required_argument,
-                                      NULL, 1000 + i};
+        longopts[i] = (struct option){
+            o->name, o->kind == CLI_FLAG ? no_argument : required_argument, NULL, 1000 + i};
         if (o->short_name) {
             shortopts[sp++] = o->short_name;
             if (o->kind != CLI_FLAG)

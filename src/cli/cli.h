@@ -27,15 +27,15 @@ typedef enum cli_kind {
 } cli_kind;
 
 typedef struct cli_opt {
-    const char *name;              /* long name without "--" */
-    char short_name;               /* one-letter alias, or 0 */
-    cli_kind kind;                 /* how the value is parsed */
-    const char *metavar;           /* shown in help ("N", "FILE") */
-    const char *def;               /* default as text, or NULL for none */
-    const char *env;               /* DT_* variable read when the flag is absent */
-    const char *help;              /* one line */
-    const char *const *choices;    /* CLI_ENUM only, NULL-terminated */
-    double min, max;               /* CLI_INT / CLI_SIZE / CLI_DOUBLE range */
+    const char *name;           /* long name without "--" */
+    char short_name;            /* one-letter alias, or 0 */
+    cli_kind kind;              /* how the value is parsed */
+    const char *metavar;        /* shown in help ("N", "FILE") */
+    const char *def;            /* default as text, or NULL for none */
+    const char *env;            /* DT_* variable read when the flag is absent */
+    const char *help;           /* one line */
+    const char *const *choices; /* CLI_ENUM only, NULL-terminated */
+    double min, max;            /* CLI_INT / CLI_SIZE / CLI_DOUBLE range */
 } cli_opt;
 
 #define CLI_MAX_OPTS 64
