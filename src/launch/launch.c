@@ -568,39 +568,84 @@ static void note_failure(job *j, int src, int code, const char *text) {
     send_stop_to_nodes(j);
 }
 
-static void on_node_message(job *j, int idx) {
+/* Node 0: read one message from node idx + 1 and record it. Returns true
+ * if that node failed (or went away). */
+static bool record_node_message(job *j, int idx) {
     int fd = j->meet.fds[idx];
+    int node = idx + 1;
     dt__msg m;
     dt_status st = dt__msg_recv(fd, 10.0, &m);
-    if (j->o->node_rank == 0) {
-        int node = idx + 1;
-        if (st != DT_OK || m.type != DT__MSG_RESULT) {
-            char why[256];
-            snprintf(why, sizeof why, "the launcher of node %d went away (%s)", node,
-                     st != DT_OK ? dt_last_error() : "unexpected message");
-            close(fd);
-            j->meet.fds[idx] = -1;
-            j->node_result[idx] = DT__RESULT_FAILED;
-            j->node_code[idx] = 1;
-            note_failure(j, node, 1, why);
-            begin_stop(j, SIGTERM);
-            return;
-        }
-        j->node_result[idx] = m.b;
-        j->node_code[idx] = m.a;
-        if (m.b == DT__RESULT_FAILED) {
-            note_failure(j, node, m.a, m.text);
-            begin_stop(j, SIGTERM);
-        }
-    } else {
-        if (st != DT_OK || m.type != DT__MSG_STOP) {
-            /* Node 0 is gone: nobody can coordinate the job any more. */
-            close(fd);
-            j->meet.fds[idx] = -1;
-        }
-        j->stopped_by_peer = true;
-        begin_stop(j, SIGTERM);
+    if (st != DT_OK || m.type != DT__MSG_RESULT) {
+        char why[256];
+        snprintf(why, sizeof why, "the launcher of node %d went away (%s)", node,
+                 st != DT_OK ? dt_last_error() : "unexpected message");
+        close(fd);
+        j->meet.fds[idx] = -1;
+        j->node_result[idx] = DT__RESULT_FAILED;
+        j->node_code[idx] = 1;
+        note_failure(j, node, 1, why);
+        return true;
     }
+    j->node_result[idx] = m.b;
+    j->node_code[idx] = m.a;
+    if (m.b == DT__RESULT_FAILED) {
+        note_failure(j, node, m.a, m.text);
+        return true;
+    }
+    return false;
+}
+
+static void on_node_message(job *j, int idx) {
+    if (j->o->node_rank == 0) {
+        if (record_node_message(j, idx))
+            begin_stop(j, SIGTERM);
+        return;
+    }
+    dt__msg m;
+    dt_status st = dt__msg_recv(j->meet.fds[idx], 10.0, &m);
+    if (st != DT_OK || m.type != DT__MSG_STOP) {
+        /* Node 0 is gone: nobody can coordinate the job any more. */
+        close(j->meet.fds[idx]);
+        j->meet.fds[idx] = -1;
+    }
+    j->stopped_by_peer = true;
+    begin_stop(j, SIGTERM);
+}
+
+/* Wait until fd is readable or SIGINT/SIGTERM arrives (returns that signal,
+ * else 0). No deadline: the other side's ranks may run for days; a dead
+ * peer machine is noticed by TCP keepalive (see node.c). */
+static int wait_fds_or_signal(const int *fds, int nfds, int *ready) {
+    struct pollfd *pfd = calloc((size_t)nfds + 1, sizeof *pfd);
+    DT_ASSERT(pfd);
+    int result = 0;
+    for (;;) {
+        /* A negative fd is ignored by poll(). */
+        pfd[0] = (struct pollfd){.fd = sig_pipe[0], .events = POLLIN};
+        for (int i = 0; i < nfds; i++)
+            pfd[i + 1] = (struct pollfd){.fd = fds[i], .events = POLLIN};
+        int r = poll(pfd, (nfds_t)nfds + 1, 1000);
+        if (r <= 0)
+            continue;
+        if (pfd[0].revents) {
+            unsigned char sigs[64];
+            ssize_t got = read(sig_pipe[0], sigs, sizeof sigs);
+            for (ssize_t k = 0; k < got && !result; k++)
+                if (sigs[k] == SIGINT || sigs[k] == SIGTERM)
+                    result = sigs[k];
+            if (result)
+                break;
+        }
+        int i = 0;
+        while (i < nfds && !(pfd[i + 1].revents & (POLLIN | POLLHUP | POLLERR)))
+            i++;
+        if (i < nfds) {
+            *ready = i;
+            break;
+        }
+    }
+    free(pfd);
+    return result;
 }
 
 /* ---------------------------------------------------------------------- */
@@ -817,35 +862,44 @@ static void run_attempt(job *j, int restart, attempt *a) {
 /* ---------------------------------------------------------------------- */
 
 /* Node 0 of a multi-node job: wait for every node's RESULT of this attempt.
- * The other nodes stop within their grace period once told, so the wait is
- * bounded by grace + timeout. */
+ * A node that failed has already been told to stop the others; a ^C here
+ * stops every node (a second one gives up waiting). */
 static void collect_results(job *j) {
-    double deadline = dt_now() + j->o->grace + j->o->timeout + 5;
-    for (int i = 0; i < j->o->nnodes - 1; i++) {
-        while (j->node_result[i] < 0) {
-            double left = deadline - dt_now();
-            dt__msg m;
-            dt_status st = j->meet.fds[i] >= 0
-                               ? dt__msg_recv(j->meet.fds[i], left > 0 ? left : 0.1, &m)
-                               : DT_ERR_PEER;
-            if (st != DT_OK || m.type != DT__MSG_RESULT) {
-                char why[256];
-                snprintf(why, sizeof why, "the launcher of node %d did not report (%s)", i + 1,
-                         st != DT_OK ? dt_last_error() : "unexpected message");
+    int nn = j->o->nnodes - 1;
+    int *pending = malloc((size_t)nn * sizeof *pending);
+    DT_ASSERT(pending);
+    for (;;) {
+        int np = 0;
+        for (int i = 0; i < nn; i++) {
+            if (j->node_result[i] < 0 && j->meet.fds[i] < 0) {
                 j->node_result[i] = DT__RESULT_FAILED;
-                j->node_code[i] = 1;
-                note_failure(j, i + 1, 1, why);
-                if (j->meet.fds[i] >= 0)
-                    close(j->meet.fds[i]);
-                j->meet.fds[i] = -1;
+                note_failure(j, i + 1, 1, "a node's launcher went away");
+            }
+            pending[i] = j->node_result[i] < 0 ? j->meet.fds[i] : -1;
+            np += pending[i] >= 0;
+        }
+        if (np == 0)
+            break;
+        int idx = -1;
+        int sig = wait_fds_or_signal(pending, nn, &idx);
+        if (sig) {
+            if (j->interrupted) {
+                for (int i = 0; i < nn; i++)
+                    if (j->node_result[i] < 0)
+                        j->node_result[i] = DT__RESULT_FAILED;
                 break;
             }
-            j->node_result[i] = m.b;
-            j->node_code[i] = m.a;
-            if (m.b == DT__RESULT_FAILED)
-                note_failure(j, i + 1, m.a, m.text);
+            j->interrupted = sig;
+            char why[128];
+            snprintf(why, sizeof why, "interrupted by signal %d (%s); the job was stopped", sig,
+                     strsignal(sig));
+            note_failure(j, -1, 128 + sig, why);
+            send_stop_to_nodes(j); /* even if a failure was noted before */
+            continue;
         }
+        record_node_message(j, idx);
     }
+    free(pending);
 }
 
 static dt_status prepare(job *j, const dt_launch_options *o) {
@@ -976,10 +1030,20 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
             dt_status ms = j.meet.fds[0] >= 0 ? dt__msg_send(j.meet.fds[0], DT__MSG_RESULT, a.code,
                                                              (int)a.result, 0, a.summary)
                                               : DT_ERR_PEER;
-            if (ms == DT_OK)
-                ms = dt__msg_recv(j.meet.fds[0], o.grace + o.timeout + 10, &m);
-            while (ms == DT_OK && m.type == DT__MSG_STOP)
-                ms = dt__msg_recv(j.meet.fds[0], o.grace + o.timeout + 10, &m);
+            int sig = 0;
+            do {
+                int idx;
+                if (ms == DT_OK && (sig = wait_fds_or_signal(j.meet.fds, 1, &idx)) == 0)
+                    ms = dt__msg_recv(j.meet.fds[0], 10.0, &m);
+            } while (ms == DT_OK && sig == 0 && m.type == DT__MSG_STOP);
+            if (sig) {
+                /* Our ranks are done; leaving makes node 0 stop the job. */
+                st = dt_error_set(DT_ERR_ABORTED,
+                                  "interrupted by signal %d (%s) while waiting for the other nodes",
+                                  sig, strsignal(sig));
+                *exit_code = 128 + sig;
+                break;
+            }
             if (ms != DT_OK) {
                 st = dt_error_set(DT_ERR_PEER, "lost the connection to node 0's launcher%s%s",
                                   a.result == DT__RESULT_OK ? "" : "; this node: ",

@@ -186,6 +186,18 @@ dt_status dt__free_port(int *port) {
 /* The meeting                                                              */
 /* ---------------------------------------------------------------------- */
 
+/* The launchers' connections live as long as the job and carry almost
+ * nothing, so a peer machine that vanishes (no FIN, no RST) would go
+ * unnoticed: keepalive probes find it within about 15 s. */
+static void tune_ctrl(int fd) {
+    int one = 1, idle = 5, intvl = 2, cnt = 5;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &idle, sizeof idle);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &intvl, sizeof intvl);
+    setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &cnt, sizeof cnt);
+}
+
 void dt__meeting_close(dt__meeting *m) {
     int n = m->node_rank == 0 ? m->nnodes - 1 : 1;
     for (int i = 0; m->fds && i < n; i++)
@@ -236,8 +248,7 @@ static dt_status meet_as_master(dt__meeting *m) {
         int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
         if (fd < 0)
             continue;
-        int one = 1;
-        setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+        tune_ctrl(fd);
         dt__msg h;
         if (dt__msg_recv(fd, 10.0 < left ? 10.0 : left, &h) != DT_OK || h.type != DT__MSG_HELLO) {
             /* A port scanner or a stray client: ignore it, keep waiting. */
@@ -334,8 +345,7 @@ static dt_status meet_as_node(dt__meeting *m) {
     freeaddrinfo(ai);
     /* Back to blocking: reads are bounded by poll() in read_all. */
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
-    int one = 1;
-    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    tune_ctrl(fd);
     m->fds[0] = fd;
     DT_CHECK(dt__msg_send(fd, DT__MSG_HELLO, m->node_rank, m->nnodes, m->nproc,
                           m->token_given ? m->token : ""));

@@ -106,6 +106,17 @@ int main(int argc, char **argv) {
         int bad = atoi(argv[3]);
         record_pids();
         if (rank == bad) {
+            /* Fail only once every rank has recorded its pids, so that the
+             * test can check all of them are gone afterwards. */
+            int world = atoi(env("DT_WORLD_SIZE"));
+            for (int r = 0, tries = 0; r < world && tries < 2000; tries++) {
+                char path[4096];
+                snprintf(path, sizeof path, "%s/pid.%d", dir, r);
+                if (access(path, F_OK) == 0)
+                    r++;
+                else
+                    usleep(5000);
+            }
             for (int i = 1; i <= 12; i++)
                 fprintf(stderr, "diagnostic line %d of rank %d\n", i, rank);
             usleep(100 * 1000);
@@ -135,6 +146,13 @@ int main(int argc, char **argv) {
     if (strcmp(mode, "orphan") == 0) {
         /* Exit 0 at once, leaving a sleeping child behind. */
         record_pids();
+        return 0;
+    }
+    if (strcmp(mode, "slow") == 0) {
+        /* probe slow DIR MIN_RANK MS: ranks >= MIN_RANK take MS ms. */
+        record_pids();
+        if (rank >= atoi(argv[3]))
+            usleep((useconds_t)atoi(argv[4]) * 1000);
         return 0;
     }
     if (strcmp(mode, "restart") == 0) {

@@ -176,15 +176,30 @@ static void assert_all_gone(int count, double within) {
     reap_orphans();
 }
 
+/* A port P with P and P + 1 free (node 0 of a multi-node job uses both),
+ * taken outside the kernel's ephemeral range so that other programs'
+ * bind(0) calls do not race for it. Tests that use it hold the ctest
+ * resource lock "launch_ports", so they do not race each other either. */
 static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    ASSERT_EQ(bind(fd, (struct sockaddr *)&sa, sizeof sa), 0);
-    socklen_t len = sizeof sa;
-    getsockname(fd, (struct sockaddr *)&sa, &len);
-    close(fd);
-    return ntohs(sa.sin_port);
+    static unsigned seed;
+    if (!seed)
+        seed = (unsigned)getpid() ^ (unsigned)dt_now_ns();
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        seed = seed * 1103515245u + 12345u;
+        int port = 20000 + (int)((seed >> 8) % 12000);
+        int ok = 0;
+        for (int k = 0; k < 2; k++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in sa = {.sin_family = AF_INET,
+                                     .sin_port = htons((uint16_t)(port + k))};
+            sa.sin_addr.s_addr = htonl(INADDR_ANY);
+            ok += bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+            close(fd);
+        }
+        if (ok == 2)
+            return port;
+    }
+    TEST_FAILF("no free pair of TCP ports in [20000, 32000)");
 }
 
 static const char *env_value(const char *text, const char *name, char *out, size_t len) {
@@ -562,6 +577,50 @@ static void test_two_nodes_restart(void) {
     ASSERT_CONTAINS(e1, "node 1: restarting the job (restart 1 of 1)");
 }
 
+/* Node 0's ranks finish long before node 1's (longer than DT_TIMEOUT):
+ * node 0 waits for them, however long the job runs. */
+static void test_two_nodes_slow(void) {
+    char args[1024], e0[8192], e1[8192];
+    result r0, r1;
+    snprintf(args, sizeof args, "%s slow %s 2 2500", PROBE, dir);
+    setenv("DT_TIMEOUT", "1", 1);
+    run_two_nodes("-n 2", "-n 2", args, &r0, e0, &r1, e1);
+    unsetenv("DT_TIMEOUT");
+    ASSERT_EQ(r0.code, 0);
+    ASSERT_EQ(r1.code, 0);
+    ASSERT_TRUE(r0.seconds >= 2.4);
+    assert_all_gone(4, 2);
+}
+
+/* ^C on node 0 stops the job on both nodes. */
+static void test_two_nodes_sigint(void) {
+    int port = free_port();
+    char c0[2048], c1[2048];
+    snprintf(c0, sizeof c0,
+             "exec %s launch --nnodes 2 --node-rank 0 --master 127.0.0.1:%d -n 2 %s hang %s",
+             DT_CLI, port, PROBE, dir);
+    snprintf(c1, sizeof c1,
+             "exec %s launch --nnodes 2 --node-rank 1 --master 127.0.0.1:%d -n 2 %s hang %s",
+             DT_CLI, port, PROBE, dir);
+    double t0 = dt_now();
+    pid_t p1 = start(c1, "node1");
+    pid_t p0 = start(c0, "node0");
+    wait_for_files("pid", 4, 20);
+    kill(p0, SIGINT);
+    result r0 = finish(p0, t0, "node0", 20);
+    ASSERT_EQ(r0.code, 130);
+    result r1 = finish(p1, t0, "node1", 20);
+    ASSERT_EQ(r1.code, 130);
+    ASSERT_CONTAINS(err_text, "interrupted by signal 2");
+    for (int rank = 0; rank < 4; rank++) {
+        char p[512], text[64];
+        snprintf(p, sizeof p, "%s/sig.%d", dir, rank);
+        read_file(p, text, sizeof text);
+        ASSERT_EQ(atoi(text), rank < 2 ? SIGINT : SIGTERM); /* node 1's were stopped */
+    }
+    assert_all_gone(4, 2);
+}
+
 /* A program relaunching itself through dt_launch_self (like `dtrain train
  * --nproc N`). */
 static void test_self(void) {
@@ -601,6 +660,8 @@ static const named_test tests[] = {
     {"two_nodes_mismatch", test_two_nodes_mismatch},
     {"two_nodes_fail", test_two_nodes_fail},
     {"two_nodes_restart", test_two_nodes_restart},
+    {"two_nodes_slow", test_two_nodes_slow},
+    {"two_nodes_sigint", test_two_nodes_sigint},
     {"self", test_self},
 };
 
