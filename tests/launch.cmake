@@ -34,3 +34,15 @@ add_test(NAME launch_netns
                  $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:launch_probe>)
 set_tests_properties(launch_netns PROPERTIES TIMEOUT 60 LABELS "launch;netns"
                      SKIP_RETURN_CODE 77)
+
+# Under a real mpirun, ranks find themselves from Open MPI's variables.
+find_program(DT_MPIRUN mpirun)
+add_executable(launch_jobenv_print ${CMAKE_CURRENT_SOURCE_DIR}/launch/jobenv_print.c)
+target_include_directories(launch_jobenv_print PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(launch_jobenv_print PRIVATE dtrain)
+if(DT_MPIRUN)
+  add_test(NAME launch_mpirun_env
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/launch/mpirun_jobenv.sh ${DT_MPIRUN}
+                   $<TARGET_FILE:launch_jobenv_print>)
+  set_tests_properties(launch_mpirun_env PROPERTIES TIMEOUT 60 LABELS "launch;mpi")
+endif()
