@@ -16,6 +16,7 @@
  *   4. Arguments are validated before anything is queued or sent.
  */
 #include "backend.h"
+#include "jobenv.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -26,6 +27,9 @@
 
 static const dt__backend *const backends[] = {
     &dt__backend_native,
+#ifdef DT_HAVE_MPI
+    &dt__backend_mpi,
+#endif
 };
 #define NBACKENDS (sizeof backends / sizeof backends[0])
 
@@ -39,7 +43,10 @@ static void job_release(dt__job *job, bool clean) {
     if (job->store) {
         /* Rank 0 serves the store: it waits (briefly after a failure) until
          * every rank has said it is done with it, so that a slow rank still
-         * finishing its bootstrap is not cut off. */
+         * finishing its bootstrap is not cut off. The caller's error message
+         * (why the job is being released) must survive these store calls. */
+        char saved[1024];
+        snprintf(saved, sizeof saved, "%s", dt_last_error());
         int64_t n = 0;
         if (dt__store_add(job->store, "exit", 1, &n) == DT_OK && job->server) {
             double dl = dt_now() + (clean ? job->timeout : 2.0);
@@ -49,7 +56,7 @@ static void job_release(dt__job *job, bool clean) {
                     break;
             }
         }
-        dt_error_clear();
+        dt_error_set(DT_OK, "%s", saved);
         dt__store_close(job->store);
     }
     dt__store_server_stop(job->server);
@@ -369,6 +376,8 @@ dt_status dt_group_init_from_env(dt_group **out) {
         return dt_error_set(DT_ERR_INVALID, "dt_group_init_from_env: out is NULL");
     *out = NULL;
     int rank = 0, size = 1;
+    /* Under mpirun/srun: the meeting place (MPI bootstrap when available). */
+    DT_CHECK(dt__jobenv_export());
     DT_CHECK(env_rank_size(&rank, &size));
     dt_log_set_rank(rank);
     dt__job *job = NULL;
