@@ -27,15 +27,15 @@ typedef enum cli_kind {
 } cli_kind;
 
 typedef struct cli_opt {
-    const char *name;              /* long name without "--" */
-    char short_name;               /* one-letter alias, or 0 */
-    cli_kind kind;                 /* how the value is parsed */
-    const char *metavar;           /* shown in help ("N", "FILE") */
-    const char *def;               /* default as text, or NULL for none */
-    const char *env;               /* DT_* variable read when the flag is absent */
-    const char *help;              /* one line */
-    const char *const *choices;    /* CLI_ENUM only, NULL-terminated */
-    double min, max;               /* CLI_INT / CLI_SIZE / CLI_DOUBLE range */
+    const char *name;           /* long name without "--" */
+    char short_name;            /* one-letter alias, or 0 */
+    cli_kind kind;              /* how the value is parsed */
+    const char *metavar;        /* shown in help ("N", "FILE") */
+    const char *def;            /* default as text, or NULL for none */
+    const char *env;            /* DT_* variable read when the flag is absent */
+    const char *help;           /* one line */
+    const char *const *choices; /* CLI_ENUM only, NULL-terminated */
+    double min, max;            /* CLI_INT / CLI_SIZE / CLI_DOUBLE range */
 } cli_opt;
 
 #define CLI_MAX_OPTS 64
@@ -94,5 +94,6 @@ int cli_fail(dt_status st);
 /* Subcommands, each defined in src/cli/cmd_<name>.c. */
 extern const cli_cmd cli_cmd_version;
 extern const cli_cmd cli_cmd_bench;
+extern const cli_cmd cli_bench_comm, cli_bench_memcpy; /* cmd_bench_comm.c */
 
 #endif /* DTRAIN_CLI_H */
