@@ -95,5 +95,6 @@ int cli_fail(dt_status st);
 extern const cli_cmd cli_cmd_version;
 extern const cli_cmd cli_cmd_bench;
 extern const cli_cmd cli_cmd_launch;
+extern const cli_cmd cli_bench_comm, cli_bench_memcpy; /* cmd_bench_comm.c */
 
 #endif /* DTRAIN_CLI_H */

@@ -41,14 +41,19 @@ static const cli_cmd bench_rng = {
 
 static const cli_cmd *const benches[] = {
     &bench_rng,
+    &cli_bench_comm,
+    &cli_bench_memcpy,
 };
 #define NBENCHES (sizeof benches / sizeof benches[0])
 
 static const cli_opt bench_opts[] = {{0}};
 
-static const char bench_description[] = "benchmarks:\n"
-                                        "  rng        Philox4x32-10 throughput\n"
-                                        "Run 'dtrain bench WHAT --help' for a benchmark's options.";
+static const char bench_description[] =
+    "benchmarks:\n"
+    "  rng        Philox4x32-10 throughput\n"
+    "  comm       collective bandwidth/latency (nccl-tests columns)\n"
+    "  memcpy     memory bandwidth, the ceiling for shared-memory collectives\n"
+    "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {
     if (a->argc < 1)

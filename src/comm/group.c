@@ -40,13 +40,12 @@ static const dt__backend *const backends[] = {
 static void job_release(dt__job *job, bool clean) {
     if (!job || atomic_fetch_sub(&job->refs, 1) != 1)
         return;
+    char saved[1024]; /* the store calls below must not eat the caller's error */
+    snprintf(saved, sizeof saved, "%s", dt_last_error());
     if (job->store) {
         /* Rank 0 serves the store: it waits (briefly after a failure) until
          * every rank has said it is done with it, so that a slow rank still
-         * finishing its bootstrap is not cut off. The caller's error message
-         * (why the job is being released) must survive these store calls. */
-        char saved[1024];
-        snprintf(saved, sizeof saved, "%s", dt_last_error());
+         * finishing its bootstrap is not cut off. */
         int64_t n = 0;
         if (dt__store_add(job->store, "exit", 1, &n) == DT_OK && job->server) {
             double dl = dt_now() + (clean ? job->timeout : 2.0);
@@ -56,9 +55,11 @@ static void job_release(dt__job *job, bool clean) {
                     break;
             }
         }
-        dt_error_set(DT_OK, "%s", saved);
         dt__store_close(job->store);
     }
+    dt_error_clear();
+    if (saved[0])
+        dt_error_set(DT_OK, "%s", saved);
     dt__store_server_stop(job->server);
     if (job->host_keys)
         for (int i = 0; i < job->world_size; i++)
@@ -244,6 +245,8 @@ static void group_free(dt_group *g, bool clean) {
     free(g->leaders);
     free(g->ident);
     free(g->tp);
+    free(g->sent);
+    free(g->rcvd);
     dt_free(g->scratch);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
@@ -273,8 +276,10 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     g->host_size = calloc((size_t)size, sizeof *g->host_size);
     g->host_ranks = calloc((size_t)size, sizeof *g->host_ranks);
     g->leaders = malloc((size_t)size * sizeof *g->leaders);
-    if (!g->world || !g->host || !g->ident || !g->tp || !g->host_size || !g->host_ranks ||
-        !g->leaders) {
+    g->sent = calloc((size_t)size, sizeof *g->sent);
+    g->rcvd = calloc((size_t)size, sizeof *g->rcvd);
+    if (!g->sent || !g->rcvd || !g->world || !g->host || !g->ident || !g->tp || !g->host_size ||
+        !g->host_ranks || !g->leaders) {
         st = dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
         goto fail;
     }
@@ -393,7 +398,7 @@ dt_status dt_group_init_from_env(dt_group **out) {
     free(world);
     job_release(job, st == DT_OK); /* the group holds its own reference */
     if (st != DT_OK)
-        dt_error_prefix("rank %d: creating the world group: ", rank);
+        dt_error_prefix("rank %d: creating the world group", rank);
     return st;
 }
 
@@ -634,7 +639,12 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
                               .src = g->rank,
                               .count = count};
     pthread_mutex_lock(&g->mu);
-    op->desc.seq = ++g->issued;
+    /* Collectives are numbered in one sequence; point-to-point messages in
+     * one per (direction, peer), so that a send and its recv carry the same
+     * number whatever else the two ranks do. */
+    op->desc.seq = coll == DT_COLL_SEND   ? ++g->sent[root]
+                   : coll == DT_COLL_RECV ? ++g->rcvd[root]
+                                          : ++g->issued;
     if (!work && !g->busy && !g->head) {
         g->busy = true;
         pthread_mutex_unlock(&g->mu);
@@ -718,7 +728,7 @@ dt_status dt_group_split(dt_group *g, int color, int key, dt_group **out) {
     }
     st = group_create(g->job, id, me, n, world, out);
     if (st != DT_OK)
-        dt_error_prefix("splitting group %s (color %d): ", g->id, color);
+        dt_error_prefix("splitting group %s (color %d)", g->id, color);
 out:
     free(all);
     free(members);

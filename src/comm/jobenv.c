@@ -184,9 +184,15 @@ dt_status dt__jobenv_read(dt__jobenv *out) {
     e.local_rank = e.local_size = e.node_rank = -1;
     DT_CHECK(read_launcher(&e));
     const char *who = dt__launcher_name(e.launcher);
+    static const char *const vars[][2] = {{"rank", "size"},
+                                          {"DT_RANK", "DT_WORLD_SIZE"},
+                                          {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                          {"PMI_RANK", "PMI_SIZE"},
+                                          {"SLURM_PROCID", "SLURM_NTASKS"}};
+    _Static_assert(sizeof vars / sizeof vars[0] == DT__LAUNCHER_COUNT, "vars out of sync");
     if (e.rank >= e.size)
-        return dt_error_set(DT_ERR_INVALID, "rank %d is not below the world size %d (from %s)",
-                            e.rank, e.size, who);
+        return dt_error_set(DT_ERR_INVALID, "%s=%d is not below %s=%d (from %s)",
+                            vars[e.launcher][0], e.rank, vars[e.launcher][1], e.size, who);
 
     /* DT_* win over whatever the launcher said. */
     DT_CHECK(env_int("DT_LOCAL_RANK", 0, INT32_MAX, &e.local_rank, NULL));
