@@ -23,7 +23,7 @@ add_dependencies(test_launch dtrain_cli launch_probe launch_selfexec launch_coll
 foreach(t env tag_output fail fail_signal fail_grace sigint sigterm restart no_orphans
           launcher_killed bad_input port_in_use unreachable_master two_nodes
           two_nodes_mismatch two_nodes_fail two_nodes_restart two_nodes_slow
-          two_nodes_sigint self comm_one_node comm_two_nodes)
+          two_nodes_sigint self comm_one_node comm_two_nodes bench_np)
   add_test(NAME launch_${t} COMMAND test_launch ${t})
   set_tests_properties(launch_${t} PROPERTIES TIMEOUT 60 LABELS "launch")
 endforeach()

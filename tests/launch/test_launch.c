@@ -642,6 +642,22 @@ static void test_comm_two_nodes(void) {
     ASSERT_EQ(r1.code, 0);
 }
 
+/* A distributed subcommand starting itself through the launcher. */
+static void test_bench_np(void) {
+    result r = run("%s bench comm --np 3 --sizes 1K:16K --iters 2 --warmup 1", DT_CLI);
+    ASSERT_EQ(r.code, 0);
+    ASSERT_CONTAINS(out_text, "allreduce f32 sum, 3 ranks, transport shm");
+    int rows = 0;
+    for (char *line = strtok(out_text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#')
+            continue;
+        size_t len = strlen(line);
+        ASSERT_TRUE(len > 2 && strcmp(line + len - 2, " 0") == 0); /* #wrong */
+        rows++;
+    }
+    ASSERT_EQ(rows, 5);
+}
+
 /* A program relaunching itself through dt_launch_self (like `dtrain train
  * --nproc N`). */
 static void test_self(void) {
@@ -686,6 +702,7 @@ static const named_test tests[] = {
     {"self", test_self},
     {"comm_one_node", test_comm_one_node},
     {"comm_two_nodes", test_comm_two_nodes},
+    {"bench_np", test_bench_np},
 };
 
 int main(int argc, char **argv) {
