@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -81,7 +82,9 @@ typedef struct job {
     char token[DT_LAUNCH_TOKEN_HEX + 1];
     char **base_env; /* inherited environment minus job_vars and env_unset */
     size_t base_count;
-    dt__meeting meet; /* multi-node only */
+    dt__meeting meet;     /* multi-node only */
+    struct rlimit nofile; /* the caller's descriptor limit, restored for the ranks */
+    bool nofile_raised;
     bool multi;
 
     /* One attempt. */
@@ -434,6 +437,8 @@ static void child_exec(job *j, proc *p, char **env, int out_w, int err_w, int ex
     if (out_w >= 0)
         dup2(out_w, 1);
     dup2(err_w, 2);
+    if (j->nofile_raised)
+        setrlimit(RLIMIT_NOFILE, &j->nofile);
     execve(j->path, j->o->argv, env);
     int e = errno;
     if (write(exec_w, &e, sizeof e) < 0)
@@ -1017,6 +1022,13 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
     }
     DT_CHECK_GOTO(install_signals(&saved), st, done);
     signals = true;
+    /* Two or three pipes per rank stay open: the usual soft limit of 1024
+     * descriptors would cap a node near 500 ranks. */
+    if (getrlimit(RLIMIT_NOFILE, &j.nofile) == 0 && j.nofile.rlim_cur < j.nofile.rlim_max) {
+        struct rlimit raised = j.nofile;
+        raised.rlim_cur = raised.rlim_max;
+        j.nofile_raised = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+    }
 
     for (int restart = 0;; restart++) {
         attempt a;
@@ -1108,6 +1120,8 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
         break;
     }
 done:
+    if (j.nofile_raised)
+        setrlimit(RLIMIT_NOFILE, &j.nofile);
     if (signals)
         restore_signals(&saved);
     release(&j);
