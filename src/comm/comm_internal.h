@@ -250,6 +250,7 @@ typedef struct dt__config {
     int shm_slots;     /* DT_SHM_SLOTS */
     size_t shm_window; /* DT_SHM_WINDOW (bytes per half) */
     int spin;          /* DT_SPIN iterations before sleeping */
+    int yield;         /* DT_YIELD sched_yield()s before sleeping */
     int tcp_socks;     /* DT_TCP_SOCKS */
     size_t tcp_buffer; /* DT_TCP_BUFFER */
     size_t tcp_stripe; /* DT_TCP_STRIPE_MIN */

@@ -11,6 +11,7 @@
  */
 #include "comm_internal.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -107,7 +108,7 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
     dt_group *g = op->g;
     double deadline = dt_now() + g->cfg.timeout;
     double next_check = 0;
-    int spins = 0;
+    int spins = 0, yields = 0;
     for (;;) {
         uint64_t tok = g->shm ? g->shm->ops->arm(g->shm) : 0;
         bool progressed = false;
@@ -123,11 +124,21 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
         }
         if (progressed) {
             spins = 0;
+            yields = 0;
             deadline = dt_now() + g->cfg.timeout;
             continue;
         }
-        if (spins++ < g->cfg.spin) {
+        /* Spinning pays only where polling is a memory read (shm); a TCP
+         * poll is a system call, and sleeping in poll() wakes on data. */
+        if (g->shm && spins++ < g->cfg.spin) {
             cpu_relax();
+            continue;
+        }
+        /* When ranks outnumber cores the peer we wait for is often runnable
+         * but not running: handing it our core now beats a futex round
+         * trip. A few yields, then sleep. */
+        if (g->shm && yields++ < g->cfg.yield) {
+            sched_yield();
             continue;
         }
         double now = dt_now();
@@ -154,6 +165,7 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
             g->tcp->ops->block(g->tcp, 0, 20);
         }
         spins = g->cfg.spin / 2; /* a short spin after each wake-up */
+        yields = g->cfg.yield;
     }
 }
 

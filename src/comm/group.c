@@ -309,8 +309,11 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     for (int i = 0; i < g->local_size; i++)
         if (g->local[i] == rank)
             g->local_rank = i;
+    bool oversubscribed = g->local_size > dt_cpu_count();
     if (g->cfg.spin < 0) /* auto: spin only when every local rank has a core */
-        g->cfg.spin = g->local_size <= dt_cpu_count() ? 4000 : 0;
+        g->cfg.spin = oversubscribed ? 0 : 4000;
+    if (g->cfg.yield < 0) /* auto: yield to the peers we wait for when they share cores */
+        g->cfg.yield = oversubscribed ? 200 : 20;
 
     /* Transports: shared memory inside a host, TCP between hosts. */
     int *shm_peers = malloc((size_t)size * sizeof(int)), nshm = 0;
