@@ -54,8 +54,9 @@ if(DT_MPIRUN)
   set_tests_properties(launch_mpirun_env PROPERTIES TIMEOUT 60 LABELS "launch;mpi")
 endif()
 
-# With Open MPI built in (src/comm/deps.cmake): comm's collective suite and
-# coll_check under `mpirun -np 4` with DT_BACKEND=mpi, the native backend
+# With Open MPI built in (src/comm/deps.cmake): comm's collective suite,
+# its abort and point-to-point cases, and coll_check under `mpirun` with
+# DT_BACKEND=mpi, the native backend
 # bootstrapped through MPI, and a failing rank under both. Open MPI's own
 # allocations upset LeakSanitizer: "noasan".
 if(DT_MPIRUN AND TARGET MPI::MPI_C)
@@ -66,6 +67,12 @@ if(DT_MPIRUN AND TARGET MPI::MPI_C)
   add_test(NAME launch_mpi_sweep_odd
            COMMAND ${mpirun_args} -np 3 -x DT_BACKEND=mpi -x DT_TIMEOUT=60
                    $<TARGET_FILE:test_comm_sweep> --child shm_3)
+  add_test(NAME launch_mpi_abort
+           COMMAND ${mpirun_args} -np 2 -x DT_BACKEND=mpi -x DT_TIMEOUT=30
+                   $<TARGET_FILE:test_comm_groups> --child abort_shm_2)
+  add_test(NAME launch_mpi_p2p
+           COMMAND ${mpirun_args} -np 5 -x DT_BACKEND=mpi -x DT_TIMEOUT=30
+                   $<TARGET_FILE:test_comm_groups> --child p2p_shm_5)
   add_test(NAME launch_mpi_coll
            COMMAND ${mpirun_args} -np 4 -x DT_BACKEND=mpi
                    $<TARGET_FILE:launch_coll_check> --expect-backend mpi)
@@ -75,6 +82,7 @@ if(DT_MPIRUN AND TARGET MPI::MPI_C)
   add_test(NAME launch_mpi_fail
            COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/launch/mpirun_fail.sh ${DT_MPIRUN}
                    $<TARGET_FILE:launch_coll_check>)
-  set_tests_properties(launch_mpi_sweep launch_mpi_sweep_odd launch_mpi_coll launch_mpi_native
-                       launch_mpi_fail PROPERTIES TIMEOUT 120 LABELS "launch;mpi;noasan")
+  set_tests_properties(launch_mpi_sweep launch_mpi_sweep_odd launch_mpi_abort launch_mpi_p2p
+                       launch_mpi_coll launch_mpi_native launch_mpi_fail
+                       PROPERTIES TIMEOUT 120 LABELS "launch;mpi;noasan")
 endif()
