@@ -22,15 +22,16 @@ add_dependencies(test_launch dtrain_cli launch_probe launch_selfexec launch_coll
 
 foreach(t env tag_output fail fail_signal fail_grace sigint sigterm restart no_orphans
           launcher_killed bad_input port_in_use unreachable_master two_nodes
-          two_nodes_mismatch two_nodes_fail two_nodes_restart two_nodes_slow
+          two_nodes_mismatch two_nodes_fail two_nodes_missing two_nodes_restart two_nodes_slow
           two_nodes_sigint self comm_one_node comm_two_nodes bench_np)
   add_test(NAME launch_${t} COMMAND test_launch ${t})
   set_tests_properties(launch_${t} PROPERTIES TIMEOUT 60 LABELS "launch")
 endforeach()
 # Tests that pick TCP ports themselves must not race each other for them.
 set_tests_properties(launch_port_in_use launch_unreachable_master launch_two_nodes
-                     launch_two_nodes_mismatch launch_two_nodes_fail launch_two_nodes_restart
-                     launch_two_nodes_slow launch_two_nodes_sigint launch_comm_two_nodes
+                     launch_two_nodes_mismatch launch_two_nodes_fail launch_two_nodes_missing
+                     launch_two_nodes_restart launch_two_nodes_slow launch_two_nodes_sigint
+                     launch_comm_two_nodes
                      PROPERTIES RESOURCE_LOCK launch_ports)
 
 # Two hosts made of network namespaces (scripts/netns-cluster.sh): needs

@@ -913,7 +913,15 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
     j->nproc = o->nproc;
     j->world = o->nproc * o->nnodes;
     j->multi = o->nnodes > 1;
-    DT_CHECK(find_program(o->argv[0], j->path, sizeof j->path));
+    /* A joining node that cannot run the program still meets node 0, to
+     * tell everybody why the job cannot start (else node 0 would wait for
+     * it until DT_TIMEOUT). */
+    dt_status found = find_program(o->argv[0], j->path, sizeof j->path);
+    char problem[1024] = "";
+    if (found != DT_OK && !(j->multi && o->node_rank > 0))
+        return found;
+    if (found != DT_OK)
+        snprintf(problem, sizeof problem, "%s", dt_last_error());
 
     int port = 0;
     snprintf(j->master_addr, sizeof j->master_addr, "127.0.0.1");
@@ -961,7 +969,8 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
                             .port = port,
                             .timeout = o->timeout,
                             .token_given = token_given,
-                            .store_port = port + 1};
+                            .store_port = port + 1,
+                            .problem = problem[0] ? problem : NULL};
     snprintf(j->meet.job_id, sizeof j->meet.job_id, "%s", j->job_id);
     snprintf(j->meet.token, sizeof j->meet.token, "%s", j->token);
     if (o->node_rank == 0) {
@@ -969,6 +978,8 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
         DT_CHECK(dt__check_port_free(port + 1, "store (master port + 1)"));
     }
     DT_CHECK(dt__meet(&j->meet));
+    if (problem[0]) /* node 0 did not refuse us: an old launcher; fail here */
+        return dt_error_set(found, "%s", problem);
     snprintf(j->job_id, sizeof j->job_id, "%s", j->meet.job_id);
     snprintf(j->token, sizeof j->token, "%s", j->meet.token);
     j->store_port = j->meet.store_port;

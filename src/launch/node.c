@@ -256,7 +256,9 @@ static dt_status meet_as_master(dt__meeting *m) {
             continue;
         }
         int nr = h.a;
-        if (h.b != m->nnodes || h.c != m->nproc) {
+        if (h.text[0] == '!') {
+            st = dt_error_set(DT_ERR_NOT_FOUND, "node %d cannot run the job: %s", nr, h.text + 1);
+        } else if (h.b != m->nnodes || h.c != m->nproc) {
             st = dt_error_set(DT_ERR_MISMATCH,
                               "node %d was started with --nnodes %d -n %d (world size %d) but node "
                               "0 with --nnodes %d -n %d (world size %d)",
@@ -347,8 +349,13 @@ static dt_status meet_as_node(dt__meeting *m) {
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     tune_ctrl(fd);
     m->fds[0] = fd;
+    char problem[DT__MSG_TEXT_MAX];
+    if (m->problem)
+        snprintf(problem, sizeof problem, "!%s", m->problem);
     DT_CHECK(dt__msg_send(fd, DT__MSG_HELLO, m->node_rank, m->nnodes, m->nproc,
-                          m->token_given ? m->token : ""));
+                          m->problem       ? problem
+                          : m->token_given ? m->token
+                                           : ""));
     dt__msg w;
     double left = deadline - dt_now();
     dt_status st = dt__msg_recv(fd, left > 1 ? left : 1, &w);

@@ -548,6 +548,22 @@ static void test_two_nodes_mismatch(void) {
         ASSERT_TRUE(!file_exists("env", rank));
 }
 
+/* Node 1 cannot find the program: both launchers say so at once and no
+ * rank starts anywhere. */
+static void test_two_nodes_missing(void) {
+    char n0[1024], e0[8192], e1[8192];
+    result r0, r1;
+    snprintf(n0, sizeof n0, "-n 2 %s env %s", PROBE, dir);
+    run_two_nodes(n0, "-n 2 /nonexistent/dt-prog", "", &r0, e0, &r1, e1);
+    ASSERT_EQ(r0.code, 1);
+    ASSERT_EQ(r1.code, 1);
+    ASSERT_CONTAINS(e0, "node 1 cannot run the job: cannot execute \"/nonexistent/dt-prog\"");
+    ASSERT_CONTAINS(e1, "node 0 refused the job: node 1 cannot run the job");
+    ASSERT_TRUE(r0.seconds < 10);
+    for (int rank = 0; rank < 4; rank++)
+        ASSERT_TRUE(!file_exists("env", rank));
+}
+
 /* A rank failing on node 1 ends the job on node 0 too, quickly. */
 static void test_two_nodes_fail(void) {
     char args[1024], e0[8192], e1[8192];
@@ -696,6 +712,7 @@ static const named_test tests[] = {
     {"two_nodes", test_two_nodes},
     {"two_nodes_mismatch", test_two_nodes_mismatch},
     {"two_nodes_fail", test_two_nodes_fail},
+    {"two_nodes_missing", test_two_nodes_missing},
     {"two_nodes_restart", test_two_nodes_restart},
     {"two_nodes_slow", test_two_nodes_slow},
     {"two_nodes_sigint", test_two_nodes_sigint},
