@@ -918,10 +918,15 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
      * it until DT_TIMEOUT). */
     dt_status found = find_program(o->argv[0], j->path, sizeof j->path);
     char problem[1024] = "";
-    if (found != DT_OK && !(j->multi && o->node_rank > 0))
+    if (found != DT_OK && !j->multi)
         return found;
-    if (found != DT_OK)
+    if (found != DT_OK) {
         snprintf(problem, sizeof problem, "%s", dt_last_error());
+        if (o->node_rank == 0)
+            fprintf(stderr,
+                    "dtrain launch: %s; telling the other nodes as they connect (^C to stop)\n",
+                    problem);
+    }
 
     int port = 0;
     snprintf(j->master_addr, sizeof j->master_addr, "127.0.0.1");

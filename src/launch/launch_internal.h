@@ -75,8 +75,9 @@ typedef struct dt__meeting {
     char job_id[64];
     char token[DT_LAUNCH_TOKEN_HEX + 1];
     bool token_given;    /* token came from DT_JOB_TOKEN on this node */
-    const char *problem; /* a joining node that cannot run the job says why
-                            here; node 0 refuses everybody with it */
+    const char *problem; /* why this node cannot run the job, or NULL: a
+                            joining node sends it to node 0, which refuses
+                            everybody; node 0 refuses each node that comes */
     int store_port;
     int *fds; /* nnodes - 1 (node 0) or 1 entries, -1 when closed */
 } dt__meeting;

@@ -548,7 +548,7 @@ static void test_two_nodes_mismatch(void) {
         ASSERT_TRUE(!file_exists("env", rank));
 }
 
-/* Node 1 cannot find the program: both launchers say so at once and no
+/* A node cannot find the program: both launchers say so at once and no
  * rank starts anywhere. */
 static void test_two_nodes_missing(void) {
     char n0[1024], e0[8192], e1[8192];
@@ -560,6 +560,17 @@ static void test_two_nodes_missing(void) {
     ASSERT_CONTAINS(e0, "node 1 cannot run the job: cannot execute \"/nonexistent/dt-prog\"");
     ASSERT_CONTAINS(e1, "node 0 refused the job: node 1 cannot run the job");
     ASSERT_TRUE(r0.seconds < 10);
+    for (int rank = 0; rank < 4; rank++)
+        ASSERT_TRUE(!file_exists("env", rank));
+    /* Node 0 cannot: it tells node 1 when it connects. */
+    char n1[1024];
+    snprintf(n1, sizeof n1, "-n 2 %s env %s", PROBE, dir);
+    run_two_nodes("-n 2 /nonexistent/dt-prog", n1, "", &r0, e0, &r1, e1);
+    ASSERT_EQ(r0.code, 1);
+    ASSERT_EQ(r1.code, 1);
+    ASSERT_CONTAINS(e0, "(1 of 1 other nodes were told)");
+    ASSERT_CONTAINS(e1, "node 0 refused the job: node 0 cannot run the job: cannot execute");
+    ASSERT_TRUE(r1.seconds < 10);
     for (int rank = 0; rank < 4; rank++)
         ASSERT_TRUE(!file_exists("env", rank));
 }
