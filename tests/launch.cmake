@@ -43,6 +43,12 @@ add_test(NAME launch_netns
 set_tests_properties(launch_netns PROPERTIES TIMEOUT 60 LABELS "launch;netns"
                      SKIP_RETURN_CODE 77)
 
+# The srun path without a cluster: processes with exactly srun's variables.
+add_test(NAME launch_fake_slurm
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/launch/fake_slurm.sh $<TARGET_FILE:launch_coll_check>)
+set_tests_properties(launch_fake_slurm PROPERTIES TIMEOUT 60 LABELS "launch"
+                     RESOURCE_LOCK launch_ports)
+
 # Under a real mpirun, ranks find themselves from Open MPI's variables.
 find_program(DT_MPIRUN mpirun)
 add_executable(launch_jobenv_print ${CMAKE_CURRENT_SOURCE_DIR}/launch/jobenv_print.c)

@@ -82,7 +82,9 @@ dt_status dt__random_token(char *out);
 
 #ifdef DT_HAVE_MPI
 /* Collective over MPI_COMM_WORLD: rank 0 fills what e lacks (address, a
- * free port, a fresh random token) and broadcasts it. mpi_backend.c. */
+ * free port, a fresh random token) and broadcasts it. DT_ERR_UNSUPPORTED
+ * when MPI's world is not the launcher's (each rank a singleton: srun
+ * without PMI), and the caller falls back. mpi_backend.c. */
 dt_status dt__mpi_bootstrap(dt__jobenv *e);
 #endif
 

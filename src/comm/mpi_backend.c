@@ -491,8 +491,18 @@ dt_status dt__mpi_bootstrap(dt__jobenv *e) {
         char why[256];
     } b;
     memset(&b, 0, sizeof b);
-    int rank = 0;
+    int rank = 0, size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != e->size) {
+        /* srun without PMI support in MPI: every rank is a singleton and a
+         * broadcast would give each its own token. */
+        pthread_mutex_lock(&init_mu);
+        maybe_finalize();
+        pthread_mutex_unlock(&init_mu);
+        return dt_error_set(DT_ERR_UNSUPPORTED, "MPI sees %d ranks, %s says %d", size,
+                            dt__launcher_name(e->launcher), e->size);
+    }
     if (rank == 0) {
         bool one_host = e->local_size == e->size;
         if (e->master_addr[0])
