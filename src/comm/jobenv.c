@@ -270,8 +270,13 @@ dt_status dt__jobenv_export(void) {
         return DT_OK;
     const char *who = dt__launcher_name(e.launcher);
 #ifdef DT_HAVE_MPI
-    dt_status st = dt__mpi_bootstrap(&e);
-    if (st == DT_ERR_UNSUPPORTED) /* MPI does not see this job (srun without PMI) */
+    /* Slurm already names the master and the port; starting MPI only for a
+     * random token is not worth it (and MPI_Init under srun depends on how
+     * Slurm and MPI were built), unless the mpi backend needs MPI anyway. */
+    const char *be = getenv("DT_BACKEND");
+    bool use_mpi = e.launcher != DT__LAUNCHER_SLURM || (be && strcmp(be, "mpi") == 0);
+    dt_status st = use_mpi ? dt__mpi_bootstrap(&e) : DT_ERR_UNSUPPORTED;
+    if (st == DT_ERR_UNSUPPORTED) /* not wanted, or MPI does not see this job */
         st = fill_without_mpi(&e, who);
     if (st != DT_OK) {
         dt_error_prefix("started by %s: bootstrap", who);
