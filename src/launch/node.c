@@ -374,7 +374,7 @@ static dt_status meet_as_node(dt__meeting *m) {
     double left = deadline - dt_now();
     dt_status st = dt__msg_recv(fd, left > 1 ? left : 1, &w);
     if (st != DT_OK) {
-        dt_error_prefix("waiting for node 0 to accept this node: ");
+        dt_error_prefix("waiting for node 0 to accept this node");
         return st;
     }
     if (w.type == DT__MSG_REFUSE)
