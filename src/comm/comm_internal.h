@@ -249,7 +249,7 @@ typedef struct dt__config {
     size_t shm_slot;   /* DT_SHM_SLOT */
     int shm_slots;     /* DT_SHM_SLOTS */
     size_t shm_window; /* DT_SHM_WINDOW (bytes per half) */
-    int spin;          /* DT_SPIN iterations before sleeping */
+    int spin;          /* DT_SPIN microseconds of polling before sleeping */
     int yield;         /* DT_YIELD sched_yield()s before sleeping */
     int tcp_socks;     /* DT_TCP_SOCKS */
     size_t tcp_buffer; /* DT_TCP_BUFFER */

@@ -285,9 +285,9 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
             g->local_rank = i;
     bool oversubscribed = g->local_size > dt_cpu_count();
     if (g->cfg.spin < 0) /* auto: spin only when every local rank has a core */
-        g->cfg.spin = oversubscribed ? 0 : 4000;
+        g->cfg.spin = oversubscribed ? 0 : 1000;
     if (g->cfg.yield < 0) /* auto: yield to the peers we wait for when they share cores */
-        g->cfg.yield = oversubscribed ? 200 : 20;
+        g->cfg.yield = oversubscribed ? 200 : 0;
 
     /* Transports: shared memory inside a host, TCP between hosts. */
     int *shm_peers = malloc((size_t)size * sizeof(int)), nshm = 0;
@@ -521,9 +521,8 @@ dt_status dt_work_test(dt_work *w, bool *done) {
     return DT_OK;
 }
 
-dt_status dt_work_wait(dt_work *w) {
-    if (!w)
-        return dt_error_set(DT_ERR_INVALID, "dt_work_wait: NULL handle");
+/* Wait for w to complete and collect its status; frees w if asked. */
+static dt_status work_finish(dt_work *w, bool free_it) {
     dt_group *g = w->op.g;
     dt_status st;
     pthread_mutex_lock(&g->mu);
@@ -548,8 +547,15 @@ dt_status dt_work_wait(dt_work *w) {
     st = w->status;
     if (st != DT_OK)
         dt_error_set(st, "%s", w->err);
-    free(w);
+    if (free_it)
+        free(w);
     return st;
+}
+
+dt_status dt_work_wait(dt_work *w) {
+    if (!w)
+        return dt_error_set(DT_ERR_INVALID, "dt_work_wait: NULL handle");
+    return work_finish(w, true);
 }
 
 /* Validate, stamp the descriptor and sequence number, then run inline (if
@@ -591,9 +597,19 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
             return dt_error_set(DT_ERR_INVALID, "%s: NULL buffer for %zu elements",
                                 dt_coll_name(coll), count);
     }
-    dt_work *w = calloc(1, sizeof *w);
-    if (!w)
-        return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+    /* A blocking call's handle lives on the caller's stack: it is done (and
+     * dequeued) before this function returns. */
+    dt_work local, *w = &local;
+    if (work) {
+        w = malloc(sizeof *w);
+        if (!w)
+            return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+    }
+    w->next = NULL;
+    w->done = false;
+    w->inline_run = false;
+    w->status = DT_OK;
+    w->err[0] = 0;
     dt__op *op = &w->op;
     op->g = g;
     op->coll = coll;
@@ -632,7 +648,7 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
         pthread_cond_broadcast(&g->cv);
         pthread_mutex_unlock(&g->mu);
         w->done = true;
-        return dt_work_wait(w);
+        return work_finish(w, false);
     }
     if (g->tail)
         g->tail->next = w;
@@ -645,7 +661,7 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
         *work = w;
         return DT_OK;
     }
-    return dt_work_wait(w);
+    return work_finish(w, false);
 }
 
 /* ------------------------------------------------------------------------ */
