@@ -1054,7 +1054,7 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
         char *summary = a.summary;
         if (j.multi && o.node_rank != 0) {
             /* Report, then let node 0 decide for everybody. */
-            dt__msg m;
+            dt__msg m = {.type = 0};
             dt_status ms = j.meet.fds[0] >= 0 ? dt__msg_send(j.meet.fds[0], DT__MSG_RESULT, a.code,
                                                              (int)a.result, 0, a.summary)
                                               : DT_ERR_PEER;
