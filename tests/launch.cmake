@@ -82,7 +82,7 @@ if(DT_MPIRUN AND TARGET MPI::MPI_C)
                    $<TARGET_FILE:test_comm_groups> --child p2p_shm_5)
   add_test(NAME launch_mpi_coll
            COMMAND ${mpirun_args} -np 4 -x DT_BACKEND=mpi
-                   $<TARGET_FILE:launch_coll_check> --expect-backend mpi)
+                   $<TARGET_FILE:launch_coll_check> --expect-backend mpi --expect-transport mpi)
   add_test(NAME launch_mpi_native
            COMMAND ${mpirun_args} -np 3 $<TARGET_FILE:launch_coll_check>
                    --expect-backend native --expect-transport shm)

@@ -201,6 +201,9 @@ static dt_status mpi_init(dt_group *g) {
     }
     MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
     g->backend_state = s;
+    /* dt_group_transport() says what carries the data: MPI now (the shm/tcp
+     * connections only carry failure news, see peer_news). */
+    snprintf(g->tpname, sizeof g->tpname, "%s", g->size > 1 ? "mpi" : "self");
     pthread_mutex_lock(&init_mu);
     live_groups++;
     pthread_mutex_unlock(&init_mu);
