@@ -365,7 +365,7 @@ void dt__op_fail(dt__op *op, dt_status st);
 /* ------------------------------------------------------------------------ */
 
 /* buf[i] /= n (AVG finalisation), dtype-aware. */
-void dt__scale_avg(void *buf, size_t count, dt_dtype dtype, int n);
+void dt__scale_avg(void *buf, size_t n, dt_dtype dtype, int ranks);
 
 /* ------------------------------------------------------------------------ */
 /* Transports (shm.c, tcp.c)                                                */

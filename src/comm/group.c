@@ -39,12 +39,12 @@ static void job_release(dt__job *job, bool clean) {
     char saved[1024]; /* the store calls below must not eat the caller's error */
     snprintf(saved, sizeof saved, "%s", dt_last_error());
     if (job->store) {
-        /* Rank 0 serves the store: it waits (briefly after a failure) until
-         * every rank has said it is done with it, so that a slow rank still
-         * finishing its bootstrap is not cut off. */
+        /* Rank 0 serves the store: it waits (at most 10 s, 2 s after a
+         * failure) until every rank has said it is done with it, so that a
+         * slow rank still finishing its bootstrap is not cut off. */
         int64_t n = 0;
         if (dt__store_add(job->store, "exit", 1, &n) == DT_OK && job->server) {
-            double dl = dt_now() + (clean ? job->timeout : 2.0);
+            double dl = dt_now() + (clean ? (job->timeout < 10 ? job->timeout : 10) : 2.0);
             while (n < job->world_size && dt_now() < dl) {
                 dt_sleep_ms(2);
                 if (dt__store_add(job->store, "exit", 0, &n) != DT_OK)
