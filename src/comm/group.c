@@ -306,10 +306,14 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
         if (g->local[i] == rank)
             g->local_rank = i;
     bool oversubscribed = g->local_size > dt_cpu_count();
-    if (g->cfg.spin < 0) /* auto: spin only when every local rank has a core */
-        g->cfg.spin = oversubscribed ? 0 : 1000;
-    if (g->cfg.yield < 0) /* auto: yield to the peers we wait for when they share cores */
-        g->cfg.yield = oversubscribed ? 200 : 0;
+    /* Measured on a shared 2-core machine (docs/comm.md): long spins cost
+     * both latency and bandwidth there, because the peer we spin for is
+     * often waiting for our core. A 2 us spin, then yields, then a futex.
+     * On dedicated cores DT_SPIN=1000 brings 8-byte latency below 1 us. */
+    if (g->cfg.spin < 0)
+        g->cfg.spin = oversubscribed ? 0 : 2;
+    if (g->cfg.yield < 0) /* hand our core to the peer we wait for */
+        g->cfg.yield = oversubscribed ? 200 : 10;
 
     /* Transports: shared memory inside a host, TCP between hosts. */
     int *shm_peers = malloc((size_t)size * sizeof(int)), nshm = 0;
