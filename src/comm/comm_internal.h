@@ -284,9 +284,10 @@ struct dt_group {
 
     /* progress */
     pthread_mutex_t mu;
-    pthread_cond_t cv;    /* signalled on enqueue, completion, stop */
-    dt_work *head, *tail; /* queued, not yet started */
-    bool busy;            /* an op is executing (thread or inline) */
+    pthread_cond_t work_cv; /* progress thread: work queued, idle again, stop */
+    pthread_cond_t done_cv; /* waiters: an operation completed */
+    dt_work *head, *tail;   /* queued, not yet started */
+    bool busy;              /* an op is executing (thread or inline) */
     bool stop;
     dt_thread *thread;
     uint64_t issued;       /* last collective sequence number handed out */

@@ -221,7 +221,7 @@ static void group_free(dt_group *g, bool clean) {
     if (g->thread) {
         pthread_mutex_lock(&g->mu);
         g->stop = true;
-        pthread_cond_broadcast(&g->cv);
+        pthread_cond_broadcast(&g->work_cv);
         pthread_mutex_unlock(&g->mu);
         dt_thread_join(g->thread);
     }
@@ -245,7 +245,8 @@ static void group_free(dt_group *g, bool clean) {
     free(g->rcvd);
     dt_free(g->scratch);
     pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
+    pthread_cond_destroy(&g->work_cv);
+    pthread_cond_destroy(&g->done_cv);
     job_release(g->job, clean);
     free(g);
 }
@@ -259,7 +260,8 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     atomic_fetch_add(&job->refs, 1);
     g->job = job;
     pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
+    pthread_cond_init(&g->work_cv, NULL);
+    pthread_cond_init(&g->done_cv, NULL);
     atomic_store(&g->lost, -1);
     snprintf(g->id, sizeof g->id, "%s", id);
     g->rank = rank;
@@ -305,15 +307,15 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     for (int i = 0; i < g->local_size; i++)
         if (g->local[i] == rank)
             g->local_rank = i;
-    bool oversubscribed = g->local_size > dt_cpu_count();
-    /* Measured on a shared 2-core machine (docs/comm.md): long spins cost
-     * both latency and bandwidth there, because the peer we spin for is
-     * often waiting for our core. A 2 us spin, then yields, then a futex.
-     * On dedicated cores DT_SPIN=1000 brings 8-byte latency below 1 us. */
+    /* Measured on a shared 2-core machine (docs/comm.md): a waiter that
+     * spins keeps the core its peer needs (the peer is usually runnable on
+     * the same core), so the default is to yield at once, up to 1000 times
+     * (~1 ms when nothing else runs), then sleep on the futex. On dedicated
+     * cores DT_SPIN=1000 (microseconds of pure polling) is better. */
     if (g->cfg.spin < 0)
-        g->cfg.spin = oversubscribed ? 0 : 2;
-    if (g->cfg.yield < 0) /* hand our core to the peer we wait for */
-        g->cfg.yield = oversubscribed ? 200 : 10;
+        g->cfg.spin = 0;
+    if (g->cfg.yield < 0)
+        g->cfg.yield = 1000;
 
     /* Transports: shared memory inside a host, TCP between hosts. */
     int *shm_peers = malloc((size_t)size * sizeof(int)), nshm = 0;
@@ -420,7 +422,8 @@ void dt_group_abort(dt_group *g) {
     if (g->tcp)
         g->tcp->ops->abort(g->tcp, DT_ERR_ABORTED, -1, false);
     pthread_mutex_lock(&g->mu);
-    pthread_cond_broadcast(&g->cv);
+    pthread_cond_broadcast(&g->work_cv);
+    pthread_cond_broadcast(&g->done_cv);
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -512,7 +515,7 @@ static void *progress_main(void *arg) {
     pthread_mutex_lock(&g->mu);
     for (;;) {
         while (!g->stop && (!g->head || g->busy))
-            pthread_cond_wait(&g->cv, &g->mu);
+            pthread_cond_wait(&g->work_cv, &g->mu);
         if (g->stop && !g->head)
             break;
         if (g->busy || !g->head)
@@ -529,7 +532,7 @@ static void *progress_main(void *arg) {
         g->busy = false;
         w->done = true;
         g->last_progress = dt_now();
-        pthread_cond_broadcast(&g->cv);
+        pthread_cond_broadcast(&g->done_cv);
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
@@ -556,7 +559,7 @@ static dt_status work_finish(dt_work *w, bool free_it) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
-        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        pthread_cond_timedwait(&g->done_cv, &g->mu, &ts);
         if (!w->done && dt_now() - g->last_progress > g->cfg.timeout + 30) {
             pthread_mutex_unlock(&g->mu);
             char d[160];
@@ -669,7 +672,11 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
         pthread_mutex_lock(&g->mu);
         g->busy = false;
         g->last_progress = dt_now();
-        pthread_cond_broadcast(&g->cv);
+        /* Only the progress thread can be waiting for `busy` to clear, and
+         * only if work was queued meanwhile: no wake-up otherwise (a
+         * broadcast here would wake it for nothing on every call). */
+        if (g->head)
+            pthread_cond_signal(&g->work_cv);
         pthread_mutex_unlock(&g->mu);
         w->done = true;
         return work_finish(w, false);
@@ -679,7 +686,7 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
     else
         g->head = w;
     g->tail = w;
-    pthread_cond_broadcast(&g->cv);
+    pthread_cond_signal(&g->work_cv);
     pthread_mutex_unlock(&g->mu);
     if (work) {
         *work = w;
