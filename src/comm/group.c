@@ -43,12 +43,12 @@ static void job_release(dt__job *job, bool clean) {
     char saved[1024]; /* the store calls below must not eat the caller's error */
     snprintf(saved, sizeof saved, "%s", dt_last_error());
     if (job->store) {
-        /* Rank 0 serves the store: it waits (briefly after a failure) until
-         * every rank has said it is done with it, so that a slow rank still
-         * finishing its bootstrap is not cut off. */
+        /* Rank 0 serves the store: it waits (at most 10 s, 2 s after a
+         * failure) until every rank has said it is done with it, so that a
+         * slow rank still finishing its bootstrap is not cut off. */
         int64_t n = 0;
         if (dt__store_add(job->store, "exit", 1, &n) == DT_OK && job->server) {
-            double dl = dt_now() + (clean ? job->timeout : 2.0);
+            double dl = dt_now() + (clean ? (job->timeout < 10 ? job->timeout : 10) : 2.0);
             while (n < job->world_size && dt_now() < dl) {
                 dt_sleep_ms(2);
                 if (dt__store_add(job->store, "exit", 0, &n) != DT_OK)
@@ -199,7 +199,7 @@ static void group_free(dt_group *g, bool clean) {
     if (g->thread) {
         pthread_mutex_lock(&g->mu);
         g->stop = true;
-        pthread_cond_broadcast(&g->cv);
+        pthread_cond_broadcast(&g->work_cv);
         pthread_mutex_unlock(&g->mu);
         dt_thread_join(g->thread);
     }
@@ -223,7 +223,8 @@ static void group_free(dt_group *g, bool clean) {
     free(g->rcvd);
     dt_free(g->scratch);
     pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
+    pthread_cond_destroy(&g->work_cv);
+    pthread_cond_destroy(&g->done_cv);
     job_release(g->job, clean);
     free(g);
 }
@@ -237,7 +238,8 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     atomic_fetch_add(&job->refs, 1);
     g->job = job;
     pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
+    pthread_cond_init(&g->work_cv, NULL);
+    pthread_cond_init(&g->done_cv, NULL);
     atomic_store(&g->lost, -1);
     snprintf(g->id, sizeof g->id, "%s", id);
     g->rank = rank;
@@ -283,11 +285,15 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     for (int i = 0; i < g->local_size; i++)
         if (g->local[i] == rank)
             g->local_rank = i;
-    bool oversubscribed = g->local_size > dt_cpu_count();
-    if (g->cfg.spin < 0) /* auto: spin only when every local rank has a core */
-        g->cfg.spin = oversubscribed ? 0 : 1000;
-    if (g->cfg.yield < 0) /* auto: yield to the peers we wait for when they share cores */
-        g->cfg.yield = oversubscribed ? 200 : 0;
+    /* Measured on a shared 2-core machine (docs/comm.md): a waiter that
+     * spins keeps the core its peer needs (the peer is usually runnable on
+     * the same core), so the default is to yield at once, up to 1000 times
+     * (~1 ms when nothing else runs), then sleep on the futex. On dedicated
+     * cores DT_SPIN=1000 (microseconds of pure polling) is better. */
+    if (g->cfg.spin < 0)
+        g->cfg.spin = 0;
+    if (g->cfg.yield < 0)
+        g->cfg.yield = 1000;
 
     /* Transports: shared memory inside a host, TCP between hosts. */
     int *shm_peers = malloc((size_t)size * sizeof(int)), nshm = 0;
@@ -396,7 +402,8 @@ void dt_group_abort(dt_group *g) {
     if (g->tcp)
         g->tcp->ops->abort(g->tcp, DT_ERR_ABORTED, -1, false);
     pthread_mutex_lock(&g->mu);
-    pthread_cond_broadcast(&g->cv);
+    pthread_cond_broadcast(&g->work_cv);
+    pthread_cond_broadcast(&g->done_cv);
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -488,7 +495,7 @@ static void *progress_main(void *arg) {
     pthread_mutex_lock(&g->mu);
     for (;;) {
         while (!g->stop && (!g->head || g->busy))
-            pthread_cond_wait(&g->cv, &g->mu);
+            pthread_cond_wait(&g->work_cv, &g->mu);
         if (g->stop && !g->head)
             break;
         if (g->busy || !g->head)
@@ -505,7 +512,7 @@ static void *progress_main(void *arg) {
         g->busy = false;
         w->done = true;
         g->last_progress = dt_now();
-        pthread_cond_broadcast(&g->cv);
+        pthread_cond_broadcast(&g->done_cv);
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
@@ -532,7 +539,7 @@ static dt_status work_finish(dt_work *w, bool free_it) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
-        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        pthread_cond_timedwait(&g->done_cv, &g->mu, &ts);
         if (!w->done && dt_now() - g->last_progress > g->cfg.timeout + 30) {
             pthread_mutex_unlock(&g->mu);
             char d[160];
@@ -645,7 +652,11 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
         pthread_mutex_lock(&g->mu);
         g->busy = false;
         g->last_progress = dt_now();
-        pthread_cond_broadcast(&g->cv);
+        /* Only the progress thread can be waiting for `busy` to clear, and
+         * only if work was queued meanwhile: no wake-up otherwise (a
+         * broadcast here would wake it for nothing on every call). */
+        if (g->head)
+            pthread_cond_signal(&g->work_cv);
         pthread_mutex_unlock(&g->mu);
         w->done = true;
         return work_finish(w, false);
@@ -655,7 +666,7 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
     else
         g->head = w;
     g->tail = w;
-    pthread_cond_broadcast(&g->cv);
+    pthread_cond_signal(&g->work_cv);
     pthread_mutex_unlock(&g->mu);
     if (work) {
         *work = w;
