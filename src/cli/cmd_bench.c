@@ -41,28 +41,32 @@ static const cli_cmd bench_rng = {
 
 static const cli_cmd *const benches[] = {
     &bench_rng,          &cli_bench_gemm,      &cli_bench_train,       &cli_bench_optim,
-    &cli_bench_compress, &cli_bench_gemm_bf16, &cli_bench_amp_convert,
+    &cli_bench_compress, &cli_bench_gemm_bf16, &cli_bench_amp_convert, &cli_bench_comm,
+    &cli_bench_memcpy,
 };
 #define NBENCHES (sizeof benches / sizeof benches[0])
 
 static const cli_opt bench_opts[] = {{0}};
 
-static const char bench_description[] = "benchmarks:\n"
-                                        "  rng        Philox4x32-10 throughput\n"
-                                        "  gemm       OpenBLAS sgemm GFLOP/s (MFU peak)\n"
-                                        "  train      GPT training step: tokens/s, MFU\n"
-                                        "  optim      optimizer kernels (AdamW, SGD, clipping)\n"
-                                        "  compress   gradient codecs: GB/s, bytes, error\n"
-                                        "  gemm-bf16  bf16 GEMM backends vs fp32 sgemm\n"
-                                        "  amp-convert 16-bit conversions per ISA level\n"
-                                        "Run 'dtrain bench WHAT --help' for a benchmark's options.";
+static const char bench_description[] =
+    "benchmarks:\n"
+    "  rng          Philox4x32-10 throughput\n"
+    "  comm         collective bandwidth/latency (nccl-tests columns)\n"
+    "  memcpy       memory bandwidth, the ceiling for shared-memory collectives\n"
+    "  gemm         OpenBLAS sgemm GFLOP/s (MFU peak)\n"
+    "  train        GPT training step: tokens/s, MFU\n"
+    "  optim        optimizer kernels (AdamW, SGD, clipping)\n"
+    "  compress     gradient codecs: GB/s, bytes, error\n"
+    "  gemm-bf16    bf16 GEMM backends vs fp32 sgemm\n"
+    "  amp-convert  16-bit conversions per ISA level\n"
+    "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {
     if (a->argc < 1)
         cli_usage_error(a->cmd, "which benchmark? (see 'dtrain help bench')");
     for (size_t i = 0; i < NBENCHES; i++) {
         if (strcmp(benches[i]->name, a->argv[0]) == 0) {
-            cli_args sub;
+            static cli_args sub; /* static: its argv array stays reachable (LSan) */
             cli_parse(benches[i], a->argc, a->argv, &sub);
             return benches[i]->run(&sub);
         }
