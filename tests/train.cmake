@@ -1,0 +1,11 @@
+# Tests of the train layer that need special registration.
+
+# A full disk: mounts a small tmpfs in a private mount namespace; exits 77
+# (skipped) without the privilege to do so.
+add_executable(test_ckpt_disk_full ${CMAKE_CURRENT_SOURCE_DIR}/train/test_ckpt_disk_full.c)
+target_include_directories(test_ckpt_disk_full PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_definitions(test_ckpt_disk_full PRIVATE _GNU_SOURCE)
+target_link_libraries(test_ckpt_disk_full PRIVATE dtrain)
+add_test(NAME test_ckpt_disk_full COMMAND test_ckpt_disk_full)
+set_tests_properties(test_ckpt_disk_full PROPERTIES TIMEOUT 60 LABELS "train"
+                     SKIP_RETURN_CODE 77)
