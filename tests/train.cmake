@@ -9,3 +9,13 @@ target_link_libraries(test_ckpt_disk_full PRIVATE dtrain)
 add_test(NAME test_ckpt_disk_full COMMAND test_ckpt_disk_full)
 set_tests_properties(test_ckpt_disk_full PROPERTIES TIMEOUT 60 LABELS "train"
                      SKIP_RETURN_CODE 77)
+
+# `dtrain ckpt info` run as a real command on files the test writes.
+add_executable(test_ckpt_info ${CMAKE_CURRENT_SOURCE_DIR}/train/test_ckpt_info.c)
+target_include_directories(test_ckpt_info PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_definitions(test_ckpt_info PRIVATE _GNU_SOURCE
+                           DT_CLI_PATH="$<TARGET_FILE:dtrain_cli>")
+target_link_libraries(test_ckpt_info PRIVATE dtrain)
+add_dependencies(test_ckpt_info dtrain_cli)
+add_test(NAME test_ckpt_info COMMAND test_ckpt_info)
+set_tests_properties(test_ckpt_info PROPERTIES TIMEOUT 60 LABELS "train")

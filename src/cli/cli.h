@@ -94,5 +94,6 @@ int cli_fail(dt_status st);
 /* Subcommands, each defined in src/cli/cmd_<name>.c. */
 extern const cli_cmd cli_cmd_version;
 extern const cli_cmd cli_cmd_bench;
+extern const cli_cmd cli_cmd_ckpt;
 
 #endif /* DTRAIN_CLI_H */
