@@ -19,3 +19,13 @@ target_link_libraries(test_ckpt_info PRIVATE dtrain)
 add_dependencies(test_ckpt_info dtrain_cli)
 add_test(NAME test_ckpt_info COMMAND test_ckpt_info)
 set_tests_properties(test_ckpt_info PROPERTIES TIMEOUT 60 LABELS "train")
+
+# --config FILE in the CLI's flag parser (compiled in directly).
+add_executable(test_cli_config ${CMAKE_CURRENT_SOURCE_DIR}/train/test_cli_config.c
+                               ${PROJECT_SOURCE_DIR}/src/cli/args.c)
+target_include_directories(test_cli_config PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}
+                                                   ${PROJECT_SOURCE_DIR}/src)
+target_compile_definitions(test_cli_config PRIVATE _GNU_SOURCE)
+target_link_libraries(test_cli_config PRIVATE dtrain)
+add_test(NAME test_cli_config COMMAND test_cli_config)
+set_tests_properties(test_cli_config PROPERTIES TIMEOUT 60 LABELS "train")

@@ -1,8 +1,13 @@
 /*
  * args.c — the one flag parser shared by every subcommand.
+ *
+ * A value comes from, in order of precedence: the flag, the DT_* variable,
+ * the --config file (when the command has a "config" option), the default.
  */
 #include "cli.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -103,11 +108,8 @@ static void convert(const cli_cmd *cmd, const cli_opt *o, cli_value *v, const ch
     dt_status st = DT_OK;
     int64_t i;
     switch (o->kind) {
-    case CLI_FLAG:
-        st = dt_config_parse_bool(knob, v->text, &v->b);
-        break;
-    case CLI_STRING:
-        break;
+    case CLI_FLAG: st = dt_config_parse_bool(knob, v->text, &v->b); break;
+    case CLI_STRING: break;
     case CLI_INT:
         st = dt_config_parse_int(knob, v->text, (int64_t)o->min, (int64_t)o->max, &i);
         if (st == DT_OK)
@@ -117,18 +119,86 @@ static void convert(const cli_cmd *cmd, const cli_opt *o, cli_value *v, const ch
         st = dt_config_parse_size(knob, v->text, (size_t)o->min,
                                   o->max >= 1.8e19 ? SIZE_MAX : (size_t)o->max, &v->size);
         break;
-    case CLI_DOUBLE:
-        st = dt_config_parse_double(knob, v->text, o->min, o->max, &v->d);
-        break;
-    case CLI_BOOL:
-        st = dt_config_parse_bool(knob, v->text, &v->b);
-        break;
+    case CLI_DOUBLE: st = dt_config_parse_double(knob, v->text, o->min, o->max, &v->d); break;
+    case CLI_BOOL: st = dt_config_parse_bool(knob, v->text, &v->b); break;
     case CLI_ENUM:
         st = dt_config_parse_enum(knob, v->text, o->choices, count_choices(o->choices), &v->e);
         break;
     }
     if (st != DT_OK)
         cli_usage_error(cmd, "%s", dt_last_error());
+}
+
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+/* Read a `key = value` file (keys are long option names, '#' starts a
+ * comment at the start of a line or after a space, a value may be quoted)
+ * into text[] / knob[], indexed like cmd->opts. Strings live until exit,
+ * like argv. Any problem is a usage error naming the file, line and key. */
+static void read_config_file(const cli_cmd *cmd, const char *path, int n, char **text,
+                             char **knob) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        cli_usage_error(cmd, "--config %s: %s", path, strerror(errno));
+    int first_line[CLI_MAX_OPTS] = {0};
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        lineno++;
+        char quote = 0; /* '#' inside a quoted value is text */
+        for (char *c = line; *c; c++) {
+            if (*c == '"' || *c == '\'')
+                quote = quote == *c ? 0 : quote ? quote : *c;
+            if (!quote && *c == '#' && (c == line || isspace((unsigned char)c[-1]))) {
+                *c = '\0';
+                break;
+            }
+        }
+        char *s = trim(line);
+        if (*s == '\0')
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq)
+            cli_usage_error(cmd, "%s:%d: expected 'key = value', got '%s'", path, lineno, s);
+        *eq = '\0';
+        char *key = trim(s), *val = trim(eq + 1);
+        size_t vl = strlen(val);
+        if (vl >= 2 &&
+            ((val[0] == '"' && val[vl - 1] == '"') || (val[0] == '\'' && val[vl - 1] == '\''))) {
+            val[vl - 1] = '\0';
+            val++;
+        }
+        int idx = -1;
+        for (int i = 0; i < n; i++)
+            if (strcmp(cmd->opts[i].name, key) == 0)
+                idx = i;
+        if (idx < 0 || strcmp(key, "config") == 0)
+            cli_usage_error(cmd,
+                            "%s:%d: unknown key '%s' (keys are the long option names of "
+                            "'dtrain %s', without the dashes)",
+                            path, lineno, key, cmd->name);
+        if (first_line[idx])
+            cli_usage_error(cmd, "%s:%d: duplicate key '%s' (first set on line %d)", path, lineno,
+                            key, first_line[idx]);
+        first_line[idx] = lineno;
+        char k[512];
+        snprintf(k, sizeof k, "%s:%d: %s", path, lineno, key);
+        text[idx] = strdup(val);
+        knob[idx] = strdup(k);
+        DT_ASSERT(text[idx] && knob[idx]);
+    }
+    free(line);
+    if (ferror(f))
+        cli_usage_error(cmd, "--config %s: read error", path);
+    fclose(f);
 }
 
 void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
@@ -142,8 +212,8 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
     shortopts[sp++] = ':';
     for (int i = 0; i < n; i++) {
         const cli_opt *o = &cmd->opts[i];
-        longopts[i] = (struct option){o->name, o->kind == CLI_FLAG ? no_argument : required_argument,
-                                      NULL, 1000 + i};
+        longopts[i] = (struct option){
+            o->name, o->kind == CLI_FLAG ? no_argument : required_argument, NULL, 1000 + i};
         if (o->short_name) {
             shortopts[sp++] = o->short_name;
             if (o->kind != CLI_FLAG)
@@ -198,19 +268,42 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
     out->argc = npos;
     out->argv = positional; /* lives until exit, like argv */
 
+    /* --config FILE (flag or its variable) supplies values below flags and
+     * the environment. */
+    char *cfg_text[CLI_MAX_OPTS] = {0}, *cfg_knob[CLI_MAX_OPTS] = {0};
+    for (int i = 0; i < n; i++) {
+        if (strcmp(cmd->opts[i].name, "config") != 0 || cmd->opts[i].kind != CLI_STRING)
+            continue;
+        const char *path = out->values[i].set ? out->values[i].text
+                           : cmd->opts[i].env ? getenv(cmd->opts[i].env)
+                                              : NULL;
+        if (path && *path)
+            read_config_file(cmd, path, n, cfg_text, cfg_knob);
+    }
+
     for (int i = 0; i < n; i++) {
         const cli_opt *o = &cmd->opts[i];
         cli_value *v = &out->values[i];
-        char knob[80];
+        char knob[512];
         snprintf(knob, sizeof knob, "--%s", o->name);
+        v->from = v->set ? "flag" : NULL;
         if (!v->set && o->env) {
             const char *e = getenv(o->env);
             if (e && *e) {
                 v->set = true;
                 v->text = e;
+                v->from = "env";
                 snprintf(knob, sizeof knob, "%s", o->env);
             }
         }
+        if (!v->set && cfg_text[i]) {
+            v->set = true;
+            v->text = cfg_text[i];
+            v->from = "config";
+            snprintf(knob, sizeof knob, "%s", cfg_knob[i]);
+        }
+        if (!v->set)
+            v->from = "default";
         if (!v->set)
             v->text = o->kind == CLI_FLAG ? "0" : o->def;
         if (v->text)

@@ -3,7 +3,8 @@
  *
  * Every subcommand declares its flags as a table of cli_opt. cli_parse()
  * builds the getopt_long table from it, resolves each value (flag, else the
- * DT_* variable, else the default), converts and range-checks it with the
+ * DT_* variable, else the command's --config file if it has a "config"
+ * option, else the default), converts and range-checks it with the
  * core config parsers, and on any error prints the message and the usage and
  * exits 2. After a successful parse the typed getters cannot fail.
  */
@@ -27,22 +28,23 @@ typedef enum cli_kind {
 } cli_kind;
 
 typedef struct cli_opt {
-    const char *name;              /* long name without "--" */
-    char short_name;               /* one-letter alias, or 0 */
-    cli_kind kind;                 /* how the value is parsed */
-    const char *metavar;           /* shown in help ("N", "FILE") */
-    const char *def;               /* default as text, or NULL for none */
-    const char *env;               /* DT_* variable read when the flag is absent */
-    const char *help;              /* one line */
-    const char *const *choices;    /* CLI_ENUM only, NULL-terminated */
-    double min, max;               /* CLI_INT / CLI_SIZE / CLI_DOUBLE range */
+    const char *name;           /* long name without "--" */
+    char short_name;            /* one-letter alias, or 0 */
+    cli_kind kind;              /* how the value is parsed */
+    const char *metavar;        /* shown in help ("N", "FILE") */
+    const char *def;            /* default as text, or NULL for none */
+    const char *env;            /* DT_* variable read when the flag is absent */
+    const char *help;           /* one line */
+    const char *const *choices; /* CLI_ENUM only, NULL-terminated */
+    double min, max;            /* CLI_INT / CLI_SIZE / CLI_DOUBLE range */
 } cli_opt;
 
 #define CLI_MAX_OPTS 64
 
 typedef struct cli_value {
-    bool set;         /* given on the command line or by the environment */
-    const char *text; /* resolved text (flag, env or default), or NULL */
+    bool set;         /* given by a flag, the environment or the --config file */
+    const char *from; /* "flag", "env", "config" or "default" */
+    const char *text; /* resolved text (flag, env, config or default), or NULL */
     int64_t i;        /* CLI_INT */
     size_t size;      /* CLI_SIZE */
     double d;         /* CLI_DOUBLE */
