@@ -16,7 +16,7 @@
  *     file-provided size (sections are read through a read-only mmap).
  * The format is little-endian (checked at compile time below).
  */
-#include "dtrain/train.h"
+#include "train_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -281,6 +281,39 @@ fail:
     return st;
 }
 
+dt_status dt__write_file_atomic(const char *path, const void *data, size_t len) {
+    char dir[4096], tmp[4096 + 64];
+    dir_of(path, dir, sizeof dir);
+    snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, base_of(path), (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (fd < 0)
+        return io_error("cannot create", tmp);
+    dt_status st = DT_OK;
+    const char *p = data;
+    while (len > 0) {
+        ssize_t n = write(fd, p, len);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n < 0) {
+            st = io_error("cannot write", path);
+            break;
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    if (st == DT_OK && fsync(fd) != 0)
+        st = io_error("cannot fsync", path);
+    if (close(fd) != 0 && st == DT_OK)
+        st = io_error("cannot close", path);
+    if (st == DT_OK && rename(tmp, path) != 0)
+        st = io_error("cannot rename to", path);
+    if (st != DT_OK) {
+        unlink(tmp);
+        return st;
+    }
+    return fsync_dir(dir);
+}
+
 /* ------------------------------------------------------------------------ */
 /* Directory of checkpoints                                                 */
 /* ------------------------------------------------------------------------ */
@@ -381,7 +414,7 @@ static void remove_stale_temps(const char *dir) {
     closedir(d);
 }
 
-static dt_status mkdir_p(const char *dir) {
+dt_status dt__mkdir_p(const char *dir) {
     char p[4096];
     if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
         return dt_error_set(DT_ERR_INVALID, "directory name too long: %s", dir);
@@ -424,7 +457,7 @@ dt_status dt_ckpt_save(const char *dir, int64_t step, const dt_ckpt_section *sec
         return dt_error_set(DT_ERR_INVALID, "checkpoint keep count %d must be >= 1", keep);
     if (step < 0)
         return dt_error_set(DT_ERR_INVALID, "checkpoint step %" PRId64 " must be >= 0", step);
-    DT_CHECK(mkdir_p(dir));
+    DT_CHECK(dt__mkdir_p(dir));
     remove_stale_temps(dir);
     char path[4096 + 32];
     dt_ckpt_path(path, sizeof path, dir, step);
