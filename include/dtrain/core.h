@@ -48,9 +48,9 @@
 extern "C" {
 #endif
 
-#define DT_VERSION_MAJOR 0
-#define DT_VERSION_MINOR 1
-#define DT_VERSION_PATCH 0
+#define DT_VERSION_MAJOR  0
+#define DT_VERSION_MINOR  1
+#define DT_VERSION_PATCH  0
 #define DT_VERSION_STRING "0.1.0"
 
 /* ------------------------------------------------------------------------ */
@@ -96,8 +96,7 @@ const char *dt_last_error(void);
 /* Record a detailed message for the current thread and return st, so that
  * callers can write `return dt_error_set(DT_ERR_INVALID, "...", ...)`.
  * The message replaces any earlier one. */
-dt_status dt_error_set(dt_status st, const char *fmt, ...)
-    __attribute__((format(printf, 2, 3)));
+dt_status dt_error_set(dt_status st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* Like dt_error_set, with the current errno's text appended. */
 dt_status dt_error_set_errno(dt_status st, const char *fmt, ...)
@@ -133,8 +132,7 @@ void dt_error_clear(void);
 
 /* Always-on assertion for programming errors (never for bad input). */
 _Noreturn void dt__assert_fail(const char *expr, const char *file, int line, const char *func);
-#define DT_ASSERT(expr)                                                                            \
-    ((expr) ? (void)0 : dt__assert_fail(#expr, __FILE__, __LINE__, __func__))
+#define DT_ASSERT(expr) ((expr) ? (void)0 : dt__assert_fail(#expr, __FILE__, __LINE__, __func__))
 
 /* ------------------------------------------------------------------------ */
 /* Logging                                                                  */
@@ -173,9 +171,9 @@ void dt_logv(dt_log_level level, const char *subsys, const char *fmt, va_list ap
         if (dt_log_enabled((level), (subsys)))                                                     \
             dt_log((level), (subsys), __VA_ARGS__);                                                \
     } while (0)
-#define DT_ERROR(...) DT_LOG_AT(DT_LOG_LEVEL_ERROR, NULL, __VA_ARGS__)
-#define DT_WARN(...) DT_LOG_AT(DT_LOG_LEVEL_WARN, NULL, __VA_ARGS__)
-#define DT_INFO(...) DT_LOG_AT(DT_LOG_LEVEL_INFO, NULL, __VA_ARGS__)
+#define DT_ERROR(...)         DT_LOG_AT(DT_LOG_LEVEL_ERROR, NULL, __VA_ARGS__)
+#define DT_WARN(...)          DT_LOG_AT(DT_LOG_LEVEL_WARN, NULL, __VA_ARGS__)
+#define DT_INFO(...)          DT_LOG_AT(DT_LOG_LEVEL_INFO, NULL, __VA_ARGS__)
 #define DT_DEBUG(subsys, ...) DT_LOG_AT(DT_LOG_LEVEL_DEBUG, (subsys), __VA_ARGS__)
 #define DT_TRACE(subsys, ...) DT_LOG_AT(DT_LOG_LEVEL_TRACE, (subsys), __VA_ARGS__)
 
@@ -254,10 +252,8 @@ dt_status dt_config_parse_enum(const char *knob, const char *text, const char *c
  * gives `def` and DT_OK. */
 dt_status dt_config_env_size(const char *var, size_t def, size_t min, size_t max, size_t *out);
 dt_status dt_config_env_bool(const char *var, bool def, bool *out);
-dt_status dt_config_env_int(const char *var, int64_t def, int64_t min, int64_t max,
-                            int64_t *out);
-dt_status dt_config_env_double(const char *var, double def, double min, double max,
-                               double *out);
+dt_status dt_config_env_int(const char *var, int64_t def, int64_t min, int64_t max, int64_t *out);
+dt_status dt_config_env_double(const char *var, double def, double min, double max, double *out);
 dt_status dt_config_env_enum(const char *var, int def, const char *const *names, int count,
                              int *out);
 
@@ -290,11 +286,11 @@ typedef enum dt_rng_purpose {
 } dt_rng_purpose;
 
 typedef struct dt_rng {
-    uint32_t key[2];     /* the seed */
-    uint64_t stream;     /* high half of the counter */
-    uint64_t block;      /* low half of the counter: next block to generate */
-    uint32_t buf[4];     /* the current block's outputs */
-    unsigned used;       /* how many of buf[] were consumed (4 = empty) */
+    uint32_t key[2]; /* the seed */
+    uint64_t stream; /* high half of the counter */
+    uint64_t block;  /* low half of the counter: next block to generate */
+    uint32_t buf[4]; /* the current block's outputs */
+    unsigned used;   /* how many of buf[] were consumed (4 = empty) */
 } dt_rng;
 
 /* Stream id for (rank, step, purpose): rank < 2^20, step < 2^36. Distinct

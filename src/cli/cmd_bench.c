@@ -46,10 +46,9 @@ static const cli_cmd *const benches[] = {
 
 static const cli_opt bench_opts[] = {{0}};
 
-static const char bench_description[] =
-    "benchmarks:\n"
-    "  rng        Philox4x32-10 throughput\n"
-    "Run 'dtrain bench WHAT --help' for a benchmark's options.";
+static const char bench_description[] = "benchmarks:\n"
+                                        "  rng        Philox4x32-10 throughput\n"
+                                        "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {
     if (a->argc < 1)

@@ -38,7 +38,12 @@ dt_status dt_config_parse_size(const char *knob, const char *text, size_t min, s
     case 'M': shift = 20; break;
     case 'G': shift = 30; break;
     case 'T': shift = 40; break;
-    case 'B': if (end[1] == '\0') { end++; break; } goto not_a_size;
+    case 'B':
+        if (end[1] == '\0') {
+            end++;
+            break;
+        }
+        goto not_a_size;
     default: goto not_a_size;
     }
     if (shift) {
@@ -61,8 +66,8 @@ dt_status dt_config_parse_size(const char *knob, const char *text, size_t min, s
     *out = (size_t)v;
     return DT_OK;
 not_a_size:
-    return dt_error_set(DT_ERR_INVALID,
-                        "%s: \"%s\" is not a size (examples: 4096, 64K, 25M, 1G)", knob, text);
+    return dt_error_set(DT_ERR_INVALID, "%s: \"%s\" is not a size (examples: 4096, 64K, 25M, 1G)",
+                        knob, text);
 too_large:
 out_of_range:
     return dt_error_set(DT_ERR_INVALID, "%s: %s is out of range [%s, %s]", knob, text,
@@ -93,18 +98,19 @@ dt_status dt_config_parse_bool(const char *knob, const char *text, bool *out) {
 dt_status dt_config_parse_int(const char *knob, const char *text, int64_t min, int64_t max,
                               int64_t *out) {
     if (is_blank(text))
-        return dt_error_set(DT_ERR_INVALID, "%s: empty value; expected an integer in [%" PRId64
-                                            ", %" PRId64 "]", knob, min, max);
+        return dt_error_set(DT_ERR_INVALID,
+                            "%s: empty value; expected an integer in [%" PRId64 ", %" PRId64 "]",
+                            knob, min, max);
     errno = 0;
     char *end;
     long long v = strtoll(text, &end, 0);
     if (*end != '\0' || end == text || isspace((unsigned char)text[0]))
-        return dt_error_set(DT_ERR_INVALID, "%s: \"%s\" is not an integer (accepted: [%" PRId64
-                                            ", %" PRId64 "])", knob, text, min, max);
-    if (errno == ERANGE || v < min || v > max)
         return dt_error_set(DT_ERR_INVALID,
-                            "%s: %s is out of range [%" PRId64 ", %" PRId64 "]", knob, text, min,
-                            max);
+                            "%s: \"%s\" is not an integer (accepted: [%" PRId64 ", %" PRId64 "])",
+                            knob, text, min, max);
+    if (errno == ERANGE || v < min || v > max)
+        return dt_error_set(DT_ERR_INVALID, "%s: %s is out of range [%" PRId64 ", %" PRId64 "]",
+                            knob, text, min, max);
     *out = v;
     return DT_OK;
 }
@@ -112,14 +118,15 @@ dt_status dt_config_parse_int(const char *knob, const char *text, int64_t min, i
 dt_status dt_config_parse_double(const char *knob, const char *text, double min, double max,
                                  double *out) {
     if (is_blank(text))
-        return dt_error_set(DT_ERR_INVALID, "%s: empty value; expected a number in [%g, %g]",
-                            knob, min, max);
+        return dt_error_set(DT_ERR_INVALID, "%s: empty value; expected a number in [%g, %g]", knob,
+                            min, max);
     errno = 0;
     char *end;
     double v = strtod(text, &end);
     if (*end != '\0' || end == text || isspace((unsigned char)text[0]) || !isfinite(v))
-        return dt_error_set(DT_ERR_INVALID, "%s: \"%s\" is not a finite number (accepted: [%g, %g])",
-                            knob, text, min, max);
+        return dt_error_set(DT_ERR_INVALID,
+                            "%s: \"%s\" is not a finite number (accepted: [%g, %g])", knob, text,
+                            min, max);
     if (v < min || v > max)
         return dt_error_set(DT_ERR_INVALID, "%s: %s is out of range [%g, %g]", knob, text, min,
                             max);
@@ -162,8 +169,7 @@ dt_status dt_config_env_bool(const char *var, bool def, bool *out) {
     return dt_config_parse_bool(var, v, out);
 }
 
-dt_status dt_config_env_int(const char *var, int64_t def, int64_t min, int64_t max,
-                            int64_t *out) {
+dt_status dt_config_env_int(const char *var, int64_t def, int64_t min, int64_t max, int64_t *out) {
     const char *v = getenv(var);
     if (is_blank(v)) {
         *out = def;
@@ -172,8 +178,7 @@ dt_status dt_config_env_int(const char *var, int64_t def, int64_t min, int64_t m
     return dt_config_parse_int(var, v, min, max, out);
 }
 
-dt_status dt_config_env_double(const char *var, double def, double min, double max,
-                               double *out) {
+dt_status dt_config_env_double(const char *var, double def, double min, double max, double *out) {
     const char *v = getenv(var);
     if (is_blank(v)) {
         *out = def;

@@ -87,8 +87,7 @@ void dt__error_breadcrumb(const char *file, int line) {
 }
 
 void dt__assert_fail(const char *expr, const char *file, int line, const char *func) {
-    fprintf(stderr, "dtrain: assertion failed: %s\n    at %s:%d in %s()\n", expr, file, line,
-            func);
+    fprintf(stderr, "dtrain: assertion failed: %s\n    at %s:%d in %s()\n", expr, file, line, func);
     fflush(stderr);
     abort();
 }

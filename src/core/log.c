@@ -22,7 +22,7 @@ _Static_assert(sizeof(level_names) / sizeof(level_names[0]) == DT_LOG_LEVEL_COUN
 static atomic_int log_level = DT_LOG_LEVEL_WARN;
 static atomic_int log_rank = -1;
 static atomic_bool log_initialised;
-static char log_subsys[256];  /* comma-separated list; empty means all */
+static char log_subsys[256]; /* comma-separated list; empty means all */
 static char log_host[64];
 static dt_log_sink log_sink;
 static void *log_sink_user;
