@@ -204,6 +204,8 @@ static void read_config_file(const cli_cmd *cmd, const char *path, int n, char *
 void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
     memset(out, 0, sizeof *out);
     out->cmd = cmd;
+    out->raw_argc = argc;
+    out->raw_argv = argv;
     int n = count_opts(cmd->opts);
     struct option longopts[CLI_MAX_OPTS + 2];
     char shortopts[2 * CLI_MAX_OPTS + 4];

@@ -59,6 +59,8 @@ typedef struct cli_args {
     cli_value values[CLI_MAX_OPTS]; /* parallel to cmd->opts */
     int argc;                       /* positional arguments left */
     char **argv;
+    int raw_argc;    /* the argc/argv cli_parse was given (argv[0] is the */
+    char **raw_argv; /*   subcommand's name), e.g. to relaunch oneself */
 } cli_args;
 
 struct cli_cmd {
