@@ -311,6 +311,23 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
         if (v->text)
             convert(cmd, o, v, knob);
     }
+    /* Config values in use live until exit, like argv (kept reachable in
+     * a static list, so a parser used many times leaks nothing); the rest go. */
+    static char **kept;
+    static size_t nkept, capkept;
+    for (int i = 0; i < n; i++) {
+        free(cfg_knob[i]);
+        if (out->values[i].text != cfg_text[i]) {
+            free(cfg_text[i]);
+            continue;
+        }
+        if (nkept == capkept) {
+            capkept = capkept ? 2 * capkept : 16;
+            kept = realloc(kept, capkept * sizeof *kept);
+            DT_ASSERT(kept);
+        }
+        kept[nkept++] = cfg_text[i];
+    }
 }
 
 static int find(const cli_args *a, const char *name) {

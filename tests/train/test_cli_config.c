@@ -49,7 +49,7 @@ static void test_precedence(void) {
                                          "verbose = true\n"
                                          "mode = slow\n"
                                          "bucket = 4M\n");
-    cli_args a;
+    static cli_args a; /* static: the values it points to stay reachable (LSan) */
     const char *argv1[] = {"train", "--config", cfg};
     parse(&a, 3, argv1);
     ASSERT_NEAR(cli_double(&a, "lr"), 0.25, 0, 0);
@@ -96,7 +96,7 @@ static int parse_fails(int argc, const char **argv) {
     if (pid == 0) {
         dup2(fds[1], 2);
         close(fds[0]);
-        cli_args a;
+        static cli_args a;
         parse(&a, argc, argv);
         _exit(0);
     }
