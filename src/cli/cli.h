@@ -99,5 +99,7 @@ int cli_fail(dt_status st);
 extern const cli_cmd cli_cmd_version;
 extern const cli_cmd cli_cmd_bench;
 extern const cli_cmd cli_cmd_ckpt;
+extern const cli_cmd cli_cmd_sample;
+extern const cli_cmd cli_bench_gemm, cli_bench_train; /* cmd_bench_engine.c */
 
 #endif /* DTRAIN_CLI_H */

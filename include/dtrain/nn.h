@@ -1,0 +1,172 @@
+/*
+ * dtrain/nn.h — a GPT-2 style transformer with hand-written forward and
+ * backward passes over flat buffers.
+ *
+ * Overview
+ * --------
+ * The model: token + position embeddings, L pre-LayerNorm blocks
+ *     x = x + attn(ln_1(x))      causal multi-head self-attention
+ *     x = x + mlp(ln_2(x))       Linear(C,4C) -> GELU(tanh) -> Linear(4C,C)
+ * a final LayerNorm and an LM head tied to the token embedding (logits =
+ * ln_f(x) wte^T). Linear weights are stored (out, in) like torch.nn.Linear.
+ *
+ * Memory picture
+ * --------------
+ *  - ONE parameter buffer and ONE gradient buffer of dt_gpt_num_params()
+ *    floats, in the same LAYER-MAJOR order:
+ *        [wte (V,C), wpe (T,C), block 0, ..., block L-1, ln_f.weight, ln_f.bias]
+ *    each block being [ln_1.w, ln_1.b, c_attn.w (3C,C), c_attn.b, attn.c_proj.w
+ *    (C,C), attn.c_proj.b, ln_2.w, ln_2.b, c_fc.w (4C,C), c_fc.b, mlp.c_proj.w
+ *    (C,4C), mlp.c_proj.b]. dt_gpt_tensor_info() names every view.
+ *    Backward finishes gradients from the end of the buffer towards the
+ *    front, so a data-parallel layer can reduce the tail while the head is
+ *    still being computed (see dt_grad_ready_fn).
+ *  - ONE activation arena, sized at create time from (config, max_batch,
+ *    max_seq). forward/backward never allocate.
+ *  - Attention keeps O(T) memory per head (flash attention, see tensor.h).
+ *
+ * Example
+ * -------
+ *     dt_gpt_config cfg;
+ *     dt_gpt *m;
+ *     DT_CHECK(dt_gpt_preset("shakespeare-char", &cfg));
+ *     DT_CHECK(dt_gpt_create(&m, &cfg, B, T));
+ *     dt_gpt_init_params(m, seed);
+ *     for (step...) {
+ *         float loss;
+ *         dt_gpt_zero_grads(m);
+ *         DT_CHECK(dt_gpt_forward(m, inputs, targets, B, T, &loss));
+ *         DT_CHECK(dt_gpt_backward(m, 1.0f, NULL, NULL));
+ *         dt_adamw_step(dt_gpt_params(m), dt_gpt_grads(m), ...);
+ *     }
+ *     dt_gpt_destroy(m);
+ */
+#ifndef DTRAIN_NN_H
+#define DTRAIN_NN_H
+
+#include "dtrain/core.h"
+#include "dtrain/tensor.h"
+
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dt_gpt_config {
+    int layers;  /* L: transformer blocks */
+    int dim;     /* C: channels; a multiple of heads */
+    int heads;   /* NH: attention heads; head size C/NH <= 256 */
+    int max_seq; /* T: longest context (rows of wpe) */
+    int vocab;   /* V: tokens (rows of wte) */
+} dt_gpt_config;
+
+/* Named configurations: "gpt2-124m" (L12 C768 NH12 T1024 V50257),
+ * "gpt2-350m" (L24 C1024 NH16 T1024 V50257), "shakespeare-char" (L6 C384 NH6
+ * T256 V65; the caller sets vocab from its data), "tiny" (L2 C64 NH4 T64
+ * V97, for tests). DT_ERR_INVALID names the choices for an unknown name. */
+dt_status dt_gpt_preset(const char *name, dt_gpt_config *out);
+/* NULL-terminated list of preset names. */
+const char *const *dt_gpt_preset_names(void);
+/* Check ranges; DT_ERR_INVALID names the bad field and value. */
+dt_status dt_gpt_config_validate(const dt_gpt_config *cfg);
+/* Parameter count for a configuration (no allocation). */
+size_t dt_gpt_config_num_params(const dt_gpt_config *cfg);
+
+/* One parameter tensor as a view of the flat buffers. */
+typedef struct dt_param_info {
+    const char *name; /* "h.3.attn.c_attn.weight" (valid while the model lives) */
+    size_t offset;    /* first float in dt_gpt_params()/dt_gpt_grads() */
+    size_t rows;      /* rows x cols floats (cols = 1 is never used: vectors */
+    size_t cols;      /*   are 1 x n) */
+    bool decay;       /* true for 2-D matrices (weights, embeddings); false for
+                         biases and LayerNorm parameters */
+} dt_param_info;
+
+/* Called by backward when grads[ready_from .. num_params) are final for this
+ * backward call: after each block (ready_from = the block's first float) and
+ * once at the end with ready_from = 0. */
+typedef void (*dt_grad_ready_fn)(void *user, size_t ready_from);
+
+typedef struct dt_memory_report {
+    size_t params;          /* bytes of the parameter buffer */
+    size_t grads;           /* bytes of the gradient buffer */
+    size_t activations;     /* bytes of the activation arena (saved + scratch) */
+    size_t attention;       /* part of activations held for attention: qkv, out, lse */
+    size_t attention_naive; /* what a naive attention would add: (B,NH,T,T) probs/layer */
+    size_t logits;          /* part of activations: the (B,T,V) logits */
+    int batch, seq;         /* the sizes the arena was planned for */
+} dt_memory_report;
+
+typedef struct dt_gpt dt_gpt;
+
+/* Allocate parameters, gradients and the activation arena for batches of up
+ * to max_batch sequences of up to max_seq (<= cfg->max_seq) tokens.
+ * Parameters are zero until dt_gpt_init_params() or a load. */
+dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, int max_seq);
+void dt_gpt_destroy(dt_gpt *m);
+
+const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m);
+float *dt_gpt_params(dt_gpt *m);
+float *dt_gpt_grads(dt_gpt *m);
+size_t dt_gpt_num_params(const dt_gpt *m);
+size_t dt_gpt_num_tensors(const dt_gpt *m);
+void dt_gpt_tensor_info(const dt_gpt *m, size_t i, dt_param_info *out);
+
+/* GPT-2 initialisation: weights N(0, 0.02), residual projections (c_proj)
+ * N(0, 0.02/sqrt(2L)), biases 0, LayerNorm weight 1 and bias 0. Tensor i
+ * draws from its own Philox stream (seed, DT_RNG_INIT, i), so the result is
+ * independent of thread count and layout changes elsewhere. */
+void dt_gpt_init_params(dt_gpt *m, uint64_t seed);
+
+/* Forward pass on inputs (B,T). With targets (B,T) the mean cross-entropy
+ * loss is written to *mean_loss (may be NULL) and the pass is kept for
+ * backward; without targets only logits are computed. */
+dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                         float *mean_loss);
+void dt_gpt_zero_grads(dt_gpt *m);
+/* Backward of the last forward (which must have had targets). ACCUMULATES
+ * grad_scale * d(mean loss)/d(params) into the gradient buffer; hook may be
+ * NULL. Overwrites the logits (their memory holds dlogits). */
+dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, void *user);
+/* The last forward's logits (B,T,V); valid until the next backward. */
+const float *dt_gpt_logits(const dt_gpt *m);
+
+/* Bytes of params, grads and activations for the planned sizes. */
+void dt_gpt_memory(const dt_gpt *m, dt_memory_report *out);
+/* Plan without allocating (for the T sweep in the memory report). */
+void dt_gpt_memory_plan(const dt_gpt_config *cfg, int batch, int seq, dt_memory_report *out);
+/* Print "params ... grads ... optimizer ... activations (attention ...)" */
+void dt_gpt_memory_print(const dt_memory_report *r, size_t optimizer_bytes, FILE *out);
+
+/* Forward FLOPs per token (matmuls + attention, causal), for MFU: a training
+ * step costs about 3x this per token. */
+double dt_gpt_flops_per_token(const dt_gpt_config *cfg, int T);
+
+/* ------------------------------------------------------------------------ */
+/* Plain weights file (for sampling; the full checkpoint comes later)       */
+/* ------------------------------------------------------------------------ */
+/*
+ * Layout, little-endian:
+ *   u32 magic "DTGW"   u32 version (1)
+ *   i32 layers, dim, heads, max_seq, vocab
+ *   u32 vocab_bytes_len (0 or vocab)   u8 vocab_bytes[vocab_bytes_len]
+ *   u64 num_params     f32 params[num_params]
+ *   u64 XXH3-64 of everything before it
+ * vocab_bytes maps a token id to the byte it stands for (char-level: the
+ * corpus's byte values; byte-level: 0..255), so a sampler can decode.
+ */
+#define DT_GPT_WEIGHTS_MAGIC   0x57475444u /* "DTGW" */
+#define DT_GPT_WEIGHTS_VERSION 1u
+
+dt_status dt_gpt_save_weights(const dt_gpt *m, const char *path, const uint8_t *vocab_bytes,
+                              int vocab_bytes_len);
+/* Create a model from a weights file; vocab_bytes (256) receives the byte
+ * table and *vocab_bytes_len its length (0 if the file has none). */
+dt_status dt_gpt_load_weights(dt_gpt **out, const char *path, int max_batch, int max_seq,
+                              uint8_t vocab_bytes[256], int *vocab_bytes_len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_NN_H */

@@ -1,0 +1,165 @@
+/*
+ * dtrain/optim.h — optimizers, learning-rate schedules and gradient clipping
+ * on flat ranges of float buffers.
+ *
+ * Overview
+ * --------
+ * Every function here works on a flat range: `n` consecutive floats of the
+ * parameter buffer, the matching range of the gradient buffer and of each
+ * optimizer-state buffer (same length, same offsets). Nothing keeps a pointer
+ * after it returns. This is what lets a later layer shard the optimizer
+ * (ZeRO): a rank calls the same step on its own slice of the buffers, and
+ * because every element is updated independently, the result of updating a
+ * buffer in one call or in any split into sub-ranges is bit-identical (the
+ * vector and scalar code paths perform the same IEEE operations in the same
+ * order; this file is compiled without floating-point contraction).
+ *
+ * The update rules follow PyTorch 1.13 (torch.optim.AdamW and torch.optim.SGD,
+ * single-tensor path) operation by operation, so results match it to float
+ * rounding; tests/unit/test_optim.c checks a PyTorch fixture to 1e-6.
+ *
+ * Example: one AdamW step with global-norm clipping on a whole model whose
+ * biases and LayerNorm gains are not decayed:
+ *
+ *     double ss = dt_grad_sumsq(grads, n);          // allreduce(SUM) if sharded
+ *     float s = dt_clip_scale(ss, 1.0f);            // 1.0 when within the bound
+ *     if (s != 1.0f) dt_scale(grads, n, s);
+ *     float lr = dt_schedule_lr(&sched, step - 1);  // schedule steps are 0-based
+ *     for each tensor (offset, size, decay):
+ *         dt_adamw_step(p + offset, g + offset, m + offset, v + offset, size, lr,
+ *                       &cfg, step, decay ? cfg.weight_decay : 0.0f);
+ *
+ * Large ranges are split across OpenMP threads (the number set by
+ * dt_tensor_set_threads / omp_set_num_threads); the split never changes the
+ * result.
+ */
+#ifndef DTRAIN_OPTIM_H
+#define DTRAIN_OPTIM_H
+
+#include "dtrain/core.h"
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* AdamW                                                                    */
+/* ------------------------------------------------------------------------ */
+
+typedef struct dt_adamw_config {
+    float beta1;        /* first-moment decay, PyTorch default 0.9 */
+    float beta2;        /* second-moment decay, PyTorch default 0.999 */
+    float eps;          /* added to sqrt(vhat), PyTorch default 1e-8 */
+    float weight_decay; /* the run's decoupled decay, PyTorch default 1e-2; the caller
+                           passes it (or 0 for no-decay tensors) as the step's argument */
+} dt_adamw_config;
+
+/* PyTorch's defaults: betas (0.9, 0.999), eps 1e-8, weight_decay 1e-2. */
+dt_adamw_config dt_adamw_config_default(void);
+
+/*
+ * One AdamW step on a range of n elements. `step` is 1-based (the number of
+ * this update, used for the bias corrections); m and v start zeroed. With
+ * bc1 = 1 - beta1^step and bc2 = 1 - beta2^step (computed in double):
+ *
+ *     p *= 1 - lr * weight_decay
+ *     m  = beta1 * m + (1 - beta1) * g
+ *     v  = beta2 * v + (1 - beta2) * g * g
+ *     p -= (lr / bc1) * m / (sqrt(v) / sqrt(bc2) + eps)
+ *
+ * `weight_decay` is the decay applied to this range (it overrides
+ * c->weight_decay, so a caller can skip decay for biases and norms).
+ */
+void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                   const dt_adamw_config *c, int64_t step, float weight_decay);
+
+/* ------------------------------------------------------------------------ */
+/* SGD with momentum                                                        */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * One SGD step (PyTorch semantics, dampening 0). momentum_buf starts zeroed
+ * and may be NULL when momentum == 0:
+ *
+ *     d  = g + weight_decay * p
+ *     b  = momentum * b + d                    (if momentum != 0)
+ *     d  = nesterov ? d + momentum * b : b     (if momentum != 0)
+ *     p -= lr * d
+ *
+ * A zeroed buffer gives exactly PyTorch's first step, where b = d.
+ */
+void dt_sgd_step(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+                 float momentum, bool nesterov, float weight_decay);
+
+/* ------------------------------------------------------------------------ */
+/* Learning-rate schedules                                                  */
+/* ------------------------------------------------------------------------ */
+
+typedef enum dt_schedule_kind {
+    DT_SCHED_CONSTANT, /* warmup, then base_lr */
+    DT_SCHED_LINEAR,   /* warmup, then a straight line from base_lr to min_lr at `total` */
+    DT_SCHED_COSINE,   /* warmup, then half a cosine from base_lr to min_lr at `total` */
+    DT_SCHED_INVSQRT,  /* warmup, then base_lr * sqrt(max(warmup,1) / (step + 1)), >= min_lr */
+    DT_SCHED_COUNT
+} dt_schedule_kind;
+
+/* "constant", "linear", "cosine", "invsqrt" (indexable by dt_schedule_kind). */
+extern const char *const dt_schedule_names[DT_SCHED_COUNT];
+
+typedef struct dt_schedule {
+    dt_schedule_kind kind;
+    float base_lr;  /* peak learning rate, reached at the end of warmup */
+    float min_lr;   /* floor of linear/cosine decay (and of invsqrt) */
+    int64_t warmup; /* steps of linear warmup: lr = base_lr * (step + 1) / warmup */
+    int64_t total;  /* step at which linear/cosine decay reaches min_lr (> warmup) */
+} dt_schedule;
+
+/* Check a schedule's fields; DT_ERR_INVALID names the bad field and value. */
+dt_status dt_schedule_validate(const dt_schedule *s);
+
+/*
+ * Learning rate for 0-based `step` (the step-th update, i.e. AdamW step
+ * number step + 1). Computed in double, rounded once to float:
+ *
+ *     step < warmup:   base_lr * (step + 1) / warmup
+ *     otherwise, with r = (step - warmup) / (total - warmup) clamped to [0, 1]:
+ *       constant  base_lr
+ *       linear    min_lr + (base_lr - min_lr) * (1 - r)
+ *       cosine    min_lr + (base_lr - min_lr) * 0.5 * (1 + cos(pi * r))
+ *       invsqrt   max(min_lr, base_lr * sqrt(max(warmup, 1) / (step + 1)))
+ */
+float dt_schedule_lr(const dt_schedule *s, int64_t step);
+
+/* ------------------------------------------------------------------------ */
+/* Gradient clipping by global norm                                         */
+/* ------------------------------------------------------------------------ */
+
+/*
+ * Sum of squares of a range, accumulated in double. The range is summed in
+ * fixed blocks whose partial sums are added in order, so the result does not
+ * depend on the number of threads. Each square is exact in double; the sum is
+ * exact while it stays below 2^53 in units of the smallest square (e.g. for
+ * integer-valued gradients). For a sharded buffer, allreduce the per-shard
+ * sums and take the square root of the total.
+ */
+double dt_grad_sumsq(const float *g, size_t n);
+
+/* g *= s over a range. */
+void dt_scale(float *g, size_t n, float s);
+
+/*
+ * The factor that clips a gradient of squared norm `sumsq` to `max_norm`,
+ * as torch.nn.utils.clip_grad_norm_ computes it:
+ * min(1, max_norm / (sqrt(sumsq) + 1e-6)). max_norm <= 0 disables clipping
+ * (returns 1).
+ */
+float dt_clip_scale(double sumsq, float max_norm);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_OPTIM_H */

@@ -1,0 +1,161 @@
+/*
+ * dtrain/tensor.h — the fp32 compute kernels the nn layer is built from.
+ *
+ * Overview
+ * --------
+ * A kernel is a plain function over caller-owned flat arrays: nothing here
+ * allocates, nothing keeps a pointer after it returns. Every op comes as a
+ * forward/backward pair written side by side (dt_<op>_forward,
+ * dt_<op>_backward). Arguments are ordered outputs, then inputs, then sizes;
+ * a gradient carries a `d` prefix; the comment on each pointer gives its
+ * shape in row-major order, e.g. (B,T,C).
+ *
+ *   - Matrix multiplies go to OpenBLAS (cblas_sgemm).
+ *   - Everything else is ours: AVX-512 paths selected at compile time
+ *     (-march=native on an AVX-512 machine) with a scalar fallback that
+ *     computes the same thing.
+ *   - Backward kernels say per argument whether they overwrite (=) or
+ *     accumulate (+=). Parameter gradients always accumulate, so several
+ *     micro-batches can add into one gradient buffer.
+ *   - Threads: OpenMP for our kernels, OpenBLAS's own pool for sgemm; both
+ *     are set by dt_tensor_set_threads() (--threads / DT_THREADS).
+ *
+ * Attention
+ * ---------
+ * dt_attention_forward/backward compute causal multi-head self-attention in
+ * blocks of DT_ATTN_BLOCK keys with an online softmax (the "flash" scheme):
+ * the (T,T) score matrix is never stored. Forward saves only the output and
+ * the log-sum-exp of each query row, so the memory kept for backward is
+ * O(T) per head. dt_attention_naive_* materialise the (T,T) probabilities and
+ * exist as an independent reference for the tests.
+ *
+ * Example: one linear layer, forward and backward
+ * -----------------------------------------------
+ *     dt_matmul_forward(out, inp, w, b, N, IC, OC);          // out = inp w^T + b
+ *     ...
+ *     dt_matmul_backward(dinp, dw, db, dout, inp, w, N, IC, OC);
+ */
+#ifndef DTRAIN_TENSOR_H
+#define DTRAIN_TENSOR_H
+
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Keys (and queries) processed per block by the flash attention kernels. */
+#define DT_ATTN_BLOCK 64
+
+/* ------------------------------------------------------------------------ */
+/* Threads                                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* Use n threads (>= 1) for our kernels (OpenMP) and for sgemm (OpenBLAS). */
+void dt_tensor_set_threads(int n);
+/* The count last set (or the default: DT_THREADS, else the CPU count). */
+int dt_tensor_threads(void);
+/* Read DT_THREADS (1..1024; unset = dt_cpu_count()) and apply it. */
+dt_status dt_tensor_threads_from_env(int *out);
+
+/* True when the AVX-512 kernels were compiled in. */
+bool dt_tensor_have_avx512(void);
+
+/* ------------------------------------------------------------------------ */
+/* Matrix multiply (OpenBLAS)                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Row-major C (M,N) = alpha * op(A) op(B) + beta * C, op = transpose if set.
+ * A is (M,K) or (K,M) when trans_a; B is (K,N) or (N,K) when trans_b. */
+void dt_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
+              const float *B, int ldb, float beta, float *C, int ldc);
+
+/* out = inp @ weight^T + bias (bias may be NULL).
+ * out (N,OC) =; inp (N,IC); weight (OC,IC); bias (OC). */
+void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+                       int IC, int OC);
+/* dinp (N,IC) = (skipped if NULL); dweight (OC,IC) +=; dbias (OC) += (skipped
+ * if NULL); dout (N,OC); inp (N,IC); weight (OC,IC). */
+void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int N, int IC, int OC);
+
+/* ------------------------------------------------------------------------ */
+/* Elementwise and normalisation                                            */
+/* ------------------------------------------------------------------------ */
+
+/* LayerNorm over the last dimension, eps = 1e-5.
+ * out (N,C) =; mean, rstd (N) = (saved for backward); inp (N,C); weight, bias (C). */
+void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                          const float *weight, const float *bias, int N, int C);
+/* dinp (N,C) +=; dweight, dbias (C) +=; dout (N,C); inp (N,C); weight (C);
+ * mean, rstd (N) from forward. */
+void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, const float *mean,
+                           const float *rstd, int N, int C);
+
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+ * out (n) =; inp (n). */
+void dt_gelu_forward(float *out, const float *inp, size_t n);
+/* dinp (n) = dout * gelu'(inp); may alias dout. */
+void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
+
+/* out (n) = a + b. Its backward is the identity: both inputs receive dout. */
+void dt_residual_forward(float *out, const float *a, const float *b, size_t n);
+/* da (n) += dout; db (n) += dout (either may be NULL). */
+void dt_residual_backward(float *da, float *db, const float *dout, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Embeddings                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* out[b,t,:] = wte[tokens[b,t],:] + wpe[t,:].
+ * out (B,T,C) =; tokens (B,T) each in [0,V); wte (V,C); wpe (>=T,C). */
+void dt_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                          int B, int T, int C);
+/* dwte (V,C) +=; dwpe (>=T,C) +=; dout (B,T,C); tokens (B,T). */
+void dt_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                           int B, int T, int C);
+
+/* ------------------------------------------------------------------------ */
+/* Softmax and cross-entropy                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Row-wise softmax. probs (N,V) =; logits (N,V) (may alias probs). */
+void dt_softmax_forward(float *probs, const float *logits, int N, int V);
+
+/* Fused softmax + cross-entropy: losses[i] = lse_i - logits[i, targets[i]],
+ * lse_i = log sum_j exp(logits[i,j]). Probabilities are never stored.
+ * losses (N) =; lse (N) = (saved for backward); logits (N,V); targets (N) in [0,V).
+ * Returns the mean loss (accumulated in double). */
+float dt_crossentropy_forward(float *losses, float *lse, const float *logits,
+                              const int32_t *targets, int N, int V);
+/* dlogits (N,V) = scale * (softmax(logits) - onehot(targets)); may alias
+ * logits (then the logits are overwritten). lse (N) from forward. For the mean
+ * loss, scale = 1/N. */
+void dt_crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+                              const int32_t *targets, float scale, int N, int V);
+
+/* ------------------------------------------------------------------------ */
+/* Causal self-attention                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* qkv (B,T,3C) holds q | k | v along the last dimension, each (NH, HS=C/NH)
+ * with heads contiguous. Scores are scaled by 1/sqrt(HS).
+ * out (B,T,C) =; lse (B,NH,T) = log-sum-exp of each query's scaled scores. */
+void dt_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH);
+/* dqkv (B,T,3C) =; dout (B,T,C); qkv, out, lse from forward. */
+void dt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                           const float *lse, int B, int T, int C, int NH);
+
+/* Reference: stores the probabilities. att (B,NH,T,T) = (saved for
+ * backward); out (B,T,C) =. */
+void dt_attention_naive_forward(float *out, float *att, const float *qkv, int B, int T, int C,
+                                int NH);
+/* dqkv (B,T,3C) =; dout (B,T,C); qkv, att from forward. */
+void dt_attention_naive_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
+                                 int B, int T, int C, int NH);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_TENSOR_H */

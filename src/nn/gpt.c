@@ -1,0 +1,553 @@
+/*
+ * gpt.c — the GPT model: parameter layout, activation arena, forward and
+ * backward, initialisation and the memory report.
+ *
+ * Invariants:
+ *  - params and grads are two flat buffers with the same layer-major layout
+ *    (see nn.h); every tensor is a view (offset, rows, cols).
+ *  - All activations live in one arena carved at create time for
+ *    (max_batch, max_seq); a pass with smaller B, T uses the front of each
+ *    region with compact strides. forward/backward do not allocate.
+ *  - Backward accumulates into grads; scratch regions are overwritten.
+ */
+#include "dtrain/nn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Per-block parameter tensors, in buffer order. */
+enum {
+    P_LN1W,
+    P_LN1B,
+    P_QKVW,
+    P_QKVB,
+    P_ATTPROJW,
+    P_ATTPROJB,
+    P_LN2W,
+    P_LN2B,
+    P_FCW,
+    P_FCB,
+    P_FCPROJW,
+    P_FCPROJB,
+    P_BLOCK_COUNT
+};
+
+static const char *const block_names[P_BLOCK_COUNT] = {
+    "ln_1.weight",        "ln_1.bias",        "attn.c_attn.weight", "attn.c_attn.bias",
+    "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight",        "ln_2.bias",
+    "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias",
+};
+_Static_assert(sizeof block_names / sizeof block_names[0] == P_BLOCK_COUNT, "block_names");
+
+/* Saved activations of one block (pointers into the arena). */
+typedef struct block_acts {
+    float *ln1;      // (B,T,C)   ln_1 output
+    float *ln1_mean; // (B,T)
+    float *ln1_rstd; // (B,T)
+    float *qkv;      // (B,T,3C)
+    float *atty;     // (B,T,C)   attention output (before c_proj)
+    float *att_lse;  // (B,NH,T)  flash attention log-sum-exp
+    float *res2;     // (B,T,C)   x + attn(...)
+    float *ln2;      // (B,T,C)
+    float *ln2_mean; // (B,T)
+    float *ln2_rstd; // (B,T)
+    float *fch;      // (B,T,4C)  c_fc output (pre-GELU)
+    float *fch_gelu; // (B,T,4C)
+    float *res3;     // (B,T,C)   block output
+} block_acts;
+
+struct dt_gpt {
+    dt_gpt_config cfg;
+    int max_B, max_T;      /* arena planned for these */
+    size_t nparams;        /* floats in params and grads */
+    float *params, *grads; /* the two flat buffers */
+    size_t ntensors;       /* 2 + 12 L + 2 */
+    dt_param_info *info;   /* ntensors views */
+    char *names;           /* storage of info[i].name */
+    float *arena;          /* all activations */
+    size_t arena_floats;
+    block_acts *acts;  /* L entries */
+    float *encoded;    // (B,T,C)
+    float *lnf;        // (B,T,C)
+    float *lnf_mean;   // (B,T)
+    float *lnf_rstd;   // (B,T)
+    float *logits;     // (B,T,V); dlogits after backward
+    float *ce_lse;     // (B,T)
+    float *losses;     // (B,T)
+    float *dres;       // (B,T,C)   backward: gradient of the residual stream
+    float *dbuf;       // (B,T,C)   scratch: c_proj outputs, dln, datty
+    float *dqkv;       // (B,T,3C)  backward scratch
+    float *dfch;       // (B,T,4C)  backward scratch
+    int32_t *tokens;   // (B,T)     copy of the last inputs
+    int32_t *targets;  // (B,T)     copy of the last targets
+    int B, T;          /* sizes of the last forward */
+    bool have_targets; /* the last forward can be differentiated */
+};
+
+/* ------------------------------------------------------------------------ */
+/* Configuration                                                            */
+/* ------------------------------------------------------------------------ */
+
+typedef struct preset {
+    const char *name;
+    dt_gpt_config cfg;
+} preset;
+
+static const preset presets[] = {
+    {"gpt2-124m", {12, 768, 12, 1024, 50257}},
+    {"gpt2-350m", {24, 1024, 16, 1024, 50257}},
+    {"shakespeare-char", {6, 384, 6, 256, 65}},
+    {"tiny", {2, 64, 4, 64, 97}},
+};
+#define NPRESETS (sizeof presets / sizeof presets[0])
+static const char *const preset_names[NPRESETS + 1] = {"gpt2-124m", "gpt2-350m", "shakespeare-char",
+                                                       "tiny", NULL};
+
+const char *const *dt_gpt_preset_names(void) { return preset_names; }
+
+dt_status dt_gpt_preset(const char *name, dt_gpt_config *out) {
+    for (size_t i = 0; i < NPRESETS; i++)
+        if (name && strcmp(name, presets[i].name) == 0) {
+            *out = presets[i].cfg;
+            return DT_OK;
+        }
+    return dt_error_set(DT_ERR_INVALID,
+                        "model preset \"%s\" is unknown (choices: gpt2-124m, gpt2-350m, "
+                        "shakespeare-char, tiny)",
+                        name ? name : "(null)");
+}
+
+dt_status dt_gpt_config_validate(const dt_gpt_config *c) {
+    if (c->layers < 1 || c->layers > 1024)
+        return dt_error_set(DT_ERR_INVALID, "model layers = %d, must be in [1, 1024]", c->layers);
+    if (c->heads < 1 || c->heads > 1024)
+        return dt_error_set(DT_ERR_INVALID, "model heads = %d, must be in [1, 1024]", c->heads);
+    if (c->dim < 1 || c->dim > 65536 || c->dim % c->heads != 0)
+        return dt_error_set(DT_ERR_INVALID,
+                            "model dim = %d, must be in [1, 65536] and a multiple of heads (%d)",
+                            c->dim, c->heads);
+    if (c->dim / c->heads > 256)
+        return dt_error_set(DT_ERR_INVALID, "model head size dim/heads = %d, must be <= 256",
+                            c->dim / c->heads);
+    if (c->max_seq < 1 || c->max_seq > (1 << 20))
+        return dt_error_set(DT_ERR_INVALID, "model max_seq = %d, must be in [1, 1048576]",
+                            c->max_seq);
+    if (c->vocab < 1 || c->vocab > (1 << 24))
+        return dt_error_set(DT_ERR_INVALID, "model vocab = %d, must be in [1, 16777216]", c->vocab);
+    return DT_OK;
+}
+
+/* Shape of block tensor k for channels C: matrices are (rows C, cols C)
+ * multiples, vectors are (1, cols C). */
+static void block_shape(int k, size_t C, size_t *rows, size_t *cols) {
+    // clang-format off
+    //                                       ln1w ln1b qkvw qkvb apw apb ln2w ln2b fcw fcb fpw fpb
+    static const size_t rm[P_BLOCK_COUNT] = {0,   0,   3,   0,   1,  0,  0,   0,   4,  0,  1,  0};
+    static const size_t cm[P_BLOCK_COUNT] = {1,   1,   1,   3,   1,  1,  1,   1,   1,  4,  4,  1};
+    // clang-format on
+    *rows = rm[k] ? rm[k] * C : 1;
+    *cols = cm[k] * C;
+}
+
+static size_t block_params(size_t C) {
+    size_t n = 0;
+    for (int k = 0; k < P_BLOCK_COUNT; k++) {
+        size_t r, c;
+        block_shape(k, C, &r, &c);
+        n += r * c;
+    }
+    return n; /* 12 C^2 + 13 C */
+}
+
+size_t dt_gpt_config_num_params(const dt_gpt_config *c) {
+    size_t C = (size_t)c->dim;
+    return (size_t)c->vocab * C + (size_t)c->max_seq * C + (size_t)c->layers * block_params(C) +
+           2 * C;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Activation plan: one function computes the layout for both the arena    */
+/* carving and the memory report, so they cannot disagree.                  */
+/* ------------------------------------------------------------------------ */
+
+typedef struct plan {
+    size_t total;     /* floats */
+    size_t attention; /* floats held for attention */
+    size_t logits;    /* floats of logits */
+} plan;
+
+/* Take n floats from the arena (or only count them when base is NULL);
+ * regions are 64-byte aligned. */
+static float *take(float *base, size_t *off, size_t n) {
+    float *p = base ? base + *off : NULL;
+    *off += dt_align_up(n, 16);
+    return p;
+}
+
+static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_) {
+    size_t B = (size_t)B_, T = (size_t)T_, C = (size_t)c->dim, NH = (size_t)c->heads;
+    size_t V = (size_t)c->vocab, BT = B * T, off = 0, att = 0;
+    float *base = m ? m->arena : NULL;
+    float *tmp;
+#define TAKE(dst, n) (tmp = take(base, &off, (n)), (m ? (void)((dst) = tmp) : (void)0))
+    for (int l = 0; l < c->layers; l++) {
+        block_acts *a = m ? &m->acts[l] : NULL;
+        block_acts dummy;
+        if (!a)
+            a = &dummy;
+        TAKE(a->ln1, BT * C);
+        TAKE(a->ln1_mean, BT);
+        TAKE(a->ln1_rstd, BT);
+        size_t before = off;
+        TAKE(a->qkv, BT * 3 * C);
+        TAKE(a->atty, BT * C);
+        TAKE(a->att_lse, B * NH * T);
+        att += off - before;
+        TAKE(a->res2, BT * C);
+        TAKE(a->ln2, BT * C);
+        TAKE(a->ln2_mean, BT);
+        TAKE(a->ln2_rstd, BT);
+        TAKE(a->fch, BT * 4 * C);
+        TAKE(a->fch_gelu, BT * 4 * C);
+        TAKE(a->res3, BT * C);
+    }
+    float *f;
+    TAKE(f, BT * C);
+    if (m)
+        m->encoded = f;
+    TAKE(f, BT * C);
+    if (m)
+        m->lnf = f;
+    TAKE(f, BT);
+    if (m)
+        m->lnf_mean = f;
+    TAKE(f, BT);
+    if (m)
+        m->lnf_rstd = f;
+    size_t before = off;
+    TAKE(f, BT * V);
+    size_t nlogits = off - before;
+    if (m)
+        m->logits = f;
+    TAKE(f, BT);
+    if (m)
+        m->ce_lse = f;
+    TAKE(f, BT);
+    if (m)
+        m->losses = f;
+    TAKE(f, BT * C);
+    if (m)
+        m->dres = f;
+    TAKE(f, BT * C);
+    if (m)
+        m->dbuf = f;
+    TAKE(f, BT * 3 * C);
+    if (m)
+        m->dqkv = f;
+    TAKE(f, BT * 4 * C);
+    if (m)
+        m->dfch = f;
+    /* int32 token copies, stored as floats' worth of space */
+    TAKE(f, BT);
+    if (m)
+        m->tokens = (int32_t *)f;
+    TAKE(f, BT);
+    if (m)
+        m->targets = (int32_t *)f;
+#undef TAKE
+    (void)tmp;
+    return (plan){off, att, nlogits};
+}
+
+void dt_gpt_memory_plan(const dt_gpt_config *c, int batch, int seq, dt_memory_report *r) {
+    plan p = carve(NULL, c, batch, seq);
+    size_t np = dt_gpt_config_num_params(c);
+    r->params = np * sizeof(float);
+    r->grads = np * sizeof(float);
+    r->activations = p.total * sizeof(float);
+    r->attention = p.attention * sizeof(float);
+    r->attention_naive = (size_t)c->layers * batch * c->heads * (size_t)seq * seq * sizeof(float);
+    r->logits = p.logits * sizeof(float);
+    r->batch = batch;
+    r->seq = seq;
+}
+
+void dt_gpt_memory(const dt_gpt *m, dt_memory_report *out) {
+    dt_gpt_memory_plan(&m->cfg, m->max_B, m->max_T, out);
+}
+
+void dt_gpt_memory_print(const dt_memory_report *r, size_t optimizer_bytes, FILE *out) {
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32];
+    fprintf(out,
+            "memory (B=%d T=%d): params %s, grads %s, optimizer %s, activations %s "
+            "(attention %s, logits %s; naive attention would add %s)\n",
+            r->batch, r->seq, dt_format_bytes((double)r->params, a, sizeof a),
+            dt_format_bytes((double)r->grads, b, sizeof b),
+            dt_format_bytes((double)optimizer_bytes, c, sizeof c),
+            dt_format_bytes((double)r->activations, d, sizeof d),
+            dt_format_bytes((double)r->attention, e, sizeof e),
+            dt_format_bytes((double)r->logits, f, sizeof f),
+            dt_format_bytes((double)r->attention_naive, g, sizeof g));
+}
+
+double dt_gpt_flops_per_token(const dt_gpt_config *c, int T) {
+    /* 2 FLOPs per multiply-add. Per token and layer: qkv 6C^2, proj 2C^2,
+     * mlp 16C^2; attention (causal, on average (T+1)/2 keys): scores and
+     * weighted sum 2 * 2 * C * (T+1)/2. LM head 2 C V. */
+    double C = c->dim, L = c->layers, V = c->vocab;
+    return L * (24.0 * C * C + 2.0 * C * (T + 1)) + 2.0 * C * V;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Create / destroy / accessors                                             */
+/* ------------------------------------------------------------------------ */
+
+dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, int max_seq) {
+    *out = NULL;
+    DT_CHECK(dt_gpt_config_validate(cfg));
+    if (max_batch < 1 || max_batch > (1 << 20))
+        return dt_error_set(DT_ERR_INVALID, "batch size %d must be in [1, 1048576]", max_batch);
+    if (max_seq < 1 || max_seq > cfg->max_seq)
+        return dt_error_set(DT_ERR_INVALID,
+                            "sequence length %d must be in [1, %d] (the model's max_seq)", max_seq,
+                            cfg->max_seq);
+    dt_gpt *m = dt_calloc(1, sizeof *m);
+    if (!m)
+        return DT_ERR_NOMEM;
+    m->cfg = *cfg;
+    m->max_B = max_batch;
+    m->max_T = max_seq;
+    int L = cfg->layers;
+    size_t C = (size_t)cfg->dim;
+    m->nparams = dt_gpt_config_num_params(cfg);
+    m->ntensors = 2 + (size_t)P_BLOCK_COUNT * L + 2;
+    m->info = dt_calloc(m->ntensors, sizeof *m->info);
+    m->names = dt_calloc(m->ntensors, 48);
+    m->acts = dt_calloc((size_t)L, sizeof *m->acts);
+    m->params = dt_alloc(m->nparams * sizeof(float));
+    m->grads = dt_alloc(m->nparams * sizeof(float));
+    plan p = carve(NULL, cfg, max_batch, max_seq);
+    m->arena_floats = p.total;
+    m->arena = dt_alloc(p.total * sizeof(float));
+    if (!m->info || !m->names || !m->acts || !m->params || !m->grads || !m->arena) {
+        char a[32];
+        dt_gpt_destroy(m);
+        return dt_error_set(DT_ERR_NOMEM,
+                            "cannot allocate a GPT with %zu parameters and %s of "
+                            "activations",
+                            dt_gpt_config_num_params(cfg),
+                            dt_format_bytes((double)p.total * 4, a, sizeof a));
+    }
+    memset(m->params, 0, m->nparams * sizeof(float));
+    memset(m->grads, 0, m->nparams * sizeof(float));
+    carve(m, cfg, max_batch, max_seq);
+
+    /* The tensor table, in buffer order. */
+    size_t off = 0, t = 0;
+#define ADD(nm, r, c, dec)                                                                         \
+    do {                                                                                           \
+        char *s = m->names + t * 48;                                                               \
+        snprintf(s, 48, "%s", nm);                                                                 \
+        m->info[t] = (dt_param_info){s, off, (r), (c), (dec)};                                     \
+        off += (size_t)(r) * (c);                                                                  \
+        t++;                                                                                       \
+    } while (0)
+    ADD("wte", (size_t)cfg->vocab, C, true);
+    ADD("wpe", (size_t)cfg->max_seq, C, true);
+    for (int l = 0; l < L; l++)
+        for (int k = 0; k < P_BLOCK_COUNT; k++) {
+            size_t r, c;
+            char nm[48];
+            block_shape(k, C, &r, &c);
+            snprintf(nm, sizeof nm, "h.%d.%s", l, block_names[k]);
+            ADD(nm, r, c, r > 1);
+        }
+    ADD("ln_f.weight", 1, C, false);
+    ADD("ln_f.bias", 1, C, false);
+#undef ADD
+    DT_ASSERT(off == m->nparams && t == m->ntensors);
+    *out = m;
+    return DT_OK;
+}
+
+void dt_gpt_destroy(dt_gpt *m) {
+    if (!m)
+        return;
+    dt_free(m->arena);
+    dt_free(m->grads);
+    dt_free(m->params);
+    dt_free(m->acts);
+    dt_free(m->names);
+    dt_free(m->info);
+    dt_free(m);
+}
+
+const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m) { return &m->cfg; }
+float *dt_gpt_params(dt_gpt *m) { return m->params; }
+float *dt_gpt_grads(dt_gpt *m) { return m->grads; }
+size_t dt_gpt_num_params(const dt_gpt *m) { return m->nparams; }
+size_t dt_gpt_num_tensors(const dt_gpt *m) { return m->ntensors; }
+const float *dt_gpt_logits(const dt_gpt *m) { return m->logits; }
+
+void dt_gpt_tensor_info(const dt_gpt *m, size_t i, dt_param_info *out) {
+    DT_ASSERT(i < m->ntensors);
+    *out = m->info[i];
+}
+
+void dt_gpt_zero_grads(dt_gpt *m) { memset(m->grads, 0, m->nparams * sizeof(float)); }
+
+/* Pointer to block tensor k of layer l in buffer `buf` (params or grads). */
+static inline float *bt(const dt_gpt *m, float *buf, int l, int k) {
+    return buf + m->info[2 + (size_t)l * P_BLOCK_COUNT + k].offset;
+}
+/* First float of block l (or of ln_f when l == L). */
+static inline size_t block_offset(const dt_gpt *m, int l) {
+    return m->info[2 + (size_t)l * P_BLOCK_COUNT].offset;
+}
+
+void dt_gpt_init_params(dt_gpt *m, uint64_t seed) {
+    const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)m->cfg.layers);
+#pragma omp parallel for schedule(dynamic, 1)
+    for (size_t i = 0; i < m->ntensors; i++) {
+        const dt_param_info *p = &m->info[i];
+        float *w = m->params + p->offset;
+        size_t n = p->rows * p->cols;
+        const char *nm = p->name;
+        size_t len = strlen(nm);
+        bool is_bias = len >= 4 && strcmp(nm + len - 4, "bias") == 0;
+        bool is_ln = strstr(nm, "ln_") != NULL;
+        if (is_bias) {
+            memset(w, 0, n * sizeof(float));
+        } else if (is_ln) {
+            for (size_t j = 0; j < n; j++)
+                w[j] = 1.0f;
+        } else {
+            float s = strstr(nm, "c_proj") ? proj_std : std;
+            dt_rng r;
+            dt_rng_init(&r, seed, dt_rng_stream_id(0, i, DT_RNG_INIT));
+            for (size_t j = 0; j < n; j++)
+                w[j] = s * dt_rng_normal(&r);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Forward                                                                  */
+/* ------------------------------------------------------------------------ */
+
+dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
+                         float *mean_loss) {
+    const int L = m->cfg.layers, C = m->cfg.dim, NH = m->cfg.heads, V = m->cfg.vocab;
+    if (B < 1 || B > m->max_B || T < 1 || T > m->max_T)
+        return dt_error_set(
+            DT_ERR_INVALID,
+            "forward with B=%d T=%d, but the model was created for B <= %d, T <= %d", B, T,
+            m->max_B, m->max_T);
+    const int N = B * T;
+    for (int i = 0; i < N; i++) {
+        if (inputs[i] < 0 || inputs[i] >= V)
+            return dt_error_set(DT_ERR_INVALID, "input token %d at position %d is outside [0, %d)",
+                                inputs[i], i, V);
+        if (targets && (targets[i] < 0 || targets[i] >= V))
+            return dt_error_set(DT_ERR_INVALID, "target token %d at position %d is outside [0, %d)",
+                                targets[i], i, V);
+    }
+    m->B = B;
+    m->T = T;
+    m->have_targets = false;
+    memcpy(m->tokens, inputs, sizeof(int32_t) * N);
+    float *p = m->params;
+
+    dt_embedding_forward(m->encoded, m->tokens, p + m->info[0].offset, p + m->info[1].offset, B, T,
+                         C);
+    const float *x = m->encoded; // (B,T,C) residual stream entering the block
+    for (int l = 0; l < L; l++) {
+        block_acts *a = &m->acts[l];
+        dt_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
+                             bt(m, p, l, P_LN1B), N, C);
+        dt_matmul_forward(a->qkv, a->ln1, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * C);
+        dt_attention_forward(a->atty, a->att_lse, a->qkv, B, T, C, NH);
+        dt_matmul_forward(m->dbuf, a->atty, bt(m, p, l, P_ATTPROJW), bt(m, p, l, P_ATTPROJB), N, C,
+                          C);
+        dt_residual_forward(a->res2, x, m->dbuf, (size_t)N * C);
+        dt_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, bt(m, p, l, P_LN2W),
+                             bt(m, p, l, P_LN2B), N, C);
+        dt_matmul_forward(a->fch, a->ln2, bt(m, p, l, P_FCW), bt(m, p, l, P_FCB), N, C, 4 * C);
+        dt_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+        dt_matmul_forward(m->dbuf, a->fch_gelu, bt(m, p, l, P_FCPROJW), bt(m, p, l, P_FCPROJB), N,
+                          4 * C, C);
+        dt_residual_forward(a->res3, a->res2, m->dbuf, (size_t)N * C);
+        x = a->res3;
+    }
+    const dt_param_info *lnw = &m->info[m->ntensors - 2], *lnb = &m->info[m->ntensors - 1];
+    dt_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, p + lnw->offset, p + lnb->offset, N,
+                         C);
+    /* Tied LM head: logits (N,V) = lnf (N,C) @ wte^T. */
+    dt_matmul_forward(m->logits, m->lnf, p + m->info[0].offset, NULL, N, C, V);
+    if (targets) {
+        memcpy(m->targets, targets, sizeof(int32_t) * N);
+        float loss = dt_crossentropy_forward(m->losses, m->ce_lse, m->logits, m->targets, N, V);
+        if (mean_loss)
+            *mean_loss = loss;
+        m->have_targets = true;
+    }
+    return DT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Backward                                                                 */
+/* ------------------------------------------------------------------------ */
+
+dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, void *user) {
+    if (!m->have_targets)
+        return dt_error_set(DT_ERR_INVALID,
+                            "backward needs a preceding forward with targets (and only one "
+                            "backward per forward)");
+    m->have_targets = false; /* the logits are about to become dlogits */
+    const int L = m->cfg.layers, C = m->cfg.dim, NH = m->cfg.heads, V = m->cfg.vocab;
+    const int B = m->B, T = m->T, N = B * T;
+    float *p = m->params, *g = m->grads;
+    const dt_param_info *wte = &m->info[0], *wpe = &m->info[1];
+    const dt_param_info *lnw = &m->info[m->ntensors - 2], *lnb = &m->info[m->ntensors - 1];
+
+    /* d(mean loss)/dlogits, in place over the logits. */
+    float *dlogits = m->logits;
+    dt_crossentropy_backward(dlogits, m->logits, m->ce_lse, m->targets, grad_scale / (float)N, N,
+                             V);
+    /* LM head: dlnf (N,C) = dlogits @ wte; dwte += dlogits^T @ lnf. */
+    dt_matmul_backward(m->dbuf, g + wte->offset, NULL, dlogits, m->lnf, p + wte->offset, N, C, V);
+    const float *xL = L > 0 ? m->acts[L - 1].res3 : m->encoded;
+    memset(m->dres, 0, sizeof(float) * (size_t)N * C);
+    dt_layernorm_backward(m->dres, g + lnw->offset, g + lnb->offset, m->dbuf, xL, p + lnw->offset,
+                          m->lnf_mean, m->lnf_rstd, N, C);
+
+    for (int l = L - 1; l >= 0; l--) {
+        block_acts *a = &m->acts[l];
+        const float *x = l > 0 ? m->acts[l - 1].res3 : m->encoded;
+        /* m->dres holds d(res3). MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))). */
+        dt_matmul_backward(m->dfch, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB), m->dres,
+                           a->fch_gelu, bt(m, p, l, P_FCPROJW), N, 4 * C, C);
+        dt_gelu_backward(m->dfch, a->fch, m->dfch, (size_t)N * 4 * C);
+        dt_matmul_backward(m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), m->dfch, a->ln2,
+                           bt(m, p, l, P_FCW), N, C, 4 * C);
+        dt_layernorm_backward(m->dres, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), m->dbuf, a->res2,
+                              bt(m, p, l, P_LN2W), a->ln2_mean, a->ln2_rstd, N, C);
+        /* m->dres now holds d(res2). Attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))). */
+        dt_matmul_backward(m->dbuf, bt(m, g, l, P_ATTPROJW), bt(m, g, l, P_ATTPROJB), m->dres,
+                           a->atty, bt(m, p, l, P_ATTPROJW), N, C, C);
+        dt_attention_backward(m->dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, C, NH);
+        dt_matmul_backward(m->dbuf, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), m->dqkv, a->ln1,
+                           bt(m, p, l, P_QKVW), N, C, 3 * C);
+        dt_layernorm_backward(m->dres, bt(m, g, l, P_LN1W), bt(m, g, l, P_LN1B), m->dbuf, x,
+                              bt(m, p, l, P_LN1W), a->ln1_mean, a->ln1_rstd, N, C);
+        /* m->dres holds d(x); every gradient from block l onwards is final. */
+        if (hook)
+            hook(user, block_offset(m, l));
+    }
+    dt_embedding_backward(g + wte->offset, g + wpe->offset, m->dres, m->tokens, B, T, C);
+    if (hook)
+        hook(user, 0);
+    return DT_OK;
+}

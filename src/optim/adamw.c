@@ -1,0 +1,189 @@
+/*
+ * adamw.c — AdamW and SGD (momentum, Nesterov) on flat ranges.
+ *
+ * Both follow PyTorch 1.13's single-tensor code operation by operation:
+ * the same multiplications and additions in the same order, the per-step
+ * scalars computed in double and rounded to float once, as PyTorch does
+ * with its Python-float arguments. Each step has a scalar form and an
+ * AVX-512 form whose tail is handled with masked loads and stores rather
+ * than a scalar loop; both give bit-identical results (see
+ * optim_internal.h), so the way a buffer is split into ranges — by shard,
+ * by tensor, by OpenMP chunk — never changes a parameter.
+ */
+#include "optim_internal.h"
+
+#include <math.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+dt_adamw_config dt_adamw_config_default(void) {
+    return (dt_adamw_config){.beta1 = 0.9f, .beta2 = 0.999f, .eps = 1e-8f, .weight_decay = 1e-2f};
+}
+
+void dt__adamw_k_init(dt__adamw_k *k, float lr, const dt_adamw_config *c, int64_t step,
+                      float weight_decay) {
+    double b1 = c->beta1, b2 = c->beta2;
+    double bc1 = 1.0 - pow(b1, (double)step);
+    double bc2 = 1.0 - pow(b2, (double)step);
+    k->decay = (float)(1.0 - (double)lr * (double)weight_decay);
+    k->b1 = c->beta1;
+    k->omb1 = (float)(1.0 - b1);
+    k->b2 = c->beta2;
+    k->omb2 = (float)(1.0 - b2);
+    k->bc2_sqrt = (float)sqrt(bc2);
+    k->eps = c->eps;
+    k->neg_step = (float)(-((double)lr / bc1));
+}
+
+void dt__adamw_range_scalar(float *p, const float *g, float *m, float *v, size_t n,
+                            const dt__adamw_k *k) {
+    for (size_t i = 0; i < n; i++) {
+        float pi = p[i] * k->decay;
+        float mi = m[i] * k->b1 + k->omb1 * g[i];
+        float vi = v[i] * k->b2 + k->omb2 * g[i] * g[i];
+        float denom = sqrtf(vi) / k->bc2_sqrt + k->eps;
+        p[i] = pi + k->neg_step * (mi / denom);
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
+void dt__sgd_range_scalar(float *p, const float *g, float *b, size_t n, float lr, float momentum,
+                          bool nesterov, float weight_decay) {
+    float neg_lr = -lr;
+    for (size_t i = 0; i < n; i++) {
+        float d = weight_decay != 0.0f ? g[i] + weight_decay * p[i] : g[i];
+        if (momentum != 0.0f) {
+            float bi = b[i] * momentum + d;
+            b[i] = bi;
+            d = nesterov ? d + momentum * bi : bi;
+        }
+        p[i] = p[i] + neg_lr * d;
+    }
+}
+
+#ifdef __AVX512F__
+
+/* One AdamW update of 16 lanes; the same operations as the scalar loop. */
+static inline void adamw16(__m512 *pv, __m512 gv, __m512 *mv, __m512 *vv, const dt__adamw_k *k) {
+    __m512 pi = _mm512_mul_ps(*pv, _mm512_set1_ps(k->decay));
+    __m512 mi = _mm512_add_ps(_mm512_mul_ps(*mv, _mm512_set1_ps(k->b1)),
+                              _mm512_mul_ps(_mm512_set1_ps(k->omb1), gv));
+    __m512 vi = _mm512_add_ps(_mm512_mul_ps(*vv, _mm512_set1_ps(k->b2)),
+                              _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(k->omb2), gv), gv));
+    __m512 denom = _mm512_add_ps(_mm512_div_ps(_mm512_sqrt_ps(vi), _mm512_set1_ps(k->bc2_sqrt)),
+                                 _mm512_set1_ps(k->eps));
+    *pv = _mm512_add_ps(pi, _mm512_mul_ps(_mm512_set1_ps(k->neg_step), _mm512_div_ps(mi, denom)));
+    *mv = mi;
+    *vv = vi;
+}
+
+void dt__adamw_range_vec(float *p, const float *g, float *m, float *v, size_t n,
+                         const dt__adamw_k *k) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 pv = _mm512_loadu_ps(p + i), mv = _mm512_loadu_ps(m + i);
+        __m512 vv = _mm512_loadu_ps(v + i);
+        adamw16(&pv, _mm512_loadu_ps(g + i), &mv, &vv, k);
+        _mm512_storeu_ps(p + i, pv);
+        _mm512_storeu_ps(m + i, mv);
+        _mm512_storeu_ps(v + i, vv);
+    }
+    if (i < n) {
+        __mmask16 mask = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 pv = _mm512_maskz_loadu_ps(mask, p + i), mv = _mm512_maskz_loadu_ps(mask, m + i);
+        __m512 vv = _mm512_maskz_loadu_ps(mask, v + i);
+        adamw16(&pv, _mm512_maskz_loadu_ps(mask, g + i), &mv, &vv, k);
+        _mm512_mask_storeu_ps(p + i, mask, pv);
+        _mm512_mask_storeu_ps(m + i, mask, mv);
+        _mm512_mask_storeu_ps(v + i, mask, vv);
+    }
+}
+
+static inline __m512 sgd16(__m512 pv, __m512 gv, __m512 *bv, float lr, float momentum,
+                           bool nesterov, float weight_decay) {
+    __m512 d = gv;
+    if (weight_decay != 0.0f)
+        d = _mm512_add_ps(gv, _mm512_mul_ps(_mm512_set1_ps(weight_decay), pv));
+    if (momentum != 0.0f) {
+        __m512 mom = _mm512_set1_ps(momentum);
+        __m512 bi = _mm512_add_ps(_mm512_mul_ps(*bv, mom), d);
+        *bv = bi;
+        d = nesterov ? _mm512_add_ps(d, _mm512_mul_ps(mom, bi)) : bi;
+    }
+    return _mm512_add_ps(pv, _mm512_mul_ps(_mm512_set1_ps(-lr), d));
+}
+
+void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n, float lr, float momentum,
+                       bool nesterov, float weight_decay) {
+    bool use_b = momentum != 0.0f;
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 bv = use_b ? _mm512_loadu_ps(b + i) : _mm512_setzero_ps();
+        __m512 pv = sgd16(_mm512_loadu_ps(p + i), _mm512_loadu_ps(g + i), &bv, lr, momentum,
+                          nesterov, weight_decay);
+        _mm512_storeu_ps(p + i, pv);
+        if (use_b)
+            _mm512_storeu_ps(b + i, bv);
+    }
+    if (i < n) {
+        __mmask16 mask = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 bv = use_b ? _mm512_maskz_loadu_ps(mask, b + i) : _mm512_setzero_ps();
+        __m512 pv = sgd16(_mm512_maskz_loadu_ps(mask, p + i), _mm512_maskz_loadu_ps(mask, g + i),
+                          &bv, lr, momentum, nesterov, weight_decay);
+        _mm512_mask_storeu_ps(p + i, mask, pv);
+        if (use_b)
+            _mm512_mask_storeu_ps(b + i, mask, bv);
+    }
+}
+
+#else /* no AVX-512: the scalar loops are the vector forms (the compiler may vectorise them) */
+
+void dt__adamw_range_vec(float *p, const float *g, float *m, float *v, size_t n,
+                         const dt__adamw_k *k) {
+    dt__adamw_range_scalar(p, g, m, v, n, k);
+}
+
+void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n, float lr, float momentum,
+                       bool nesterov, float weight_decay) {
+    dt__sgd_range_scalar(p, g, b, n, lr, momentum, nesterov, weight_decay);
+}
+
+#endif
+
+void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                   const dt_adamw_config *c, int64_t step, float weight_decay) {
+    DT_ASSERT(c != NULL && step >= 1);
+    dt__adamw_k k;
+    dt__adamw_k_init(&k, lr, c, step, weight_decay);
+    if (n < DT__OPTIM_PAR_MIN) {
+        dt__adamw_range_vec(params, grads, m, v, n, &k);
+        return;
+    }
+    size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (size_t ci = 0; ci < nchunks; ci++) {
+        size_t off = ci * DT__OPTIM_CHUNK;
+        size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
+        dt__adamw_range_vec(params + off, grads + off, m + off, v + off, len, &k);
+    }
+}
+
+void dt_sgd_step(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+                 float momentum, bool nesterov, float weight_decay) {
+    DT_ASSERT(momentum == 0.0f || momentum_buf != NULL);
+    if (n < DT__OPTIM_PAR_MIN) {
+        dt__sgd_range_vec(params, grads, momentum_buf, n, lr, momentum, nesterov, weight_decay);
+        return;
+    }
+    size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (size_t ci = 0; ci < nchunks; ci++) {
+        size_t off = ci * DT__OPTIM_CHUNK;
+        size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
+        dt__sgd_range_vec(params + off, grads + off, momentum_buf ? momentum_buf + off : NULL, len,
+                          lr, momentum, nesterov, weight_decay);
+    }
+}

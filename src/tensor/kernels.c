@@ -1,0 +1,337 @@
+/*
+ * kernels.c — layernorm, GELU, residual, embedding, softmax and fused
+ * softmax + cross-entropy, forward and backward side by side.
+ *
+ * Invariants: no allocation; rows are independent so threads split rows;
+ * where a reduction runs across rows (a parameter gradient) threads split
+ * the columns instead and walk rows in order, so results are bit-identical
+ * for any thread count. AVX-512 paths compute the same formulas as the
+ * scalar ones (row sums may differ in the last bits by summation order).
+ */
+#include "dtrain/tensor.h"
+
+#include "simd.h"
+
+#include <math.h>
+#include <string.h>
+
+/* Below this many elements a kernel runs on the calling thread only: waking
+ * the pool costs more than it saves. */
+#define PAR_MIN 32768
+
+/* ------------------------------------------------------------------------ */
+/* LayerNorm                                                                */
+/* ------------------------------------------------------------------------ */
+
+void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                          const float *weight, const float *bias, int N, int C) {
+    const float eps = 1e-5f;
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C; // (C)
+        float *y = out + (size_t)i * C;       // (C)
+        float s = 0.0f;
+#pragma omp simd reduction(+ : s)
+        for (int c = 0; c < C; c++)
+            s += x[c];
+        float m = s / (float)C;
+        float v = 0.0f;
+#pragma omp simd reduction(+ : v)
+        for (int c = 0; c < C; c++)
+            v += (x[c] - m) * (x[c] - m);
+        float r = 1.0f / sqrtf(v / (float)C + eps);
+#ifdef __AVX512F__
+        __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
+        int c = 0;
+        for (; c + 16 <= C; c += 16) {
+            __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), vm), vr);
+            _mm512_storeu_ps(
+                y + c, _mm512_fmadd_ps(n, _mm512_loadu_ps(weight + c), _mm512_loadu_ps(bias + c)));
+        }
+        for (; c < C; c++)
+            y[c] = (x[c] - m) * r * weight[c] + bias[c];
+#else
+        for (int c = 0; c < C; c++)
+            y[c] = (x[c] - m) * r * weight[c] + bias[c];
+#endif
+        mean[i] = m;
+        rstd[i] = r;
+    }
+}
+
+void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                           const float *inp, const float *weight, const float *mean,
+                           const float *rstd, int N, int C) {
+    /* dinp: with n = (x - mean) * rstd and g = weight * dout,
+     * dx = rstd * (g - mean(g) - n * mean(g * n)). Rows are independent. */
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        const float *dy = dout + (size_t)i * C;
+        float *dx = dinp + (size_t)i * C;
+        float m = mean[i], r = rstd[i];
+        float sg = 0.0f, sgn = 0.0f;
+#pragma omp simd reduction(+ : sg, sgn)
+        for (int c = 0; c < C; c++) {
+            float g = weight[c] * dy[c];
+            sg += g;
+            sgn += g * (x[c] - m) * r;
+        }
+        sg /= (float)C;
+        sgn /= (float)C;
+#ifdef __AVX512F__
+        __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
+        __m512 vsg = _mm512_set1_ps(sg), vsgn = _mm512_set1_ps(sgn);
+        int c = 0;
+        for (; c + 16 <= C; c += 16) {
+            __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), vm), vr);
+            __m512 g = _mm512_mul_ps(_mm512_loadu_ps(weight + c), _mm512_loadu_ps(dy + c));
+            __m512 t = _mm512_fnmadd_ps(n, vsgn, _mm512_sub_ps(g, vsg));
+            _mm512_storeu_ps(dx + c, _mm512_fmadd_ps(t, vr, _mm512_loadu_ps(dx + c)));
+        }
+        for (; c < C; c++) {
+            float n = (x[c] - m) * r;
+            dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
+        }
+#else
+        for (int c = 0; c < C; c++) {
+            float n = (x[c] - m) * r;
+            dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
+        }
+#endif
+    }
+    /* dweight += sum_rows n * dout, dbias += sum_rows dout: column blocks. */
+    enum { CB = 64 };
+    int nb = (C + CB - 1) / CB;
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(static)
+    for (int cb = 0; cb < nb; cb++) {
+        int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
+        float dw[CB] = {0}, db[CB] = {0};
+        for (int i = 0; i < N; i++) {
+            const float *x = inp + (size_t)i * C;
+            const float *dy = dout + (size_t)i * C;
+            float m = mean[i], r = rstd[i];
+#pragma omp simd
+            for (int c = c0; c < c1; c++) {
+                dw[c - c0] += (x[c] - m) * r * dy[c];
+                db[c - c0] += dy[c];
+            }
+        }
+        for (int c = c0; c < c1; c++) {
+            dweight[c] += dw[c - c0];
+            dbias[c] += db[c - c0];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* GELU (tanh approximation)                                                */
+/* ------------------------------------------------------------------------ */
+
+#define GELU_K 0.7978845608028654f /* sqrt(2/pi) */
+#define GELU_A 0.044715f
+
+static inline float tanh_scalar(float u) { return tanhf(u); }
+
+#ifdef __AVX512F__
+/* tanh(u) = 1 - 2 / (exp(2u) + 1): exact limits at +-inf; near 0 the error
+ * is absolute (~1e-7), which is what gelu = 0.5 x (1 + tanh) needs. */
+static inline __m512 tanh16(__m512 u) {
+    __m512 e = dt__exp16(_mm512_add_ps(u, u));
+    __m512 one = _mm512_set1_ps(1.0f);
+    return _mm512_sub_ps(one, _mm512_div_ps(_mm512_set1_ps(2.0f), _mm512_add_ps(e, one)));
+}
+#endif
+
+void dt_gelu_forward(float *out, const float *inp, size_t n) {
+    // out (n) = 0.5 x (1 + tanh(k (x + a x^3)))
+    const size_t chunk = 4096;
+    size_t nchunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (size_t ch = 0; ch < nchunks; ch++) {
+        size_t i = ch * chunk, end = i + chunk < n ? i + chunk : n;
+#ifdef __AVX512F__
+        const __m512 k = _mm512_set1_ps(GELU_K), a = _mm512_set1_ps(GELU_A);
+        const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+        for (; i + 16 <= end; i += 16) {
+            __m512 x = _mm512_loadu_ps(inp + i);
+            __m512 x3 = _mm512_mul_ps(_mm512_mul_ps(x, x), x);
+            __m512 t = tanh16(_mm512_mul_ps(k, _mm512_fmadd_ps(a, x3, x)));
+            _mm512_storeu_ps(out + i, _mm512_mul_ps(_mm512_mul_ps(half, x), _mm512_add_ps(one, t)));
+        }
+#endif
+        for (; i < end; i++) {
+            float x = inp[i];
+            float t = tanh_scalar(GELU_K * (x + GELU_A * x * x * x));
+            out[i] = 0.5f * x * (1.0f + t);
+        }
+    }
+}
+
+void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+    // gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2), t = tanh(k (x + a x^3))
+    const size_t chunk = 4096;
+    size_t nchunks = (n + chunk - 1) / chunk;
+#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+    for (size_t ch = 0; ch < nchunks; ch++) {
+        size_t i = ch * chunk, end = i + chunk < n ? i + chunk : n;
+#ifdef __AVX512F__
+        const __m512 k = _mm512_set1_ps(GELU_K), a = _mm512_set1_ps(GELU_A);
+        const __m512 a3 = _mm512_set1_ps(3.0f * GELU_A);
+        const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+        for (; i + 16 <= end; i += 16) {
+            __m512 x = _mm512_loadu_ps(inp + i);
+            __m512 x2 = _mm512_mul_ps(x, x);
+            __m512 t = tanh16(_mm512_mul_ps(k, _mm512_fmadd_ps(_mm512_mul_ps(a, x2), x, x)));
+            __m512 sech2 = _mm512_fnmadd_ps(t, t, one);
+            __m512 du = _mm512_mul_ps(k, _mm512_fmadd_ps(a3, x2, one));
+            __m512 g = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), sech2), du,
+                                       _mm512_mul_ps(half, _mm512_add_ps(one, t)));
+            _mm512_storeu_ps(dinp + i, _mm512_mul_ps(g, _mm512_loadu_ps(dout + i)));
+        }
+#endif
+        for (; i < end; i++) {
+            float x = inp[i];
+            float t = tanh_scalar(GELU_K * (x + GELU_A * x * x * x));
+            float g = 0.5f * (1.0f + t) +
+                      0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+            dinp[i] = g * dout[i];
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Residual                                                                 */
+/* ------------------------------------------------------------------------ */
+
+void dt_residual_forward(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for simd if (n > PAR_MIN) schedule(static)
+    for (size_t i = 0; i < n; i++)
+        out[i] = a[i] + b[i];
+}
+
+void dt_residual_backward(float *da, float *db, const float *dout, size_t n) {
+    if (da) {
+#pragma omp parallel for simd if (n > PAR_MIN) schedule(static)
+        for (size_t i = 0; i < n; i++)
+            da[i] += dout[i];
+    }
+    if (db) {
+#pragma omp parallel for simd if (n > PAR_MIN) schedule(static)
+        for (size_t i = 0; i < n; i++)
+            db[i] += dout[i];
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Embedding: token + position                                              */
+/* ------------------------------------------------------------------------ */
+
+void dt_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                          int B, int T, int C) {
+    int N = B * T;
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *te = wte + (size_t)tokens[i] * C; // (C)
+        const float *pe = wpe + (size_t)(i % T) * C;   // (C)
+        float *o = out + (size_t)i * C;
+#pragma omp simd
+        for (int c = 0; c < C; c++)
+            o[c] = te[c] + pe[c];
+    }
+}
+
+void dt_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                           int B, int T, int C) {
+    /* Two tokens may share a row of dwte, so threads split the columns and
+     * every thread walks all positions in order: race-free and the same sum
+     * order for any thread count. */
+    enum { CB = 64 };
+    int nb = (C + CB - 1) / CB, N = B * T;
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(static)
+    for (int cb = 0; cb < nb; cb++) {
+        int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
+        for (int i = 0; i < N; i++) {
+            const float *g = dout + (size_t)i * C;
+            float *te = dwte + (size_t)tokens[i] * C;
+            float *pe = dwpe + (size_t)(i % T) * C;
+#pragma omp simd
+            for (int c = c0; c < c1; c++) {
+                te[c] += g[c];
+                pe[c] += g[c];
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Softmax and fused cross-entropy                                          */
+/* ------------------------------------------------------------------------ */
+
+void dt_softmax_forward(float *probs, const float *logits, int N, int V) {
+#pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * V;
+        float *p = probs + (size_t)i * V;
+        float m = dt__max(x, (size_t)V);
+        float s = dt__exp_shift_sum(p, x, m, (size_t)V);
+        dt__scal(p, 1.0f / s, (size_t)V);
+    }
+}
+
+/* log sum exp of one row without storing the exponentials. */
+static float row_lse(const float *x, int V) {
+    float m = dt__max(x, (size_t)V);
+#ifdef __AVX512F__
+    __m512 vm = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
+    int j = 0;
+    for (; j + 16 <= V; j += 16)
+        acc = _mm512_add_ps(acc, dt__exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm)));
+    float s = _mm512_reduce_add_ps(acc);
+    for (; j < V; j++)
+        s += expf(x[j] - m);
+#else
+    float s = 0.0f;
+    for (int j = 0; j < V; j++)
+        s += expf(x[j] - m);
+#endif
+    return m + logf(s);
+}
+
+float dt_crossentropy_forward(float *losses, float *lse, const float *logits,
+                              const int32_t *targets, int N, int V) {
+    double total = 0.0;
+#pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(static) reduction(+ : total)
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * V; // (V)
+        float l = row_lse(x, V);
+        lse[i] = l;
+        losses[i] = l - x[targets[i]];
+        total += losses[i];
+    }
+    return N > 0 ? (float)(total / N) : 0.0f;
+}
+
+void dt_crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+                              const int32_t *targets, float scale, int N, int V) {
+    // dlogits (N,V) = scale * (exp(logits - lse) - onehot)
+#pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(static)
+    for (int i = 0; i < N; i++) {
+        const float *x = logits + (size_t)i * V;
+        float *d = dlogits + (size_t)i * V;
+        float l = lse[i];
+#ifdef __AVX512F__
+        __m512 vl = _mm512_set1_ps(l), vs = _mm512_set1_ps(scale);
+        int j = 0;
+        for (; j + 16 <= V; j += 16)
+            _mm512_storeu_ps(
+                d + j, _mm512_mul_ps(vs, dt__exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vl))));
+        for (; j < V; j++)
+            d[j] = scale * expf(x[j] - l);
+#else
+        for (int j = 0; j < V; j++)
+            d[j] = scale * expf(x[j] - l);
+#endif
+        d[targets[i]] -= scale;
+    }
+}

@@ -1,0 +1,257 @@
+/*
+ * test_gpt.c — the GPT object's contracts: presets and validation, the
+ * layer-major tensor table, deterministic init, accumulating backward with
+ * grad_scale, the ready-hook order, attention memory linear in T, bad input
+ * rejected, and the weights file (round trip, truncation, corruption).
+ * Numerical agreement with PyTorch is test_gpt_reference.
+ */
+#include "dtrain/nn.h"
+#include "test.h"
+
+#include <unistd.h>
+
+static void fill_tokens(int32_t *x, int n, int V, uint64_t seed) {
+    dt_rng r;
+    dt_rng_init(&r, seed, dt_rng_stream_id(0, 0, DT_RNG_TEST));
+    for (int i = 0; i < n; i++)
+        x[i] = (int32_t)dt_rng_below(&r, (uint32_t)V);
+}
+
+static void test_presets(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("gpt2-124m", &c));
+    ASSERT_EQ(c.layers, 12);
+    ASSERT_EQ(c.dim, 768);
+    ASSERT_EQ(c.vocab, 50257);
+    /* 124,439,808 with GPT-2's 50257 vocabulary and tied head */
+    ASSERT_EQ(dt_gpt_config_num_params(&c), 124439808);
+    ASSERT_OK(dt_gpt_preset("gpt2-350m", &c));
+    ASSERT_EQ(dt_gpt_config_num_params(&c), 354823168);
+    ASSERT_OK(dt_gpt_preset("shakespeare-char", &c));
+    ASSERT_EQ(c.heads, 6);
+    ASSERT_STATUS(dt_gpt_preset("gpt5", &c), DT_ERR_INVALID);
+    ASSERT_TRUE(strstr(dt_last_error(), "gpt5") != NULL);
+    dt_gpt_config bad = {2, 30, 4, 16, 10}; /* 30 not a multiple of 4 heads */
+    ASSERT_STATUS(dt_gpt_config_validate(&bad), DT_ERR_INVALID);
+    ASSERT_TRUE(strstr(dt_last_error(), "30") != NULL);
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    ASSERT_STATUS(dt_gpt_create(&m, &c, 2, c.max_seq + 1), DT_ERR_INVALID);
+    ASSERT_TRUE(m == NULL);
+    dt_gpt_destroy(NULL);
+}
+
+static void test_layout(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create(&m, &c, 2, 16));
+    size_t n = dt_gpt_num_tensors(m), off = 0;
+    ASSERT_EQ(n, 2 + 12 * (size_t)c.layers + 2);
+    for (size_t i = 0; i < n; i++) {
+        dt_param_info p;
+        dt_gpt_tensor_info(m, i, &p);
+        ASSERT_EQ(p.offset, off); /* contiguous, in order */
+        off += p.rows * p.cols;
+        ASSERT_EQ(p.decay, p.rows > 1);
+    }
+    ASSERT_EQ(off, dt_gpt_num_params(m));
+    dt_param_info p;
+    dt_gpt_tensor_info(m, 0, &p);
+    ASSERT_TRUE(strcmp(p.name, "wte") == 0);
+    dt_gpt_tensor_info(m, 4, &p);
+    ASSERT_TRUE(strcmp(p.name, "h.0.attn.c_attn.weight") == 0);
+    ASSERT_EQ(p.rows, 3 * (size_t)c.dim);
+    dt_gpt_tensor_info(m, n - 1, &p);
+    ASSERT_TRUE(strcmp(p.name, "ln_f.bias") == 0);
+    dt_gpt_destroy(m);
+}
+
+static void test_init_deterministic(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    dt_gpt *a, *b;
+    ASSERT_OK(dt_gpt_create(&a, &c, 1, 8));
+    ASSERT_OK(dt_gpt_create(&b, &c, 1, 8));
+    dt_tensor_set_threads(1);
+    dt_gpt_init_params(a, 7);
+    dt_tensor_set_threads(2);
+    dt_gpt_init_params(b, 7);
+    size_t bytes = dt_gpt_num_params(a) * sizeof(float);
+    ASSERT_EQ(dt_hash64(dt_gpt_params(a), bytes, 0), dt_hash64(dt_gpt_params(b), bytes, 0));
+    dt_gpt_init_params(b, 8);
+    ASSERT_TRUE(dt_hash64(dt_gpt_params(a), bytes, 0) != dt_hash64(dt_gpt_params(b), bytes, 0));
+    /* std of wte close to 0.02, LN weights exactly 1 */
+    dt_param_info p;
+    dt_gpt_tensor_info(a, 0, &p);
+    double ss = 0;
+    for (size_t i = 0; i < p.rows * p.cols; i++)
+        ss += (double)dt_gpt_params(a)[p.offset + i] * dt_gpt_params(a)[p.offset + i];
+    double sd = sqrt(ss / (double)(p.rows * p.cols));
+    ASSERT_TRUE(sd > 0.019 && sd < 0.021);
+    dt_gpt_tensor_info(a, 2, &p); /* h.0.ln_1.weight */
+    ASSERT_TRUE(dt_gpt_params(a)[p.offset] == 1.0f);
+    dt_gpt_destroy(a);
+    dt_gpt_destroy(b);
+}
+
+typedef struct hook_log {
+    size_t calls, last;
+    size_t seen[64];
+} hook_log;
+
+static void hook(void *user, size_t ready_from) {
+    hook_log *h = user;
+    if (h->calls < 64)
+        h->seen[h->calls] = ready_from;
+    h->calls++;
+    h->last = ready_from;
+}
+
+static void test_backward_accumulates_and_hook(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    int B = 2, T = 20;
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create(&m, &c, B, T));
+    dt_gpt_init_params(m, 1);
+    int32_t in[40], tg[40];
+    fill_tokens(in, B * T, c.vocab, 1);
+    fill_tokens(tg, B * T, c.vocab, 2);
+    size_t n = dt_gpt_num_params(m);
+    float *g1 = malloc(n * sizeof(float));
+    float loss;
+    ASSERT_OK(dt_gpt_forward(m, in, tg, B, T, &loss));
+    ASSERT_TRUE(loss > 4.0f && loss < 5.2f); /* ~ln(97) = 4.57 at init */
+    dt_gpt_zero_grads(m);
+    hook_log h = {0};
+    ASSERT_OK(dt_gpt_backward(m, 1.0f, hook, &h));
+    /* one call per block, from the last block to the first, then 0 */
+    ASSERT_EQ(h.calls, (size_t)c.layers + 1);
+    for (int l = 0; l < c.layers; l++) {
+        dt_param_info p;
+        dt_gpt_tensor_info(m, 2 + (size_t)(c.layers - 1 - l) * 12, &p);
+        ASSERT_EQ(h.seen[l], p.offset);
+    }
+    ASSERT_EQ(h.last, 0);
+    memcpy(g1, dt_gpt_grads(m), n * sizeof(float));
+    /* a second backward without a forward is refused (logits were consumed) */
+    ASSERT_STATUS(dt_gpt_backward(m, 1.0f, NULL, NULL), DT_ERR_INVALID);
+    /* two micro-batches with grad_scale 0.5 each add up to the full gradient */
+    dt_gpt_zero_grads(m);
+    for (int k = 0; k < 2; k++) {
+        ASSERT_OK(dt_gpt_forward(m, in, tg, B, T, NULL));
+        ASSERT_OK(dt_gpt_backward(m, 0.5f, NULL, NULL));
+    }
+    const float *g2 = dt_gpt_grads(m);
+    for (size_t i = 0; i < n; i++)
+        if (!(fabsf(g2[i] - g1[i]) <= 1e-6f * (fabsf(g1[i]) + 1e-3f)))
+            TEST_FAILF("grad[%zu]: two half-scaled backwards %.9g, one full %.9g", i, g2[i], g1[i]);
+    /* smaller B and T than planned work */
+    ASSERT_OK(dt_gpt_forward(m, in, tg, 1, 5, &loss));
+    ASSERT_OK(dt_gpt_backward(m, 1.0f, NULL, NULL));
+    free(g1);
+    dt_gpt_destroy(m);
+}
+
+static void test_bad_input(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create(&m, &c, 1, 8));
+    int32_t in[8] = {0, 1, 2, 3, 4, 5, 6, 7}, tg[8] = {1, 2, 3, 4, 5, 6, 7, 97};
+    ASSERT_STATUS(dt_gpt_forward(m, in, tg, 1, 8, NULL), DT_ERR_INVALID);
+    ASSERT_TRUE(strstr(dt_last_error(), "97") != NULL);
+    in[3] = -1;
+    ASSERT_STATUS(dt_gpt_forward(m, in, NULL, 1, 8, NULL), DT_ERR_INVALID);
+    in[3] = 3;
+    ASSERT_STATUS(dt_gpt_forward(m, in, NULL, 2, 8, NULL), DT_ERR_INVALID);
+    ASSERT_STATUS(dt_gpt_forward(m, in, NULL, 1, 9, NULL), DT_ERR_INVALID);
+    ASSERT_STATUS(dt_gpt_backward(m, 1.0f, NULL, NULL), DT_ERR_INVALID);
+    dt_gpt_destroy(m);
+}
+
+static void test_attention_memory_linear(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("gpt2-124m", &c));
+    c.max_seq = 4096;
+    dt_memory_report r[3];
+    int Ts[3] = {256, 1024, 4096};
+    for (int i = 0; i < 3; i++)
+        dt_gpt_memory_plan(&c, 1, Ts[i], &r[i]);
+    /* 4x the tokens, 4x the attention memory (within alignment slack) */
+    for (int i = 0; i < 2; i++) {
+        double ratio = (double)r[i + 1].attention / (double)r[i].attention;
+        ASSERT_TRUE(ratio > 3.99 && ratio < 4.01);
+        double naive = (double)r[i + 1].attention_naive / (double)r[i].attention_naive;
+        ASSERT_TRUE(naive > 15.9 && naive < 16.1);
+    }
+    dt_gpt *m;
+    dt_gpt_config t;
+    ASSERT_OK(dt_gpt_preset("tiny", &t));
+    ASSERT_OK(dt_gpt_create(&m, &t, 2, 32));
+    dt_memory_report mr;
+    dt_gpt_memory(m, &mr);
+    ASSERT_EQ(mr.params, dt_gpt_num_params(m) * sizeof(float));
+    ASSERT_TRUE(mr.attention < mr.activations);
+    dt_gpt_destroy(m);
+}
+
+static void test_weights_file(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    dt_gpt *m, *m2 = NULL;
+    ASSERT_OK(dt_gpt_create(&m, &c, 1, 16));
+    dt_gpt_init_params(m, 3);
+    char path[] = "/tmp/dt_test_weights_XXXXXX";
+    int fd = mkstemp(path);
+    ASSERT_TRUE(fd >= 0);
+    close(fd);
+    uint8_t vocab[256], vocab2[256];
+    for (int i = 0; i < c.vocab; i++)
+        vocab[i] = (uint8_t)(32 + i);
+    ASSERT_OK(dt_gpt_save_weights(m, path, vocab, c.vocab));
+    int vlen = 0;
+    ASSERT_OK(dt_gpt_load_weights(&m2, path, 1, 16, vocab2, &vlen));
+    ASSERT_EQ(vlen, c.vocab);
+    ASSERT_TRUE(memcmp(vocab, vocab2, (size_t)vlen) == 0);
+    ASSERT_EQ(dt_gpt_num_params(m2), dt_gpt_num_params(m));
+    ASSERT_TRUE(memcmp(dt_gpt_params(m), dt_gpt_params(m2), dt_gpt_num_params(m) * sizeof(float)) ==
+                0);
+    dt_gpt_destroy(m2);
+    m2 = NULL;
+    /* flip one byte in the parameters: checksum mismatch */
+    FILE *f = fopen(path, "r+b");
+    ASSERT_TRUE(f != NULL);
+    fseek(f, 2000, SEEK_SET);
+    int ch = fgetc(f);
+    fseek(f, 2000, SEEK_SET);
+    fputc(ch ^ 0x40, f);
+    fclose(f);
+    ASSERT_STATUS(dt_gpt_load_weights(&m2, path, 1, 16, vocab2, &vlen), DT_ERR_CORRUPT);
+    ASSERT_TRUE(strstr(dt_last_error(), "checksum") != NULL);
+    /* truncate */
+    ASSERT_TRUE(truncate(path, 1000) == 0);
+    ASSERT_STATUS(dt_gpt_load_weights(&m2, path, 1, 16, vocab2, &vlen), DT_ERR_CORRUPT);
+    ASSERT_TRUE(strstr(dt_last_error(), "truncated") != NULL);
+    /* not a weights file */
+    f = fopen(path, "wb");
+    fputs("hello world, this is not a weights file at all", f);
+    fclose(f);
+    ASSERT_STATUS(dt_gpt_load_weights(&m2, path, 1, 16, vocab2, &vlen), DT_ERR_CORRUPT);
+    ASSERT_TRUE(m2 == NULL);
+    unlink(path);
+    dt_gpt_destroy(m);
+}
+
+int main(void) {
+    dt_tensor_set_threads(2);
+    RUN(test_presets);
+    RUN(test_layout);
+    RUN(test_init_deterministic);
+    RUN(test_backward_accumulates_and_hook);
+    RUN(test_bad_input);
+    RUN(test_attention_memory_linear);
+    RUN(test_weights_file);
+    return TEST_SUMMARY();
+}

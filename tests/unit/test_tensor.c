@@ -1,0 +1,404 @@
+/*
+ * test_tensor.c — every kernel's backward against central finite
+ * differences, flash attention against the naive reference, and the
+ * forward kernels against float64 formulas.
+ *
+ * Finite differences: loss = sum_i w_i out_i with fixed random w (so every
+ * output element matters), evaluated in double; d loss/d x_i by central
+ * differences with step h on sampled elements, compared with the analytic
+ * gradient from the backward kernel fed dout = w:
+ *     |fd - analytic| <= tol * (|analytic| + rms(analytic)).
+ * float32 forward passes make fd accurate to ~1e-3 relative, hence tol 1e-2
+ * (a wrong backward is off by O(1)).
+ */
+#include "dtrain/tensor.h"
+#include "test.h"
+
+static dt_rng g_rng;
+
+static float *randv(size_t n, float scale) {
+    float *p = malloc((n ? n : 1) * sizeof(float));
+    ASSERT_TRUE(p != NULL);
+    for (size_t i = 0; i < n; i++)
+        p[i] = scale * dt_rng_normal(&g_rng);
+    return p;
+}
+
+static float *zerov(size_t n) {
+    float *p = calloc(n ? n : 1, sizeof(float));
+    ASSERT_TRUE(p != NULL);
+    return p;
+}
+
+static double proj(const float *out, const float *w, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)out[i] * w[i];
+    return s;
+}
+
+static double rms(const float *x, size_t n) {
+    double s = 0.0;
+    for (size_t i = 0; i < n; i++)
+        s += (double)x[i] * x[i];
+    return n ? sqrt(s / (double)n) : 0.0;
+}
+
+/* Compare two arrays elementwise on the scale of ref. */
+static void check_close(const char *what, const float *got, const float *ref, size_t n,
+                        double tol) {
+    double r = rms(ref, n);
+    for (size_t i = 0; i < n; i++) {
+        double err = fabs((double)got[i] - ref[i]) / (fabs((double)ref[i]) + r + 1e-30);
+        if (!(err <= tol))
+            TEST_FAILF("%s: element %zu: got %.9g, expected %.9g (rel err %.3g > %.1g)", what, i,
+                       got[i], ref[i], err, tol);
+    }
+}
+
+typedef double (*loss_fn)(void *ctx);
+
+/* Finite-difference check of d loss / d x on `samples` random elements. */
+static void fd_check(const char *what, float *x, size_t n, const float *analytic, loss_fn f,
+                     void *ctx, int samples, float h) {
+    double r = rms(analytic, n);
+    ASSERT_TRUE(r > 0.0);
+    for (int s = 0; s < samples; s++) {
+        size_t i = samples >= (int)n ? (size_t)s : dt_rng_below(&g_rng, (uint32_t)n);
+        if (i >= n)
+            break;
+        float x0 = x[i];
+        x[i] = x0 + h;
+        double lp = f(ctx);
+        x[i] = x0 - h;
+        double lm = f(ctx);
+        x[i] = x0;
+        double fd = (lp - lm) / (2.0 * (double)h);
+        double err = fabs(fd - analytic[i]) / (fabs((double)analytic[i]) + r);
+        if (!(err <= 1e-2))
+            TEST_FAILF("%s: d/dx[%zu]: finite difference %.7g, backward %.7g (rel err %.3g)", what,
+                       i, fd, analytic[i], err);
+    }
+}
+
+/* ---------------------------------------------------------------- layernorm */
+
+typedef struct ln_ctx {
+    int N, C;
+    float *out, *mean, *rstd, *inp, *w, *b, *dout;
+} ln_ctx;
+
+static double ln_loss(void *p) {
+    ln_ctx *c = p;
+    dt_layernorm_forward(c->out, c->mean, c->rstd, c->inp, c->w, c->b, c->N, c->C);
+    return proj(c->out, c->dout, (size_t)c->N * c->C);
+}
+
+static void test_layernorm(void) {
+    int sizes[][2] = {{5, 7}, {6, 48}, {33, 100}};
+    for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
+        int N = sizes[k][0], C = sizes[k][1];
+        size_t NC = (size_t)N * C;
+        ln_ctx c = {N,
+                    C,
+                    zerov(NC),
+                    zerov(N),
+                    zerov(N),
+                    randv(NC, 1.0f),
+                    randv(C, 1.0f),
+                    randv(C, 1.0f),
+                    randv(NC, 1.0f)};
+        for (int i = 0; i < C; i++)
+            c.w[i] += 1.0f;
+        /* forward against float64 */
+        ln_loss(&c);
+        float *ref = zerov(NC);
+        for (int i = 0; i < N; i++) {
+            double m = 0, v = 0;
+            for (int j = 0; j < C; j++)
+                m += c.inp[(size_t)i * C + j];
+            m /= C;
+            for (int j = 0; j < C; j++)
+                v += pow(c.inp[(size_t)i * C + j] - m, 2);
+            v /= C;
+            for (int j = 0; j < C; j++) {
+                double y = (c.inp[(size_t)i * C + j] - m) / sqrt(v + 1e-5) * c.w[j] + c.b[j];
+                ref[(size_t)i * C + j] = (float)y;
+            }
+        }
+        check_close("layernorm forward", c.out, ref, NC, 1e-5);
+        free(ref);
+        float *dinp = zerov(NC), *dw = zerov(C), *db = zerov(C);
+        dt_layernorm_backward(dinp, dw, db, c.dout, c.inp, c.w, c.mean, c.rstd, N, C);
+        fd_check("layernorm dinp", c.inp, NC, dinp, ln_loss, &c, 48, 1e-2f);
+        fd_check("layernorm dweight", c.w, C, dw, ln_loss, &c, 24, 1e-2f);
+        fd_check("layernorm dbias", c.b, C, db, ln_loss, &c, 24, 1e-2f);
+        /* accumulation: a second backward doubles the gradients */
+        float *dw1 = malloc(C * sizeof(float));
+        memcpy(dw1, dw, C * sizeof(float));
+        dt_layernorm_backward(dinp, dw, db, c.dout, c.inp, c.w, c.mean, c.rstd, N, C);
+        for (int i = 0; i < C; i++)
+            dw1[i] *= 2.0f;
+        check_close("layernorm dweight accumulates", dw, dw1, C, 1e-6);
+        free(dw1);
+        free(dinp), free(dw), free(db);
+        free(c.out), free(c.mean), free(c.rstd), free(c.inp), free(c.w), free(c.b), free(c.dout);
+    }
+}
+
+/* --------------------------------------------------------------------- GELU */
+
+typedef struct gelu_ctx {
+    size_t n;
+    float *out, *inp, *dout;
+} gelu_ctx;
+
+static double gelu_loss(void *p) {
+    gelu_ctx *c = p;
+    dt_gelu_forward(c->out, c->inp, c->n);
+    return proj(c->out, c->dout, c->n);
+}
+
+static void test_gelu(void) {
+    size_t n = 1000; /* not a multiple of 16: exercises the scalar tail */
+    gelu_ctx c = {n, zerov(n), randv(n, 2.0f), randv(n, 1.0f)};
+    c.inp[0] = 0.0f;
+    c.inp[1] = 30.0f; /* saturated tanh must not give NaN */
+    c.inp[2] = -30.0f;
+    gelu_loss(&c);
+    for (size_t i = 0; i < n; i++) {
+        double x = c.inp[i];
+        double y = 0.5 * x * (1.0 + tanh(0.7978845608028654 * (x + 0.044715 * x * x * x)));
+        float yf = (float)y;
+        float scale = 1.0f;
+        double err = fabs(c.out[i] - yf) / (fabs(yf) + scale);
+        if (!(err <= 2e-6))
+            TEST_FAILF("gelu(%g) = %.9g, expected %.9g", x, c.out[i], yf);
+    }
+    float *dinp = zerov(n);
+    dt_gelu_backward(dinp, c.inp, c.dout, n);
+    fd_check("gelu dinp", c.inp, n, dinp, gelu_loss, &c, 64, 1e-2f);
+    free(dinp), free(c.out), free(c.inp), free(c.dout);
+}
+
+/* ------------------------------------------------------------------- matmul */
+
+typedef struct mm_ctx {
+    int N, IC, OC;
+    float *out, *inp, *w, *b, *dout;
+} mm_ctx;
+
+static double mm_loss(void *p) {
+    mm_ctx *c = p;
+    dt_matmul_forward(c->out, c->inp, c->w, c->b, c->N, c->IC, c->OC);
+    return proj(c->out, c->dout, (size_t)c->N * c->OC);
+}
+
+static void test_matmul(void) {
+    int N = 13, IC = 24, OC = 70;
+    mm_ctx c = {N,
+                IC,
+                OC,
+                zerov((size_t)N * OC),
+                randv((size_t)N * IC, 1.0f),
+                randv((size_t)OC * IC, 0.2f),
+                randv(OC, 1.0f),
+                randv((size_t)N * OC, 1.0f)};
+    mm_loss(&c);
+    float *ref = zerov((size_t)N * OC);
+    for (int i = 0; i < N; i++)
+        for (int o = 0; o < OC; o++) {
+            double s = c.b[o];
+            for (int k = 0; k < IC; k++)
+                s += (double)c.inp[(size_t)i * IC + k] * c.w[(size_t)o * IC + k];
+            ref[(size_t)i * OC + o] = (float)s;
+        }
+    check_close("matmul forward", c.out, ref, (size_t)N * OC, 1e-5);
+    free(ref);
+    float *dinp = zerov((size_t)N * IC), *dw = zerov((size_t)OC * IC), *db = zerov(OC);
+    dt_matmul_backward(dinp, dw, db, c.dout, c.inp, c.w, N, IC, OC);
+    fd_check("matmul dinp", c.inp, (size_t)N * IC, dinp, mm_loss, &c, 32, 1e-2f);
+    fd_check("matmul dweight", c.w, (size_t)OC * IC, dw, mm_loss, &c, 32, 1e-2f);
+    fd_check("matmul dbias", c.b, OC, db, mm_loss, &c, 32, 1e-2f);
+    free(dinp), free(dw), free(db);
+    free(c.out), free(c.inp), free(c.w), free(c.b), free(c.dout);
+}
+
+/* ------------------------------------------------------------ cross-entropy */
+
+typedef struct ce_ctx {
+    int N, V;
+    float *losses, *lse, *logits;
+    int32_t *targets;
+} ce_ctx;
+
+static double ce_loss(void *p) {
+    ce_ctx *c = p;
+    return dt_crossentropy_forward(c->losses, c->lse, c->logits, c->targets, c->N, c->V);
+}
+
+static void test_crossentropy(void) {
+    int N = 9, V = 67;
+    ce_ctx c = {N, V, zerov(N), zerov(N), randv((size_t)N * V, 3.0f), malloc(N * sizeof(int32_t))};
+    for (int i = 0; i < N; i++)
+        c.targets[i] = (int32_t)dt_rng_below(&g_rng, (uint32_t)V);
+    float mean = (float)ce_loss(&c);
+    double ref = 0.0;
+    for (int i = 0; i < N; i++) {
+        double m = -1e30, s = 0.0;
+        for (int j = 0; j < V; j++)
+            m = fmax(m, c.logits[(size_t)i * V + j]);
+        for (int j = 0; j < V; j++)
+            s += exp(c.logits[(size_t)i * V + j] - m);
+        ref += m + log(s) - c.logits[(size_t)i * V + c.targets[i]];
+    }
+    float reff = (float)(ref / N);
+    check_close("cross-entropy mean loss", &mean, &reff, 1, 1e-6);
+    /* softmax rows sum to one and match exp(x - lse) */
+    float *probs = zerov((size_t)N * V);
+    dt_softmax_forward(probs, c.logits, N, V);
+    for (int i = 0; i < N; i++) {
+        double s = 0.0;
+        for (int j = 0; j < V; j++)
+            s += probs[(size_t)i * V + j];
+        float sf = (float)s, one = 1.0f;
+        check_close("softmax row sum", &sf, &one, 1, 1e-6);
+    }
+    float *dlogits = zerov((size_t)N * V);
+    dt_crossentropy_backward(dlogits, c.logits, c.lse, c.targets, 1.0f / N, N, V);
+    fd_check("cross-entropy dlogits", c.logits, (size_t)N * V, dlogits, ce_loss, &c, 64, 1e-2f);
+    free(probs), free(dlogits);
+    free(c.losses), free(c.lse), free(c.logits), free(c.targets);
+}
+
+/* ---------------------------------------------------------------- embedding */
+
+typedef struct emb_ctx {
+    int B, T, C;
+    float *out, *wte, *wpe, *dout;
+    int32_t *tok;
+} emb_ctx;
+
+static double emb_loss(void *p) {
+    emb_ctx *c = p;
+    dt_embedding_forward(c->out, c->tok, c->wte, c->wpe, c->B, c->T, c->C);
+    return proj(c->out, c->dout, (size_t)c->B * c->T * c->C);
+}
+
+static void test_embedding(void) {
+    int B = 3, T = 5, C = 70, V = 4; /* V < B*T: tokens repeat, rows accumulate */
+    size_t BTC = (size_t)B * T * C;
+    emb_ctx c = {B,
+                 T,
+                 C,
+                 zerov(BTC),
+                 randv((size_t)V * C, 1.0f),
+                 randv((size_t)T * C, 1.0f),
+                 randv(BTC, 1.0f),
+                 malloc(B * T * sizeof(int32_t))};
+    for (int i = 0; i < B * T; i++)
+        c.tok[i] = i % V;
+    emb_loss(&c);
+    float *dwte = zerov((size_t)V * C), *dwpe = zerov((size_t)T * C);
+    dt_embedding_backward(dwte, dwpe, c.dout, c.tok, B, T, C);
+    fd_check("embedding dwte", c.wte, (size_t)V * C, dwte, emb_loss, &c, 40, 1e-2f);
+    fd_check("embedding dwpe", c.wpe, (size_t)T * C, dwpe, emb_loss, &c, 40, 1e-2f);
+    /* residual: out = a + b, backward adds dout to both */
+    float *r = zerov(BTC), *da = zerov(BTC);
+    dt_residual_forward(r, c.out, c.dout, BTC);
+    ASSERT_TRUE(r[7] == c.out[7] + c.dout[7]);
+    dt_residual_backward(da, NULL, c.dout, BTC);
+    dt_residual_backward(da, NULL, c.dout, BTC);
+    ASSERT_TRUE(da[11] == 2.0f * c.dout[11]);
+    free(r), free(da), free(dwte), free(dwpe);
+    free(c.out), free(c.wte), free(c.wpe), free(c.dout), free(c.tok);
+}
+
+/* ---------------------------------------------------------------- attention */
+
+typedef struct att_ctx {
+    int B, T, C, NH;
+    float *out, *lse, *qkv, *dout;
+} att_ctx;
+
+static double att_loss(void *p) {
+    att_ctx *c = p;
+    dt_attention_forward(c->out, c->lse, c->qkv, c->B, c->T, c->C, c->NH);
+    return proj(c->out, c->dout, (size_t)c->B * c->T * c->C);
+}
+
+static void test_attention_fd(void) {
+    int B = 2, T = 70, C = 24, NH = 2; /* T crosses a block; head size 12 */
+    size_t BTC = (size_t)B * T * C;
+    att_ctx c = {
+        B, T, C, NH, zerov(BTC), zerov((size_t)B * NH * T), randv(3 * BTC, 1.0f), randv(BTC, 1.0f)};
+    att_loss(&c);
+    float *dqkv = zerov(3 * BTC);
+    dt_attention_backward(dqkv, c.dout, c.qkv, c.out, c.lse, B, T, C, NH);
+    fd_check("flash attention dqkv", c.qkv, 3 * BTC, dqkv, att_loss, &c, 96, 1e-2f);
+    free(dqkv), free(c.out), free(c.lse), free(c.qkv), free(c.dout);
+}
+
+/* Flash against naive, forward and backward, over block-boundary sizes. */
+static void test_flash_vs_naive(void) {
+    int Ts[] = {1, 7, 63, 64, 65, 129, 200};
+    int shapes[][2] = {{16, 2}, {24, 2}, {128, 2}}; /* (C, NH): head sizes 8, 12, 64 */
+    for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            int B = 2, T = Ts[k], C = shapes[s][0], NH = shapes[s][1];
+            size_t BTC = (size_t)B * T * C;
+            float *qkv = randv(3 * BTC, 1.5f), *dout = randv(BTC, 1.0f);
+            float *o1 = zerov(BTC), *o2 = zerov(BTC), *lse = zerov((size_t)B * NH * T);
+            float *att = zerov((size_t)B * NH * T * T);
+            float *d1 = zerov(3 * BTC), *d2 = zerov(3 * BTC);
+            dt_attention_forward(o1, lse, qkv, B, T, C, NH);
+            dt_attention_naive_forward(o2, att, qkv, B, T, C, NH);
+            char what[96];
+            snprintf(what, sizeof what, "flash vs naive out (T=%d, HS=%d)", T, C / NH);
+            check_close(what, o1, o2, BTC, 1e-5);
+            memset(d1, 0x7f, 3 * BTC * sizeof(float)); /* backward must overwrite */
+            dt_attention_backward(d1, dout, qkv, o1, lse, B, T, C, NH);
+            dt_attention_naive_backward(d2, dout, qkv, att, B, T, C, NH);
+            snprintf(what, sizeof what, "flash vs naive dqkv (T=%d, HS=%d)", T, C / NH);
+            check_close(what, d1, d2, 3 * BTC, 1e-4);
+            free(qkv), free(dout), free(o1), free(o2), free(lse), free(att), free(d1), free(d2);
+        }
+}
+
+/* The same results with 1 and 2 threads (threads own rows or heads). */
+static void test_thread_invariance(void) {
+    int B = 3, T = 100, C = 64, NH = 4;
+    size_t BTC = (size_t)B * T * C;
+    float *qkv = randv(3 * BTC, 1.0f), *dout = randv(BTC, 1.0f);
+    float *o[2], *l[2], *d[2];
+    for (int k = 0; k < 2; k++) {
+        dt_tensor_set_threads(k + 1);
+        o[k] = zerov(BTC);
+        l[k] = zerov((size_t)B * NH * T);
+        d[k] = zerov(3 * BTC);
+        dt_attention_forward(o[k], l[k], qkv, B, T, C, NH);
+        dt_attention_backward(d[k], dout, qkv, o[k], l[k], B, T, C, NH);
+    }
+    ASSERT_TRUE(memcmp(o[0], o[1], BTC * sizeof(float)) == 0);
+    ASSERT_TRUE(memcmp(d[0], d[1], 3 * BTC * sizeof(float)) == 0);
+    for (int k = 0; k < 2; k++)
+        free(o[k]), free(l[k]), free(d[k]);
+    free(qkv), free(dout);
+    dt_tensor_set_threads(2);
+    ASSERT_EQ(dt_tensor_threads(), 2);
+}
+
+int main(void) {
+    dt_rng_init(&g_rng, 42, dt_rng_stream_id(0, 0, DT_RNG_TEST));
+    dt_tensor_set_threads(2);
+    printf("# AVX-512 kernels: %s\n", dt_tensor_have_avx512() ? "yes" : "no (scalar fallback)");
+    RUN(test_layernorm);
+    RUN(test_gelu);
+    RUN(test_matmul);
+    RUN(test_crossentropy);
+    RUN(test_embedding);
+    RUN(test_attention_fd);
+    RUN(test_flash_vs_naive);
+    RUN(test_thread_invariance);
+    return TEST_SUMMARY();
+}
