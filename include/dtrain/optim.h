@@ -155,7 +155,8 @@ void dt_scale(float *g, size_t n, float s);
  * The factor that clips a gradient of squared norm `sumsq` to `max_norm`,
  * as torch.nn.utils.clip_grad_norm_ computes it:
  * min(1, max_norm / (sqrt(sumsq) + 1e-6)). max_norm <= 0 disables clipping
- * (returns 1).
+ * (returns 1). A NaN or infinite sumsq also returns 1: a caller that wants to
+ * stop on non-finite gradients checks isfinite(sumsq) itself.
  */
 float dt_clip_scale(double sumsq, float max_norm);
 

@@ -103,6 +103,19 @@ int cli_fail(dt_status st) {
     return st == DT_ERR_INVALID ? 2 : 1;
 }
 
+/* Positional lists live until exit, like argv; keeping them reachable from
+ * a global lets LeakSanitizer see that (nested subcommands parse twice). */
+static char **kept_positional[8];
+
+static void keep_until_exit(char **list) {
+    for (size_t i = 0; i < sizeof kept_positional / sizeof kept_positional[0]; i++) {
+        if (!kept_positional[i]) {
+            kept_positional[i] = list;
+            return;
+        }
+    }
+}
+
 /* Convert the resolved text of option i; on error print and exit 2. */
 static void convert(const cli_cmd *cmd, const cli_opt *o, cli_value *v, const char *knob) {
     dt_status st = DT_OK;
@@ -230,8 +243,9 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
     /* Positionals are collected in order; '-' mode returns them as 1. */
     char **positional = calloc((size_t)argc + 1, sizeof *positional);
     DT_ASSERT(positional);
+    keep_until_exit(positional);
     int npos = 0;
-    optind = 1;
+    optind = 0; /* 0, not 1: glibc then re-reads this optstring's ordering mode (+/-) */
     opterr = 0;
     for (;;) {
         int longidx = -1;

@@ -43,6 +43,7 @@ static const cli_cmd *const benches[] = {
     &bench_rng,
     &cli_bench_gemm,
     &cli_bench_train,
+    &cli_bench_optim,
 };
 #define NBENCHES (sizeof benches / sizeof benches[0])
 
@@ -52,6 +53,7 @@ static const char bench_description[] = "benchmarks:\n"
                                         "  rng        Philox4x32-10 throughput\n"
     "  gemm       OpenBLAS sgemm GFLOP/s (the peak MFU is measured against)\n"
     "  train      GPT training step: ms/step, tokens/s, GFLOP/s, MFU\n"
+                                        "  optim      optimizer kernels (AdamW, SGD, clipping)\n"
                                         "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {

@@ -4,7 +4,7 @@
  *
  * The sum of squares is accumulated in double over fixed blocks of
  * DT__SUMSQ_BLOCK elements counted from the start of the range; within a
- * block, element i goes to accumulator lane i % 16, and the 16 lanes and
+ * block, element i goes to accumulator lane i % 64, and the 64 lanes and
  * then the block sums are added in a fixed order. The result therefore
  * depends only on the data and the range start, never on the thread count,
  * and the AVX-512 and scalar forms agree bit for bit.
@@ -17,46 +17,52 @@
 #include <immintrin.h>
 #endif
 
-static double sum_lanes(const double lane[16]) {
+/* Accumulator lanes: element i of a block goes to lane i % LANES. Four
+ * independent pairs of 8-double vectors hide the latency of the adds. */
+#define LANES 64
+
+static double sum_lanes(const double lane[LANES]) {
     double s = 0.0;
-    for (int j = 0; j < 16; j++)
+    for (int j = 0; j < LANES; j++)
         s += lane[j];
     return s;
 }
 
 double dt__sumsq_block_scalar(const float *g, size_t n) {
-    double lane[16] = {0};
+    double lane[LANES] = {0};
     for (size_t i = 0; i < n; i++) {
         double x = (double)g[i];
-        lane[i % 16] += x * x;
+        lane[i % LANES] += x * x;
     }
     return sum_lanes(lane);
 }
 
 #ifdef __AVX512F__
+/* acc[0] += squares of x's low 8 lanes (as doubles), acc[1] of its high 8. */
+static inline void sq_acc16(__m512d acc[2], __m512 x) {
+    __m512d xl = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
+    __m512d xh = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
+    acc[0] = _mm512_add_pd(acc[0], _mm512_mul_pd(xl, xl));
+    acc[1] = _mm512_add_pd(acc[1], _mm512_mul_pd(xh, xh));
+}
+
 double dt__sumsq_block_vec(const float *g, size_t n) {
-    __m512d lo = _mm512_setzero_pd(), hi = _mm512_setzero_pd(); /* lanes 0-7, 8-15 */
+    __m512d acc[LANES / 8]; /* acc[j] holds lanes 8j .. 8j+7 */
+    for (int j = 0; j < LANES / 8; j++)
+        acc[j] = _mm512_setzero_pd();
     size_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m512 x = _mm512_loadu_ps(g + i);
-        __m512d xl = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-        __m512d xh =
-            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-        lo = _mm512_add_pd(lo, _mm512_mul_pd(xl, xl));
-        hi = _mm512_add_pd(hi, _mm512_mul_pd(xh, xh));
+    for (; i + LANES <= n; i += LANES)
+        for (int q = 0; q < LANES / 16; q++)
+            sq_acc16(acc + 2 * q, _mm512_loadu_ps(g + i + 16 * (size_t)q));
+    /* The tail: whole or masked 16-float groups into the matching lanes. */
+    for (int q = 0; i < n; q++, i += 16) {
+        size_t left = n - i;
+        __mmask16 mask = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1u);
+        sq_acc16(acc + 2 * q, _mm512_maskz_loadu_ps(mask, g + i));
     }
-    if (i < n) {
-        __mmask16 mask = (__mmask16)((1u << (n - i)) - 1u);
-        __m512 x = _mm512_maskz_loadu_ps(mask, g + i);
-        __m512d xl = _mm512_cvtps_pd(_mm512_castps512_ps256(x));
-        __m512d xh =
-            _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(x), 1)));
-        lo = _mm512_add_pd(lo, _mm512_mul_pd(xl, xl));
-        hi = _mm512_add_pd(hi, _mm512_mul_pd(xh, xh));
-    }
-    double lane[16];
-    _mm512_storeu_pd(lane, lo);
-    _mm512_storeu_pd(lane + 8, hi);
+    double lane[LANES];
+    for (int j = 0; j < LANES / 8; j++)
+        _mm512_storeu_pd(lane + 8 * j, acc[j]);
     return sum_lanes(lane);
 }
 #else
@@ -95,7 +101,9 @@ void dt_scale(float *g, size_t n, float s) {
 }
 
 float dt_clip_scale(double sumsq, float max_norm) {
-    if (!(max_norm > 0.0f))
+    /* Non-finite gradients are the caller's to detect (isfinite(sumsq));
+     * scaling them by 0 or NaN would only hide where they came from. */
+    if (!(max_norm > 0.0f) || !isfinite(sumsq))
         return 1.0f;
     /* In float, as torch.nn.utils.clip_grad_norm_ computes it on a float tensor. */
     float norm = (float)sqrt(sumsq);

@@ -45,7 +45,8 @@ void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n, float lr, f
 void dt__sgd_range_scalar(float *p, const float *g, float *b, size_t n, float lr, float momentum,
                           bool nesterov, float weight_decay);
 
-/* Sum of squares of at most DT__SUMSQ_BLOCK elements in a fixed lane order. */
+/* Sum of squares of at most DT__SUMSQ_BLOCK elements in a fixed lane order
+ * (element i into lane i % 64; lanes added in order). */
 double dt__sumsq_block_vec(const float *g, size_t n);
 double dt__sumsq_block_scalar(const float *g, size_t n);
 

@@ -73,12 +73,16 @@ static double fx_scalar(const char *name, size_t i) {
 #define N       100
 
 static void expect_close(const float *got, const float *want, size_t n, const char *what) {
+    double worst = 0.0;
     for (size_t i = 0; i < n; i++) {
         if (!(fabsf(got[i] - want[i]) <= 1e-6f * fabsf(want[i]) + 1e-7f))
             TEST_FAILF("%s[%zu]: got %.9g, PyTorch %.9g (rel diff %.3g > 1e-6)", what, i,
                        (double)got[i], (double)want[i],
                        fabs((double)got[i] - want[i]) / fabs((double)want[i]));
+        double rel = fabs((double)got[i] - want[i]) / fmax(fabs((double)want[i]), 1e-30);
+        worst = rel > worst ? rel : worst;
     }
+    printf("  %s: max relative difference from PyTorch %.2g\n", what, worst);
 }
 
 static void test_adamw_matches_pytorch(void) {
@@ -307,6 +311,8 @@ static void test_sumsq_exact_on_integers(void) {
     ASSERT_EQ(s, 1.0f / (5.0f + 1e-6f));
     ASSERT_EQ(dt_clip_scale(25.0, 10.0f), 1.0f); /* within the bound */
     ASSERT_EQ(dt_clip_scale(25.0, 0.0f), 1.0f);  /* disabled */
+    ASSERT_EQ(dt_clip_scale(NAN, 1.0f), 1.0f);   /* documented: the caller checks isfinite */
+    ASSERT_EQ(dt_clip_scale(INFINITY, 1.0f), 1.0f);
     dt_scale(v, 2, 0.5f);
     ASSERT_EQ(v[0], 1.5f);
     ASSERT_EQ(v[1], 2.0f);
