@@ -104,5 +104,6 @@ extern const cli_cmd cli_bench_gemm, cli_bench_train; /* cmd_bench_engine.c */
 extern const cli_cmd cli_cmd_data;
 /* Benchmarks listed in cmd_bench.c, each defined in its own file. */
 extern const cli_cmd cli_bench_optim;
+extern const cli_cmd cli_cmd_launch;
 
 #endif /* DTRAIN_CLI_H */

@@ -15,6 +15,7 @@ static const cli_cmd *const commands[] = {
     &cli_cmd_ckpt,
     &cli_cmd_sample,
     &cli_cmd_data,
+    &cli_cmd_launch,
     &cli_cmd_version,
 };
 
@@ -76,7 +77,7 @@ int main(int argc, char **argv) {
         print_main_help(stderr);
         return 2;
     }
-    cli_args args;
+    static cli_args args; /* static: its argv array stays reachable until exit (LSan) */
     cli_parse(cmd, argc - 1, argv + 1, &args);
     return cmd->run(&args);
 }

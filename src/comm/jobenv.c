@@ -1,0 +1,220 @@
+/*
+ * jobenv.c — read rank, size, local rank and the meeting place from DT_*,
+ * Open MPI, MPICH/PMI or Slurm variables (see jobenv.h for the order and
+ * the invariants).
+ */
+#include "jobenv.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const launcher_names[] = {"none", "dtrain launch", "Open MPI", "MPICH/PMI",
+                                             "Slurm"};
+_Static_assert(sizeof launcher_names / sizeof launcher_names[0] == DT__LAUNCHER_COUNT,
+               "launcher names out of sync");
+
+const char *dt__launcher_name(dt__launcher l) {
+    return (unsigned)l < DT__LAUNCHER_COUNT ? launcher_names[l] : "?";
+}
+
+static const char *env(const char *name) {
+    const char *v = getenv(name);
+    return v && *v ? v : NULL;
+}
+
+/* Integer variable in [min, max]; *out untouched when unset. */
+static dt_status env_int(const char *name, int64_t min, int64_t max, int *out, bool *found) {
+    const char *v = env(name);
+    if (found)
+        *found = v != NULL;
+    if (!v)
+        return DT_OK;
+    int64_t x;
+    DT_CHECK(dt_config_parse_int(name, v, min, max, &x));
+    *out = (int)x;
+    return DT_OK;
+}
+
+dt_status dt__slurm_first_host(const char *list, char *out, size_t len) {
+    /* Grammar (what srun prints): item[,item...], item = prefix or
+     * prefix[range[,range...]]suffix, range = a or a-b with zero padding
+     * kept. The first host is the prefix, the first range's start, and the
+     * text after ']'. */
+    size_t n = strcspn(list, ",[");
+    if (n == 0 || n >= len)
+        return dt_error_set(DT_ERR_INVALID, "Slurm node list \"%s\" does not start with a host",
+                            list);
+    memcpy(out, list, n);
+    out[n] = '\0';
+    if (list[n] != '[')
+        return DT_OK;
+    const char *start = list + n + 1;
+    size_t digits = strspn(start, "0123456789");
+    const char *close = strchr(start, ']');
+    if (digits == 0 || !close || n + digits >= len)
+        return dt_error_set(DT_ERR_INVALID, "Slurm node list \"%s\": bad range", list);
+    memcpy(out + n, start, digits);
+    out[n + digits] = '\0';
+    size_t suffix = strcspn(close + 1, ",");
+    if (n + digits + suffix >= len)
+        return dt_error_set(DT_ERR_INVALID, "Slurm node list \"%s\": host name too long", list);
+    memcpy(out + n + digits, close + 1, suffix);
+    out[n + digits + suffix] = '\0';
+    return DT_OK;
+}
+
+dt_status dt__slurm_tasks_on_node(const char *spec, int node, int *out) {
+    /* "2(x3),1": nodes 0-2 run 2 tasks each, node 3 runs 1. */
+    const char *p = spec;
+    int first = 0;
+    while (*p) {
+        char *end;
+        long tasks = strtol(p, &end, 10);
+        long reps = 1;
+        if (end == p || tasks < 0)
+            break;
+        p = end;
+        if (strncmp(p, "(x", 2) == 0) {
+            reps = strtol(p + 2, &end, 10);
+            if (end == p + 2 || *end != ')' || reps < 1)
+                break;
+            p = end + 1;
+        }
+        if (node < first + reps) {
+            *out = (int)tasks;
+            return DT_OK;
+        }
+        first += (int)reps;
+        if (*p == ',')
+            p++;
+        else if (*p)
+            break;
+    }
+    return dt_error_set(DT_ERR_INVALID, "SLURM_TASKS_PER_NODE \"%s\" says nothing about node %d",
+                        spec, node);
+}
+
+/* A token every rank can compute from the job id: two XXH3 hashes. */
+static void derive_token(const char *job_id, char *out) {
+    uint64_t a = dt_hash64(job_id, strlen(job_id), 0x64747261696e31ull);
+    uint64_t b = dt_hash64(job_id, strlen(job_id), 0x64747261696e32ull);
+    snprintf(out, 33, "%016llx%016llx", (unsigned long long)a, (unsigned long long)b);
+}
+
+static dt_status read_launcher(dt__jobenv *e) {
+    bool r, s;
+    /* 1. dtrain launch */
+    DT_CHECK(env_int("DT_RANK", 0, INT32_MAX, &e->rank, &r));
+    DT_CHECK(env_int("DT_WORLD_SIZE", 1, INT32_MAX, &e->size, &s));
+    if (r || s) {
+        if (!(r && s))
+            return dt_error_set(DT_ERR_INVALID, "%s is set but %s is not (set both, or neither)",
+                                r ? "DT_RANK" : "DT_WORLD_SIZE", r ? "DT_WORLD_SIZE" : "DT_RANK");
+        e->launcher = DT__LAUNCHER_DTRAIN;
+        return DT_OK;
+    }
+    /* 2. Open MPI */
+    DT_CHECK(env_int("OMPI_COMM_WORLD_RANK", 0, INT32_MAX, &e->rank, &r));
+    DT_CHECK(env_int("OMPI_COMM_WORLD_SIZE", 1, INT32_MAX, &e->size, &s));
+    if (r && s) {
+        e->launcher = DT__LAUNCHER_OMPI;
+        DT_CHECK(env_int("OMPI_COMM_WORLD_LOCAL_RANK", 0, INT32_MAX, &e->local_rank, NULL));
+        DT_CHECK(env_int("OMPI_COMM_WORLD_LOCAL_SIZE", 1, INT32_MAX, &e->local_size, NULL));
+        const char *id = env("OMPI_MCA_ess_base_jobid");
+        if (!id)
+            id = env("PMIX_NAMESPACE");
+        if (!id)
+            id = env("OMPI_MCA_orte_ess_jobid");
+        if (id)
+            snprintf(e->job_id, sizeof e->job_id, "ompi-%s", id);
+        return DT_OK;
+    }
+    /* 3. MPICH / Hydra */
+    DT_CHECK(env_int("PMI_RANK", 0, INT32_MAX, &e->rank, &r));
+    DT_CHECK(env_int("PMI_SIZE", 1, INT32_MAX, &e->size, &s));
+    if (r && s) {
+        e->launcher = DT__LAUNCHER_PMI;
+        DT_CHECK(env_int("MPI_LOCALRANKID", 0, INT32_MAX, &e->local_rank, NULL));
+        DT_CHECK(env_int("MPI_LOCALNRANKS", 1, INT32_MAX, &e->local_size, NULL));
+        const char *id = env("PMI_KVSNAME");
+        if (id)
+            snprintf(e->job_id, sizeof e->job_id, "pmi-%s", id);
+        return DT_OK;
+    }
+    /* 4. srun: only inside a job step (a batch script has SLURM_PROCID=0
+     * too, and is not a rank of anything). */
+    if (env("SLURM_STEP_ID") && env("SLURM_PROCID") &&
+        (env("SLURM_STEP_NUM_TASKS") || env("SLURM_NTASKS"))) {
+        e->launcher = DT__LAUNCHER_SLURM;
+        DT_CHECK(env_int("SLURM_PROCID", 0, INT32_MAX, &e->rank, NULL));
+        if (env("SLURM_STEP_NUM_TASKS"))
+            DT_CHECK(env_int("SLURM_STEP_NUM_TASKS", 1, INT32_MAX, &e->size, NULL));
+        else
+            DT_CHECK(env_int("SLURM_NTASKS", 1, INT32_MAX, &e->size, NULL));
+        DT_CHECK(env_int("SLURM_LOCALID", 0, INT32_MAX, &e->local_rank, NULL));
+        DT_CHECK(env_int("SLURM_NODEID", 0, INT32_MAX, &e->node_rank, NULL));
+        const char *tpn = env("SLURM_STEP_TASKS_PER_NODE");
+        if (!tpn)
+            tpn = env("SLURM_TASKS_PER_NODE");
+        if (tpn && e->node_rank >= 0)
+            DT_CHECK(dt__slurm_tasks_on_node(tpn, e->node_rank, &e->local_size));
+        const char *nodes = env("SLURM_STEP_NODELIST");
+        if (!nodes)
+            nodes = env("SLURM_JOB_NODELIST");
+        if (nodes)
+            DT_CHECK(dt__slurm_first_host(nodes, e->master_addr, sizeof e->master_addr));
+        snprintf(e->job_id, sizeof e->job_id, "slurm-%s.%s",
+                 env("SLURM_JOB_ID") ? env("SLURM_JOB_ID") : "0", env("SLURM_STEP_ID"));
+        e->master_port = 20000 + (int)(dt_hash64(e->job_id, strlen(e->job_id), 0) % 20000);
+        return DT_OK;
+    }
+    e->launcher = DT__LAUNCHER_NONE;
+    e->rank = 0;
+    e->size = 1;
+    return DT_OK;
+}
+
+dt_status dt__jobenv_read(dt__jobenv *out) {
+    dt__jobenv e;
+    memset(&e, 0, sizeof e);
+    e.local_rank = e.local_size = e.node_rank = -1;
+    DT_CHECK(read_launcher(&e));
+    const char *who = dt__launcher_name(e.launcher);
+    if (e.rank >= e.size)
+        return dt_error_set(DT_ERR_INVALID, "rank %d is not below the world size %d (from %s)",
+                            e.rank, e.size, who);
+
+    /* DT_* win over whatever the launcher said. */
+    DT_CHECK(env_int("DT_LOCAL_RANK", 0, INT32_MAX, &e.local_rank, NULL));
+    DT_CHECK(env_int("DT_LOCAL_WORLD_SIZE", 1, INT32_MAX, &e.local_size, NULL));
+    DT_CHECK(env_int("DT_NODE_RANK", 0, INT32_MAX, &e.node_rank, NULL));
+    DT_CHECK(env_int("DT_MASTER_PORT", 1, 65535, &e.master_port, NULL));
+    const char *v;
+    if ((v = env("DT_MASTER_ADDR")) != NULL) {
+        if (strlen(v) >= sizeof e.master_addr)
+            return dt_error_set(DT_ERR_INVALID, "DT_MASTER_ADDR: \"%.40s...\" is too long", v);
+        snprintf(e.master_addr, sizeof e.master_addr, "%s", v);
+    }
+    if ((v = env("DT_JOB_ID")) != NULL)
+        snprintf(e.job_id, sizeof e.job_id, "%s", v);
+    if ((v = env("DT_JOB_TOKEN")) != NULL) {
+        if (strlen(v) != 32 || strspn(v, "0123456789abcdefABCDEF") != 32)
+            return dt_error_set(DT_ERR_INVALID,
+                                "DT_JOB_TOKEN: \"%.40s\" is not 32 hexadecimal characters", v);
+        snprintf(e.token, sizeof e.token, "%s", v);
+    } else if (e.launcher != DT__LAUNCHER_DTRAIN && e.job_id[0]) {
+        derive_token(e.job_id, e.token);
+        e.token_derived = true;
+    }
+
+    if ((e.local_rank < 0) != (e.local_size < 0)) {
+        /* Half an answer is no answer: topology comes from host names. */
+        e.local_rank = e.local_size = -1;
+    }
+    if (e.local_rank >= 0 && e.local_rank >= e.local_size)
+        return dt_error_set(DT_ERR_INVALID, "local rank %d is not below the local size %d (%s)",
+                            e.local_rank, e.local_size, who);
+    *out = e;
+    return DT_OK;
+}

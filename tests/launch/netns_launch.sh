@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# netns_launch.sh DTRAIN PROBE — two hosts (network namespaces made by
+# scripts/netns-cluster.sh) x 2 ranks started with `dtrain launch` by hand,
+# node 0 at 10.77.0.1: every rank gets the right global rank, node rank and
+# master address, and a rank failing on host 1 ends the job on host 0.
+# Exits 77 (ctest SKIP_RETURN_CODE) when not root or `ip` is missing.
+set -euo pipefail
+dtrain=$1
+probe=$2
+root=$(cd "$(dirname "$0")/../.." && pwd)
+if [[ $(id -u) -ne 0 ]]; then
+    echo "SKIP: the netns test needs root (network namespaces)"
+    exit 77
+fi
+if ! command -v ip >/dev/null; then
+    echo "SKIP: the netns test needs 'ip' (iproute2)"
+    exit 77
+fi
+export DT_NETNS_PREFIX=dtl$$
+dir=$(mktemp -d /tmp/dt-netns-XXXXXX)
+trap 'rm -rf "$dir"' EXIT
+export dtrain probe dir
+fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# Both launchers, one per host; node 1 starts first and waits for node 0.
+two_hosts() {
+    "$root/scripts/netns-cluster.sh" run 2 -- bash -c '
+        ip netns exec $DT_NETNS_PREFIX-1 $dtrain launch --nnodes 2 --node-rank 1 \
+            --master 10.77.0.1:29400 -n 2 "$@" 2>$dir/node1.err & n1=$!
+        ip netns exec $DT_NETNS_PREFIX-0 $dtrain launch --nnodes 2 --node-rank 0 \
+            --master 10.77.0.1:29400 -n 2 "$@" 2>$dir/node0.err; rc0=$?
+        wait $n1; rc1=$?
+        echo "$rc0 $rc1" > $dir/codes' _ "$@"
+    cat "$dir/node0.err" "$dir/node1.err" >&2
+}
+
+two_hosts "$probe" env "$dir"
+read -r rc0 rc1 <"$dir/codes"
+[[ $rc0 == 0 && $rc1 == 0 ]] || fail "launchers exited $rc0 and $rc1"
+for r in 0 1 2 3; do
+    f=$dir/env.$r
+    [[ -f $f ]] || fail "rank $r did not run"
+    grep -qx "DT_RANK=$r" "$f" || fail "rank $r: $(grep DT_RANK= "$f")"
+    grep -qx "DT_NODE_RANK=$((r / 2))" "$f" || fail "rank $r: $(grep NODE_RANK "$f")"
+    grep -qx "DT_WORLD_SIZE=4" "$f" || fail "rank $r: wrong world size"
+    grep -qx "DT_MASTER_ADDR=10.77.0.1" "$f" || fail "rank $r: $(grep MASTER_ADDR "$f")"
+    grep -qx "DT_MASTER_PORT=29401" "$f" || fail "rank $r: $(grep MASTER_PORT "$f")"
+done
+[[ $(grep -h DT_JOB_TOKEN= "$dir"/env.* | sort -u | wc -l) == 1 ]] || fail "tokens differ"
+echo "ok: 2 hosts x 2 ranks, environment right on every rank"
+
+rm -f "$dir"/env.* "$dir"/pid.*
+start=$(date +%s%N)
+two_hosts "$probe" fail "$dir" 3 9
+read -r rc0 rc1 <"$dir/codes"
+[[ $rc0 == 9 && $rc1 == 9 ]] || fail "launchers exited $rc0 and $rc1, expected 9 and 9"
+grep -q "rank 3 (node 1, local rank 1" "$dir/node0.err" || fail "node 0's summary does not name rank 3"
+elapsed=$((($(date +%s%N) - start) / 1000000))
+echo "ok: rank 3 failing on host 1 ended the job on both hosts (${elapsed} ms including the cluster setup)"
+for f in "$dir"/pid.*; do
+    for p in $(cat "$f"); do
+        if kill -0 "$p" 2>/dev/null && ! grep -q ') Z' "/proc/$p/stat" 2>/dev/null; then
+            fail "pid $p from $f still running"
+        fi
+    done
+done
+echo "ok: nothing left running"
