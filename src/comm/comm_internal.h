@@ -1,0 +1,406 @@
+/*
+ * comm_internal.h — the pieces of comm that talk to each other, and nothing
+ * that a user of dtrain/comm.h needs.
+ *
+ * Layering inside comm (arrows point down only):
+ *
+ *   group.c      public API, work queue, progress thread, split, abort
+ *     |
+ *   backend.h    per-group table of collective entry points
+ *     |              native.c (ours), mpi.c (later, DT_BACKEND=mpi)
+ *   native.c + tune.c    choose an algorithm per op
+ *     |
+ *   ring.c rhd.c tree.c direct.c hier.c     schedules, written against...
+ *     |
+ *   engine.c     post send / post recv / wait over the transports of a group
+ *     |
+ *   transport vtable:  shm.c   tcp.c        (know nothing of algorithms)
+ *     |
+ *   wire.c (frame header), net.c (sockets + token handshake), store.c
+ */
+#ifndef DTRAIN_COMM_INTERNAL_H
+#define DTRAIN_COMM_INTERNAL_H
+
+#include "dtrain/comm.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+/* ------------------------------------------------------------------------ */
+/* Wire header: every message (and every fragment of one) starts with it.  */
+/* ------------------------------------------------------------------------ */
+
+#define DT__WIRE_MAGIC   0x4e525444u /* "DTRN" little-endian */
+#define DT__WIRE_VERSION 1
+/* Upper bound on one message's payload; anything larger on the wire is
+ * hostile or corrupt, and is refused before it can size a copy. */
+#define DT__WIRE_MAX_LEN ((uint64_t)1 << 40)
+
+enum { DT__MSG_DATA = 1, DT__MSG_ABORT = 2, DT__MSG_BYE = 3 };
+
+/* The sender's operation descriptor plus where this frame's payload goes.
+ * Host byte order: dtrain ranks of one job run the same build. */
+typedef struct dt__wire_hdr {
+    uint32_t magic;   /* DT__WIRE_MAGIC */
+    uint16_t version; /* DT__WIRE_VERSION */
+    uint8_t kind;     /* DT__MSG_* */
+    uint8_t coll;     /* dt_coll of the operation */
+    uint8_t dtype;    /* dt_dtype */
+    uint8_t redop;    /* dt_redop */
+    uint16_t flags;   /* reserved, 0 */
+    int32_t root;     /* root, or peer for send/recv, or -1 */
+    int32_t tag;      /* user tag (send/recv), else 0 */
+    int32_t src;      /* sender's rank in the group */
+    int32_t status;   /* DT__MSG_ABORT: the sender's dt_status; else 0 */
+    uint64_t seq;     /* operation sequence number in the group, from 1 */
+    uint64_t count;   /* operation's element count */
+    uint64_t offset;  /* byte offset of this frame's payload in its message */
+    uint64_t len;     /* payload bytes that follow this header */
+} dt__wire_hdr;
+_Static_assert(sizeof(dt__wire_hdr) == 64, "wire header must be 64 bytes");
+
+/* Validate n raw bytes as a header (magic, version, kind, enum ranges,
+ * lengths); DT_ERR_PROTOCOL naming the bad field otherwise. */
+dt_status dt__wire_decode(const void *buf, size_t n, dt__wire_hdr *out);
+/* Compare a received data header with what this rank expects: a different
+ * operation is DT_ERR_MISMATCH naming both calls; a descriptor that agrees
+ * but a frame that does not fit the posted buffer is DT_ERR_PROTOCOL. An
+ * ABORT frame turns into the sender's status. */
+dt_status dt__wire_check(const dt__wire_hdr *got, const dt__wire_hdr *want, int me, int from,
+                         uint64_t expect_offset, uint64_t expect_len);
+/* "allreduce #7 (count 1000, f32, sum)" */
+void dt__desc_format(const dt__wire_hdr *d, char *buf, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Sockets and the job-token handshake (net.c)                              */
+/* ------------------------------------------------------------------------ */
+
+#define DT__TOKEN_LEN 32
+enum { DT__HS_STORE = 1, DT__HS_DATA = 2 };
+
+typedef struct dt__hs {
+    uint32_t magic;            /* "DTHS" */
+    uint16_t version;          /* 1 */
+    uint16_t purpose;          /* DT__HS_* */
+    char token[DT__TOKEN_LEN]; /* the job token, not NUL-terminated */
+    char group[64];            /* group id (data connections) */
+    int32_t rank;              /* connecting rank in that group */
+    int32_t index;             /* socket index for that pair */
+} dt__hs;
+
+/* Listen on addr:port (port 0: any); returns the fd and the bound port. */
+dt_status dt__net_listen(const char *addr, int port, int *fd, int *bound_port);
+/* Connect with retries until the deadline (the listener may not be up yet). */
+dt_status dt__net_connect(const char *host, int port, double deadline, int *fd);
+/* Blocking full read/write with a deadline; EINTR and partial I/O handled. */
+dt_status dt__net_read(int fd, void *buf, size_t n, double deadline);
+dt_status dt__net_write(int fd, const void *buf, size_t n, double deadline);
+/* Client side: send the handshake and wait for the verdict. */
+dt_status dt__net_hs_client(int fd, const dt__hs *hs, double deadline);
+/* Server side: read a handshake, check magic/version/purpose/token, reply.
+ * A wrong token is DT_ERR_AUTH and the peer is told so. */
+dt_status dt__net_hs_server(int fd, const char *token, int purpose, dt__hs *out, double deadline);
+void dt__net_tune(int fd, size_t bufsize);
+dt_status dt__net_set_nonblocking(int fd);
+/* This host's address as seen by others (DT_IFADDR, else from the route to
+ * the master, else 127.0.0.1). */
+void dt__net_local_addr(const char *master, char *out, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Rendezvous store (store.c)                                               */
+/* ------------------------------------------------------------------------ */
+
+typedef struct dt__store dt__store;               /* a client connection */
+typedef struct dt__store_server dt__store_server; /* rank 0's server thread */
+
+dt_status dt__store_server_start(const char *addr, int port, const char *token,
+                                 dt__store_server **out, int *bound_port);
+void dt__store_server_stop(dt__store_server *s);
+dt_status dt__store_connect(const char *host, int port, const char *token, double timeout,
+                            dt__store **out);
+void dt__store_close(dt__store *s);
+dt_status dt__store_set(dt__store *s, const char *key, const void *val, size_t len);
+/* DT_ERR_NOT_FOUND if absent. *val is dt_alloc'ed (caller frees). */
+dt_status dt__store_get(dt__store *s, const char *key, void **val, size_t *len);
+/* Wait until key exists (bounded by the store's timeout), then get it. */
+dt_status dt__store_wait(dt__store *s, const char *key, void **val, size_t *len);
+/* Atomically add delta to the integer at key (absent = 0); *result = new. */
+dt_status dt__store_add(dt__store *s, const char *key, int64_t delta, int64_t *result);
+
+/* ------------------------------------------------------------------------ */
+/* Transfers and transports                                                 */
+/* ------------------------------------------------------------------------ */
+
+#define DT__MAX_SOCKS 8
+
+typedef struct dt__xfer dt__xfer;
+
+/* One frame stream piece of a transfer on one TCP socket. */
+typedef struct dt__part {
+    dt__xfer *x;           /* owner */
+    struct dt__part *next; /* FIFO on its socket */
+    uint64_t offset, len;  /* payload range of the message */
+    uint64_t done;         /* payload bytes moved */
+    unsigned hdr_done;     /* header bytes moved (0..64) */
+    dt__wire_hdr hdr;      /* send: to send; recv: received */
+} dt__part;
+
+/* A posted send or receive of one message to/from one peer. The algorithm
+ * owns the memory; the transport links it into its queues until done. */
+struct dt__xfer {
+    int peer; /* rank in the group */
+    bool is_send;
+    bool done;
+    char *buf;             /* payload (const for sends) */
+    uint64_t len;          /* payload bytes */
+    uint64_t moved;        /* bytes moved so far (all parts) */
+    dt__wire_hdr hdr;      /* send: header to stamp; recv: expected desc */
+    struct dt__xfer *next; /* transport queue link */
+    int nparts, parts_done;
+    dt__part parts[DT__MAX_SOCKS];
+    /* Receive-and-reduce: on completion red_out = red_in op payload. A
+     * transport that can (shm) reduces fragment by fragment straight from
+     * its slots and sets reduced; otherwise the engine does it once. */
+    bool reduce, reduced;
+    void *red_out;
+    const void *red_in;
+    dt_dtype dtype;
+    dt_redop redop;
+};
+
+typedef struct dt__transport dt__transport;
+
+/* What a transport knows about a peer. A transport that shares memory with
+ * the peer exposes the peer's window (used by the direct algorithm). */
+typedef struct dt__peer_info {
+    bool shared;            /* peer's memory is mapped here */
+    char *window;           /* peer's window (2 halves of window_size) */
+    size_t window_size;     /* bytes per half */
+    _Atomic uint64_t *flag; /* peer's phase counter */
+    dt__wire_hdr *desc;     /* peer's published op descriptors [2] */
+} dt__peer_info;
+
+/* The transport interface. Algorithms never call it: engine.c does. */
+typedef struct dt__transport_ops {
+    const char *name;
+    dt_status (*post_send)(dt__transport *t, dt__xfer *x);
+    dt_status (*post_recv)(dt__transport *t, dt__xfer *x);
+    /* Move whatever can move without blocking; *progressed if anything did. */
+    dt_status (*progress)(dt__transport *t, bool *progressed);
+    /* A token read before checking for work; block() returns early if any
+     * event arrived after arm() (no lost wake-ups). */
+    uint64_t (*arm)(dt__transport *t);
+    void (*block)(dt__transport *t, uint64_t token, int ms);
+    /* Liveness of every peer: DT_ERR_PEER naming a dead one. */
+    dt_status (*check)(dt__transport *t, const char *opdesc);
+    void (*peer_info)(dt__transport *t, int peer, dt__peer_info *out);
+    /* Tell every peer this rank gives up (best effort, never blocks). With
+     * owner = false it is called from a thread that does not drive the
+     * transport and must only touch thread-safe state. */
+    void (*abort)(dt__transport *t, dt_status st, int lost_rank, bool owner);
+    /* Drop queued transfers after a failure (they point into user memory). */
+    void (*reset)(dt__transport *t);
+    /* wake local waiters on peer (after publishing a flag) */
+    void (*notify)(dt__transport *t, int peer);
+    void (*destroy)(dt__transport *t, bool clean);
+} dt__transport_ops;
+
+struct dt__transport {
+    const dt__transport_ops *ops;
+};
+
+/* ------------------------------------------------------------------------ */
+/* Groups                                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct dt__backend dt__backend;
+
+/* Job-wide state shared by the world group and every group split from it. */
+typedef struct dt__job {
+    char token[DT__TOKEN_LEN + 1];
+    char job_id[64];
+    char master[256];
+    int master_port;
+    int world_rank, world_size;
+    char host[320];   /* host key: ranks with equal keys share memory */
+    char addr[64];    /* address other hosts reach us at */
+    char **host_keys; /* [world_size] */
+    int *pids;        /* [world_size] */
+    dt__store *store;
+    pthread_mutex_t store_mu; /* groups may split concurrently */
+    dt__store_server *server;
+    _Atomic int refs;
+    double timeout; /* DT_TIMEOUT */
+} dt__job;
+
+/* Settings read once per group from DT_* variables. */
+typedef struct dt__config {
+    double timeout;    /* DT_TIMEOUT seconds */
+    int transport;     /* 0 auto, 1 shm, 2 tcp */
+    dt_algo algo;      /* DT_ALGO */
+    size_t chunk;      /* DT_CHUNK_SIZE: ring pipeline chunk */
+    size_t shm_slot;   /* DT_SHM_SLOT */
+    int shm_slots;     /* DT_SHM_SLOTS */
+    size_t shm_window; /* DT_SHM_WINDOW (bytes per half) */
+    int spin;          /* DT_SPIN iterations before sleeping */
+    int tcp_socks;     /* DT_TCP_SOCKS */
+    size_t tcp_buffer; /* DT_TCP_BUFFER */
+    size_t tcp_stripe; /* DT_TCP_STRIPE_MIN */
+} dt__config;
+
+dt_status dt__config_read(dt__config *c);
+
+struct dt_group {
+    dt__job *job;
+    char id[64]; /* store key prefix, unique per group */
+    int rank, size;
+    int *world; /* [size] world rank of each group rank */
+    int *host;  /* [size] host index (0..nhosts) of each rank */
+    int nhosts;
+    int local_rank, local_size;
+    int *local;           /* [local_size] group ranks on my host, ascending */
+    int *leaders;         /* [nhosts] lowest group rank of each host */
+    int **host_ranks;     /* [nhosts][host_size[h]] group ranks per host */
+    int *host_size;       /* [nhosts] */
+    int *ident;           /* [size] 0..size-1, the whole-group team */
+    _Atomic int lost;     /* a rank a transport saw die, or -1 */
+    double last_progress; /* when an op last started or finished */
+    dt__config cfg;
+
+    dt__transport *shm, *tcp;
+    dt__transport **tp; /* [size] transport for each peer, NULL for self */
+    char tpname[16];
+
+    const dt__backend *backend;
+    void *backend_state;
+
+    /* progress */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;    /* signalled on enqueue, completion, stop */
+    dt_work *head, *tail; /* queued, not yet started */
+    bool busy;            /* an op is executing (thread or inline) */
+    bool stop;
+    dt_thread *thread;
+    uint64_t issued;    /* last sequence number handed out */
+    _Atomic int failed; /* sticky dt_status after a failure */
+    char failmsg[768];
+    _Atomic int aborted;
+    _Atomic int last_algo;
+    int splits;            /* how many splits of this group so far */
+    uint64_t direct_epoch; /* direct algorithm's phase counter */
+    uint64_t direct_chunk; /* direct algorithm's chunks, for window halves */
+    char *scratch;         /* per-op temporary, grown on demand */
+    size_t scratch_size;
+};
+
+/* The running operation: its descriptor and arguments. */
+typedef struct dt__op {
+    dt_group *g;
+    dt__wire_hdr desc; /* kind DATA, coll..count, src = my rank */
+    dt_coll coll;
+    const void *send;
+    void *recv;
+    size_t count;
+    dt_dtype dtype;
+    dt_redop redop;
+    int root; /* root, or peer for send/recv */
+    int tag;
+    dt_algo algo; /* what ran */
+} dt__op;
+
+struct dt_work {
+    dt__op op;
+    dt_work *next;
+    bool done;
+    bool inline_run;
+    dt_status status;
+    char err[768];
+};
+
+/* Scratch memory owned by the group, valid until the next call. */
+dt_status dt__scratch(dt_group *g, size_t bytes, void **out);
+
+/* ------------------------------------------------------------------------ */
+/* Engine: what algorithms call (engine.c)                                  */
+/* ------------------------------------------------------------------------ */
+
+/* A team is a subset of the group's ranks an algorithm runs over (the whole
+ * group, the ranks of one host, one rank per host). */
+typedef struct dt__team {
+    int n;            /* members */
+    int me;           /* my index */
+    const int *ranks; /* [n] group ranks */
+} dt__team;
+
+void dt__team_all(dt_group *g, dt__team *t, int *buf);
+
+dt_status dt__post_send(dt__op *op, dt__xfer *x, int peer, const void *buf, size_t len);
+dt_status dt__post_recv(dt__op *op, dt__xfer *x, int peer, void *buf, size_t len);
+/* Receive len bytes from peer and, on completion, out = in op payload
+ * (count = len / dtype size). tmp (len bytes) is used only by transports
+ * that cannot reduce in place; out may equal in. */
+dt_status dt__post_recv_reduce(dt__op *op, dt__xfer *x, int peer, void *tmp, size_t len, void *out,
+                               const void *in);
+dt_status dt__wait(dt__op *op, dt__xfer *x);
+dt_status dt__waitall(dt__op *op, dt__xfer *xs, int n);
+/* Send and receive at once (either peer may be -1). */
+dt_status dt__sendrecv(dt__op *op, int to, const void *sbuf, size_t slen, int from, void *rbuf,
+                       size_t rlen);
+/* Wait until pred(arg) is true, driving every transport meanwhile. */
+dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg);
+/* Record a failure on the group and tell the peers. */
+void dt__op_fail(dt__op *op, dt_status st);
+
+/* ------------------------------------------------------------------------ */
+/* Reduction helpers (reduce.c)                                             */
+/* ------------------------------------------------------------------------ */
+
+/* buf[i] /= n (AVG finalisation), dtype-aware. */
+void dt__scale_avg(void *buf, size_t count, dt_dtype dtype, int n);
+
+/* ------------------------------------------------------------------------ */
+/* Transports (shm.c, tcp.c)                                                */
+/* ------------------------------------------------------------------------ */
+
+/* Connect to `peers` (group ranks, sorted, excluding me) through the store. */
+dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transport **out);
+dt_status dt__tcp_create(dt_group *g, const int *peers, int npeers, dt__transport **out);
+
+/* ------------------------------------------------------------------------ */
+/* Algorithms                                                               */
+/* ------------------------------------------------------------------------ */
+
+/* Allreduce over a team; send may equal recv. AVG is summed (the caller
+ * scales once). */
+dt_status dt__ring_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
+                             size_t count);
+/* Reduce-scatter over a team: send holds t->n blocks described by
+ * counts/displs (elements); rank me's reduced block lands in recv. */
+dt_status dt__ring_reduce_scatter(dt__op *op, const dt__team *t, const void *send, void *recv,
+                                  const size_t *counts, const size_t *displs);
+/* Allgather over a team: buf holds all blocks, mine already in place. */
+dt_status dt__ring_allgather(dt__op *op, const dt__team *t, void *buf, const size_t *counts,
+                             const size_t *displs);
+dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
+                            size_t count);
+dt_status dt__tree_broadcast(dt__op *op, const dt__team *t, void *buf, size_t bytes, int root);
+dt_status dt__tree_reduce(dt__op *op, const dt__team *t, const void *send, void *recv, size_t count,
+                          int root);
+dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
+                               size_t count);
+dt_status dt__direct_reduce_scatter(dt__op *op, const dt__team *t, const void *send, void *recv,
+                                    size_t count);
+dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, void *recv,
+                               size_t count);
+dt_status dt__direct_broadcast(dt__op *op, const dt__team *t, void *buf, size_t bytes, int root);
+dt_status dt__hier_allreduce(dt__op *op, const void *send, void *recv, size_t count);
+/* True if every member of the team shares memory with me. */
+dt_status dt__direct_barrier(dt__op *op, const dt__team *t);
+bool dt__team_shared(dt__op *op, const dt__team *t);
+bool dt__hier_ok(const dt_group *g);
+
+/* Chooser (tune.c). */
+dt_algo dt__tune_choose(const dt_group *g, dt_coll coll, size_t bytes);
+
+#endif /* DTRAIN_COMM_INTERNAL_H */

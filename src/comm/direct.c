@@ -1,0 +1,225 @@
+/*
+ * direct.c — collectives for ranks that share memory: every rank copies its
+ * input into its own shared window, and then reads its peers' windows
+ * directly. No messages; synchronisation is one counter per rank.
+ *
+ * Allreduce, per chunk of at most DT_SHM_WINDOW bytes, four ranks:
+ *
+ *   1. copy in     rank r: window_r <- send[chunk]
+ *   2. barrier     (every rank's input is visible)
+ *   3. reduce      rank r: slice r = window_0[r] op window_1[r] op ... ;
+ *                  written to recv and back into window_r[slice r]
+ *   4. barrier     (every slice is reduced)
+ *   5. copy out    rank r: recv[slice q] <- window_q[slice q], q != r
+ *
+ * Each rank reads n slices of 1/n of the chunk and writes 1/n: the
+ * reduction work is split evenly, and each element is reduced by exactly one
+ * rank in a fixed order, so results are bit-identical everywhere.
+ * Windows have two halves used alternately: before writing half h for chunk
+ * k, a rank has passed the first barrier of chunk k-1, which every peer
+ * reaches only after its last read of half h (chunk k-2). Reduce-scatter,
+ * allgather and broadcast need just one barrier per chunk by the same
+ * argument.
+ *
+ * The op descriptor is published next to the counter before the first
+ * barrier and compared after it: ranks in different operations get
+ * DT_ERR_MISMATCH, exactly as with messages.
+ */
+#include "comm_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define MAX_LOCAL 256
+
+typedef struct dctx {
+    dt__op *op;
+    const dt__team *t;
+    dt__peer_info pi[MAX_LOCAL];
+    uint64_t target;
+    bool checked;
+} dctx;
+
+bool dt__team_shared(dt__op *op, const dt__team *t) {
+    dt_group *g = op->g;
+    if (!g->shm || t->n > MAX_LOCAL)
+        return false;
+    for (int i = 0; i < t->n; i++)
+        if (i != t->me && g->tp[t->ranks[i]] != g->shm)
+            return false;
+    return true;
+}
+
+static bool flags_reached(void *arg) {
+    dctx *d = arg;
+    for (int i = 0; i < d->t->n; i++)
+        if (atomic_load_explicit(d->pi[i].flag, memory_order_acquire) < d->target)
+            return false;
+    return true;
+}
+
+static dt_status ctx_init(dctx *d, dt__op *op, const dt__team *t) {
+    d->op = op;
+    d->t = t;
+    d->checked = false;
+    for (int i = 0; i < t->n; i++) {
+        op->g->shm->ops->peer_info(op->g->shm, t->ranks[i], &d->pi[i]);
+        DT_ASSERT(d->pi[i].shared);
+    }
+    /* Publish my descriptor before my first flag of this op, in the slot of
+     * that flag's parity: the other slot may still be read by a peer that
+     * has not yet checked the previous op. */
+    dt__wire_hdr desc = op->desc;
+    desc.offset = desc.len = 0;
+    d->pi[t->me].desc[(op->g->direct_epoch + 1) & 1] = desc;
+    return DT_OK;
+}
+
+static dt_status barrier(dctx *d) {
+    dt_group *g = d->op->g;
+    d->target = ++g->direct_epoch;
+    atomic_store_explicit(d->pi[d->t->me].flag, d->target, memory_order_release);
+    for (int i = 0; i < d->t->n; i++)
+        if (i != d->t->me)
+            g->shm->ops->notify(g->shm, d->t->ranks[i]);
+    DT_CHECK(dt__wait_pred(d->op, flags_reached, d));
+    if (!d->checked) {
+        d->checked = true;
+        dt__wire_hdr want = d->op->desc;
+        want.offset = want.len = 0;
+        for (int i = 0; i < d->t->n; i++) {
+            if (i == d->t->me)
+                continue;
+            dt__wire_hdr got = d->pi[i].desc[d->target & 1];
+            DT_CHECK(dt__wire_check(&got, &want, g->rank, d->t->ranks[i], 0, 0));
+        }
+    }
+    return DT_OK;
+}
+
+static char *win(dctx *d, int i, unsigned half) {
+    return d->pi[i].window + (size_t)half * d->pi[i].window_size;
+}
+
+static unsigned next_half(dt_group *g) { return (unsigned)(g->direct_chunk++ & 1); }
+
+/* Slice i of c elements, cut in whole cache lines so no two ranks write the
+ * same line. */
+static void slice(size_t c, size_t es, int n, int i, size_t *off, size_t *len) {
+    size_t unit = 64 / es, units = (c + unit - 1) / unit;
+    size_t per = units / (size_t)n, extra = units % (size_t)n;
+    size_t u0 = (size_t)i * per + ((size_t)i < extra ? (size_t)i : extra);
+    size_t u1 = u0 + per + ((size_t)i < extra);
+    *off = u0 * unit < c ? u0 * unit : c;
+    size_t end = u1 * unit < c ? u1 * unit : c;
+    *len = end - *off;
+}
+
+dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
+                               size_t count) {
+    dctx d;
+    DT_CHECK(ctx_init(&d, op, t));
+    dt_group *g = op->g;
+    size_t es = dt_dtype_size(op->dtype), cap = d.pi[t->me].window_size / es;
+    int n = t->n, me = t->me;
+    for (size_t base = 0; base < count; base += cap) {
+        size_t c = count - base < cap ? count - base : cap;
+        unsigned h = next_half(g);
+        memcpy(win(&d, me, h), (const char *)send + base * es, c * es);
+        DT_CHECK(barrier(&d));
+        size_t so, sl;
+        slice(c, es, n, me, &so, &sl);
+        char *dst = (char *)recv + (base + so) * es;
+        if (sl) {
+            dt_reduce(dst, win(&d, 0, h) + so * es, win(&d, 1, h) + so * es, sl, op->dtype,
+                      op->redop);
+            for (int i = 2; i < n; i++)
+                dt_reduce(dst, dst, win(&d, i, h) + so * es, sl, op->dtype, op->redop);
+            memcpy(win(&d, me, h) + so * es, dst, sl * es);
+        }
+        DT_CHECK(barrier(&d));
+        for (int i = 0; i < n; i++) {
+            if (i == me)
+                continue;
+            slice(c, es, n, i, &so, &sl);
+            memcpy((char *)recv + (base + so) * es, win(&d, i, h) + so * es, sl * es);
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt__direct_reduce_scatter(dt__op *op, const dt__team *t, const void *send, void *recv,
+                                    size_t count) {
+    dctx d;
+    DT_CHECK(ctx_init(&d, op, t));
+    dt_group *g = op->g;
+    int n = t->n, me = t->me;
+    size_t es = dt_dtype_size(op->dtype), cap = d.pi[me].window_size / es / (size_t)n;
+    if (cap == 0)
+        return dt_error_set(DT_ERR_INVALID, "DT_SHM_WINDOW too small for %d ranks", n);
+    char *out = (char *)recv + (send == recv ? (size_t)me * count * es : 0);
+    for (size_t base = 0; base < count; base += cap) {
+        size_t c = count - base < cap ? count - base : cap;
+        unsigned h = next_half(g);
+        for (int b = 0; b < n; b++)
+            memcpy(win(&d, me, h) + (size_t)b * c * es,
+                   (const char *)send + ((size_t)b * count + base) * es, c * es);
+        DT_CHECK(barrier(&d));
+        size_t mo = (size_t)me * c * es;
+        char *dst = out + base * es;
+        dt_reduce(dst, win(&d, 0, h) + mo, win(&d, 1, h) + mo, c, op->dtype, op->redop);
+        for (int i = 2; i < n; i++)
+            dt_reduce(dst, dst, win(&d, i, h) + mo, c, op->dtype, op->redop);
+    }
+    return DT_OK;
+}
+
+dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, void *recv,
+                               size_t count) {
+    dctx d;
+    DT_CHECK(ctx_init(&d, op, t));
+    dt_group *g = op->g;
+    int n = t->n, me = t->me;
+    size_t es = dt_dtype_size(op->dtype), cap = d.pi[me].window_size / es;
+    const char *mine = send == recv ? (const char *)recv + (size_t)me * count * es : send;
+    for (size_t base = 0; base < count; base += cap) {
+        size_t c = count - base < cap ? count - base : cap;
+        unsigned h = next_half(g);
+        memcpy(win(&d, me, h), mine + base * es, c * es);
+        DT_CHECK(barrier(&d));
+        for (int i = 0; i < n; i++) {
+            char *dst = (char *)recv + ((size_t)i * count + base) * es;
+            if (i == me) {
+                if (send != recv)
+                    memcpy(dst, mine + base * es, c * es);
+            } else {
+                memcpy(dst, win(&d, i, h), c * es);
+            }
+        }
+    }
+    return DT_OK;
+}
+
+dt_status dt__direct_broadcast(dt__op *op, const dt__team *t, void *buf, size_t bytes, int root) {
+    dctx d;
+    DT_CHECK(ctx_init(&d, op, t));
+    dt_group *g = op->g;
+    size_t cap = d.pi[t->me].window_size;
+    for (size_t base = 0; base < bytes; base += cap) {
+        size_t c = bytes - base < cap ? bytes - base : cap;
+        unsigned h = next_half(g);
+        if (t->me == root)
+            memcpy(win(&d, root, h), (char *)buf + base, c);
+        DT_CHECK(barrier(&d));
+        if (t->me != root)
+            memcpy((char *)buf + base, win(&d, root, h), c);
+    }
+    return DT_OK;
+}
+
+/* A barrier with no data (used for dt_group_barrier on one host). */
+dt_status dt__direct_barrier(dt__op *op, const dt__team *t) {
+    dctx d;
+    DT_CHECK(ctx_init(&d, op, t));
+    return barrier(&d);
+}

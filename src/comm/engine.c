@@ -1,0 +1,208 @@
+/*
+ * engine.c — the primitives algorithms are written in: post a send, post a
+ * receive (optionally reducing as it lands), wait. It drives every
+ * transport of the group from the calling thread and is where waiting
+ * policy lives: spin a little (cheap when cores are free), then sleep in the
+ * transport (futex for shm, poll for tcp) so an idle rank burns no core.
+ *
+ * Invariants: every wait is bounded by DT_TIMEOUT seconds without progress;
+ * peer liveness is checked every 50 ms while waiting; dt_group_abort() is
+ * noticed within one sleep (<= 20 ms). Algorithms never see a transport.
+ */
+#include "comm_internal.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define cpu_relax() _mm_pause()
+#else
+#define cpu_relax() ((void)0)
+#endif
+
+void dt__team_all(dt_group *g, dt__team *t, int *unused) {
+    (void)unused;
+    t->n = g->size;
+    t->me = g->rank;
+    t->ranks = g->ident;
+}
+
+static dt__transport *tp_of(dt__op *op, int peer) {
+    DT_ASSERT(peer >= 0 && peer < op->g->size && peer != op->g->rank);
+    dt__transport *t = op->g->tp[peer];
+    DT_ASSERT(t);
+    return t;
+}
+
+static void xfer_init(dt__op *op, dt__xfer *x, int peer, bool is_send, const void *buf,
+                      size_t len) {
+    memset(x, 0, offsetof(dt__xfer, parts));
+    x->nparts = 0;
+    x->reduce = false;
+    x->reduced = false;
+    x->peer = peer;
+    x->is_send = is_send;
+    x->buf = (char *)buf;
+    x->len = len;
+    x->hdr = op->desc;
+    x->hdr.src = op->g->rank;
+    x->hdr.offset = 0;
+    x->hdr.len = len;
+}
+
+dt_status dt__post_send(dt__op *op, dt__xfer *x, int peer, const void *buf, size_t len) {
+    xfer_init(op, x, peer, true, buf, len);
+    dt__transport *t = tp_of(op, peer);
+    return t->ops->post_send(t, x);
+}
+
+dt_status dt__post_recv(dt__op *op, dt__xfer *x, int peer, void *buf, size_t len) {
+    xfer_init(op, x, peer, false, buf, len);
+    dt__transport *t = tp_of(op, peer);
+    return t->ops->post_recv(t, x);
+}
+
+dt_status dt__post_recv_reduce(dt__op *op, dt__xfer *x, int peer, void *tmp, size_t len, void *out,
+                               const void *in) {
+    xfer_init(op, x, peer, false, tmp, len);
+    x->reduce = true;
+    x->red_out = out;
+    x->red_in = in;
+    x->dtype = op->dtype;
+    x->redop = op->redop;
+    dt__transport *t = tp_of(op, peer);
+    return t->ops->post_recv(t, x);
+}
+
+static dt_status progress_all(dt_group *g, bool *progressed) {
+    if (g->shm)
+        DT_CHECK(g->shm->ops->progress(g->shm, progressed));
+    if (g->tcp)
+        DT_CHECK(g->tcp->ops->progress(g->tcp, progressed));
+    return DT_OK;
+}
+
+static dt_status check_all(dt__op *op) {
+    dt_group *g = op->g;
+    char d[160];
+    dt__desc_format(&op->desc, d, sizeof d);
+    if (g->shm)
+        DT_CHECK(g->shm->ops->check(g->shm, d));
+    if (g->tcp)
+        DT_CHECK(g->tcp->ops->check(g->tcp, d));
+    return DT_OK;
+}
+
+dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
+    dt_group *g = op->g;
+    double deadline = dt_now() + g->cfg.timeout;
+    double next_check = 0;
+    int spins = 0;
+    for (;;) {
+        uint64_t tok = g->shm ? g->shm->ops->arm(g->shm) : 0;
+        bool progressed = false;
+        dt_status st = progress_all(g, &progressed);
+        if (st != DT_OK)
+            return st;
+        if (pred(arg))
+            return DT_OK;
+        if (atomic_load_explicit(&g->aborted, memory_order_relaxed)) {
+            char d[160];
+            dt__desc_format(&op->desc, d, sizeof d);
+            return dt_error_set(DT_ERR_ABORTED, "%s on rank %d: the group was aborted", d, g->rank);
+        }
+        if (progressed) {
+            spins = 0;
+            deadline = dt_now() + g->cfg.timeout;
+            continue;
+        }
+        if (spins++ < g->cfg.spin) {
+            cpu_relax();
+            continue;
+        }
+        double now = dt_now();
+        if (now >= next_check) {
+            DT_CHECK(check_all(op));
+            next_check = now + 0.05;
+        }
+        if (now > deadline) {
+            char d[160];
+            dt__desc_format(&op->desc, d, sizeof d);
+            return dt_error_set(DT_ERR_TIMEOUT,
+                                "%s on rank %d: no progress for DT_TIMEOUT=%.0f s (a peer is "
+                                "stuck or never called it)",
+                                d, g->rank, g->cfg.timeout);
+        }
+        if (g->shm && g->tcp) {
+            g->tcp->ops->block(g->tcp, 0, 0);
+            g->shm->ops->block(g->shm, tok, 1);
+        } else if (g->shm) {
+            g->shm->ops->block(g->shm, tok, 20);
+        } else if (g->tcp) {
+            g->tcp->ops->block(g->tcp, 0, 20);
+        }
+        spins = g->cfg.spin / 2; /* a short spin after each wake-up */
+    }
+}
+
+static void finish_reduce(dt__xfer *x) {
+    if (x->reduce && !x->reduced && x->done) {
+        size_t es = dt_dtype_size(x->dtype);
+        dt_reduce(x->red_out, x->red_in, x->buf, x->len / es, x->dtype, x->redop);
+        x->reduced = true;
+    }
+}
+
+static bool one_done(void *arg) { return ((dt__xfer *)arg)->done; }
+
+dt_status dt__wait(dt__op *op, dt__xfer *x) {
+    DT_CHECK(dt__wait_pred(op, one_done, x));
+    finish_reduce(x);
+    return DT_OK;
+}
+
+typedef struct many {
+    dt__xfer *xs;
+    int n;
+    int first; /* all before first are known done */
+} many;
+
+static bool all_done(void *arg) {
+    many *m = arg;
+    while (m->first < m->n && m->xs[m->first].done)
+        m->first++;
+    return m->first == m->n;
+}
+
+dt_status dt__waitall(dt__op *op, dt__xfer *xs, int n) {
+    many m = {xs, n, 0};
+    DT_CHECK(dt__wait_pred(op, all_done, &m));
+    for (int i = 0; i < n; i++)
+        finish_reduce(&xs[i]);
+    return DT_OK;
+}
+
+dt_status dt__sendrecv(dt__op *op, int to, const void *sbuf, size_t slen, int from, void *rbuf,
+                       size_t rlen) {
+    dt__xfer x[2];
+    int n = 0;
+    if (from >= 0)
+        DT_CHECK(dt__post_recv(op, &x[n++], from, rbuf, rlen));
+    if (to >= 0)
+        DT_CHECK(dt__post_send(op, &x[n++], to, sbuf, slen));
+    return dt__waitall(op, x, n);
+}
+
+dt_status dt__scratch(dt_group *g, size_t bytes, void **out) {
+    if (bytes > g->scratch_size) {
+        void *p = dt_alloc(bytes);
+        if (!p)
+            return dt_error_set(DT_ERR_NOMEM, "comm: cannot allocate %zu bytes of scratch", bytes);
+        dt_free(g->scratch);
+        g->scratch = p;
+        g->scratch_size = bytes;
+    }
+    *out = g->scratch;
+    return DT_OK;
+}

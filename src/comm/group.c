@@ -1,0 +1,829 @@
+/*
+ * group.c — groups: bootstrap from the environment, topology, split, the
+ * per-group work queue and progress thread, failure bookkeeping, and the
+ * public collective entry points.
+ *
+ * Invariants:
+ *   1. Operations on a group execute one at a time, in issue order; each gets
+ *      the next sequence number at issue time (that number travels in every
+ *      frame, so ranks that disagree on the order are caught).
+ *   2. An operation executes either on the progress thread or, when the
+ *      group is idle and the call is blocking, inline on the caller (saves
+ *      two thread hand-offs for small messages). `busy` guards both.
+ *   3. The first failure is sticky: the group tells its peers, drops every
+ *      queued transfer (they point into user buffers) and fails every later
+ *      operation with the same status.
+ *   4. Arguments are validated before anything is queued or sent.
+ */
+#include "backend.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const dt__backend *const backends[] = {
+    &dt__backend_native,
+};
+#define NBACKENDS (sizeof backends / sizeof backends[0])
+
+/* ------------------------------------------------------------------------ */
+/* Job: what the world group and its sub-groups share                       */
+/* ------------------------------------------------------------------------ */
+
+static void job_release(dt__job *job, bool clean) {
+    if (!job || atomic_fetch_sub(&job->refs, 1) != 1)
+        return;
+    if (job->store) {
+        /* Rank 0 serves the store: it waits (briefly after a failure) until
+         * every rank has said it is done with it, so that a slow rank still
+         * finishing its bootstrap is not cut off. */
+        int64_t n = 0;
+        if (dt__store_add(job->store, "exit", 1, &n) == DT_OK && job->server) {
+            double dl = dt_now() + (clean ? job->timeout : 2.0);
+            while (n < job->world_size && dt_now() < dl) {
+                dt_sleep_ms(2);
+                if (dt__store_add(job->store, "exit", 0, &n) != DT_OK)
+                    break;
+            }
+        }
+        dt_error_clear();
+        dt__store_close(job->store);
+    }
+    dt__store_server_stop(job->server);
+    if (job->host_keys)
+        for (int i = 0; i < job->world_size; i++)
+            free(job->host_keys[i]);
+    free(job->host_keys);
+    free(job->pids);
+    pthread_mutex_destroy(&job->store_mu);
+    free(job);
+}
+
+/* First found of several variables (DT_* first, then launcher ones). */
+static const char *env_first(const char *const *names, const char **which) {
+    for (int i = 0; names[i]; i++) {
+        const char *v = getenv(names[i]);
+        if (v && *v) {
+            *which = names[i];
+            return v;
+        }
+    }
+    *which = names[0];
+    return NULL;
+}
+
+static dt_status env_rank_size(int *rank, int *size) {
+    static const char *const rank_vars[] = {"DT_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
+                                            "SLURM_PROCID", NULL};
+    static const char *const size_vars[] = {"DT_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
+                                            "SLURM_NTASKS", NULL};
+    const char *rv, *sv, *rn, *sn;
+    int64_t r = 0, s = 1;
+    rv = env_first(rank_vars, &rn);
+    sv = env_first(size_vars, &sn);
+    if (!rv && !sv) { /* a plain process: a world of one */
+        *rank = 0;
+        *size = 1;
+        return DT_OK;
+    }
+    if (!rv || !sv)
+        return dt_error_set(DT_ERR_INVALID, "%s is set but %s is not", rv ? rn : sn, rv ? sn : rn);
+    DT_CHECK(dt_config_parse_int(sn, sv, 1, 1 << 20, &s));
+    DT_CHECK(dt_config_parse_int(rn, rv, 0, s - 1, &r));
+    *rank = (int)r;
+    *size = (int)s;
+    return DT_OK;
+}
+
+static void host_key(char *out, size_t n) {
+    char host[256] = "localhost", boot[64] = "";
+    gethostname(host, sizeof host - 1);
+    FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
+    if (f) {
+        if (!fgets(boot, sizeof boot, f))
+            boot[0] = 0;
+        fclose(f);
+        boot[strcspn(boot, "\n")] = 0;
+    }
+    /* DT_NODE_RANK lets `dtrain launch` (and the tests) say which ranks are
+     * one node even when they happen to share a kernel. */
+    const char *node = getenv("DT_NODE_RANK");
+    snprintf(out, n, "%s|%s|%s", host, boot, node && *node ? node : "-");
+}
+
+static dt_status job_create(int rank, int size, dt__job **out) {
+    dt__job *job = calloc(1, sizeof *job);
+    if (!job)
+        return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+    dt_status st = DT_OK;
+    pthread_mutex_init(&job->store_mu, NULL);
+    atomic_store(&job->refs, 1);
+    job->world_rank = rank;
+    job->world_size = size;
+    DT_CHECK_GOTO(dt_config_env_double("DT_TIMEOUT", 300, 0.1, 1e7, &job->timeout), st, fail);
+    const char *tok = getenv("DT_JOB_TOKEN");
+    if (tok && *tok) {
+        bool ok = strlen(tok) == DT__TOKEN_LEN;
+        for (int i = 0; ok && i < DT__TOKEN_LEN; i++)
+            ok = isxdigit((unsigned char)tok[i]);
+        if (!ok) {
+            st = dt_error_set(DT_ERR_INVALID, "DT_JOB_TOKEN must be %d hex digits, got \"%.40s\"",
+                              DT__TOKEN_LEN, tok);
+            goto fail;
+        }
+        memcpy(job->token, tok, DT__TOKEN_LEN);
+    } else if (size > 1) {
+        st = dt_error_set(DT_ERR_INVALID,
+                          "DT_JOB_TOKEN is not set (every rank of a job needs "
+                          "the same %d-hex-digit secret; `dtrain launch` sets it)",
+                          DT__TOKEN_LEN);
+        goto fail;
+    } else {
+        memset(job->token, '0', DT__TOKEN_LEN);
+    }
+    const char *jid = getenv("DT_JOB_ID");
+    snprintf(job->job_id, sizeof job->job_id, "%s", jid && *jid ? jid : "dtrain");
+    const char *ma = getenv("DT_MASTER_ADDR");
+    snprintf(job->master, sizeof job->master, "%s", ma && *ma ? ma : "127.0.0.1");
+    int64_t port;
+    DT_CHECK_GOTO(dt_config_env_int("DT_MASTER_PORT", 29500, 1, 65535, &port), st, fail);
+    job->master_port = (int)port;
+    host_key(job->host, sizeof job->host);
+    dt__net_local_addr(job->master, job->addr, sizeof job->addr);
+    job->host_keys = calloc((size_t)size, sizeof *job->host_keys);
+    job->pids = calloc((size_t)size, sizeof *job->pids);
+    if (!job->host_keys || !job->pids) {
+        st = dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+        goto fail;
+    }
+    if (size == 1) {
+        job->host_keys[0] = strdup(job->host);
+        job->pids[0] = getpid();
+        *out = job;
+        return DT_OK;
+    }
+    if (rank == 0) {
+        int bound;
+        DT_CHECK_GOTO(
+            dt__store_server_start(NULL, job->master_port, job->token, &job->server, &bound), st,
+            fail);
+    }
+    DT_CHECK_GOTO(
+        dt__store_connect(job->master, job->master_port, job->token, job->timeout, &job->store), st,
+        fail);
+    char key[64], val[512];
+    snprintf(key, sizeof key, "w/info/%d", rank);
+    snprintf(val, sizeof val, "%d %s %s", (int)getpid(), job->addr, job->host);
+    DT_CHECK_GOTO(dt__store_set(job->store, key, val, strlen(val) + 1), st, fail);
+    for (int r = 0; r < size; r++) {
+        void *v = NULL;
+        size_t len;
+        snprintf(key, sizeof key, "w/info/%d", r);
+        DT_CHECK_GOTO(dt__store_wait(job->store, key, &v, &len), st, fail);
+        int pid = 0, consumed = 0;
+        char addr[64];
+        if (sscanf(v, "%d %63s %n", &pid, addr, &consumed) < 2 || consumed <= 0 || pid <= 0) {
+            dt_free(v);
+            st = dt_error_set(DT_ERR_PROTOCOL, "bad rank info for rank %d in the store", r);
+            goto fail;
+        }
+        job->pids[r] = pid;
+        job->host_keys[r] = strdup((char *)v + consumed);
+        dt_free(v);
+        if (!job->host_keys[r]) {
+            st = dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+            goto fail;
+        }
+    }
+    *out = job;
+    return DT_OK;
+fail:
+    job_release(job, false);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Group creation and destruction                                           */
+/* ------------------------------------------------------------------------ */
+
+static void *progress_main(void *arg);
+
+static void group_free(dt_group *g, bool clean) {
+    if (!g)
+        return;
+    if (g->thread) {
+        pthread_mutex_lock(&g->mu);
+        g->stop = true;
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        dt_thread_join(g->thread);
+    }
+    if (g->backend && g->backend->fini)
+        g->backend->fini(g, clean);
+    if (g->shm)
+        g->shm->ops->destroy(g->shm, clean);
+    if (g->tcp)
+        g->tcp->ops->destroy(g->tcp, clean);
+    if (g->host_ranks)
+        for (int h = 0; h < g->nhosts; h++)
+            free(g->host_ranks[h]);
+    free(g->host_ranks);
+    free(g->host_size);
+    free(g->world);
+    free(g->host);
+    free(g->leaders);
+    free(g->ident);
+    free(g->tp);
+    dt_free(g->scratch);
+    pthread_mutex_destroy(&g->mu);
+    pthread_cond_destroy(&g->cv);
+    job_release(g->job, clean);
+    free(g);
+}
+
+static dt_status group_create(dt__job *job, const char *id, int rank, int size, const int *world,
+                              dt_group **out) {
+    dt_status st = DT_OK;
+    dt_group *g = calloc(1, sizeof *g);
+    if (!g)
+        return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+    atomic_fetch_add(&job->refs, 1);
+    g->job = job;
+    pthread_mutex_init(&g->mu, NULL);
+    pthread_cond_init(&g->cv, NULL);
+    atomic_store(&g->lost, -1);
+    snprintf(g->id, sizeof g->id, "%s", id);
+    g->rank = rank;
+    g->size = size;
+    DT_CHECK_GOTO(dt__config_read(&g->cfg), st, fail);
+    g->world = malloc((size_t)size * sizeof *g->world);
+    g->host = malloc((size_t)size * sizeof *g->host);
+    g->ident = malloc((size_t)size * sizeof *g->ident);
+    g->tp = calloc((size_t)size, sizeof *g->tp);
+    g->host_size = calloc((size_t)size, sizeof *g->host_size);
+    g->host_ranks = calloc((size_t)size, sizeof *g->host_ranks);
+    g->leaders = malloc((size_t)size * sizeof *g->leaders);
+    if (!g->world || !g->host || !g->ident || !g->tp || !g->host_size || !g->host_ranks ||
+        !g->leaders) {
+        st = dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+        goto fail;
+    }
+    /* Topology: host indices in order of first appearance. */
+    for (int r = 0; r < size; r++) {
+        g->world[r] = world[r];
+        g->ident[r] = r;
+        const char *key = job->host_keys[world[r]];
+        int h = 0;
+        while (h < g->nhosts && strcmp(job->host_keys[world[g->leaders[h]]], key) != 0)
+            h++;
+        if (h == g->nhosts) {
+            g->leaders[h] = r;
+            g->host_ranks[h] = malloc((size_t)size * sizeof(int));
+            if (!g->host_ranks[h]) {
+                st = dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+                goto fail;
+            }
+            g->nhosts++;
+        }
+        g->host[r] = h;
+        g->host_ranks[h][g->host_size[h]++] = r;
+    }
+    int myh = g->host[rank];
+    g->local = g->host_ranks[myh];
+    g->local_size = g->host_size[myh];
+    for (int i = 0; i < g->local_size; i++)
+        if (g->local[i] == rank)
+            g->local_rank = i;
+    if (g->cfg.spin < 0) /* auto: spin only when every local rank has a core */
+        g->cfg.spin = g->local_size <= dt_cpu_count() ? 4000 : 0;
+
+    /* Transports: shared memory inside a host, TCP between hosts. */
+    int *shm_peers = malloc((size_t)size * sizeof(int)), nshm = 0;
+    int *tcp_peers = malloc((size_t)size * sizeof(int)), ntcp = 0;
+    if (!shm_peers || !tcp_peers) {
+        free(shm_peers);
+        free(tcp_peers);
+        st = dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+        goto fail;
+    }
+    for (int r = 0; r < size; r++) {
+        if (r == rank)
+            continue;
+        if (g->host[r] == myh && g->cfg.transport != 2)
+            shm_peers[nshm++] = r;
+        else
+            tcp_peers[ntcp++] = r;
+    }
+    if (nshm > 0)
+        st = dt__shm_create(g, shm_peers, nshm, &g->shm);
+    if (st == DT_OK && ntcp > 0)
+        st = dt__tcp_create(g, tcp_peers, ntcp, &g->tcp);
+    if (st == DT_OK) {
+        for (int i = 0; i < nshm; i++)
+            g->tp[shm_peers[i]] = g->shm;
+        for (int i = 0; i < ntcp; i++)
+            g->tp[tcp_peers[i]] = g->tcp;
+    }
+    free(shm_peers);
+    free(tcp_peers);
+    if (st != DT_OK)
+        goto fail;
+    snprintf(g->tpname, sizeof g->tpname, "%s",
+             g->shm && g->tcp ? "shm+tcp"
+             : g->shm         ? "shm"
+             : g->tcp         ? "tcp"
+                              : "self");
+
+    const char *bname = getenv("DT_BACKEND");
+    if (!bname || !*bname)
+        bname = "native";
+    for (size_t i = 0; i < NBACKENDS; i++)
+        if (strcmp(backends[i]->name, bname) == 0)
+            g->backend = backends[i];
+    if (!g->backend) {
+        st = dt_error_set(DT_ERR_UNSUPPORTED,
+                          "DT_BACKEND=%s: this build has only the native "
+                          "backend (see src/comm/backend.h)",
+                          bname);
+        goto fail;
+    }
+    DT_ASSERT(g->backend->api_version == DT__BACKEND_API);
+    if (g->backend->init)
+        DT_CHECK_GOTO(g->backend->init(g), st, fail);
+    g->last_progress = dt_now();
+    DT_CHECK_GOTO(dt_thread_create(&g->thread, "dt-comm", progress_main, g), st, fail);
+    DT_DEBUG("comm", "group %s: rank %d of %d, %d host(s), %d local, transport %s", g->id, rank,
+             size, g->nhosts, g->local_size, g->tpname);
+    *out = g;
+    return DT_OK;
+fail:
+    group_free(g, false);
+    return st;
+}
+
+dt_status dt_group_init_from_env(dt_group **out) {
+    if (!out)
+        return dt_error_set(DT_ERR_INVALID, "dt_group_init_from_env: out is NULL");
+    *out = NULL;
+    int rank = 0, size = 1;
+    DT_CHECK(env_rank_size(&rank, &size));
+    dt_log_set_rank(rank);
+    dt__job *job = NULL;
+    DT_CHECK(job_create(rank, size, &job));
+    int *world = malloc((size_t)size * sizeof *world);
+    if (!world) {
+        job_release(job, false);
+        return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+    }
+    for (int r = 0; r < size; r++)
+        world[r] = r;
+    dt_status st = group_create(job, "w", rank, size, world, out);
+    free(world);
+    job_release(job, st == DT_OK); /* the group holds its own reference */
+    if (st != DT_OK)
+        dt_error_prefix("rank %d: creating the world group: ", rank);
+    return st;
+}
+
+void dt_group_destroy(dt_group *g) {
+    if (!g)
+        return;
+    group_free(g, atomic_load(&g->failed) == 0);
+}
+
+void dt_group_abort(dt_group *g) {
+    if (!g)
+        return;
+    atomic_store(&g->aborted, 1);
+    /* Thread-safe parts only: the owner thread notices `aborted` within one
+     * sleep and fails its operation; peers learn it from our transports. */
+    if (g->shm)
+        g->shm->ops->abort(g->shm, DT_ERR_ABORTED, -1, false);
+    if (g->tcp)
+        g->tcp->ops->abort(g->tcp, DT_ERR_ABORTED, -1, false);
+    pthread_mutex_lock(&g->mu);
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+int dt_group_rank(const dt_group *g) { return g ? g->rank : -1; }
+int dt_group_size(const dt_group *g) { return g ? g->size : 0; }
+int dt_group_world_rank(const dt_group *g, int r) {
+    return g && r >= 0 && r < g->size ? g->world[r] : -1;
+}
+int dt_group_local_size(const dt_group *g) { return g ? g->local_size : 0; }
+int dt_group_local_rank(const dt_group *g) { return g ? g->local_rank : -1; }
+const char *dt_group_transport(const dt_group *g) { return g ? g->tpname : "none"; }
+dt_algo dt_group_last_algo(const dt_group *g) {
+    return g ? (dt_algo)atomic_load(&((dt_group *)g)->last_algo) : DT_ALGO_AUTO;
+}
+dt_algo dt_group_algo_for(const dt_group *g, dt_coll coll, size_t bytes) {
+    return g ? dt__tune_choose(g, coll, bytes) : DT_ALGO_AUTO;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Execution                                                                */
+/* ------------------------------------------------------------------------ */
+
+static void fail_group(dt_group *g, dt_status st) {
+    int expected = 0;
+    if (atomic_compare_exchange_strong(&g->failed, &expected, (int)st)) {
+        snprintf(g->failmsg, sizeof g->failmsg, "%s", dt_last_error());
+        int lost = atomic_load(&g->lost);
+        dt_status tell = st == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER;
+        if (g->shm)
+            g->shm->ops->abort(g->shm, tell, lost, true);
+        if (g->tcp)
+            g->tcp->ops->abort(g->tcp, tell, lost, true);
+    }
+    if (g->shm)
+        g->shm->ops->reset(g->shm);
+    if (g->tcp)
+        g->tcp->ops->reset(g->tcp);
+}
+
+static void execute(dt_group *g, dt_work *w) {
+    dt__op *op = &w->op;
+    dt_status st;
+    int failed = atomic_load(&g->failed);
+    if (failed) {
+        char d[160];
+        dt__desc_format(&op->desc, d, sizeof d);
+        st = dt_error_set((dt_status)failed, "%s: group %s failed earlier: %s", d, g->id,
+                          g->failmsg);
+    } else if (atomic_load(&g->aborted)) {
+        st = dt_error_set(DT_ERR_ABORTED, "group %s was aborted", g->id);
+        fail_group(g, st);
+    } else {
+        dt_error_clear();
+        dt_status (*run)(dt__op *) = g->backend->run[op->coll];
+        if (!run) {
+            st = dt_error_set(DT_ERR_UNSUPPORTED, "backend %s has no %s", g->backend->name,
+                              dt_coll_name(op->coll));
+        } else {
+            st = run(op);
+            if (st == DT_OK && op->redop == DT_AVG && !g->backend->avg_native && g->size > 1) {
+                if (op->coll == DT_COLL_ALLREDUCE)
+                    dt__scale_avg(op->recv, op->count, op->dtype, g->size);
+                else if (op->coll == DT_COLL_REDUCE_SCATTER)
+                    dt__scale_avg((char *)op->recv +
+                                      (op->send == op->recv
+                                           ? (size_t)g->rank * op->count * dt_dtype_size(op->dtype)
+                                           : 0),
+                                  op->count, op->dtype, g->size);
+                else if (op->coll == DT_COLL_REDUCE && op->root == g->rank)
+                    dt__scale_avg(op->recv, op->count, op->dtype, g->size);
+            }
+        }
+        if (st != DT_OK) {
+            if (atomic_load(&g->aborted) && st != DT_ERR_ABORTED)
+                st = dt_error_set(DT_ERR_ABORTED, "group %s was aborted (%s)", g->id,
+                                  dt_last_error());
+            fail_group(g, st);
+        }
+    }
+    w->status = st;
+    if (st != DT_OK)
+        snprintf(w->err, sizeof w->err, "%s", dt_last_error());
+    atomic_store(&g->last_algo, (int)op->algo);
+}
+
+static void *progress_main(void *arg) {
+    dt_group *g = arg;
+    dt_log_set_rank(g->job->world_rank);
+    pthread_mutex_lock(&g->mu);
+    for (;;) {
+        while (!g->stop && (!g->head || g->busy))
+            pthread_cond_wait(&g->cv, &g->mu);
+        if (g->stop && !g->head)
+            break;
+        if (g->busy || !g->head)
+            continue;
+        dt_work *w = g->head;
+        g->head = w->next;
+        if (!g->head)
+            g->tail = NULL;
+        g->busy = true;
+        g->last_progress = dt_now();
+        pthread_mutex_unlock(&g->mu);
+        execute(g, w);
+        pthread_mutex_lock(&g->mu);
+        g->busy = false;
+        w->done = true;
+        g->last_progress = dt_now();
+        pthread_cond_broadcast(&g->cv);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return NULL;
+}
+
+dt_status dt_work_test(dt_work *w, bool *done) {
+    if (!w || !done)
+        return dt_error_set(DT_ERR_INVALID, "dt_work_test: NULL argument");
+    dt_group *g = w->op.g;
+    pthread_mutex_lock(&g->mu);
+    *done = w->done;
+    pthread_mutex_unlock(&g->mu);
+    return DT_OK;
+}
+
+dt_status dt_work_wait(dt_work *w) {
+    if (!w)
+        return dt_error_set(DT_ERR_INVALID, "dt_work_wait: NULL handle");
+    dt_group *g = w->op.g;
+    dt_status st;
+    pthread_mutex_lock(&g->mu);
+    while (!w->done) {
+        /* Each operation bounds its own waits by DT_TIMEOUT; this only
+         * guards against a progress thread that stopped making any. */
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_sec += 1;
+        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        if (!w->done && dt_now() - g->last_progress > g->cfg.timeout + 30) {
+            pthread_mutex_unlock(&g->mu);
+            char d[160];
+            dt__desc_format(&w->op.desc, d, sizeof d);
+            /* the handle stays queued: it is leaked rather than freed under
+             * the progress thread */
+            return dt_error_set(DT_ERR_TIMEOUT, "%s: the progress thread of group %s is stuck", d,
+                                g->id);
+        }
+    }
+    pthread_mutex_unlock(&g->mu);
+    st = w->status;
+    if (st != DT_OK)
+        dt_error_set(st, "%s", w->err);
+    free(w);
+    return st;
+}
+
+/* Validate, stamp the descriptor and sequence number, then run inline (if
+ * blocking and idle) or queue. */
+static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv, size_t count,
+                        dt_dtype dtype, dt_redop redop, int root, int tag, dt_work **work) {
+    if (!g)
+        return dt_error_set(DT_ERR_INVALID, "%s: group is NULL", dt_coll_name(coll));
+    if (work)
+        *work = NULL;
+    if ((unsigned)dtype >= DT_DTYPE_COUNT)
+        return dt_error_set(DT_ERR_INVALID, "%s: bad dtype %d", dt_coll_name(coll), (int)dtype);
+    if ((unsigned)redop >= DT_REDOP_COUNT)
+        return dt_error_set(DT_ERR_INVALID, "%s: bad reduction op %d", dt_coll_name(coll),
+                            (int)redop);
+    bool rooted = coll == DT_COLL_BROADCAST || coll == DT_COLL_REDUCE || coll == DT_COLL_GATHER ||
+                  coll == DT_COLL_SCATTER;
+    bool p2p = coll == DT_COLL_SEND || coll == DT_COLL_RECV;
+    if (rooted && (root < 0 || root >= g->size))
+        return dt_error_set(DT_ERR_INVALID, "%s: root %d is not a rank of a group of %d",
+                            dt_coll_name(coll), root, g->size);
+    if (p2p && (root < 0 || root >= g->size || root == g->rank))
+        return dt_error_set(DT_ERR_INVALID, "%s: peer %d is not another rank of a group of %d",
+                            dt_coll_name(coll), root, g->size);
+    size_t total;
+    if (!dt_mul_size(count, dt_dtype_size(dtype), &total) ||
+        !dt_mul_size(total, (size_t)g->size, &total) || total > DT__WIRE_MAX_LEN)
+        return dt_error_set(DT_ERR_INVALID, "%s: count %zu of %s is too large", dt_coll_name(coll),
+                            count, dt_dtype_name(dtype));
+    if (count > 0 && coll != DT_COLL_BARRIER) {
+        bool need_send = coll != DT_COLL_RECV && coll != DT_COLL_BROADCAST;
+        bool need_recv = coll != DT_COLL_SEND && !(coll == DT_COLL_REDUCE && root != g->rank) &&
+                         !(coll == DT_COLL_GATHER && root != g->rank);
+        if (coll == DT_COLL_BROADCAST || coll == DT_COLL_SEND)
+            need_recv = false;
+        if (coll == DT_COLL_SCATTER && root != g->rank)
+            need_send = false;
+        if ((need_send && !send) || (need_recv && !recv) || (coll == DT_COLL_BROADCAST && !recv))
+            return dt_error_set(DT_ERR_INVALID, "%s: NULL buffer for %zu elements",
+                                dt_coll_name(coll), count);
+    }
+    dt_work *w = calloc(1, sizeof *w);
+    if (!w)
+        return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+    dt__op *op = &w->op;
+    op->g = g;
+    op->coll = coll;
+    op->send = send;
+    op->recv = recv;
+    op->count = count;
+    op->dtype = dtype;
+    op->redop = redop;
+    op->root = root;
+    op->tag = tag;
+    op->algo = DT_ALGO_AUTO;
+    op->desc = (dt__wire_hdr){.magic = DT__WIRE_MAGIC,
+                              .version = DT__WIRE_VERSION,
+                              .kind = DT__MSG_DATA,
+                              .coll = (uint8_t)coll,
+                              .dtype = (uint8_t)dtype,
+                              .redop = (uint8_t)redop,
+                              .root = rooted || p2p ? root : -1,
+                              .tag = tag,
+                              .src = g->rank,
+                              .count = count};
+    pthread_mutex_lock(&g->mu);
+    op->desc.seq = ++g->issued;
+    if (!work && !g->busy && !g->head) {
+        g->busy = true;
+        pthread_mutex_unlock(&g->mu);
+        execute(g, w);
+        pthread_mutex_lock(&g->mu);
+        g->busy = false;
+        g->last_progress = dt_now();
+        pthread_cond_broadcast(&g->cv);
+        pthread_mutex_unlock(&g->mu);
+        w->done = true;
+        return dt_work_wait(w);
+    }
+    if (g->tail)
+        g->tail->next = w;
+    else
+        g->head = w;
+    g->tail = w;
+    pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+    if (work) {
+        *work = w;
+        return DT_OK;
+    }
+    return dt_work_wait(w);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Split                                                                    */
+/* ------------------------------------------------------------------------ */
+
+dt_status dt_group_split(dt_group *g, int color, int key, dt_group **out) {
+    if (!g || !out)
+        return dt_error_set(DT_ERR_INVALID, "dt_group_split: NULL argument");
+    *out = NULL;
+    if (color < 0 && color != DT_UNDEFINED)
+        return dt_error_set(DT_ERR_INVALID, "dt_group_split: color %d (use >= 0 or DT_UNDEFINED)",
+                            color);
+    int32_t mine[2] = {color, key};
+    int32_t *all = malloc((size_t)g->size * 2 * sizeof *all);
+    int *members = malloc((size_t)g->size * sizeof *members);
+    int *world = malloc((size_t)g->size * sizeof *world);
+    dt_status st = DT_OK;
+    if (!all || !members || !world) {
+        st = dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+        goto out;
+    }
+    DT_CHECK_GOTO(dt_group_allgather(g, mine, all, 2, DT_I32), st, out);
+    int split_no = g->splits++;
+    if (color == DT_UNDEFINED)
+        goto out;
+    int n = 0;
+    for (int r = 0; r < g->size; r++)
+        if (all[2 * r] == color)
+            members[n++] = r;
+    /* order by (key, rank in g): insertion sort, n is small */
+    for (int i = 1; i < n; i++) {
+        int m = members[i], j = i;
+        while (j > 0 && (all[2 * members[j - 1] + 1] > all[2 * m + 1] ||
+                         (all[2 * members[j - 1] + 1] == all[2 * m + 1] && members[j - 1] > m))) {
+            members[j] = members[j - 1];
+            j--;
+        }
+        members[j] = m;
+    }
+    int me = -1;
+    for (int i = 0; i < n; i++) {
+        world[i] = g->world[members[i]];
+        if (members[i] == g->rank)
+            me = i;
+    }
+    DT_ASSERT(me >= 0);
+    char id[64];
+    int idlen = snprintf(id, sizeof id, "%.40s.%dc%d", g->id, split_no, color);
+    if (strlen(g->id) > 40 || idlen >= (int)sizeof id) {
+        st = dt_error_set(DT_ERR_INVALID, "dt_group_split: groups nested too deeply");
+        goto out;
+    }
+    if (g->size > 1 && !g->job->store) {
+        st = dt_error_set(DT_ERR_INTERNAL, "dt_group_split: no store");
+        goto out;
+    }
+    st = group_create(g->job, id, me, n, world, out);
+    if (st != DT_OK)
+        dt_error_prefix("splitting group %s (color %d): ", g->id, color);
+out:
+    free(all);
+    free(members);
+    free(world);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Public collectives                                                       */
+/* ------------------------------------------------------------------------ */
+
+dt_status dt_group_allreduce(dt_group *g, const void *send, void *recv, size_t count,
+                             dt_dtype dtype, dt_redop op) {
+    return submit(g, DT_COLL_ALLREDUCE, send, recv, count, dtype, op, -1, 0, NULL);
+}
+dt_status dt_group_iallreduce(dt_group *g, const void *send, void *recv, size_t count,
+                              dt_dtype dtype, dt_redop op, dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "iallreduce: work is NULL");
+    return submit(g, DT_COLL_ALLREDUCE, send, recv, count, dtype, op, -1, 0, work);
+}
+dt_status dt_group_reduce_scatter(dt_group *g, const void *send, void *recv, size_t count,
+                                  dt_dtype dtype, dt_redop op) {
+    return submit(g, DT_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, -1, 0, NULL);
+}
+dt_status dt_group_ireduce_scatter(dt_group *g, const void *send, void *recv, size_t count,
+                                   dt_dtype dtype, dt_redop op, dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "ireduce_scatter: work is NULL");
+    return submit(g, DT_COLL_REDUCE_SCATTER, send, recv, count, dtype, op, -1, 0, work);
+}
+dt_status dt_group_allgather(dt_group *g, const void *send, void *recv, size_t count,
+                             dt_dtype dtype) {
+    return submit(g, DT_COLL_ALLGATHER, send, recv, count, dtype, DT_SUM, -1, 0, NULL);
+}
+dt_status dt_group_iallgather(dt_group *g, const void *send, void *recv, size_t count,
+                              dt_dtype dtype, dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "iallgather: work is NULL");
+    return submit(g, DT_COLL_ALLGATHER, send, recv, count, dtype, DT_SUM, -1, 0, work);
+}
+dt_status dt_group_broadcast(dt_group *g, void *buf, size_t count, dt_dtype dtype, int root) {
+    return submit(g, DT_COLL_BROADCAST, buf, buf, count, dtype, DT_SUM, root, 0, NULL);
+}
+dt_status dt_group_ibroadcast(dt_group *g, void *buf, size_t count, dt_dtype dtype, int root,
+                              dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "ibroadcast: work is NULL");
+    return submit(g, DT_COLL_BROADCAST, buf, buf, count, dtype, DT_SUM, root, 0, work);
+}
+dt_status dt_group_reduce(dt_group *g, const void *send, void *recv, size_t count, dt_dtype dtype,
+                          dt_redop op, int root) {
+    return submit(g, DT_COLL_REDUCE, send, recv, count, dtype, op, root, 0, NULL);
+}
+dt_status dt_group_ireduce(dt_group *g, const void *send, void *recv, size_t count, dt_dtype dtype,
+                           dt_redop op, int root, dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "ireduce: work is NULL");
+    return submit(g, DT_COLL_REDUCE, send, recv, count, dtype, op, root, 0, work);
+}
+dt_status dt_group_gather(dt_group *g, const void *send, void *recv, size_t count, dt_dtype dtype,
+                          int root) {
+    return submit(g, DT_COLL_GATHER, send, recv, count, dtype, DT_SUM, root, 0, NULL);
+}
+dt_status dt_group_igather(dt_group *g, const void *send, void *recv, size_t count, dt_dtype dtype,
+                           int root, dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "igather: work is NULL");
+    return submit(g, DT_COLL_GATHER, send, recv, count, dtype, DT_SUM, root, 0, work);
+}
+dt_status dt_group_scatter(dt_group *g, const void *send, void *recv, size_t count, dt_dtype dtype,
+                           int root) {
+    return submit(g, DT_COLL_SCATTER, send, recv, count, dtype, DT_SUM, root, 0, NULL);
+}
+dt_status dt_group_iscatter(dt_group *g, const void *send, void *recv, size_t count, dt_dtype dtype,
+                            int root, dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "iscatter: work is NULL");
+    return submit(g, DT_COLL_SCATTER, send, recv, count, dtype, DT_SUM, root, 0, work);
+}
+dt_status dt_group_alltoall(dt_group *g, const void *send, void *recv, size_t count,
+                            dt_dtype dtype) {
+    return submit(g, DT_COLL_ALLTOALL, send, recv, count, dtype, DT_SUM, -1, 0, NULL);
+}
+dt_status dt_group_ialltoall(dt_group *g, const void *send, void *recv, size_t count,
+                             dt_dtype dtype, dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "ialltoall: work is NULL");
+    return submit(g, DT_COLL_ALLTOALL, send, recv, count, dtype, DT_SUM, -1, 0, work);
+}
+dt_status dt_group_barrier(dt_group *g) {
+    return submit(g, DT_COLL_BARRIER, NULL, NULL, 0, DT_U8, DT_SUM, -1, 0, NULL);
+}
+dt_status dt_group_ibarrier(dt_group *g, dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "ibarrier: work is NULL");
+    return submit(g, DT_COLL_BARRIER, NULL, NULL, 0, DT_U8, DT_SUM, -1, 0, work);
+}
+dt_status dt_group_send(dt_group *g, const void *buf, size_t count, dt_dtype dtype, int peer,
+                        int tag) {
+    return submit(g, DT_COLL_SEND, buf, NULL, count, dtype, DT_SUM, peer, tag, NULL);
+}
+dt_status dt_group_isend(dt_group *g, const void *buf, size_t count, dt_dtype dtype, int peer,
+                         int tag, dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "isend: work is NULL");
+    return submit(g, DT_COLL_SEND, buf, NULL, count, dtype, DT_SUM, peer, tag, work);
+}
+dt_status dt_group_recv(dt_group *g, void *buf, size_t count, dt_dtype dtype, int peer, int tag) {
+    return submit(g, DT_COLL_RECV, NULL, buf, count, dtype, DT_SUM, peer, tag, NULL);
+}
+dt_status dt_group_irecv(dt_group *g, void *buf, size_t count, dt_dtype dtype, int peer, int tag,
+                         dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "irecv: work is NULL");
+    return submit(g, DT_COLL_RECV, NULL, buf, count, dtype, DT_SUM, peer, tag, work);
+}

@@ -1,0 +1,285 @@
+/*
+ * native.c — dtrain's own backend: each collective asks tune.c for an
+ * algorithm and runs it over the group's transports. Operations without a
+ * choice (gather, scatter, alltoall, send/recv, barrier off-host) have one
+ * linear schedule here: post everything, then wait; the transports move
+ * data to all peers at once.
+ */
+#include "backend.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+static size_t esz(const dt__op *op) { return dt_dtype_size(op->dtype); }
+
+static dt_status nat_allreduce(dt__op *op) {
+    dt_group *g = op->g;
+    size_t bytes = op->count * esz(op);
+    if (op->count == 0)
+        return DT_OK;
+    if (g->size == 1) {
+        if (op->send != op->recv)
+            memcpy(op->recv, op->send, bytes);
+        return DT_OK;
+    }
+    dt__team all;
+    dt__team_all(g, &all, NULL);
+    op->algo = dt__tune_choose(g, DT_COLL_ALLREDUCE, bytes);
+    switch (op->algo) {
+    case DT_ALGO_DIRECT: return dt__direct_allreduce(op, &all, op->send, op->recv, op->count);
+    case DT_ALGO_HIER: return dt__hier_allreduce(op, op->send, op->recv, op->count);
+    case DT_ALGO_RHD: return dt__rhd_allreduce(op, &all, op->send, op->recv, op->count);
+    case DT_ALGO_TREE:
+        DT_CHECK(dt__tree_reduce(op, &all, op->send, op->recv, op->count, 0));
+        return dt__tree_broadcast(op, &all, op->recv, bytes, 0);
+    default:
+        op->algo = DT_ALGO_RING;
+        return dt__ring_allreduce(op, &all, op->send, op->recv, op->count);
+    }
+}
+
+static dt_status nat_reduce_scatter(dt__op *op) {
+    dt_group *g = op->g;
+    size_t es = esz(op), n = (size_t)g->size;
+    if (op->count == 0)
+        return DT_OK;
+    if (g->size == 1) {
+        if (op->send != op->recv)
+            memcpy(op->recv, op->send, op->count * es);
+        return DT_OK;
+    }
+    dt__team all;
+    dt__team_all(g, &all, NULL);
+    op->algo = dt__tune_choose(g, DT_COLL_REDUCE_SCATTER, op->count * es * n);
+    if (op->algo == DT_ALGO_DIRECT)
+        return dt__direct_reduce_scatter(op, &all, op->send, op->recv, op->count);
+    op->algo = DT_ALGO_RING;
+    size_t *counts = malloc(n * sizeof *counts), *displs = malloc(n * sizeof *displs);
+    if (!counts || !displs) {
+        free(counts);
+        free(displs);
+        return dt_error_set(DT_ERR_NOMEM, "reduce_scatter: out of memory");
+    }
+    for (size_t b = 0; b < n; b++) {
+        counts[b] = op->count;
+        displs[b] = b * op->count;
+    }
+    char *out = (char *)op->recv + (op->send == op->recv ? (size_t)g->rank * op->count * es : 0);
+    dt_status st = dt__ring_reduce_scatter(op, &all, op->send, out, counts, displs);
+    free(counts);
+    free(displs);
+    return st;
+}
+
+static dt_status nat_allgather(dt__op *op) {
+    dt_group *g = op->g;
+    size_t es = esz(op), n = (size_t)g->size;
+    if (op->count == 0)
+        return DT_OK;
+    char *mine = (char *)op->recv + (size_t)g->rank * op->count * es;
+    if (g->size == 1) {
+        if (op->send != op->recv)
+            memcpy(op->recv, op->send, op->count * es);
+        return DT_OK;
+    }
+    dt__team all;
+    dt__team_all(g, &all, NULL);
+    op->algo = dt__tune_choose(g, DT_COLL_ALLGATHER, op->count * es * n);
+    if (op->algo == DT_ALGO_DIRECT)
+        return dt__direct_allgather(op, &all, op->send, op->recv, op->count);
+    op->algo = DT_ALGO_RING;
+    if (op->send != op->recv)
+        memcpy(mine, op->send, op->count * es);
+    size_t *counts = malloc(n * sizeof *counts), *displs = malloc(n * sizeof *displs);
+    if (!counts || !displs) {
+        free(counts);
+        free(displs);
+        return dt_error_set(DT_ERR_NOMEM, "allgather: out of memory");
+    }
+    for (size_t b = 0; b < n; b++) {
+        counts[b] = op->count;
+        displs[b] = b * op->count;
+    }
+    dt_status st = dt__ring_allgather(op, &all, op->recv, counts, displs);
+    free(counts);
+    free(displs);
+    return st;
+}
+
+static dt_status nat_broadcast(dt__op *op) {
+    dt_group *g = op->g;
+    size_t bytes = op->count * esz(op);
+    if (op->count == 0 || g->size == 1)
+        return DT_OK;
+    dt__team all;
+    dt__team_all(g, &all, NULL);
+    op->algo = dt__tune_choose(g, DT_COLL_BROADCAST, bytes);
+    if (op->algo == DT_ALGO_DIRECT)
+        return dt__direct_broadcast(op, &all, op->recv, bytes, op->root);
+    op->algo = DT_ALGO_TREE;
+    return dt__tree_broadcast(op, &all, op->recv, bytes, op->root);
+}
+
+static dt_status nat_reduce(dt__op *op) {
+    dt_group *g = op->g;
+    if (op->count == 0)
+        return DT_OK;
+    if (g->size == 1) {
+        if (op->send != op->recv)
+            memcpy(op->recv, op->send, op->count * esz(op));
+        return DT_OK;
+    }
+    dt__team all;
+    dt__team_all(g, &all, NULL);
+    op->algo = DT_ALGO_TREE;
+    return dt__tree_reduce(op, &all, op->send, op->recv, op->count, op->root);
+}
+
+static dt_status nat_gather(dt__op *op) {
+    dt_group *g = op->g;
+    size_t blk = op->count * esz(op);
+    if (op->count == 0)
+        return DT_OK;
+    if (g->rank != op->root) {
+        dt__xfer x;
+        DT_CHECK(dt__post_send(op, &x, op->root, op->send, blk));
+        return dt__wait(op, &x);
+    }
+    char *out = op->recv;
+    if (op->send != op->recv)
+        memcpy(out + (size_t)g->rank * blk, op->send, blk);
+    if (g->size == 1)
+        return DT_OK;
+    dt__xfer *xs = malloc((size_t)g->size * sizeof *xs);
+    if (!xs)
+        return dt_error_set(DT_ERR_NOMEM, "gather: out of memory");
+    dt_status st = DT_OK;
+    int n = 0;
+    for (int r = 0; r < g->size && st == DT_OK; r++)
+        if (r != g->rank)
+            st = dt__post_recv(op, &xs[n++], r, out + (size_t)r * blk, blk);
+    if (st == DT_OK)
+        st = dt__waitall(op, xs, n);
+    free(xs);
+    return st;
+}
+
+static dt_status nat_scatter(dt__op *op) {
+    dt_group *g = op->g;
+    size_t blk = op->count * esz(op);
+    if (op->count == 0)
+        return DT_OK;
+    if (g->rank != op->root) {
+        dt__xfer x;
+        DT_CHECK(dt__post_recv(op, &x, op->root, op->recv, blk));
+        return dt__wait(op, &x);
+    }
+    const char *in = op->send;
+    if (op->send != op->recv)
+        memcpy(op->recv, in + (size_t)g->rank * blk, blk);
+    if (g->size == 1)
+        return DT_OK;
+    dt__xfer *xs = malloc((size_t)g->size * sizeof *xs);
+    if (!xs)
+        return dt_error_set(DT_ERR_NOMEM, "scatter: out of memory");
+    dt_status st = DT_OK;
+    int n = 0;
+    for (int r = 0; r < g->size && st == DT_OK; r++)
+        if (r != g->rank)
+            st = dt__post_send(op, &xs[n++], r, in + (size_t)r * blk, blk);
+    if (st == DT_OK)
+        st = dt__waitall(op, xs, n);
+    free(xs);
+    return st;
+}
+
+static dt_status nat_alltoall(dt__op *op) {
+    dt_group *g = op->g;
+    size_t blk = op->count * esz(op), n = (size_t)g->size;
+    if (op->count == 0)
+        return DT_OK;
+    const char *in = op->send;
+    char *out = op->recv;
+    if (op->send == op->recv) { /* in place: work from a copy of the input */
+        void *copy;
+        DT_CHECK(dt__scratch(g, n * blk, &copy));
+        memcpy(copy, in, n * blk);
+        in = copy;
+    } else {
+        memcpy(out + (size_t)g->rank * blk, in + (size_t)g->rank * blk, blk);
+    }
+    if (n == 1)
+        return DT_OK;
+    dt__xfer *xs = malloc(2 * n * sizeof *xs);
+    if (!xs)
+        return dt_error_set(DT_ERR_NOMEM, "alltoall: out of memory");
+    dt_status st = DT_OK;
+    int k = 0;
+    /* pairwise order: step s talks to rank+s and rank-s, so no rank is the
+     * target of everyone at once */
+    for (size_t s = 1; s < n && st == DT_OK; s++) {
+        size_t from = ((size_t)g->rank + n - s) % n;
+        st = dt__post_recv(op, &xs[k++], (int)from, out + from * blk, blk);
+    }
+    for (size_t s = 1; s < n && st == DT_OK; s++) {
+        size_t to = ((size_t)g->rank + s) % n;
+        st = dt__post_send(op, &xs[k++], (int)to, in + to * blk, blk);
+    }
+    if (st == DT_OK)
+        st = dt__waitall(op, xs, k);
+    if (op->send == op->recv && st == DT_OK)
+        memcpy(out + (size_t)g->rank * blk, in + (size_t)g->rank * blk, blk);
+    free(xs);
+    return st;
+}
+
+static dt_status nat_barrier(dt__op *op) {
+    dt_group *g = op->g;
+    if (g->size == 1)
+        return DT_OK;
+    dt__team all;
+    dt__team_all(g, &all, NULL);
+    op->algo = dt__tune_choose(g, DT_COLL_BARRIER, 0);
+    if (op->algo == DT_ALGO_DIRECT)
+        return dt__direct_barrier(op, &all);
+    /* dissemination: after round k every rank has heard from 2^(k+1) */
+    for (int d = 1; d < g->size; d *= 2) {
+        int to = (g->rank + d) % g->size, from = (g->rank - d + g->size) % g->size;
+        DT_CHECK(dt__sendrecv(op, to, NULL, 0, from, NULL, 0));
+    }
+    return DT_OK;
+}
+
+static dt_status nat_send(dt__op *op) {
+    dt__xfer x;
+    DT_CHECK(dt__post_send(op, &x, op->root, op->send, op->count * esz(op)));
+    return dt__wait(op, &x);
+}
+
+static dt_status nat_recv(dt__op *op) {
+    dt__xfer x;
+    DT_CHECK(dt__post_recv(op, &x, op->root, op->recv, op->count * esz(op)));
+    return dt__wait(op, &x);
+}
+
+const dt__backend dt__backend_native = {
+    .name = "native",
+    .api_version = DT__BACKEND_API,
+    .init = NULL,
+    .fini = NULL,
+    .run =
+        {
+            [DT_COLL_ALLREDUCE] = nat_allreduce,
+            [DT_COLL_REDUCE_SCATTER] = nat_reduce_scatter,
+            [DT_COLL_ALLGATHER] = nat_allgather,
+            [DT_COLL_BROADCAST] = nat_broadcast,
+            [DT_COLL_REDUCE] = nat_reduce,
+            [DT_COLL_GATHER] = nat_gather,
+            [DT_COLL_SCATTER] = nat_scatter,
+            [DT_COLL_ALLTOALL] = nat_alltoall,
+            [DT_COLL_BARRIER] = nat_barrier,
+            [DT_COLL_SEND] = nat_send,
+            [DT_COLL_RECV] = nat_recv,
+        },
+    .avg_native = false,
+};

@@ -1,0 +1,131 @@
+/*
+ * rhd.c — allreduce by recursive halving-doubling (Rabenseifner) for large
+ * vectors and recursive doubling for small ones, for any rank count.
+ *
+ * Non-power-of-two: with p2 the largest power of two <= n and rem = n - p2,
+ * the first 2*rem ranks pair up first; each even one hands its vector to
+ * its odd neighbour and sits out, so p2 ranks remain (the "virtual" ranks);
+ * at the end the odd ones hand the result back. For four ranks (no
+ * pre-step), vector cut in blocks 0..3:
+ *
+ *   halving (reduce-scatter)       doubling (allgather)
+ *   d=2: 0<->2, 1<->3 swap halves  d=1: 0<->1, 2<->3 swap quarters
+ *   d=1: 0<->1, 2<->3 swap quarters d=2: 0<->2, 1<->3 swap halves
+ *   virtual rank v owns block v    everyone owns everything
+ *
+ * That is log2(p2) steps each way and 2(p2-1)/p2 of the vector moved: as
+ * little as the ring, in log instead of linear latency. Below p2 elements,
+ * or when DT says the message is small, recursive doubling exchanges the
+ * whole vector log2(p2) times instead (latency-optimal). Both partners of a
+ * step compute a op b with the same operands, so results are bit-identical
+ * on every rank.
+ */
+#include "comm_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* group rank of virtual rank v */
+static int real_rank(const dt__team *t, int v, int rem) {
+    int i = v < rem ? 2 * v + 1 : v + rem;
+    return t->ranks[i];
+}
+
+dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
+                            size_t count) {
+    size_t es = dt_dtype_size(op->dtype), bytes = count * es;
+    char *buf = recv;
+    if (send != recv)
+        memcpy(recv, send, bytes);
+    if (t->n == 1)
+        return DT_OK;
+    int n = t->n, me = t->me;
+    int p2 = 1;
+    while (p2 * 2 <= n)
+        p2 *= 2;
+    int rem = n - p2;
+    char *tmp;
+    DT_CHECK(dt__scratch(op->g, bytes ? bytes : 1, (void **)&tmp));
+
+    int v; /* my virtual rank, -1 while sitting out */
+    if (me < 2 * rem) {
+        if (me % 2 == 0) {
+            DT_CHECK(dt__sendrecv(op, t->ranks[me + 1], buf, bytes, -1, NULL, 0));
+            v = -1;
+        } else {
+            dt__xfer x;
+            DT_CHECK(dt__post_recv_reduce(op, &x, t->ranks[me - 1], tmp, bytes, buf, buf));
+            DT_CHECK(dt__wait(op, &x));
+            v = me / 2;
+        }
+    } else {
+        v = me - rem;
+    }
+
+    if (v >= 0) {
+        bool halving = count >= (size_t)p2 && bytes >= op->g->cfg.chunk / 4;
+        if (!halving) {
+            for (int d = 1; d < p2; d *= 2) {
+                int peer = real_rank(t, v ^ d, rem);
+                /* buf is being sent while the partner's copy arrives, so
+                 * land it in tmp and reduce after both are done */
+                DT_CHECK(dt__sendrecv(op, peer, buf, bytes, peer, tmp, bytes));
+                dt_reduce(buf, buf, tmp, count, op->dtype, op->redop);
+            }
+        } else {
+            size_t *cnt = malloc((size_t)p2 * sizeof *cnt), *dsp = malloc((size_t)p2 * sizeof *dsp);
+            if (!cnt || !dsp) {
+                free(cnt);
+                free(dsp);
+                return dt_error_set(DT_ERR_NOMEM, "rhd: out of memory");
+            }
+            size_t off = 0;
+            for (int b = 0; b < p2; b++) {
+                cnt[b] = count / (size_t)p2 + ((size_t)b < count % (size_t)p2);
+                dsp[b] = off;
+                off += cnt[b];
+            }
+#define RANGE_OFF(lo)     (dsp[lo] * es)
+#define RANGE_LEN(lo, hi) ((dsp[(hi)-1] + cnt[(hi)-1] - dsp[lo]) * es)
+            int lo = 0, hi = p2;
+            dt_status st = DT_OK;
+            for (int d = p2 / 2; d >= 1 && st == DT_OK; d /= 2) {
+                int peer = real_rank(t, v ^ d, rem), mid = (lo + hi) / 2;
+                int klo = (v & d) ? mid : lo, khi = (v & d) ? hi : mid;
+                int slo = (v & d) ? lo : mid, shi = (v & d) ? mid : hi;
+                dt__xfer x[2];
+                st = dt__post_recv_reduce(op, &x[0], peer, tmp, RANGE_LEN(klo, khi),
+                                          buf + RANGE_OFF(klo), buf + RANGE_OFF(klo));
+                if (st == DT_OK)
+                    st = dt__post_send(op, &x[1], peer, buf + RANGE_OFF(slo), RANGE_LEN(slo, shi));
+                if (st == DT_OK)
+                    st = dt__waitall(op, x, 2);
+                lo = klo;
+                hi = khi;
+            }
+            for (int d = 1; d < p2 && st == DT_OK; d *= 2) {
+                int peer = real_rank(t, v ^ d, rem), w = hi - lo;
+                int plo = (v & d) ? lo - w : hi, phi = plo + w;
+                st = dt__sendrecv(op, peer, buf + RANGE_OFF(lo), RANGE_LEN(lo, hi), peer,
+                                  buf + RANGE_OFF(plo), RANGE_LEN(plo, phi));
+                if (plo < lo)
+                    lo = plo;
+                else
+                    hi = phi;
+            }
+#undef RANGE_OFF
+#undef RANGE_LEN
+            free(cnt);
+            free(dsp);
+            DT_CHECK(st);
+        }
+    }
+
+    if (me < 2 * rem) {
+        if (me % 2 == 0)
+            DT_CHECK(dt__sendrecv(op, -1, NULL, 0, t->ranks[me + 1], buf, bytes));
+        else
+            DT_CHECK(dt__sendrecv(op, t->ranks[me - 1], buf, bytes, -1, NULL, 0));
+    }
+    return DT_OK;
+}

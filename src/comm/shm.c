@@ -1,0 +1,510 @@
+/*
+ * shm.c — the shared-memory transport between ranks of one host.
+ *
+ * Each rank creates one POSIX shared-memory segment and maps every local
+ * peer's. A segment holds:
+ *
+ *   ctrl    doorbell + sleeping flag (futex), the direct algorithm's phase
+ *           counter and op descriptor, departed/abort words, the pid
+ *   rings   one per local sender: head (written by the sender), tail
+ *           (written by me), DT_SHM_SLOTS slots of DT_SHM_SLOT bytes, each
+ *           slot a 64-byte frame header + payload
+ *   window  2 x DT_SHM_WINDOW bytes that peers read directly (direct.c)
+ *
+ * A send copies fragments into the receiver's ring for this sender and
+ * rings the receiver's doorbell; a receive copies (or reduces) them out
+ * and rings the sender's doorbell to say space is free. Waiting is
+ * spin-then-futex: a waiter publishes `sleeping`, re-checks the doorbell
+ * and sleeps on it; a notifier bumps the doorbell and calls futex_wake only
+ * if someone sleeps, so the fast path has no system call and an idle rank
+ * uses no CPU.
+ *
+ * Invariants: every header copied out of a slot is decoded and matched
+ * before its length is used; a peer's segment is checked to have the
+ * expected size before it is mapped; segments are unlinked as soon as all
+ * peers have mapped them, so a crash leaves nothing in /dev/shm. A peer
+ * whose process exits without setting `departed` is DT_ERR_PEER (watched
+ * through a pidfd, which becomes readable when the process dies even
+ * before it is reaped).
+ */
+#include "comm_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <poll.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+
+typedef struct shm_ctrl {
+    _Alignas(64) _Atomic uint32_t doorbell;
+    _Atomic uint32_t sleeping;
+    _Alignas(64) _Atomic uint64_t flag; /* direct: phases completed */
+    dt__wire_hdr desc[2];               /* direct: op descriptor, by flag parity */
+    _Alignas(64) _Atomic int32_t departed;
+    _Atomic int32_t abort_status;
+    _Atomic int32_t abort_lost;
+    int32_t pid;
+} shm_ctrl;
+
+typedef struct shm_ring {
+    _Alignas(64) _Atomic uint64_t head; /* fragments written (sender) */
+    _Alignas(64) _Atomic uint64_t tail; /* fragments consumed (receiver) */
+} shm_ring;
+
+typedef struct speer {
+    int rank;   /* group rank */
+    char *base; /* its mapped segment */
+    shm_ctrl *ctrl;
+    shm_ring *out;              /* my ring in its segment */
+    shm_ring *in;               /* its ring in my segment */
+    uint64_t out_head, in_tail; /* local copies of what only I write */
+    dt__xfer *sq, *sq_tail, *rq, *rq_tail;
+    int pidfd;
+    int pid;
+} speer;
+
+typedef struct shm_t {
+    dt__transport base;
+    dt_group *g;
+    int n;        /* members including me */
+    int me;       /* my member index */
+    int *idx;     /* [group size] member index or -1 */
+    speer *peers; /* [n], peers[me] is myself */
+    char *mine;   /* my segment */
+    size_t seg_size, ring_off, ring_size, win_off;
+    size_t slot, nslots, window;
+    struct pollfd *pfd;
+} shm_t;
+
+#define CTRL_SIZE 4096
+
+static size_t slot_stride(const shm_t *t) { return sizeof(dt__wire_hdr) + t->slot; }
+
+static char *slot_at(const shm_t *t, shm_ring *r, uint64_t i) {
+    return (char *)r + 128 + (size_t)(i % t->nslots) * slot_stride(t);
+}
+
+static shm_ring *ring_in_seg(const shm_t *t, char *seg, int sender) {
+    return (shm_ring *)(seg + t->ring_off + (size_t)sender * t->ring_size);
+}
+
+static void futex_wake(_Atomic uint32_t *addr) {
+    syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+static void ring_bell(shm_ctrl *c) {
+    atomic_fetch_add_explicit(&c->doorbell, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&c->sleeping, memory_order_seq_cst))
+        futex_wake(&c->doorbell);
+}
+
+static speer *peer_of(shm_t *t, int rank) {
+    DT_ASSERT(rank >= 0 && rank < t->g->size && t->idx[rank] >= 0);
+    return &t->peers[t->idx[rank]];
+}
+
+#define LINK(head, tail, x)                                                                        \
+    do {                                                                                           \
+        (x)->next = NULL;                                                                          \
+        if (tail)                                                                                  \
+            (tail)->next = (x);                                                                    \
+        else                                                                                       \
+            (head) = (x);                                                                          \
+        (tail) = (x);                                                                              \
+    } while (0)
+
+static dt_status shm_post_send(dt__transport *tr, dt__xfer *x) {
+    shm_t *t = (shm_t *)tr;
+    speer *p = peer_of(t, x->peer);
+    x->nparts = 0; /* frames written so far */
+    LINK(p->sq, p->sq_tail, x);
+    return DT_OK;
+}
+
+static dt_status shm_post_recv(dt__transport *tr, dt__xfer *x) {
+    shm_t *t = (shm_t *)tr;
+    speer *p = peer_of(t, x->peer);
+    x->nparts = 0;
+    LINK(p->rq, p->rq_tail, x);
+    return DT_OK;
+}
+
+static bool drive_send(shm_t *t, speer *p) {
+    bool moved = false;
+    while (p->sq) {
+        dt__xfer *x = p->sq;
+        uint64_t tail = atomic_load_explicit(&p->out->tail, memory_order_acquire);
+        while (p->out_head - tail < t->nslots && (x->moved < x->len || x->nparts == 0)) {
+            char *s = slot_at(t, p->out, p->out_head);
+            uint64_t n = x->len - x->moved < t->slot ? x->len - x->moved : t->slot;
+            dt__wire_hdr h = x->hdr;
+            h.offset = x->moved;
+            h.len = n;
+            memcpy(s, &h, sizeof h);
+            memcpy(s + sizeof h, x->buf + x->moved, n);
+            x->moved += n;
+            x->nparts++;
+            p->out_head++;
+            atomic_store_explicit(&p->out->head, p->out_head, memory_order_release);
+            moved = true;
+        }
+        if (x->moved < x->len || x->nparts == 0)
+            break;
+        x->done = true;
+        p->sq = x->next;
+        if (!p->sq)
+            p->sq_tail = NULL;
+    }
+    if (moved)
+        ring_bell(p->ctrl);
+    return moved;
+}
+
+static dt_status drive_recv(shm_t *t, speer *p, bool *progressed) {
+    bool moved = false;
+    dt_status st = DT_OK;
+    while (p->rq) {
+        dt__xfer *x = p->rq;
+        uint64_t head = atomic_load_explicit(&p->in->head, memory_order_acquire);
+        while (p->in_tail < head && (x->moved < x->len || x->nparts == 0)) {
+            char *s = slot_at(t, p->in, p->in_tail);
+            dt__wire_hdr got;
+            uint64_t n = x->len - x->moved < t->slot ? x->len - x->moved : t->slot;
+            st = dt__wire_decode(s, sizeof got, &got);
+            if (st == DT_OK)
+                st = dt__wire_check(&got, &x->hdr, t->g->rank, p->rank, x->moved, n);
+            if (st != DT_OK)
+                goto out;
+            /* n is ours (bounded by the posted length and the slot), the
+             * header only had to agree with it. */
+            if (x->reduce) {
+                size_t es = dt_dtype_size(x->dtype);
+                dt_reduce((char *)x->red_out + x->moved, (const char *)x->red_in + x->moved,
+                          s + sizeof got, n / es, x->dtype, x->redop);
+            } else {
+                memcpy(x->buf + x->moved, s + sizeof got, n);
+            }
+            x->moved += n;
+            x->nparts++;
+            p->in_tail++;
+            atomic_store_explicit(&p->in->tail, p->in_tail, memory_order_release);
+            moved = true;
+        }
+        if (x->moved < x->len || x->nparts == 0)
+            break;
+        if (x->reduce)
+            x->reduced = true;
+        x->done = true;
+        p->rq = x->next;
+        if (!p->rq)
+            p->rq_tail = NULL;
+    }
+out:
+    if (moved) {
+        *progressed = true;
+        ring_bell(p->ctrl);
+    }
+    return st;
+}
+
+static dt_status shm_progress(dt__transport *tr, bool *progressed) {
+    shm_t *t = (shm_t *)tr;
+    for (int i = 0; i < t->n; i++) {
+        if (i == t->me)
+            continue;
+        speer *p = &t->peers[i];
+        if (p->rq)
+            DT_CHECK(drive_recv(t, p, progressed));
+        if (p->sq && drive_send(t, p))
+            *progressed = true;
+    }
+    return DT_OK;
+}
+
+static uint64_t shm_arm(dt__transport *tr) {
+    shm_t *t = (shm_t *)tr;
+    return atomic_load_explicit(&t->peers[t->me].ctrl->doorbell, memory_order_acquire);
+}
+
+static void shm_block(dt__transport *tr, uint64_t tok, int ms) {
+    shm_t *t = (shm_t *)tr;
+    shm_ctrl *c = t->peers[t->me].ctrl;
+    atomic_store_explicit(&c->sleeping, 1, memory_order_seq_cst);
+    if (atomic_load_explicit(&c->doorbell, memory_order_seq_cst) == (uint32_t)tok) {
+        struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+        syscall(SYS_futex, &c->doorbell, FUTEX_WAIT, (uint32_t)tok, &ts, NULL, 0);
+    }
+    atomic_store_explicit(&c->sleeping, 0, memory_order_relaxed);
+}
+
+static dt_status shm_check(dt__transport *tr, const char *opdesc) {
+    shm_t *t = (shm_t *)tr;
+    int k = 0;
+    for (int i = 0; i < t->n; i++) {
+        if (i == t->me)
+            continue;
+        speer *p = &t->peers[i];
+        int32_t ab = atomic_load(&p->ctrl->abort_status);
+        if (ab > 0 && ab < DT_STATUS_COUNT) {
+            int lostr = atomic_load(&p->ctrl->abort_lost);
+            dt_status st = ab == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER;
+            if (lostr >= 0)
+                return dt_error_set(st, "%s on rank %d: rank %d gave up (%s): rank %d is lost",
+                                    opdesc, t->g->rank, p->rank, dt_status_name((dt_status)ab),
+                                    lostr);
+            return dt_error_set(st, "%s on rank %d: rank %d gave up (%s)", opdesc, t->g->rank,
+                                p->rank, dt_status_name((dt_status)ab));
+        }
+        t->pfd[k++] = (struct pollfd){.fd = p->pidfd, .events = POLLIN};
+    }
+    if (k == 0 || poll(t->pfd, (nfds_t)k, 0) <= 0)
+        return DT_OK;
+    k = 0;
+    for (int i = 0; i < t->n; i++) {
+        if (i == t->me)
+            continue;
+        speer *p = &t->peers[i];
+        if (!t->pfd[k++].revents)
+            continue;
+        bool busy = p->sq || p->rq;
+        if (atomic_load(&p->ctrl->departed) && !busy)
+            continue;
+        atomic_store(&t->g->lost, p->rank);
+        return dt_error_set(DT_ERR_PEER, "%s on rank %d: rank %d (pid %d) %s: rank %d is lost",
+                            opdesc, t->g->rank, p->rank, p->pid,
+                            atomic_load(&p->ctrl->departed) ? "left the group" : "died", p->rank);
+    }
+    return DT_OK;
+}
+
+static void shm_peer_info(dt__transport *tr, int peer, dt__peer_info *out) {
+    shm_t *t = (shm_t *)tr;
+    memset(out, 0, sizeof *out);
+    if (peer < 0 || peer >= t->g->size || t->idx[peer] < 0)
+        return;
+    speer *p = &t->peers[t->idx[peer]];
+    out->shared = true;
+    out->window = p->base + t->win_off;
+    out->window_size = t->window;
+    out->flag = &p->ctrl->flag;
+    out->desc = p->ctrl->desc;
+}
+
+static void shm_abort(dt__transport *tr, dt_status st, int lost_rank, bool owner) {
+    (void)owner; /* only atomics: safe from any thread */
+    shm_t *t = (shm_t *)tr;
+    shm_ctrl *c = t->peers[t->me].ctrl;
+    atomic_store(&c->abort_lost, lost_rank);
+    atomic_store(&c->abort_status, (int32_t)st);
+    for (int i = 0; i < t->n; i++)
+        if (i != t->me)
+            ring_bell(t->peers[i].ctrl);
+}
+
+static void shm_reset(dt__transport *tr) {
+    shm_t *t = (shm_t *)tr;
+    for (int i = 0; i < t->n; i++) {
+        speer *p = &t->peers[i];
+        p->sq = p->sq_tail = p->rq = p->rq_tail = NULL;
+    }
+}
+
+static void shm_notify(dt__transport *tr, int peer) {
+    shm_t *t = (shm_t *)tr;
+    ring_bell(peer_of(t, peer)->ctrl);
+}
+
+static void shm_destroy(dt__transport *tr, bool clean) {
+    shm_t *t = (shm_t *)tr;
+    if (!t)
+        return;
+    if (t->mine) {
+        shm_ctrl *c = (shm_ctrl *)t->mine;
+        if (clean)
+            atomic_store(&c->departed, 1);
+        for (int i = 0; t->peers && i < t->n; i++)
+            if (i != t->me && t->peers[i].ctrl)
+                ring_bell(t->peers[i].ctrl);
+    }
+    for (int i = 0; t->peers && i < t->n; i++) {
+        speer *p = &t->peers[i];
+        if (p->base)
+            munmap(p->base, t->seg_size);
+        if (p->pidfd >= 0)
+            close(p->pidfd);
+    }
+    free(t->peers);
+    free(t->idx);
+    free(t->pfd);
+    free(t);
+}
+
+static const dt__transport_ops shm_ops = {
+    .name = "shm",
+    .post_send = shm_post_send,
+    .post_recv = shm_post_recv,
+    .progress = shm_progress,
+    .arm = shm_arm,
+    .block = shm_block,
+    .check = shm_check,
+    .peer_info = shm_peer_info,
+    .abort = shm_abort,
+    .reset = shm_reset,
+    .notify = shm_notify,
+    .destroy = shm_destroy,
+};
+
+static void seg_name(const dt_group *g, int rank, char *buf, size_t n) {
+    snprintf(buf, n, "/dtrain-%016llx-%s-%d",
+             (unsigned long long)dt_hash64(g->job->token, DT__TOKEN_LEN,
+                                           dt_hash64(g->job->job_id, strlen(g->job->job_id), 0)),
+             g->id, rank);
+}
+
+static dt_status map_segment(const char *name, size_t size, bool create, char **out) {
+    int fd = shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
+    if (fd < 0 && create && errno == EEXIST) { /* a stale one from a crashed run */
+        shm_unlink(name);
+        fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+    }
+    if (fd < 0)
+        return dt_error_set_errno(DT_ERR_SYSTEM, "shm_open(%s)", name);
+    dt_status st = DT_OK;
+    if (create && ftruncate(fd, (off_t)size) < 0) {
+        st = dt_error_set_errno(DT_ERR_SYSTEM, "ftruncate(%s, %zu) (is /dev/shm large enough?)",
+                                name, size);
+        goto out;
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) < 0 || (size_t)sb.st_size != size) {
+        st = dt_error_set(DT_ERR_PROTOCOL,
+                          "shared segment %s has %lld bytes, expected %zu "
+                          "(peers disagree on DT_SHM_* settings?)",
+                          name, (long long)sb.st_size, size);
+        goto out;
+    }
+    void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (p == MAP_FAILED) {
+        st = dt_error_set_errno(DT_ERR_SYSTEM, "mmap(%s, %zu)", name, size);
+        goto out;
+    }
+    *out = p;
+out:
+    close(fd);
+    if (st != DT_OK && create)
+        shm_unlink(name);
+    return st;
+}
+
+dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transport **out) {
+    dt_status st = DT_OK;
+    char name[200], key[200];
+    bool unlinked = true;
+    shm_t *t = calloc(1, sizeof *t);
+    if (!t)
+        return dt_error_set(DT_ERR_NOMEM, "shm: out of memory");
+    t->base.ops = &shm_ops;
+    t->g = g;
+    t->n = npeers + 1;
+    t->slot = dt_align_up(g->cfg.shm_slot, 64);
+    t->nslots = (size_t)g->cfg.shm_slots;
+    t->window = dt_align_up(g->cfg.shm_window, 4096);
+    t->ring_off = CTRL_SIZE;
+    t->ring_size = dt_align_up(128 + t->nslots * slot_stride(t), 4096);
+    t->win_off = t->ring_off + (size_t)t->n * t->ring_size;
+    t->seg_size = t->win_off + 2 * t->window;
+    t->idx = malloc((size_t)g->size * sizeof *t->idx);
+    t->peers = calloc((size_t)t->n, sizeof *t->peers);
+    t->pfd = calloc((size_t)t->n, sizeof *t->pfd);
+    if (!t->idx || !t->peers || !t->pfd) {
+        st = dt_error_set(DT_ERR_NOMEM, "shm: out of memory");
+        goto fail;
+    }
+    for (int r = 0; r < g->size; r++)
+        t->idx[r] = -1;
+    /* members = peers plus me, ascending */
+    int k = 0;
+    for (int i = 0; i < npeers; i++) {
+        if (k == i && peers[i] > g->rank)
+            t->peers[k++].rank = g->rank;
+        t->peers[k++].rank = peers[i];
+    }
+    if (k == npeers)
+        t->peers[k++].rank = g->rank;
+    for (int i = 0; i < t->n; i++) {
+        t->idx[t->peers[i].rank] = i;
+        t->peers[i].pidfd = -1;
+        if (t->peers[i].rank == g->rank)
+            t->me = i;
+    }
+    DT_ASSERT(k == t->n && t->peers[t->me].rank == g->rank);
+
+    seg_name(g, g->rank, name, sizeof name);
+    DT_CHECK_GOTO(map_segment(name, t->seg_size, true, &t->mine), st, fail);
+    unlinked = false;
+    ((shm_ctrl *)t->mine)->pid = getpid();
+    atomic_store(&((shm_ctrl *)t->mine)->abort_lost, -1);
+    t->peers[t->me].base = t->mine;
+    t->peers[t->me].ctrl = (shm_ctrl *)t->mine;
+    snprintf(key, sizeof key, "%s/shm/%d", g->id, g->rank);
+    DT_CHECK_GOTO(dt__store_set(g->job->store, key, name, strlen(name) + 1), st, fail);
+    for (int i = 0; i < t->n; i++) {
+        if (i == t->me)
+            continue;
+        speer *p = &t->peers[i];
+        void *v = NULL;
+        size_t len;
+        snprintf(key, sizeof key, "%s/shm/%d", g->id, p->rank);
+        DT_CHECK_GOTO(dt__store_wait(g->job->store, key, &v, &len), st, fail);
+        st = map_segment((const char *)v, t->seg_size, false, &p->base);
+        dt_free(v);
+        if (st != DT_OK)
+            goto fail;
+        p->ctrl = (shm_ctrl *)p->base;
+        p->out = ring_in_seg(t, p->base, t->me);
+        p->in = ring_in_seg(t, t->mine, i);
+        p->pid = g->job->pids[g->world[p->rank]];
+        p->pidfd = (int)syscall(SYS_pidfd_open, p->pid, 0);
+        if (p->pidfd < 0) {
+            st = dt_error_set_errno(DT_ERR_SYSTEM, "pidfd_open(%d) for rank %d", p->pid, p->rank);
+            goto fail;
+        }
+    }
+    /* Everyone has mapped everything: unlink, so nothing outlives the job. */
+    snprintf(key, sizeof key, "%s/shm/mapped", g->id);
+    int64_t cnt;
+    DT_CHECK_GOTO(dt__store_add(g->job->store, key, 1, &cnt), st, fail);
+    double dl = dt_now() + g->cfg.timeout;
+    while (cnt < t->n) {
+        if (dt_now() > dl) {
+            st = dt_error_set(DT_ERR_TIMEOUT,
+                              "shm: only %lld of %d local ranks mapped the "
+                              "segments",
+                              (long long)cnt, t->n);
+            goto fail;
+        }
+        dt_sleep_ms(1);
+        DT_CHECK_GOTO(dt__store_add(g->job->store, key, 0, &cnt), st, fail);
+    }
+    shm_unlink(name);
+    *out = &t->base;
+    return DT_OK;
+fail:
+    if (!unlinked)
+        shm_unlink(name);
+    shm_destroy(&t->base, false);
+    dt_error_prefix("shm transport of group %s, rank %d: ", g->id, g->rank);
+    return st;
+}

@@ -1,0 +1,75 @@
+/*
+ * tune.c — which algorithm runs an operation: one table, read top to bottom,
+ * first matching row wins. DT_ALGO forces a choice when it can run the
+ * operation on this group's topology; otherwise the table decides (and the
+ * benchmark's "algo" column shows what really ran).
+ *
+ * The thresholds come from `dtrain bench comm` on the development machine
+ * (2 cores, loopback; see docs/comm.md): on one host the direct algorithm
+ * wins at every size because it sends no messages at all; over TCP,
+ * recursive doubling wins below 64 KiB (log n latency) and the ring above
+ * (bandwidth optimal, pipelined); across hosts, the hierarchical algorithm
+ * keeps most bytes inside each host.
+ */
+#include "comm_internal.h"
+
+typedef struct tune_row {
+    dt_coll coll;
+    int shared;       /* 1: all ranks share memory, 0: not, -1: either */
+    int multi_host;   /* 1: several hosts with equal rank counts, -1: either */
+    size_t min_bytes; /* row applies from this size up */
+    dt_algo algo;
+} tune_row;
+
+/* clang-format off */
+static const tune_row table[] = {
+    /* coll                   shared multi  min bytes   algorithm */
+    {DT_COLL_ALLREDUCE,         1,    -1,   0,          DT_ALGO_DIRECT},
+    {DT_COLL_ALLREDUCE,        -1,     1,   256 << 10,  DT_ALGO_HIER},
+    {DT_COLL_ALLREDUCE,        -1,    -1,   64 << 10,   DT_ALGO_RING},
+    {DT_COLL_ALLREDUCE,        -1,    -1,   0,          DT_ALGO_RHD},
+    {DT_COLL_REDUCE_SCATTER,    1,    -1,   0,          DT_ALGO_DIRECT},
+    {DT_COLL_REDUCE_SCATTER,   -1,    -1,   0,          DT_ALGO_RING},
+    {DT_COLL_ALLGATHER,         1,    -1,   0,          DT_ALGO_DIRECT},
+    {DT_COLL_ALLGATHER,        -1,    -1,   0,          DT_ALGO_RING},
+    {DT_COLL_BROADCAST,         1,    -1,   0,          DT_ALGO_DIRECT},
+    {DT_COLL_BROADCAST,        -1,    -1,   0,          DT_ALGO_TREE},
+    {DT_COLL_REDUCE,           -1,    -1,   0,          DT_ALGO_TREE},
+    {DT_COLL_BARRIER,           1,    -1,   0,          DT_ALGO_DIRECT},
+};
+/* clang-format on */
+
+static bool group_shared(const dt_group *g) { return g->shm && !g->tcp; }
+
+static bool applicable(const dt_group *g, dt_coll c, dt_algo a) {
+    switch (a) {
+    case DT_ALGO_RING:
+        return c == DT_COLL_ALLREDUCE || c == DT_COLL_REDUCE_SCATTER || c == DT_COLL_ALLGATHER;
+    case DT_ALGO_RHD: return c == DT_COLL_ALLREDUCE;
+    case DT_ALGO_TREE:
+        return c == DT_COLL_ALLREDUCE || c == DT_COLL_BROADCAST || c == DT_COLL_REDUCE;
+    case DT_ALGO_DIRECT:
+        return group_shared(g) &&
+               (c == DT_COLL_ALLREDUCE || c == DT_COLL_REDUCE_SCATTER || c == DT_COLL_ALLGATHER ||
+                c == DT_COLL_BROADCAST || c == DT_COLL_BARRIER);
+    case DT_ALGO_HIER: return c == DT_COLL_ALLREDUCE && dt__hier_ok(g);
+    default: return false;
+    }
+}
+
+dt_algo dt__tune_choose(const dt_group *g, dt_coll coll, size_t bytes) {
+    if (g->cfg.algo != DT_ALGO_AUTO && applicable(g, coll, g->cfg.algo))
+        return g->cfg.algo;
+    bool shared = group_shared(g), multi = dt__hier_ok(g);
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        const tune_row *r = &table[i];
+        if (r->coll != coll || bytes < r->min_bytes)
+            continue;
+        if (r->shared >= 0 && r->shared != (int)shared)
+            continue;
+        if (r->multi_host >= 0 && r->multi_host != (int)multi)
+            continue;
+        return r->algo;
+    }
+    return DT_ALGO_AUTO; /* the operation has one fixed schedule */
+}
