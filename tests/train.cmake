@@ -29,3 +29,26 @@ target_compile_definitions(test_cli_config PRIVATE _GNU_SOURCE)
 target_link_libraries(test_cli_config PRIVATE dtrain)
 add_test(NAME test_cli_config COMMAND test_cli_config)
 set_tests_properties(test_cli_config PROPERTIES TIMEOUT 60 LABELS "train")
+
+# `dtrain train` end to end, one rank: bad input, NaN, mismatch, --config,
+# bit-identical resume, SIGKILL + resume.
+add_executable(test_train_cli ${CMAKE_CURRENT_SOURCE_DIR}/train/test_train_cli.c)
+target_include_directories(test_train_cli PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_definitions(test_train_cli PRIVATE _GNU_SOURCE
+                           DT_CLI_PATH="$<TARGET_FILE:dtrain_cli>")
+target_link_libraries(test_train_cli PRIVATE dtrain)
+add_dependencies(test_train_cli dtrain_cli)
+add_test(NAME test_train_cli COMMAND test_train_cli)
+set_tests_properties(test_train_cli PROPERTIES TIMEOUT 120 LABELS "train")
+
+# Data-parallel training with real processes, one case per ctest entry.
+add_executable(test_train_ddp ${CMAKE_CURRENT_SOURCE_DIR}/train/test_train_ddp.c)
+target_include_directories(test_train_ddp PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
+target_compile_definitions(test_train_ddp PRIVATE _GNU_SOURCE
+                           DT_CLI_PATH="$<TARGET_FILE:dtrain_cli>")
+target_link_libraries(test_train_ddp PRIVATE dtrain)
+add_dependencies(test_train_ddp dtrain_cli)
+foreach(case equiv accum resume restart divisible)
+  add_test(NAME test_train_ddp_${case} COMMAND test_train_ddp ${case})
+  set_tests_properties(test_train_ddp_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
+endforeach()

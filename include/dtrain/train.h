@@ -227,6 +227,79 @@ void dt_progress_destroy(dt_progress *p);
  * characters (3 bytes each); returns buf. */
 char *dt_sparkline(char *buf, size_t len, const double *values, size_t n);
 
+/* ------------------------------------------------------------------------ */
+/* The training loop                                                        */
+/* ------------------------------------------------------------------------ */
+
+typedef enum dt_train_optimizer {
+    DT_TRAIN_ADAMW,
+    DT_TRAIN_SGD,
+    DT_TRAIN_OPTIMIZER_COUNT
+} dt_train_optimizer;
+
+/* "adamw", "sgd" (indexable by dt_train_optimizer). */
+extern const char *const dt_train_optimizer_names[DT_TRAIN_OPTIMIZER_COUNT];
+
+/* Everything a run needs; `dtrain train` fills it from flags, env and
+ * --config. Strings are borrowed. 0 / NULL means "not given" where noted. */
+typedef struct dt_train_config {
+    const char *model;      /* preset name ("tiny", "shakespeare-char", ...) */
+    int layers, dim, heads; /* override the preset when > 0 */
+    int seq;                /* T: sequence length; 0: the preset's max_seq */
+    int vocab;              /* 0: the data's vocabulary size */
+    const char *data;       /* training text (.txt, tokenized on the fly) or .tok */
+    const char *val_data;   /* validation file, or NULL to split off val_split */
+    double val_split;       /* fraction of `data` held out for validation, [0, 1) */
+    int tokenizer;          /* dt_tokenizer_kind for .txt files */
+    int batch;              /* B per rank (0: global_batch / world) */
+    int global_batch;       /* world * B (0: batch * world); must divide by world */
+    int accum;              /* K micro-batches per optimizer step */
+    int64_t steps;          /* optimizer steps of the whole run */
+    dt_train_optimizer optimizer;
+    double lr, min_lr, weight_decay, momentum, clip;
+    double beta1, beta2, eps; /* AdamW */
+    int schedule;             /* dt_schedule_kind */
+    int64_t warmup;
+    int64_t eval_every;   /* 0: only at the end */
+    int eval_batches;     /* validation batches per evaluation */
+    const char *ckpt_dir; /* NULL: no checkpoints */
+    int64_t ckpt_every;   /* 0: only at the end */
+    int keep;             /* checkpoints kept */
+    bool resume;          /* continue from the newest good checkpoint, if any */
+    int64_t stop_after;   /* stop (with a checkpoint) after this many steps of this run; 0: off */
+    uint64_t seed;
+    int threads;             /* per rank; 0: CPUs / ranks on this host */
+    const char *run_dir;     /* metrics.jsonl and config.json; NULL: none */
+    size_t bucket_bytes;     /* DDP bucket size */
+    int64_t check_every;     /* hash-compare parameters across ranks every N steps; 0: off */
+    double peak_gflops;      /* per rank, for MFU; 0: measure sgemm at start */
+    int sample_tokens;       /* generated at the end; 0: none */
+    int64_t log_every;       /* plain progress lines; 0: about 20 per run */
+    int progress;            /* -1: auto (TTY), 0: plain lines, 1: live line */
+    const char *config_json; /* resolved config for config.json / the checkpoint; NULL: built */
+} dt_train_config;
+
+/* Defaults of `dtrain train`. */
+void dt_train_config_init(dt_train_config *c);
+
+/* What a run achieved (rank 0's view; losses are averaged over ranks). */
+typedef struct dt_train_result {
+    int64_t first_step, last_step;   /* steps run by this invocation: first..last */
+    double first_loss, last_loss;    /* training loss of those steps */
+    double val_loss;                 /* last validation loss, NaN if none */
+    double tokens_per_s;             /* median over the steps after the first */
+    double comm_ms, exposed_comm_ms; /* per step, medians */
+    double seconds;                  /* wall time of the loop */
+    char checkpoint[4096];           /* last checkpoint written, "" if none */
+} dt_train_result;
+
+/* Train as one rank of the job described by the environment (or alone when
+ * there is none). Every rank calls it with the same config. Returns
+ * DT_ERR_NUMERIC naming the step when the loss becomes NaN or infinite
+ * (the last good checkpoint is kept), DT_ERR_INVALID / DT_ERR_MISMATCH for
+ * bad input, and I/O, communication or checkpoint errors as they come. */
+dt_status dt_train_run(const dt_train_config *c, dt_train_result *res);
+
 #ifdef __cplusplus
 }
 #endif

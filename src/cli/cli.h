@@ -105,5 +105,6 @@ extern const cli_cmd cli_cmd_data;
 /* Benchmarks listed in cmd_bench.c, each defined in its own file. */
 extern const cli_cmd cli_bench_optim;
 extern const cli_cmd cli_cmd_launch;
+extern const cli_cmd cli_cmd_train;
 
 #endif /* DTRAIN_CLI_H */

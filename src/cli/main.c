@@ -16,6 +16,7 @@ static const cli_cmd *const commands[] = {
     &cli_cmd_sample,
     &cli_cmd_data,
     &cli_cmd_launch,
+    &cli_cmd_train,
     &cli_cmd_version,
 };
 
