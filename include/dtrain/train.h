@@ -1,5 +1,6 @@
 /*
- * dtrain/train.h — the training layer: checkpoints, metrics, progress.
+ * dtrain/train.h — the training layer: checkpoints, metrics, progress and the
+ * training loop.
  *
  * Overview
  * --------
@@ -24,6 +25,16 @@
  * therefore holds at least one complete checkpoint once one was written, and
  * dt_ckpt_open_latest() picks the newest one that validates, falling back to
  * an older one when the newest is damaged.
+ *
+ * The training loop. dt_train_run() is `dtrain train` without the flag
+ * parsing: it joins the job described by the environment (or runs alone),
+ * opens the data, builds the model, averages gradients with the DDP of
+ * parallel.h, steps the optimizer, evaluates, checkpoints, resumes, writes
+ * metrics and draws progress on rank 0 (docs/train.md).
+ *
+ * Metrics and progress. dt_metrics writes RUN_DIR/metrics.jsonl, one JSON
+ * object per step, and config.json; dt_progress draws a live line on a
+ * terminal or prints plain periodic lines elsewhere.
  *
  * Example
  * -------
