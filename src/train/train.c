@@ -638,17 +638,30 @@ static double median(double *v, size_t n) {
     return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
 }
 
-/* Test hook: DT_FAULT_KILL="RANK:STEP" makes that rank SIGKILL itself after
- * finishing STEP, on the first attempt only (DT_RESTART_COUNT unset or 0). */
-static void maybe_fault(const trainer *t) {
-    const char *f = getenv("DT_FAULT_KILL");
+/* Test hooks, acting on the first attempt of a job only (DT_RESTART_COUNT
+ * unset or 0): DT_FAULT_KILL="RANK:STEP" makes that rank SIGKILL itself
+ * after finishing STEP; DT_FAULT_PERTURB="RANK:STEP" makes it change one
+ * parameter, which --check-every must then catch. */
+static bool fault_at(const trainer *t, const char *var) {
+    const char *f = getenv(var);
     const char *rc = getenv("DT_RESTART_COUNT");
     int r;
     long long s;
     if (!f || (rc && *rc && strcmp(rc, "0") != 0) || sscanf(f, "%d:%lld", &r, &s) != 2)
-        return;
-    if (r == t->rank && s == t->step) {
-        fprintf(stderr, "[rank %d] DT_FAULT_KILL: killing myself after step %lld\n", t->rank, s);
+        return false;
+    return r == t->rank && s == t->step;
+}
+
+static void maybe_fault(trainer *t) {
+    if (fault_at(t, "DT_FAULT_PERTURB")) {
+        fprintf(stderr, "[rank %d] DT_FAULT_PERTURB: changing a parameter after step %lld\n",
+                t->rank, (long long)t->step);
+        dt_gpt_params(t->m)[t->n / 2] += 1.0f;
+    }
+    if (fault_at(t, "DT_FAULT_KILL")) {
+        fprintf(stderr, "[rank %d] DT_FAULT_KILL: killing myself after step %lld\n", t->rank,
+                (long long)t->step);
+        fflush(stderr);
         raise(SIGKILL);
     }
 }

@@ -13,6 +13,8 @@
  *                (DT_FAULT_KILL) mid-run; the job restarts by itself, resumes
  *                from the last checkpoint and ends bit-identical to a run
  *                that was never interrupted.
+ *   check        --check-every catches a rank whose parameters drifted
+ *                (DT_FAULT_PERTURB changes one on purpose).
  *   divisible    --global-batch not divisible by the ranks is refused.
  * Run one case per process: test_train_ddp CASE.
  */
@@ -184,6 +186,20 @@ static void test_restart(void) {
     EXPECT_OUT("rank 1");
 }
 
+/* --check-every compares parameter hashes across ranks: a rank whose
+ * parameters were changed behind DDP's back is named. */
+static void test_check(void) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --global-batch 4 --steps 6 --nproc 2 "
+                     "--check-every 1",
+                     DTRAIN, corpus),
+              0);
+    EXPECT_RC(tu_run("DT_FAULT_PERTURB=1:3 %s train --data %s " TINY
+                     " --global-batch 4 --steps 6 --nproc 2 --check-every 1",
+                     DTRAIN, corpus),
+              1);
+    EXPECT_OUT("parameters diverged at step 4: rank 1 hash");
+}
+
 static void test_divisible(void) {
     EXPECT_RC(
         tu_run("%s train --data %s " TINY " --global-batch 8 --nproc 3 --steps 1", DTRAIN, corpus),
@@ -193,7 +209,7 @@ static void test_divisible(void) {
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: test_train_ddp equiv|accum|resume|restart|divisible\n");
+        fprintf(stderr, "usage: test_train_ddp equiv|accum|resume|restart|check|divisible\n");
         return 2;
     }
     tu_setup();
@@ -207,6 +223,8 @@ int main(int argc, char **argv) {
         RUN(test_resume);
     else if (strcmp(argv[1], "restart") == 0)
         RUN(test_restart);
+    else if (strcmp(argv[1], "check") == 0)
+        RUN(test_check);
     else if (strcmp(argv[1], "divisible") == 0)
         RUN(test_divisible);
     else
