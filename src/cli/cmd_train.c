@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const tokenizers[] = {"char", "byte", NULL};
 static const char *const optimizers[] = {"adamw", "sgd", NULL};
@@ -90,6 +91,10 @@ static int run_train(cli_args *a) {
         argv[0] = "dtrain";
         for (int i = 0; i < a->raw_argc; i++)
             argv[i + 1] = a->raw_argv[i];
+        /* The ranks' stderr is a pipe: tell rank 0 a terminal is watching,
+         * so it draws the live progress line there (see train.c). */
+        if (isatty(STDERR_FILENO) && !getenv("DT_PROGRESS"))
+            setenv("DT_PROGRESS", "live", 1);
         dt_launch_options o;
         dt_launch_options_init(&o);
         o.nproc = nproc;

@@ -697,6 +697,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     dt_status st = DT_OK;
     dt_metrics *metrics = NULL;
     dt_progress *prog = NULL;
+    FILE *prog_tty = NULL; /* /dev/tty when the live line cannot go to stderr */
     double *tps = NULL, *comm = NULL, *exposed = NULL;
 
     if (dt_launch_in_job()) {
@@ -762,7 +763,14 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             DT_CHECK_GOTO(dt_metrics_create(&metrics, c->run_dir, resumed[0] != '\0'), st, fail);
         }
         bool tty = c->progress < 0 ? isatty(STDERR_FILENO) : c->progress == 1;
-        DT_CHECK_GOTO(dt_progress_create(&prog, stderr, tty, c->steps, c->log_every), st, fail);
+        /* Under a launcher our stderr is a pipe relayed line by line, which
+         * cannot carry a line redrawn in place: `dtrain train --nproc N` on a
+         * terminal asks for the live line (DT_PROGRESS=live) and rank 0
+         * draws it on the session's terminal directly. */
+        FILE *pf = stderr;
+        if (tty && !isatty(STDERR_FILENO) && (prog_tty = fopen("/dev/tty", "w")) != NULL)
+            pf = prog_tty;
+        DT_CHECK_GOTO(dt_progress_create(&prog, pf, tty, c->steps, c->log_every), st, fail);
         char pb[32], bb[32];
         fprintf(stderr,
                 "dtrain train: %s model, %zu parameters (%s), %d layers, dim %d, %d heads, "
@@ -923,6 +931,8 @@ fail:;
     if (prog)
         dt_progress_finish(prog);
     dt_progress_destroy(prog);
+    if (prog_tty)
+        fclose(prog_tty);
     dt_metrics_destroy(metrics);
     dt_free(tps);
     dt_free(comm);
