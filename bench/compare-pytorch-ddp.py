@@ -136,8 +136,9 @@ def run_dtrain(a, nproc, tmp):
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--dtrain", default="build/dtrain")
-    p.add_argument("--data", default=os.path.join(os.path.dirname(__file__), "..", "..", "shared",
-                                                  "data", "tinyshakespeare.txt"))
+    p.add_argument("--data", default=None,
+                   help="text file (default: ../shared/data/tinyshakespeare.txt next to the "
+                        "checkout, else the fortunes package's text)")
     p.add_argument("--layers", type=int, default=4)
     p.add_argument("--dim", type=int, default=128)
     p.add_argument("--heads", type=int, default=4)
@@ -147,8 +148,14 @@ def main():
     p.add_argument("--bucket-size", default="1M")
     p.add_argument("--repeats", type=int, default=3)
     a = p.parse_args()
-    if not os.path.exists(a.data):
-        a.data = "/usr/share/games/fortunes/fortunes"
+    if a.data is None:
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        for cand in (os.path.join(root, "..", "shared", "data", "tinyshakespeare.txt"),
+                     os.path.join(root, "..", "..", "shared", "data", "tinyshakespeare.txt"),
+                     "/usr/share/games/fortunes/fortunes"):
+            if os.path.exists(cand):
+                a.data = os.path.normpath(cand)
+                break
     s = a.bucket_size.upper().rstrip("B").rstrip("I")
     mult = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}.get(s[-1:], 1)
     a.bucket_mb = float(s.rstrip("KMG")) * mult / (1 << 20)
