@@ -69,6 +69,9 @@ dt_status dt__wire_decode(const void *buf, size_t n, dt__wire_hdr *out);
  * ABORT frame turns into the sender's status. */
 dt_status dt__wire_check(const dt__wire_hdr *got, const dt__wire_hdr *want, int me, int from,
                          uint64_t expect_offset, uint64_t expect_len);
+/* A frame found queued (no receive posted for it) while this rank runs
+ * `cur`: DT_ERR_MISMATCH if it can only belong to a different call. */
+dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int me, int from);
 /* "allreduce #7 (count 1000, f32, sum)" */
 void dt__desc_format(const dt__wire_hdr *d, char *buf, size_t n);
 
@@ -193,7 +196,10 @@ typedef struct dt__transport_ops {
     uint64_t (*arm)(dt__transport *t);
     void (*block)(dt__transport *t, uint64_t token, int ms);
     /* Liveness of every peer: DT_ERR_PEER naming a dead one. */
-    dt_status (*check)(dt__transport *t, const char *opdesc);
+    /* Early mismatch detection too: a frame waiting where nothing is posted
+     * that belongs to the current operation `cur` (or an older one) but
+     * disagrees with it is DT_ERR_MISMATCH. */
+    dt_status (*check)(dt__transport *t, const dt__wire_hdr *cur);
     void (*peer_info)(dt__transport *t, int peer, dt__peer_info *out);
     /* Tell every peer this rank gives up (best effort, never blocks). With
      * owner = false it is called from a thread that does not drive the
@@ -282,8 +288,9 @@ struct dt_group {
     bool busy;            /* an op is executing (thread or inline) */
     bool stop;
     dt_thread *thread;
-    uint64_t issued;    /* last sequence number handed out */
-    _Atomic int failed; /* sticky dt_status after a failure */
+    uint64_t issued;       /* last collective sequence number handed out */
+    uint64_t *sent, *rcvd; /* [size] point-to-point sequence numbers per peer */
+    _Atomic int failed;    /* sticky dt_status after a failure */
     char failmsg[768];
     _Atomic int aborted;
     _Atomic int last_algo;

@@ -85,13 +85,22 @@ static dt_status progress_all(dt_group *g, bool *progressed) {
 
 static dt_status check_all(dt__op *op) {
     dt_group *g = op->g;
-    char d[160];
-    dt__desc_format(&op->desc, d, sizeof d);
     if (g->shm)
-        DT_CHECK(g->shm->ops->check(g->shm, d));
+        DT_CHECK(g->shm->ops->check(g->shm, &op->desc));
     if (g->tcp)
-        DT_CHECK(g->tcp->ops->check(g->tcp, d));
+        DT_CHECK(g->tcp->ops->check(g->tcp, &op->desc));
     return DT_OK;
+}
+
+/* Transports describe what broke; say in which call it happened. A
+ * mismatch message already names both calls. */
+static dt_status name_op(dt__op *op, dt_status st) {
+    if (st != DT_ERR_MISMATCH) {
+        char d[160];
+        dt__desc_format(&op->desc, d, sizeof d);
+        dt_error_prefix("%s on rank %d", d, op->g->rank);
+    }
+    return st;
 }
 
 dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
@@ -104,7 +113,7 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
         bool progressed = false;
         dt_status st = progress_all(g, &progressed);
         if (st != DT_OK)
-            return st;
+            return name_op(op, st);
         if (pred(arg))
             return DT_OK;
         if (atomic_load_explicit(&g->aborted, memory_order_relaxed)) {
@@ -123,7 +132,9 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
         }
         double now = dt_now();
         if (now >= next_check) {
-            DT_CHECK(check_all(op));
+            st = check_all(op);
+            if (st != DT_OK)
+                return name_op(op, st);
             next_check = now + 0.05;
         }
         if (now > deadline) {

@@ -36,6 +36,8 @@ static const dt__backend *const backends[] = {
 static void job_release(dt__job *job, bool clean) {
     if (!job || atomic_fetch_sub(&job->refs, 1) != 1)
         return;
+    char saved[1024]; /* the store calls below must not eat the caller's error */
+    snprintf(saved, sizeof saved, "%s", dt_last_error());
     if (job->store) {
         /* Rank 0 serves the store: it waits (briefly after a failure) until
          * every rank has said it is done with it, so that a slow rank still
@@ -49,9 +51,11 @@ static void job_release(dt__job *job, bool clean) {
                     break;
             }
         }
-        dt_error_clear();
         dt__store_close(job->store);
     }
+    dt_error_clear();
+    if (saved[0])
+        dt_error_set(DT_OK, "%s", saved);
     dt__store_server_stop(job->server);
     if (job->host_keys)
         for (int i = 0; i < job->world_size; i++)
@@ -237,6 +241,8 @@ static void group_free(dt_group *g, bool clean) {
     free(g->leaders);
     free(g->ident);
     free(g->tp);
+    free(g->sent);
+    free(g->rcvd);
     dt_free(g->scratch);
     pthread_mutex_destroy(&g->mu);
     pthread_cond_destroy(&g->cv);
@@ -266,8 +272,10 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     g->host_size = calloc((size_t)size, sizeof *g->host_size);
     g->host_ranks = calloc((size_t)size, sizeof *g->host_ranks);
     g->leaders = malloc((size_t)size * sizeof *g->leaders);
-    if (!g->world || !g->host || !g->ident || !g->tp || !g->host_size || !g->host_ranks ||
-        !g->leaders) {
+    g->sent = calloc((size_t)size, sizeof *g->sent);
+    g->rcvd = calloc((size_t)size, sizeof *g->rcvd);
+    if (!g->sent || !g->rcvd || !g->world || !g->host || !g->ident || !g->tp || !g->host_size ||
+        !g->host_ranks || !g->leaders) {
         st = dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
         goto fail;
     }
@@ -384,7 +392,7 @@ dt_status dt_group_init_from_env(dt_group **out) {
     free(world);
     job_release(job, st == DT_OK); /* the group holds its own reference */
     if (st != DT_OK)
-        dt_error_prefix("rank %d: creating the world group: ", rank);
+        dt_error_prefix("rank %d: creating the world group", rank);
     return st;
 }
 
@@ -625,7 +633,12 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
                               .src = g->rank,
                               .count = count};
     pthread_mutex_lock(&g->mu);
-    op->desc.seq = ++g->issued;
+    /* Collectives are numbered in one sequence; point-to-point messages in
+     * one per (direction, peer), so that a send and its recv carry the same
+     * number whatever else the two ranks do. */
+    op->desc.seq = coll == DT_COLL_SEND   ? ++g->sent[root]
+                   : coll == DT_COLL_RECV ? ++g->rcvd[root]
+                                          : ++g->issued;
     if (!work && !g->busy && !g->head) {
         g->busy = true;
         pthread_mutex_unlock(&g->mu);
@@ -709,7 +722,7 @@ dt_status dt_group_split(dt_group *g, int color, int key, dt_group **out) {
     }
     st = group_create(g->job, id, me, n, world, out);
     if (st != DT_OK)
-        dt_error_prefix("splitting group %s (color %d): ", g->id, color);
+        dt_error_prefix("splitting group %s (color %d)", g->id, color);
 out:
     free(all);
     free(members);

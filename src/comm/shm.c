@@ -249,7 +249,7 @@ static void shm_block(dt__transport *tr, uint64_t tok, int ms) {
     atomic_store_explicit(&c->sleeping, 0, memory_order_relaxed);
 }
 
-static dt_status shm_check(dt__transport *tr, const char *opdesc) {
+static dt_status shm_check(dt__transport *tr, const dt__wire_hdr *cur) {
     shm_t *t = (shm_t *)tr;
     int k = 0;
     for (int i = 0; i < t->n; i++) {
@@ -260,12 +260,18 @@ static dt_status shm_check(dt__transport *tr, const char *opdesc) {
         if (ab > 0 && ab < DT_STATUS_COUNT) {
             int lostr = atomic_load(&p->ctrl->abort_lost);
             dt_status st = ab == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER;
-            if (lostr >= 0)
-                return dt_error_set(st, "%s on rank %d: rank %d gave up (%s): rank %d is lost",
-                                    opdesc, t->g->rank, p->rank, dt_status_name((dt_status)ab),
-                                    lostr);
-            return dt_error_set(st, "%s on rank %d: rank %d gave up (%s)", opdesc, t->g->rank,
-                                p->rank, dt_status_name((dt_status)ab));
+            if (lostr >= 0 && lostr < t->g->size) {
+                atomic_store(&t->g->lost, lostr);
+                return dt_error_set(st, "rank %d gave up (%s): rank %d is lost", p->rank,
+                                    dt_status_name((dt_status)ab), lostr);
+            }
+            return dt_error_set(st, "rank %d gave up (%s)", p->rank, dt_status_name((dt_status)ab));
+        }
+        /* a frame waiting with no receive posted: does it belong here? */
+        if (!p->rq && p->in_tail < atomic_load_explicit(&p->in->head, memory_order_acquire)) {
+            dt__wire_hdr got;
+            DT_CHECK(dt__wire_decode(slot_at(t, p->in, p->in_tail), sizeof got, &got));
+            DT_CHECK(dt__wire_early(&got, cur, t->g->rank, p->rank));
         }
         t->pfd[k++] = (struct pollfd){.fd = p->pidfd, .events = POLLIN};
     }
@@ -282,8 +288,7 @@ static dt_status shm_check(dt__transport *tr, const char *opdesc) {
         if (atomic_load(&p->ctrl->departed) && !busy)
             continue;
         atomic_store(&t->g->lost, p->rank);
-        return dt_error_set(DT_ERR_PEER, "%s on rank %d: rank %d (pid %d) %s: rank %d is lost",
-                            opdesc, t->g->rank, p->rank, p->pid,
+        return dt_error_set(DT_ERR_PEER, "rank %d (pid %d) %s: rank %d is lost", p->rank, p->pid,
                             atomic_load(&p->ctrl->departed) ? "left the group" : "died", p->rank);
     }
     return DT_OK;
@@ -483,7 +488,7 @@ dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transpor
         }
     }
     /* Everyone has mapped everything: unlink, so nothing outlives the job. */
-    snprintf(key, sizeof key, "%s/shm/mapped", g->id);
+    snprintf(key, sizeof key, "%s/shm/mapped/%d", g->id, t->peers[0].rank);
     int64_t cnt;
     DT_CHECK_GOTO(dt__store_add(g->job->store, key, 1, &cnt), st, fail);
     double dl = dt_now() + g->cfg.timeout;
@@ -505,6 +510,6 @@ fail:
     if (!unlinked)
         shm_unlink(name);
     shm_destroy(&t->base, false);
-    dt_error_prefix("shm transport of group %s, rank %d: ", g->id, g->rank);
+    dt_error_prefix("shm transport of group %s, rank %d", g->id, g->rank);
     return st;
 }

@@ -261,7 +261,7 @@ dt_status dt__store_server_start(const char *addr, int port, const char *token,
     dt_status st = dt__net_listen(addr, port, &s->lfd, bound_port);
     if (st != DT_OK) {
         free(s);
-        dt_error_prefix("store server on port %d: ", port);
+        dt_error_prefix("store server on port %d", port);
         return st;
     }
     if (pipe2(s->wake, O_CLOEXEC) < 0) {
@@ -316,7 +316,7 @@ dt_status dt__store_connect(const char *host, int port, const char *token, doubl
     dt_status st = dt__net_hs_client(fd, &hs, dl);
     if (st != DT_OK) {
         close(fd);
-        dt_error_prefix("store at %s:%d: ", host, port);
+        dt_error_prefix("store at %s:%d", host, port);
         return st;
     }
     dt__store *s = calloc(1, sizeof *s);
@@ -389,7 +389,7 @@ static dt_status request(dt__store *s, uint32_t cmd, const char *key, const void
 out:
     pthread_mutex_unlock(&s->mu);
     if (st != DT_OK && st != DT_ERR_NOT_FOUND)
-        dt_error_prefix("store: ");
+        dt_error_prefix("store");
     return st;
 }
 

@@ -115,12 +115,36 @@ static void part_done(dt__part *pt) {
         x->done = true;
 }
 
+/* If the peer left an ABORT frame on any of its sockets, that is the real
+ * story (it gave up because of someone else); report it. */
+static bool explain(tcp_t *t, tpeer *p) {
+    for (int j = 0; j < p->nsock; j++) {
+        dt__wire_hdr raw, h;
+        if (p->s[j].rq && p->s[j].rq->hdr_done != 0)
+            continue; /* mid-frame: the next bytes are payload */
+        if (recv(p->s[j].fd, &raw, sizeof raw, MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof raw &&
+            dt__wire_decode(&raw, sizeof raw, &h) == DT_OK && h.kind == DT__MSG_ABORT) {
+            if (h.root >= 0 && h.root < t->g->size) {
+                atomic_store(&t->g->lost, h.root);
+                dt_error_set((dt_status)h.status, "rank %d gave up (%s): rank %d is lost", p->rank,
+                             dt_status_name((dt_status)h.status), h.root);
+            } else {
+                dt_error_set((dt_status)h.status, "rank %d gave up (%s)", p->rank,
+                             dt_status_name((dt_status)h.status));
+            }
+            return true;
+        }
+    }
+    return false;
+}
+
 static dt_status lost(tcp_t *t, tpeer *p, const char *what, int err) {
+    if (explain(t, p))
+        return DT_ERR_PEER;
     atomic_store(&t->g->lost, p->rank);
     if (err)
-        return dt_error_set(DT_ERR_PEER, "rank %d: %s (%s): rank %d is lost", t->g->rank, what,
-                            strerror(err), p->rank);
-    return dt_error_set(DT_ERR_PEER, "rank %d: %s: rank %d is lost", t->g->rank, what, p->rank);
+        return dt_error_set(DT_ERR_PEER, "%s (%s): rank %d is lost", what, strerror(err), p->rank);
+    return dt_error_set(DT_ERR_PEER, "%s: rank %d is lost", what, p->rank);
 }
 
 static dt_status drive_send(tcp_t *t, tpeer *p, tsock *s, bool *progressed) {
@@ -188,7 +212,7 @@ static dt_status drive_recv(tcp_t *t, tpeer *p, tsock *s, bool *progressed) {
                                         "rank %d left the group (clean exit) while "
                                         "rank %d still expected data",
                                         p->rank, t->g->rank);
-                return lost(t, p, "connection closed", 0);
+                return lost(t, p, "connection closed by the peer", 0);
             }
             if (r < 0) {
                 if (errno == EAGAIN || errno == EWOULDBLOCK)
@@ -209,6 +233,8 @@ static dt_status drive_recv(tcp_t *t, tpeer *p, tsock *s, bool *progressed) {
             if (before < sizeof pt->hdr && pt->hdr_done == sizeof pt->hdr) {
                 dt__wire_hdr got;
                 DT_CHECK(dt__wire_decode(&pt->hdr, sizeof pt->hdr, &got));
+                if (got.kind == DT__MSG_ABORT && got.root >= 0 && got.root < t->g->size)
+                    atomic_store(&t->g->lost, got.root);
                 DT_CHECK(dt__wire_check(&got, &x->hdr, t->g->rank, p->rank, pt->offset, pt->len));
             }
         }
@@ -270,11 +296,11 @@ static void tcp_block(dt__transport *tr, uint64_t tok, int ms) {
     (void)poll(t->pfd, (nfds_t)n, ms);
 }
 
-/* A socket with no receive posted that reports hang-up: look at what is
- * queued on it without consuming it. Nothing at all: the peer died. A BYE:
+/* A socket with no receive posted that is readable or hung up: look at
+ * what is queued without consuming it. Nothing at all: the peer died. A BYE:
  * it left cleanly. An ABORT: it gave up, and says why. Data: a message for
- * an operation we have not reached yet; leave it. */
-static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const char *opdesc) {
+ * this operation (fine), a later one (fine) or another call (mismatch). */
+static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const dt__wire_hdr *cur, bool hup) {
     dt__wire_hdr raw, h;
     ssize_t r = recv(s->fd, &raw, sizeof raw, MSG_PEEK | MSG_DONTWAIT);
     if (r == 0 || (r < 0 && errno != EAGAIN && errno != EINTR && errno != EWOULDBLOCK)) {
@@ -284,9 +310,9 @@ static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const char *opdesc) {
         }
         atomic_store(&t->g->lost, p->rank);
         return dt_error_set(DT_ERR_PEER,
-                            "%s on rank %d: connection to rank %d closed without goodbye (the "
-                            "process died?): rank %d is lost",
-                            opdesc, t->g->rank, p->rank, p->rank);
+                            "connection to rank %d closed without goodbye (the process died?): "
+                            "rank %d is lost",
+                            p->rank, p->rank);
     }
     if (r < (ssize_t)sizeof raw)
         return DT_OK; /* a partial frame; more is coming or EOF follows */
@@ -295,23 +321,29 @@ static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const char *opdesc) {
         p->bye = true;
         s->quiet = true;
     } else if (h.kind == DT__MSG_ABORT) {
-        if (h.root >= 0)
-            return dt_error_set((dt_status)h.status,
-                                "%s on rank %d: rank %d gave up (%s): rank %d is lost", opdesc,
-                                t->g->rank, p->rank, dt_status_name((dt_status)h.status), h.root);
-        return dt_error_set((dt_status)h.status, "%s on rank %d: rank %d gave up (%s)", opdesc,
-                            t->g->rank, p->rank, dt_status_name((dt_status)h.status));
+        if (h.root >= 0 && h.root < t->g->size) {
+            atomic_store(&t->g->lost, h.root);
+            return dt_error_set((dt_status)h.status, "rank %d gave up (%s): rank %d is lost",
+                                p->rank, dt_status_name((dt_status)h.status), h.root);
+        }
+        return dt_error_set((dt_status)h.status, "rank %d gave up (%s)", p->rank,
+                            dt_status_name((dt_status)h.status));
     } else {
-        s->quiet = true;
+        DT_CHECK(dt__wire_early(&h, cur, t->g->rank, p->rank));
+        if (hup) /* data, then the peer left: stop watching until a recv is posted */
+            s->quiet = true;
     }
     return DT_OK;
 }
 
-static dt_status tcp_check(dt__transport *tr, const char *opdesc) {
+static dt_status tcp_check(dt__transport *tr, const dt__wire_hdr *cur) {
     tcp_t *t = (tcp_t *)tr;
     int n = fill_pollfds(t);
-    for (int i = 0; i < n; i++)
+    for (int i = 0; i < n; i++) {
         t->pfd[i].events &= POLLRDHUP;
+        if (t->pfd[i].events)
+            t->pfd[i].events |= POLLIN;
+    }
     if (poll(t->pfd, (nfds_t)n, 0) <= 0)
         return DT_OK;
     int k = 0;
@@ -319,11 +351,11 @@ static dt_status tcp_check(dt__transport *tr, const char *opdesc) {
         tpeer *p = &t->peers[i];
         for (int j = 0; j < p->nsock; j++, k++) {
             tsock *s = &p->s[j];
-            if (!(t->pfd[k].revents & (POLLRDHUP | POLLHUP | POLLERR)))
+            if (!(t->pfd[k].revents & (POLLIN | POLLRDHUP | POLLHUP | POLLERR)))
                 continue;
             if (s->rq)
-                continue; /* the receive path will see the EOF and report it */
-            DT_CHECK(inspect(t, p, s, opdesc));
+                continue; /* the receive path reads it and reports */
+            DT_CHECK(inspect(t, p, s, cur, t->pfd[k].revents & (POLLRDHUP | POLLHUP | POLLERR)));
         }
     }
     return DT_OK;
@@ -352,7 +384,10 @@ static void tcp_abort(dt__transport *tr, dt_status st, int lost_rank, bool owner
                                   .status = st};
                 (void)!send(s->fd, &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL);
             }
-            shutdown(s->fd, SHUT_RDWR);
+            /* Half-close: peers read our frame and then EOF, and what they
+             * still send us is absorbed instead of answered with a reset
+             * that could destroy the frame before they read it. */
+            shutdown(s->fd, SHUT_WR);
         }
     }
 }
@@ -521,6 +556,6 @@ fail:
     if (lfd >= 0)
         close(lfd);
     tcp_destroy(&t->base, false);
-    dt_error_prefix("tcp transport of group %s, rank %d: ", g->id, g->rank);
+    dt_error_prefix("tcp transport of group %s, rank %d", g->id, g->rank);
     return st;
 }

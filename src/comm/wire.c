@@ -115,20 +115,17 @@ dt_status dt__wire_check(const dt__wire_hdr *got, const dt__wire_hdr *want, int 
         return dt_error_set(DT_ERR_PROTOCOL, "frame on the link from rank %d claims sender %d",
                             from, got->src);
     if (got->kind == DT__MSG_ABORT) {
-        dt__desc_format(want, b, sizeof b);
         if (got->root >= 0)
-            return dt_error_set((dt_status)got->status,
-                                "rank %d gave up on the group (%s): rank %d was lost; this rank "
-                                "was in %s",
-                                got->src, dt_status_name((dt_status)got->status), got->root, b);
-        return dt_error_set((dt_status)got->status, "rank %d gave up on the group (%s) during %s",
-                            got->src, dt_status_name((dt_status)got->status), b);
+            return dt_error_set((dt_status)got->status, "rank %d gave up (%s): rank %d is lost",
+                                got->src, dt_status_name((dt_status)got->status), got->root);
+        return dt_error_set((dt_status)got->status, "rank %d gave up (%s)", got->src,
+                            dt_status_name((dt_status)got->status));
     }
-    if (got->kind == DT__MSG_BYE) {
-        dt__desc_format(want, b, sizeof b);
-        return dt_error_set(DT_ERR_PEER, "rank %d left the group while this rank waited in %s",
-                            got->src, b);
-    }
+    if (got->kind == DT__MSG_BYE)
+        return dt_error_set(DT_ERR_PEER,
+                            "rank %d left the group (destroyed it) while this rank "
+                            "still expected data from it",
+                            got->src);
     if (!same_op(got, want, me)) {
         dt__desc_format(got, a, sizeof a);
         dt__desc_format(want, b, sizeof b);
@@ -145,4 +142,22 @@ dt_status dt__wire_check(const dt__wire_hdr *got, const dt__wire_hdr *want, int 
                             (unsigned long long)expect_len);
     }
     return DT_OK;
+}
+
+static bool is_p2p(unsigned c) { return c == DT_COLL_SEND || c == DT_COLL_RECV; }
+
+dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int me, int from) {
+    if (got->kind != DT__MSG_DATA || got->src != from)
+        return DT_OK; /* aborts and goodbyes are handled where they are read */
+    /* Point-to-point frames are numbered per peer, collectives globally: only
+     * frames and operations of the collective kind are comparable. */
+    if (is_p2p(got->coll) || is_p2p(cur->coll) || got->seq > cur->seq)
+        return DT_OK; /* a later operation: the peer is simply ahead */
+    if (got->seq == cur->seq && same_op(got, cur, me))
+        return DT_OK; /* ours, the algorithm will post its receive */
+    char a[160], b[160];
+    dt__desc_format(got, a, sizeof a);
+    dt__desc_format(cur, b, sizeof b);
+    return dt_error_set(DT_ERR_MISMATCH, "rank %d called %s but rank %d called %s", got->src, a, me,
+                        b);
 }

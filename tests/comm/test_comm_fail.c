@@ -1,0 +1,158 @@
+/*
+ * test_comm_fail.c — what happens when things go wrong, with real processes:
+ *   - a rank is SIGKILLed in the middle of a collective: every survivor gets
+ *     DT_ERR_PEER within 10 s, with a message naming the operation, its
+ *     sequence number and the lost rank;
+ *   - ranks call different operations (count, op, dtype, root, order):
+ *     every rank gets DT_ERR_MISMATCH;
+ *   - a process with the wrong job token is refused by the store.
+ */
+#include "harness.h"
+
+#include <signal.h>
+
+static dt_group *init_world(void) {
+    dt_group *g = NULL;
+    ASSERT_OK(dt_group_init_from_env(&g));
+    return g;
+}
+
+enum { VICTIM = 2 };
+
+static void kill_case(int rank, int size) {
+    (void)size;
+    dt_group *w = init_world();
+    size_t n = 4 << 20; /* 16 MiB of f32 per call: long enough to die inside */
+    float *v = malloc(n * sizeof *v);
+    for (size_t i = 0; i < n; i++)
+        v[i] = 1;
+    for (int it = 0; it < 2; it++)
+        ASSERT_OK(dt_group_allreduce(w, v, v, n, DT_F32, DT_SUM));
+    if (rank == VICTIM) {
+        dt_work *work;
+        ASSERT_OK(dt_group_iallreduce(w, v, v, n, DT_F32, DT_SUM, &work));
+        dt_sleep_ms(5);
+        kill(getpid(), SIGKILL);
+    }
+    dt_status st = DT_OK;
+    double t0 = 0;
+    for (int it = 0; it < 1000 && st == DT_OK; it++) {
+        t0 = dt_now();
+        st = dt_group_allreduce(w, v, v, n, DT_F32, DT_SUM);
+    }
+    double took = dt_now() - t0;
+    if (st != DT_ERR_PEER)
+        TEST_FAILF("rank %d: expected DT_ERR_PEER, got %s: %s", rank, dt_status_name(st),
+                   dt_last_error());
+    printf("rank %d: DT_ERR_PEER after %.2f s: %s\n", rank, took, dt_last_error());
+    ASSERT_TRUE(took < 10);
+    ASSERT_CONTAINS(dt_last_error(), "allreduce #");
+    ASSERT_CONTAINS(dt_last_error(), "rank 2");
+    /* later calls fail at once with the same status */
+    ASSERT_STATUS(dt_group_barrier(w), DT_ERR_PEER);
+    free(v);
+    dt_group_destroy(w);
+}
+
+/* Each scenario on a fresh sub-group (a failed group stays failed). A rank
+ * whose part of a mismatched call could complete (a broadcast root only
+ * sends) learns of the mismatch at its next call on the group. */
+static void expect_mismatch(dt_group *g, dt_status st, int rank, const char *scenario) {
+    if (st == DT_OK)
+        st = dt_group_barrier(g);
+    if (st != DT_ERR_MISMATCH)
+        TEST_FAILF("%s: rank %d: expected DT_ERR_MISMATCH, got %s: %s", scenario, rank,
+                   dt_status_name(st), dt_last_error());
+    printf("%s: rank %d: %s\n", scenario, rank, dt_last_error());
+}
+
+static void mismatch_case(int rank, int size) {
+    (void)size;
+    dt_group *w = init_world();
+    float buf[2048] = {0};
+    dt_group *g;
+
+    ASSERT_OK(dt_group_split(w, 0, rank, &g));
+    dt_status st = dt_group_allreduce(g, buf, buf, rank == 1 ? 1001 : 1000, DT_F32, DT_SUM);
+    expect_mismatch(g, st, rank, "count");
+    dt_group_destroy(g);
+
+    ASSERT_OK(dt_group_split(w, 0, rank, &g));
+    if (rank == 2)
+        st = dt_group_broadcast(g, buf, 1000, DT_F32, 0);
+    else
+        st = dt_group_allreduce(g, buf, buf, 1000, DT_F32, DT_SUM);
+    expect_mismatch(g, st, rank, "op");
+    dt_group_destroy(g);
+
+    ASSERT_OK(dt_group_split(w, 0, rank, &g));
+    st = dt_group_allreduce(g, buf, buf, 512, rank == 0 ? DT_I32 : DT_F32, DT_SUM);
+    expect_mismatch(g, st, rank, "dtype");
+    dt_group_destroy(g);
+
+    ASSERT_OK(dt_group_split(w, 0, rank, &g));
+    st = dt_group_broadcast(g, buf, 100, DT_F32, rank == 0 ? 0 : 1);
+    expect_mismatch(g, st, rank, "root");
+    dt_group_destroy(g);
+
+    ASSERT_OK(dt_group_split(w, 0, rank, &g));
+    if (rank == 0) {
+        st = dt_group_allreduce(g, buf, buf, 100, DT_F32, DT_SUM);
+        if (st == DT_OK)
+            st = dt_group_allgather(g, buf, buf + 1024, 100, DT_F32);
+    } else {
+        st = dt_group_allgather(g, buf, buf + 1024, 100, DT_F32);
+        if (st == DT_OK)
+            st = dt_group_allreduce(g, buf, buf, 100, DT_F32, DT_SUM);
+    }
+    expect_mismatch(g, st, rank, "order");
+    dt_group_destroy(g);
+
+    ASSERT_OK(dt_group_barrier(w)); /* the world is unharmed */
+    dt_group_destroy(w);
+}
+
+static void token_case(int rank, int size) {
+    (void)size;
+    if (rank == 1) { /* an impostor: right address, wrong secret */
+        setenv("DT_JOB_TOKEN", "0123456789abcdef0123456789abcdef", 1);
+        dt_group *g = NULL;
+        ASSERT_STATUS(dt_group_init_from_env(&g), DT_ERR_AUTH);
+        ASSERT_CONTAINS(dt_last_error(), "token");
+        ASSERT_TRUE(g == NULL);
+        return;
+    }
+    /* rank 0 never sees rank 1 join and gives up after DT_TIMEOUT */
+    dt_group *g = NULL;
+    ASSERT_STATUS(dt_group_init_from_env(&g), DT_ERR_TIMEOUT);
+    ASSERT_CONTAINS(dt_last_error(), "w/info/1");
+}
+
+static void bad_env_case(int rank, int size) {
+    (void)size;
+    (void)rank;
+    dt_group *g = NULL;
+    setenv("DT_JOB_TOKEN", "short", 1);
+    ASSERT_STATUS(dt_group_init_from_env(&g), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "DT_JOB_TOKEN");
+    unsetenv("DT_JOB_TOKEN");
+    ASSERT_STATUS(dt_group_init_from_env(&g), DT_ERR_INVALID);
+    setenv("DT_RANK", "5", 1);
+    ASSERT_STATUS(dt_group_init_from_env(&g), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "DT_RANK");
+}
+
+#define C(name, n, fn, victim, ...)                                                                \
+    { name, n, fn, {__VA_ARGS__}, victim, 60 }
+static const hcase cases[] = {
+    C("kill_shm_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", NULL),
+    C("kill_tcp_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", "DT_TRANSPORT=tcp", NULL),
+    C("mismatch_shm_3", 3, mismatch_case, -1, "DT_TIMEOUT=20", NULL),
+    C("mismatch_tcp_3", 3, mismatch_case, -1, "DT_TIMEOUT=20", "DT_TRANSPORT=tcp", NULL),
+    C("wrong_token_2", 2, token_case, -1, "DT_TIMEOUT=2", NULL),
+    C("bad_env_1", 2, bad_env_case, -1, NULL),
+};
+
+int main(int argc, char **argv) {
+    return harness_main(argc, argv, cases, (int)(sizeof cases / sizeof cases[0]));
+}
