@@ -17,8 +17,9 @@
  *   - Backward kernels say per argument whether they overwrite (=) or
  *     accumulate (+=). Parameter gradients always accumulate, so several
  *     micro-batches can add into one gradient buffer.
- *   - Threads: OpenMP for our kernels, OpenBLAS's own pool for sgemm; both
- *     are set by dt_tensor_set_threads() (--threads / DT_THREADS).
+ *   - Threads: one OpenMP pool, sized by dt_tensor_set_threads() (--threads /
+ *     DT_THREADS). OpenBLAS runs single-threaded; dt_sgemm splits a large
+ *     product into one block of C per thread.
  *
  * Attention
  * ---------
@@ -51,7 +52,7 @@ extern "C" {
 /* Threads                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Use n threads (>= 1) for our kernels (OpenMP) and for sgemm (OpenBLAS). */
+/* Use n threads (>= 1) for our kernels and for sgemm (both through OpenMP). */
 void dt_tensor_set_threads(int n);
 /* The count last set (or the default: DT_THREADS, else the CPU count). */
 int dt_tensor_threads(void);

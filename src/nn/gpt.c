@@ -313,6 +313,7 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, i
         return dt_error_set(DT_ERR_INVALID,
                             "sequence length %d must be in [1, %d] (the model's max_seq)", max_seq,
                             cfg->max_seq);
+    (void)dt_tensor_threads(); /* first use: apply DT_THREADS, one thread pool */
     dt_gpt *m = dt_calloc(1, sizeof *m);
     if (!m)
         return DT_ERR_NOMEM;

@@ -14,7 +14,9 @@
  *     dq += scale ds k,   dk += scale ds q,   dv += p dout
  * Threads own whole (batch, head) pairs in backward (dk and dv of a head are
  * summed over all query blocks) and (batch, head, query block) triples in
- * forward; no two threads write the same element.
+ * forward; no two threads write the same element. The tile products (at
+ * most 64 x 64 x HS) go to sgemm on the calling thread; the online softmax,
+ * the causal mask and dS = P (dP - D) are ours.
  *
  * Layout: qkv (B,T,3C) = [q | k | v], each C = NH * HS with heads
  * contiguous, exactly what one linear layer of width 3C produces.
@@ -29,93 +31,63 @@
 #define BLK    DT_ATTN_BLOCK
 #define MAX_HS 256 /* head size bound for the stack tiles (checked by nn) */
 
-/* s[0..BLK) = scale * (q . Kt[:, c]); Kt is (HS, BLK), a transposed key tile,
- * so the inner loop runs along keys and the accumulators stay in registers. */
-static inline void scores_row(float *restrict s, const float *restrict q, const float *restrict Kt,
-                              int HS, float scale) {
-#if defined(__AVX512F__) && DT_ATTN_BLOCK == 64
-    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
-    for (int d = 0; d < HS; d++) {
-        __m512 qd = _mm512_set1_ps(q[d]);
-        const float *k = Kt + (size_t)d * BLK;
-        a0 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k), a0);
-        a1 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + 16), a1);
-        a2 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + 32), a2);
-        a3 = _mm512_fmadd_ps(qd, _mm512_loadu_ps(k + 48), a3);
-    }
-    __m512 vs = _mm512_set1_ps(scale);
-    _mm512_storeu_ps(s, _mm512_mul_ps(a0, vs));
-    _mm512_storeu_ps(s + 16, _mm512_mul_ps(a1, vs));
-    _mm512_storeu_ps(s + 32, _mm512_mul_ps(a2, vs));
-    _mm512_storeu_ps(s + 48, _mm512_mul_ps(a3, vs));
-#else
-    for (int c = 0; c < BLK; c++)
-        s[c] = 0.0f;
-    for (int d = 0; d < HS; d++) {
-        const float *k = Kt + (size_t)d * BLK;
-        float qd = q[d];
-        for (int c = 0; c < BLK; c++)
-            s[c] += qd * k[c];
-    }
-    for (int c = 0; c < BLK; c++)
-        s[c] *= scale;
-#endif
+/* Row-major tile products through sgemm: (M,K) x (K,N), operands given with
+ * their leading dimensions. The tiles are at most 64 x 64 x HS, small
+ * enough that OpenBLAS runs them on the calling thread. */
+static inline void mm(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc) {
+    dt_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
 }
 
-/* Kt (HS,BLK) = transpose of rows j0..j1 of one head's k (or v) slice. */
-static void load_tile_t(float *restrict Kt, const float *base, size_t stride, int j0, int j1,
-                        int HS) {
-    for (int j = j0; j < j1; j++) {
-        const float *k = base + (size_t)j * stride;
-        for (int d = 0; d < HS; d++)
-            Kt[(size_t)d * BLK + (j - j0)] = k[d];
-    }
-}
-
+/* One query block [i0, i1) of head h of sequence b against all keys <= i1-1. */
 static void attn_forward_block(float *out, float *lse, const float *qkv, int b, int h, int i0,
                                int T, int C, int NH) {
-    const int HS = C / NH, i1 = i0 + BLK < T ? i0 + BLK : T;
-    const size_t C3 = 3 * (size_t)C;
+    const int HS = C / NH, i1 = i0 + BLK < T ? i0 + BLK : T, nq = i1 - i0;
+    const int C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)HS);
     const float *base = qkv + (size_t)b * T * C3;
     const float *qb = base + (size_t)h * HS, *kb = qb + C, *vb = qb + 2 * (size_t)C;
-    float Kt[MAX_HS * BLK]; /* transposed key tile */
-    float o[BLK * MAX_HS];  /* unnormalised output rows */
-    float m[BLK], l[BLK], s[BLK];
-    memset(Kt, 0, sizeof(float) * (size_t)HS * BLK); /* unused lanes stay finite */
-    memset(o, 0, sizeof(float) * (size_t)BLK * HS);
-    for (int r = 0; r < BLK; r++) {
+    float S[BLK * BLK];    /* scores, then probabilities, of the tile */
+    float O[BLK * MAX_HS]; /* unnormalised output rows */
+    float m[BLK], l[BLK];
+    for (int r = 0; r < nq; r++) {
         m[r] = -INFINITY;
         l[r] = 0.0f;
     }
     for (int j0 = 0; j0 < i1; j0 += BLK) {
-        int j1 = j0 + BLK < i1 ? j0 + BLK : i1;
-        load_tile_t(Kt, kb, C3, j0, j1, HS);
-        for (int t = i0; t < i1; t++) {
-            int nk = (j1 < t + 1 ? j1 : t + 1) - j0; /* causal: keys j <= t */
-            if (nk <= 0)
+        const int j1 = j0 + BLK < i1 ? j0 + BLK : i1, nk = j1 - j0;
+        // S (nq,nk) = scale * Q_i (nq,HS) K_j^T (HS,nk)
+        mm(false, true, nq, nk, HS, scale, qb + (size_t)i0 * C3, C3, kb + (size_t)j0 * C3, C3, 0.0f,
+           S, BLK);
+        for (int r = 0; r < nq; r++) {
+            const int t = i0 + r, nv = (j1 < t + 1 ? j1 : t + 1) - j0; /* causal: keys <= t */
+            float *srow = S + (size_t)r * BLK;
+            float *orow = O + (size_t)r * HS;
+            if (j0 == 0)
+                memset(orow, 0, sizeof(float) * (size_t)HS);
+            if (nv <= 0) {
+                memset(srow, 0, sizeof(float) * (size_t)nk);
                 continue;
-            int r = t - i0;
-            scores_row(s, qb + (size_t)t * C3, Kt, HS, scale);
-            float mb = dt__max(s, (size_t)nk);
+            }
+            float mb = dt__max(srow, (size_t)nv);
             float mnew = mb > m[r] ? mb : m[r];
             float corr = expf(m[r] - mnew); /* 0 on the first block (m = -inf) */
-            float ps = dt__exp_shift_sum(s, s, mnew, (size_t)nk);
-            l[r] = l[r] * corr + ps;
+            l[r] = l[r] * corr + dt__exp_shift_sum(srow, srow, mnew, (size_t)nv);
             m[r] = mnew;
-            float *orow = o + (size_t)r * HS;
-            if (corr != 1.0f)
+            if (nv < nk)
+                memset(srow + nv, 0, sizeof(float) * (size_t)(nk - nv));
+            if (j0 != 0 && corr != 1.0f)
                 dt__scal(orow, corr, (size_t)HS);
-            for (int c = 0; c < nk; c++)
-                dt__axpy(orow, s[c], vb + (size_t)(j0 + c) * C3, (size_t)HS);
         }
+        // O (nq,HS) += P (nq,nk) V_j (nk,HS)
+        mm(false, false, nq, HS, nk, 1.0f, S, BLK, vb + (size_t)j0 * C3, C3, 1.0f, O, HS);
     }
-    for (int t = i0; t < i1; t++) {
-        int r = t - i0;
+    for (int r = 0; r < nq; r++) {
+        const int t = i0 + r;
         float inv = 1.0f / l[r];
         float *dst = out + ((size_t)b * T + t) * C + (size_t)h * HS;
         for (int d = 0; d < HS; d++)
-            dst[d] = o[(size_t)r * HS + d] * inv;
+            dst[d] = O[(size_t)r * HS + d] * inv;
         lse[((size_t)b * NH + h) * T + t] = m[r] + logf(l[r]);
     }
 }
@@ -124,7 +96,7 @@ void dt_attention_forward(float *out, float *lse, const float *qkv, int B, int T
     DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS);
     int nblk = (T + BLK - 1) / BLK;
     /* Later query blocks see more keys; dynamic scheduling evens that out. */
-#pragma omp parallel for collapse(3) schedule(dynamic, 1)
+#pragma omp parallel for collapse(3) schedule(dynamic, 1) if (B * NH * nblk > 1)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             for (int ib = 0; ib < nblk; ib++)
@@ -133,8 +105,7 @@ void dt_attention_forward(float *out, float *lse, const float *qkv, int B, int T
 
 static void attn_backward_head(float *dqkv, const float *dout, const float *qkv, const float *out,
                                const float *lse, int b, int h, int T, int C, int NH) {
-    const int HS = C / NH;
-    const size_t C3 = 3 * (size_t)C;
+    const int HS = C / NH, C3 = 3 * C;
     const float scale = 1.0f / sqrtf((float)HS);
     const float *base = qkv + (size_t)b * T * C3;
     const float *qb = base + (size_t)h * HS, *kb = qb + C, *vb = qb + 2 * (size_t)C;
@@ -143,41 +114,43 @@ static void attn_backward_head(float *dqkv, const float *dout, const float *qkv,
     const float *dob = dout + (size_t)b * T * C + (size_t)h * HS;
     const float *ob = out + (size_t)b * T * C + (size_t)h * HS;
     const float *lrow = lse + ((size_t)b * NH + h) * T;
-    float Kt[MAX_HS * BLK], Vt[MAX_HS * BLK];
-    float p[BLK], dp[BLK], D[BLK];
-    memset(Kt, 0, sizeof(float) * (size_t)HS * BLK);
-    memset(Vt, 0, sizeof(float) * (size_t)HS * BLK);
+    float P[BLK * BLK], dP[BLK * BLK], D[BLK];
     for (int t = 0; t < T; t++) {
         memset(dqb + (size_t)t * C3, 0, sizeof(float) * HS);
         memset(dkb + (size_t)t * C3, 0, sizeof(float) * HS);
         memset(dvb + (size_t)t * C3, 0, sizeof(float) * HS);
     }
     for (int i0 = 0; i0 < T; i0 += BLK) {
-        int i1 = i0 + BLK < T ? i0 + BLK : T;
+        const int i1 = i0 + BLK < T ? i0 + BLK : T, nq = i1 - i0;
+        const float *Qi = qb + (size_t)i0 * C3, *dOi = dob + (size_t)i0 * C;
         for (int t = i0; t < i1; t++)
             D[t - i0] = dt__dot(dob + (size_t)t * C, ob + (size_t)t * C, (size_t)HS);
         for (int j0 = 0; j0 < i1; j0 += BLK) {
-            int j1 = j0 + BLK < i1 ? j0 + BLK : i1;
-            load_tile_t(Kt, kb, C3, j0, j1, HS);
-            load_tile_t(Vt, vb, C3, j0, j1, HS);
-            for (int t = i0; t < i1; t++) {
-                int nk = (j1 < t + 1 ? j1 : t + 1) - j0;
-                if (nk <= 0)
-                    continue;
-                const float *q = qb + (size_t)t * C3, *dO = dob + (size_t)t * C;
-                float *dq = dqb + (size_t)t * C3;
-                scores_row(p, q, Kt, HS, scale);
-                dt__exp_shift_sum(p, p, lrow[t], (size_t)nk); /* probabilities */
-                scores_row(dp, dO, Vt, HS, 1.0f);
-                float Dt = D[t - i0];
-                for (int c = 0; c < nk; c++) {
-                    size_t j = (size_t)(j0 + c) * C3;
-                    float ds = p[c] * (dp[c] - Dt) * scale;
-                    dt__axpy(dvb + j, p[c], dO, (size_t)HS);
-                    dt__axpy(dq, ds, kb + j, (size_t)HS);
-                    dt__axpy(dkb + j, ds, q, (size_t)HS);
-                }
+            const int j1 = j0 + BLK < i1 ? j0 + BLK : i1, nk = j1 - j0;
+            const float *Kj = kb + (size_t)j0 * C3, *Vj = vb + (size_t)j0 * C3;
+            // P (nq,nk) = exp(scale Q_i K_j^T - lse), zero above the diagonal
+            mm(false, true, nq, nk, HS, scale, Qi, C3, Kj, C3, 0.0f, P, BLK);
+            // dP (nq,nk) = dO_i V_j^T
+            mm(false, true, nq, nk, HS, 1.0f, dOi, C, Vj, C3, 0.0f, dP, BLK);
+            for (int r = 0; r < nq; r++) {
+                const int t = i0 + r, nv = (j1 < t + 1 ? j1 : t + 1) - j0;
+                const int nvv = nv > 0 ? nv : 0;
+                float *prow = P + (size_t)r * BLK, *dsrow = dP + (size_t)r * BLK;
+                if (nvv > 0)
+                    dt__exp_shift_sum(prow, prow, lrow[t], (size_t)nvv);
+                for (int c = nvv; c < nk; c++)
+                    prow[c] = 0.0f;
+                // dS = P * (dP - D) * scale, written over dP
+                const float Dt = D[r];
+                for (int c = 0; c < nk; c++)
+                    dsrow[c] = prow[c] * (dsrow[c] - Dt) * scale;
             }
+            // dV_j (nk,HS) += P^T (nk,nq) dO_i (nq,HS)
+            mm(true, false, nk, HS, nq, 1.0f, P, BLK, dOi, C, 1.0f, dvb + (size_t)j0 * C3, C3);
+            // dQ_i (nq,HS) += dS (nq,nk) K_j (nk,HS)
+            mm(false, false, nq, HS, nk, 1.0f, dP, BLK, Kj, C3, 1.0f, dqb + (size_t)i0 * C3, C3);
+            // dK_j (nk,HS) += dS^T (nk,nq) Q_i (nq,HS)
+            mm(true, false, nk, HS, nq, 1.0f, dP, BLK, Qi, C3, 1.0f, dkb + (size_t)j0 * C3, C3);
         }
     }
 }
@@ -185,7 +158,7 @@ static void attn_backward_head(float *dqkv, const float *dout, const float *qkv,
 void dt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, int B, int T, int C, int NH) {
     DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS);
-#pragma omp parallel for collapse(2) schedule(dynamic, 1)
+#pragma omp parallel for collapse(2) schedule(dynamic, 1) if (B * NH > 1)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             attn_backward_head(dqkv, dout, qkv, out, lse, b, h, T, C, NH);

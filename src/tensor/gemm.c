@@ -1,11 +1,15 @@
 /*
  * gemm.c — thread control and the matrix multiplies (OpenBLAS cblas_sgemm).
  *
- * dtrain owns two thread pools that never run at the same time: OpenMP for
- * our kernels and OpenBLAS's pool for sgemm. dt_tensor_set_threads() sizes
- * both to the same count so that a step never oversubscribes the cores. All
- * matrices are row-major; linear layers keep PyTorch's (out, in) weight
- * layout so checkpoints and fixtures map one to one.
+ * One thread pool: OpenMP. OpenBLAS is kept single-threaded and a large
+ * sgemm is split by dt_sgemm into one block of rows (or columns) of C per
+ * OpenMP thread, each a single-threaded sgemm call. With OpenBLAS's own
+ * pthread pool as well, its workers spin after every call while our OpenMP
+ * kernels run, and on a machine with few cores the two pools steal each
+ * other's cores. Calls made inside an OpenMP region (the attention tiles)
+ * go straight to OpenBLAS. All matrices are row-major; linear layers keep
+ * PyTorch's (out, in) weight layout so checkpoints and fixtures map one to
+ * one.
  */
 #include "dtrain/tensor.h"
 
@@ -23,14 +27,16 @@ void dt_tensor_set_threads(int n) {
         n = 1;
     g_threads = n;
     omp_set_num_threads(n);
-    openblas_set_num_threads(n);
+    openblas_set_num_threads(1); /* see the file comment: we split sgemm ourselves */
 }
 
 int dt_tensor_threads(void) {
     if (g_threads == 0) {
         int n;
-        if (dt_tensor_threads_from_env(&n) != DT_OK)
+        if (dt_tensor_threads_from_env(&n) != DT_OK) {
+            DT_WARN("%s; using %d threads", dt_last_error(), dt_cpu_count());
             dt_tensor_set_threads(dt_cpu_count());
+        }
     }
     return g_threads;
 }
@@ -52,12 +58,47 @@ bool dt_tensor_have_avx512(void) {
 #endif
 }
 
+/* Below this many multiply-adds an sgemm runs on one thread. */
+#define GEMM_SPLIT_MIN (1u << 21)
+
+static void sgemm1(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                   const float *B, int ldb, float beta, float *C, int ldc) {
+    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, M, N,
+                K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
 void dt_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
     if (M == 0 || N == 0)
         return;
-    cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans,
-                trans_b ? CblasTrans : CblasNoTrans, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    if (nt <= 1 || (double)M * N * K < GEMM_SPLIT_MIN) {
+        sgemm1(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+        return;
+    }
+    /* Split the larger of M and N into nt blocks, multiples of 64 so that
+     * every block keeps whole register tiles. Each thread packs its own
+     * panels; the duplicated packing of the shared operand is small next to
+     * the multiply for the sizes that reach this path. */
+    bool split_m = M >= N;
+    int len = split_m ? M : N;
+    int chunk = ((len + nt - 1) / nt + 63) & ~63;
+#pragma omp parallel for num_threads(nt) schedule(static, 1)
+    for (int t = 0; t < nt; t++) {
+        int lo = t * chunk, hi = lo + chunk < len ? lo + chunk : len;
+        if (lo >= hi)
+            continue;
+        if (split_m) {
+            /* rows lo..hi of op(A) and of C */
+            const float *Ab = trans_a ? A + lo : A + (size_t)lo * lda;
+            sgemm1(trans_a, trans_b, hi - lo, N, K, alpha, Ab, lda, B, ldb, beta,
+                   C + (size_t)lo * ldc, ldc);
+        } else {
+            /* columns lo..hi of op(B) and of C */
+            const float *Bb = trans_b ? B + (size_t)lo * ldb : B + lo;
+            sgemm1(trans_a, trans_b, M, hi - lo, K, alpha, A, lda, Bb, ldb, beta, C + lo, ldc);
+        }
+    }
 }
 
 void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,

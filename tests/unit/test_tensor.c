@@ -224,6 +224,33 @@ static void test_matmul(void) {
     free(c.out), free(c.inp), free(c.w), free(c.b), free(c.dout);
 }
 
+/* Large products are split across threads by rows or columns of C: every
+ * transpose combination, both split directions, against float64. */
+static void test_sgemm_split(void) {
+    int shapes[][3] = {{200, 130, 100}, {70, 300, 120}}; /* split M, split N */
+    for (int s = 0; s < 2; s++)
+        for (int ta = 0; ta < 2; ta++)
+            for (int tb = 0; tb < 2; tb++) {
+                int M = shapes[s][0], N = shapes[s][1], K = shapes[s][2];
+                float *A = randv((size_t)M * K, 1.0f), *B = randv((size_t)K * N, 1.0f);
+                float *C = randv((size_t)M * N, 1.0f), *ref = zerov((size_t)M * N);
+                int lda = ta ? M : K, ldb = tb ? K : N;
+                for (int i = 0; i < M; i++)
+                    for (int j = 0; j < N; j++) {
+                        double acc = 0.0;
+                        for (int k = 0; k < K; k++)
+                            acc += (double)(ta ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+                                   (tb ? B[(size_t)j * ldb + k] : B[(size_t)k * ldb + j]);
+                        ref[(size_t)i * N + j] = (float)(0.5 * acc + 2.0 * C[(size_t)i * N + j]);
+                    }
+                dt_sgemm(ta, tb, M, N, K, 0.5f, A, lda, B, ldb, 2.0f, C, N);
+                char what[64];
+                snprintf(what, sizeof what, "sgemm %dx%dx%d ta=%d tb=%d", M, N, K, ta, tb);
+                check_close(what, C, ref, (size_t)M * N, 1e-5);
+                free(A), free(B), free(C), free(ref);
+            }
+}
+
 /* ------------------------------------------------------------ cross-entropy */
 
 typedef struct ce_ctx {
@@ -395,6 +422,7 @@ int main(void) {
     RUN(test_layernorm);
     RUN(test_gelu);
     RUN(test_matmul);
+    RUN(test_sgemm_split);
     RUN(test_crossentropy);
     RUN(test_embedding);
     RUN(test_attention_fd);
