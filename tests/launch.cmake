@@ -1,5 +1,10 @@
 # Launcher tests: real `dtrain launch` runs with the probe program as ranks.
 # Each named case of tests/launch/test_launch.c is its own ctest test.
+
+# A collective check that runs the same under dtrain launch, mpirun and
+# across network namespaces (public comm API only).
+add_executable(launch_coll_check ${CMAKE_CURRENT_SOURCE_DIR}/launch/coll_check.c)
+target_link_libraries(launch_coll_check PRIVATE dtrain)
 add_executable(launch_probe ${CMAKE_CURRENT_SOURCE_DIR}/launch/probe.c)
 add_executable(launch_selfexec ${CMAKE_CURRENT_SOURCE_DIR}/launch/selfexec.c)
 target_link_libraries(launch_selfexec PRIVATE dtrain)
@@ -8,30 +13,32 @@ target_include_directories(test_launch PRIVATE ${CMAKE_CURRENT_SOURCE_DIR})
 target_compile_definitions(test_launch PRIVATE _GNU_SOURCE
   DT_CLI="$<TARGET_FILE:dtrain_cli>"
   PROBE="$<TARGET_FILE:launch_probe>"
-  SELFEXEC="$<TARGET_FILE:launch_selfexec>")
+  SELFEXEC="$<TARGET_FILE:launch_selfexec>"
+  COLL="$<TARGET_FILE:launch_coll_check>")
 target_link_libraries(test_launch PRIVATE dtrain)
 # Captured outputs are large; messages quoting them are cut on purpose.
 target_compile_options(test_launch PRIVATE -Wno-format-truncation)
-add_dependencies(test_launch dtrain_cli launch_probe launch_selfexec)
+add_dependencies(test_launch dtrain_cli launch_probe launch_selfexec launch_coll_check)
 
 foreach(t env tag_output fail fail_signal fail_grace sigint sigterm restart no_orphans
           launcher_killed bad_input port_in_use unreachable_master two_nodes
           two_nodes_mismatch two_nodes_fail two_nodes_restart two_nodes_slow
-          two_nodes_sigint self)
+          two_nodes_sigint self comm_one_node comm_two_nodes)
   add_test(NAME launch_${t} COMMAND test_launch ${t})
   set_tests_properties(launch_${t} PROPERTIES TIMEOUT 60 LABELS "launch")
 endforeach()
 # Tests that pick TCP ports themselves must not race each other for them.
 set_tests_properties(launch_port_in_use launch_unreachable_master launch_two_nodes
                      launch_two_nodes_mismatch launch_two_nodes_fail launch_two_nodes_restart
-                     launch_two_nodes_slow launch_two_nodes_sigint
+                     launch_two_nodes_slow launch_two_nodes_sigint launch_comm_two_nodes
                      PROPERTIES RESOURCE_LOCK launch_ports)
 
 # Two hosts made of network namespaces (scripts/netns-cluster.sh): needs
 # root and iproute2, skipped with a message otherwise.
 add_test(NAME launch_netns
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/launch/netns_launch.sh
-                 $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:launch_probe>)
+                 $<TARGET_FILE:dtrain_cli> $<TARGET_FILE:launch_probe>
+                 $<TARGET_FILE:launch_coll_check>)
 set_tests_properties(launch_netns PROPERTIES TIMEOUT 60 LABELS "launch;netns"
                      SKIP_RETURN_CODE 77)
 

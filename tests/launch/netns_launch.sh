@@ -1,12 +1,16 @@
 #!/usr/bin/env bash
-# netns_launch.sh DTRAIN PROBE — two hosts (network namespaces made by
-# scripts/netns-cluster.sh) x 2 ranks started with `dtrain launch` by hand,
-# node 0 at 10.77.0.1: every rank gets the right global rank, node rank and
-# master address, and a rank failing on host 1 ends the job on host 0.
+# netns_launch.sh DTRAIN PROBE [COLL_CHECK] — two hosts (network namespaces
+# made by scripts/netns-cluster.sh) x 2 ranks started with `dtrain launch` by
+# hand, node 0 at 10.77.0.1: every rank gets the right global rank, node
+# rank and master address; a rank failing on host 1 ends the job on host 0;
+# with COLL_CHECK, the collectives are correct across the hosts, ranks of
+# one host use shm and the others TCP, and the hierarchical allreduce is
+# the default choice (and what runs) for a large message.
 # Exits 77 (ctest SKIP_RETURN_CODE) when not root or `ip` is missing.
 set -euo pipefail
 dtrain=$1
 probe=$2
+coll=${3:-}
 root=$(cd "$(dirname "$0")/../.." && pwd)
 if [[ $(id -u) -ne 0 ]]; then
     echo "SKIP: the netns test needs root (network namespaces)"
@@ -65,3 +69,11 @@ for f in "$dir"/pid.*; do
     done
 done
 echo "ok: nothing left running"
+
+if [[ -n $coll ]]; then
+    two_hosts --tag-output "$coll" --expect-transport shm+tcp --expect-hier
+    read -r rc0 rc1 <"$dir/codes"
+    [[ $rc0 == 0 && $rc1 == 0 ]] || fail "collective check across hosts: launchers exited $rc0 and $rc1"
+    echo "ok: collectives across 2 hosts x 2 ranks (shm+tcp, hier allreduce by default)"
+fi
+

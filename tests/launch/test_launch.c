@@ -621,6 +621,27 @@ static void test_two_nodes_sigint(void) {
     assert_all_gone(4, 2);
 }
 
+/* The comm layer under dtrain launch: one node (shm) and two nodes on
+ * loopback (shm inside a node, TCP across, hierarchical allreduce). */
+static void test_comm_one_node(void) {
+    result r = run("%s launch -n 4 --tag-output %s --expect-transport shm", DT_CLI, COLL);
+    ASSERT_EQ(r.code, 0);
+    for (int rank = 0; rank < 4; rank++) {
+        char want[64];
+        snprintf(want, sizeof want, "[%d] coll_check: rank %d of 4: ", rank, rank);
+        ASSERT_CONTAINS(out_text, want);
+    }
+}
+
+static void test_comm_two_nodes(void) {
+    char args[1024], e0[8192], e1[8192];
+    result r0, r1;
+    snprintf(args, sizeof args, "%s --expect-transport shm+tcp --expect-hier", COLL);
+    run_two_nodes("-n 2", "-n 2", args, &r0, e0, &r1, e1);
+    ASSERT_EQ(r0.code, 0);
+    ASSERT_EQ(r1.code, 0);
+}
+
 /* A program relaunching itself through dt_launch_self (like `dtrain train
  * --nproc N`). */
 static void test_self(void) {
@@ -663,6 +684,8 @@ static const named_test tests[] = {
     {"two_nodes_slow", test_two_nodes_slow},
     {"two_nodes_sigint", test_two_nodes_sigint},
     {"self", test_self},
+    {"comm_one_node", test_comm_one_node},
+    {"comm_two_nodes", test_comm_two_nodes},
 };
 
 int main(int argc, char **argv) {
