@@ -487,7 +487,6 @@ dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transpor
             goto fail;
         }
     }
-    /* Everyone has mapped everything: unlink, so nothing outlives the job. */
     /* Everyone has mapped everything: unlink, so nothing outlives the job.
      * The counter is per host (named by its lowest rank): with several
      * hosts a shared one would reach n before this host's peers mapped. */
