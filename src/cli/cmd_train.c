@@ -65,7 +65,7 @@ static const cli_opt train_opts[] = {
     {"bucket-size", 0, CLI_SIZE, "SIZE", "25M", "DT_BUCKET_SIZE", "gradient bucket size for the overlapped allreduce", NULL, 4, 1e12},
     {"check-every", 0, CLI_INT, "N", "0", "DT_CHECK_EVERY", "compare parameter hashes across ranks every N steps (0: off; 50 with DT_LOG=debug)", NULL, 0, 1e15},
     {"peak-gflops", 0, CLI_DOUBLE, "X", "0", "DT_PEAK_GFLOPS", "per-rank peak for MFU (0: measure sgemm at start)", NULL, 0, 1e9},
-    {"sample-tokens", 0, CLI_INT, "N", "200", "DT_SAMPLE_TOKENS", "tokens generated at the end (0: none)", NULL, 0, 1 << 20},
+    {"sample-tokens", 0, CLI_INT, "N", "256", "DT_SAMPLE_TOKENS", "tokens generated at the end (0: none)", NULL, 0, 1 << 20},
     {"log-every", 0, CLI_INT, "N", "0", "DT_LOG_EVERY", "plain progress line every N steps (0: about 20 per run)", NULL, 0, 1e15},
     {"progress", 0, CLI_ENUM, "MODE", "auto", "DT_PROGRESS", "live line on a terminal, plain lines otherwise", progress_modes, 0, 0},
     {0},

@@ -66,7 +66,7 @@ void dt_train_config_init(dt_train_config *c) {
     c->keep = 3;
     c->seed = 1337;
     c->bucket_bytes = DT_DDP_DEFAULT_BUCKET_BYTES;
-    c->sample_tokens = 200;
+    c->sample_tokens = 256;
     c->progress = -1;
 }
 
@@ -916,8 +916,16 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         }
         if (res->checkpoint[0])
             fprintf(stderr, "checkpoint: %s\n", res->checkpoint);
-        if (c->run_dir)
+        if (c->run_dir) {
+            /* The final weights in the engine's plain format, for `dtrain
+             * sample` (the checkpoint holds the optimizer state too). */
+            char wpath[4096];
+            snprintf(wpath, sizeof wpath, "%s/model.dtgw", c->run_dir);
+            DT_CHECK_GOTO(dt_gpt_save_weights(t->m, wpath, t->tok->id_to_byte, t->tok->vocab_size),
+                          st, fail);
             fprintf(stderr, "metrics:    %s/metrics.jsonl\n", c->run_dir);
+            fprintf(stderr, "weights:    %s (dtrain sample --ckpt %s)\n", wpath, wpath);
+        }
         if (c->sample_tokens > 0 && t->step == c->steps)
             DT_CHECK_GOTO(generate(t, stdout), st, fail);
         fflush(stdout);

@@ -156,6 +156,8 @@ static void test_config_file(void) {
     fclose(f);
     ASSERT_TRUE(strstr(json, "\"layers\": 1,") != NULL);
     ASSERT_TRUE(strstr(json, "\"steps\": 3,") != NULL);
+    /* The run directory's final weights feed `dtrain sample`. */
+    EXPECT_RC(tu_run("%s sample --ckpt %s/cfgrun/model.dtgw -n 20", DTRAIN, tu_dir), 0);
     f = fopen(cfg, "a");
     fprintf(f, "learning-rate = 0.1\n");
     fclose(f);
