@@ -131,6 +131,29 @@ static void test_resume_refuses_mismatch(void) {
     EXPECT_OUT("ckpt-000003.dtck at step 3");
 }
 
+/* A .tok file (made by `dtrain data prepare`) trains like its text, with a
+ * byte tokenizer too; a checkpoint from the text run resumes on the .tok
+ * (same vocabulary), and a --val-data file with bytes outside the training
+ * vocabulary is refused. */
+static void test_token_file(void) {
+    EXPECT_RC(tu_run("%s data prepare %s -o %s/c.tok --tokenizer char", DTRAIN, corpus, tu_dir), 0);
+    EXPECT_RC(tu_run("%s train --data %s --batch 2 --steps 2 --ckpt-dir %s/tok " TINY, DTRAIN,
+                     corpus, tu_dir),
+              0);
+    EXPECT_RC(
+        tu_run("%s train --data %s/c.tok --batch 2 --steps 3 --ckpt-dir %s/tok --resume " TINY,
+               DTRAIN, tu_dir, tu_dir),
+        0);
+    EXPECT_OUT("at step 2");
+    EXPECT_RC(
+        tu_run("%s train --data %s --tokenizer byte --batch 2 --steps 2 " TINY, DTRAIN, corpus), 0);
+    EXPECT_OUT("vocab 256");
+    EXPECT_RC(tu_run("%s train --data %s --val-data %s --batch 2 --steps 2 " TINY, DTRAIN, corpus,
+                     corpus2),
+              2);
+    EXPECT_OUT("--val-data");
+}
+
 /* --config supplies defaults; flags win; unknown keys are refused. */
 static void test_config_file(void) {
     char cfg[128];
@@ -269,6 +292,7 @@ int main(void) {
     RUN(test_bad_inputs);
     RUN(test_nan_stops);
     RUN(test_resume_refuses_mismatch);
+    RUN(test_token_file);
     RUN(test_config_file);
     RUN(test_resume_bit_identical);
     RUN(test_sigkill_resume);
