@@ -20,6 +20,7 @@ in the same run are what to quote.
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -87,7 +88,10 @@ def torch_worker(rank, world, a, tokens, V, port, out):
     g = torch.Generator().manual_seed(rank)
     n = tokens.numel() - a.seq - 1
     times = []
+    cpu0 = None
     for step in range(a.steps):
+        if step == 3:
+            cpu0 = time.process_time()
         ix = torch.randint(n, (a.batch,), generator=g)
         x = torch.stack([tokens[i:i + a.seq] for i in ix])
         y = torch.stack([tokens[i + 1:i + 1 + a.seq] for i in ix])
@@ -99,9 +103,8 @@ def torch_worker(rank, world, a, tokens, V, port, out):
         opt.step()
         dist.all_reduce(loss.detach())
         times.append(time.perf_counter() - t0)
-    if rank == 0:
-        tps = [world * a.batch * a.seq / t for t in times[3:]]
-        out.put(statistics.median(tps))
+    cpu = time.process_time() - cpu0
+    out.put((rank, [world * a.batch * a.seq / t for t in times[3:]], cpu))
     dist.destroy_process_group()
 
 
@@ -112,10 +115,12 @@ def run_torch(a, tokens, V):
     procs = [ctx.Process(target=torch_worker, args=(r, 2, a, tokens, V, port, q)) for r in range(2)]
     for p in procs:
         p.start()
-    tps = q.get(timeout=600)
+    res = [q.get(timeout=600) for _ in procs]
     for p in procs:
         p.join()
-    return tps
+    tps = statistics.median(next(r[1] for r in res if r[0] == 0))
+    tokens = 2 * a.batch * a.seq * (a.steps - 3)
+    return tps, sum(r[2] for r in res) / tokens * 1e3  # CPU ms per token
 
 
 def run_dtrain(a, nproc, tmp):
@@ -126,11 +131,15 @@ def run_dtrain(a, nproc, tmp):
            "--threads", "1", "--bucket-size", a.bucket_size, "--run-dir", run,
            "--val-split", "0", "--sample-tokens", "0", "--progress", "plain",
            "--log-every", "1000000", "--peak-gflops", "1"]
+    r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+    cpu_ms_per_token = cpu / (nproc * a.batch * a.seq * a.steps) * 1e3  # all steps + startup
     rows = [json.loads(l) for l in open(os.path.join(run, "metrics.jsonl"))][3:]
     tps = statistics.median(r["tokens_per_s"] for r in rows)
     frac = [r["exposed_comm_ms"] / r["comm_ms"] for r in rows if r["comm_ms"] > 0]
-    return tps, (statistics.median(frac) if frac else float("nan"))
+    return tps, (statistics.median(frac) if frac else float("nan")), cpu_ms_per_token
 
 
 def main():
@@ -167,21 +176,32 @@ def main():
           f"{a.steps} steps, bucket {a.bucket_size}, data {a.data}; {a.repeats} repeats "
           f"(machine may be shared)")
     one, two, frac, pt = [], [], [], []
+    c1, c2, cpt = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(a.repeats):
-            one.append(run_dtrain(a, 1, tmp)[0])
-            t, f = run_dtrain(a, 2, tmp)
+            t, _, c = run_dtrain(a, 1, tmp)
+            one.append(t)
+            c1.append(c)
+            t, f, c = run_dtrain(a, 2, tmp)
             two.append(t)
             frac.append(f)
-            pt.append(run_torch(a, tokens, len(vocab)))
+            c2.append(c)
+            t, c = run_torch(a, tokens, len(vocab))
+            pt.append(t)
+            cpt.append(c)
             print(f"  repeat {r + 1}: dtrain 1 rank {one[-1]:.0f} tok/s, 2 ranks {two[-1]:.0f} "
                   f"(exposed/comm {f:.2f}), torch DDP 2 ranks {pt[-1]:.0f}", flush=True)
     m1, m2, mp_, mf = (statistics.median(x) for x in (one, two, pt, frac))
-    print(f"{'run':32} {'tokens/s':>10}")
-    print(f"{'dtrain 1 rank x 1 thread':32} {m1:10.0f}")
-    print(f"{'dtrain 2 ranks x 1 thread':32} {m2:10.0f}   weak scaling {m2 / m1:.2f}x, "
-          f"exposed comm {100 * mf:.0f}% of comm")
-    print(f"{'torch DDP gloo 2 x 1 thread':32} {mp_:10.0f}   dtrain / torch = {m2 / mp_:.2f}x")
+    k1, k2, kp = (statistics.median(x) for x in (c1, c2, cpt))
+    print(f"{'run':32} {'tokens/s':>10} {'CPU ms/token':>13}")
+    print(f"{'dtrain 1 rank x 1 thread':32} {m1:10.0f} {k1:13.4f}")
+    print(f"{'dtrain 2 ranks x 1 thread':32} {m2:10.0f} {k2:13.4f}   weak scaling {m2 / m1:.2f}x "
+          f"(by CPU per token: {2 * k1 / k2:.2f}x), exposed comm {100 * mf:.0f}% of comm")
+    print(f"{'torch DDP gloo 2 x 1 thread':32} {mp_:10.0f} {kp:13.4f}   dtrain / torch = "
+          f"{m2 / mp_:.2f}x (by CPU per token: {kp / k2:.2f}x)")
+    print("CPU ms/token: all CPU time of the job's processes per token processed (dtrain: the "
+          "whole run incl. start-up; torch: the timed steps only); on a shared machine it shows "
+          "what wall-clock ratios would be on an idle one.")
 
 
 if __name__ == "__main__":
