@@ -251,6 +251,12 @@ typedef enum dt_train_optimizer {
 /* "adamw", "sgd" (indexable by dt_train_optimizer). */
 extern const char *const dt_train_optimizer_names[DT_TRAIN_OPTIMIZER_COUNT];
 
+/* The configuration a checkpoint's "ident" section records (i64 each, in
+ * this order) and a resuming run must match: "layers", "dim", "heads",
+ * "seq", "vocab", "optimizer", "global batch", "accum", "seed". */
+#define DT_TRAIN_IDENT_COUNT 9
+extern const char *const dt_train_ident_names[DT_TRAIN_IDENT_COUNT];
+
 /* Everything a run needs; `dtrain train` fills it from flags, env and
  * --config. Strings are borrowed. 0 / NULL means "not given" where noted. */
 typedef struct dt_train_config {

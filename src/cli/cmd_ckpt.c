@@ -93,6 +93,21 @@ static int run_info(cli_args *a) {
         memcpy(&step, s.data, sizeof step);
         printf("step:      %" PRId64 "\n", step);
     }
+    if (dt_ckpt_find(ck, "ident", &s) == DT_OK && s.type == DT_CKPT_I64 &&
+        s.count == DT_TRAIN_IDENT_COUNT) {
+        int64_t v[DT_TRAIN_IDENT_COUNT];
+        memcpy(v, s.data, sizeof v);
+        printf("run:      ");
+        for (int i = 0; i < DT_TRAIN_IDENT_COUNT; i++) {
+            bool opt = i == 5 && v[i] >= 0 && v[i] < DT_TRAIN_OPTIMIZER_COUNT;
+            printf("%s %s", i ? "," : "", dt_train_ident_names[i]);
+            if (opt)
+                printf(" %s", dt_train_optimizer_names[v[i]]);
+            else
+                printf(" %" PRId64, v[i]);
+        }
+        printf("\n");
+    }
     printf("sections:\n  %-24s %-5s %14s %12s %12s\n", "name", "type", "count", "bytes", "offset");
     for (size_t i = 0; i < n; i++) {
         dt_ckpt_section_at(ck, i, &s);

@@ -338,34 +338,36 @@ static void build_config_json(trainer *t) {
 /* Checkpoints                                                              */
 /* ------------------------------------------------------------------------ */
 
-/* The values a resumed run must share with the checkpoint, by name. */
-typedef struct ident {
-    const char *name;
-    int64_t value;
-} ident;
+/* The values a resumed run must share with the checkpoint (the "ident"
+ * section, in this order). */
+const char *const dt_train_ident_names[DT_TRAIN_IDENT_COUNT] = {
+    "layers", "dim", "heads", "seq", "vocab", "optimizer", "global batch", "accum", "seed"};
 
-static size_t idents(const trainer *t, ident *out) {
-    size_t n = 0;
-    out[n++] = (ident){"layers", t->mc.layers};
-    out[n++] = (ident){"dim", t->mc.dim};
-    out[n++] = (ident){"heads", t->mc.heads};
-    out[n++] = (ident){"seq", t->mc.max_seq};
-    out[n++] = (ident){"vocab", t->mc.vocab};
-    out[n++] = (ident){"optimizer", t->c->optimizer};
-    out[n++] = (ident){"global batch", (int64_t)t->B * t->world};
-    out[n++] = (ident){"accum", t->K};
-    out[n++] = (ident){"seed", (int64_t)t->c->seed};
-    return n;
+static void idents(const trainer *t, int64_t *v) {
+    int64_t x[DT_TRAIN_IDENT_COUNT] = {t->mc.layers,
+                                       t->mc.dim,
+                                       t->mc.heads,
+                                       t->mc.max_seq,
+                                       t->mc.vocab,
+                                       t->c->optimizer,
+                                       (int64_t)t->B * t->world,
+                                       t->K,
+                                       (int64_t)t->c->seed};
+    memcpy(v, x, sizeof x);
 }
-#define NIDENT 9
+
+/* "adamw" for the optimizer field, the number otherwise. */
+static const char *ident_text(char *buf, size_t len, int i, int64_t v) {
+    if (i == 5 && v >= 0 && v < DT_TRAIN_OPTIMIZER_COUNT)
+        return dt_train_optimizer_names[v];
+    snprintf(buf, len, "%" PRId64, v);
+    return buf;
+}
 
 static dt_status save_checkpoint(trainer *t, char *path, size_t path_len) {
     const dt_train_config *c = t->c;
-    ident id[NIDENT];
-    int64_t idv[NIDENT];
-    size_t ni = idents(t, id);
-    for (size_t i = 0; i < ni; i++)
-        idv[i] = id[i].value;
+    int64_t idv[DT_TRAIN_IDENT_COUNT];
+    idents(t, idv);
     int64_t version = TRAIN_STATE_VERSION;
     int64_t step = t->step, tokens = t->tokens;
     dt_loader_state ls = dt_loader_get_state(t->train);
@@ -377,7 +379,7 @@ static dt_status save_checkpoint(trainer *t, char *path, size_t path_len) {
     dt_ckpt_section s[16];
     size_t n = 0;
     s[n++] = (dt_ckpt_section){"train_state_version", DT_CKPT_I64, &version, 1};
-    s[n++] = (dt_ckpt_section){"ident", DT_CKPT_I64, idv, ni};
+    s[n++] = (dt_ckpt_section){"ident", DT_CKPT_I64, idv, DT_TRAIN_IDENT_COUNT};
     s[n++] = (dt_ckpt_section){"step", DT_CKPT_I64, &step, 1};
     s[n++] = (dt_ckpt_section){"tokens", DT_CKPT_I64, &tokens, 1};
     s[n++] = (dt_ckpt_section){"loader", DT_CKPT_U64, loader, 2};
@@ -407,17 +409,18 @@ static dt_status load_checkpoint(trainer *t, const dt_ckpt *ck) {
                             "checkpoint %s holds training state version %" PRId64
                             ", this build reads %d",
                             f, version, TRAIN_STATE_VERSION);
-    ident id[NIDENT];
-    int64_t idv[NIDENT];
-    size_t ni = idents(t, id);
-    DT_CHECK(dt_ckpt_read(ck, "ident", DT_CKPT_I64, idv, ni));
-    for (size_t i = 0; i < ni; i++)
-        if (idv[i] != id[i].value)
+    int64_t want[DT_TRAIN_IDENT_COUNT], got[DT_TRAIN_IDENT_COUNT];
+    idents(t, want);
+    DT_CHECK(dt_ckpt_read(ck, "ident", DT_CKPT_I64, got, DT_TRAIN_IDENT_COUNT));
+    for (int i = 0; i < DT_TRAIN_IDENT_COUNT; i++) {
+        char a[32], b[32];
+        if (got[i] != want[i])
             return dt_error_set(DT_ERR_MISMATCH,
-                                "checkpoint %s was written with %s %" PRId64
-                                ", this run has %s %" PRId64
-                                " (use the same configuration, or another --ckpt-dir)",
-                                f, id[i].name, idv[i], id[i].name, id[i].value);
+                                "checkpoint %s was written with %s %s, this run has %s %s (use "
+                                "the same configuration, or another --ckpt-dir)",
+                                f, dt_train_ident_names[i], ident_text(a, sizeof a, i, got[i]),
+                                dt_train_ident_names[i], ident_text(b, sizeof b, i, want[i]));
+    }
     int64_t tokinfo[2];
     DT_CHECK(dt_ckpt_read(ck, "tokenizer", DT_CKPT_I64, tokinfo, 2));
     dt_ckpt_info vi;

@@ -115,7 +115,7 @@ static void test_resume_refuses_mismatch(void) {
                      "--optimizer sgd " TINY,
                      DTRAIN, corpus, tu_dir),
               1);
-    EXPECT_OUT("was written with optimizer 0, this run has optimizer 1");
+    EXPECT_OUT("was written with optimizer adamw, this run has optimizer sgd");
     /* A damaged newest checkpoint: resume falls back to the previous one. */
     EXPECT_RC(tu_run("%s train --data %s --batch 2 --steps 4 --ckpt-dir %s/mm --resume "
                      "--ckpt-every 1 " TINY,
