@@ -269,6 +269,7 @@ static void test_sigkill_resume(void) {
         ASSERT_TRUE(WIFSIGNALED(status));
         EXPECT_RC(tu_run("%s ckpt info %s", DTRAIN, dir), 0);
         EXPECT_OUT("checksum:  ok");
+        EXPECT_OUT("run:       layers 2, dim 32, heads 2, seq 32, vocab 26, optimizer adamw");
         dt_ckpt *ck;
         ASSERT_OK(dt_ckpt_open_latest(&ck, dir));
         int64_t step;
