@@ -48,7 +48,7 @@ target_compile_definitions(test_train_ddp PRIVATE _GNU_SOURCE
                            DT_CLI_PATH="$<TARGET_FILE:dtrain_cli>")
 target_link_libraries(test_train_ddp PRIVATE dtrain)
 add_dependencies(test_train_ddp dtrain_cli)
-foreach(case equiv accum resume restart check divisible)
+foreach(case equiv accum resume restart sigterm check divisible)
   add_test(NAME test_train_ddp_${case} COMMAND test_train_ddp ${case})
   set_tests_properties(test_train_ddp_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
 endforeach()

@@ -54,6 +54,7 @@
 
 #include "dtrain/core.h"
 
+#include <signal.h>
 #include <stdio.h>
 
 #ifdef __cplusplus
@@ -285,15 +286,18 @@ typedef struct dt_train_config {
     bool resume;          /* continue from the newest good checkpoint, if any */
     int64_t stop_after;   /* stop (with a checkpoint) after this many steps of this run; 0: off */
     uint64_t seed;
-    int threads;             /* per rank; 0: CPUs / ranks on this host */
-    const char *run_dir;     /* metrics.jsonl and config.json; NULL: none */
-    size_t bucket_bytes;     /* DDP bucket size */
-    int64_t check_every;     /* hash-compare parameters across ranks every N steps; 0: off */
-    double peak_gflops;      /* per rank, for MFU; 0: measure sgemm at start */
-    int sample_tokens;       /* generated at the end; 0: none */
-    int64_t log_every;       /* plain progress lines; 0: about 20 per run */
-    int progress;            /* -1: auto (TTY), 0: plain lines, 1: live line */
-    const char *config_json; /* resolved config for config.json / the checkpoint; NULL: built */
+    int threads;         /* per rank; 0: CPUs / ranks on this host */
+    const char *run_dir; /* metrics.jsonl and config.json; NULL: none */
+    size_t bucket_bytes; /* DDP bucket size */
+    int64_t check_every; /* hash-compare parameters across ranks every N steps; 0: off */
+    double peak_gflops;  /* per rank, for MFU; 0: measure sgemm at start */
+    int sample_tokens;   /* generated at the end; 0: none */
+    int64_t log_every;   /* plain progress lines; 0: about 20 per run */
+    int progress;        /* -1: auto (TTY), 0: plain lines, 1: live line */
+    /* Polled once a step; non-zero on any rank stops every rank after that
+     * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
+     * NULL. dt_train_run then returns DT_ERR_ABORTED. */
+    volatile sig_atomic_t *stop;
 } dt_train_config;
 
 /* Defaults of `dtrain train`. */

@@ -13,6 +13,7 @@
 #include "dtrain/train.h"
 
 #include <math.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,10 @@ static const char train_description[] =
     "Example:\n"
     "  dtrain train --model shakespeare-char --data input.txt --nproc 2 --batch 8 \\\n"
     "               --steps 500 --ckpt-dir ckpt --run-dir run";
+
+static volatile sig_atomic_t stop_signal; /* the signal that asked to stop, or 0 */
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
 
 static int run_train(cli_args *a) {
     int nproc = (int)cli_int(a, "nproc");
@@ -157,8 +162,19 @@ static int run_train(cli_args *a) {
         cli_usage_error(a->cmd, "give --batch B (per rank) or --global-batch G");
     if (c.min_lr > c.lr)
         cli_usage_error(a->cmd, "--min-lr %g is above --lr %g", c.min_lr, c.lr);
+    /* SIGINT/SIGTERM (also forwarded by a launcher): finish the step, save
+     * a checkpoint, stop. A second signal acts immediately (SA_RESETHAND). */
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART | SA_RESETHAND};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    c.stop = &stop_signal;
     dt_train_result r;
     dt_status st = dt_train_run(&c, &r);
+    if (st == DT_ERR_ABORTED && stop_signal) {
+        fprintf(stderr, "dtrain train: %s\n", dt_last_error());
+        return 128 + stop_signal;
+    }
     if (st != DT_OK)
         return cli_fail(st);
     return 0;

@@ -823,8 +823,10 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         DT_CHECK_GOTO(dt_ddp_finish(t->ddp, on_bucket, t), st, fail);
         /* The norm is of the averaged gradient, the same on every rank; the
          * loss is each rank's own and is averaged here. */
-        double avg[2] = {loss / t->K, sqrt(t->sumsq)};
-        DT_CHECK_GOTO(dt_ddp_average(t->ddp, avg, 2), st, fail);
+        /* The third value is "a stop was requested on some rank": riding on
+         * this average makes every rank stop after the same step. */
+        double avg[3] = {loss / t->K, sqrt(t->sumsq), c->stop && *c->stop ? 1.0 : 0.0};
+        DT_CHECK_GOTO(dt_ddp_average(t->ddp, avg, 3), st, fail);
         if (!isfinite(avg[0]) || !isfinite(avg[1])) {
             bool l = !isfinite(avg[0]);
             double v = l ? avg[0] : avg[1];
@@ -873,7 +875,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             nrec++;
         }
         bool last = t->step == c->steps;
-        bool stop = c->stop_after > 0 && run_steps >= c->stop_after && !last;
+        bool interrupted = avg[2] > 0 && !last;
+        bool stop = (c->stop_after > 0 && run_steps >= c->stop_after && !last) || interrupted;
         if (t->val && ((c->eval_every > 0 && t->step % c->eval_every == 0) || last)) {
             DT_CHECK_GOTO(evaluate(t, &sm.val_loss), st, fail);
             res->val_loss = sm.val_loss;
@@ -891,13 +894,24 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         if (stop) {
             if (t->rank == 0) {
                 dt_progress_finish(prog);
-                fprintf(stderr, "stopped after %" PRId64 " steps (--stop-after)%s%s\n", run_steps,
+                fprintf(stderr, "stopped after %" PRId64 " steps (%s)%s%s\n", run_steps,
+                        interrupted ? "interrupted" : "--stop-after",
                         res->checkpoint[0] ? "; continue with --resume from " : "",
                         res->checkpoint);
             }
+            if (interrupted)
+                st = dt_error_set(DT_ERR_ABORTED, "interrupted after step %" PRId64 "%s%s", t->step,
+                                  res->checkpoint[0] ? "; checkpoint " : "", res->checkpoint);
             break;
         }
     }
+    /* An interruption still gets the summary below; its status is returned
+     * at the end. */
+    dt_status stop_st = st;
+    char stop_msg[512] = "";
+    if (stop_st != DT_OK)
+        snprintf(stop_msg, sizeof stop_msg, "%s", dt_last_error());
+    st = DT_OK;
     res->last_step = t->step;
     res->seconds = dt_now() - loop_t0;
     res->tokens_per_s = median(tps, nrec);
@@ -933,6 +947,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             DT_CHECK_GOTO(generate(t, stdout), st, fail);
         fflush(stdout);
     }
+    if (stop_st != DT_OK)
+        st = dt_error_set(stop_st, "%s", stop_msg);
 
 fail:;
     /* Cleanup (closing the group) may log or set errors of its own: keep

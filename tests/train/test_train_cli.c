@@ -281,6 +281,21 @@ static void test_sigkill_resume(void) {
     printf("  4 kills, reached step %" PRId64 "\n", prev);
 }
 
+/* SIGINT: the run finishes its step, saves a checkpoint of it, exits 130. */
+static void test_sigint_saves(void) {
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/int", tu_dir);
+    const char *args[] = {
+        "--data",  corpus,        "--batch", "2",          "--steps",   "1000000", "--ckpt-every",
+        "5",       "--model",     "tiny",    "--layers",   "2",         "--dim",   "32",
+        "--heads", "2",           "--seq",   "32",         "--threads", "1",       "--peak-gflops",
+        "1",       "--val-split", "0",       "--progress", "plain",     NULL};
+    int64_t last, saved;
+    ASSERT_EQ(tu_interrupt(dir, SIGINT, args, &last, &saved), 128 + SIGINT);
+    ASSERT_TRUE(last >= 5);
+    ASSERT_EQ(saved, last);
+}
+
 int main(void) {
     tu_setup();
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
@@ -297,6 +312,7 @@ int main(void) {
     RUN(test_config_file);
     RUN(test_resume_bit_identical);
     RUN(test_sigkill_resume);
+    RUN(test_sigint_saves);
     tu_cleanup();
     return TEST_SUMMARY();
 }

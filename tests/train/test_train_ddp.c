@@ -13,6 +13,8 @@
  *                (DT_FAULT_KILL) mid-run; the job restarts by itself, resumes
  *                from the last checkpoint and ends bit-identical to a run
  *                that was never interrupted.
+ *   sigterm      SIGTERM to `dtrain train --nproc 2`: every rank stops
+ *                after the same step, which is checkpointed.
  *   check        --check-every catches a rank whose parameters drifted
  *                (DT_FAULT_PERTURB changes one on purpose).
  *   divisible    --global-batch not divisible by the ranks is refused.
@@ -186,6 +188,46 @@ static void test_restart(void) {
     EXPECT_OUT("rank 1");
 }
 
+/* SIGTERM to `dtrain train --nproc 2` (the launcher forwards it): both
+ * ranks stop after the same step, which is checkpointed. */
+static void test_sigterm(void) {
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/term", tu_dir);
+    const char *args[] = {"--data",
+                          corpus,
+                          "--global-batch",
+                          "4",
+                          "--steps",
+                          "1000000",
+                          "--nproc",
+                          "2",
+                          "--ckpt-every",
+                          "5",
+                          "--model",
+                          "tiny",
+                          "--layers",
+                          "2",
+                          "--dim",
+                          "32",
+                          "--heads",
+                          "2",
+                          "--seq",
+                          "32",
+                          "--threads",
+                          "1",
+                          "--peak-gflops",
+                          "1",
+                          "--val-split",
+                          "0",
+                          "--progress",
+                          "plain",
+                          NULL};
+    int64_t last, saved;
+    ASSERT_EQ(tu_interrupt(dir, SIGTERM, args, &last, &saved), 128 + SIGTERM);
+    ASSERT_TRUE(last >= 5);
+    ASSERT_EQ(saved, last);
+}
+
 /* --check-every compares parameter hashes across ranks: a rank whose
  * parameters were changed behind DDP's back is named. */
 static void test_check(void) {
@@ -209,7 +251,8 @@ static void test_divisible(void) {
 
 int main(int argc, char **argv) {
     if (argc != 2) {
-        fprintf(stderr, "usage: test_train_ddp equiv|accum|resume|restart|check|divisible\n");
+        fprintf(stderr,
+                "usage: test_train_ddp equiv|accum|resume|restart|sigterm|check|divisible\n");
         return 2;
     }
     tu_setup();
@@ -223,6 +266,8 @@ int main(int argc, char **argv) {
         RUN(test_resume);
     else if (strcmp(argv[1], "restart") == 0)
         RUN(test_restart);
+    else if (strcmp(argv[1], "sigterm") == 0)
+        RUN(test_sigterm);
     else if (strcmp(argv[1], "check") == 0)
         RUN(test_check);
     else if (strcmp(argv[1], "divisible") == 0)

@@ -9,6 +9,7 @@
 #include "dtrain/train.h"
 #include "test.h"
 
+#include <signal.h>
 #include <stdarg.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -136,6 +137,65 @@ static float *tu_params(const char *dir, size_t *n) {
     *n = info.count;
     dt_ckpt_close(ck);
     return p;
+}
+
+/* Start `dtrain train ARGS... --ckpt-dir DIR --run-dir DIR/run` in the
+ * background (output to DIR.log), wait until it wrote a checkpoint, send
+ * `sig`, and return its exit code; *last_step gets the last step in its
+ * metrics and *ckpt_step the step of the newest checkpoint. */
+static int tu_interrupt(const char *dir, int sig, const char *const *args, int64_t *last_step,
+                        int64_t *ckpt_step) {
+    char run[160], log[160], latest[160];
+    snprintf(run, sizeof run, "%s/run", dir);
+    snprintf(log, sizeof log, "%s.log", dir);
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    pid_t pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) {
+        const char *argv[64];
+        int n = 0;
+        argv[n++] = DT_CLI_PATH;
+        argv[n++] = "train";
+        for (int i = 0; args[i]; i++)
+            argv[n++] = args[i];
+        argv[n++] = "--ckpt-dir";
+        argv[n++] = dir;
+        argv[n++] = "--run-dir";
+        argv[n++] = run;
+        argv[n] = NULL;
+        FILE *f = freopen(log, "w", stderr);
+        (void)f;
+        dup2(2, 1);
+        execv(DT_CLI_PATH, (char *const *)argv);
+        _exit(127);
+    }
+    double t0 = dt_now();
+    char target[64];
+    while (readlink(latest, target, sizeof target) <= 0 && dt_now() - t0 < 30)
+        dt_sleep_ms(5);
+    kill(pid, sig);
+    int status;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    double loss[1];
+    (void)loss;
+    char path[200];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    char line[2048];
+    *last_step = 0;
+    while (fgets(line, sizeof line, f)) {
+        long long st;
+        if (sscanf(line, "{\"step\":%lld", &st) == 1)
+            *last_step = st;
+    }
+    fclose(f);
+    dt_ckpt *ck;
+    ASSERT_OK(dt_ckpt_open_latest(&ck, dir));
+    ASSERT_OK(dt_ckpt_read(ck, "step", DT_CKPT_I64, ckpt_step, 1));
+    dt_ckpt_close(ck);
+    ASSERT_TRUE(WIFEXITED(status));
+    return WEXITSTATUS(status);
 }
 
 #endif
