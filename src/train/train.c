@@ -925,10 +925,15 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             if (isfinite(res->val_loss))
                 fprintf(stderr, ", val loss %.4f", res->val_loss);
             fprintf(stderr, ", %.0f tokens/s (median)", res->tokens_per_s);
-            if (t->world > 1 && isfinite(res->comm_ms))
-                fprintf(stderr, ", comm %.1f ms/step of which %.1f ms exposed (%.0f%%)",
+            if (t->world > 1 && isfinite(res->comm_ms)) {
+                const dt_ddp_stats *ds = dt_ddp_last_stats(t->ddp);
+                fprintf(stderr,
+                        ", comm %.1f ms/step of which %.1f ms exposed (%.0f%%); %d of %d "
+                        "buckets started during backward",
                         res->comm_ms, res->exposed_comm_ms,
-                        res->comm_ms > 0 ? 100.0 * res->exposed_comm_ms / res->comm_ms : 0.0);
+                        res->comm_ms > 0 ? 100.0 * res->exposed_comm_ms / res->comm_ms : 0.0,
+                        ds->launched_in_backward, ds->buckets);
+            }
             fprintf(stderr, "\n");
         }
         if (res->checkpoint[0])

@@ -82,6 +82,12 @@ static void run_equiv(const char *clip) {
     snprintf(extra, sizeof extra, "--global-batch 8 %s --nproc 2", clip);
     float *p2 = train("two", extra, &n2, l2);
     EXPECT_OUT("2 rank(s) x batch 4");
+    /* Overlap: buckets of late layers started while backward still ran. */
+    const char *ov = strstr(tu_out, "exposed (");
+    int started = 0, buckets = 0;
+    ASSERT_TRUE(ov && sscanf(strstr(ov, "); ") + 3, "%d of %d buckets", &started, &buckets) == 2);
+    ASSERT_TRUE(buckets >= 4);
+    ASSERT_TRUE(started >= buckets - 2);
     snprintf(extra, sizeof extra, "--batch 2 %s --nproc 4", clip);
     float *p4 = train("four", extra, &n4, l4);
     EXPECT_OUT("4 rank(s) x batch 2");
