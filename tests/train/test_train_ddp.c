@@ -8,7 +8,9 @@
  *                arrives), over several buckets.
  *   accum        the same with 2 micro-batches of accumulation, which must
  *                also match 1 rank taking the whole batch at once.
- *   resume       2 ranks stopped and resumed: bit-identical losses/params.
+ *   resume       2 ranks stopped and resumed: bit-identical losses/params;
+ *                resumed on 4 ranks instead (same global batch): the same
+ *                losses within 1e-5.
  *   restart      `dtrain launch --max-restarts 1`: a rank SIGKILLs itself
  *                (DT_FAULT_KILL) mid-run; the job restarts by itself, resumes
  *                from the last checkpoint and ends bit-identical to a run
@@ -170,6 +172,26 @@ static void test_resume(void) {
               0);
     EXPECT_OUT("at step 3");
     compare_exact("a", "b", 10);
+    /* Elastic: stopped on 2 ranks, resumed on 4 with the same global batch.
+     * The data order is that of the global batch, so the run continues the
+     * same trajectory (up to summation order). */
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN
+                     " --ckpt-dir %s/c/ck --run-dir %s/c --stop-after 3",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN " --ckpt-dir %s/c/ck --run-dir %s/c "
+                     "--resume --nproc 4",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_OUT("4 rank(s) x batch 1");
+    double la[64], lc[64];
+    char pa[192], pc[192];
+    snprintf(pa, sizeof pa, "%s/a/metrics.jsonl", tu_dir);
+    snprintf(pc, sizeof pc, "%s/c/metrics.jsonl", tu_dir);
+    ASSERT_EQ(tu_losses(pa, la, 63), 10);
+    ASSERT_EQ(tu_losses(pc, lc, 63), 10);
+    for (int s = 1; s <= 10; s++)
+        ASSERT_NEAR(lc[s], la[s], 1e-5, 0);
 }
 
 static void test_restart(void) {
