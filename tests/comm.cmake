@@ -15,4 +15,7 @@ target_link_libraries(test_comm_groups PRIVATE Threads::Threads)
 add_test(NAME comm_groups COMMAND test_comm_groups)
 set_tests_properties(comm_groups PROPERTIES TIMEOUT 300 LABELS "comm;tsan")
 add_test(NAME comm_fail COMMAND test_comm_fail)
-set_tests_properties(comm_fail PROPERTIES TIMEOUT 300 LABELS "comm")
+set_tests_properties(comm_fail PROPERTIES TIMEOUT 300 LABELS "comm;tsan")
+# A small sweep for `make tsan` (shared memory, TCP, progress thread).
+add_test(NAME comm_sweep_small COMMAND test_comm_sweep shm_3 tcp_3)
+set_tests_properties(comm_sweep_small PROPERTIES TIMEOUT 300 LABELS "comm;tsan")

@@ -106,5 +106,6 @@ extern const cli_cmd cli_cmd_data;
 extern const cli_cmd cli_bench_optim;
 extern const cli_cmd cli_cmd_launch;
 extern const cli_cmd cli_cmd_train;
+extern const cli_cmd cli_bench_comm, cli_bench_memcpy; /* cmd_bench_comm.c */
 
 #endif /* DTRAIN_CLI_H */

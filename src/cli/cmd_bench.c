@@ -44,17 +44,22 @@ static const cli_cmd *const benches[] = {
     &cli_bench_gemm,
     &cli_bench_train,
     &cli_bench_optim,
+    &cli_bench_comm,
+    &cli_bench_memcpy,
 };
 #define NBENCHES (sizeof benches / sizeof benches[0])
 
 static const cli_opt bench_opts[] = {{0}};
 
-static const char bench_description[] = "benchmarks:\n"
-                                        "  rng        Philox4x32-10 throughput\n"
+static const char bench_description[] =
+    "benchmarks:\n"
+    "  rng        Philox4x32-10 throughput\n"
+    "  comm       collective bandwidth/latency (nccl-tests columns)\n"
+    "  memcpy     memory bandwidth, the ceiling for shared-memory collectives\n"
     "  gemm       OpenBLAS sgemm GFLOP/s (the peak MFU is measured against)\n"
     "  train      GPT training step: ms/step, tokens/s, GFLOP/s, MFU\n"
-                                        "  optim      optimizer kernels (AdamW, SGD, clipping)\n"
-                                        "Run 'dtrain bench WHAT --help' for a benchmark's options.";
+    "  optim      optimizer kernels (AdamW, SGD, clipping)\n"
+    "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {
     if (a->argc < 1)

@@ -126,7 +126,9 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
             deadline = dt_now() + g->cfg.timeout;
             continue;
         }
-        if (spins++ < g->cfg.spin) {
+        /* Spinning pays only where polling is a memory read (shm); a TCP
+         * poll is a system call, and sleeping in poll() wakes on data. */
+        if (g->shm && spins++ < g->cfg.spin) {
             cpu_relax();
             continue;
         }

@@ -71,7 +71,13 @@ static inline uint16_t f32_to_bf16(float f) {
     return (uint16_t)(u >> 16);
 }
 
+#if defined(__SANITIZE_THREAD__)
+/* TSan instruments the ifunc resolvers target_clones generates, and they
+ * run before TSan is initialised: plain functions under TSan. */
+#define KERNEL_TARGETS
+#else
 #define KERNEL_TARGETS __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#endif
 
 /* ------------------------------------------------------------------------ */
 /* Kernels: out = a op b                                                    */

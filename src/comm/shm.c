@@ -153,7 +153,8 @@ static bool drive_send(shm_t *t, speer *p) {
             h.offset = x->moved;
             h.len = n;
             memcpy(s, &h, sizeof h);
-            memcpy(s + sizeof h, x->buf + x->moved, n);
+            if (n)
+                memcpy(s + sizeof h, x->buf + x->moved, n);
             x->moved += n;
             x->nparts++;
             p->out_head++;
@@ -193,7 +194,7 @@ static dt_status drive_recv(shm_t *t, speer *p, bool *progressed) {
                 size_t es = dt_dtype_size(x->dtype);
                 dt_reduce((char *)x->red_out + x->moved, (const char *)x->red_in + x->moved,
                           s + sizeof got, n / es, x->dtype, x->redop);
-            } else {
+            } else if (n) {
                 memcpy(x->buf + x->moved, s + sizeof got, n);
             }
             x->moved += n;

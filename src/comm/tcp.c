@@ -32,6 +32,7 @@ typedef struct tsock {
     dt__part *sq, *sq_tail; /* parts to send, FIFO */
     dt__part *rq, *rq_tail; /* parts to receive, FIFO */
     bool quiet;             /* peer closed after BYE: stop watching it */
+    bool midframe;          /* a frame is partly written (abort must not cut in) */
 } tsock;
 
 typedef struct tpeer {
@@ -176,8 +177,10 @@ static dt_status drive_send(tcp_t *t, tpeer *p, tsock *s, bool *progressed) {
             } else {
                 pt->hdr_done += (unsigned)r;
             }
+            s->midframe = true;
         }
         if (pt->hdr_done == sizeof pt->hdr && pt->done == pt->len) {
+            s->midframe = false;
             s->sq = pt->next;
             if (!s->sq)
                 s->sq_tail = NULL;
@@ -373,7 +376,7 @@ static void tcp_abort(dt__transport *tr, dt_status st, int lost_rank, bool owner
         tpeer *p = &t->peers[i];
         for (int j = 0; j < p->nsock; j++) {
             tsock *s = &p->s[j];
-            if (owner && (!s->sq || (s->sq->hdr_done == 0))) {
+            if (owner && !s->midframe) {
                 /* Only between frames, or the receiver would read our abort
                  * as payload. Best effort: never wait for buffer space. */
                 dt__wire_hdr h = {.magic = DT__WIRE_MAGIC,

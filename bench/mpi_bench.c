@@ -1,0 +1,78 @@
+/*
+ * mpi_bench.c — the same measurement as `dtrain bench comm`, done with
+ * Open MPI's collectives, so bench/compare-mpi.sh can print both side by
+ * side. Same sizes, iteration policy, timing (slowest rank) and columns.
+ *
+ *   mpicc -O2 -o mpi_bench bench/mpi_bench.c
+ *   mpirun -np 4 ./mpi_bench allreduce 8 268435456
+ */
+#include <mpi.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+int main(int argc, char **argv) {
+    MPI_Init(&argc, &argv);
+    int n, me;
+    MPI_Comm_size(MPI_COMM_WORLD, &n);
+    MPI_Comm_rank(MPI_COMM_WORLD, &me);
+    const char *op = argc > 1 ? argv[1] : "allreduce";
+    size_t lo = argc > 2 ? strtoull(argv[2], NULL, 10) : 8;
+    size_t hi = argc > 3 ? strtoull(argv[3], NULL, 10) : (size_t)256 << 20;
+    size_t es = sizeof(float);
+    char *in = malloc(hi + 64 * (size_t)n), *out = malloc(hi + 64 * (size_t)n);
+    memset(in, 0, hi + 64 * (size_t)n);
+    memset(out, 0, hi + 64 * (size_t)n);
+    if (me == 0) {
+        printf("# Open MPI bench: %s f32 sum, %d ranks\n", op, n);
+        printf("# %12s %12s %10s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
+               "busbw(GB/s)");
+    }
+    for (size_t bytes = lo; bytes <= hi; bytes *= 2) {
+        size_t elems = bytes / es;
+        int per = strcmp(op, "allreduce") == 0 || strcmp(op, "broadcast") == 0;
+        size_t cnt = per ? elems : elems / (size_t)n;
+        if (cnt == 0)
+            continue;
+        size_t it = ((size_t)256 << 20) / (bytes + 4096);
+        int iters = it < 5 ? 5 : it > 2000 ? 2000 : (int)it;
+        double factor = 1;
+        for (int i = -3; i < iters; i++) {
+            if (i == 0) {
+                MPI_Barrier(MPI_COMM_WORLD);
+            }
+            static double t0;
+            if (i == 0)
+                t0 = MPI_Wtime();
+            if (strcmp(op, "allreduce") == 0) {
+                MPI_Allreduce(in, out, (int)cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                factor = 2.0 * (n - 1) / n;
+            } else if (strcmp(op, "reduce_scatter") == 0) {
+                MPI_Reduce_scatter_block(in, out, (int)cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+                factor = (double)(n - 1) / n;
+            } else if (strcmp(op, "allgather") == 0) {
+                MPI_Allgather(in, (int)cnt, MPI_FLOAT, out, (int)cnt, MPI_FLOAT, MPI_COMM_WORLD);
+                factor = (double)(n - 1) / n;
+            } else if (strcmp(op, "broadcast") == 0) {
+                MPI_Bcast(out, (int)cnt, MPI_FLOAT, 0, MPI_COMM_WORLD);
+                factor = 1;
+            } else if (strcmp(op, "alltoall") == 0) {
+                MPI_Alltoall(in, (int)cnt, MPI_FLOAT, out, (int)cnt, MPI_FLOAT, MPI_COMM_WORLD);
+                factor = (double)(n - 1) / n;
+            }
+            if (i == iters - 1) {
+                double t = (MPI_Wtime() - t0) / iters, tmax;
+                MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+                double algbw = (double)bytes / tmax * 1e-9;
+                if (me == 0)
+                    printf("  %12zu %12zu %10.2f %12.3f %12.3f\n", bytes, cnt, tmax * 1e6, algbw,
+                           algbw * factor);
+                fflush(stdout);
+            }
+        }
+    }
+    free(in);
+    free(out);
+    MPI_Finalize();
+    return 0;
+}
