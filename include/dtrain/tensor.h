@@ -52,7 +52,9 @@ extern "C" {
 /* Threads                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* Use n threads (>= 1) for our kernels and for sgemm (both through OpenMP). */
+/* Use n threads (>= 1) for our kernels and for sgemm (both through OpenMP).
+ * Also sets flush-to-zero and denormals-are-zero (MXCSR) on the calling
+ * thread and the pool threads: denormal operands slow sgemm ~10x. */
 void dt_tensor_set_threads(int n);
 /* The count last set (or the default: DT_THREADS, else the CPU count). */
 int dt_tensor_threads(void);

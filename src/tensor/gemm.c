@@ -14,8 +14,12 @@
 #include "dtrain/tensor.h"
 
 #include <cblas.h>
+#ifdef __SSE__
+#include <xmmintrin.h>
+#endif
 #include <omp.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Declared by OpenBLAS's cblas.h; repeated so a reference cblas.h still builds. */
 void openblas_set_num_threads(int num_threads);
@@ -27,6 +31,16 @@ void dt_tensor_set_threads(int n) {
         n = 1;
     g_threads = n;
     omp_set_num_threads(n);
+#ifdef __SSE__
+    /* Flush denormals to zero (FTZ) and read them as zero (DAZ) on this
+     * thread and every pool thread: a saturated softmax produces gradients
+     * below 1e-38, and sgemm on denormal inputs runs ~10x slower (measured
+     * with PyTorch's default init on this machine). Values that small are
+     * far below float32's resolution of the sums they enter. */
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+#pragma omp parallel num_threads(n)
+    _mm_setcsr(_mm_getcsr() | 0x8040);
+#endif
     openblas_set_num_threads(1); /* see the file comment: we split sgemm ourselves */
 }
 
@@ -101,38 +115,84 @@ void dt_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
     }
 }
 
+/* Block t of nt over [0, len), multiples of 64 wide (whole register tiles). */
+static void split_range(int len, int nt, int t, int *lo, int *hi) {
+    int chunk = ((len + nt - 1) / nt + 63) & ~63;
+    *lo = t * chunk < len ? t * chunk : len;
+    *hi = *lo + chunk < len ? *lo + chunk : len;
+}
+
+static int pool_size(double macs) {
+    int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+    return macs < GEMM_SPLIT_MIN ? 1 : nt;
+}
+
+/* Part t of nt of a linear forward: the bias is written into this part of
+ * out, then sgemm adds into it (beta = 1). */
+static void matmul_forward_part(float *out, const float *inp, const float *weight,
+                                const float *bias, int N, int IC, int OC, int nt, int t) {
+    bool split_rows = N >= OC; /* tokens, else output channels */
+    int lo, hi;
+    split_range(split_rows ? N : OC, nt, t, &lo, &hi);
+    if (lo >= hi)
+        return;
+    int r0 = split_rows ? lo : 0, r1 = split_rows ? hi : N;
+    int c0 = split_rows ? 0 : lo, c1 = split_rows ? OC : hi;
+    if (bias)
+        for (int i = r0; i < r1; i++)
+            memcpy(out + (size_t)i * OC + c0, bias + c0, sizeof(float) * (size_t)(c1 - c0));
+    // out[r0:r1, c0:c1] (+)= inp[r0:r1, :] @ weight[c0:c1, :]^T
+    sgemm1(false, true, r1 - r0, c1 - c0, IC, 1.0f, inp + (size_t)r0 * IC, IC,
+           weight + (size_t)c0 * IC, IC, bias ? 1.0f : 0.0f, out + (size_t)r0 * OC + c0, OC);
+}
+
 void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                        int IC, int OC) {
     // out (N,OC) = inp (N,IC) @ weight^T (IC,OC) [+ bias]
-    float beta = 0.0f;
-    if (bias) {
-        /* Seed the output with the bias so sgemm adds into it (beta = 1):
-         * one pass over out instead of a separate bias pass afterwards. */
-#pragma omp parallel for if ((size_t)N * OC > 65536) schedule(static)
-        for (int i = 0; i < N; i++)
-            for (int o = 0; o < OC; o++)
-                out[(size_t)i * OC + o] = bias[o];
-        beta = 1.0f;
+    /* One parallel region per layer: each thread seeds and multiplies its
+     * own block of out, so there is no barrier between bias and sgemm. */
+    int nt = pool_size((double)N * IC * OC);
+    if (nt <= 1) {
+        matmul_forward_part(out, inp, weight, bias, N, IC, OC, 1, 0);
+        return;
     }
-    dt_sgemm(false, true, N, OC, IC, 1.0f, inp, IC, weight, IC, beta, out, OC);
+#pragma omp parallel for num_threads(nt) schedule(static, 1)
+    for (int t = 0; t < nt; t++)
+        matmul_forward_part(out, inp, weight, bias, N, IC, OC, nt, t);
 }
 
-void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, int N, int IC, int OC) {
-    // dinp (N,IC) = dout (N,OC) @ weight (OC,IC)
-    if (dinp)
-        dt_sgemm(false, false, N, IC, OC, 1.0f, dout, OC, weight, IC, 0.0f, dinp, IC);
-    // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC)
-    dt_sgemm(true, false, OC, IC, N, 1.0f, dout, OC, inp, IC, 1.0f, dweight, IC);
+/* Part t of nt of a linear backward: a block of dinp rows, a block of
+ * dweight, a slice of dbias. The three are independent, so one region
+ * without inner barriers does all of them. dbias sums rows in order for a
+ * fixed slice, so it does not depend on the thread count. */
+static void matmul_backward_part(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, int N, int IC, int OC,
+                                 int nt, int t) {
+    int lo, hi;
+    if (dinp) {
+        // dinp[lo:hi, :] = dout[lo:hi, :] (.,OC) @ weight (OC,IC)
+        split_range(N, nt, t, &lo, &hi);
+        if (lo < hi)
+            sgemm1(false, false, hi - lo, IC, OC, 1.0f, dout + (size_t)lo * OC, OC, weight, IC,
+                   0.0f, dinp + (size_t)lo * IC, IC);
+    }
+    // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC), split by the longer side
+    if (OC >= IC) {
+        split_range(OC, nt, t, &lo, &hi);
+        if (lo < hi)
+            sgemm1(true, false, hi - lo, IC, N, 1.0f, dout + lo, OC, inp, IC, 1.0f,
+                   dweight + (size_t)lo * IC, IC);
+    } else {
+        split_range(IC, nt, t, &lo, &hi);
+        if (lo < hi)
+            sgemm1(true, false, OC, hi - lo, N, 1.0f, dout, OC, inp + lo, IC, 1.0f, dweight + lo,
+                   IC);
+    }
     if (dbias) {
-        /* Column sums; threads own disjoint column blocks, rows in order, so
-         * the result does not depend on the thread count. */
-        enum { CB = 64 };
-        int nb = (OC + CB - 1) / CB;
-#pragma omp parallel for if ((size_t)N * OC > 65536) schedule(static)
-        for (int cb = 0; cb < nb; cb++) {
-            int o0 = cb * CB, o1 = o0 + CB < OC ? o0 + CB : OC;
-            float acc[CB] = {0};
+        split_range(OC, nt, t, &lo, &hi);
+        for (int o0 = lo; o0 < hi; o0 += 64) {
+            int o1 = o0 + 64 < hi ? o0 + 64 : hi;
+            float acc[64] = {0};
             for (int i = 0; i < N; i++) {
                 const float *row = dout + (size_t)i * OC;
                 for (int o = o0; o < o1; o++)
@@ -142,4 +202,16 @@ void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *
                 dbias[o] += acc[o - o0];
         }
     }
+}
+
+void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int N, int IC, int OC) {
+    int nt = pool_size((double)N * IC * OC);
+    if (nt <= 1) {
+        matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, 1, 0);
+        return;
+    }
+#pragma omp parallel for num_threads(nt) schedule(static, 1)
+    for (int t = 0; t < nt; t++)
+        matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, nt, t);
 }

@@ -251,6 +251,35 @@ static void test_sgemm_split(void) {
             }
 }
 
+/* Linear layers large enough to be split across threads (by tokens or by
+ * output channels) agree with the single-thread results. */
+static void test_matmul_split(void) {
+    int shapes[][3] = {{130, 64, 300}, {300, 80, 100}}; /* (N, IC, OC) */
+    for (int s = 0; s < 2; s++) {
+        int N = shapes[s][0], IC = shapes[s][1], OC = shapes[s][2];
+        float *inp = randv((size_t)N * IC, 1.0f), *w = randv((size_t)OC * IC, 0.2f);
+        float *b = randv(OC, 1.0f), *dout = randv((size_t)N * OC, 1.0f);
+        float *out[2], *dinp[2], *dw[2], *db[2];
+        for (int k = 0; k < 2; k++) {
+            dt_tensor_set_threads(k + 1);
+            out[k] = zerov((size_t)N * OC);
+            dinp[k] = zerov((size_t)N * IC);
+            dw[k] = zerov((size_t)OC * IC);
+            db[k] = zerov(OC);
+            dt_matmul_forward(out[k], inp, w, b, N, IC, OC);
+            dt_matmul_backward(dinp[k], dw[k], db[k], dout, inp, w, N, IC, OC);
+        }
+        dt_tensor_set_threads(2);
+        check_close("split matmul out", out[1], out[0], (size_t)N * OC, 1e-6);
+        check_close("split matmul dinp", dinp[1], dinp[0], (size_t)N * IC, 1e-6);
+        check_close("split matmul dweight", dw[1], dw[0], (size_t)OC * IC, 1e-6);
+        ASSERT_TRUE(memcmp(db[0], db[1], OC * sizeof(float)) == 0);
+        for (int k = 0; k < 2; k++)
+            free(out[k]), free(dinp[k]), free(dw[k]), free(db[k]);
+        free(inp), free(w), free(b), free(dout);
+    }
+}
+
 /* ------------------------------------------------------------ cross-entropy */
 
 typedef struct ce_ctx {
@@ -423,6 +452,7 @@ int main(void) {
     RUN(test_gelu);
     RUN(test_matmul);
     RUN(test_sgemm_split);
+    RUN(test_matmul_split);
     RUN(test_crossentropy);
     RUN(test_embedding);
     RUN(test_attention_fd);
