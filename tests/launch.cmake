@@ -53,3 +53,28 @@ if(DT_MPIRUN)
                    $<TARGET_FILE:launch_jobenv_print>)
   set_tests_properties(launch_mpirun_env PROPERTIES TIMEOUT 60 LABELS "launch;mpi")
 endif()
+
+# With Open MPI built in (src/comm/deps.cmake): comm's collective suite and
+# coll_check under `mpirun -np 4` with DT_BACKEND=mpi, the native backend
+# bootstrapped through MPI, and a failing rank under both. Open MPI's own
+# allocations upset LeakSanitizer: "noasan".
+if(DT_MPIRUN AND TARGET MPI::MPI_C)
+  set(mpirun_args ${DT_MPIRUN} --oversubscribe --allow-run-as-root)
+  add_test(NAME launch_mpi_sweep
+           COMMAND ${mpirun_args} -np 4 -x DT_BACKEND=mpi -x DT_TIMEOUT=60
+                   $<TARGET_FILE:test_comm_sweep> --child shm_4)
+  add_test(NAME launch_mpi_sweep_odd
+           COMMAND ${mpirun_args} -np 3 -x DT_BACKEND=mpi -x DT_TIMEOUT=60
+                   $<TARGET_FILE:test_comm_sweep> --child shm_3)
+  add_test(NAME launch_mpi_coll
+           COMMAND ${mpirun_args} -np 4 -x DT_BACKEND=mpi
+                   $<TARGET_FILE:launch_coll_check> --expect-backend mpi)
+  add_test(NAME launch_mpi_native
+           COMMAND ${mpirun_args} -np 3 $<TARGET_FILE:launch_coll_check>
+                   --expect-backend native --expect-transport shm)
+  add_test(NAME launch_mpi_fail
+           COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/launch/mpirun_fail.sh ${DT_MPIRUN}
+                   $<TARGET_FILE:launch_coll_check>)
+  set_tests_properties(launch_mpi_sweep launch_mpi_sweep_odd launch_mpi_coll launch_mpi_native
+                       launch_mpi_fail PROPERTIES TIMEOUT 120 LABELS "launch;mpi;noasan")
+endif()

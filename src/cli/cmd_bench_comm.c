@@ -334,6 +334,9 @@ static int run_comm(cli_args *a) {
         const char *algo = dt_algo_name(dt_group_last_algo(g));
         if (st != DT_OK)
             break;
+        /* What the timed operation ran, before the allreduce of t below
+         * (one f64) replaces it. */
+        const char *algo = dt_algo_name(dt_group_last_algo(g));
         st = dt_group_allreduce(g, &t, &t, 1, DT_F64, DT_MAX); /* the slowest rank counts */
         if (st != DT_OK)
             break;

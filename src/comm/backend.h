@@ -49,5 +49,8 @@ struct dt__backend {
 };
 
 extern const dt__backend dt__backend_native;
+#ifdef DT_HAVE_MPI
+extern const dt__backend dt__backend_mpi; /* mpi_backend.c */
+#endif
 
 #endif /* DTRAIN_COMM_BACKEND_H */

@@ -16,6 +16,7 @@
  *   4. Arguments are validated before anything is queued or sent.
  */
 #include "backend.h"
+#include "jobenv.h"
 
 #include <ctype.h>
 #include <errno.h>
@@ -26,6 +27,9 @@
 
 static const dt__backend *const backends[] = {
     &dt__backend_native,
+#ifdef DT_HAVE_MPI
+    &dt__backend_mpi,
+#endif
 };
 #define NBACKENDS (sizeof backends / sizeof backends[0])
 
@@ -377,6 +381,8 @@ dt_status dt_group_init_from_env(dt_group **out) {
         return dt_error_set(DT_ERR_INVALID, "dt_group_init_from_env: out is NULL");
     *out = NULL;
     int rank = 0, size = 1;
+    /* Under mpirun/srun: the meeting place (MPI bootstrap when available). */
+    DT_CHECK(dt__jobenv_export());
     DT_CHECK(env_rank_size(&rank, &size));
     dt_log_set_rank(rank);
     dt__job *job = NULL;

@@ -5,9 +5,12 @@
  */
 #include "jobenv.h"
 
+#include <errno.h>
+#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const launcher_names[] = {"none", "dtrain launch", "Open MPI", "MPICH/PMI",
                                              "Slurm"};
@@ -181,9 +184,15 @@ dt_status dt__jobenv_read(dt__jobenv *out) {
     e.local_rank = e.local_size = e.node_rank = -1;
     DT_CHECK(read_launcher(&e));
     const char *who = dt__launcher_name(e.launcher);
+    static const char *const vars[][2] = {{"rank", "size"},
+                                          {"DT_RANK", "DT_WORLD_SIZE"},
+                                          {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+                                          {"PMI_RANK", "PMI_SIZE"},
+                                          {"SLURM_PROCID", "SLURM_NTASKS"}};
+    _Static_assert(sizeof vars / sizeof vars[0] == DT__LAUNCHER_COUNT, "vars out of sync");
     if (e.rank >= e.size)
-        return dt_error_set(DT_ERR_INVALID, "rank %d is not below the world size %d (from %s)",
-                            e.rank, e.size, who);
+        return dt_error_set(DT_ERR_INVALID, "%s=%d is not below %s=%d (from %s)",
+                            vars[e.launcher][0], e.rank, vars[e.launcher][1], e.size, who);
 
     /* DT_* win over whatever the launcher said. */
     DT_CHECK(env_int("DT_LOCAL_RANK", 0, INT32_MAX, &e.local_rank, NULL));
@@ -216,5 +225,60 @@ dt_status dt__jobenv_read(dt__jobenv *out) {
         return dt_error_set(DT_ERR_INVALID, "local rank %d is not below the local size %d (%s)",
                             e.local_rank, e.local_size, who);
     *out = e;
+    return DT_OK;
+}
+
+dt_status dt__random_token(char *out) {
+    unsigned char raw[16];
+    int fd = open("/dev/urandom", O_RDONLY | O_CLOEXEC);
+    if (fd < 0)
+        return dt_error_set_errno(DT_ERR_SYSTEM, "cannot open /dev/urandom");
+    ssize_t got = read(fd, raw, sizeof raw);
+    close(fd);
+    if (got != (ssize_t)sizeof raw)
+        return dt_error_set(DT_ERR_SYSTEM, "short read from /dev/urandom");
+    for (size_t i = 0; i < sizeof raw; i++)
+        snprintf(out + 2 * i, 3, "%02x", raw[i]);
+    return DT_OK;
+}
+
+dt_status dt__jobenv_export(void) {
+    dt__jobenv e;
+    DT_CHECK(dt__jobenv_read(&e));
+    if (e.launcher == DT__LAUNCHER_DTRAIN || e.launcher == DT__LAUNCHER_NONE)
+        return DT_OK;
+    const char *who = dt__launcher_name(e.launcher);
+#ifdef DT_HAVE_MPI
+    dt_status st = dt__mpi_bootstrap(&e);
+    if (st != DT_OK) {
+        dt_error_prefix("started by %s: bootstrap through MPI", who);
+        return st;
+    }
+#else
+    if (!e.master_addr[0]) {
+        if (e.local_size != e.size)
+            return dt_error_set(DT_ERR_INVALID,
+                                "started by %s on several hosts: set DT_MASTER_ADDR (rank 0's "
+                                "host) and DT_MASTER_PORT, e.g. mpirun -x DT_MASTER_ADDR=host0 -x "
+                                "DT_MASTER_PORT=29500 (a build with MPI finds them itself)",
+                                who);
+        snprintf(e.master_addr, sizeof e.master_addr, "127.0.0.1");
+    }
+    if (!e.master_port)
+        e.master_port = 20000 + (int)(dt_hash64(e.job_id, strlen(e.job_id), 0) % 20000);
+    if (!e.token[0])
+        return dt_error_set(DT_ERR_INVALID,
+                            "started by %s without a job id to derive a token from: set "
+                            "DT_JOB_TOKEN (32 hex characters, the same on every rank)",
+                            who);
+#endif
+    char port[16];
+    snprintf(port, sizeof port, "%d", e.master_port);
+    if (setenv("DT_MASTER_ADDR", e.master_addr, 1) != 0 || setenv("DT_MASTER_PORT", port, 1) != 0 ||
+        setenv("DT_JOB_TOKEN", e.token, 1) != 0 ||
+        (e.job_id[0] && setenv("DT_JOB_ID", e.job_id, 1) != 0))
+        return dt_error_set_errno(DT_ERR_SYSTEM, "setenv");
+    DT_DEBUG("comm", "started by %s: rank %d of %d, master %s:%d, job %s", who, e.rank, e.size,
+             e.master_addr, e.master_port, e.job_id);
     return DT_OK;
 }

@@ -68,4 +68,22 @@ dt_status dt__slurm_first_host(const char *list, char *out, size_t len);
 /* Exposed for tests: processes on node `node` from "2(x3),1" style text. */
 dt_status dt__slurm_tasks_on_node(const char *spec, int node, int *out);
 
+/* For dt_group_init_from_env: under mpirun/srun, fill in the meeting place
+ * the launcher did not give and export it as DT_MASTER_ADDR,
+ * DT_MASTER_PORT, DT_JOB_TOKEN and DT_JOB_ID (what comm reads). With MPI
+ * (DT_HAVE_MPI) rank 0 decides and broadcasts (dt__mpi_bootstrap); without
+ * it, one host means 127.0.0.1 and a port derived from the job id, and
+ * several hosts need DT_MASTER_ADDR from the user (a clear error says
+ * so). A no-op under dtrain launch or without any launcher. */
+dt_status dt__jobenv_export(void);
+
+/* 32 hex characters from /dev/urandom (out has 33 bytes). */
+dt_status dt__random_token(char *out);
+
+#ifdef DT_HAVE_MPI
+/* Collective over MPI_COMM_WORLD: rank 0 fills what e lacks (address, a
+ * free port, a fresh random token) and broadcasts it. mpi_backend.c. */
+dt_status dt__mpi_bootstrap(dt__jobenv *e);
+#endif
+
 #endif /* DTRAIN_COMM_JOBENV_H */

@@ -149,7 +149,12 @@ static int harness_main(int argc, char **argv, const hcase *cases, int ncases) {
         for (int i = 0; i < ncases; i++)
             if (strcmp(cases[i].name, argv[2]) == 0) {
                 test__current = cases[i].name;
-                int rank = atoi(getenv("DT_RANK"));
+                /* Started by the parent (DT_RANK) or by mpirun (the
+                 * suite also runs as `mpirun -np N prog --child case`). */
+                const char *rv = getenv("DT_RANK");
+                if (!rv)
+                    rv = getenv("OMPI_COMM_WORLD_RANK");
+                int rank = rv ? atoi(rv) : 0;
                 cases[i].fn(rank, cases[i].nranks);
                 fflush(stdout);
                 return 0;

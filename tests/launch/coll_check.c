@@ -5,6 +5,7 @@
  * namespaces. Uses only the public comm API.
  *
  *   coll_check [--expect-transport T] [--expect-hier] [--expect-backend B]
+ *              [--die RANK]
  *
  * Every collective, every dtype and reduction, in place and out of place,
  * over counts {0, 1, 7, 1000, 65537}, roots 0 and size-1, a split into
@@ -12,6 +13,8 @@
  * are small integers, so every expected value is exact in every dtype
  * (including f16/bf16) and computed here independently of comm. The first
  * wrong element is printed with both values and the rank exits 1.
+ * --die RANK makes that rank exit 3 right after joining, while the others
+ * are in an allreduce: the job must end quickly, naming it.
  */
 #include "dtrain/comm.h"
 
@@ -300,6 +303,7 @@ static void test_others(dt_group *g, const int *ranks) {
 int main(int argc, char **argv) {
     const char *expect_transport = NULL, *expect_backend = NULL;
     bool expect_hier = false;
+    int die = -1;
     for (int i = 1; i < argc; i++) {
         if (strcmp(argv[i], "--expect-transport") == 0 && i + 1 < argc)
             expect_transport = argv[++i];
@@ -307,9 +311,11 @@ int main(int argc, char **argv) {
             expect_backend = argv[++i];
         else if (strcmp(argv[i], "--expect-hier") == 0)
             expect_hier = true;
+        else if (strcmp(argv[i], "--die") == 0 && i + 1 < argc)
+            die = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: coll_check [--expect-transport T] [--expect-backend B] "
-                            "[--expect-hier]\n");
+                            "[--expect-hier] [--die RANK]\n");
             return 2;
         }
     }
@@ -325,6 +331,16 @@ int main(int argc, char **argv) {
         FAIL("DT_BACKEND is %s, expected %s", backend, expect_backend);
     if (expect_transport && strcmp(dt_group_transport(world), expect_transport) != 0)
         FAIL("transport is %s, expected %s", dt_group_transport(world), expect_transport);
+    if (die >= 0) {
+        if (me == die) {
+            fprintf(stderr, "coll_check: rank %d: exiting with code 3 on purpose (--die)\n", me);
+            exit(3);
+        }
+        float x[1024] = {0};
+        dt_status st = dt_group_allreduce(world, x, x, 1024, DT_F32, DT_SUM);
+        FAIL("allreduce with rank %d gone returned %s: %s", die, dt_status_name(st),
+             dt_last_error());
+    }
     int *ranks = malloc((size_t)n * sizeof *ranks);
     for (int k = 0; k < n; k++)
         ranks[k] = k;

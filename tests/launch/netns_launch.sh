@@ -5,7 +5,8 @@
 # rank and master address; a rank failing on host 1 ends the job on host 0;
 # with COLL_CHECK, the collectives are correct across the hosts, ranks of
 # one host use shm and the others TCP, and the hierarchical allreduce is
-# the default choice (and what runs) for a large message.
+# the default choice (and what runs) for a large message, and `dtrain bench
+# comm` runs across the hosts with every result exact.
 # Exits 77 (ctest SKIP_RETURN_CODE) when not root or `ip` is missing.
 set -euo pipefail
 dtrain=$1
@@ -32,9 +33,10 @@ two_hosts() {
         ip netns exec $DT_NETNS_PREFIX-1 $dtrain launch --nnodes 2 --node-rank 1 \
             --master 10.77.0.1:29400 -n 2 "$@" 2>$dir/node1.err & n1=$!
         ip netns exec $DT_NETNS_PREFIX-0 $dtrain launch --nnodes 2 --node-rank 0 \
-            --master 10.77.0.1:29400 -n 2 "$@" 2>$dir/node0.err; rc0=$?
+            --master 10.77.0.1:29400 -n 2 "$@" >$dir/node0.out 2>$dir/node0.err; rc0=$?
         wait $n1; rc1=$?
         echo "$rc0 $rc1" > $dir/codes' _ "$@"
+    cat "$dir/node0.out"
     cat "$dir/node0.err" "$dir/node1.err" >&2
 }
 
@@ -76,4 +78,17 @@ if [[ -n $coll ]]; then
     [[ $rc0 == 0 && $rc1 == 0 ]] || fail "collective check across hosts: launchers exited $rc0 and $rc1"
     echo "ok: collectives across 2 hosts x 2 ranks (shm+tcp, hier allreduce by default)"
 fi
+
+two_hosts "$dtrain" bench comm --sizes 64K:2M --iters 3 --warmup 1
+read -r rc0 rc1 <"$dir/codes"
+[[ $rc0 == 0 && $rc1 == 0 ]] || fail "bench comm across hosts: launchers exited $rc0 and $rc1"
+out=$dir/node0.out
+grep -q "4 ranks, transport shm+tcp" "$out" || fail "bench comm: not 4 ranks over shm+tcp"
+rows=$(grep -Ec '^ +[0-9]+ ' "$out")
+[[ $rows == 6 ]] || fail "bench comm: $rows rows, expected 6 (64K..2M)"
+grep -Eq '^ +2097152 .* hier +0$' "$out" || fail "bench comm: 2 MiB did not run hier with 0 wrong"
+if grep -E '^ +[0-9]+ ' "$out" | awk '$NF != 0 {bad = 1} END {exit !bad}'; then
+    fail "bench comm: some row has wrong elements"
+fi
+echo "ok: dtrain bench comm across 2 hosts: 6 sizes, every element right, hier for large messages"
 

@@ -188,7 +188,7 @@ static void test_errors(void) {
     ASSERT_CONTAINS(dt_last_error(), "DT_RANK is set but DT_WORLD_SIZE is not");
     setenv("DT_WORLD_SIZE", "1", 1);
     ASSERT_STATUS(dt__jobenv_read(&e), DT_ERR_INVALID);
-    ASSERT_CONTAINS(dt_last_error(), "rank 1 is not below the world size 1 (from dtrain launch)");
+    ASSERT_CONTAINS(dt_last_error(), "DT_RANK=1 is not below DT_WORLD_SIZE=1 (from dtrain launch)");
     setenv("DT_WORLD_SIZE", "two", 1);
     ASSERT_STATUS(dt__jobenv_read(&e), DT_ERR_INVALID);
     ASSERT_CONTAINS(dt_last_error(), "DT_WORLD_SIZE");
