@@ -331,7 +331,6 @@ static int run_comm(cli_args *a) {
         for (int i = 0; i < iters && st == DT_OK; i++)
             st = run_op(g, coll, in, out, cnt, dt, redop);
         double t = (dt_now() - t0) / iters;
-        const char *algo = dt_algo_name(dt_group_last_algo(g));
         if (st != DT_OK)
             break;
         /* What the timed operation ran, before the allreduce of t below
