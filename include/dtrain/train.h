@@ -185,9 +185,11 @@ typedef struct dt_step_metrics {
 
 typedef struct dt_metrics dt_metrics;
 
-/* Create RUN_DIR (and parents) and open RUN_DIR/metrics.jsonl; `append`
- * keeps earlier lines (resume), otherwise the file starts empty. */
-dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, bool append);
+/* Create RUN_DIR (and parents) and open RUN_DIR/metrics.jsonl. A run that
+ * resumed from step resume_step > 0 keeps the lines of steps up to it (and
+ * drops later ones, which the resumed run replays), so the file always
+ * holds one line per step of the trajectory; 0 starts an empty file. */
+dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, int64_t resume_step);
 /* Append one JSON object line and flush it. */
 dt_status dt_metrics_log(dt_metrics *m, const dt_step_metrics *s);
 void dt_metrics_destroy(dt_metrics *m);

@@ -157,7 +157,41 @@ int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
     return n < 0 || (size_t)n >= len ? -1 : n;
 }
 
-dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, bool append) {
+/* Keep the lines of steps <= upto (a resumed run replays later steps):
+ * rewrite the file atomically with only those. A missing file is fine. */
+static dt_status keep_steps_upto(const char *path, int64_t upto) {
+    FILE *in = fopen(path, "r");
+    if (!in)
+        return DT_OK;
+    char *kept = NULL, *line = NULL;
+    size_t klen = 0, kcap = 0, cap = 0;
+    ssize_t n;
+    dt_status st = DT_OK;
+    while ((n = getline(&line, &cap, in)) > 0) {
+        long long step;
+        if (sscanf(line, "{\"step\":%lld", &step) != 1 || step > upto)
+            continue;
+        if (klen + (size_t)n > kcap) {
+            kcap = (klen + (size_t)n) * 2;
+            char *k = realloc(kept, kcap);
+            if (!k) {
+                st = dt_error_set(DT_ERR_NOMEM, "reading %s", path);
+                break;
+            }
+            kept = k;
+        }
+        memcpy(kept + klen, line, (size_t)n);
+        klen += (size_t)n;
+    }
+    free(line);
+    fclose(in);
+    if (st == DT_OK)
+        st = dt__write_file_atomic(path, kept ? kept : "", klen);
+    free(kept);
+    return st;
+}
+
+dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, int64_t resume_step) {
     *out = NULL;
     DT_CHECK(dt__mkdir_p(run_dir));
     dt_metrics *m = dt_calloc(1, sizeof *m);
@@ -170,9 +204,11 @@ dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, bool append) 
         return dt_error_set(DT_ERR_NOMEM, "metrics path");
     }
     snprintf(m->path, len, "%s/metrics.jsonl", run_dir);
-    m->f = fopen(m->path, append ? "a" : "w");
+    dt_status st = resume_step > 0 ? keep_steps_upto(m->path, resume_step) : DT_OK;
+    m->f = st == DT_OK ? fopen(m->path, resume_step > 0 ? "a" : "w") : NULL;
     if (!m->f) {
-        dt_status st = dt_error_set_errno(DT_ERR_IO, "cannot open %s", m->path);
+        if (st == DT_OK)
+            st = dt_error_set_errno(DT_ERR_IO, "cannot open %s", m->path);
         free(m->path);
         dt_free(m);
         return st;

@@ -764,7 +764,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     if (t->rank == 0) {
         if (c->run_dir) {
             DT_CHECK_GOTO(dt_metrics_write_config(c->run_dir, t->cfg_text), st, fail);
-            DT_CHECK_GOTO(dt_metrics_create(&metrics, c->run_dir, resumed[0] != '\0'), st, fail);
+            DT_CHECK_GOTO(dt_metrics_create(&metrics, c->run_dir, resumed[0] ? t->step : 0), st,
+                          fail);
         }
         bool tty = c->progress < 0 ? isatty(STDERR_FILENO) : c->progress == 1;
         /* Under a launcher our stderr is a pipe relayed line by line, which

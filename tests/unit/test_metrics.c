@@ -47,7 +47,7 @@ static void test_metrics_file(void) {
     char run[128], path[160];
     snprintf(run, sizeof run, "%s/run/a", dir);
     dt_metrics *m;
-    ASSERT_OK(dt_metrics_create(&m, run, false));
+    ASSERT_OK(dt_metrics_create(&m, run, 0));
     for (int64_t s = 1; s <= 5; s++) {
         dt_step_metrics x = sample(s);
         ASSERT_OK(dt_metrics_log(m, &x));
@@ -63,17 +63,25 @@ static void test_metrics_file(void) {
                           "\"bytes_sent\":1048576,\"tokens\":600}\n");
     ASSERT_CONTAINS(text, "{\"step\":5,\"loss\":3.25,\"val_loss\":3,");
 
-    /* A resumed run appends; a fresh one starts over. */
-    ASSERT_OK(dt_metrics_create(&m, run, true));
-    dt_step_metrics x = sample(6);
+    /* A run resumed from step 3 keeps steps 1..3 and appends; a fresh one
+     * starts over. */
+    ASSERT_OK(dt_metrics_create(&m, run, 3));
+    dt_step_metrics x = sample(4);
     ASSERT_OK(dt_metrics_log(m, &x));
     dt_metrics_destroy(m);
-    ASSERT_EQ(count_char(slurp(path), '\n'), 6);
-    ASSERT_OK(dt_metrics_create(&m, run, false));
+    text = slurp(path);
+    ASSERT_EQ(count_char(text, '\n'), 4);
+    ASSERT_CONTAINS(text, "{\"step\":3,");
+    ASSERT_CONTAINS(text, "{\"step\":4,");
+    ASSERT_TRUE(strstr(text, "{\"step\":5,") == NULL);
+    ASSERT_OK(dt_metrics_create(&m, run, 9)); /* beyond the file: keeps all */
+    dt_metrics_destroy(m);
+    ASSERT_EQ(count_char(slurp(path), '\n'), 4);
+    ASSERT_OK(dt_metrics_create(&m, run, 0));
     dt_metrics_destroy(m);
     ASSERT_EQ(count_char(slurp(path), '\n'), 0);
 
-    ASSERT_STATUS(dt_metrics_create(&m, "/proc/nope/run", false), DT_ERR_IO);
+    ASSERT_STATUS(dt_metrics_create(&m, "/proc/nope/run", 0), DT_ERR_IO);
     ASSERT_CONTAINS(dt_last_error(), "/proc/nope");
 }
 
