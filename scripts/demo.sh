@@ -6,12 +6,12 @@
 # Text: DATA=path/to/file.txt, else the prose of the `fortunes` Debian
 # package (/usr/share/games/fortunes, installed by scripts/install-deps.sh;
 # the ASCII-art collections are left out). No network needed.
-# Knobs (environment): STEPS (default 600), NPROC (2), OUT (BUILD_DIR/demo).
+# Knobs (environment): STEPS (default 800), NPROC (2), OUT (BUILD_DIR/demo).
 # Re-running continues from the last checkpoint (--resume) until STEPS.
 set -euo pipefail
 BUILD=${1:-build}
 OUT=${OUT:-$BUILD/demo}
-STEPS=${STEPS:-600}
+STEPS=${STEPS:-800}
 NPROC=${NPROC:-2}
 mkdir -p "$OUT"
 

@@ -38,7 +38,7 @@ static const cli_opt train_opts[] = {
     {"val-split", 0, CLI_DOUBLE, "F", "0.05", "DT_VAL_SPLIT", "fraction of --data held out for validation (0: none)", NULL, 0, 0.99},
     {"tokenizer", 0, CLI_ENUM, "KIND", "char", "DT_TOKENIZER", "tokenizer for .txt data", tokenizers, 0, 0},
     {"nproc", 'n', CLI_INT, "N", "1", "DT_NPROC", "ranks to start on this machine", NULL, 1, 4096},
-    {"batch", 'b', CLI_INT, "B", "0", "DT_BATCH", "sequences per rank per micro-batch (0: --global-batch / ranks)", NULL, 0, 1 << 20},
+    {"batch", 'b', CLI_INT, "B", "8", "DT_BATCH", "sequences per rank per micro-batch (with --global-batch: G / ranks)", NULL, 1, 1 << 20},
     {"global-batch", 0, CLI_INT, "G", "0", "DT_GLOBAL_BATCH", "sequences per micro-batch over all ranks; must divide by the ranks", NULL, 0, 1 << 24},
     {"steps", 0, CLI_INT, "S", "100", "DT_STEPS", "optimizer steps of the whole run", NULL, 1, 1e15},
     {"accum", 0, CLI_INT, "K", "1", "DT_ACCUM", "micro-batches accumulated per optimizer step", NULL, 1, 1 << 20},
@@ -124,8 +124,9 @@ static int run_train(cli_args *a) {
     c.val_data = cli_str(a, "val-data");
     c.val_split = cli_double(a, "val-split");
     c.tokenizer = cli_enum(a, "tokenizer") == 0 ? DT_TOKENIZER_CHAR : DT_TOKENIZER_BYTE;
-    c.batch = (int)cli_int(a, "batch");
     c.global_batch = (int)cli_int(a, "global-batch");
+    /* The default batch yields to --global-batch; a given one must agree. */
+    c.batch = c.global_batch && !cli_is_set(a, "batch") ? 0 : (int)cli_int(a, "batch");
     c.steps = cli_int(a, "steps");
     c.accum = (int)cli_int(a, "accum");
     c.optimizer = (dt_train_optimizer)cli_enum(a, "optimizer");
@@ -158,8 +159,6 @@ static int run_train(cli_args *a) {
     c.progress = pm == 0 ? -1 : pm == 2;
     if (!c.data)
         cli_usage_error(a->cmd, "--data FILE is required (a .txt corpus or a .tok file)");
-    if (c.batch == 0 && c.global_batch == 0)
-        cli_usage_error(a->cmd, "give --batch B (per rank) or --global-batch G");
     if (c.min_lr > c.lr)
         cli_usage_error(a->cmd, "--min-lr %g is above --lr %g", c.min_lr, c.lr);
     /* SIGINT/SIGTERM (also forwarded by a launcher): finish the step, save
@@ -183,7 +182,7 @@ static int run_train(cli_args *a) {
 const cli_cmd cli_cmd_train = {
     .name = "train",
     .summary = "train a GPT data-parallel on a text file",
-    .usage = "dtrain train --data FILE (--batch B | --global-batch G) [--nproc N] [OPTIONS]",
+    .usage = "dtrain train --data FILE [--batch B | --global-batch G] [--nproc N] [OPTIONS]",
     .description = train_description,
     .opts = train_opts,
     .run = run_train,

@@ -42,7 +42,7 @@ static void test_bad_inputs(void) {
               2);
     EXPECT_OUT("validation data");
     EXPECT_RC(tu_run("%s train --data %s --batch 0 " TINY, DTRAIN, corpus), 2);
-    EXPECT_OUT("give --batch B");
+    EXPECT_OUT("--batch: 0 is out of range");
     EXPECT_RC(tu_run("%s train --data %s --batch -3 " TINY, DTRAIN, corpus), 2);
     EXPECT_OUT("--batch: -3 is out of range");
     EXPECT_RC(tu_run("%s train --data %s --batch 2 --steps 0 " TINY, DTRAIN, corpus), 2);
