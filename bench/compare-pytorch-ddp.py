@@ -108,14 +108,32 @@ def torch_worker(rank, world, a, tokens, V, port, out):
     dist.destroy_process_group()
 
 
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def run_torch(a, tokens, V):
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = 29500 + os.getpid() % 1000
+    port = free_port()
     procs = [ctx.Process(target=torch_worker, args=(r, 2, a, tokens, V, port, q)) for r in range(2)]
     for p in procs:
         p.start()
-    res = [q.get(timeout=600) for _ in procs]
+    res = []
+    deadline = time.time() + 1800
+    while len(res) < len(procs):
+        try:
+            res.append(q.get(timeout=2))
+        except Exception:  # queue.Empty: check that no worker died
+            dead = [p for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.time() > deadline:
+                for p in procs:
+                    p.terminate()
+                raise RuntimeError(f"torch worker failed (exit codes "
+                                   f"{[p.exitcode for p in procs]})")
     for p in procs:
         p.join()
     tps = statistics.median(next(r[1] for r in res if r[0] == 0))
