@@ -103,8 +103,11 @@ def torch_worker(rank, world, a, tokens, V, port, out):
         opt.step()
         dist.all_reduce(loss.detach())
         times.append(time.perf_counter() - t0)
-    cpu = time.process_time() - cpu0
-    out.put((rank, [world * a.batch * a.seq / t for t in times[3:]], cpu))
+    cpu = torch.tensor([time.process_time() - cpu0], dtype=torch.float64)
+    dist.all_reduce(cpu)  # CPU seconds of both ranks
+    if rank == 0:
+        out.put(([world * a.batch * a.seq / t for t in times[3:]], cpu.item()))
+    dist.barrier()
     dist.destroy_process_group()
 
 
@@ -122,23 +125,23 @@ def run_torch(a, tokens, V):
     procs = [ctx.Process(target=torch_worker, args=(r, 2, a, tokens, V, port, q)) for r in range(2)]
     for p in procs:
         p.start()
-    res = []
+    res = None
     deadline = time.time() + 1800
-    while len(res) < len(procs):
+    while res is None:
         try:
-            res.append(q.get(timeout=2))
+            res = q.get(timeout=2)
         except Exception:  # queue.Empty: check that no worker died
-            dead = [p for p in procs if p.exitcode not in (None, 0)]
-            if dead or time.time() > deadline:
+            if any(p.exitcode is not None for p in procs) or time.time() > deadline:
                 for p in procs:
                     p.terminate()
                 raise RuntimeError(f"torch worker failed (exit codes "
                                    f"{[p.exitcode for p in procs]})")
     for p in procs:
-        p.join()
-    tps = statistics.median(next(r[1] for r in res if r[0] == 0))
+        p.join(timeout=60)
+        if p.exitcode is None:
+            p.terminate()
     tokens = 2 * a.batch * a.seq * (a.steps - 3)
-    return tps, sum(r[2] for r in res) / tokens * 1e3  # CPU ms per token
+    return statistics.median(res[0]), res[1] / tokens * 1e3  # tokens/s, CPU ms per token
 
 
 def run_dtrain(a, nproc, tmp):
