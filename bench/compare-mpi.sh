@@ -4,6 +4,7 @@
 #
 #   bench/compare-mpi.sh [BUILD_DIR] [OPS] [NPS] [SIZES] [REPEATS]
 #   bench/compare-mpi.sh build "allreduce reduce_scatter allgather" "2 4" 8:64M 3
+#   TRANSPORTS=shm bench/compare-mpi.sh ...   (only one of shm, tcp)
 #
 # For each (transport, np, op) it runs our `dtrain bench comm` and our
 # Open MPI benchmark (bench/mpi_bench.c, built here with mpicc) REPEATS
@@ -36,7 +37,7 @@ MPIRUN=(mpirun --allow-run-as-root --oversubscribe --bind-to none)
 echo "# machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), load $(cut -d' ' -f1-3 /proc/loadavg)"
 "$DTRAIN" bench memcpy --size 64M --iters 5 | sed 's/^/# /'
 
-for tp in shm tcp; do
+for tp in ${TRANSPORTS:-shm tcp}; do
   for np in $NPS; do
     for op in $OPS; do
       for r in $(seq 1 "$REPS"); do

@@ -10,7 +10,9 @@ endforeach()
 
 add_test(NAME comm_sweep_shm COMMAND test_comm_sweep "shm_*")
 add_test(NAME comm_sweep_tcp COMMAND test_comm_sweep "tcp_*")
-set_tests_properties(comm_sweep_shm comm_sweep_tcp PROPERTIES TIMEOUT 300 LABELS "comm")
+add_test(NAME comm_sweep_hier COMMAND test_comm_sweep "hier_*")
+set_tests_properties(comm_sweep_shm comm_sweep_tcp comm_sweep_hier PROPERTIES TIMEOUT 300
+                     LABELS "comm")
 target_link_libraries(test_comm_groups PRIVATE Threads::Threads)
 add_test(NAME comm_groups COMMAND test_comm_groups)
 set_tests_properties(comm_groups PROPERTIES TIMEOUT 300 LABELS "comm;tsan")

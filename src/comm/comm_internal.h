@@ -249,7 +249,8 @@ typedef struct dt__config {
     size_t shm_slot;   /* DT_SHM_SLOT */
     int shm_slots;     /* DT_SHM_SLOTS */
     size_t shm_window; /* DT_SHM_WINDOW (bytes per half) */
-    int spin;          /* DT_SPIN iterations before sleeping */
+    int spin;          /* DT_SPIN microseconds of polling before sleeping */
+    int yield;         /* DT_YIELD sched_yield()s before sleeping */
     int tcp_socks;     /* DT_TCP_SOCKS */
     size_t tcp_buffer; /* DT_TCP_BUFFER */
     size_t tcp_stripe; /* DT_TCP_STRIPE_MIN */
@@ -283,9 +284,10 @@ struct dt_group {
 
     /* progress */
     pthread_mutex_t mu;
-    pthread_cond_t cv;    /* signalled on enqueue, completion, stop */
-    dt_work *head, *tail; /* queued, not yet started */
-    bool busy;            /* an op is executing (thread or inline) */
+    pthread_cond_t work_cv; /* progress thread: work queued, idle again, stop */
+    pthread_cond_t done_cv; /* waiters: an operation completed */
+    dt_work *head, *tail;   /* queued, not yet started */
+    bool busy;              /* an op is executing (thread or inline) */
     bool stop;
     dt_thread *thread;
     uint64_t issued;       /* last collective sequence number handed out */
@@ -364,7 +366,7 @@ void dt__op_fail(dt__op *op, dt_status st);
 /* ------------------------------------------------------------------------ */
 
 /* buf[i] /= n (AVG finalisation), dtype-aware. */
-void dt__scale_avg(void *buf, size_t count, dt_dtype dtype, int n);
+void dt__scale_avg(void *buf, size_t n, dt_dtype dtype, int ranks);
 
 /* ------------------------------------------------------------------------ */
 /* Transports (shm.c, tcp.c)                                                */

@@ -24,6 +24,8 @@ dt_status dt__config_read(dt__config *c) {
         dt_config_env_size("DT_SHM_WINDOW", 1 << 20, 64 << 10, (size_t)1 << 30, &c->shm_window));
     DT_CHECK(dt_config_env_int("DT_SPIN", -1, -1, 1 << 30, &v));
     c->spin = (int)v;
+    DT_CHECK(dt_config_env_int("DT_YIELD", -1, -1, 1 << 30, &v));
+    c->yield = (int)v;
     DT_CHECK(dt_config_env_int("DT_TCP_SOCKS", 2, 1, DT__MAX_SOCKS, &v));
     c->tcp_socks = (int)v;
     DT_CHECK(dt_config_env_size("DT_TCP_BUFFER", 4 << 20, 0, (size_t)1 << 30, &c->tcp_buffer));

@@ -11,6 +11,7 @@
  */
 #include "comm_internal.h"
 
+#include <sched.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -107,7 +108,9 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
     dt_group *g = op->g;
     double deadline = dt_now() + g->cfg.timeout;
     double next_check = 0;
-    int spins = 0;
+    /* spin budget in ns, measured from the last progress or wake-up */
+    uint64_t spin_ns = (uint64_t)g->cfg.spin * 1000u, spin_from = 0;
+    int yields = 0;
     for (;;) {
         uint64_t tok = g->shm ? g->shm->ops->arm(g->shm) : 0;
         bool progressed = false;
@@ -122,14 +125,27 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
             return dt_error_set(DT_ERR_ABORTED, "%s on rank %d: the group was aborted", d, g->rank);
         }
         if (progressed) {
-            spins = 0;
+            spin_from = 0;
+            yields = 0;
             deadline = dt_now() + g->cfg.timeout;
             continue;
         }
         /* Spinning pays only where polling is a memory read (shm); a TCP
          * poll is a system call, and sleeping in poll() wakes on data. */
-        if (g->shm && spins++ < g->cfg.spin) {
-            cpu_relax();
+        if (g->shm && spin_ns) {
+            uint64_t t = dt_now_ns();
+            if (!spin_from)
+                spin_from = t;
+            if (t - spin_from < spin_ns) {
+                cpu_relax();
+                continue;
+            }
+        }
+        /* When ranks outnumber cores the peer we wait for is often runnable
+         * but not running: handing it our core now beats a futex round
+         * trip. A few yields, then sleep. */
+        if (g->shm && yields++ < g->cfg.yield) {
+            sched_yield();
             continue;
         }
         double now = dt_now();
@@ -155,7 +171,8 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
         } else if (g->tcp) {
             g->tcp->ops->block(g->tcp, 0, 20);
         }
-        spins = g->cfg.spin / 2; /* a short spin after each wake-up */
+        spin_from = dt_now_ns() - spin_ns / 2; /* half a spin after each wake-up */
+        yields = g->cfg.yield;
     }
 }
 

@@ -43,12 +43,12 @@ static void job_release(dt__job *job, bool clean) {
     char saved[1024]; /* the store calls below must not eat the caller's error */
     snprintf(saved, sizeof saved, "%s", dt_last_error());
     if (job->store) {
-        /* Rank 0 serves the store: it waits (briefly after a failure) until
-         * every rank has said it is done with it, so that a slow rank still
-         * finishing its bootstrap is not cut off. */
+        /* Rank 0 serves the store: it waits (at most 10 s, 2 s after a
+         * failure) until every rank has said it is done with it, so that a
+         * slow rank still finishing its bootstrap is not cut off. */
         int64_t n = 0;
         if (dt__store_add(job->store, "exit", 1, &n) == DT_OK && job->server) {
-            double dl = dt_now() + (clean ? job->timeout : 2.0);
+            double dl = dt_now() + (clean ? (job->timeout < 10 ? job->timeout : 10) : 2.0);
             while (n < job->world_size && dt_now() < dl) {
                 dt_sleep_ms(2);
                 if (dt__store_add(job->store, "exit", 0, &n) != DT_OK)
@@ -225,7 +225,7 @@ static void group_free(dt_group *g, bool clean) {
     if (g->thread) {
         pthread_mutex_lock(&g->mu);
         g->stop = true;
-        pthread_cond_broadcast(&g->cv);
+        pthread_cond_broadcast(&g->work_cv);
         pthread_mutex_unlock(&g->mu);
         dt_thread_join(g->thread);
     }
@@ -249,7 +249,8 @@ static void group_free(dt_group *g, bool clean) {
     free(g->rcvd);
     dt_free(g->scratch);
     pthread_mutex_destroy(&g->mu);
-    pthread_cond_destroy(&g->cv);
+    pthread_cond_destroy(&g->work_cv);
+    pthread_cond_destroy(&g->done_cv);
     job_release(g->job, clean);
     free(g);
 }
@@ -263,7 +264,8 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     atomic_fetch_add(&job->refs, 1);
     g->job = job;
     pthread_mutex_init(&g->mu, NULL);
-    pthread_cond_init(&g->cv, NULL);
+    pthread_cond_init(&g->work_cv, NULL);
+    pthread_cond_init(&g->done_cv, NULL);
     atomic_store(&g->lost, -1);
     snprintf(g->id, sizeof g->id, "%s", id);
     g->rank = rank;
@@ -309,8 +311,15 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     for (int i = 0; i < g->local_size; i++)
         if (g->local[i] == rank)
             g->local_rank = i;
-    if (g->cfg.spin < 0) /* auto: spin only when every local rank has a core */
-        g->cfg.spin = g->local_size <= dt_cpu_count() ? 4000 : 0;
+    /* Measured on a shared 2-core machine (docs/comm.md): a waiter that
+     * spins keeps the core its peer needs (the peer is usually runnable on
+     * the same core), so the default is to yield at once, up to 1000 times
+     * (~1 ms when nothing else runs), then sleep on the futex. On dedicated
+     * cores DT_SPIN=1000 (microseconds of pure polling) is better. */
+    if (g->cfg.spin < 0)
+        g->cfg.spin = 0;
+    if (g->cfg.yield < 0)
+        g->cfg.yield = 1000;
 
     /* Transports: shared memory inside a host, TCP between hosts. */
     int *shm_peers = malloc((size_t)size * sizeof(int)), nshm = 0;
@@ -419,7 +428,8 @@ void dt_group_abort(dt_group *g) {
     if (g->tcp)
         g->tcp->ops->abort(g->tcp, DT_ERR_ABORTED, -1, false);
     pthread_mutex_lock(&g->mu);
-    pthread_cond_broadcast(&g->cv);
+    pthread_cond_broadcast(&g->work_cv);
+    pthread_cond_broadcast(&g->done_cv);
     pthread_mutex_unlock(&g->mu);
 }
 
@@ -511,7 +521,7 @@ static void *progress_main(void *arg) {
     pthread_mutex_lock(&g->mu);
     for (;;) {
         while (!g->stop && (!g->head || g->busy))
-            pthread_cond_wait(&g->cv, &g->mu);
+            pthread_cond_wait(&g->work_cv, &g->mu);
         if (g->stop && !g->head)
             break;
         if (g->busy || !g->head)
@@ -528,7 +538,7 @@ static void *progress_main(void *arg) {
         g->busy = false;
         w->done = true;
         g->last_progress = dt_now();
-        pthread_cond_broadcast(&g->cv);
+        pthread_cond_broadcast(&g->done_cv);
     }
     pthread_mutex_unlock(&g->mu);
     return NULL;
@@ -544,9 +554,8 @@ dt_status dt_work_test(dt_work *w, bool *done) {
     return DT_OK;
 }
 
-dt_status dt_work_wait(dt_work *w) {
-    if (!w)
-        return dt_error_set(DT_ERR_INVALID, "dt_work_wait: NULL handle");
+/* Wait for w to complete and collect its status; frees w if asked. */
+static dt_status work_finish(dt_work *w, bool free_it) {
     dt_group *g = w->op.g;
     dt_status st;
     pthread_mutex_lock(&g->mu);
@@ -556,7 +565,7 @@ dt_status dt_work_wait(dt_work *w) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_sec += 1;
-        pthread_cond_timedwait(&g->cv, &g->mu, &ts);
+        pthread_cond_timedwait(&g->done_cv, &g->mu, &ts);
         if (!w->done && dt_now() - g->last_progress > g->cfg.timeout + 30) {
             pthread_mutex_unlock(&g->mu);
             char d[160];
@@ -571,8 +580,15 @@ dt_status dt_work_wait(dt_work *w) {
     st = w->status;
     if (st != DT_OK)
         dt_error_set(st, "%s", w->err);
-    free(w);
+    if (free_it)
+        free(w);
     return st;
+}
+
+dt_status dt_work_wait(dt_work *w) {
+    if (!w)
+        return dt_error_set(DT_ERR_INVALID, "dt_work_wait: NULL handle");
+    return work_finish(w, true);
 }
 
 /* Validate, stamp the descriptor and sequence number, then run inline (if
@@ -614,9 +630,19 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
             return dt_error_set(DT_ERR_INVALID, "%s: NULL buffer for %zu elements",
                                 dt_coll_name(coll), count);
     }
-    dt_work *w = calloc(1, sizeof *w);
-    if (!w)
-        return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+    /* A blocking call's handle lives on the caller's stack: it is done (and
+     * dequeued) before this function returns. */
+    dt_work local, *w = &local;
+    if (work) {
+        w = malloc(sizeof *w);
+        if (!w)
+            return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+    }
+    w->next = NULL;
+    w->done = false;
+    w->inline_run = false;
+    w->status = DT_OK;
+    w->err[0] = 0;
     dt__op *op = &w->op;
     op->g = g;
     op->coll = coll;
@@ -652,23 +678,27 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
         pthread_mutex_lock(&g->mu);
         g->busy = false;
         g->last_progress = dt_now();
-        pthread_cond_broadcast(&g->cv);
+        /* Only the progress thread can be waiting for `busy` to clear, and
+         * only if work was queued meanwhile: no wake-up otherwise (a
+         * broadcast here would wake it for nothing on every call). */
+        if (g->head)
+            pthread_cond_signal(&g->work_cv);
         pthread_mutex_unlock(&g->mu);
         w->done = true;
-        return dt_work_wait(w);
+        return work_finish(w, false);
     }
     if (g->tail)
         g->tail->next = w;
     else
         g->head = w;
     g->tail = w;
-    pthread_cond_broadcast(&g->cv);
+    pthread_cond_signal(&g->work_cv);
     pthread_mutex_unlock(&g->mu);
     if (work) {
         *work = w;
         return DT_OK;
     }
-    return dt_work_wait(w);
+    return work_finish(w, false);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -95,7 +95,7 @@ static int harness_run(const char *self, const hcase *c) {
         pids[r] = pid;
     }
     int failures = 0, left = c->nranks;
-    int status[64];
+    int status[64] = {0};
     bool done[64] = {0};
     while (left > 0) {
         for (int r = 0; r < c->nranks; r++) {

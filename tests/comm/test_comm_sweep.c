@@ -296,9 +296,15 @@ static void sweep(int rank, int size) {
     (void)rank;
     bool full = getenv("DT_TEST_FULL") && atoi(getenv("DT_TEST_FULL")) == 1;
     const char *tp = getenv("DT_TRANSPORT") ? getenv("DT_TRANSPORT") : "auto";
+    const char *nodes = getenv("DT_TEST_NODES");
+    if (nodes) { /* simulate several hosts: shm inside each, tcp between */
+        char node[16];
+        snprintf(node, sizeof node, "%d", rank * atoi(nodes) / size);
+        setenv("DT_NODE_RANK", node, 1);
+    }
     dt_group *world = NULL;
     ASSERT_OK(dt_group_init_from_env(&world));
-    uint64_t seed = mix((uint64_t)size * 131 + (uint64_t)tp[0]);
+    uint64_t seed = mix((uint64_t)size * 131 + (uint64_t)tp[0] + (nodes ? 7 : 0));
     int ran = 0, big = 0;
     for (int a = 0; a < DT_ALGO_COUNT; a++) {
         setenv("DT_ALGO", algo_names[a], 1);
@@ -362,7 +368,8 @@ static const hcase cases[] = {
     SW("tcp_2", 2, "DT_TRANSPORT=tcp"),  SW("tcp_3", 3, "DT_TRANSPORT=tcp"),
     SW("tcp_4", 4, "DT_TRANSPORT=tcp"),  SW("tcp_5", 5, "DT_TRANSPORT=tcp"),
     SW("tcp_6", 6, "DT_TRANSPORT=tcp"),  SW("tcp_7", 7, "DT_TRANSPORT=tcp"),
-    SW("tcp_8", 8, "DT_TRANSPORT=tcp"),
+    SW("tcp_8", 8, "DT_TRANSPORT=tcp"),  SW("hier_4", 4, "DT_TEST_NODES=2"),
+    SW("hier_5", 5, "DT_TEST_NODES=2"),  SW("hier_6", 6, "DT_TEST_NODES=2"),
 };
 
 int main(int argc, char **argv) {
