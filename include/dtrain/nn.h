@@ -77,10 +77,10 @@ size_t dt_gpt_config_num_params(const dt_gpt_config *cfg);
 typedef struct dt_param_info {
     const char *name; /* "h.3.attn.c_attn.weight" (valid while the model lives) */
     size_t offset;    /* first float in dt_gpt_params()/dt_gpt_grads() */
-    size_t rows;      /* rows x cols floats (cols = 1 is never used: vectors */
-    size_t cols;      /*   are 1 x n) */
-    bool decay;       /* true for 2-D matrices (weights, embeddings); false for
-                         biases and LayerNorm parameters */
+    size_t rows;      /* a matrix is rows x cols; a vector is 1 x cols */
+    size_t cols;
+    bool decay; /* true for 2-D matrices (weights, embeddings); false for
+                   biases and LayerNorm parameters */
 } dt_param_info;
 
 /* Called by backward when grads[ready_from .. num_params) are final for this

@@ -186,17 +186,19 @@ static float *take(float *base, size_t *off, size_t n) {
     return p;
 }
 
+/* Lay the activations out in m's arena, or, with m == NULL, only count the
+ * floats (every pointer is then NULL and written to a scratch model). */
 static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_) {
     size_t B = (size_t)B_, T = (size_t)T_, C = (size_t)c->dim, NH = (size_t)c->heads;
-    size_t V = (size_t)c->vocab, BT = B * T, off = 0, att = 0;
-    float *base = m ? m->arena : NULL;
-    float *tmp;
-#define TAKE(dst, n) (tmp = take(base, &off, (n)), (m ? (void)((dst) = tmp) : (void)0))
+    size_t V = (size_t)c->vocab, BT = B * T, off = 0, att = 0, nlogits;
+    dt_gpt scratch = {0};
+    block_acts one; /* every layer of the scratch model */
+    if (!m)
+        m = &scratch;
+    float *base = m->arena;
+#define TAKE(dst, n) ((dst) = take(base, &off, (n)))
     for (int l = 0; l < c->layers; l++) {
-        block_acts *a = m ? &m->acts[l] : NULL;
-        block_acts dummy;
-        if (!a)
-            a = &dummy;
+        block_acts *a = m->acts ? &m->acts[l] : &one;
         TAKE(a->ln1, BT * C);
         TAKE(a->ln1_mean, BT);
         TAKE(a->ln1_rstd, BT);
@@ -213,51 +215,23 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_) {
         TAKE(a->fch_gelu, BT * 4 * C);
         TAKE(a->res3, BT * C);
     }
-    float *f;
-    TAKE(f, BT * C);
-    if (m)
-        m->encoded = f;
-    TAKE(f, BT * C);
-    if (m)
-        m->lnf = f;
-    TAKE(f, BT);
-    if (m)
-        m->lnf_mean = f;
-    TAKE(f, BT);
-    if (m)
-        m->lnf_rstd = f;
-    size_t before = off;
-    TAKE(f, BT * V);
-    size_t nlogits = off - before;
-    if (m)
-        m->logits = f;
-    TAKE(f, BT);
-    if (m)
-        m->ce_lse = f;
-    TAKE(f, BT);
-    if (m)
-        m->losses = f;
-    TAKE(f, BT * C);
-    if (m)
-        m->dres = f;
-    TAKE(f, BT * C);
-    if (m)
-        m->dbuf = f;
-    TAKE(f, BT * 3 * C);
-    if (m)
-        m->dqkv = f;
-    TAKE(f, BT * 4 * C);
-    if (m)
-        m->dfch = f;
-    /* int32 token copies, stored as floats' worth of space */
-    TAKE(f, BT);
-    if (m)
-        m->tokens = (int32_t *)f;
-    TAKE(f, BT);
-    if (m)
-        m->targets = (int32_t *)f;
+    TAKE(m->encoded, BT * C);
+    TAKE(m->lnf, BT * C);
+    TAKE(m->lnf_mean, BT);
+    TAKE(m->lnf_rstd, BT);
+    nlogits = off;
+    TAKE(m->logits, BT * V);
+    nlogits = off - nlogits;
+    TAKE(m->ce_lse, BT);
+    TAKE(m->losses, BT);
+    TAKE(m->dres, BT * C);
+    TAKE(m->dbuf, BT * C);
+    TAKE(m->dqkv, BT * 3 * C);
+    TAKE(m->dfch, BT * 4 * C);
+    /* the int32 token copies take a float's worth of space each */
+    m->tokens = (int32_t *)take(base, &off, BT);
+    m->targets = (int32_t *)take(base, &off, BT);
 #undef TAKE
-    (void)tmp;
     return (plan){off, att, nlogits};
 }
 

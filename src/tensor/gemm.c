@@ -72,6 +72,19 @@ bool dt_tensor_have_avx512(void) {
 #endif
 }
 
+/* Parts per thread of a split product. More parts than threads, taken
+ * dynamically: when the OS preempts one of our threads (a shared machine),
+ * the others take its remaining parts instead of spinning at the barrier.
+ * Parts stay >= 64 rows/columns, large enough for sgemm to run at speed. */
+#define PARTS_PER_THREAD 4
+
+/* Block t of nt over [0, len), multiples of 64 wide (whole register tiles). */
+static void split_range(int len, int nt, int t, int *lo, int *hi) {
+    int chunk = ((len + nt - 1) / nt + 63) & ~63;
+    *lo = t * chunk < len ? t * chunk : len;
+    *hi = *lo + chunk < len ? *lo + chunk : len;
+}
+
 /* Below this many multiply-adds an sgemm runs on one thread. */
 #define GEMM_SPLIT_MIN (1u << 21)
 
@@ -90,16 +103,16 @@ void dt_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
         sgemm1(trans_a, trans_b, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
         return;
     }
-    /* Split the larger of M and N into nt blocks, multiples of 64 so that
+    /* Split the larger of M and N into parts, multiples of 64 so that
      * every block keeps whole register tiles. Each thread packs its own
      * panels; the duplicated packing of the shared operand is small next to
      * the multiply for the sizes that reach this path. */
     bool split_m = M >= N;
-    int len = split_m ? M : N;
-    int chunk = ((len + nt - 1) / nt + 63) & ~63;
-#pragma omp parallel for num_threads(nt) schedule(static, 1)
-    for (int t = 0; t < nt; t++) {
-        int lo = t * chunk, hi = lo + chunk < len ? lo + chunk : len;
+    int len = split_m ? M : N, np = nt * PARTS_PER_THREAD;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int p = 0; p < np; p++) {
+        int lo, hi;
+        split_range(len, np, p, &lo, &hi);
         if (lo >= hi)
             continue;
         if (split_m) {
@@ -113,13 +126,6 @@ void dt_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
             sgemm1(trans_a, trans_b, M, hi - lo, K, alpha, A, lda, Bb, ldb, beta, C + lo, ldc);
         }
     }
-}
-
-/* Block t of nt over [0, len), multiples of 64 wide (whole register tiles). */
-static void split_range(int len, int nt, int t, int *lo, int *hi) {
-    int chunk = ((len + nt - 1) / nt + 63) & ~63;
-    *lo = t * chunk < len ? t * chunk : len;
-    *hi = *lo + chunk < len ? *lo + chunk : len;
 }
 
 static int pool_size(double macs) {
@@ -156,9 +162,10 @@ void dt_matmul_forward(float *out, const float *inp, const float *weight, const 
         matmul_forward_part(out, inp, weight, bias, N, IC, OC, 1, 0);
         return;
     }
-#pragma omp parallel for num_threads(nt) schedule(static, 1)
-    for (int t = 0; t < nt; t++)
-        matmul_forward_part(out, inp, weight, bias, N, IC, OC, nt, t);
+    int np = nt * PARTS_PER_THREAD;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int p = 0; p < np; p++)
+        matmul_forward_part(out, inp, weight, bias, N, IC, OC, np, p);
 }
 
 /* Part t of nt of a linear backward: a block of dinp rows, a block of
@@ -211,7 +218,8 @@ void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *
         matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, 1, 0);
         return;
     }
-#pragma omp parallel for num_threads(nt) schedule(static, 1)
-    for (int t = 0; t < nt; t++)
-        matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, nt, t);
+    int np = nt * PARTS_PER_THREAD;
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+    for (int p = 0; p < np; p++)
+        matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, np, p);
 }

@@ -2,7 +2,9 @@
  * kernels.c — layernorm, GELU, residual, embedding, softmax and fused
  * softmax + cross-entropy, forward and backward side by side.
  *
- * Invariants: no allocation; rows are independent so threads split rows;
+ * Invariants: no allocation; rows are independent so threads split rows
+ * (dynamically, in small chunks: on a shared machine a preempted thread then
+ * delays a barrier by one chunk, not by half the kernel);
  * where a reduction runs across rows (a parameter gradient) threads split
  * the columns instead and walk rows in order, so results are bit-identical
  * for any thread count. AVX-512 paths compute the same formulas as the
@@ -26,7 +28,7 @@
 void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                           const float *weight, const float *bias, int N, int C) {
     const float eps = 1e-5f;
-#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(static)
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 16)
     for (int i = 0; i < N; i++) {
         const float *x = inp + (size_t)i * C; // (C)
         float *y = out + (size_t)i * C;       // (C)
@@ -62,66 +64,71 @@ void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
 void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, const float *mean,
                            const float *rstd, int N, int C) {
-    /* dinp: with n = (x - mean) * rstd and g = weight * dout,
-     * dx = rstd * (g - mean(g) - n * mean(g * n)). Rows are independent. */
-#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(static)
-    for (int i = 0; i < N; i++) {
-        const float *x = inp + (size_t)i * C;
-        const float *dy = dout + (size_t)i * C;
-        float *dx = dinp + (size_t)i * C;
-        float m = mean[i], r = rstd[i];
-        float sg = 0.0f, sgn = 0.0f;
-#pragma omp simd reduction(+ : sg, sgn)
-        for (int c = 0; c < C; c++) {
-            float g = weight[c] * dy[c];
-            sg += g;
-            sgn += g * (x[c] - m) * r;
-        }
-        sg /= (float)C;
-        sgn /= (float)C;
-#ifdef __AVX512F__
-        __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
-        __m512 vsg = _mm512_set1_ps(sg), vsgn = _mm512_set1_ps(sgn);
-        int c = 0;
-        for (; c + 16 <= C; c += 16) {
-            __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), vm), vr);
-            __m512 g = _mm512_mul_ps(_mm512_loadu_ps(weight + c), _mm512_loadu_ps(dy + c));
-            __m512 t = _mm512_fnmadd_ps(n, vsgn, _mm512_sub_ps(g, vsg));
-            _mm512_storeu_ps(dx + c, _mm512_fmadd_ps(t, vr, _mm512_loadu_ps(dx + c)));
-        }
-        for (; c < C; c++) {
-            float n = (x[c] - m) * r;
-            dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
-        }
-#else
-        for (int c = 0; c < C; c++) {
-            float n = (x[c] - m) * r;
-            dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
-        }
-#endif
-    }
-    /* dweight += sum_rows n * dout, dbias += sum_rows dout: column blocks. */
+    /* One parallel region, two independent loops (no barrier between
+     * them): rows for dinp, column blocks for dweight and dbias. */
     enum { CB = 64 };
     int nb = (C + CB - 1) / CB;
-#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(static)
-    for (int cb = 0; cb < nb; cb++) {
-        int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
-        float dw[CB] = {0}, db[CB] = {0};
+#pragma omp parallel if ((size_t)N * C > PAR_MIN)
+    {
+        /* dinp: with n = (x - mean) * rstd and g = weight * dout,
+         * dx = rstd * (g - mean(g) - n * mean(g * n)). Rows are independent. */
+#pragma omp for schedule(dynamic, 16) nowait
         for (int i = 0; i < N; i++) {
             const float *x = inp + (size_t)i * C;
             const float *dy = dout + (size_t)i * C;
+            float *dx = dinp + (size_t)i * C;
             float m = mean[i], r = rstd[i];
+            float sg = 0.0f, sgn = 0.0f;
+#pragma omp simd reduction(+ : sg, sgn)
+            for (int c = 0; c < C; c++) {
+                float g = weight[c] * dy[c];
+                sg += g;
+                sgn += g * (x[c] - m) * r;
+            }
+            sg /= (float)C;
+            sgn /= (float)C;
+#ifdef __AVX512F__
+            __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
+            __m512 vsg = _mm512_set1_ps(sg), vsgn = _mm512_set1_ps(sgn);
+            int c = 0;
+            for (; c + 16 <= C; c += 16) {
+                __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), vm), vr);
+                __m512 g = _mm512_mul_ps(_mm512_loadu_ps(weight + c), _mm512_loadu_ps(dy + c));
+                __m512 t = _mm512_fnmadd_ps(n, vsgn, _mm512_sub_ps(g, vsg));
+                _mm512_storeu_ps(dx + c, _mm512_fmadd_ps(t, vr, _mm512_loadu_ps(dx + c)));
+            }
+            for (; c < C; c++) {
+                float n = (x[c] - m) * r;
+                dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
+            }
+#else
+            for (int c = 0; c < C; c++) {
+                float n = (x[c] - m) * r;
+                dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
+            }
+#endif
+        }
+        /* dweight += sum_rows n * dout, dbias += sum_rows dout: column blocks. */
+#pragma omp for schedule(dynamic, 1)
+        for (int cb = 0; cb < nb; cb++) {
+            int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
+            float dw[CB] = {0}, db[CB] = {0};
+            for (int i = 0; i < N; i++) {
+                const float *x = inp + (size_t)i * C;
+                const float *dy = dout + (size_t)i * C;
+                float m = mean[i], r = rstd[i];
 #pragma omp simd
+                for (int c = c0; c < c1; c++) {
+                    dw[c - c0] += (x[c] - m) * r * dy[c];
+                    db[c - c0] += dy[c];
+                }
+            }
             for (int c = c0; c < c1; c++) {
-                dw[c - c0] += (x[c] - m) * r * dy[c];
-                db[c - c0] += dy[c];
+                dweight[c] += dw[c - c0];
+                dbias[c] += db[c - c0];
             }
         }
-        for (int c = c0; c < c1; c++) {
-            dweight[c] += dw[c - c0];
-            dbias[c] += db[c - c0];
-        }
-    }
+    } /* omp parallel */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -147,7 +154,7 @@ void dt_gelu_forward(float *out, const float *inp, size_t n) {
     // out (n) = 0.5 x (1 + tanh(k (x + a x^3)))
     const size_t chunk = 4096;
     size_t nchunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+#pragma omp parallel for if (n > PAR_MIN) schedule(dynamic, 16)
     for (size_t ch = 0; ch < nchunks; ch++) {
         size_t i = ch * chunk, end = i + chunk < n ? i + chunk : n;
 #ifdef __AVX512F__
@@ -172,7 +179,7 @@ void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n
     // gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2), t = tanh(k (x + a x^3))
     const size_t chunk = 4096;
     size_t nchunks = (n + chunk - 1) / chunk;
-#pragma omp parallel for if (n > PAR_MIN) schedule(static)
+#pragma omp parallel for if (n > PAR_MIN) schedule(dynamic, 16)
     for (size_t ch = 0; ch < nchunks; ch++) {
         size_t i = ch * chunk, end = i + chunk < n ? i + chunk : n;
 #ifdef __AVX512F__
@@ -205,19 +212,19 @@ void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n
 /* ------------------------------------------------------------------------ */
 
 void dt_residual_forward(float *out, const float *a, const float *b, size_t n) {
-#pragma omp parallel for simd if (n > PAR_MIN) schedule(static)
+#pragma omp parallel for simd if (n > PAR_MIN) schedule(dynamic, 16)
     for (size_t i = 0; i < n; i++)
         out[i] = a[i] + b[i];
 }
 
 void dt_residual_backward(float *da, float *db, const float *dout, size_t n) {
     if (da) {
-#pragma omp parallel for simd if (n > PAR_MIN) schedule(static)
+#pragma omp parallel for simd if (n > PAR_MIN) schedule(dynamic, 16)
         for (size_t i = 0; i < n; i++)
             da[i] += dout[i];
     }
     if (db) {
-#pragma omp parallel for simd if (n > PAR_MIN) schedule(static)
+#pragma omp parallel for simd if (n > PAR_MIN) schedule(dynamic, 16)
         for (size_t i = 0; i < n; i++)
             db[i] += dout[i];
     }
@@ -230,7 +237,7 @@ void dt_residual_backward(float *da, float *db, const float *dout, size_t n) {
 void dt_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                           int B, int T, int C) {
     int N = B * T;
-#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(static)
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 16)
     for (int i = 0; i < N; i++) {
         const float *te = wte + (size_t)tokens[i] * C; // (C)
         const float *pe = wpe + (size_t)(i % T) * C;   // (C)
@@ -248,7 +255,7 @@ void dt_embedding_backward(float *dwte, float *dwpe, const float *dout, const in
      * order for any thread count. */
     enum { CB = 64 };
     int nb = (C + CB - 1) / CB, N = B * T;
-#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(static)
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 16)
     for (int cb = 0; cb < nb; cb++) {
         int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
         for (int i = 0; i < N; i++) {
@@ -269,7 +276,7 @@ void dt_embedding_backward(float *dwte, float *dwpe, const float *dout, const in
 /* ------------------------------------------------------------------------ */
 
 void dt_softmax_forward(float *probs, const float *logits, int N, int V) {
-#pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(static)
+#pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(dynamic, 16)
     for (int i = 0; i < N; i++) {
         const float *x = logits + (size_t)i * V;
         float *p = probs + (size_t)i * V;
@@ -301,7 +308,7 @@ static float row_lse(const float *x, int V) {
 float dt_crossentropy_forward(float *losses, float *lse, const float *logits,
                               const int32_t *targets, int N, int V) {
     double total = 0.0;
-#pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(static) reduction(+ : total)
+#pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(dynamic, 16) reduction(+ : total)
     for (int i = 0; i < N; i++) {
         const float *x = logits + (size_t)i * V; // (V)
         float l = row_lse(x, V);
@@ -315,7 +322,7 @@ float dt_crossentropy_forward(float *losses, float *lse, const float *logits,
 void dt_crossentropy_backward(float *dlogits, const float *logits, const float *lse,
                               const int32_t *targets, float scale, int N, int V) {
     // dlogits (N,V) = scale * (exp(logits - lse) - onehot)
-#pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(static)
+#pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(dynamic, 16)
     for (int i = 0; i < N; i++) {
         const float *x = logits + (size_t)i * V;
         float *d = dlogits + (size_t)i * V;

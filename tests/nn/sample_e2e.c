@@ -78,14 +78,15 @@ static void test_train_save_sample(const char *dtrain) {
     if (strncmp(out, want, strlen(want)) != 0)
         TEST_FAILF("sample output\n    got:  \"%.200s\"\n    want: \"%s...\"", out, want);
     /* a prompt character the model has never seen is a clear error */
-    snprintf(cmd, sizeof cmd, "%s sample --ckpt %s --prompt 'xyz' --tokens 3 2>&1", dtrain, path);
+    snprintf(cmd, sizeof cmd, "%s sample --ckpt %s --prompt 'xyz' --tokens 3 --threads 1 2>&1",
+             dtrain, path);
     run(cmd, out, sizeof out);
     ASSERT_TRUE(strstr(out, "not in the model's vocabulary") != NULL);
     /* sampling with temperature and top-k runs and is reproducible by seed */
     char a[256], b[256];
     snprintf(cmd, sizeof cmd,
              "%s sample --ckpt %s --prompt 'to' --temperature 1.0 --top-k 3 --tokens 20 "
-             "--seed 9",
+             "--seed 9 --threads 1",
              dtrain, path);
     run(cmd, a, sizeof a);
     run(cmd, b, sizeof b);
