@@ -16,6 +16,7 @@
  */
 #include "cli.h"
 #include "dtrain/comm.h"
+#include "dtrain/launch.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -57,36 +58,13 @@ static const cli_opt comm_opts[] = {
 };
 
 /* --------------------------------------------------------------------- */
-/* Self-launch: fork/exec N ranks of this very command.                  */
+/* Self-launch: start N ranks of this very command.                      */
 /* --------------------------------------------------------------------- */
 
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    int port = 29500;
-    if (fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-        getsockname(fd, (struct sockaddr *)&sa, &len) == 0)
-        port = ntohs(sa.sin_port);
-    if (fd >= 0)
-        close(fd);
-    return port;
-}
-
+/* Through the launcher (src/launch): the children get the DT_* job
+ * environment, a failing rank stops the others with a summary, and nothing
+ * outlives the command. */
 static int self_launch(int np, const cli_args *a) {
-    char token[33], port[16], size[16];
-    unsigned char b[16];
-    int fd = open("/dev/urandom", O_RDONLY);
-    if (fd < 0 || read(fd, b, sizeof b) != (ssize_t)sizeof b) {
-        fprintf(stderr, "dtrain bench comm: cannot read /dev/urandom\n");
-        return 1;
-    }
-    close(fd);
-    for (int i = 0; i < 16; i++)
-        snprintf(token + 2 * i, 3, "%02x", b[i]);
-    snprintf(port, sizeof port, "%d", free_port());
-    snprintf(size, sizeof size, "%d", np);
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0)
@@ -118,33 +96,13 @@ static int self_launch(int np, const cli_args *a) {
         cargv[k++] = texts[nt++];
     }
     cargv[k] = NULL;
-    pid_t *pids = calloc((size_t)np, sizeof *pids);
-    for (int r = 0; r < np; r++) {
-        pid_t pid = fork();
-        if (pid == 0) {
-            char rank[16];
-            snprintf(rank, sizeof rank, "%d", r);
-            setenv("DT_RANK", rank, 1);
-            setenv("DT_WORLD_SIZE", size, 1);
-            setenv("DT_LOCAL_RANK", rank, 1);
-            setenv("DT_LOCAL_WORLD_SIZE", size, 1);
-            setenv("DT_MASTER_ADDR", "127.0.0.1", 1);
-            setenv("DT_MASTER_PORT", port, 1);
-            setenv("DT_JOB_TOKEN", token, 1);
-            setenv("DT_JOB_ID", "bench-comm", 1);
-            execv(exe, cargv);
-            _exit(127);
-        }
-        pids[r] = pid;
-    }
-    int rc = 0;
-    for (int r = 0; r < np; r++) {
-        int st;
-        waitpid(pids[r], &st, 0);
-        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0)
-            rc = 1;
-    }
-    free(pids);
+    dt_launch_options o;
+    dt_launch_options_init(&o);
+    o.nproc = np;
+    o.argv = cargv;
+    int rc = 1;
+    if (dt_launch_run(&o, &rc) != DT_OK)
+        fprintf(stderr, "dtrain bench comm: error: %s\n", dt_last_error());
     for (int i = 0; i < nt; i++)
         free(texts[i]);
     free(cargv);
@@ -333,9 +291,6 @@ static int run_comm(cli_args *a) {
         double t = (dt_now() - t0) / iters;
         if (st != DT_OK)
             break;
-        /* What the timed operation ran, before the allreduce of t below
-         * (one f64) replaces it. */
-        const char *algo = dt_algo_name(dt_group_last_algo(g));
         st = dt_group_allreduce(g, &t, &t, 1, DT_F64, DT_MAX); /* the slowest rank counts */
         if (st != DT_OK)
             break;

@@ -70,39 +70,13 @@ static void job_release(dt__job *job, bool clean) {
     free(job);
 }
 
-/* First found of several variables (DT_* first, then launcher ones). */
-static const char *env_first(const char *const *names, const char **which) {
-    for (int i = 0; names[i]; i++) {
-        const char *v = getenv(names[i]);
-        if (v && *v) {
-            *which = names[i];
-            return v;
-        }
-    }
-    *which = names[0];
-    return NULL;
-}
-
+/* Rank and size from DT_*, Open MPI, MPICH/PMI or a Slurm step, in that
+ * order (jobenv.c); a process without any of them is a world of one. */
 static dt_status env_rank_size(int *rank, int *size) {
-    static const char *const rank_vars[] = {"DT_RANK", "OMPI_COMM_WORLD_RANK", "PMI_RANK",
-                                            "SLURM_PROCID", NULL};
-    static const char *const size_vars[] = {"DT_WORLD_SIZE", "OMPI_COMM_WORLD_SIZE", "PMI_SIZE",
-                                            "SLURM_NTASKS", NULL};
-    const char *rv, *sv, *rn, *sn;
-    int64_t r = 0, s = 1;
-    rv = env_first(rank_vars, &rn);
-    sv = env_first(size_vars, &sn);
-    if (!rv && !sv) { /* a plain process: a world of one */
-        *rank = 0;
-        *size = 1;
-        return DT_OK;
-    }
-    if (!rv || !sv)
-        return dt_error_set(DT_ERR_INVALID, "%s is set but %s is not", rv ? rn : sn, rv ? sn : rn);
-    DT_CHECK(dt_config_parse_int(sn, sv, 1, 1 << 20, &s));
-    DT_CHECK(dt_config_parse_int(rn, rv, 0, s - 1, &r));
-    *rank = (int)r;
-    *size = (int)s;
+    dt__jobenv e;
+    DT_CHECK(dt__jobenv_read(&e));
+    *rank = e.rank;
+    *size = e.size;
     return DT_OK;
 }
 

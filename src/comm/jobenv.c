@@ -242,6 +242,27 @@ dt_status dt__random_token(char *out) {
     return DT_OK;
 }
 
+/* What the environment can tell without MPI. */
+static dt_status fill_without_mpi(dt__jobenv *e, const char *who) {
+    if (!e->master_addr[0]) {
+        if (e->local_size != e->size)
+            return dt_error_set(DT_ERR_INVALID,
+                                "started by %s on several hosts: set DT_MASTER_ADDR (rank 0's "
+                                "host) and DT_MASTER_PORT, e.g. mpirun -x DT_MASTER_ADDR=host0 -x "
+                                "DT_MASTER_PORT=29500 (a build with MPI finds them itself)",
+                                who);
+        snprintf(e->master_addr, sizeof e->master_addr, "127.0.0.1");
+    }
+    if (!e->master_port)
+        e->master_port = 20000 + (int)(dt_hash64(e->job_id, strlen(e->job_id), 0) % 20000);
+    if (!e->token[0])
+        return dt_error_set(DT_ERR_INVALID,
+                            "started by %s without a job id to derive a token from: set "
+                            "DT_JOB_TOKEN (32 hex characters, the same on every rank)",
+                            who);
+    return DT_OK;
+}
+
 dt_status dt__jobenv_export(void) {
     dt__jobenv e;
     DT_CHECK(dt__jobenv_read(&e));
@@ -249,28 +270,20 @@ dt_status dt__jobenv_export(void) {
         return DT_OK;
     const char *who = dt__launcher_name(e.launcher);
 #ifdef DT_HAVE_MPI
-    dt_status st = dt__mpi_bootstrap(&e);
+    /* Slurm already names the master and the port; starting MPI only for a
+     * random token is not worth it (and MPI_Init under srun depends on how
+     * Slurm and MPI were built), unless the mpi backend needs MPI anyway. */
+    const char *be = getenv("DT_BACKEND");
+    bool use_mpi = e.launcher != DT__LAUNCHER_SLURM || (be && strcmp(be, "mpi") == 0);
+    dt_status st = use_mpi ? dt__mpi_bootstrap(&e) : DT_ERR_UNSUPPORTED;
+    if (st == DT_ERR_UNSUPPORTED) /* not wanted, or MPI does not see this job */
+        st = fill_without_mpi(&e, who);
     if (st != DT_OK) {
-        dt_error_prefix("started by %s: bootstrap through MPI", who);
+        dt_error_prefix("started by %s: bootstrap", who);
         return st;
     }
 #else
-    if (!e.master_addr[0]) {
-        if (e.local_size != e.size)
-            return dt_error_set(DT_ERR_INVALID,
-                                "started by %s on several hosts: set DT_MASTER_ADDR (rank 0's "
-                                "host) and DT_MASTER_PORT, e.g. mpirun -x DT_MASTER_ADDR=host0 -x "
-                                "DT_MASTER_PORT=29500 (a build with MPI finds them itself)",
-                                who);
-        snprintf(e.master_addr, sizeof e.master_addr, "127.0.0.1");
-    }
-    if (!e.master_port)
-        e.master_port = 20000 + (int)(dt_hash64(e.job_id, strlen(e.job_id), 0) % 20000);
-    if (!e.token[0])
-        return dt_error_set(DT_ERR_INVALID,
-                            "started by %s without a job id to derive a token from: set "
-                            "DT_JOB_TOKEN (32 hex characters, the same on every rank)",
-                            who);
+    DT_CHECK(fill_without_mpi(&e, who));
 #endif
     char port[16];
     snprintf(port, sizeof port, "%d", e.master_port);

@@ -71,10 +71,11 @@ dt_status dt__slurm_tasks_on_node(const char *spec, int node, int *out);
 /* For dt_group_init_from_env: under mpirun/srun, fill in the meeting place
  * the launcher did not give and export it as DT_MASTER_ADDR,
  * DT_MASTER_PORT, DT_JOB_TOKEN and DT_JOB_ID (what comm reads). With MPI
- * (DT_HAVE_MPI) rank 0 decides and broadcasts (dt__mpi_bootstrap); without
- * it, one host means 127.0.0.1 and a port derived from the job id, and
- * several hosts need DT_MASTER_ADDR from the user (a clear error says
- * so). A no-op under dtrain launch or without any launcher. */
+ * (DT_HAVE_MPI) under mpirun rank 0 decides and broadcasts
+ * (dt__mpi_bootstrap); otherwise (no MPI, or srun, which names the master
+ * itself) one host means 127.0.0.1 and a port and token derived from the
+ * job id, and several hosts need DT_MASTER_ADDR from the user (a clear
+ * error says so). A no-op under dtrain launch or without any launcher. */
 dt_status dt__jobenv_export(void);
 
 /* 32 hex characters from /dev/urandom (out has 33 bytes). */
@@ -82,7 +83,9 @@ dt_status dt__random_token(char *out);
 
 #ifdef DT_HAVE_MPI
 /* Collective over MPI_COMM_WORLD: rank 0 fills what e lacks (address, a
- * free port, a fresh random token) and broadcasts it. mpi_backend.c. */
+ * free port, a fresh random token) and broadcasts it. DT_ERR_UNSUPPORTED
+ * when MPI's world is not the launcher's (each rank a singleton: srun
+ * without PMI), and the caller falls back. mpi_backend.c. */
 dt_status dt__mpi_bootstrap(dt__jobenv *e);
 #endif
 

@@ -201,6 +201,9 @@ static dt_status mpi_init(dt_group *g) {
     }
     MPI_Comm_set_errhandler(s->comm, MPI_ERRORS_RETURN);
     g->backend_state = s;
+    /* dt_group_transport() says what carries the data: MPI now (the shm/tcp
+     * connections only carry failure news, see peer_news). */
+    snprintf(g->tpname, sizeof g->tpname, "%s", g->size > 1 ? "mpi" : "self");
     pthread_mutex_lock(&init_mu);
     live_groups++;
     pthread_mutex_unlock(&init_mu);
@@ -224,9 +227,27 @@ static void mpi_fini(dt_group *g, bool clean) {
     pthread_mutex_unlock(&init_mu);
 }
 
+/* The group's own shm/tcp connections carry no data under this backend,
+ * but they still bring news: an ABORT frame from a peer that gave up
+ * (dt_group_abort, a failed operation) and, through their liveness checks,
+ * a peer process that died. Polling them now and then gives DT_BACKEND=mpi
+ * the same failure reports as the native backend. */
+static dt_status peer_news(dt__op *op) {
+    dt_group *g = op->g;
+    bool progressed = false;
+    dt__transport *tps[2] = {g->shm, g->tcp};
+    for (int i = 0; i < 2; i++) {
+        if (!tps[i])
+            continue;
+        DT_CHECK(tps[i]->ops->progress(tps[i], &progressed));
+        DT_CHECK(tps[i]->ops->check(tps[i], &op->desc));
+    }
+    return DT_OK;
+}
+
 /* Complete a request, bounded by the group's timeout. */
 static dt_status wait_req(dt__op *op, MPI_Request *req, MPI_Status *status, const char *what) {
-    double deadline = dt_now() + op->g->cfg.timeout;
+    double deadline = dt_now() + op->g->cfg.timeout, next_news = 0;
     unsigned spins = 0;
     for (;;) {
         int done = 0;
@@ -235,14 +256,28 @@ static dt_status wait_req(dt__op *op, MPI_Request *req, MPI_Status *status, cons
             return mpi_error(rc, what);
         if (done)
             return DT_OK;
-        if (++spins > 1000) {
-            if (dt_now() > deadline)
-                return dt_error_set(DT_ERR_TIMEOUT,
-                                    "MPI: %s (count %zu) did not complete within %.0f s "
-                                    "(DT_TIMEOUT)",
-                                    what, op->count, op->g->cfg.timeout);
-            sched_yield();
+        if (++spins < 1000)
+            continue;
+        /* dt_group_abort() from another thread: give up on the request
+         * (the group is failed from now on, it is never reused). */
+        if (atomic_load(&op->g->aborted))
+            return dt_error_set(DT_ERR_ABORTED, "MPI: %s on rank %d: the group was aborted", what,
+                                op->g->rank);
+        double now = dt_now();
+        if (now >= next_news) {
+            dt_status st = peer_news(op);
+            if (st != DT_OK) {
+                dt_error_prefix("MPI: %s on rank %d", what, op->g->rank);
+                return st;
+            }
+            next_news = now + 0.01;
         }
+        if (now > deadline)
+            return dt_error_set(DT_ERR_TIMEOUT,
+                                "MPI: %s (count %zu) on rank %d did not complete within %.0f s "
+                                "(DT_TIMEOUT)",
+                                what, op->count, op->g->rank, op->g->cfg.timeout);
+        sched_yield();
     }
 }
 
@@ -459,8 +494,18 @@ dt_status dt__mpi_bootstrap(dt__jobenv *e) {
         char why[256];
     } b;
     memset(&b, 0, sizeof b);
-    int rank = 0;
+    int rank = 0, size = 0;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size != e->size) {
+        /* srun without PMI support in MPI: every rank is a singleton and a
+         * broadcast would give each its own token. */
+        pthread_mutex_lock(&init_mu);
+        maybe_finalize();
+        pthread_mutex_unlock(&init_mu);
+        return dt_error_set(DT_ERR_UNSUPPORTED, "MPI sees %d ranks, %s says %d", size,
+                            dt__launcher_name(e->launcher), e->size);
+    }
     if (rank == 0) {
         bool one_host = e->local_size == e->size;
         if (e->master_addr[0])

@@ -32,6 +32,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -81,7 +82,9 @@ typedef struct job {
     char token[DT_LAUNCH_TOKEN_HEX + 1];
     char **base_env; /* inherited environment minus job_vars and env_unset */
     size_t base_count;
-    dt__meeting meet; /* multi-node only */
+    dt__meeting meet;     /* multi-node only */
+    struct rlimit nofile; /* the caller's descriptor limit, restored for the ranks */
+    bool nofile_raised;
     bool multi;
 
     /* One attempt. */
@@ -434,6 +437,8 @@ static void child_exec(job *j, proc *p, char **env, int out_w, int err_w, int ex
     if (out_w >= 0)
         dup2(out_w, 1);
     dup2(err_w, 2);
+    if (j->nofile_raised)
+        setrlimit(RLIMIT_NOFILE, &j->nofile);
     execve(j->path, j->o->argv, env);
     int e = errno;
     if (write(exec_w, &e, sizeof e) < 0)
@@ -908,7 +913,20 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
     j->nproc = o->nproc;
     j->world = o->nproc * o->nnodes;
     j->multi = o->nnodes > 1;
-    DT_CHECK(find_program(o->argv[0], j->path, sizeof j->path));
+    /* A joining node that cannot run the program still meets node 0, to
+     * tell everybody why the job cannot start (else node 0 would wait for
+     * it until DT_TIMEOUT). */
+    dt_status found = find_program(o->argv[0], j->path, sizeof j->path);
+    char problem[1024] = "";
+    if (found != DT_OK && !j->multi)
+        return found;
+    if (found != DT_OK) {
+        snprintf(problem, sizeof problem, "%s", dt_last_error());
+        if (o->node_rank == 0)
+            fprintf(stderr,
+                    "dtrain launch: %s; telling the other nodes as they connect (^C to stop)\n",
+                    problem);
+    }
 
     int port = 0;
     snprintf(j->master_addr, sizeof j->master_addr, "127.0.0.1");
@@ -956,7 +974,8 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
                             .port = port,
                             .timeout = o->timeout,
                             .token_given = token_given,
-                            .store_port = port + 1};
+                            .store_port = port + 1,
+                            .problem = problem[0] ? problem : NULL};
     snprintf(j->meet.job_id, sizeof j->meet.job_id, "%s", j->job_id);
     snprintf(j->meet.token, sizeof j->meet.token, "%s", j->token);
     if (o->node_rank == 0) {
@@ -964,6 +983,8 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
         DT_CHECK(dt__check_port_free(port + 1, "store (master port + 1)"));
     }
     DT_CHECK(dt__meet(&j->meet));
+    if (problem[0]) /* node 0 did not refuse us: an old launcher; fail here */
+        return dt_error_set(found, "%s", problem);
     snprintf(j->job_id, sizeof j->job_id, "%s", j->meet.job_id);
     snprintf(j->token, sizeof j->token, "%s", j->meet.token);
     j->store_port = j->meet.store_port;
@@ -1017,6 +1038,13 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
     }
     DT_CHECK_GOTO(install_signals(&saved), st, done);
     signals = true;
+    /* Two or three pipes per rank stay open: the usual soft limit of 1024
+     * descriptors would cap a node near 500 ranks. */
+    if (getrlimit(RLIMIT_NOFILE, &j.nofile) == 0 && j.nofile.rlim_cur < j.nofile.rlim_max) {
+        struct rlimit raised = j.nofile;
+        raised.rlim_cur = raised.rlim_max;
+        j.nofile_raised = setrlimit(RLIMIT_NOFILE, &raised) == 0;
+    }
 
     for (int restart = 0;; restart++) {
         attempt a;
@@ -1026,7 +1054,7 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
         char *summary = a.summary;
         if (j.multi && o.node_rank != 0) {
             /* Report, then let node 0 decide for everybody. */
-            dt__msg m;
+            dt__msg m = {.type = 0};
             dt_status ms = j.meet.fds[0] >= 0 ? dt__msg_send(j.meet.fds[0], DT__MSG_RESULT, a.code,
                                                              (int)a.result, 0, a.summary)
                                               : DT_ERR_PEER;
@@ -1108,6 +1136,8 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
         break;
     }
 done:
+    if (j.nofile_raised)
+        setrlimit(RLIMIT_NOFILE, &j.nofile);
     if (signals)
         restore_signals(&saved);
     release(&j);

@@ -6,7 +6,8 @@
  * (node 0 accepts, the others connect). Every message is a fixed header
  * followed by `len` bytes of text:
  *
- *     HELLO   node -> 0   a = node_rank, b = nnodes, c = nproc; text = token or ""
+ *     HELLO   node -> 0   a = node_rank, b = nnodes, c = nproc; text = token or "",
+ *                         or "!" and why this node cannot run the job
  *     WELCOME 0 -> node   a = store port; text = "job_id token"
  *     REFUSE  0 -> node   text = why (a mismatch, a duplicate node rank)
  *     RESULT  node -> 0   a = exit code, b = DT__RESULT_*; text = summary
@@ -73,7 +74,10 @@ typedef struct dt__meeting {
     double timeout;
     char job_id[64];
     char token[DT_LAUNCH_TOKEN_HEX + 1];
-    bool token_given; /* token came from DT_JOB_TOKEN on this node */
+    bool token_given;    /* token came from DT_JOB_TOKEN on this node */
+    const char *problem; /* why this node cannot run the job, or NULL: a
+                            joining node sends it to node 0, which refuses
+                            everybody; node 0 refuses each node that comes */
     int store_port;
     int *fds; /* nnodes - 1 (node 0) or 1 entries, -1 when closed */
 } dt__meeting;

@@ -227,6 +227,8 @@ static dt_status meet_as_master(dt__meeting *m) {
     char why[512] = "";
     while (joined < m->nnodes - 1) {
         double left = deadline - dt_now();
+        if (left <= 0 && m->problem)
+            break;
         if (left <= 0) {
             char missing[256] = "";
             size_t off = 0;
@@ -256,7 +258,18 @@ static dt_status meet_as_master(dt__meeting *m) {
             continue;
         }
         int nr = h.a;
-        if (h.b != m->nnodes || h.c != m->nproc) {
+        if (m->problem) {
+            /* Node 0 itself cannot run the job: tell each node as it comes. */
+            char msg[DT__MSG_TEXT_MAX];
+            snprintf(msg, sizeof msg, "node 0 cannot run the job: %s", m->problem);
+            (void)dt__msg_send(fd, DT__MSG_REFUSE, 0, 0, 0, msg);
+            close(fd);
+            joined++;
+            continue;
+        }
+        if (h.text[0] == '!') {
+            st = dt_error_set(DT_ERR_NOT_FOUND, "node %d cannot run the job: %s", nr, h.text + 1);
+        } else if (h.b != m->nnodes || h.c != m->nproc) {
             st = dt_error_set(DT_ERR_MISMATCH,
                               "node %d was started with --nnodes %d -n %d (world size %d) but node "
                               "0 with --nnodes %d -n %d (world size %d)",
@@ -283,6 +296,9 @@ static dt_status meet_as_master(dt__meeting *m) {
         DT_DEBUG("launch", "node %d joined (%d of %d)", nr, joined + 1, m->nnodes);
     }
     close(lfd);
+    if (m->problem)
+        return dt_error_set(DT_ERR_NOT_FOUND, "%s (%d of %d other nodes were told)", m->problem,
+                            joined, m->nnodes - 1);
     if (st != DT_OK) {
         refuse_all(m, why);
         return st;
@@ -347,13 +363,18 @@ static dt_status meet_as_node(dt__meeting *m) {
     fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
     tune_ctrl(fd);
     m->fds[0] = fd;
+    char problem[DT__MSG_TEXT_MAX];
+    if (m->problem)
+        snprintf(problem, sizeof problem, "!%s", m->problem);
     DT_CHECK(dt__msg_send(fd, DT__MSG_HELLO, m->node_rank, m->nnodes, m->nproc,
-                          m->token_given ? m->token : ""));
+                          m->problem       ? problem
+                          : m->token_given ? m->token
+                                           : ""));
     dt__msg w;
     double left = deadline - dt_now();
     dt_status st = dt__msg_recv(fd, left > 1 ? left : 1, &w);
     if (st != DT_OK) {
-        dt_error_prefix("waiting for node 0 to accept this node: ");
+        dt_error_prefix("waiting for node 0 to accept this node");
         return st;
     }
     if (w.type == DT__MSG_REFUSE)

@@ -23,9 +23,31 @@ if ! command -v ip >/dev/null; then
 fi
 export DT_NETNS_PREFIX=dtl$$
 dir=$(mktemp -d /tmp/dt-netns-XXXXXX)
-trap 'rm -rf "$dir"' EXIT
+trap 'rm -rf "$dir"; "$root/scripts/netns-cluster.sh" down 2 >/dev/null 2>&1' EXIT
 export dtrain probe dir
 fail() { echo "FAIL: $*" >&2; exit 1; }
+
+# The script itself: down is idempotent, up refuses to clobber a cluster,
+# and a failing up (shaping this kernel may not support) leaves nothing.
+script=$root/scripts/netns-cluster.sh
+count_ns() { ip netns list | awk '{print $1}' | grep -c "^$DT_NETNS_PREFIX-" || true; }
+"$script" down 2 && "$script" down 2 || fail "down on nothing must succeed"
+"$script" up 2 >/dev/null
+[[ $(count_ns) == 3 ]] || fail "up 2 made $(count_ns) namespaces, expected 3"
+if "$script" up 2 2>"$dir/up2.err"; then fail "a second up 2 succeeded"; fi
+grep -q "exists already" "$dir/up2.err" || fail "second up: $(cat "$dir/up2.err")"
+"$script" down 2
+[[ $(count_ns) == 0 ]] || fail "down 2 left $(count_ns) namespaces"
+if "$script" up 2 --delay 1ms --rate 100mbit >/dev/null 2>"$dir/shape.err"; then
+    ip netns exec "$DT_NETNS_PREFIX-0" tc qdisc show dev eth0 | grep -q netem || fail "no netem qdisc"
+    "$script" down 2
+    echo "ok: shaping (netem + tbf) set up and torn down"
+else
+    grep -q "sch_netem" "$dir/shape.err" || fail "shaping failed unclearly: $(cat "$dir/shape.err")"
+    echo "ok: this kernel has no netem; up failed clearly: $(tail -n1 "$dir/shape.err")"
+fi
+[[ $(count_ns) == 0 ]] || fail "a failed or finished up left $(count_ns) namespaces"
+echo "ok: netns-cluster.sh up/down idempotent and all-or-nothing"
 
 # Both launchers, one per host; node 1 starts first and waits for node 0.
 two_hosts() {

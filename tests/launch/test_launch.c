@@ -548,6 +548,33 @@ static void test_two_nodes_mismatch(void) {
         ASSERT_TRUE(!file_exists("env", rank));
 }
 
+/* A node cannot find the program: both launchers say so at once and no
+ * rank starts anywhere. */
+static void test_two_nodes_missing(void) {
+    char n0[1024], e0[8192], e1[8192];
+    result r0, r1;
+    snprintf(n0, sizeof n0, "-n 2 %s env %s", PROBE, dir);
+    run_two_nodes(n0, "-n 2 /nonexistent/dt-prog", "", &r0, e0, &r1, e1);
+    ASSERT_EQ(r0.code, 1);
+    ASSERT_EQ(r1.code, 1);
+    ASSERT_CONTAINS(e0, "node 1 cannot run the job: cannot execute \"/nonexistent/dt-prog\"");
+    ASSERT_CONTAINS(e1, "node 0 refused the job: node 1 cannot run the job");
+    ASSERT_TRUE(r0.seconds < 10);
+    for (int rank = 0; rank < 4; rank++)
+        ASSERT_TRUE(!file_exists("env", rank));
+    /* Node 0 cannot: it tells node 1 when it connects. */
+    char n1[1024];
+    snprintf(n1, sizeof n1, "-n 2 %s env %s", PROBE, dir);
+    run_two_nodes("-n 2 /nonexistent/dt-prog", n1, "", &r0, e0, &r1, e1);
+    ASSERT_EQ(r0.code, 1);
+    ASSERT_EQ(r1.code, 1);
+    ASSERT_CONTAINS(e0, "(1 of 1 other nodes were told)");
+    ASSERT_CONTAINS(e1, "node 0 refused the job: node 0 cannot run the job: cannot execute");
+    ASSERT_TRUE(r1.seconds < 10);
+    for (int rank = 0; rank < 4; rank++)
+        ASSERT_TRUE(!file_exists("env", rank));
+}
+
 /* A rank failing on node 1 ends the job on node 0 too, quickly. */
 static void test_two_nodes_fail(void) {
     char args[1024], e0[8192], e1[8192];
@@ -642,6 +669,22 @@ static void test_comm_two_nodes(void) {
     ASSERT_EQ(r1.code, 0);
 }
 
+/* A distributed subcommand starting itself through the launcher. */
+static void test_bench_np(void) {
+    result r = run("%s bench comm --np 3 --sizes 1K:16K --iters 2 --warmup 1", DT_CLI);
+    ASSERT_EQ(r.code, 0);
+    ASSERT_CONTAINS(out_text, "allreduce f32 sum, 3 ranks, transport shm");
+    int rows = 0;
+    for (char *line = strtok(out_text, "\n"); line; line = strtok(NULL, "\n")) {
+        if (line[0] == '#')
+            continue;
+        size_t len = strlen(line);
+        ASSERT_TRUE(len > 2 && strcmp(line + len - 2, " 0") == 0); /* #wrong */
+        rows++;
+    }
+    ASSERT_EQ(rows, 5);
+}
+
 /* A program relaunching itself through dt_launch_self (like `dtrain train
  * --nproc N`). */
 static void test_self(void) {
@@ -680,12 +723,14 @@ static const named_test tests[] = {
     {"two_nodes", test_two_nodes},
     {"two_nodes_mismatch", test_two_nodes_mismatch},
     {"two_nodes_fail", test_two_nodes_fail},
+    {"two_nodes_missing", test_two_nodes_missing},
     {"two_nodes_restart", test_two_nodes_restart},
     {"two_nodes_slow", test_two_nodes_slow},
     {"two_nodes_sigint", test_two_nodes_sigint},
     {"self", test_self},
     {"comm_one_node", test_comm_one_node},
     {"comm_two_nodes", test_comm_two_nodes},
+    {"bench_np", test_bench_np},
 };
 
 int main(int argc, char **argv) {
