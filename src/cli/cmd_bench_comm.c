@@ -289,6 +289,7 @@ static int run_comm(cli_args *a) {
         for (int i = 0; i < iters && st == DT_OK; i++)
             st = run_op(g, coll, in, out, cnt, dt, redop);
         double t = (dt_now() - t0) / iters;
+        const char *algo = dt_algo_name(dt_group_last_algo(g));
         if (st != DT_OK)
             break;
         st = dt_group_allreduce(g, &t, &t, 1, DT_F64, DT_MAX); /* the slowest rank counts */
