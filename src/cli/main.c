@@ -10,6 +10,7 @@
 #include <stdio.h>
 #include <string.h>
 
+/* clang-format off */
 static const cli_cmd *const commands[] = {
     &cli_cmd_bench,
     &cli_cmd_ckpt,
@@ -19,6 +20,7 @@ static const cli_cmd *const commands[] = {
     &cli_cmd_train,
     &cli_cmd_version,
 };
+/* clang-format on */
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 
