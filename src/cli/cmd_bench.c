@@ -39,6 +39,7 @@ static const cli_cmd bench_rng = {
     .run = run_rng,
 };
 
+/* clang-format off */
 static const cli_cmd *const benches[] = {
     &bench_rng,
     &cli_bench_gemm,
@@ -47,6 +48,7 @@ static const cli_cmd *const benches[] = {
     &cli_bench_comm,
     &cli_bench_memcpy,
 };
+/* clang-format on */
 #define NBENCHES (sizeof benches / sizeof benches[0])
 
 static const cli_opt bench_opts[] = {{0}};
