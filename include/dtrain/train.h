@@ -289,7 +289,7 @@ typedef struct dt_train_config {
     int64_t stop_after;   /* stop (with a checkpoint) after this many steps of this run; 0: off */
     uint64_t seed;
     int threads;         /* per rank; 0: CPUs / ranks on this host */
-    const char *run_dir; /* metrics.jsonl and config.json; NULL: none */
+    const char *run_dir; /* metrics.jsonl, config.json, model.dtgw; NULL: none */
     size_t bucket_bytes; /* DDP bucket size */
     int64_t check_every; /* hash-compare parameters across ranks every N steps; 0: off */
     double peak_gflops;  /* per rank, for MFU; 0: measure sgemm at start */
