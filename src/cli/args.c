@@ -1,8 +1,13 @@
 /*
  * args.c — the one flag parser shared by every subcommand.
+ *
+ * A value comes from, in order of precedence: the flag, the DT_* variable,
+ * the --config file (when the command has a "config" option), the default.
  */
 #include "cli.h"
 
+#include <ctype.h>
+#include <errno.h>
 #include <getopt.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -137,9 +142,83 @@ static void convert(const cli_cmd *cmd, const cli_opt *o, cli_value *v, const ch
         cli_usage_error(cmd, "%s", dt_last_error());
 }
 
+static char *trim(char *s) {
+    while (isspace((unsigned char)*s))
+        s++;
+    size_t n = strlen(s);
+    while (n > 0 && isspace((unsigned char)s[n - 1]))
+        s[--n] = '\0';
+    return s;
+}
+
+/* Read a `key = value` file (keys are long option names, '#' starts a
+ * comment at the start of a line or after a space, a value may be quoted)
+ * into text[] / knob[], indexed like cmd->opts. Strings live until exit,
+ * like argv. Any problem is a usage error naming the file, line and key. */
+static void read_config_file(const cli_cmd *cmd, const char *path, int n, char **text,
+                             char **knob) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        cli_usage_error(cmd, "--config %s: %s", path, strerror(errno));
+    int first_line[CLI_MAX_OPTS] = {0};
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0;
+    while (getline(&line, &cap, f) >= 0) {
+        lineno++;
+        char quote = 0; /* '#' inside a quoted value is text */
+        for (char *c = line; *c; c++) {
+            if (*c == '"' || *c == '\'')
+                quote = quote == *c ? 0 : quote ? quote : *c;
+            if (!quote && *c == '#' && (c == line || isspace((unsigned char)c[-1]))) {
+                *c = '\0';
+                break;
+            }
+        }
+        char *s = trim(line);
+        if (*s == '\0')
+            continue;
+        char *eq = strchr(s, '=');
+        if (!eq)
+            cli_usage_error(cmd, "%s:%d: expected 'key = value', got '%s'", path, lineno, s);
+        *eq = '\0';
+        char *key = trim(s), *val = trim(eq + 1);
+        size_t vl = strlen(val);
+        if (vl >= 2 &&
+            ((val[0] == '"' && val[vl - 1] == '"') || (val[0] == '\'' && val[vl - 1] == '\''))) {
+            val[vl - 1] = '\0';
+            val++;
+        }
+        int idx = -1;
+        for (int i = 0; i < n; i++)
+            if (strcmp(cmd->opts[i].name, key) == 0)
+                idx = i;
+        if (idx < 0 || strcmp(key, "config") == 0)
+            cli_usage_error(cmd,
+                            "%s:%d: unknown key '%s' (keys are the long option names of "
+                            "'dtrain %s', without the dashes)",
+                            path, lineno, key, cmd->name);
+        if (first_line[idx])
+            cli_usage_error(cmd, "%s:%d: duplicate key '%s' (first set on line %d)", path, lineno,
+                            key, first_line[idx]);
+        first_line[idx] = lineno;
+        char k[512];
+        snprintf(k, sizeof k, "%s:%d: %s", path, lineno, key);
+        text[idx] = strdup(val);
+        knob[idx] = strdup(k);
+        DT_ASSERT(text[idx] && knob[idx]);
+    }
+    free(line);
+    if (ferror(f))
+        cli_usage_error(cmd, "--config %s: read error", path);
+    fclose(f);
+}
+
 void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
     memset(out, 0, sizeof *out);
     out->cmd = cmd;
+    out->raw_argc = argc;
+    out->raw_argv = argv;
     int n = count_opts(cmd->opts);
     struct option longopts[CLI_MAX_OPTS + 2];
     char shortopts[2 * CLI_MAX_OPTS + 4];
@@ -205,23 +284,63 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
     out->argc = npos;
     out->argv = positional; /* lives until exit, like argv */
 
+    /* --config FILE (flag or its variable) supplies values below flags and
+     * the environment. */
+    char *cfg_text[CLI_MAX_OPTS] = {0}, *cfg_knob[CLI_MAX_OPTS] = {0};
+    for (int i = 0; i < n; i++) {
+        if (strcmp(cmd->opts[i].name, "config") != 0 || cmd->opts[i].kind != CLI_STRING)
+            continue;
+        const char *path = out->values[i].set ? out->values[i].text
+                           : cmd->opts[i].env ? getenv(cmd->opts[i].env)
+                                              : NULL;
+        if (path && *path)
+            read_config_file(cmd, path, n, cfg_text, cfg_knob);
+    }
+
     for (int i = 0; i < n; i++) {
         const cli_opt *o = &cmd->opts[i];
         cli_value *v = &out->values[i];
-        char knob[80];
+        char knob[512];
         snprintf(knob, sizeof knob, "--%s", o->name);
+        v->from = v->set ? "flag" : NULL;
         if (!v->set && o->env) {
             const char *e = getenv(o->env);
             if (e && *e) {
                 v->set = true;
                 v->text = e;
+                v->from = "env";
                 snprintf(knob, sizeof knob, "%s", o->env);
             }
         }
+        if (!v->set && cfg_text[i]) {
+            v->set = true;
+            v->text = cfg_text[i];
+            v->from = "config";
+            snprintf(knob, sizeof knob, "%s", cfg_knob[i]);
+        }
+        if (!v->set)
+            v->from = "default";
         if (!v->set)
             v->text = o->kind == CLI_FLAG ? "0" : o->def;
         if (v->text)
             convert(cmd, o, v, knob);
+    }
+    /* Config values in use live until exit, like argv (kept reachable in
+     * a static list, so a parser used many times leaks nothing); the rest go. */
+    static char **kept;
+    static size_t nkept, capkept;
+    for (int i = 0; i < n; i++) {
+        free(cfg_knob[i]);
+        if (out->values[i].text != cfg_text[i]) {
+            free(cfg_text[i]);
+            continue;
+        }
+        if (nkept == capkept) {
+            capkept = capkept ? 2 * capkept : 16;
+            kept = realloc(kept, capkept * sizeof *kept);
+            DT_ASSERT(kept);
+        }
+        kept[nkept++] = cfg_text[i];
     }
 }
 

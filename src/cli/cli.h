@@ -3,7 +3,8 @@
  *
  * Every subcommand declares its flags as a table of cli_opt. cli_parse()
  * builds the getopt_long table from it, resolves each value (flag, else the
- * DT_* variable, else the default), converts and range-checks it with the
+ * DT_* variable, else the command's --config file if it has a "config"
+ * option, else the default), converts and range-checks it with the
  * core config parsers, and on any error prints the message and the usage and
  * exits 2. After a successful parse the typed getters cannot fail.
  */
@@ -41,8 +42,9 @@ typedef struct cli_opt {
 #define CLI_MAX_OPTS 64
 
 typedef struct cli_value {
-    bool set;         /* given on the command line or by the environment */
-    const char *text; /* resolved text (flag, env or default), or NULL */
+    bool set;         /* given by a flag, the environment or the --config file */
+    const char *from; /* "flag", "env", "config" or "default" */
+    const char *text; /* resolved text (flag, env, config or default), or NULL */
     int64_t i;        /* CLI_INT */
     size_t size;      /* CLI_SIZE */
     double d;         /* CLI_DOUBLE */
@@ -57,6 +59,8 @@ typedef struct cli_args {
     cli_value values[CLI_MAX_OPTS]; /* parallel to cmd->opts */
     int argc;                       /* positional arguments left */
     char **argv;
+    int raw_argc;    /* the argc/argv cli_parse was given (argv[0] is the */
+    char **raw_argv; /*   subcommand's name), e.g. to relaunch oneself */
 } cli_args;
 
 struct cli_cmd {
@@ -94,6 +98,7 @@ int cli_fail(dt_status st);
 /* Subcommands, each defined in src/cli/cmd_<name>.c. */
 extern const cli_cmd cli_cmd_version;
 extern const cli_cmd cli_cmd_bench;
+extern const cli_cmd cli_cmd_ckpt;
 extern const cli_cmd cli_cmd_sample;
 extern const cli_cmd cli_bench_gemm, cli_bench_train; /* cmd_bench_engine.c */
 extern const cli_cmd cli_cmd_data;
@@ -103,6 +108,7 @@ extern const cli_cmd cli_bench_compress;
 extern const cli_cmd cli_bench_gemm_bf16;   /* bench_gemm_bf16.c */
 extern const cli_cmd cli_bench_amp_convert; /* bench_amp_convert.c */
 extern const cli_cmd cli_cmd_launch;
+extern const cli_cmd cli_cmd_train;
 extern const cli_cmd cli_bench_comm, cli_bench_memcpy; /* cmd_bench_comm.c */
 
 #endif /* DTRAIN_CLI_H */

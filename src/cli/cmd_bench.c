@@ -39,11 +39,19 @@ static const cli_cmd bench_rng = {
     .run = run_rng,
 };
 
+/* clang-format off */
 static const cli_cmd *const benches[] = {
-    &bench_rng,          &cli_bench_gemm,      &cli_bench_train,       &cli_bench_optim,
-    &cli_bench_compress, &cli_bench_gemm_bf16, &cli_bench_amp_convert, &cli_bench_comm,
+    &bench_rng,
+    &cli_bench_comm,
+    &cli_bench_gemm,
+    &cli_bench_train,
+    &cli_bench_optim,
+    &cli_bench_compress,
+    &cli_bench_gemm_bf16,
+    &cli_bench_amp_convert,
     &cli_bench_memcpy,
 };
+/* clang-format on */
 #define NBENCHES (sizeof benches / sizeof benches[0])
 
 static const cli_opt bench_opts[] = {{0}};
@@ -53,8 +61,8 @@ static const char bench_description[] =
     "  rng          Philox4x32-10 throughput\n"
     "  comm         collective bandwidth/latency (nccl-tests columns)\n"
     "  memcpy       memory bandwidth, the ceiling for shared-memory collectives\n"
-    "  gemm         OpenBLAS sgemm GFLOP/s (MFU peak)\n"
-    "  train        GPT training step: tokens/s, MFU\n"
+    "  gemm         OpenBLAS sgemm GFLOP/s (the peak MFU is measured against)\n"
+    "  train        GPT training step: ms/step, tokens/s, GFLOP/s, MFU\n"
     "  optim        optimizer kernels (AdamW, SGD, clipping)\n"
     "  compress     gradient codecs: GB/s, bytes, error\n"
     "  gemm-bf16    bf16 GEMM backends vs fp32 sgemm\n"

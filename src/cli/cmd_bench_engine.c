@@ -121,6 +121,31 @@ static const cli_opt train_opts[] = {
     {0},
 };
 
+/* A piece of the flat buffer for the optimizer: one tensor or a slice of a
+ * large one. AdamW is elementwise, so any cut gives the same result. */
+typedef struct opt_piece {
+    size_t off, n;
+    bool decay;
+} opt_piece;
+
+#define OPT_PIECE_MAX ((size_t)1 << 20)
+
+/* Cut the model's tensors into pieces of <= OPT_PIECE_MAX floats; returns
+ * the count (out may be NULL to count only). */
+static size_t opt_pieces(dt_gpt *m, opt_piece *out) {
+    size_t k = 0;
+    for (size_t i = 0; i < dt_gpt_num_tensors(m); i++) {
+        dt_param_info p;
+        dt_gpt_tensor_info(m, i, &p);
+        size_t n = p.rows * p.cols;
+        for (size_t o = 0; o < n; o += OPT_PIECE_MAX, k++)
+            if (out)
+                out[k] = (opt_piece){p.offset + o, n - o < OPT_PIECE_MAX ? n - o : OPT_PIECE_MAX,
+                                     p.decay};
+    }
+    return k;
+}
+
 static int run_train(cli_args *a) {
     int threads = apply_threads(a);
     dt_gpt_config cfg;
@@ -150,10 +175,13 @@ static int run_train(cli_args *a) {
     double *t_fwd = calloc((size_t)total, sizeof(double));
     double *t_bwd = calloc((size_t)total, sizeof(double));
     double *t_opt = calloc((size_t)total, sizeof(double));
-    if (!mom || !var || !in || !tg || !t_step || !t_fwd || !t_bwd || !t_opt) {
+    size_t npieces = opt_pieces(m, NULL);
+    opt_piece *pieces = malloc(npieces * sizeof *pieces);
+    if (!mom || !var || !in || !tg || !t_step || !t_fwd || !t_bwd || !t_opt || !pieces) {
         st = dt_error_set(DT_ERR_NOMEM, "cannot allocate optimizer state for %zu parameters", n);
         goto done;
     }
+    opt_pieces(m, pieces);
     dt_rng r;
     dt_rng_init(&r, 1, dt_rng_stream_id(0, 0, DT_RNG_TEST));
     for (int i = 0; i < B * T; i++) {
@@ -192,12 +220,15 @@ static int run_train(cli_args *a) {
         if (st != DT_OK)
             goto done;
         double t2 = dt_now();
-        for (size_t i = 0; i < dt_gpt_num_tensors(m); i++) {
-            dt_param_info p;
-            dt_gpt_tensor_info(m, i, &p);
-            dt_adamw_step(dt_gpt_params(m) + p.offset, dt_gpt_grads(m) + p.offset, mom + p.offset,
-                          var + p.offset, p.rows * p.cols, 3e-4f, &ac, s + 1,
-                          p.decay ? ac.weight_decay : 0.0f);
+        /* AdamW over the flat buffer in ONE parallel region: pieces taken
+         * dynamically, each a single-threaded range update (the nested
+         * region inside dt_adamw_step runs on one thread). */
+        float *P = dt_gpt_params(m), *G = dt_gpt_grads(m);
+#pragma omp parallel for schedule(dynamic, 1)
+        for (size_t k = 0; k < npieces; k++) {
+            const opt_piece *q = &pieces[k];
+            dt_adamw_step(P + q->off, G + q->off, mom + q->off, var + q->off, q->n, 3e-4f, &ac,
+                          s + 1, q->decay ? ac.weight_decay : 0.0f);
         }
         double t3 = dt_now();
         if (s == 0)
@@ -230,7 +261,7 @@ static int run_train(cli_args *a) {
                steps, warmup, peak, first_loss, loss);
     }
 done:
-    free(t_step), free(t_fwd), free(t_bwd), free(t_opt);
+    free(t_step), free(t_fwd), free(t_bwd), free(t_opt), free(pieces);
     free(in), free(tg);
     dt_free(mom), dt_free(var);
     dt_gpt_destroy(m);

@@ -10,13 +10,17 @@
 #include <stdio.h>
 #include <string.h>
 
+/* clang-format off */
 static const cli_cmd *const commands[] = {
-    &cli_cmd_bench,
-    &cli_cmd_data,
-    &cli_cmd_sample,
+    &cli_cmd_train,
     &cli_cmd_launch,
+    &cli_cmd_sample,
+    &cli_cmd_data,
+    &cli_cmd_ckpt,
+    &cli_cmd_bench,
     &cli_cmd_version,
 };
+/* clang-format on */
 
 #define NCOMMANDS (sizeof commands / sizeof commands[0])
 

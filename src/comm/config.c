@@ -16,7 +16,7 @@ dt_status dt__config_read(dt__config *c) {
     DT_CHECK(dt_config_env_enum("DT_TRANSPORT", 0, transport_names, 3, &c->transport));
     DT_CHECK(dt_config_env_enum("DT_ALGO", 0, algo_env_names, DT_ALGO_COUNT, &e));
     c->algo = (dt_algo)e;
-    DT_CHECK(dt_config_env_size("DT_CHUNK_SIZE", 256 << 10, 4096, (size_t)1 << 30, &c->chunk));
+    DT_CHECK(dt_config_env_size("DT_CHUNK_SIZE", 1 << 20, 4096, (size_t)1 << 30, &c->chunk));
     DT_CHECK(dt_config_env_size("DT_SHM_SLOT", 128 << 10, 4096, (size_t)64 << 20, &c->shm_slot));
     DT_CHECK(dt_config_env_int("DT_SHM_SLOTS", 8, 2, 1024, &v));
     c->shm_slots = (int)v;

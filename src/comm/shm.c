@@ -488,7 +488,9 @@ dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transpor
             goto fail;
         }
     }
-    /* Everyone has mapped everything: unlink, so nothing outlives the job. */
+    /* Everyone has mapped everything: unlink, so nothing outlives the job.
+     * The counter is per host (named by its lowest rank): with several
+     * hosts a shared one would reach n before this host's peers mapped. */
     snprintf(key, sizeof key, "%s/shm/mapped/%d", g->id, t->peers[0].rank);
     int64_t cnt;
     DT_CHECK_GOTO(dt__store_add(g->job->store, key, 1, &cnt), st, fail);

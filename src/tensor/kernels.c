@@ -64,66 +64,71 @@ void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
 void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, const float *mean,
                            const float *rstd, int N, int C) {
-    /* dinp: with n = (x - mean) * rstd and g = weight * dout,
-     * dx = rstd * (g - mean(g) - n * mean(g * n)). Rows are independent. */
-#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 16)
-    for (int i = 0; i < N; i++) {
-        const float *x = inp + (size_t)i * C;
-        const float *dy = dout + (size_t)i * C;
-        float *dx = dinp + (size_t)i * C;
-        float m = mean[i], r = rstd[i];
-        float sg = 0.0f, sgn = 0.0f;
-#pragma omp simd reduction(+ : sg, sgn)
-        for (int c = 0; c < C; c++) {
-            float g = weight[c] * dy[c];
-            sg += g;
-            sgn += g * (x[c] - m) * r;
-        }
-        sg /= (float)C;
-        sgn /= (float)C;
-#ifdef __AVX512F__
-        __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
-        __m512 vsg = _mm512_set1_ps(sg), vsgn = _mm512_set1_ps(sgn);
-        int c = 0;
-        for (; c + 16 <= C; c += 16) {
-            __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), vm), vr);
-            __m512 g = _mm512_mul_ps(_mm512_loadu_ps(weight + c), _mm512_loadu_ps(dy + c));
-            __m512 t = _mm512_fnmadd_ps(n, vsgn, _mm512_sub_ps(g, vsg));
-            _mm512_storeu_ps(dx + c, _mm512_fmadd_ps(t, vr, _mm512_loadu_ps(dx + c)));
-        }
-        for (; c < C; c++) {
-            float n = (x[c] - m) * r;
-            dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
-        }
-#else
-        for (int c = 0; c < C; c++) {
-            float n = (x[c] - m) * r;
-            dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
-        }
-#endif
-    }
-    /* dweight += sum_rows n * dout, dbias += sum_rows dout: column blocks. */
+    /* One parallel region, two independent loops (no barrier between
+     * them): rows for dinp, column blocks for dweight and dbias. */
     enum { CB = 64 };
     int nb = (C + CB - 1) / CB;
-#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 16)
-    for (int cb = 0; cb < nb; cb++) {
-        int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
-        float dw[CB] = {0}, db[CB] = {0};
+#pragma omp parallel if ((size_t)N * C > PAR_MIN)
+    {
+        /* dinp: with n = (x - mean) * rstd and g = weight * dout,
+         * dx = rstd * (g - mean(g) - n * mean(g * n)). Rows are independent. */
+#pragma omp for schedule(dynamic, 16) nowait
         for (int i = 0; i < N; i++) {
             const float *x = inp + (size_t)i * C;
             const float *dy = dout + (size_t)i * C;
+            float *dx = dinp + (size_t)i * C;
             float m = mean[i], r = rstd[i];
+            float sg = 0.0f, sgn = 0.0f;
+#pragma omp simd reduction(+ : sg, sgn)
+            for (int c = 0; c < C; c++) {
+                float g = weight[c] * dy[c];
+                sg += g;
+                sgn += g * (x[c] - m) * r;
+            }
+            sg /= (float)C;
+            sgn /= (float)C;
+#ifdef __AVX512F__
+            __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
+            __m512 vsg = _mm512_set1_ps(sg), vsgn = _mm512_set1_ps(sgn);
+            int c = 0;
+            for (; c + 16 <= C; c += 16) {
+                __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), vm), vr);
+                __m512 g = _mm512_mul_ps(_mm512_loadu_ps(weight + c), _mm512_loadu_ps(dy + c));
+                __m512 t = _mm512_fnmadd_ps(n, vsgn, _mm512_sub_ps(g, vsg));
+                _mm512_storeu_ps(dx + c, _mm512_fmadd_ps(t, vr, _mm512_loadu_ps(dx + c)));
+            }
+            for (; c < C; c++) {
+                float n = (x[c] - m) * r;
+                dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
+            }
+#else
+            for (int c = 0; c < C; c++) {
+                float n = (x[c] - m) * r;
+                dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
+            }
+#endif
+        }
+        /* dweight += sum_rows n * dout, dbias += sum_rows dout: column blocks. */
+#pragma omp for schedule(dynamic, 1)
+        for (int cb = 0; cb < nb; cb++) {
+            int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
+            float dw[CB] = {0}, db[CB] = {0};
+            for (int i = 0; i < N; i++) {
+                const float *x = inp + (size_t)i * C;
+                const float *dy = dout + (size_t)i * C;
+                float m = mean[i], r = rstd[i];
 #pragma omp simd
+                for (int c = c0; c < c1; c++) {
+                    dw[c - c0] += (x[c] - m) * r * dy[c];
+                    db[c - c0] += dy[c];
+                }
+            }
             for (int c = c0; c < c1; c++) {
-                dw[c - c0] += (x[c] - m) * r * dy[c];
-                db[c - c0] += dy[c];
+                dweight[c] += dw[c - c0];
+                dbias[c] += db[c - c0];
             }
         }
-        for (int c = c0; c < c1; c++) {
-            dweight[c] += dw[c - c0];
-            dbias[c] += db[c - c0];
-        }
-    }
+    } /* omp parallel */
 }
 
 /* ------------------------------------------------------------------------ */

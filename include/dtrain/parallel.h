@@ -1,0 +1,115 @@
+/*
+ * dtrain/parallel.h — data parallelism (DDP) over one flat gradient buffer.
+ *
+ * Overview
+ * --------
+ * Every rank holds the whole model and computes gradients on its own part
+ * of the global batch; before the optimizer step the gradients are averaged
+ * over the ranks. The gradient buffer is cut into buckets — flat ranges of
+ * about `bucket_bytes` — numbered in the order backward finishes them: the
+ * model's layer-major layout finishes gradients from the END of the buffer
+ * towards the front, so bucket 0 is the tail. The model's backward hook
+ * (dt_ddp_grad_ready) reports how far the final gradients reach; every
+ * bucket that is then complete starts its non-blocking allreduce at once, so
+ * the reduction of late layers overlaps the backward of early ones.
+ * dt_ddp_finish() waits for the buckets in order and hands each averaged
+ * range to a callback, so an optimizer that does not need the global norm
+ * can update bucket k while bucket k+1 is still on the wire.
+ *
+ *     bucket:   |   3   |   2   |   1   |   0   |     grads[0 .. n)
+ *     backward: <------------------------------- (finishes from the end)
+ *     comm:                  [0]   [1]   [2] [3]   (starts as each completes)
+ *
+ * With K micro-batches of gradient accumulation only the last backward
+ * communicates (dt_ddp_begin(d, true) on the last, false before).
+ *
+ * Timing. comm_ms is the time during which a bucket's allreduce was in
+ * flight (from its start, or the end of the previous bucket, to its observed
+ * completion; completion is observed at each backward hook and in finish, so
+ * it is exact to one transformer block). exposed_comm_ms is the time the
+ * caller spent blocked waiting for communication after backward: the part
+ * not hidden behind computation.
+ *
+ * Example
+ * -------
+ *     dt_ddp *d;
+ *     DT_CHECK(dt_ddp_create(&d, group, params, grads, n, 25u << 20));
+ *     DT_CHECK(dt_ddp_broadcast_params(d));
+ *     for (step...) {
+ *         for (k = 0; k < K; k++) {
+ *             forward(...);
+ *             dt_ddp_begin(d, k == K - 1);
+ *             backward(model, 1.0f / K, dt_ddp_grad_ready, d);
+ *         }
+ *         DT_CHECK(dt_ddp_finish(d, update_range, &opt));  // averaged grads
+ *     }
+ */
+#ifndef DTRAIN_PARALLEL_H
+#define DTRAIN_PARALLEL_H
+
+#include "dtrain/comm.h"
+#include "dtrain/core.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define DT_DDP_DEFAULT_BUCKET_BYTES (25u << 20)
+
+typedef struct dt_ddp dt_ddp;
+
+/* Communication statistics of the last finished step. */
+typedef struct dt_ddp_stats {
+    double comm_ms;           /* time a bucket allreduce was in flight */
+    double exposed_comm_ms;   /* time spent blocked waiting for it after backward */
+    uint64_t bytes_sent;      /* bytes this rank sent: 2 (N-1)/N per reduced byte (ring volume) */
+    int buckets;              /* buckets reduced */
+    int launched_in_backward; /* of which started before backward ended */
+} dt_ddp_stats;
+
+/* Called with each averaged range [begin, end) of the gradient buffer, in
+ * bucket order (from the end of the buffer to the front). */
+typedef void (*dt_ddp_range_fn)(void *user, size_t begin, size_t end);
+
+/* A DDP context for `n` floats of params/grads (borrowed, must outlive it).
+ * `g` may be NULL or a group of size 1: then nothing is communicated and
+ * finish only calls the callback. bucket_bytes >= 4. */
+dt_status dt_ddp_create(dt_ddp **out, dt_group *g, float *params, float *grads, size_t n,
+                        size_t bucket_bytes);
+void dt_ddp_destroy(dt_ddp *d);
+
+size_t dt_ddp_num_buckets(const dt_ddp *d);
+/* Bucket i's range [*begin, *end) (i = 0 is the tail of the buffer). */
+void dt_ddp_bucket(const dt_ddp *d, size_t i, size_t *begin, size_t *end);
+
+/* Copy rank 0's parameters to every rank. */
+dt_status dt_ddp_broadcast_params(dt_ddp *d);
+/* Broadcast any other flat buffer from rank 0 (optimizer state on resume). */
+dt_status dt_ddp_broadcast(dt_ddp *d, void *buf, size_t count, dt_dtype dtype);
+
+/* Hash the parameters on every rank and compare: DT_ERR_MISMATCH naming the
+ * step and the first rank whose parameters differ from rank 0's. */
+dt_status dt_ddp_check_params(dt_ddp *d, int64_t step);
+
+/* Start a backward pass; `sync` = this backward's gradients are final for
+ * the step (the last micro-batch) and must be communicated. */
+void dt_ddp_begin(dt_ddp *d, bool sync);
+
+/* The model's backward hook (dt_grad_ready_fn): grads[ready_from .. n) are
+ * final. Starts every bucket that became complete. Errors are kept and
+ * returned by dt_ddp_finish. */
+void dt_ddp_grad_ready(void *user, size_t ready_from);
+
+/* Start what is not started yet, wait for each bucket in order, and call
+ * fn (may be NULL) on each averaged range. Fills the step's stats. */
+dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user);
+
+const dt_ddp_stats *dt_ddp_last_stats(const dt_ddp *d);
+
+/* Average `count` doubles over the ranks in place (losses, metrics). */
+dt_status dt_ddp_average(dt_ddp *d, double *values, size_t count);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_PARALLEL_H */

@@ -1,0 +1,329 @@
+/*
+ * dtrain/train.h — the training layer: checkpoints, metrics, progress and the
+ * training loop.
+ *
+ * Overview
+ * --------
+ * Checkpoints. A checkpoint is one file holding named, typed sections (the
+ * model parameters, the optimizer's m and v, the step, the schedule, the RNG
+ * and data-loader positions, the resolved config as JSON text, ...). Its
+ * layout, all little-endian:
+ *
+ *     header   64 bytes   magic "DTRNCKPT", version, section count,
+ *                         total file size, offset of the section table
+ *     table    64 bytes per section: name (<= 31 chars), element type,
+ *                         element count, byte offset, byte size
+ *     data     each section starts on a 64-byte boundary
+ *     trailer  16 bytes   XXH3-64 of every byte before it, magic "DTCKEND\0"
+ *
+ * Every size read from a file is checked against the real file size before
+ * it is used, so a corrupt or hostile file cannot make the reader allocate or
+ * index out of bounds. A file is written atomically: a temporary file in the
+ * same directory, write, fsync, rename over the final name, fsync of the
+ * directory. Only then does the `latest` pointer move, and only after that
+ * are checkpoints beyond the newest K removed. At every instant the directory
+ * therefore holds at least one complete checkpoint once one was written, and
+ * dt_ckpt_open_latest() picks the newest one that validates, falling back to
+ * an older one when the newest is damaged.
+ *
+ * The training loop. dt_train_run() is `dtrain train` without the flag
+ * parsing: it joins the job described by the environment (or runs alone),
+ * opens the data, builds the model, averages gradients with the DDP of
+ * parallel.h, steps the optimizer, evaluates, checkpoints, resumes, writes
+ * metrics and draws progress on rank 0 (docs/train.md).
+ *
+ * Metrics and progress. dt_metrics writes RUN_DIR/metrics.jsonl, one JSON
+ * object per step, and config.json; dt_progress draws a live line on a
+ * terminal or prints plain periodic lines elsewhere.
+ *
+ * Example
+ * -------
+ *     dt_ckpt_section s[] = {
+ *         {"params", DT_CKPT_F32, params, n},
+ *         {"step", DT_CKPT_I64, &step, 1},
+ *     };
+ *     DT_CHECK(dt_ckpt_save("ckpts", step, s, 2, 3, NULL, 0));
+ *     ...
+ *     dt_ckpt *ck;
+ *     DT_CHECK(dt_ckpt_open_latest(&ck, "ckpts"));
+ *     DT_CHECK(dt_ckpt_read(ck, "params", DT_CKPT_F32, params, n));
+ *     dt_ckpt_close(ck);
+ */
+#ifndef DTRAIN_TRAIN_H
+#define DTRAIN_TRAIN_H
+
+#include "dtrain/core.h"
+
+#include <signal.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ------------------------------------------------------------------------ */
+/* Checkpoints                                                              */
+/* ------------------------------------------------------------------------ */
+
+#define DT_CKPT_VERSION      1
+#define DT_CKPT_NAME_MAX     32 /* section name incl. the terminating NUL */
+#define DT_CKPT_MAX_SECTIONS 4096
+
+/* Element type of a section; values are stored in the file, never reorder. */
+typedef enum dt_ckpt_type {
+    DT_CKPT_BYTES, /* opaque bytes */
+    DT_CKPT_TEXT,  /* UTF-8 text (JSON config), no terminating NUL stored */
+    DT_CKPT_F32,
+    DT_CKPT_F64,
+    DT_CKPT_I32,
+    DT_CKPT_I64,
+    DT_CKPT_U64,
+    DT_CKPT_TYPE_COUNT
+} dt_ckpt_type;
+
+/* "f32", "text", ...; "?" for an out-of-range value. */
+const char *dt_ckpt_type_name(dt_ckpt_type t);
+/* Bytes per element (1 for BYTES and TEXT); 0 for an out-of-range value. */
+size_t dt_ckpt_type_size(dt_ckpt_type t);
+
+/* One section to write. `data` is borrowed for the duration of the call. */
+typedef struct dt_ckpt_section {
+    const char *name;  /* unique in the file, 1..31 bytes */
+    dt_ckpt_type type; /* element type */
+    const void *data;  /* count elements of type */
+    size_t count;      /* number of elements */
+} dt_ckpt_section;
+
+/* Write `path` atomically (temp file in the same directory, fsync, rename,
+ * fsync of the directory). On failure the temporary file is removed and any
+ * earlier file named `path` is untouched; a full disk gives
+ * DT_ERR_NOSPACE, other write errors DT_ERR_IO. */
+dt_status dt_ckpt_write_file(const char *path, const dt_ckpt_section *sections, size_t count);
+
+/* Save a checkpoint of `step` as DIR/ckpt-NNNNNN.dtck (the directory is
+ * created if missing), then point DIR/latest at it, then remove all but the
+ * newest `keep` (>= 1) checkpoints and stale temporary files of writers that
+ * died. The file name written goes to path_out (if not NULL). */
+dt_status dt_ckpt_save(const char *dir, int64_t step, const dt_ckpt_section *sections, size_t count,
+                       int keep, char *path_out, size_t path_len);
+
+/* The checkpoint file name for `step` inside `dir`. */
+void dt_ckpt_path(char *out, size_t len, const char *dir, int64_t step);
+
+/* An open, validated checkpoint (memory-mapped, read only). */
+typedef struct dt_ckpt dt_ckpt;
+
+/* What one section of an open checkpoint holds. */
+typedef struct dt_ckpt_info {
+    const char *name;  /* points into the checkpoint, valid until close */
+    dt_ckpt_type type; /* element type */
+    size_t count;      /* elements */
+    size_t bytes;      /* count * element size */
+    uint64_t offset;   /* byte offset in the file */
+    const void *data;  /* the bytes, valid until close */
+} dt_ckpt_info;
+
+/* Open and fully validate a checkpoint: magic, version, the section table
+ * against the file size, and the checksum. Any problem gives
+ * DT_ERR_CORRUPT (or DT_ERR_IO / DT_ERR_NOT_FOUND) with a message naming the
+ * file and the problem. */
+dt_status dt_ckpt_open(dt_ckpt **out, const char *path);
+
+/* Like dt_ckpt_open but without computing the checksum (structure is still
+ * validated, so sections are safe to read). For `dtrain ckpt info`, which
+ * shows a damaged file's contents; call dt_ckpt_verify() to check it. */
+dt_status dt_ckpt_open_unverified(dt_ckpt **out, const char *path);
+
+/* Recompute the checksum: DT_OK or DT_ERR_CORRUPT. *stored / *computed
+ * (may be NULL) receive the two values. */
+dt_status dt_ckpt_verify(const dt_ckpt *ck, uint64_t *stored, uint64_t *computed);
+
+/* Open the newest checkpoint in `dir` that validates, trying older ones when
+ * the newest is damaged (each rejection is logged as a warning). Returns
+ * DT_ERR_NOT_FOUND if the directory holds no checkpoint at all and
+ * DT_ERR_CORRUPT if it holds only damaged ones. */
+dt_status dt_ckpt_open_latest(dt_ckpt **out, const char *dir);
+
+void dt_ckpt_close(dt_ckpt *ck);
+
+const char *dt_ckpt_file(const dt_ckpt *ck);
+uint32_t dt_ckpt_version(const dt_ckpt *ck);
+uint64_t dt_ckpt_file_size(const dt_ckpt *ck);
+size_t dt_ckpt_num_sections(const dt_ckpt *ck);
+void dt_ckpt_section_at(const dt_ckpt *ck, size_t i, dt_ckpt_info *out);
+/* DT_ERR_NOT_FOUND (message names file and section) if absent. */
+dt_status dt_ckpt_find(const dt_ckpt *ck, const char *name, dt_ckpt_info *out);
+
+/* Copy section `name` into dst, which holds `count` elements of `type`.
+ * A missing section, another type or another count is DT_ERR_MISMATCH with
+ * a message naming the file, the section and both shapes. */
+dt_status dt_ckpt_read(const dt_ckpt *ck, const char *name, dt_ckpt_type type, void *dst,
+                       size_t count);
+
+/* ------------------------------------------------------------------------ */
+/* Metrics: RUN_DIR/metrics.jsonl and RUN_DIR/config.json                   */
+/* ------------------------------------------------------------------------ */
+
+/* What one optimizer step measured. A NaN double is written as null (for
+ * example val_loss on steps without evaluation). */
+typedef struct dt_step_metrics {
+    int64_t step;           /* 1-based optimizer step */
+    int64_t total_steps;    /* steps of the whole run */
+    double loss;            /* training loss, averaged over ranks */
+    double val_loss;        /* validation loss, NaN if not evaluated */
+    double lr;              /* learning rate used by this step */
+    double grad_norm;       /* global gradient norm before clipping */
+    double tokens_per_s;    /* tokens of all ranks per second of this step */
+    double step_ms;         /* wall time of the step */
+    double compute_ms;      /* forward + backward + optimizer */
+    double comm_ms;         /* time gradient communication was in flight */
+    double exposed_comm_ms; /* communication not hidden behind compute */
+    double mfu;             /* model FLOPs utilisation in [0, 1], NaN if unknown */
+    uint64_t bytes_sent;    /* gradient bytes this rank sent in the step */
+    int64_t tokens;         /* tokens processed so far (all ranks) */
+} dt_step_metrics;
+
+typedef struct dt_metrics dt_metrics;
+
+/* Create RUN_DIR (and parents) and open RUN_DIR/metrics.jsonl. A run that
+ * resumed from step resume_step > 0 keeps the lines of steps up to it (and
+ * drops later ones, which the resumed run replays), so the file always
+ * holds one line per step of the trajectory; 0 starts an empty file. */
+dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, int64_t resume_step);
+/* Append one JSON object line and flush it. */
+dt_status dt_metrics_log(dt_metrics *m, const dt_step_metrics *s);
+void dt_metrics_destroy(dt_metrics *m);
+
+/* Write `json` (a complete JSON document) to RUN_DIR/config.json atomically. */
+dt_status dt_metrics_write_config(const char *run_dir, const char *json);
+
+/* Format one metrics object as a JSON line (with '\n') into buf; returns the
+ * length, or -1 if it does not fit. */
+int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s);
+
+/* A growable JSON text, for building config.json and the checkpoint's config
+ * section. Keys and strings are escaped. Allocation failure is sticky and
+ * reported by dt_json_finish. */
+typedef struct dt_json {
+    char *buf;   /* NUL-terminated text */
+    size_t len;  /* bytes used */
+    size_t cap;  /* bytes allocated */
+    bool first;  /* no member written yet in the current object */
+    bool failed; /* an allocation failed */
+} dt_json;
+
+void dt_json_begin(dt_json *j);                                   /* "{" */
+void dt_json_str(dt_json *j, const char *key, const char *value); /* NULL -> null */
+void dt_json_int(dt_json *j, const char *key, int64_t value);
+void dt_json_num(dt_json *j, const char *key, double value); /* non-finite -> null */
+void dt_json_bool(dt_json *j, const char *key, bool value);
+/* "}\n"; returns the text (owned by j) or NULL after an allocation failure. */
+const char *dt_json_finish(dt_json *j);
+void dt_json_free(dt_json *j);
+
+/* ------------------------------------------------------------------------ */
+/* Progress display (rank 0)                                                */
+/* ------------------------------------------------------------------------ */
+
+typedef struct dt_progress dt_progress;
+
+/* `out` is typically stderr. With tty (usually isatty(fileno(out))) one
+ * live line is redrawn in place; otherwise a plain line is printed every
+ * `every` steps (0: about 20 lines per run) and on the last step. */
+dt_status dt_progress_create(dt_progress **out, FILE *f, bool tty, int64_t total_steps,
+                             int64_t every);
+void dt_progress_update(dt_progress *p, const dt_step_metrics *s);
+/* End the live line (newline) so that later output starts clean. */
+void dt_progress_finish(dt_progress *p);
+void dt_progress_destroy(dt_progress *p);
+
+/* Render the sparkline of `n` values (newest last) into buf as UTF-8 block
+ * characters (3 bytes each); returns buf. */
+char *dt_sparkline(char *buf, size_t len, const double *values, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* The training loop                                                        */
+/* ------------------------------------------------------------------------ */
+
+typedef enum dt_train_optimizer {
+    DT_TRAIN_ADAMW,
+    DT_TRAIN_SGD,
+    DT_TRAIN_OPTIMIZER_COUNT
+} dt_train_optimizer;
+
+/* "adamw", "sgd" (indexable by dt_train_optimizer). */
+extern const char *const dt_train_optimizer_names[DT_TRAIN_OPTIMIZER_COUNT];
+
+/* The configuration a checkpoint's "ident" section records (i64 each, in
+ * this order) and a resuming run must match: "layers", "dim", "heads",
+ * "seq", "vocab", "optimizer", "global batch", "accum", "seed". */
+#define DT_TRAIN_IDENT_COUNT 9
+extern const char *const dt_train_ident_names[DT_TRAIN_IDENT_COUNT];
+
+/* Everything a run needs; `dtrain train` fills it from flags, env and
+ * --config. Strings are borrowed. 0 / NULL means "not given" where noted. */
+typedef struct dt_train_config {
+    const char *model;      /* preset name ("tiny", "shakespeare-char", ...) */
+    int layers, dim, heads; /* override the preset when > 0 */
+    int seq;                /* T: sequence length; 0: the preset's max_seq */
+    int vocab;              /* 0: the data's vocabulary size */
+    const char *data;       /* training text (.txt, tokenized on the fly) or .tok */
+    const char *val_data;   /* validation file, or NULL to split off val_split */
+    double val_split;       /* fraction of `data` held out for validation, [0, 1) */
+    int tokenizer;          /* dt_tokenizer_kind for .txt files */
+    int batch;              /* B per rank (0: global_batch / world) */
+    int global_batch;       /* world * B (0: batch * world); must divide by world */
+    int accum;              /* K micro-batches per optimizer step */
+    int64_t steps;          /* optimizer steps of the whole run */
+    dt_train_optimizer optimizer;
+    double lr, min_lr, weight_decay, momentum, clip;
+    double beta1, beta2, eps; /* AdamW */
+    int schedule;             /* dt_schedule_kind */
+    int64_t warmup;
+    int64_t eval_every;   /* 0: only at the end */
+    int eval_batches;     /* validation batches per evaluation */
+    const char *ckpt_dir; /* NULL: no checkpoints */
+    int64_t ckpt_every;   /* 0: only at the end */
+    int keep;             /* checkpoints kept */
+    bool resume;          /* continue from the newest good checkpoint, if any */
+    int64_t stop_after;   /* stop (with a checkpoint) after this many steps of this run; 0: off */
+    uint64_t seed;
+    int threads;         /* per rank; 0: CPUs / ranks on this host */
+    const char *run_dir; /* metrics.jsonl, config.json, model.dtgw; NULL: none */
+    size_t bucket_bytes; /* DDP bucket size */
+    int64_t check_every; /* hash-compare parameters across ranks every N steps; 0: off */
+    double peak_gflops;  /* per rank, for MFU; 0: measure sgemm at start */
+    int sample_tokens;   /* generated at the end; 0: none */
+    int64_t log_every;   /* plain progress lines; 0: about 20 per run */
+    int progress;        /* -1: auto (TTY), 0: plain lines, 1: live line */
+    /* Polled once a step; non-zero on any rank stops every rank after that
+     * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
+     * NULL. dt_train_run then returns DT_ERR_ABORTED. */
+    volatile sig_atomic_t *stop;
+} dt_train_config;
+
+/* Defaults of `dtrain train`. */
+void dt_train_config_init(dt_train_config *c);
+
+/* What a run achieved (rank 0's view; losses are averaged over ranks). */
+typedef struct dt_train_result {
+    int64_t first_step, last_step;   /* steps run by this invocation: first..last */
+    double first_loss, last_loss;    /* training loss of those steps */
+    double val_loss;                 /* last validation loss, NaN if none */
+    double tokens_per_s;             /* median over the steps after the first */
+    double comm_ms, exposed_comm_ms; /* per step, medians */
+    double seconds;                  /* wall time of the loop */
+    char checkpoint[4096];           /* last checkpoint written, "" if none */
+} dt_train_result;
+
+/* Train as one rank of the job described by the environment (or alone when
+ * there is none). Every rank calls it with the same config. Returns
+ * DT_ERR_NUMERIC naming the step when the loss becomes NaN or infinite
+ * (the last good checkpoint is kept), DT_ERR_INVALID / DT_ERR_MISMATCH for
+ * bad input, and I/O, communication or checkpoint errors as they come. */
+dt_status dt_train_run(const dt_train_config *c, dt_train_result *res);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* DTRAIN_TRAIN_H */

@@ -1,0 +1,161 @@
+/*
+ * cmd_ckpt.c — `dtrain ckpt info FILE|DIR`: what a checkpoint holds.
+ *
+ * Prints the format version, size, checksum status, the section table and
+ * the small sections' values (step, schedule, RNG and loader positions) and
+ * the config text. A damaged file is still shown as far as its structure
+ * allows, with the checksum reported BAD and exit status 1.
+ */
+#include "cli.h"
+#include "dtrain/train.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/stat.h>
+
+static const cli_opt info_opts[] = {
+    {"no-verify", 0, CLI_FLAG, NULL, NULL, NULL, "skip the checksum (fast on huge files)", NULL, 0,
+     0},
+    {0},
+};
+
+/* Print up to 8 values of a small numeric section. */
+static void print_values(const dt_ckpt_info *s) {
+    if (s->count == 0 || s->count > 8 || s->type == DT_CKPT_BYTES || s->type == DT_CKPT_TEXT)
+        return;
+    printf("  =");
+    for (size_t i = 0; i < s->count; i++) {
+        const unsigned char *p = (const unsigned char *)s->data + i * dt_ckpt_type_size(s->type);
+        union {
+            float f;
+            double d;
+            int32_t i32;
+            int64_t i64;
+            uint64_t u64;
+        } v;
+        memcpy(&v, p, dt_ckpt_type_size(s->type));
+        switch (s->type) {
+        case DT_CKPT_F32: printf(" %.9g", (double)v.f); break;
+        case DT_CKPT_F64: printf(" %.17g", v.d); break;
+        case DT_CKPT_I32: printf(" %" PRId32, v.i32); break;
+        case DT_CKPT_I64: printf(" %" PRId64, v.i64); break;
+        case DT_CKPT_U64: printf(" %" PRIu64, v.u64); break;
+        default: break;
+        }
+    }
+}
+
+static int run_info(cli_args *a) {
+    if (a->argc != 1)
+        cli_usage_error(a->cmd, "expected one checkpoint file or directory");
+    const char *path = a->argv[0];
+    struct stat sb;
+    dt_ckpt *ck = NULL;
+    dt_status st;
+    if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
+        /* A directory: the checkpoint resume would pick. */
+        st = dt_ckpt_open_latest(&ck, path);
+        if (st != DT_OK)
+            return cli_fail(st);
+    } else {
+        st = dt_ckpt_open_unverified(&ck, path);
+        if (st != DT_OK)
+            return cli_fail(st);
+    }
+    char sz[32];
+    size_t n = dt_ckpt_num_sections(ck);
+    printf("file:      %s\n", dt_ckpt_file(ck));
+    printf("format:    dtrain checkpoint version %" PRIu32 ", %s (%" PRIu64 " bytes), %zu "
+           "sections\n",
+           dt_ckpt_version(ck), dt_format_bytes((double)dt_ckpt_file_size(ck), sz, sizeof sz),
+           dt_ckpt_file_size(ck), n);
+    int rc = 0;
+    if (cli_bool(a, "no-verify")) {
+        printf("checksum:  not checked (--no-verify)\n");
+    } else {
+        uint64_t stored, computed;
+        double t0 = dt_now();
+        st = dt_ckpt_verify(ck, &stored, &computed);
+        if (st == DT_OK) {
+            printf("checksum:  ok (xxh3-64 %016" PRIx64 ", verified in %.3f s)\n", stored,
+                   dt_now() - t0);
+        } else {
+            printf("checksum:  BAD (stored %016" PRIx64 ", computed %016" PRIx64
+                   "): the file is damaged and will not be loaded\n",
+                   stored, computed);
+            rc = 1;
+        }
+    }
+    dt_ckpt_info s;
+    if (dt_ckpt_find(ck, "step", &s) == DT_OK && s.type == DT_CKPT_I64 && s.count == 1) {
+        int64_t step;
+        memcpy(&step, s.data, sizeof step);
+        printf("step:      %" PRId64 "\n", step);
+    }
+    if (dt_ckpt_find(ck, "ident", &s) == DT_OK && s.type == DT_CKPT_I64 &&
+        s.count == DT_TRAIN_IDENT_COUNT) {
+        int64_t v[DT_TRAIN_IDENT_COUNT];
+        memcpy(v, s.data, sizeof v);
+        printf("run:      ");
+        for (int i = 0; i < DT_TRAIN_IDENT_COUNT; i++) {
+            bool opt = i == 5 && v[i] >= 0 && v[i] < DT_TRAIN_OPTIMIZER_COUNT;
+            printf("%s %s", i ? "," : "", dt_train_ident_names[i]);
+            if (opt)
+                printf(" %s", dt_train_optimizer_names[v[i]]);
+            else
+                printf(" %" PRId64, v[i]);
+        }
+        printf("\n");
+    }
+    printf("sections:\n  %-24s %-5s %14s %12s %12s\n", "name", "type", "count", "bytes", "offset");
+    for (size_t i = 0; i < n; i++) {
+        dt_ckpt_section_at(ck, i, &s);
+        printf("  %-24s %-5s %14zu %12s %12" PRIu64, s.name, dt_ckpt_type_name(s.type), s.count,
+               dt_format_bytes((double)s.bytes, sz, sizeof sz), s.offset);
+        print_values(&s);
+        printf("\n");
+    }
+    if (dt_ckpt_find(ck, "config", &s) == DT_OK && s.type == DT_CKPT_TEXT) {
+        printf("config:\n");
+        fwrite(s.data, 1, s.bytes, stdout);
+        if (s.bytes == 0 || ((const char *)s.data)[s.bytes - 1] != '\n')
+            printf("\n");
+    }
+    dt_ckpt_close(ck);
+    return rc;
+}
+
+static const cli_cmd ckpt_info = {
+    .name = "info",
+    .parent = "ckpt",
+    .summary = "show what a checkpoint holds and whether it is intact",
+    .usage = "dtrain ckpt info [--no-verify] FILE|DIR",
+    .description = "FILE is a .dtck checkpoint; for a DIR, the checkpoint --resume would pick.\n"
+                   "Exit status 1 when the checksum does not match.",
+    .opts = info_opts,
+    .run = run_info,
+};
+
+static const cli_opt ckpt_opts[] = {{0}};
+
+static int run_ckpt(cli_args *a) {
+    if (a->argc < 1)
+        cli_usage_error(a->cmd, "which action? (info)");
+    if (strcmp(a->argv[0], "info") == 0) {
+        static cli_args sub; /* static: what it points to stays reachable (LSan) */
+        cli_parse(&ckpt_info, a->argc, a->argv, &sub);
+        return ckpt_info.run(&sub);
+    }
+    cli_usage_error(a->cmd, "unknown action '%s' (expected: info)", a->argv[0]);
+}
+
+const cli_cmd cli_cmd_ckpt = {
+    .name = "ckpt",
+    .summary = "inspect checkpoints: dtrain ckpt info FILE|DIR",
+    .usage = "dtrain ckpt info FILE|DIR",
+    .description = "actions:\n  info       sections, sizes, step, config and checksum status",
+    .opts = ckpt_opts,
+    .run = run_ckpt,
+    .stop_at_positional = true,
+};

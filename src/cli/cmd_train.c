@@ -1,0 +1,189 @@
+/*
+ * cmd_train.c — `dtrain train`: train a GPT data-parallel on a text file.
+ *
+ * Only argument handling lives here; the loop is src/train/train.c. With
+ * --nproc N > 1 outside a job, the command relaunches itself as N ranks
+ * (dt_launch_self) and each rank parses the same command line.
+ */
+#include "cli.h"
+#include "dtrain/data.h"
+#include "dtrain/launch.h"
+#include "dtrain/optim.h"
+#include "dtrain/parallel.h"
+#include "dtrain/train.h"
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static const char *const tokenizers[] = {"char", "byte", NULL};
+static const char *const optimizers[] = {"adamw", "sgd", NULL};
+static const char *const schedules[] = {"constant", "linear", "cosine", "invsqrt", NULL};
+static const char *const progress_modes[] = {"auto", "plain", "live", NULL};
+
+/* clang-format off */
+static const cli_opt train_opts[] = {
+    {"config", 0, CLI_STRING, "FILE", NULL, "DT_CONFIG", "read 'key = value' defaults (keys: these long option names)", NULL, 0, 0},
+    {"model", 0, CLI_STRING, "PRESET", "tiny", "DT_MODEL", "model preset: tiny, shakespeare-char, gpt2-124m, gpt2-350m", NULL, 0, 0},
+    {"layers", 0, CLI_INT, "L", "0", "DT_LAYERS", "transformer blocks (0: the preset's)", NULL, 0, 1024},
+    {"dim", 0, CLI_INT, "C", "0", "DT_DIM", "channels (0: the preset's)", NULL, 0, 65536},
+    {"heads", 0, CLI_INT, "NH", "0", "DT_HEADS", "attention heads (0: the preset's)", NULL, 0, 4096},
+    {"seq", 0, CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
+    {"vocab", 0, CLI_INT, "V", "0", "DT_VOCAB", "vocabulary size (0: the data's)", NULL, 0, 1 << 24},
+    {"data", 0, CLI_STRING, "FILE", NULL, "DT_DATA", "training text (.txt, tokenized on the fly) or token file (.tok)", NULL, 0, 0},
+    {"val-data", 0, CLI_STRING, "FILE", NULL, "DT_VAL_DATA", "validation file (default: split off --data)", NULL, 0, 0},
+    {"val-split", 0, CLI_DOUBLE, "F", "0.05", "DT_VAL_SPLIT", "fraction of --data held out for validation (0: none)", NULL, 0, 0.99},
+    {"tokenizer", 0, CLI_ENUM, "KIND", "char", "DT_TOKENIZER", "tokenizer for .txt data", tokenizers, 0, 0},
+    {"nproc", 'n', CLI_INT, "N", "1", "DT_NPROC", "ranks to start on this machine", NULL, 1, 4096},
+    {"batch", 'b', CLI_INT, "B", "8", "DT_BATCH", "sequences per rank per micro-batch (with --global-batch: G / ranks)", NULL, 1, 1 << 20},
+    {"global-batch", 0, CLI_INT, "G", "0", "DT_GLOBAL_BATCH", "sequences per micro-batch over all ranks; must divide by the ranks", NULL, 0, 1 << 24},
+    {"steps", 0, CLI_INT, "S", "100", "DT_STEPS", "optimizer steps of the whole run", NULL, 1, 1e15},
+    {"accum", 0, CLI_INT, "K", "1", "DT_ACCUM", "micro-batches accumulated per optimizer step", NULL, 1, 1 << 20},
+    {"optimizer", 0, CLI_ENUM, "NAME", "adamw", "DT_OPTIMIZER", "optimizer", optimizers, 0, 0},
+    {"lr", 0, CLI_DOUBLE, "X", "1e-3", "DT_LR", "peak learning rate", NULL, 1e-12, 1e6},
+    {"min-lr", 0, CLI_DOUBLE, "X", "0", "DT_MIN_LR", "floor of the decay", NULL, 0, 100},
+    {"weight-decay", 0, CLI_DOUBLE, "X", "0.1", "DT_WEIGHT_DECAY", "decoupled weight decay (matrices only)", NULL, 0, 10},
+    {"momentum", 0, CLI_DOUBLE, "X", "0.9", "DT_MOMENTUM", "SGD momentum", NULL, 0, 0.9999},
+    {"beta1", 0, CLI_DOUBLE, "X", "0.9", "DT_BETA1", "AdamW first-moment decay", NULL, 0, 0.99999},
+    {"beta2", 0, CLI_DOUBLE, "X", "0.95", "DT_BETA2", "AdamW second-moment decay", NULL, 0, 0.99999},
+    {"eps", 0, CLI_DOUBLE, "X", "1e-8", "DT_EPS", "AdamW epsilon", NULL, 1e-30, 1},
+    {"schedule", 0, CLI_ENUM, "KIND", "cosine", "DT_SCHEDULE", "learning-rate schedule after warmup", schedules, 0, 0},
+    {"warmup", 0, CLI_INT, "W", "0", "DT_WARMUP", "steps of linear warmup", NULL, 0, 1e15},
+    {"clip", 0, CLI_DOUBLE, "C", "1.0", "DT_CLIP", "clip the global gradient norm to C (0: off)", NULL, 0, 1e9},
+    {"eval-every", 0, CLI_INT, "E", "0", "DT_EVAL_EVERY", "validate every E steps (0: only at the end)", NULL, 0, 1e15},
+    {"eval-batches", 0, CLI_INT, "N", "8", "DT_EVAL_BATCHES", "validation batches per evaluation", NULL, 1, 1 << 20},
+    {"ckpt-dir", 0, CLI_STRING, "DIR", NULL, "DT_CKPT_DIR", "write checkpoints here (none if unset)", NULL, 0, 0},
+    {"ckpt-every", 0, CLI_INT, "N", "0", "DT_CKPT_EVERY", "checkpoint every N steps (0: only at the end)", NULL, 0, 1e15},
+    {"keep", 0, CLI_INT, "K", "3", "DT_KEEP", "checkpoints kept in --ckpt-dir", NULL, 1, 1000000},
+    {"resume", 0, CLI_FLAG, NULL, NULL, "DT_RESUME", "continue from the newest good checkpoint in --ckpt-dir, if any", NULL, 0, 0},
+    {"stop-after", 0, CLI_INT, "N", "0", "DT_STOP_AFTER", "stop with a checkpoint after N steps of this invocation (0: off)", NULL, 0, 1e15},
+    {"seed", 0, CLI_INT, "X", "1337", "DT_SEED", "seed of initialisation, data order and sampling", NULL, 0, 9.2e18},
+    {"threads", 0, CLI_INT, "K", "0", "DT_THREADS", "threads per rank (0: CPUs / ranks on this machine)", NULL, 0, 1024},
+    {"run-dir", 0, CLI_STRING, "DIR", NULL, "DT_RUN_DIR", "write metrics.jsonl and config.json here", NULL, 0, 0},
+    {"bucket-size", 0, CLI_SIZE, "SIZE", "25M", "DT_BUCKET_SIZE", "gradient bucket size for the overlapped allreduce", NULL, 4, 1e12},
+    {"check-every", 0, CLI_INT, "N", "0", "DT_CHECK_EVERY", "compare parameter hashes across ranks every N steps (0: off; 50 with DT_LOG=debug)", NULL, 0, 1e15},
+    {"peak-gflops", 0, CLI_DOUBLE, "X", "0", "DT_PEAK_GFLOPS", "per-rank peak for MFU (0: measure sgemm at start)", NULL, 0, 1e9},
+    {"sample-tokens", 0, CLI_INT, "N", "256", "DT_SAMPLE_TOKENS", "tokens generated at the end (0: none)", NULL, 0, 1 << 20},
+    {"log-every", 0, CLI_INT, "N", "0", "DT_LOG_EVERY", "plain progress line every N steps (0: about 20 per run)", NULL, 0, 1e15},
+    {"progress", 0, CLI_ENUM, "MODE", "auto", "DT_PROGRESS", "live line on a terminal, plain lines otherwise", progress_modes, 0, 0},
+    {0},
+};
+/* clang-format on */
+
+static const char train_description[] =
+    "Trains a GPT on a text file, data-parallel over --nproc ranks (or the ranks of the\n"
+    "job started by `dtrain launch` / mpirun). Gradients are averaged with bucketed\n"
+    "allreduces that overlap backward. Checkpoints are written atomically and --resume\n"
+    "continues bit-identically. Metrics go to RUN_DIR/metrics.jsonl. See docs/train.md.\n"
+    "Example:\n"
+    "  dtrain train --model shakespeare-char --data input.txt --nproc 2 --batch 8 \\\n"
+    "               --steps 500 --ckpt-dir ckpt --run-dir run";
+
+static volatile sig_atomic_t stop_signal; /* the signal that asked to stop, or 0 */
+
+static void on_stop_signal(int sig) { stop_signal = sig; }
+
+static int run_train(cli_args *a) {
+    int nproc = (int)cli_int(a, "nproc");
+    if (nproc > 1 && !dt_launch_in_job()) {
+        /* dt_launch_self drops argv[0]: give it "dtrain train ARGS...". */
+        char **argv = calloc((size_t)a->raw_argc + 2, sizeof *argv);
+        if (!argv)
+            return cli_fail(DT_ERR_NOMEM);
+        argv[0] = "dtrain";
+        for (int i = 0; i < a->raw_argc; i++)
+            argv[i + 1] = a->raw_argv[i];
+        /* The ranks' stderr is a pipe: tell rank 0 a terminal is watching,
+         * so it draws the live progress line there (see train.c). */
+        if (isatty(STDERR_FILENO) && !getenv("DT_PROGRESS"))
+            setenv("DT_PROGRESS", "live", 1);
+        dt_launch_options o;
+        dt_launch_options_init(&o);
+        o.nproc = nproc;
+        int code = 1;
+        dt_status st = dt_launch_self(&o, a->raw_argc + 1, argv, "--nproc", &code);
+        free(argv);
+        if (st != DT_OK)
+            fprintf(stderr, "dtrain train: error: %s\n", dt_last_error());
+        return code;
+    }
+    if (a->argc > 0)
+        cli_usage_error(a->cmd, "unexpected argument '%s'", a->argv[0]);
+    dt_train_config c;
+    dt_train_config_init(&c);
+    c.model = cli_str(a, "model");
+    c.layers = (int)cli_int(a, "layers");
+    c.dim = (int)cli_int(a, "dim");
+    c.heads = (int)cli_int(a, "heads");
+    c.seq = (int)cli_int(a, "seq");
+    c.vocab = (int)cli_int(a, "vocab");
+    c.data = cli_str(a, "data");
+    c.val_data = cli_str(a, "val-data");
+    c.val_split = cli_double(a, "val-split");
+    c.tokenizer = cli_enum(a, "tokenizer") == 0 ? DT_TOKENIZER_CHAR : DT_TOKENIZER_BYTE;
+    c.global_batch = (int)cli_int(a, "global-batch");
+    /* The default batch yields to --global-batch; a given one must agree. */
+    c.batch = c.global_batch && !cli_is_set(a, "batch") ? 0 : (int)cli_int(a, "batch");
+    c.steps = cli_int(a, "steps");
+    c.accum = (int)cli_int(a, "accum");
+    c.optimizer = (dt_train_optimizer)cli_enum(a, "optimizer");
+    c.lr = cli_double(a, "lr");
+    c.min_lr = cli_double(a, "min-lr");
+    c.weight_decay = cli_double(a, "weight-decay");
+    c.momentum = cli_double(a, "momentum");
+    c.beta1 = cli_double(a, "beta1");
+    c.beta2 = cli_double(a, "beta2");
+    c.eps = cli_double(a, "eps");
+    c.schedule = cli_enum(a, "schedule");
+    c.warmup = cli_int(a, "warmup");
+    c.clip = cli_double(a, "clip");
+    c.eval_every = cli_int(a, "eval-every");
+    c.eval_batches = (int)cli_int(a, "eval-batches");
+    c.ckpt_dir = cli_str(a, "ckpt-dir");
+    c.ckpt_every = cli_int(a, "ckpt-every");
+    c.keep = (int)cli_int(a, "keep");
+    c.resume = cli_bool(a, "resume");
+    c.stop_after = cli_int(a, "stop-after");
+    c.seed = (uint64_t)cli_int(a, "seed");
+    c.threads = (int)cli_int(a, "threads");
+    c.run_dir = cli_str(a, "run-dir");
+    c.bucket_bytes = cli_size(a, "bucket-size");
+    c.check_every = cli_int(a, "check-every");
+    c.peak_gflops = cli_double(a, "peak-gflops");
+    c.sample_tokens = (int)cli_int(a, "sample-tokens");
+    c.log_every = cli_int(a, "log-every");
+    int pm = cli_enum(a, "progress");
+    c.progress = pm == 0 ? -1 : pm == 2;
+    if (!c.data)
+        cli_usage_error(a->cmd, "--data FILE is required (a .txt corpus or a .tok file)");
+    if (c.min_lr > c.lr)
+        cli_usage_error(a->cmd, "--min-lr %g is above --lr %g", c.min_lr, c.lr);
+    /* SIGINT/SIGTERM (also forwarded by a launcher): finish the step, save
+     * a checkpoint, stop. A second signal acts immediately (SA_RESETHAND). */
+    struct sigaction sa = {.sa_handler = on_stop_signal, .sa_flags = SA_RESTART | SA_RESETHAND};
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    c.stop = &stop_signal;
+    dt_train_result r;
+    dt_status st = dt_train_run(&c, &r);
+    if (st == DT_ERR_ABORTED && stop_signal) {
+        fprintf(stderr, "dtrain train: %s\n", dt_last_error());
+        return 128 + stop_signal;
+    }
+    if (st != DT_OK)
+        return cli_fail(st);
+    return 0;
+}
+
+const cli_cmd cli_cmd_train = {
+    .name = "train",
+    .summary = "train a GPT data-parallel on a text file",
+    .usage = "dtrain train --data FILE [--batch B | --global-batch G] [--nproc N] [OPTIONS]",
+    .description = train_description,
+    .opts = train_opts,
+    .run = run_train,
+};

@@ -1,0 +1,978 @@
+/*
+ * train.c — the training loop: data, model, DDP, optimizer, schedule,
+ * evaluation, checkpoints, metrics, progress and a generated sample.
+ *
+ * One optimizer step:
+ *
+ *     zero grads
+ *     K times: next batch -> forward -> backward(1/K)      (the last backward
+ *              feeds the DDP hook, which starts bucket allreduces early)
+ *     finish DDP: per averaged bucket, sum of squares (and, without
+ *              clipping, the optimizer update of that range at once)
+ *     clip by the global norm, update (when clipping)
+ *     average the loss over ranks; NaN/inf stops the run here
+ *     metrics, progress, evaluation, checkpoint
+ *
+ * Invariants:
+ *   - Every rank runs the same sequence of collectives: bucket allreduces,
+ *     then the loss average, then (at fixed steps) the evaluation average,
+ *     the parameter check and the checkpoint status broadcast.
+ *   - Only rank 0 reads and writes checkpoints; on resume it broadcasts the
+ *     state, so ranks need no shared file system.
+ *   - A checkpoint holds everything that determines the future: parameters,
+ *     optimizer state, the step (the schedule is a function of it and the
+ *     config), the data-loader position and the token count. The data order
+ *     is a function of (seed, epoch), so a resumed run is bit-identical.
+ */
+#include "dtrain/comm.h"
+#include "dtrain/data.h"
+#include "dtrain/launch.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "dtrain/parallel.h"
+#include "dtrain/tensor.h"
+#include "train_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+const char *const dt_train_optimizer_names[DT_TRAIN_OPTIMIZER_COUNT] = {"adamw", "sgd"};
+
+#define TRAIN_STATE_VERSION 1
+
+void dt_train_config_init(dt_train_config *c) {
+    memset(c, 0, sizeof *c);
+    c->model = "tiny";
+    c->val_split = 0.05;
+    c->tokenizer = DT_TOKENIZER_CHAR;
+    c->accum = 1;
+    c->steps = 100;
+    c->optimizer = DT_TRAIN_ADAMW;
+    c->lr = 1e-3;
+    c->min_lr = 0;
+    c->weight_decay = 0.1;
+    c->momentum = 0.9;
+    c->clip = 1.0;
+    c->beta1 = 0.9;
+    c->beta2 = 0.95;
+    c->eps = 1e-8;
+    c->schedule = DT_SCHED_COSINE;
+    c->eval_batches = 8;
+    c->keep = 3;
+    c->seed = 1337;
+    c->bucket_bytes = DT_DDP_DEFAULT_BUCKET_BYTES;
+    c->sample_tokens = 256;
+    c->progress = -1;
+}
+
+typedef struct trainer {
+    const dt_train_config *c;
+    dt_group *g;
+    int rank, world;
+    dt_token_file *data, *val_data; /* val_data NULL: validation is a split of data */
+    const dt_tokenizer *tok;
+    dt_loader *train, *val;
+    dt_gpt_config mc;
+    dt_gpt *m;
+    dt_ddp *ddp;
+    size_t n;             /* parameters */
+    float *opt_a, *opt_b; /* AdamW m, v; SGD momentum in opt_a */
+    dt_adamw_config adamw;
+    dt_schedule sched;
+    int B, T, K;
+    int32_t *inputs, *targets;   /* (B,T) */
+    size_t *tens_off, *tens_end; /* tensor ranges, sorted by offset */
+    bool *tens_decay;
+    size_t ntens;
+    /* Per step. */
+    int64_t step;          /* steps completed */
+    int64_t tokens;        /* tokens processed by all ranks so far */
+    float lr;              /* of the step being taken */
+    double sumsq;          /* of the averaged gradient, accumulated per bucket */
+    bool update_in_finish; /* no clipping: update each bucket as it arrives */
+    dt_json cfg_json;      /* the resolved config */
+    const char *cfg_text;
+} trainer;
+
+/* ------------------------------------------------------------------------ */
+/* Optimizer over a flat range, split at tensor boundaries (decay differs)  */
+/* ------------------------------------------------------------------------ */
+
+static void update_range(trainer *t, size_t begin, size_t end) {
+    float *p = dt_gpt_params(t->m), *g = dt_gpt_grads(t->m);
+    const dt_train_config *c = t->c;
+    for (size_t i = 0; i < t->ntens; i++) {
+        size_t lo = t->tens_off[i] > begin ? t->tens_off[i] : begin;
+        size_t hi = t->tens_end[i] < end ? t->tens_end[i] : end;
+        if (lo >= hi)
+            continue;
+        float wd = t->tens_decay[i] ? (float)c->weight_decay : 0.0f;
+        if (c->optimizer == DT_TRAIN_ADAMW)
+            dt_adamw_step(p + lo, g + lo, t->opt_a + lo, t->opt_b + lo, hi - lo, t->lr, &t->adamw,
+                          t->step + 1, wd);
+        else
+            dt_sgd_step(p + lo, g + lo, c->momentum > 0 ? t->opt_a + lo : NULL, hi - lo, t->lr,
+                        (float)c->momentum, false, wd);
+    }
+}
+
+/* DDP callback: each averaged bucket, in order from the end of the buffer. */
+static void on_bucket(void *user, size_t begin, size_t end) {
+    trainer *t = user;
+    t->sumsq += dt_grad_sumsq(dt_gpt_grads(t->m) + begin, end - begin);
+    if (t->update_in_finish)
+        update_range(t, begin, end);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Setup                                                                    */
+/* ------------------------------------------------------------------------ */
+
+static dt_status bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static dt_status bad(const char *fmt, ...) {
+    char msg[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return dt_error_set(DT_ERR_INVALID, "%s", msg);
+}
+
+static dt_status check_config(const dt_train_config *c) {
+    if (!c->data || !*c->data)
+        return bad("--data: a training text (.txt) or token file (.tok) is required");
+    if (c->steps < 1)
+        return bad("--steps %" PRId64 ": must be at least 1", c->steps);
+    if (c->accum < 1)
+        return bad("--accum %d: must be at least 1", c->accum);
+    if (c->batch < 0 || c->global_batch < 0)
+        return bad("--batch %d / --global-batch %d: must be positive", c->batch, c->global_batch);
+    if (c->batch == 0 && c->global_batch == 0)
+        return bad("--batch: give a per-rank batch (or --global-batch)");
+    if (c->seq < 0 || c->layers < 0 || c->dim < 0 || c->heads < 0 || c->vocab < 0)
+        return bad("model sizes must be positive (layers %d, dim %d, heads %d, seq %d, vocab %d)",
+                   c->layers, c->dim, c->heads, c->seq, c->vocab);
+    if (!(c->lr > 0) || !isfinite(c->lr))
+        return bad("--lr %g: must be positive", c->lr);
+    if (!(c->val_split >= 0 && c->val_split < 1))
+        return bad("--val-split %g: must be in [0, 1)", c->val_split);
+    if (c->keep < 1)
+        return bad("--keep %d: must be at least 1", c->keep);
+    if (c->eval_batches < 1)
+        return bad("--eval-batches %d: must be at least 1", c->eval_batches);
+    return DT_OK;
+}
+
+/* Open --data (and --val-data, with the training data's vocabulary). */
+static dt_status open_data(trainer *t) {
+    const dt_train_config *c = t->c;
+    dt_status st = dt_data_open(&t->data, c->data, (dt_tokenizer_kind)c->tokenizer, NULL);
+    if (st != DT_OK) {
+        dt_error_prefix("--data");
+        return st;
+    }
+    t->tok = dt_token_file_tokenizer(t->data);
+    if (c->val_data) {
+        st = dt_data_open(&t->val_data, c->val_data, (dt_tokenizer_kind)c->tokenizer, t->tok);
+        if (st != DT_OK) {
+            dt_error_prefix("--val-data");
+            return st;
+        }
+    }
+    return DT_OK;
+}
+
+/* Loaders over the training range and the validation range (a file or the
+ * tail split off the training data). Needs B and T. */
+static dt_status make_loaders(trainer *t) {
+    const dt_train_config *c = t->c;
+    size_t count = dt_token_file_count(t->data), train_end = count;
+    bool have_val = c->val_data != NULL || c->val_split > 0;
+    if (!c->val_data && c->val_split > 0)
+        DT_CHECK(dt_data_split(count, c->val_split, &train_end));
+    dt_status st =
+        dt_loader_create(&t->train, t->data, 0, train_end, t->B, t->T, c->seed, t->rank, t->world);
+    if (st != DT_OK) {
+        dt_error_prefix("training data %s (%zu tokens for %d rank(s) x batch %d x seq %d)", c->data,
+                        train_end, t->world, t->B, t->T);
+        return st;
+    }
+    if (have_val) {
+        const dt_token_file *vf = t->val_data ? t->val_data : t->data;
+        size_t vb = t->val_data ? 0 : train_end, ve = dt_token_file_count(vf);
+        st = dt_loader_create(&t->val, vf, vb, ve, t->B, t->T, c->seed, t->rank, t->world);
+        if (st != DT_OK) {
+            dt_error_prefix("validation data (%s, %zu tokens; use a larger --val-split, "
+                            "--val-data, or --val-split 0)",
+                            t->val_data ? c->val_data : "split of --data", ve - vb);
+            return st;
+        }
+    }
+    return DT_OK;
+}
+
+static dt_status build_model(trainer *t) {
+    const dt_train_config *c = t->c;
+    dt_gpt_config mc;
+    DT_CHECK(dt_gpt_preset(c->model, &mc));
+    if (c->layers)
+        mc.layers = c->layers;
+    if (c->dim)
+        mc.dim = c->dim;
+    if (c->heads)
+        mc.heads = c->heads;
+    if (c->seq)
+        mc.max_seq = c->seq;
+    int V = t->tok->vocab_size;
+    if (c->vocab && c->vocab < V)
+        return bad("--vocab %d is smaller than the data's vocabulary (%d tokens)", c->vocab, V);
+    mc.vocab = c->vocab ? c->vocab : V;
+    DT_CHECK(dt_gpt_config_validate(&mc));
+    t->mc = mc;
+    t->T = mc.max_seq;
+    return DT_OK;
+}
+
+static dt_status alloc_state(trainer *t) {
+    const dt_train_config *c = t->c;
+    DT_CHECK(dt_gpt_create(&t->m, &t->mc, t->B, t->T));
+    t->n = dt_gpt_num_params(t->m);
+    size_t bytes = t->n * sizeof(float);
+    t->opt_a = dt_alloc(bytes);
+    t->opt_b = c->optimizer == DT_TRAIN_ADAMW ? dt_alloc(bytes) : NULL;
+    t->inputs = dt_alloc((size_t)t->B * t->T * sizeof(int32_t));
+    t->targets = dt_alloc((size_t)t->B * t->T * sizeof(int32_t));
+    t->ntens = dt_gpt_num_tensors(t->m);
+    t->tens_off = dt_calloc(t->ntens, sizeof(size_t));
+    t->tens_end = dt_calloc(t->ntens, sizeof(size_t));
+    t->tens_decay = dt_calloc(t->ntens, sizeof(bool));
+    if (!t->opt_a || (c->optimizer == DT_TRAIN_ADAMW && !t->opt_b) || !t->inputs || !t->targets ||
+        !t->tens_off || !t->tens_end || !t->tens_decay)
+        return dt_error_set(DT_ERR_NOMEM, "optimizer state for %zu parameters", t->n);
+    memset(t->opt_a, 0, bytes);
+    if (t->opt_b)
+        memset(t->opt_b, 0, bytes);
+    for (size_t i = 0; i < t->ntens; i++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(t->m, i, &pi);
+        t->tens_off[i] = pi.offset;
+        t->tens_end[i] = pi.offset + pi.rows * pi.cols;
+        t->tens_decay[i] = pi.decay;
+    }
+    dt_gpt_init_params(t->m, c->seed);
+    DT_CHECK(dt_ddp_create(&t->ddp, t->g, dt_gpt_params(t->m), dt_gpt_grads(t->m), t->n,
+                           c->bucket_bytes));
+    t->adamw = dt_adamw_config_default();
+    t->adamw.weight_decay = (float)c->weight_decay;
+    t->adamw.beta1 = (float)c->beta1;
+    t->adamw.beta2 = (float)c->beta2;
+    t->adamw.eps = (float)c->eps;
+    t->sched = (dt_schedule){.kind = (dt_schedule_kind)c->schedule,
+                             .base_lr = (float)c->lr,
+                             .min_lr = (float)c->min_lr,
+                             .warmup = c->warmup,
+                             .total = c->steps};
+    if (t->sched.total <= t->sched.warmup &&
+        (t->sched.kind == DT_SCHED_LINEAR || t->sched.kind == DT_SCHED_COSINE))
+        return bad("--warmup %" PRId64 " must be smaller than --steps %" PRId64 " for the %s "
+                   "schedule",
+                   c->warmup, c->steps, dt_schedule_names[c->schedule]);
+    DT_CHECK(dt_schedule_validate(&t->sched));
+    return DT_OK;
+}
+
+static void build_config_json(trainer *t) {
+    const dt_train_config *c = t->c;
+    dt_json *j = &t->cfg_json;
+    dt_json_begin(j);
+    dt_json_str(j, "model", c->model);
+    dt_json_int(j, "layers", t->mc.layers);
+    dt_json_int(j, "dim", t->mc.dim);
+    dt_json_int(j, "heads", t->mc.heads);
+    dt_json_int(j, "seq", t->mc.max_seq);
+    dt_json_int(j, "vocab", t->mc.vocab);
+    dt_json_int(j, "params", (int64_t)t->n);
+    dt_json_str(j, "data", c->data);
+    dt_json_str(j, "val_data", c->val_data);
+    dt_json_num(j, "val_split", c->val_split);
+    dt_json_str(j, "tokenizer", dt_tokenizer_names[t->tok->kind]);
+    dt_json_int(j, "nproc", t->world);
+    dt_json_int(j, "batch", t->B);
+    dt_json_int(j, "global_batch", (int64_t)t->B * t->world);
+    dt_json_int(j, "accum", t->K);
+    dt_json_int(j, "steps", c->steps);
+    dt_json_str(j, "optimizer", dt_train_optimizer_names[c->optimizer]);
+    dt_json_num(j, "lr", c->lr);
+    dt_json_num(j, "min_lr", c->min_lr);
+    dt_json_num(j, "weight_decay", c->weight_decay);
+    if (c->optimizer == DT_TRAIN_SGD) {
+        dt_json_num(j, "momentum", c->momentum);
+    } else {
+        dt_json_num(j, "beta1", c->beta1);
+        dt_json_num(j, "beta2", c->beta2);
+        dt_json_num(j, "eps", c->eps);
+    }
+    dt_json_str(j, "schedule", dt_schedule_names[c->schedule]);
+    dt_json_int(j, "warmup", c->warmup);
+    dt_json_num(j, "clip", c->clip);
+    dt_json_int(j, "eval_every", c->eval_every);
+    dt_json_int(j, "eval_batches", c->eval_batches);
+    dt_json_str(j, "ckpt_dir", c->ckpt_dir);
+    dt_json_int(j, "ckpt_every", c->ckpt_every);
+    dt_json_int(j, "keep", c->keep);
+    dt_json_int(j, "seed", (int64_t)c->seed);
+    dt_json_int(j, "threads", dt_tensor_threads());
+    dt_json_int(j, "bucket_bytes", (int64_t)c->bucket_bytes);
+    dt_json_int(j, "buckets", (int64_t)dt_ddp_num_buckets(t->ddp));
+    dt_json_str(j, "transport", t->g ? dt_group_transport(t->g) : "self");
+    dt_json_str(j, "version", DT_VERSION_STRING);
+    t->cfg_text = dt_json_finish(j);
+}
+
+/* ------------------------------------------------------------------------ */
+/* Checkpoints                                                              */
+/* ------------------------------------------------------------------------ */
+
+/* The values a resumed run must share with the checkpoint (the "ident"
+ * section, in this order). */
+const char *const dt_train_ident_names[DT_TRAIN_IDENT_COUNT] = {
+    "layers", "dim", "heads", "seq", "vocab", "optimizer", "global batch", "accum", "seed"};
+
+static void idents(const trainer *t, int64_t *v) {
+    int64_t x[DT_TRAIN_IDENT_COUNT] = {t->mc.layers,
+                                       t->mc.dim,
+                                       t->mc.heads,
+                                       t->mc.max_seq,
+                                       t->mc.vocab,
+                                       t->c->optimizer,
+                                       (int64_t)t->B * t->world,
+                                       t->K,
+                                       (int64_t)t->c->seed};
+    memcpy(v, x, sizeof x);
+}
+
+/* "adamw" for the optimizer field, the number otherwise. */
+static const char *ident_text(char *buf, size_t len, int i, int64_t v) {
+    if (i == 5 && v >= 0 && v < DT_TRAIN_OPTIMIZER_COUNT)
+        return dt_train_optimizer_names[v];
+    snprintf(buf, len, "%" PRId64, v);
+    return buf;
+}
+
+static dt_status save_checkpoint(trainer *t, char *path, size_t path_len) {
+    const dt_train_config *c = t->c;
+    int64_t idv[DT_TRAIN_IDENT_COUNT];
+    idents(t, idv);
+    int64_t version = TRAIN_STATE_VERSION;
+    int64_t step = t->step, tokens = t->tokens;
+    dt_loader_state ls = dt_loader_get_state(t->train);
+    uint64_t loader[2] = {ls.epoch, ls.step};
+    double sched[5] = {(double)t->sched.kind, t->sched.base_lr, t->sched.min_lr,
+                       (double)t->sched.warmup, (double)t->sched.total};
+    uint64_t rng[2] = {c->seed, (uint64_t)DT_RNG_SAMPLE};
+    int64_t tokinfo[2] = {t->tok->kind, t->tok->vocab_size};
+    dt_ckpt_section s[16];
+    size_t n = 0;
+    s[n++] = (dt_ckpt_section){"train_state_version", DT_CKPT_I64, &version, 1};
+    s[n++] = (dt_ckpt_section){"ident", DT_CKPT_I64, idv, DT_TRAIN_IDENT_COUNT};
+    s[n++] = (dt_ckpt_section){"step", DT_CKPT_I64, &step, 1};
+    s[n++] = (dt_ckpt_section){"tokens", DT_CKPT_I64, &tokens, 1};
+    s[n++] = (dt_ckpt_section){"loader", DT_CKPT_U64, loader, 2};
+    s[n++] = (dt_ckpt_section){"schedule", DT_CKPT_F64, sched, 5};
+    s[n++] = (dt_ckpt_section){"rng", DT_CKPT_U64, rng, 2};
+    s[n++] = (dt_ckpt_section){"tokenizer", DT_CKPT_I64, tokinfo, 2};
+    s[n++] =
+        (dt_ckpt_section){"vocab", DT_CKPT_BYTES, t->tok->id_to_byte, (size_t)t->tok->vocab_size};
+    s[n++] = (dt_ckpt_section){"params", DT_CKPT_F32, dt_gpt_params(t->m), t->n};
+    if (c->optimizer == DT_TRAIN_ADAMW) {
+        s[n++] = (dt_ckpt_section){"adamw.m", DT_CKPT_F32, t->opt_a, t->n};
+        s[n++] = (dt_ckpt_section){"adamw.v", DT_CKPT_F32, t->opt_b, t->n};
+    } else {
+        s[n++] = (dt_ckpt_section){"sgd.momentum", DT_CKPT_F32, t->opt_a, t->n};
+    }
+    s[n++] = (dt_ckpt_section){"config", DT_CKPT_TEXT, t->cfg_text, strlen(t->cfg_text)};
+    return dt_ckpt_save(c->ckpt_dir, t->step, s, n, c->keep, path, path_len);
+}
+
+/* Rank 0: read a checkpoint into the trainer, refusing a mismatched one. */
+static dt_status load_checkpoint(trainer *t, const dt_ckpt *ck) {
+    const char *f = dt_ckpt_file(ck);
+    int64_t version;
+    DT_CHECK(dt_ckpt_read(ck, "train_state_version", DT_CKPT_I64, &version, 1));
+    if (version != TRAIN_STATE_VERSION)
+        return dt_error_set(DT_ERR_MISMATCH,
+                            "checkpoint %s holds training state version %" PRId64
+                            ", this build reads %d",
+                            f, version, TRAIN_STATE_VERSION);
+    int64_t want[DT_TRAIN_IDENT_COUNT], got[DT_TRAIN_IDENT_COUNT];
+    idents(t, want);
+    DT_CHECK(dt_ckpt_read(ck, "ident", DT_CKPT_I64, got, DT_TRAIN_IDENT_COUNT));
+    for (int i = 0; i < DT_TRAIN_IDENT_COUNT; i++) {
+        char a[32], b[32];
+        if (got[i] != want[i])
+            return dt_error_set(DT_ERR_MISMATCH,
+                                "checkpoint %s was written with %s %s, this run has %s %s (use "
+                                "the same configuration, or another --ckpt-dir)",
+                                f, dt_train_ident_names[i], ident_text(a, sizeof a, i, got[i]),
+                                dt_train_ident_names[i], ident_text(b, sizeof b, i, want[i]));
+    }
+    int64_t tokinfo[2];
+    DT_CHECK(dt_ckpt_read(ck, "tokenizer", DT_CKPT_I64, tokinfo, 2));
+    dt_ckpt_info vi;
+    DT_CHECK(dt_ckpt_find(ck, "vocab", &vi));
+    if (tokinfo[0] != t->tok->kind || tokinfo[1] != t->tok->vocab_size ||
+        vi.bytes != (size_t)t->tok->vocab_size ||
+        memcmp(vi.data, t->tok->id_to_byte, vi.bytes) != 0)
+        return dt_error_set(DT_ERR_MISMATCH,
+                            "checkpoint %s: vocabulary mismatch (%s tokenizer with %" PRId64
+                            " tokens in the checkpoint, %s with %d in the data %s)",
+                            f, tokinfo[0] == DT_TOKENIZER_BYTE ? "byte" : "char", tokinfo[1],
+                            dt_tokenizer_names[t->tok->kind], t->tok->vocab_size, t->c->data);
+    int64_t step, tokens;
+    uint64_t loader[2];
+    DT_CHECK(dt_ckpt_read(ck, "step", DT_CKPT_I64, &step, 1));
+    DT_CHECK(dt_ckpt_read(ck, "tokens", DT_CKPT_I64, &tokens, 1));
+    DT_CHECK(dt_ckpt_read(ck, "loader", DT_CKPT_U64, loader, 2));
+    if (step < 0 || step > t->c->steps)
+        return dt_error_set(DT_ERR_MISMATCH,
+                            "checkpoint %s is at step %" PRId64 ", beyond --steps %" PRId64, f,
+                            step, t->c->steps);
+    DT_CHECK(dt_ckpt_read(ck, "params", DT_CKPT_F32, dt_gpt_params(t->m), t->n));
+    if (t->c->optimizer == DT_TRAIN_ADAMW) {
+        DT_CHECK(dt_ckpt_read(ck, "adamw.m", DT_CKPT_F32, t->opt_a, t->n));
+        DT_CHECK(dt_ckpt_read(ck, "adamw.v", DT_CKPT_F32, t->opt_b, t->n));
+    } else {
+        DT_CHECK(dt_ckpt_read(ck, "sgd.momentum", DT_CKPT_F32, t->opt_a, t->n));
+    }
+    DT_CHECK(dt_loader_set_state(t->train, (dt_loader_state){loader[0], loader[1]}));
+    t->step = step;
+    t->tokens = tokens;
+    return DT_OK;
+}
+
+/* All ranks: rank 0 finds and loads the newest good checkpoint and sends the
+ * state to the others. *resumed_from gets the file ("" for a fresh start). */
+static dt_status resume(trainer *t, char *resumed_from, size_t len) {
+    resumed_from[0] = '\0';
+    /* hdr: status, found, step, tokens, epoch, loader step */
+    int64_t hdr[6] = {DT_OK, 0, 0, 0, 0, 0};
+    char msg[1024] = "";
+    if (t->rank == 0) {
+        dt_ckpt *ck = NULL;
+        dt_status st = dt_ckpt_open_latest(&ck, t->c->ckpt_dir);
+        if (st == DT_ERR_NOT_FOUND) {
+            DT_INFO("--resume: no checkpoint in %s yet, starting from step 0", t->c->ckpt_dir);
+        } else if (st == DT_OK) {
+            st = load_checkpoint(t, ck);
+            if (st == DT_OK) {
+                snprintf(resumed_from, len, "%s", dt_ckpt_file(ck));
+                dt_loader_state ls = dt_loader_get_state(t->train);
+                hdr[1] = 1;
+                hdr[2] = t->step;
+                hdr[3] = t->tokens;
+                hdr[4] = (int64_t)ls.epoch;
+                hdr[5] = (int64_t)ls.step;
+            }
+        }
+        dt_ckpt_close(ck);
+        if (st != DT_OK && st != DT_ERR_NOT_FOUND) {
+            hdr[0] = st;
+            snprintf(msg, sizeof msg, "%s", dt_last_error());
+        }
+    }
+    DT_CHECK(dt_ddp_broadcast(t->ddp, hdr, 6, DT_I64));
+    if (hdr[0] != DT_OK) {
+        if (t->rank == 0)
+            return dt_error_set((dt_status)hdr[0], "--resume: %s", msg);
+        return dt_error_set(DT_ERR_ABORTED, "--resume: rank 0 could not load the checkpoint");
+    }
+    if (!hdr[1])
+        return DT_OK;
+    DT_CHECK(dt_ddp_broadcast_params(t->ddp));
+    DT_CHECK(dt_ddp_broadcast(t->ddp, t->opt_a, t->n, DT_F32));
+    if (t->opt_b)
+        DT_CHECK(dt_ddp_broadcast(t->ddp, t->opt_b, t->n, DT_F32));
+    if (t->rank != 0) {
+        t->step = hdr[2];
+        t->tokens = hdr[3];
+        DT_CHECK(
+            dt_loader_set_state(t->train, (dt_loader_state){(uint64_t)hdr[4], (uint64_t)hdr[5]}));
+    }
+    return DT_OK;
+}
+
+/* Rank 0 saves; every rank learns the outcome, so all stop together. */
+static dt_status checkpoint_all(trainer *t, char *path, size_t len) {
+    int64_t st = DT_OK;
+    char msg[1024] = "";
+    if (t->rank == 0) {
+        double t0 = dt_now();
+        st = save_checkpoint(t, path, len);
+        if (st != DT_OK)
+            snprintf(msg, sizeof msg, "%s", dt_last_error());
+        else
+            DT_INFO("saved %s in %.3f s", path, dt_now() - t0);
+    }
+    DT_CHECK(dt_ddp_broadcast(t->ddp, &st, 1, DT_I64));
+    if (st != DT_OK) {
+        if (t->rank == 0)
+            return dt_error_set((dt_status)st,
+                                "checkpoint at step %" PRId64 " failed: %s (the previous "
+                                "checkpoint is intact)",
+                                t->step, msg);
+        return dt_error_set(DT_ERR_ABORTED, "rank 0 failed to save the checkpoint of step %" PRId64,
+                            t->step);
+    }
+    return DT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Evaluation and sampling                                                  */
+/* ------------------------------------------------------------------------ */
+
+static dt_status evaluate(trainer *t, double *out) {
+    DT_CHECK(dt_loader_set_state(t->val, (dt_loader_state){0, 0}));
+    uint64_t nb = dt_loader_steps_per_epoch(t->val);
+    int n = (uint64_t)t->c->eval_batches < nb ? t->c->eval_batches : (int)nb;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        float loss;
+        DT_CHECK(dt_loader_next(t->val, t->inputs, t->targets));
+        DT_CHECK(dt_gpt_forward(t->m, t->inputs, t->targets, t->B, t->T, &loss));
+        sum += loss;
+    }
+    double v = sum / n;
+    DT_CHECK(dt_ddp_average(t->ddp, &v, 1));
+    *out = v;
+    return DT_OK;
+}
+
+/* Rank 0: sample `ntok` tokens after a newline (or token 0) at temperature
+ * 0.8 from the stream (seed, DT_RNG_SAMPLE) and print them. */
+static dt_status generate(trainer *t, FILE *out) {
+    int ntok = t->c->sample_tokens, V = t->mc.vocab, Vd = t->tok->vocab_size, T = t->T;
+    int32_t *ids = dt_alloc((size_t)(ntok + 1) * sizeof *ids);
+    char *text = dt_alloc((size_t)ntok + 1);
+    float *probs = dt_alloc((size_t)V * sizeof *probs);
+    dt_status st = DT_OK;
+    if (!ids || !text || !probs) {
+        st = DT_ERR_NOMEM;
+        goto done;
+    }
+    ids[0] = t->tok->byte_to_id['\n'] >= 0 ? t->tok->byte_to_id['\n'] : 0;
+    dt_rng rng;
+    dt_rng_init(&rng, t->c->seed, dt_rng_stream_id(0, 0, DT_RNG_SAMPLE));
+    for (int i = 0; i < ntok; i++) {
+        int len = i + 1, Tc = len < T ? len : T;
+        DT_CHECK_GOTO(dt_gpt_forward(t->m, ids + len - Tc, NULL, 1, Tc, NULL), st, done);
+        const float *logits = dt_gpt_logits(t->m) + (size_t)(Tc - 1) * V;
+        float mx = -INFINITY;
+        for (int v = 0; v < Vd; v++)
+            mx = logits[v] > mx ? logits[v] : mx;
+        double z = 0;
+        for (int v = 0; v < Vd; v++) {
+            probs[v] = expf((logits[v] - mx) / 0.8f);
+            z += probs[v];
+        }
+        double u = dt_rng_uniform(&rng) * z, acc = 0;
+        int pick = Vd - 1;
+        for (int v = 0; v < Vd; v++) {
+            acc += probs[v];
+            if (u < acc) {
+                pick = v;
+                break;
+            }
+        }
+        ids[len] = pick;
+    }
+    DT_CHECK_GOTO(dt_tokenizer_decode(t->tok, ids + 1, (size_t)ntok, text), st, done);
+    for (int i = 0; i < ntok; i++)
+        if (text[i] == '\0' ||
+            ((unsigned char)text[i] < 0x20 && text[i] != '\n' && text[i] != '\t'))
+            text[i] = '?';
+    text[ntok] = '\0';
+    fprintf(out, "---- sample (%d tokens, temperature 0.8) ----\n%s\n----\n", ntok, text);
+done:
+    dt_free(ids);
+    dt_free(text);
+    dt_free(probs);
+    return st;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Misc                                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* Achievable fp32 GFLOP/s of one rank: the best of 10 bursts of 512^3
+ * sgemm (about 0.1 s), i.e. what the BLAS reaches on this core, not the
+ * data-sheet peak. The best burst is the least disturbed by other load. */
+static double measure_peak_gflops(void) {
+    enum { N = 512 };
+    float *a = dt_alloc(3 * N * N * sizeof(float));
+    if (!a)
+        return NAN;
+    for (int i = 0; i < 3 * N * N; i++)
+        a[i] = (float)(i % 7) * 0.1f;
+    double best = 0;
+    for (int burst = 0; burst < 11; burst++) {
+        double t0 = dt_now();
+        dt_sgemm(false, false, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f, a + 2 * N * N, N);
+        double gf = 2.0 * N * N * N / (dt_now() - t0) * 1e-9;
+        if (burst > 0) /* the first one warms caches and the BLAS's threads */
+            best = gf > best ? gf : best;
+    }
+    dt_free(a);
+    return best;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, size_t n) {
+    if (n == 0)
+        return NAN;
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+/* Test hooks, acting on the first attempt of a job only (DT_RESTART_COUNT
+ * unset or 0): DT_FAULT_KILL="RANK:STEP" makes that rank SIGKILL itself
+ * after finishing STEP; DT_FAULT_PERTURB="RANK:STEP" makes it change one
+ * parameter, which --check-every must then catch. */
+static bool fault_at(const trainer *t, const char *var) {
+    const char *f = getenv(var);
+    const char *rc = getenv("DT_RESTART_COUNT");
+    int r;
+    long long s;
+    if (!f || (rc && *rc && strcmp(rc, "0") != 0) || sscanf(f, "%d:%lld", &r, &s) != 2)
+        return false;
+    return r == t->rank && s == t->step;
+}
+
+static void maybe_fault(trainer *t) {
+    if (fault_at(t, "DT_FAULT_PERTURB")) {
+        fprintf(stderr, "[rank %d] DT_FAULT_PERTURB: changing a parameter after step %lld\n",
+                t->rank, (long long)t->step);
+        dt_gpt_params(t->m)[t->n / 2] += 1.0f;
+    }
+    if (fault_at(t, "DT_FAULT_KILL")) {
+        fprintf(stderr, "[rank %d] DT_FAULT_KILL: killing myself after step %lld\n", t->rank,
+                (long long)t->step);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
+}
+
+static void trainer_free(trainer *t) {
+    dt_ddp_destroy(t->ddp);
+    dt_gpt_destroy(t->m);
+    dt_loader_destroy(t->train);
+    dt_loader_destroy(t->val);
+    dt_token_file_close(t->val_data);
+    dt_token_file_close(t->data);
+    dt_free(t->opt_a);
+    dt_free(t->opt_b);
+    dt_free(t->inputs);
+    dt_free(t->targets);
+    dt_free(t->tens_off);
+    dt_free(t->tens_end);
+    dt_free(t->tens_decay);
+    dt_json_free(&t->cfg_json);
+    dt_group_destroy(t->g);
+}
+
+/* ------------------------------------------------------------------------ */
+/* The loop                                                                 */
+/* ------------------------------------------------------------------------ */
+
+dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
+    memset(res, 0, sizeof *res);
+    res->val_loss = NAN;
+    DT_CHECK(check_config(c));
+    trainer tr = {.c = c, .K = c->accum, .rank = 0, .world = 1};
+    trainer *t = &tr;
+    dt_status st = DT_OK;
+    dt_metrics *metrics = NULL;
+    dt_progress *prog = NULL;
+    FILE *prog_tty = NULL; /* /dev/tty when the live line cannot go to stderr */
+    double *tps = NULL, *comm = NULL, *exposed = NULL;
+
+    if (dt_launch_in_job()) {
+        DT_CHECK_GOTO(dt_group_init_from_env(&t->g), st, fail);
+        t->rank = dt_group_rank(t->g);
+        t->world = dt_group_size(t->g);
+        dt_log_set_rank(t->rank);
+    }
+    int threads = c->threads;
+    if (threads <= 0) {
+        int local = t->g ? dt_group_local_size(t->g) : 1;
+        threads = dt_cpu_count() / (local > 0 ? local : 1);
+        threads = threads < 1 ? 1 : threads;
+    }
+    dt_tensor_set_threads(threads);
+
+    if (c->global_batch) {
+        if (c->global_batch % t->world != 0) {
+            st = bad("--global-batch %d is not divisible by the %d ranks", c->global_batch,
+                     t->world);
+            goto fail;
+        }
+        if (c->batch && c->batch * t->world != c->global_batch) {
+            st = bad("--batch %d x %d ranks != --global-batch %d", c->batch, t->world,
+                     c->global_batch);
+            goto fail;
+        }
+        t->B = c->global_batch / t->world;
+    } else {
+        t->B = c->batch;
+    }
+    DT_CHECK_GOTO(open_data(t), st, fail);
+    DT_CHECK_GOTO(build_model(t), st, fail);
+    DT_CHECK_GOTO(make_loaders(t), st, fail);
+    DT_CHECK_GOTO(alloc_state(t), st, fail);
+    DT_CHECK_GOTO(dt_ddp_broadcast_params(t->ddp), st, fail);
+    build_config_json(t);
+    if (!t->cfg_text) {
+        st = dt_error_set(DT_ERR_NOMEM, "config text");
+        goto fail;
+    }
+    char resumed[4096] = "";
+    if (c->resume) {
+        if (!c->ckpt_dir) {
+            st = bad("--resume needs --ckpt-dir");
+            goto fail;
+        }
+        DT_CHECK_GOTO(resume(t, resumed, sizeof resumed), st, fail);
+    }
+    int64_t check_every = c->check_every;
+    if (check_every == 0 && dt_log_enabled(DT_LOG_LEVEL_DEBUG, "ddp"))
+        check_every = 50;
+    if (check_every > 0)
+        DT_CHECK_GOTO(dt_ddp_check_params(t->ddp, t->step), st, fail);
+
+    double peak = c->peak_gflops > 0 ? c->peak_gflops : measure_peak_gflops();
+    double flops_per_token = 3.0 * dt_gpt_flops_per_token(&t->mc, t->T);
+    int64_t tokens_per_step = (int64_t)t->world * t->B * t->T * t->K;
+
+    if (t->rank == 0) {
+        if (c->run_dir) {
+            DT_CHECK_GOTO(dt_metrics_write_config(c->run_dir, t->cfg_text), st, fail);
+            DT_CHECK_GOTO(dt_metrics_create(&metrics, c->run_dir, resumed[0] ? t->step : 0), st,
+                          fail);
+        }
+        bool tty = c->progress < 0 ? isatty(STDERR_FILENO) : c->progress == 1;
+        /* Under a launcher our stderr is a pipe relayed line by line, which
+         * cannot carry a line redrawn in place: `dtrain train --nproc N` on a
+         * terminal asks for the live line (DT_PROGRESS=live) and rank 0
+         * draws it on the session's terminal directly. */
+        FILE *pf = stderr;
+        if (tty && !isatty(STDERR_FILENO) && (prog_tty = fopen("/dev/tty", "w")) != NULL)
+            pf = prog_tty;
+        DT_CHECK_GOTO(dt_progress_create(&prog, pf, tty, c->steps, c->log_every), st, fail);
+        char pb[32], bb[32];
+        fprintf(stderr,
+                "dtrain train: %s model, %zu parameters (%s), %d layers, dim %d, %d heads, "
+                "seq %d, vocab %d\n"
+                "  %d rank(s) x batch %d x accum %d = %" PRId64 " tokens/step, %zu bucket(s) of "
+                "<= %s, %d thread(s)/rank, transport %s\n"
+                "  MFU relative to %.1f GFLOP/s per rank (%s)\n",
+                c->model, t->n, dt_format_bytes((double)t->n * 4, pb, sizeof pb), t->mc.layers,
+                t->mc.dim, t->mc.heads, t->T, t->mc.vocab, t->world, t->B, t->K, tokens_per_step,
+                dt_ddp_num_buckets(t->ddp), dt_format_bytes((double)c->bucket_bytes, bb, sizeof bb),
+                threads, t->g ? dt_group_transport(t->g) : "self", peak,
+                c->peak_gflops > 0 ? "--peak-gflops" : "measured sgemm 512^3");
+        if (resumed[0])
+            fprintf(stderr, "  resumed from %s at step %" PRId64 "\n", resumed, t->step);
+    }
+
+    size_t nsteps = (size_t)(c->steps - t->step);
+    tps = dt_calloc(nsteps + 1, sizeof *tps);
+    comm = dt_calloc(nsteps + 1, sizeof *comm);
+    exposed = dt_calloc(nsteps + 1, sizeof *exposed);
+    if (!tps || !comm || !exposed) {
+        st = DT_ERR_NOMEM;
+        goto fail;
+    }
+    size_t nrec = 0;
+    res->first_step = t->step + 1;
+    double loop_t0 = dt_now();
+    int64_t run_steps = 0;
+    t->update_in_finish = !(c->clip > 0);
+    while (t->step < c->steps) {
+        double t0 = dt_now();
+        t->lr = dt_schedule_lr(&t->sched, t->step);
+        dt_gpt_zero_grads(t->m);
+        double loss = 0;
+        for (int k = 0; k < t->K; k++) {
+            float l;
+            DT_CHECK_GOTO(dt_loader_next(t->train, t->inputs, t->targets), st, fail);
+            DT_CHECK_GOTO(dt_gpt_forward(t->m, t->inputs, t->targets, t->B, t->T, &l), st, fail);
+            loss += l;
+            bool last = k == t->K - 1;
+            dt_ddp_begin(t->ddp, last);
+            DT_CHECK_GOTO(dt_gpt_backward(t->m, 1.0f / (float)t->K, dt_ddp_grad_ready, t->ddp), st,
+                          fail);
+        }
+        t->sumsq = 0;
+        DT_CHECK_GOTO(dt_ddp_finish(t->ddp, on_bucket, t), st, fail);
+        /* The norm is of the averaged gradient, the same on every rank; the
+         * loss is each rank's own and is averaged here. */
+        /* The third value is "a stop was requested on some rank": riding on
+         * this average makes every rank stop after the same step. */
+        double avg[3] = {loss / t->K, sqrt(t->sumsq), c->stop && *c->stop ? 1.0 : 0.0};
+        DT_CHECK_GOTO(dt_ddp_average(t->ddp, avg, 3), st, fail);
+        if (!isfinite(avg[0]) || !isfinite(avg[1])) {
+            bool l = !isfinite(avg[0]);
+            double v = l ? avg[0] : avg[1];
+            st = dt_error_set(DT_ERR_NUMERIC, "%s is %s at step %" PRId64 " (lr %.3g); stopping%s",
+                              l ? "loss" : "gradient norm", isnan(v) ? "NaN" : "infinite",
+                              t->step + 1, (double)t->lr,
+                              c->ckpt_dir ? "; the last good checkpoint is kept" : "");
+            goto fail;
+        }
+        if (!t->update_in_finish) {
+            float s = dt_clip_scale(t->sumsq, (float)c->clip);
+            if (s != 1.0f)
+                dt_scale(dt_gpt_grads(t->m), t->n, s);
+            update_range(t, 0, t->n);
+        }
+        t->step++;
+        run_steps++;
+        t->tokens += tokens_per_step;
+        double t1 = dt_now();
+        const dt_ddp_stats *ds = dt_ddp_last_stats(t->ddp);
+        dt_step_metrics sm = {
+            .step = t->step,
+            .total_steps = c->steps,
+            .loss = avg[0],
+            .val_loss = NAN,
+            .lr = t->lr,
+            .grad_norm = avg[1],
+            .step_ms = (t1 - t0) * 1e3,
+            .comm_ms = ds->comm_ms,
+            .exposed_comm_ms = ds->exposed_comm_ms,
+            .bytes_sent = ds->bytes_sent,
+            .tokens = t->tokens,
+        };
+        sm.compute_ms = sm.step_ms - sm.exposed_comm_ms;
+        sm.tokens_per_s = (double)tokens_per_step / (t1 - t0);
+        sm.mfu = isfinite(peak) && peak > 0
+                     ? flops_per_token * sm.tokens_per_s / (peak * 1e9 * t->world)
+                     : NAN;
+        if (run_steps == 1)
+            res->first_loss = avg[0];
+        res->last_loss = avg[0];
+        if (run_steps > 1 || nsteps == 1) {
+            tps[nrec] = sm.tokens_per_s;
+            comm[nrec] = sm.comm_ms;
+            exposed[nrec] = sm.exposed_comm_ms;
+            nrec++;
+        }
+        bool last = t->step == c->steps;
+        bool interrupted = avg[2] > 0 && !last;
+        bool stop = (c->stop_after > 0 && run_steps >= c->stop_after && !last) || interrupted;
+        if (t->val && ((c->eval_every > 0 && t->step % c->eval_every == 0) || last)) {
+            DT_CHECK_GOTO(evaluate(t, &sm.val_loss), st, fail);
+            res->val_loss = sm.val_loss;
+        }
+        if (check_every > 0 && t->step % check_every == 0)
+            DT_CHECK_GOTO(dt_ddp_check_params(t->ddp, t->step), st, fail);
+        if (t->rank == 0) {
+            if (metrics)
+                DT_CHECK_GOTO(dt_metrics_log(metrics, &sm), st, fail);
+            dt_progress_update(prog, &sm);
+        }
+        if (c->ckpt_dir && ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last || stop))
+            DT_CHECK_GOTO(checkpoint_all(t, res->checkpoint, sizeof res->checkpoint), st, fail);
+        maybe_fault(t);
+        if (stop) {
+            if (t->rank == 0) {
+                dt_progress_finish(prog);
+                fprintf(stderr, "stopped after %" PRId64 " steps (%s)%s%s\n", run_steps,
+                        interrupted ? "interrupted" : "--stop-after",
+                        res->checkpoint[0] ? "; continue with --resume from " : "",
+                        res->checkpoint);
+            }
+            if (interrupted)
+                st = dt_error_set(DT_ERR_ABORTED, "interrupted after step %" PRId64 "%s%s", t->step,
+                                  res->checkpoint[0] ? "; checkpoint " : "", res->checkpoint);
+            break;
+        }
+    }
+    /* An interruption still gets the summary below; its status is returned
+     * at the end. */
+    dt_status stop_st = st;
+    char stop_msg[512] = "";
+    if (stop_st != DT_OK)
+        snprintf(stop_msg, sizeof stop_msg, "%s", dt_last_error());
+    st = DT_OK;
+    res->last_step = t->step;
+    res->seconds = dt_now() - loop_t0;
+    res->tokens_per_s = median(tps, nrec);
+    res->comm_ms = median(comm, nrec);
+    res->exposed_comm_ms = median(exposed, nrec);
+    if (t->rank == 0) {
+        dt_progress_finish(prog);
+        if (run_steps > 0) {
+            fprintf(stderr, "done: steps %" PRId64 "..%" PRId64 " in %.1f s, loss %.4f -> %.4f",
+                    res->first_step, res->last_step, res->seconds, res->first_loss, res->last_loss);
+            if (isfinite(res->val_loss))
+                fprintf(stderr, ", val loss %.4f", res->val_loss);
+            fprintf(stderr, ", %.0f tokens/s (median)", res->tokens_per_s);
+            if (t->world > 1 && isfinite(res->comm_ms)) {
+                const dt_ddp_stats *ds = dt_ddp_last_stats(t->ddp);
+                fprintf(stderr,
+                        ", comm %.1f ms/step of which %.1f ms exposed (%.0f%%); %d of %d "
+                        "buckets started during backward",
+                        res->comm_ms, res->exposed_comm_ms,
+                        res->comm_ms > 0 ? 100.0 * res->exposed_comm_ms / res->comm_ms : 0.0,
+                        ds->launched_in_backward, ds->buckets);
+            }
+            fprintf(stderr, "\n");
+        }
+        if (res->checkpoint[0])
+            fprintf(stderr, "checkpoint: %s\n", res->checkpoint);
+        if (c->run_dir) {
+            /* The final weights in the engine's plain format, for `dtrain
+             * sample` (the checkpoint holds the optimizer state too). */
+            char wpath[4096];
+            snprintf(wpath, sizeof wpath, "%s/model.dtgw", c->run_dir);
+            DT_CHECK_GOTO(dt_gpt_save_weights(t->m, wpath, t->tok->id_to_byte, t->tok->vocab_size),
+                          st, fail);
+            fprintf(stderr, "metrics:    %s/metrics.jsonl\n", c->run_dir);
+            fprintf(stderr, "weights:    %s (dtrain sample --ckpt %s)\n", wpath, wpath);
+        }
+        if (c->sample_tokens > 0 && t->step == c->steps)
+            DT_CHECK_GOTO(generate(t, stdout), st, fail);
+        fflush(stdout);
+    }
+    if (stop_st != DT_OK)
+        st = dt_error_set(stop_st, "%s", stop_msg);
+
+fail:;
+    /* Cleanup (closing the group) may log or set errors of its own: keep
+     * the message of the failure that brought us here. */
+    char msg[1024] = "";
+    if (st != DT_OK)
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+    if (prog)
+        dt_progress_finish(prog);
+    dt_progress_destroy(prog);
+    if (prog_tty)
+        fclose(prog_tty);
+    dt_metrics_destroy(metrics);
+    dt_free(tps);
+    dt_free(comm);
+    dt_free(exposed);
+    trainer_free(t);
+    if (st != DT_OK && msg[0])
+        dt_error_set(st, "%s", msg);
+    return st;
+}

@@ -1,0 +1,307 @@
+/*
+ * test_train_ddp.c — data-parallel training as real processes.
+ *
+ *   equiv        N = 2 and 4 ranks with per-rank batch B match 1 rank with
+ *                batch N*B after 5 steps (losses and final parameters within
+ *                1e-5 relative), with global-norm clipping (update after the
+ *                last bucket) and without it (update per bucket as it
+ *                arrives), over several buckets.
+ *   accum        the same with 2 micro-batches of accumulation, which must
+ *                also match 1 rank taking the whole batch at once.
+ *   resume       2 ranks stopped and resumed: bit-identical losses/params;
+ *                resumed on 4 ranks instead (same global batch): the same
+ *                losses within 1e-5.
+ *   restart      `dtrain launch --max-restarts 1`: a rank SIGKILLs itself
+ *                (DT_FAULT_KILL) mid-run; the job restarts by itself, resumes
+ *                from the last checkpoint and ends bit-identical to a run
+ *                that was never interrupted.
+ *   sigterm      SIGTERM to `dtrain train --nproc 2`: every rank stops
+ *                after the same step, which is checkpointed.
+ *   check        --check-every catches a rank whose parameters drifted
+ *                (DT_FAULT_PERTURB changes one on purpose).
+ *   divisible    --global-batch not divisible by the ranks is refused.
+ * Run one case per process: test_train_ddp CASE.
+ */
+#include "train_util.h"
+
+#include <math.h>
+
+#define DTRAIN DT_CLI_PATH
+/* AdamW's eps is 1e-4 here, not 1e-8: some gradients are zero in exact
+ * arithmetic (the attention key bias: softmax ignores a shift common to all
+ * keys) and in float32 are rounding noise ~1e-9 that depends on summation
+ * order. Adam turns a gradient g into a step lr*g/(|g|+eps), amplifying that
+ * noise by lr/eps; with 1e-8 two correct summation orders (1 rank vs N) then
+ * differ by ~1e-4 relative on those elements, with 1e-4 by ~1e-6. SGD (also
+ * tested) has no such amplification. */
+#define TINY                                                                                       \
+    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--sample-tokens 0 --progress plain --val-split 0 --bucket-size 16K --lr 1e-3 --warmup 1 "     \
+    "--schedule linear --min-lr 1e-4 --eps 1e-4"
+
+static char corpus[128];
+
+/* Train into tu_dir/NAME; returns the final parameters. */
+static float *train(const char *name, const char *extra, size_t *n, double *loss) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 5 --ckpt-dir %s/%s/ck --run-dir %s/%s %s",
+                     DTRAIN, corpus, tu_dir, name, tu_dir, name, extra),
+              0);
+    char p[192];
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
+    ASSERT_EQ(tu_losses(p, loss, 15), 5);
+    snprintf(p, sizeof p, "%s/%s/ck", tu_dir, name);
+    return tu_params(p, n);
+}
+
+/* Losses and parameters of b within 1e-5 relative of a (parameters: per
+ * element, with a 1e-7 absolute floor for values near zero). */
+static void expect_close(const char *what, const double *la, const double *lb, const float *pa,
+                         const float *pb, size_t n) {
+    for (int s = 1; s <= 5; s++)
+        if (!(fabs(la[s] - lb[s]) <= 1e-5 * fabs(la[s])))
+            TEST_FAILF("%s: step %d loss %.9g vs %.9g", what, s, la[s], lb[s]);
+    double worst = 0;
+    size_t wi = 0;
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)pa[i] - pb[i]) / (fabs((double)pa[i]) + 1e-2);
+        if (d > worst) {
+            worst = d;
+            wi = i;
+        }
+        if (!(fabs((double)pa[i] - pb[i]) <= 1e-5 * fabs((double)pa[i]) + 1e-7))
+            TEST_FAILF("%s: param %zu = %.9g vs %.9g", what, i, pa[i], pb[i]);
+    }
+    printf("  %s: losses %.6f..%.6f, worst param diff %.2g (rel, at %zu)\n", what, la[1], la[5],
+           worst, wi);
+}
+
+static void run_equiv(const char *clip) {
+    double l1[16], l2[16], l4[16];
+    size_t n1, n2, n4;
+    char extra[160];
+    snprintf(extra, sizeof extra, "--global-batch 8 %s", clip);
+    float *p1 = train("one", extra, &n1, l1);
+    snprintf(extra, sizeof extra, "--global-batch 8 %s --nproc 2", clip);
+    float *p2 = train("two", extra, &n2, l2);
+    EXPECT_OUT("2 rank(s) x batch 4");
+    /* Overlap: buckets of late layers started while backward still ran. */
+    const char *ov = strstr(tu_out, "exposed (");
+    int started = 0, buckets = 0;
+    ASSERT_TRUE(ov && sscanf(strstr(ov, "); ") + 3, "%d of %d buckets", &started, &buckets) == 2);
+    ASSERT_TRUE(buckets >= 4);
+    ASSERT_TRUE(started >= buckets - 2);
+    snprintf(extra, sizeof extra, "--batch 2 %s --nproc 4", clip);
+    float *p4 = train("four", extra, &n4, l4);
+    EXPECT_OUT("4 rank(s) x batch 2");
+    ASSERT_EQ(n1, n2);
+    ASSERT_EQ(n1, n4);
+    char what[128];
+    snprintf(what, sizeof what, "%s, 2 ranks", clip);
+    expect_close(what, l1, l2, p1, p2, n1);
+    snprintf(what, sizeof what, "%s, 4 ranks", clip);
+    expect_close(what, l1, l4, p1, p4, n1);
+    ASSERT_TRUE(l1[5] < l1[1]);
+    /* The 2-rank run communicated: several buckets, bytes on the wire. */
+    char p[192], line[2048];
+    snprintf(p, sizeof p, "%s/two/metrics.jsonl", tu_dir);
+    FILE *f = fopen(p, "r");
+    ASSERT_TRUE(f && fgets(line, sizeof line, f));
+    fclose(f);
+    const char *b = strstr(line, "\"bytes_sent\":");
+    ASSERT_TRUE(b && strtoull(b + 13, NULL, 10) >= n1 * 4 / 2);
+    free(p1);
+    free(p2);
+    free(p4);
+}
+
+static void test_equiv(void) {
+    run_equiv("--clip 1.0");
+    run_equiv("--clip 0");
+    run_equiv("--clip 0 --optimizer sgd --lr 0.1");
+}
+
+static void test_accum(void) {
+    double l1[16], lk[16], l2[16], l4[16];
+    size_t n1, nk, n2, n4;
+    float *p1 = train("big", "--global-batch 8", &n1, l1);
+    float *pk = train("acc1", "--global-batch 4 --accum 2", &nk, lk);
+    float *p2 = train("acc2", "--global-batch 4 --accum 2 --nproc 2", &n2, l2);
+    float *p4 = train("acc4", "--batch 1 --accum 2 --nproc 4", &n4, l4);
+    expect_close("accum 2 vs one batch of 8", l1, lk, p1, pk, n1);
+    expect_close("accum 2, 2 ranks", lk, l2, pk, p2, n1);
+    expect_close("accum 2, 4 ranks", lk, l4, pk, p4, n1);
+    free(p1);
+    free(pk);
+    free(p2);
+    free(p4);
+}
+
+static void compare_exact(const char *a, const char *b, int64_t steps) {
+    double la[64], lb[64];
+    char pa[192], pb[192];
+    snprintf(pa, sizeof pa, "%s/%s/metrics.jsonl", tu_dir, a);
+    snprintf(pb, sizeof pb, "%s/%s/metrics.jsonl", tu_dir, b);
+    ASSERT_EQ(tu_losses(pa, la, 63), steps);
+    ASSERT_EQ(tu_losses(pb, lb, 63), steps);
+    for (int s = 1; s <= steps; s++)
+        if (la[s] != lb[s])
+            TEST_FAILF("step %d: loss %.9g uninterrupted, %.9g interrupted", s, la[s], lb[s]);
+    size_t na, nb;
+    snprintf(pa, sizeof pa, "%s/%s/ck", tu_dir, a);
+    snprintf(pb, sizeof pb, "%s/%s/ck", tu_dir, b);
+    float *x = tu_params(pa, &na), *y = tu_params(pb, &nb);
+    ASSERT_EQ(na, nb);
+    ASSERT_TRUE(memcmp(x, y, na * sizeof *x) == 0);
+    free(x);
+    free(y);
+}
+
+#define TEN "--global-batch 4 --steps 10 --ckpt-every 2 --nproc 2 --clip 0.5"
+
+static void test_resume(void) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN " --ckpt-dir %s/a/ck --run-dir %s/a",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN
+                     " --ckpt-dir %s/b/ck --run-dir %s/b --stop-after 3",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN " --ckpt-dir %s/b/ck --run-dir %s/b "
+                     "--resume",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_OUT("at step 3");
+    compare_exact("a", "b", 10);
+    /* Elastic: stopped on 2 ranks, resumed on 4 with the same global batch.
+     * The data order is that of the global batch, so the run continues the
+     * same trajectory (up to summation order). */
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN
+                     " --ckpt-dir %s/c/ck --run-dir %s/c --stop-after 3",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN " --ckpt-dir %s/c/ck --run-dir %s/c "
+                     "--resume --nproc 4",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_OUT("4 rank(s) x batch 1");
+    double la[64], lc[64];
+    char pa[192], pc[192];
+    snprintf(pa, sizeof pa, "%s/a/metrics.jsonl", tu_dir);
+    snprintf(pc, sizeof pc, "%s/c/metrics.jsonl", tu_dir);
+    ASSERT_EQ(tu_losses(pa, la, 63), 10);
+    ASSERT_EQ(tu_losses(pc, lc, 63), 10);
+    for (int s = 1; s <= 10; s++)
+        ASSERT_NEAR(lc[s], la[s], 1e-5, 0);
+}
+
+static void test_restart(void) {
+    const char *flags = TINY " --global-batch 4 --steps 10 --ckpt-every 2 --clip 0.5";
+    EXPECT_RC(tu_run("%s launch -n 2 -- %s train --data %s %s --ckpt-dir %s/a/ck --run-dir %s/a",
+                     DTRAIN, DTRAIN, corpus, flags, tu_dir, tu_dir),
+              0);
+    /* Rank 1 dies after step 5 (the last checkpoint is step 4); the
+     * launcher restarts the job, which resumes by itself. */
+    EXPECT_RC(tu_run("DT_FAULT_KILL=1:5 %s launch -n 2 --max-restarts 1 --grace 2 -- %s train "
+                     "--data %s %s --ckpt-dir %s/b/ck --run-dir %s/b --resume",
+                     DTRAIN, DTRAIN, corpus, flags, tu_dir, tu_dir),
+              0);
+    EXPECT_OUT("DT_FAULT_KILL: killing myself after step 5");
+    EXPECT_OUT("resumed from");
+    compare_exact("a", "b", 10);
+    /* Without restarts the same fault fails the job, naming the rank. */
+    EXPECT_RC(tu_run("DT_FAULT_KILL=1:3 %s launch -n 2 --grace 2 -- %s train --data %s %s "
+                     "--ckpt-dir %s/c/ck",
+                     DTRAIN, DTRAIN, corpus, flags, tu_dir),
+              128 + 9);
+    EXPECT_OUT("rank 1");
+}
+
+/* SIGTERM to `dtrain train --nproc 2` (the launcher forwards it): both
+ * ranks stop after the same step, which is checkpointed. */
+static void test_sigterm(void) {
+    char dir[128];
+    snprintf(dir, sizeof dir, "%s/term", tu_dir);
+    const char *args[] = {"--data",
+                          corpus,
+                          "--global-batch",
+                          "4",
+                          "--steps",
+                          "1000000",
+                          "--nproc",
+                          "2",
+                          "--ckpt-every",
+                          "5",
+                          "--model",
+                          "tiny",
+                          "--layers",
+                          "2",
+                          "--dim",
+                          "32",
+                          "--heads",
+                          "2",
+                          "--seq",
+                          "32",
+                          "--threads",
+                          "1",
+                          "--peak-gflops",
+                          "1",
+                          "--val-split",
+                          "0",
+                          "--progress",
+                          "plain",
+                          NULL};
+    int64_t last, saved;
+    ASSERT_EQ(tu_interrupt(dir, SIGTERM, args, &last, &saved), 128 + SIGTERM);
+    ASSERT_TRUE(last >= 5);
+    ASSERT_EQ(saved, last);
+}
+
+/* --check-every compares parameter hashes across ranks: a rank whose
+ * parameters were changed behind DDP's back is named. */
+static void test_check(void) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --global-batch 4 --steps 6 --nproc 2 "
+                     "--check-every 1",
+                     DTRAIN, corpus),
+              0);
+    EXPECT_RC(tu_run("DT_FAULT_PERTURB=1:3 %s train --data %s " TINY
+                     " --global-batch 4 --steps 6 --nproc 2 --check-every 1",
+                     DTRAIN, corpus),
+              1);
+    EXPECT_OUT("parameters diverged at step 4: rank 1 hash");
+}
+
+static void test_divisible(void) {
+    EXPECT_RC(
+        tu_run("%s train --data %s " TINY " --global-batch 8 --nproc 3 --steps 1", DTRAIN, corpus),
+        2);
+    EXPECT_OUT("--global-batch 8 is not divisible by the 3 ranks");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr,
+                "usage: test_train_ddp equiv|accum|resume|restart|sigterm|check|divisible\n");
+        return 2;
+    }
+    tu_setup();
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
+    tu_corpus(corpus, 40000);
+    if (strcmp(argv[1], "equiv") == 0)
+        RUN(test_equiv);
+    else if (strcmp(argv[1], "accum") == 0)
+        RUN(test_accum);
+    else if (strcmp(argv[1], "resume") == 0)
+        RUN(test_resume);
+    else if (strcmp(argv[1], "restart") == 0)
+        RUN(test_restart);
+    else if (strcmp(argv[1], "sigterm") == 0)
+        RUN(test_sigterm);
+    else if (strcmp(argv[1], "check") == 0)
+        RUN(test_check);
+    else if (strcmp(argv[1], "divisible") == 0)
+        RUN(test_divisible);
+    else
+        TEST_FAILF("unknown case %s", argv[1]);
+    tu_cleanup();
+    return TEST_SUMMARY();
+}
