@@ -7,13 +7,19 @@
 # package (/usr/share/games/fortunes, installed by scripts/install-deps.sh;
 # the ASCII-art collections are left out). No network needed.
 # Knobs (environment): STEPS (default 800), NPROC (2), OUT (BUILD_DIR/demo).
-# Re-running continues from the last checkpoint (--resume) until STEPS.
+# Each run starts afresh; RESUME=1 continues from the last checkpoint instead.
 set -euo pipefail
 BUILD=${1:-build}
 OUT=${OUT:-$BUILD/demo}
 STEPS=${STEPS:-800}
 NPROC=${NPROC:-2}
 mkdir -p "$OUT"
+resume=()
+if [[ "${RESUME:-0}" == 1 ]]; then
+    resume=(--resume)
+else
+    rm -rf "$OUT/ckpt" "$OUT/run"
+fi
 
 if [[ -n "${DATA:-}" ]]; then
     corpus=$DATA
@@ -36,7 +42,7 @@ echo "demo: $(wc -c < "$corpus") bytes of text from $corpus; $NPROC processes, $
     --data "$corpus" --val-split 0.05 --nproc "$NPROC" --batch 8 --steps "$STEPS" \
     --lr 2e-3 --min-lr 2e-4 --warmup 50 --schedule cosine --clip 1.0 --weight-decay 0.1 \
     --eval-every 100 --eval-batches 16 --bucket-size 1M \
-    --ckpt-dir "$OUT/ckpt" --ckpt-every 100 --keep 2 --resume \
+    --ckpt-dir "$OUT/ckpt" --ckpt-every 100 --keep 2 "${resume[@]}" \
     --run-dir "$OUT/run" --sample-tokens 400
 
 echo
