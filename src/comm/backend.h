@@ -7,9 +7,9 @@
  * executed by backend->run[op->coll](op). The native backend (native.c)
  * picks an algorithm from tune.c and runs it over our transports.
  *
- * Adding a backend (for example DT_BACKEND=mpi, mapping each collective onto
- * MPI_Allreduce & co.) is one new file, src/comm/mpi.c, plus one line in
- * the table in group.c:
+ * Adding a backend (as DT_BACKEND=mpi was added, mapping each collective onto
+ * MPI_Allreduce & co. in src/comm/mpi_backend.c) is one new file plus one
+ * line in the table in group.c:
  *
  *   1. Define `const dt__backend dt__backend_mpi` with .name = "mpi",
  *      .api_version = DT__BACKEND_API, an init() that builds the group's
