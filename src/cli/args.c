@@ -337,8 +337,9 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
         }
         if (nkept == capkept) {
             capkept = capkept ? 2 * capkept : 16;
-            kept = realloc(kept, capkept * sizeof *kept);
-            DT_ASSERT(kept);
+            char **grown = realloc(kept, capkept * sizeof *kept);
+            DT_ASSERT(grown);
+            kept = grown;
         }
         kept[nkept++] = cfg_text[i];
     }
