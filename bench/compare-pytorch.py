@@ -10,12 +10,14 @@ For every (model, batch, seq, threads) both sides run the same GPT (tied LM
 head, pre-LN, GELU(tanh), causal attention), fp32, one fixed random batch,
 and the same step: zero grads, forward, backward, AdamW over all parameters.
 dtrain is run as `dtrain bench train --json`; PyTorch in this process with
-torch.set_num_threads(threads). The two alternate `repeats` times and the
+torch.set_num_threads(threads) and OpenBLAS's pool set to the same count
+(torch's own setting does not reach it). The two alternate `repeats` times and the
 medians are compared, so both see the same (possibly shared) machine.
 PyTorch 1.13 has no fused attention on CPU: it uses the standard masked
 softmax formulation (as nanoGPT does without flash support).
 """
 import argparse
+import ctypes
 import json
 import math
 import statistics
@@ -86,9 +88,23 @@ class GPT(nn.Module):
         return F.cross_entropy(logits.view(-1, logits.size(-1)), tgt.view(-1))
 
 
+def set_blas_threads(threads):
+    """Debian's torch calls OpenBLAS (libblas.so.3 -> libopenblas.so.0), whose
+    own thread pool torch.set_num_threads() does not limit: without this a
+    "1-thread" PyTorch run multiplies matrices on every core."""
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+        lib.openblas_set_num_threads(ctypes.c_int(threads))
+        return lib.openblas_get_num_threads()
+    except OSError:
+        return None
+
+
 def torch_run(model, B, T, threads, steps, warmup):
     L, C, NH, Tm, V = PRESETS[model]
     torch.set_num_threads(threads)
+    got = set_blas_threads(threads)
+    assert got in (None, threads), f"OpenBLAS threads {got}, wanted {threads}"
     torch.manual_seed(1)
     m = GPT(L, C, NH, Tm, V)
     decay = [p for p in m.parameters() if p.dim() == 2]
