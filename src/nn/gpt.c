@@ -198,6 +198,7 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_) {
     float *base = m->arena;
 #define TAKE(dst, n) ((dst) = take(base, &off, (n)))
     for (int l = 0; l < c->layers; l++) {
+        // cppcheck-suppress uninitvar ; `one` is only written here (planning pass)
         block_acts *a = m->acts ? &m->acts[l] : &one;
         TAKE(a->ln1, BT * C);
         TAKE(a->ln1_mean, BT);
@@ -229,7 +230,9 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_) {
     TAKE(m->dqkv, BT * 3 * C);
     TAKE(m->dfch, BT * 4 * C);
     /* the int32 token copies take a float's worth of space each */
+    // cppcheck-suppress invalidPointerCast ; raw arena storage, never read as float
     m->tokens = (int32_t *)take(base, &off, BT);
+    // cppcheck-suppress invalidPointerCast
     m->targets = (int32_t *)take(base, &off, BT);
 #undef TAKE
     return (plan){off, att, nlogits};

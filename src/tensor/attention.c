@@ -87,6 +87,7 @@ static void attn_forward_block(float *out, float *lse, const float *qkv, int b, 
         float inv = 1.0f / l[r];
         float *dst = out + ((size_t)b * T + t) * C + (size_t)h * HS;
         for (int d = 0; d < HS; d++)
+            // cppcheck-suppress uninitvar ; the key loop runs at least once (i1 > 0)
             dst[d] = O[(size_t)r * HS + d] * inv;
         lse[((size_t)b * NH + h) * T + t] = m[r] + logf(l[r]);
     }

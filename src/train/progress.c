@@ -51,6 +51,7 @@ char *dt_sparkline(char *buf, size_t len, const double *v, size_t n) {
     static const char *const bars[8] = {"▁", "▂", "▃", "▄", "▅", "▆", "▇", "█"};
     double lo = INFINITY, hi = -INFINITY;
     for (size_t i = 0; i < n; i++) {
+        // cppcheck-suppress uninitvar ; callers pass n initialised values
         if (isfinite(v[i])) {
             lo = v[i] < lo ? v[i] : lo;
             hi = v[i] > hi ? v[i] : hi;
