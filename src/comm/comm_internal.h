@@ -182,6 +182,13 @@ typedef struct dt__peer_info {
     size_t window_size;     /* bytes per half */
     _Atomic uint64_t *flag; /* peer's phase counter */
     dt__wire_hdr *desc;     /* peer's published op descriptors [2] */
+    /* Single copy (cross-memory attach): when cma is set on every member,
+     * a rank may publish buffer addresses in addr[parity][0..1] and peers
+     * pull from them with ops->read_peer. cma_min is the group-wide
+     * threshold in bytes. Same for every member (agreed at creation). */
+    bool cma;
+    size_t cma_min;
+    uint64_t *addr; /* peer's published addresses [2][2] */
 } dt__peer_info;
 
 /* The transport interface. Algorithms never call it: engine.c does. */
@@ -201,6 +208,10 @@ typedef struct dt__transport_ops {
      * disagrees with it is DT_ERR_MISMATCH. */
     dt_status (*check)(dt__transport *t, const dt__wire_hdr *cur);
     void (*peer_info)(dt__transport *t, int peer, dt__peer_info *out);
+    /* Copy len bytes at address addr of peer's process into dst (single
+     * copy, process_vm_readv). Only when peer_info says cma. A failure is
+     * DT_ERR_PEER naming the peer. */
+    dt_status (*read_peer)(dt__transport *t, int peer, void *dst, uint64_t addr, size_t len);
     /* Tell every peer this rank gives up (best effort, never blocks). With
      * owner = false it is called from a thread that does not drive the
      * transport and must only touch thread-safe state. */
@@ -242,18 +253,20 @@ typedef struct dt__job {
 
 /* Settings read once per group from DT_* variables. */
 typedef struct dt__config {
-    double timeout;    /* DT_TIMEOUT seconds */
-    int transport;     /* 0 auto, 1 shm, 2 tcp */
-    dt_algo algo;      /* DT_ALGO */
-    size_t chunk;      /* DT_CHUNK_SIZE: ring pipeline chunk */
-    size_t shm_slot;   /* DT_SHM_SLOT */
-    int shm_slots;     /* DT_SHM_SLOTS */
-    size_t shm_window; /* DT_SHM_WINDOW (bytes per half) */
-    int spin;          /* DT_SPIN microseconds of polling before sleeping */
-    int yield;         /* DT_YIELD sched_yield()s before sleeping */
-    int tcp_socks;     /* DT_TCP_SOCKS */
-    size_t tcp_buffer; /* DT_TCP_BUFFER */
-    size_t tcp_stripe; /* DT_TCP_STRIPE_MIN */
+    double timeout;     /* DT_TIMEOUT seconds */
+    int transport;      /* 0 auto, 1 shm, 2 tcp */
+    dt_algo algo;       /* DT_ALGO */
+    size_t chunk;       /* DT_CHUNK_SIZE: ring pipeline chunk */
+    size_t shm_slot;    /* DT_SHM_SLOT */
+    int shm_slots;      /* DT_SHM_SLOTS */
+    size_t shm_window;  /* DT_SHM_WINDOW (bytes per half) */
+    int shm_cma;        /* DT_SHM_CMA: 0 auto, 1 on, 2 off */
+    size_t shm_cma_min; /* DT_SHM_CMA_MIN bytes */
+    int spin;           /* DT_SPIN microseconds of polling before sleeping */
+    int yield;          /* DT_YIELD sched_yield()s before sleeping */
+    int tcp_socks;      /* DT_TCP_SOCKS */
+    size_t tcp_buffer;  /* DT_TCP_BUFFER */
+    size_t tcp_stripe;  /* DT_TCP_STRIPE_MIN */
 } dt__config;
 
 dt_status dt__config_read(dt__config *c);

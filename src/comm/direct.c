@@ -24,6 +24,17 @@
  * The op descriptor is published next to the counter before the first
  * barrier and compared after it: ranks in different operations get
  * DT_ERR_MISMATCH, exactly as with messages.
+ *
+ * Single copy (when the transport says every member may read every other's
+ * memory, and the message is at least DT_SHM_CMA_MIN): instead of copying
+ * into its window, a rank publishes its buffer addresses (same parity slot
+ * as the descriptor) and peers pull straight into their destination with
+ * the transport's read_peer. Allgather: publish, barrier, pull, barrier.
+ * Allreduce (two ranks, out of place): publish send and recv, barrier,
+ * pull the peer's half of my slice into recv and reduce it with my send,
+ * barrier, pull the peer's reduced slice from its recv, barrier. The last
+ * barrier of each is what lets a rank return: after it no peer reads its
+ * buffers. Each byte crosses once instead of twice.
  */
 #include "comm_internal.h"
 
@@ -37,6 +48,7 @@ typedef struct dctx {
     const dt__team *t;
     dt__peer_info pi[MAX_LOCAL];
     uint64_t target;
+    unsigned pub; /* parity slot of the addresses published for this op */
     bool checked;
 } dctx;
 
@@ -97,6 +109,34 @@ static dt_status barrier(dctx *d) {
     return DT_OK;
 }
 
+/* Single copy for this op? Same answer on every member: cma and cma_min
+ * are agreed at creation and bytes is in the (checked) descriptor. */
+static bool use_cma(const dctx *d, size_t bytes) {
+    const dt__peer_info *me = &d->pi[d->t->me];
+    return me->cma && bytes >= me->cma_min && d->op->g->shm->ops->read_peer;
+}
+
+/* Publish my buffer addresses for the coming first barrier of this op (the
+ * descriptor's parity slot, same lifetime argument). */
+static void publish(dctx *d, const void *a, const void *b) {
+    d->pub = (unsigned)((d->op->g->direct_epoch + 1) & 1);
+    uint64_t *slot = d->pi[d->t->me].addr + 2 * d->pub;
+    slot[0] = (uint64_t)(uintptr_t)a;
+    slot[1] = (uint64_t)(uintptr_t)b;
+}
+
+/* Peer i's published address k; valid after the first barrier. */
+static uint64_t peer_addr(const dctx *d, int i, int k) {
+    return d->pi[i].addr[2 * d->pub + (unsigned)k];
+}
+
+static dt_status pull(dctx *d, int i, void *dst, uint64_t addr, size_t len) {
+    if (!len)
+        return DT_OK;
+    dt__transport *tr = d->op->g->shm;
+    return tr->ops->read_peer(tr, d->t->ranks[i], dst, addr, len);
+}
+
 static char *win(dctx *d, int i, unsigned half) {
     return d->pi[i].window + (size_t)half * d->pi[i].window_size;
 }
@@ -143,6 +183,24 @@ dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, 
     int n = t->n, me = t->me;
     if (count * es <= SMALL_BYTES && count * es <= d.pi[me].window_size)
         return allreduce_small(&d, send, recv, count);
+    if (n == 2 && send != recv && use_cma(&d, count * es)) {
+        int peer = 1 - me;
+        size_t so, sl, po, pl;
+        slice(count, es, n, me, &so, &sl);
+        slice(count, es, n, peer, &po, &pl);
+        publish(&d, send, recv);
+        DT_CHECK(barrier(&d));
+        char *dst = (char *)recv + so * es;
+        DT_CHECK(pull(&d, peer, dst, peer_addr(&d, peer, 0) + so * es, sl * es));
+        /* rank 0's input first, as in the window path */
+        if (me == 0)
+            dt_reduce(dst, (const char *)send + so * es, dst, sl, op->dtype, op->redop);
+        else
+            dt_reduce(dst, dst, (const char *)send + so * es, sl, op->dtype, op->redop);
+        DT_CHECK(barrier(&d));
+        DT_CHECK(pull(&d, peer, (char *)recv + po * es, peer_addr(&d, peer, 1) + po * es, pl * es));
+        return barrier(&d);
+    }
     for (size_t base = 0; base < count; base += cap) {
         size_t c = count - base < cap ? count - base : cap;
         unsigned h = next_half(g);
@@ -203,6 +261,18 @@ dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, 
     int n = t->n, me = t->me;
     size_t es = dt_dtype_size(op->dtype), cap = d.pi[me].window_size / es;
     const char *mine = send == recv ? (const char *)recv + (size_t)me * count * es : send;
+    if (use_cma(&d, count * es)) {
+        publish(&d, mine, NULL);
+        DT_CHECK(barrier(&d));
+        for (int i = 0; i < n; i++) {
+            char *dst = (char *)recv + (size_t)i * count * es;
+            if (i != me)
+                DT_CHECK(pull(&d, i, dst, peer_addr(&d, i, 0), count * es));
+            else if (send != recv)
+                memcpy(dst, mine, count * es);
+        }
+        return barrier(&d);
+    }
     for (size_t base = 0; base < count; base += cap) {
         size_t c = count - base < cap ? count - base : cap;
         unsigned h = next_half(g);

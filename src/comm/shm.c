@@ -11,6 +11,10 @@
  *           slot a 64-byte frame header + payload
  *   window  2 x DT_SHM_WINDOW bytes that peers read directly (direct.c)
  *
+ * Single copy: the ctrl also holds its own address in its owner (a probe
+ * target), the owner's verdict on reading every peer with process_vm_readv
+ * and DT_SHM_CMA_MIN, so all members agree on using read_peer (direct.c).
+ *
  * A send copies fragments into the receiver's ring for this sender and
  * rings the receiver's doorbell; a receive copies (or reduces) them out
  * and rings the sender's doorbell to say space is free. Waiting is
@@ -35,12 +39,14 @@
 #include <linux/futex.h>
 #include <poll.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #ifndef SYS_pidfd_open
@@ -52,6 +58,10 @@ typedef struct shm_ctrl {
     _Atomic uint32_t sleeping;
     _Alignas(64) _Atomic uint64_t flag; /* direct: phases completed */
     dt__wire_hdr desc[2];               /* direct: op descriptor, by flag parity */
+    uint64_t cma_addr[2][2];            /* direct: buffer addresses, by flag parity */
+    uint64_t self_addr;                 /* where this ctrl lives in its owner (probe) */
+    uint64_t cma_min;                   /* owner's DT_SHM_CMA_MIN */
+    _Atomic int32_t cma_ok;             /* owner can read every peer (process_vm_readv) */
     _Alignas(64) _Atomic int32_t departed;
     _Atomic int32_t abort_status;
     _Atomic int32_t abort_lost;
@@ -85,6 +95,8 @@ typedef struct shm_t {
     char *mine;   /* my segment */
     size_t seg_size, ring_off, ring_size, win_off;
     size_t slot, nslots, window;
+    bool cma;       /* every member can process_vm_readv every other */
+    size_t cma_min; /* largest DT_SHM_CMA_MIN among members */
     struct pollfd *pfd;
 } shm_t;
 
@@ -306,6 +318,54 @@ static void shm_peer_info(dt__transport *tr, int peer, dt__peer_info *out) {
     out->window_size = t->window;
     out->flag = &p->ctrl->flag;
     out->desc = p->ctrl->desc;
+    out->cma = t->cma;
+    out->cma_min = t->cma_min;
+    out->addr = &p->ctrl->cma_addr[0][0];
+}
+
+/* One process_vm_readv loop. The address came from shared memory: it is
+ * only ever used as a remote address, so the kernel validates it against
+ * the peer's mappings (EFAULT), never dereferenced here. */
+static dt_status shm_read_peer(dt__transport *tr, int peer, void *dst, uint64_t addr, size_t len) {
+    shm_t *t = (shm_t *)tr;
+    if (peer < 0 || peer >= t->g->size || t->idx[peer] < 0 || !t->cma)
+        return dt_error_set(DT_ERR_INVALID, "shm: no single-copy path to rank %d", peer);
+    speer *p = &t->peers[t->idx[peer]];
+    if (addr == 0 || addr + len < addr)
+        return dt_error_set(DT_ERR_PEER, "shm: rank %d published a bad address 0x%llx (+%zu)",
+                            p->rank, (unsigned long long)addr, len);
+    char *d = dst;
+    while (len > 0) {
+        struct iovec l = {d, len}, r = {(void *)(uintptr_t)addr, len};
+        ssize_t got = process_vm_readv(p->pid, &l, 1, &r, 1, 0);
+        if (got < 0 && errno == EINTR)
+            continue;
+        if (got <= 0) {
+            int e = got < 0 ? errno : EFAULT;
+            if (e == ESRCH)
+                atomic_store(&t->g->lost, p->rank);
+            return dt_error_set(DT_ERR_PEER,
+                                "shm: process_vm_readv of %zu bytes at 0x%llx from rank %d "
+                                "(pid %d): %s",
+                                len, (unsigned long long)addr, p->rank, p->pid, strerror(e));
+        }
+        d += got;
+        addr += (uint64_t)got;
+        len -= (size_t)got;
+    }
+    return DT_OK;
+}
+
+/* Can I read peer p's memory? Read its pid from its ctrl in its own
+ * address space and compare. */
+static bool cma_probe(const shm_t *t, const speer *p) {
+    int32_t pid = 0;
+    struct iovec l = {&pid, sizeof pid},
+                 r = {(void *)(uintptr_t)(p->ctrl->self_addr + offsetof(shm_ctrl, pid)),
+                      sizeof pid};
+    (void)t;
+    return p->ctrl->self_addr != 0 && process_vm_readv(p->pid, &l, 1, &r, 1, 0) == sizeof pid &&
+           pid == p->pid;
 }
 
 static void shm_abort(dt__transport *tr, dt_status st, int lost_rank, bool owner) {
@@ -366,6 +426,7 @@ static const dt__transport_ops shm_ops = {
     .block = shm_block,
     .check = shm_check,
     .peer_info = shm_peer_info,
+    .read_peer = shm_read_peer,
     .abort = shm_abort,
     .reset = shm_reset,
     .notify = shm_notify,
@@ -461,6 +522,8 @@ dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transpor
     DT_CHECK_GOTO(map_segment(name, t->seg_size, true, &t->mine), st, fail);
     unlinked = false;
     ((shm_ctrl *)t->mine)->pid = getpid();
+    ((shm_ctrl *)t->mine)->self_addr = (uint64_t)(uintptr_t)t->mine;
+    ((shm_ctrl *)t->mine)->cma_min = g->cfg.shm_cma_min;
     atomic_store(&((shm_ctrl *)t->mine)->abort_lost, -1);
     t->peers[t->me].base = t->mine;
     t->peers[t->me].ctrl = (shm_ctrl *)t->mine;
@@ -488,6 +551,14 @@ dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transpor
             goto fail;
         }
     }
+    /* Single copy: probe every peer now (its ctrl was filled before its
+     * name was published); publish the verdict before the counter below, so
+     * after it every member sees every verdict and all agree. */
+    bool ok = g->cfg.shm_cma != 2;
+    for (int i = 0; ok && i < t->n; i++)
+        if (i != t->me)
+            ok = cma_probe(t, &t->peers[i]);
+    atomic_store(&((shm_ctrl *)t->mine)->cma_ok, ok ? 1 : 0);
     /* Everyone has mapped everything: unlink, so nothing outlives the job.
      * The counter is per host (named by its lowest rank): with several
      * hosts a shared one would reach n before this host's peers mapped. */
@@ -507,6 +578,20 @@ dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transpor
         DT_CHECK_GOTO(dt__store_add(g->job->store, key, 0, &cnt), st, fail);
     }
     shm_unlink(name);
+    t->cma = true;
+    t->cma_min = 0;
+    for (int i = 0; i < t->n; i++) {
+        t->cma = t->cma && atomic_load(&t->peers[i].ctrl->cma_ok) == 1;
+        if (t->peers[i].ctrl->cma_min > t->cma_min)
+            t->cma_min = (size_t)t->peers[i].ctrl->cma_min;
+    }
+    if (g->cfg.shm_cma == 1 && !t->cma && t->n > 1) {
+        st = dt_error_set(DT_ERR_UNSUPPORTED,
+                          "DT_SHM_CMA=on but process_vm_readv between local ranks fails here "
+                          "(ptrace scope? use auto or off)");
+        unlinked = true;
+        goto fail;
+    }
     *out = &t->base;
     return DT_OK;
 fail:
