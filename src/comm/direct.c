@@ -160,6 +160,7 @@ static void slice(size_t c, size_t es, int n, int i, size_t *off, size_t *len) {
  * identical everywhere; what is saved is a round of waiting for the slowest
  * rank, which dominates latency when ranks share cores. */
 #define SMALL_BYTES (16 << 10)
+#define CMA_PIECE   (128 << 10)
 
 static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t count) {
     dt__op *op = d->op;
@@ -190,13 +191,20 @@ dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, 
         slice(count, es, n, peer, &po, &pl);
         publish(&d, send, recv);
         DT_CHECK(barrier(&d));
-        char *dst = (char *)recv + so * es;
-        DT_CHECK(pull(&d, peer, dst, peer_addr(&d, peer, 0) + so * es, sl * es));
-        /* rank 0's input first, as in the window path */
-        if (me == 0)
-            dt_reduce(dst, (const char *)send + so * es, dst, sl, op->dtype, op->redop);
-        else
-            dt_reduce(dst, dst, (const char *)send + so * es, sl, op->dtype, op->redop);
+        /* Pull and reduce in cache-sized pieces, so the pulled bytes are
+         * still in cache when the reduction reads them. */
+        size_t piece = CMA_PIECE / es;
+        for (size_t b = 0; b < sl; b += piece) {
+            size_t c = sl - b < piece ? sl - b : piece;
+            char *dst = (char *)recv + (so + b) * es;
+            const char *mine = (const char *)send + (so + b) * es;
+            DT_CHECK(pull(&d, peer, dst, peer_addr(&d, peer, 0) + (so + b) * es, c * es));
+            /* rank 0's input first, as in the window path */
+            if (me == 0)
+                dt_reduce(dst, mine, dst, c, op->dtype, op->redop);
+            else
+                dt_reduce(dst, dst, mine, c, op->dtype, op->redop);
+        }
         DT_CHECK(barrier(&d));
         DT_CHECK(pull(&d, peer, (char *)recv + po * es, peer_addr(&d, peer, 1) + po * es, pl * es));
         return barrier(&d);
