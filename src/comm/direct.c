@@ -143,6 +143,15 @@ static char *win(dctx *d, int i, unsigned half) {
 
 static unsigned next_half(dt_group *g) { return (unsigned)(g->direct_chunk++ & 1); }
 
+/* dst = window 0 op window 1 op ... op window n-1, each read at byte offset
+ * off of half h: always in rank order, so every rank gets the same bits. */
+static void reduce_windows(dctx *d, unsigned h, size_t off, void *dst, size_t count) {
+    dt__op *op = d->op;
+    dt_reduce(dst, win(d, 0, h) + off, win(d, 1, h) + off, count, op->dtype, op->redop);
+    for (int i = 2; i < d->t->n; i++)
+        dt_reduce(dst, dst, win(d, i, h) + off, count, op->dtype, op->redop);
+}
+
 /* Slice i of c elements, cut in whole cache lines so no two ranks write the
  * same line. */
 static void slice(size_t c, size_t es, int n, int i, size_t *off, size_t *len) {
@@ -164,14 +173,12 @@ static void slice(size_t c, size_t es, int n, int i, size_t *off, size_t *len) {
 
 static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t count) {
     dt__op *op = d->op;
-    int n = d->t->n, me = d->t->me;
+    int me = d->t->me;
     size_t es = dt_dtype_size(op->dtype);
     unsigned h = next_half(op->g);
     memcpy(win(d, me, h), send, count * es);
     DT_CHECK(barrier(d));
-    dt_reduce(recv, win(d, 0, h), win(d, 1, h), count, op->dtype, op->redop);
-    for (int i = 2; i < n; i++)
-        dt_reduce(recv, recv, win(d, i, h), count, op->dtype, op->redop);
+    reduce_windows(d, h, 0, recv, count);
     return DT_OK;
 }
 
@@ -218,10 +225,7 @@ dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, 
         slice(c, es, n, me, &so, &sl);
         char *dst = (char *)recv + (base + so) * es;
         if (sl) {
-            dt_reduce(dst, win(&d, 0, h) + so * es, win(&d, 1, h) + so * es, sl, op->dtype,
-                      op->redop);
-            for (int i = 2; i < n; i++)
-                dt_reduce(dst, dst, win(&d, i, h) + so * es, sl, op->dtype, op->redop);
+            reduce_windows(&d, h, so * es, dst, sl);
             memcpy(win(&d, me, h) + so * es, dst, sl * es);
         }
         DT_CHECK(barrier(&d));
@@ -254,9 +258,7 @@ dt_status dt__direct_reduce_scatter(dt__op *op, const dt__team *t, const void *s
         DT_CHECK(barrier(&d));
         size_t mo = (size_t)me * c * es;
         char *dst = out + base * es;
-        dt_reduce(dst, win(&d, 0, h) + mo, win(&d, 1, h) + mo, c, op->dtype, op->redop);
-        for (int i = 2; i < n; i++)
-            dt_reduce(dst, dst, win(&d, i, h) + mo, c, op->dtype, op->redop);
+        reduce_windows(&d, h, mo, dst, c);
     }
     return DT_OK;
 }

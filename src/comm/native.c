@@ -135,6 +135,31 @@ static dt_status nat_reduce(dt__op *op) {
     return dt__tree_reduce(op, &all, op->send, op->recv, op->count, op->root);
 }
 
+/* The root's side of scatter (sends from `in`) and gather (receives into
+ * `out`; exactly one of the two is set): one transfer of blk bytes with every
+ * other rank, rank r's block at offset r * blk. */
+static dt_status root_exchange(dt__op *op, const char *in, char *out, size_t blk) {
+    dt_group *g = op->g;
+    if (g->size == 1)
+        return DT_OK;
+    dt__xfer *xs = malloc((size_t)g->size * sizeof *xs);
+    if (!xs)
+        return dt_error_set(DT_ERR_NOMEM, "%s: out of memory", in ? "scatter" : "gather");
+    dt_status st = DT_OK;
+    int n = 0;
+    for (int r = 0; r < g->size && st == DT_OK; r++) {
+        if (r == g->rank)
+            continue;
+        size_t o = (size_t)r * blk;
+        st = in ? dt__post_send(op, &xs[n++], r, in + o, blk)
+                : dt__post_recv(op, &xs[n++], r, out + o, blk);
+    }
+    if (st == DT_OK)
+        st = dt__waitall(op, xs, n);
+    free(xs);
+    return st;
+}
+
 static dt_status nat_gather(dt__op *op) {
     dt_group *g = op->g;
     size_t blk = op->count * esz(op);
@@ -148,20 +173,7 @@ static dt_status nat_gather(dt__op *op) {
     char *out = op->recv;
     if (op->send != op->recv)
         memcpy(out + (size_t)g->rank * blk, op->send, blk);
-    if (g->size == 1)
-        return DT_OK;
-    dt__xfer *xs = malloc((size_t)g->size * sizeof *xs);
-    if (!xs)
-        return dt_error_set(DT_ERR_NOMEM, "gather: out of memory");
-    dt_status st = DT_OK;
-    int n = 0;
-    for (int r = 0; r < g->size && st == DT_OK; r++)
-        if (r != g->rank)
-            st = dt__post_recv(op, &xs[n++], r, out + (size_t)r * blk, blk);
-    if (st == DT_OK)
-        st = dt__waitall(op, xs, n);
-    free(xs);
-    return st;
+    return root_exchange(op, NULL, out, blk);
 }
 
 static dt_status nat_scatter(dt__op *op) {
@@ -177,20 +189,7 @@ static dt_status nat_scatter(dt__op *op) {
     const char *in = op->send;
     if (op->send != op->recv)
         memcpy(op->recv, in + (size_t)g->rank * blk, blk);
-    if (g->size == 1)
-        return DT_OK;
-    dt__xfer *xs = malloc((size_t)g->size * sizeof *xs);
-    if (!xs)
-        return dt_error_set(DT_ERR_NOMEM, "scatter: out of memory");
-    dt_status st = DT_OK;
-    int n = 0;
-    for (int r = 0; r < g->size && st == DT_OK; r++)
-        if (r != g->rank)
-            st = dt__post_send(op, &xs[n++], r, in + (size_t)r * blk, blk);
-    if (st == DT_OK)
-        st = dt__waitall(op, xs, n);
-    free(xs);
-    return st;
+    return root_exchange(op, in, NULL, blk);
 }
 
 static dt_status nat_alltoall(dt__op *op) {

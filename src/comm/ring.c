@@ -58,6 +58,18 @@ static void chunk_range(const ring_plan *p, int blk, int c, size_t *off, size_t 
 
 static int mod(int a, int n) { return ((a % n) + n) % n; }
 
+/* Post the receive of chunk c of block blk from the left neighbour: reduced
+ * into dst (dst = in op payload, staged in tmp) when `in` is set, else stored
+ * at dst. */
+static dt_status post_chunk_recv(const ring_plan *p, dt__xfer *x, int blk, int c, char *dst,
+                                 const char *in, char *tmp) {
+    size_t off, len;
+    chunk_range(p, blk, c, &off, &len);
+    if (in)
+        return dt__post_recv_reduce(p->op, x, p->left, tmp + off, len, dst + off, in + off);
+    return dt__post_recv(p->op, x, p->left, dst + off, len);
+}
+
 /*
  * One pass of n-1 steps. Step s sends block sblk(s) and receives rblk(s),
  * with rblk(s) == sblk(s+1). With `in` non-NULL the received chunk is
@@ -81,15 +93,8 @@ static dt_status ring_pass(ring_plan *p, int sfirst, const char *src0, char *dst
 #define RBLK(s) mod(me - (s)-sfirst - 1, n)
     size_t off, len;
     int sb = SBLK(0), rb = RBLK(0);
-    for (int c = 0; c < nchunks(p, rb); c++) {
-        chunk_range(p, rb, c, &off, &len);
-        if (in)
-            st = dt__post_recv_reduce(p->op, &rx[c], p->left, tmp + off, len, dst + off, in + off);
-        else
-            st = dt__post_recv(p->op, &rx[c], p->left, dst + off, len);
-        if (st != DT_OK)
-            goto out;
-    }
+    for (int c = 0; c < nchunks(p, rb); c++)
+        DT_CHECK_GOTO(post_chunk_recv(p, &rx[c], rb, c, dst, in, tmp), st, out);
     for (int c = 0; c < nchunks(p, sb); c++) {
         chunk_range(p, sb, c, &off, &len);
         DT_CHECK_GOTO(dt__post_send(p->op, &tx[c], p->right, src0 + off, len), st, out);
@@ -111,29 +116,13 @@ static dt_status ring_pass(ring_plan *p, int sfirst, const char *src0, char *dst
             chunk_range(p, rb, c, &off, &len);
             DT_CHECK_GOTO(dt__post_send(p->op, x, p->right, dst + off, len), st, out);
             txl[nxt * C + c] = true;
-            if (c < nnext) {
-                int b2 = RBLK(s + 1);
-                chunk_range(p, b2, c, &off, &len);
-                if (in)
-                    st = dt__post_recv_reduce(p->op, &rx[nxt * C + c], p->left, tmp + off, len,
-                                              dst + off, in + off);
-                else
-                    st = dt__post_recv(p->op, &rx[nxt * C + c], p->left, dst + off, len);
-                if (st != DT_OK)
-                    goto out;
-            }
+            if (c < nnext)
+                DT_CHECK_GOTO(post_chunk_recv(p, &rx[nxt * C + c], RBLK(s + 1), c, dst, in, tmp),
+                              st, out);
         }
-        for (int c = nrb; c < nnext; c++) { /* the next block has more chunks */
-            int b2 = RBLK(s + 1);
-            chunk_range(p, b2, c, &off, &len);
-            if (in)
-                st = dt__post_recv_reduce(p->op, &rx[nxt * C + c], p->left, tmp + off, len,
-                                          dst + off, in + off);
-            else
-                st = dt__post_recv(p->op, &rx[nxt * C + c], p->left, dst + off, len);
-            if (st != DT_OK)
-                goto out;
-        }
+        for (int c = nrb; c < nnext; c++) /* the next block has more chunks */
+            DT_CHECK_GOTO(post_chunk_recv(p, &rx[nxt * C + c], RBLK(s + 1), c, dst, in, tmp), st,
+                          out);
     }
 #undef SBLK
 #undef RBLK

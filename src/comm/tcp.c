@@ -148,16 +148,33 @@ static dt_status lost(tcp_t *t, tpeer *p, const char *what, int err) {
     return dt_error_set(DT_ERR_PEER, "%s: rank %d is lost", what, p->rank);
 }
 
+/* What is left of a part's frame as at most two iovecs (header, payload);
+ * returns how many. */
+static int part_iov(dt__part *pt, struct iovec iov[2]) {
+    int n = 0;
+    if (pt->hdr_done < sizeof pt->hdr)
+        iov[n++] = (struct iovec){(char *)&pt->hdr + pt->hdr_done, sizeof pt->hdr - pt->hdr_done};
+    if (pt->done < pt->len)
+        iov[n++] = (struct iovec){pt->x->buf + pt->offset + pt->done, pt->len - pt->done};
+    return n;
+}
+
+/* Account r bytes moved through part_iov's vectors: header first, then payload. */
+static void part_advance(dt__part *pt, size_t r) {
+    size_t h = sizeof pt->hdr - pt->hdr_done;
+    if (r >= h) {
+        pt->hdr_done = sizeof pt->hdr;
+        pt->done += (uint64_t)(r - h);
+    } else {
+        pt->hdr_done += (unsigned)r;
+    }
+}
+
 static dt_status drive_send(tcp_t *t, tpeer *p, tsock *s, bool *progressed) {
     while (s->sq) {
         dt__part *pt = s->sq;
         struct iovec iov[2];
-        int n = 0;
-        if (pt->hdr_done < sizeof pt->hdr)
-            iov[n++] =
-                (struct iovec){(char *)&pt->hdr + pt->hdr_done, sizeof pt->hdr - pt->hdr_done};
-        if (pt->done < pt->len)
-            iov[n++] = (struct iovec){pt->x->buf + pt->offset + pt->done, pt->len - pt->done};
+        int n = part_iov(pt, iov);
         ssize_t r = 0;
         if (n > 0) {
             struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
@@ -170,13 +187,7 @@ static dt_status drive_send(tcp_t *t, tpeer *p, tsock *s, bool *progressed) {
                 return lost(t, p, "sending failed", errno);
             }
             *progressed = true;
-            size_t h = sizeof pt->hdr - pt->hdr_done;
-            if ((size_t)r >= h) {
-                pt->hdr_done = sizeof pt->hdr;
-                pt->done += (uint64_t)r - h;
-            } else {
-                pt->hdr_done += (unsigned)r;
-            }
+            part_advance(pt, (size_t)r);
             s->midframe = true;
         }
         if (pt->hdr_done == sizeof pt->hdr && pt->done == pt->len) {
@@ -196,16 +207,11 @@ static dt_status drive_recv(tcp_t *t, tpeer *p, tsock *s, bool *progressed) {
     while (s->rq) {
         dt__part *pt = s->rq;
         dt__xfer *x = pt->x;
-        struct iovec iov[2];
-        int n = 0;
-        if (pt->hdr_done < sizeof pt->hdr)
-            iov[n++] =
-                (struct iovec){(char *)&pt->hdr + pt->hdr_done, sizeof pt->hdr - pt->hdr_done};
         /* Reading the payload in the same call saves a syscall per message;
          * it lands inside the posted range whatever the header says, and a
          * bad header fails the operation before anyone looks at it. */
-        if (pt->done < pt->len)
-            iov[n++] = (struct iovec){x->buf + pt->offset + pt->done, pt->len - pt->done};
+        struct iovec iov[2];
+        int n = part_iov(pt, iov);
         if (n > 0) {
             struct msghdr mh = {.msg_iov = iov, .msg_iovlen = (size_t)n};
             ssize_t r = recvmsg(s->fd, &mh, MSG_DONTWAIT);
@@ -226,13 +232,7 @@ static dt_status drive_recv(tcp_t *t, tpeer *p, tsock *s, bool *progressed) {
             }
             *progressed = true;
             unsigned before = pt->hdr_done;
-            size_t h = sizeof pt->hdr - before;
-            if ((size_t)r >= h) {
-                pt->hdr_done = sizeof pt->hdr;
-                pt->done += (uint64_t)r - h;
-            } else {
-                pt->hdr_done += (unsigned)r;
-            }
+            part_advance(pt, (size_t)r);
             if (before < sizeof pt->hdr && pt->hdr_done == sizeof pt->hdr) {
                 dt__wire_hdr got;
                 DT_CHECK(dt__wire_decode(&pt->hdr, sizeof pt->hdr, &got));
