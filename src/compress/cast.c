@@ -137,12 +137,11 @@ static int f16_level(void) {
     static int level = -1;
     int l = __atomic_load_n(&level, __ATOMIC_RELAXED);
     if (l < 0) {
-        __builtin_cpu_init();
         /* F16C from CPUID directly: clang's __builtin_cpu_supports does not
          * know "f16c"; "avx" also checks that the OS saves the registers. */
         unsigned a, b, c, d;
         bool f16c = __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
-        l = __builtin_cpu_supports("avx512f") ? 2 : (f16c && __builtin_cpu_supports("avx")) ? 1 : 0;
+        l = dt__have_avx512f() ? 2 : (f16c && __builtin_cpu_supports("avx")) ? 1 : 0;
         __atomic_store_n(&level, l, __ATOMIC_RELAXED);
     }
     return l;

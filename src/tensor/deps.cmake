@@ -1,6 +1,7 @@
 # tensor: sgemm comes from OpenBLAS (cblas interface), our own kernels use
 # OpenMP. Debian installs OpenBLAS's cblas.h under an openblas-<variant>
 # directory; look there first so we never pick up the reference (netlib) one.
+# This is libdtrain's one OpenBLAS lookup: amp and compress use it too.
 find_package(OpenMP REQUIRED COMPONENTS C)
 find_library(OPENBLAS_LIBRARY NAMES openblas
              PATH_SUFFIXES openblas-pthread openblas-openmp openblas-serial openblas REQUIRED)

@@ -422,6 +422,7 @@ static void test_qsgd_wire_format(void) {
         dt_codec_spec spec = {.kind = DT_CODEC_QSGD, .bits = bits};
         dt_compressor *c;
         ASSERT_OK(dt_compressor_create(&c, &spec, n, NULL));
+        ASSERT_EQ(dt_compressor_count(c), n);
         size_t cap = dt_compressor_encoded_bytes(c), used;
         uint8_t *buf = dt_alloc(cap);
         ASSERT_OK(dt_compressor_compress(c, x, 1, buf, cap, &used));
