@@ -74,7 +74,7 @@ static int run_bench(cli_args *a) {
         cli_usage_error(a->cmd, "which benchmark? (see 'dtrain help bench')");
     for (size_t i = 0; i < NBENCHES; i++) {
         if (strcmp(benches[i]->name, a->argv[0]) == 0) {
-            static cli_args sub; /* static: its argv array stays reachable (LSan) */
+            cli_args sub;
             cli_parse(benches[i], a->argc, a->argv, &sub);
             return benches[i]->run(&sub);
         }

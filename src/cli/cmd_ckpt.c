@@ -143,7 +143,7 @@ static int run_ckpt(cli_args *a) {
     if (a->argc < 1)
         cli_usage_error(a->cmd, "which action? (info)");
     if (strcmp(a->argv[0], "info") == 0) {
-        static cli_args sub; /* static: what it points to stays reachable (LSan) */
+        cli_args sub;
         cli_parse(&ckpt_info, a->argc, a->argv, &sub);
         return ckpt_info.run(&sub);
     }
