@@ -134,15 +134,8 @@ static void on_bucket(void *user, size_t begin, size_t end) {
 /* Setup                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static dt_status bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static dt_status bad(const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return dt_error_set(DT_ERR_INVALID, "%s", msg);
-}
+/* A rejected configuration value. */
+#define bad(...) dt_error_set(DT_ERR_INVALID, __VA_ARGS__)
 
 static dt_status check_config(const dt_train_config *c) {
     if (!c->data || !*c->data)
