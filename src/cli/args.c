@@ -354,3 +354,17 @@ double cli_double(const cli_args *a, const char *name) { return cli_get(a, name)
 bool cli_bool(const cli_args *a, const char *name) { return cli_get(a, name)->b; }
 int cli_enum(const cli_args *a, const char *name) { return cli_get(a, name)->e; }
 bool cli_is_set(const cli_args *a, const char *name) { return cli_get(a, name)->set; }
+
+int cli_run_sub(cli_args *a, const cli_cmd *const *subs, size_t n, const char *what,
+                const char *hint) {
+    if (a->argc < 1)
+        cli_usage_error(a->cmd, "which %s? %s", what, hint);
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(subs[i]->name, a->argv[0]) == 0) {
+            cli_args sub;
+            cli_parse(subs[i], a->argc, a->argv, &sub);
+            return subs[i]->run(&sub);
+        }
+    }
+    cli_usage_error(a->cmd, "unknown %s '%s' %s", what, a->argv[0], hint);
+}
