@@ -103,17 +103,21 @@ int cli_fail(dt_status st) {
     return st == DT_ERR_INVALID ? 2 : 1;
 }
 
-/* Positional lists live until exit, like argv; keeping them reachable from
- * a global lets LeakSanitizer see that (nested subcommands parse twice). */
-static char **kept_positional[8];
+/* What a parse hands out (positional lists, config values in use) lives
+ * until exit, like argv. One global list keeps it reachable, so that
+ * LeakSanitizer sees that and callers need no static cli_args of their own;
+ * a parser used many times leaks nothing. */
+static void **kept;
+static size_t nkept, capkept;
 
-static void keep_until_exit(char **list) {
-    for (size_t i = 0; i < sizeof kept_positional / sizeof kept_positional[0]; i++) {
-        if (!kept_positional[i]) {
-            kept_positional[i] = list;
-            return;
-        }
+static void keep_until_exit(void *p) {
+    if (nkept == capkept) {
+        capkept = capkept ? 2 * capkept : 16;
+        void **grown = realloc(kept, capkept * sizeof *kept);
+        DT_ASSERT(grown);
+        kept = grown;
     }
+    kept[nkept++] = p;
 }
 
 /* Convert the resolved text of option i; on error print and exit 2. */
@@ -325,23 +329,13 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
         if (v->text)
             convert(cmd, o, v, knob);
     }
-    /* Config values in use live until exit, like argv (kept reachable in
-     * a static list, so a parser used many times leaks nothing); the rest go. */
-    static char **kept;
-    static size_t nkept, capkept;
+    /* Config values in use are kept (see keep_until_exit); the rest go. */
     for (int i = 0; i < n; i++) {
         free(cfg_knob[i]);
-        if (out->values[i].text != cfg_text[i]) {
+        if (cfg_text[i] && out->values[i].text == cfg_text[i])
+            keep_until_exit(cfg_text[i]);
+        else
             free(cfg_text[i]);
-            continue;
-        }
-        if (nkept == capkept) {
-            capkept = capkept ? 2 * capkept : 16;
-            char **grown = realloc(kept, capkept * sizeof *kept);
-            DT_ASSERT(grown);
-            kept = grown;
-        }
-        kept[nkept++] = cfg_text[i];
     }
 }
 
@@ -360,3 +354,17 @@ double cli_double(const cli_args *a, const char *name) { return cli_get(a, name)
 bool cli_bool(const cli_args *a, const char *name) { return cli_get(a, name)->b; }
 int cli_enum(const cli_args *a, const char *name) { return cli_get(a, name)->e; }
 bool cli_is_set(const cli_args *a, const char *name) { return cli_get(a, name)->set; }
+
+int cli_run_sub(cli_args *a, const cli_cmd *const *subs, size_t n, const char *what,
+                const char *hint) {
+    if (a->argc < 1)
+        cli_usage_error(a->cmd, "which %s? %s", what, hint);
+    for (size_t i = 0; i < n; i++) {
+        if (strcmp(subs[i]->name, a->argv[0]) == 0) {
+            cli_args sub;
+            cli_parse(subs[i], a->argc, a->argv, &sub);
+            return subs[i]->run(&sub);
+        }
+    }
+    cli_usage_error(a->cmd, "unknown %s '%s' %s", what, a->argv[0], hint);
+}

@@ -91,6 +91,11 @@ void cli_print_help(const cli_cmd *cmd, FILE *out);
 /* Print "dtrain <cmd>: error: <msg>" and the usage, then exit 2. */
 _Noreturn void cli_usage_error(const cli_cmd *cmd, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
+/* For a command of subcommands (bench, data, ckpt): parse a->argv as the
+ * one of subs[0..n) it names and run it; a missing or unknown name is a
+ * usage error ("which WHAT? HINT", "unknown WHAT 'x' HINT"). */
+int cli_run_sub(cli_args *a, const cli_cmd *const *subs, size_t n, const char *what,
+                const char *hint);
 /* Print "dtrain: error: <dt_last_error() or strerror>" and return an exit
  * code for the status (1 in general, 2 for DT_ERR_INVALID). */
 int cli_fail(dt_status st);

@@ -73,16 +73,7 @@ static const char bench_description[] =
     "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {
-    if (a->argc < 1)
-        cli_usage_error(a->cmd, "which benchmark? (see 'dtrain help bench')");
-    for (size_t i = 0; i < NBENCHES; i++) {
-        if (strcmp(benches[i]->name, a->argv[0]) == 0) {
-            static cli_args sub; /* static: its argv array stays reachable (LSan) */
-            cli_parse(benches[i], a->argc, a->argv, &sub);
-            return benches[i]->run(&sub);
-        }
-    }
-    cli_usage_error(a->cmd, "unknown benchmark '%s'", a->argv[0]);
+    return cli_run_sub(a, benches, NBENCHES, "benchmark", "(see 'dtrain help bench')");
 }
 
 const cli_cmd cli_cmd_bench = {

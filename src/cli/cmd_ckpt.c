@@ -140,14 +140,8 @@ static const cli_cmd ckpt_info = {
 static const cli_opt ckpt_opts[] = {{0}};
 
 static int run_ckpt(cli_args *a) {
-    if (a->argc < 1)
-        cli_usage_error(a->cmd, "which action? (info)");
-    if (strcmp(a->argv[0], "info") == 0) {
-        static cli_args sub; /* static: what it points to stays reachable (LSan) */
-        cli_parse(&ckpt_info, a->argc, a->argv, &sub);
-        return ckpt_info.run(&sub);
-    }
-    cli_usage_error(a->cmd, "unknown action '%s' (expected: info)", a->argv[0]);
+    static const cli_cmd *const subs[] = {&ckpt_info};
+    return cli_run_sub(a, subs, 1, "action", "(expected: info)");
 }
 
 const cli_cmd cli_cmd_ckpt = {

@@ -144,16 +144,7 @@ static const cli_cmd *const data_cmds[] = {&data_prepare, &data_info};
 static const cli_opt data_opts[] = {{0}};
 
 static int run_data(cli_args *a) {
-    if (a->argc < 1)
-        cli_usage_error(a->cmd, "which action? prepare or info (see 'dtrain help data')");
-    for (size_t i = 0; i < NDATA; i++) {
-        if (strcmp(data_cmds[i]->name, a->argv[0]) == 0) {
-            cli_args sub;
-            cli_parse(data_cmds[i], a->argc, a->argv, &sub);
-            return data_cmds[i]->run(&sub);
-        }
-    }
-    cli_usage_error(a->cmd, "unknown action '%s' (prepare, info)", a->argv[0]);
+    return cli_run_sub(a, data_cmds, NDATA, "action", "(prepare, info; see 'dtrain help data')");
 }
 
 const cli_cmd cli_cmd_data = {

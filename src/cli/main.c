@@ -80,7 +80,7 @@ int main(int argc, char **argv) {
         print_main_help(stderr);
         return 2;
     }
-    static cli_args args; /* static: its argv array stays reachable until exit (LSan) */
+    cli_args args;
     cli_parse(cmd, argc - 1, argv + 1, &args);
     return cmd->run(&args);
 }

@@ -128,29 +128,37 @@ static dt_status fsync_dir(const char *dir) {
     return DT_OK;
 }
 
+/* Write all of data to fd (EINTR-safe, in chunks of at most 1 GiB); on
+ * failure the error names `what` and path. */
+static dt_status write_fd(int fd, const void *data, size_t len, const char *what,
+                          const char *path) {
+    const char *p = data;
+    while (len > 0) {
+        size_t chunk = len < (1u << 30) ? len : (1u << 30);
+        ssize_t n = write(fd, p, chunk);
+        if (n < 0 && errno == EINTR)
+            continue;
+        if (n <= 0) {
+            if (n == 0)
+                errno = ENOSPC;
+            return io_error(what, path);
+        }
+        p += n;
+        len -= (size_t)n;
+    }
+    return DT_OK;
+}
+
 typedef struct writer {
     int fd;
     const char *path; /* for messages: the final name */
     dt_hasher *hash;
-    uint64_t written;
 } writer;
 
+/* Everything before the trailer goes through here, into the checksum. */
 static dt_status write_all(writer *w, const void *data, size_t len) {
-    const char *p = data;
     dt_hasher_update(w->hash, data, len);
-    while (len > 0) {
-        size_t chunk = len < (1u << 30) ? len : (1u << 30);
-        ssize_t n = write(w->fd, p, chunk);
-        if (n < 0) {
-            if (errno == EINTR)
-                continue;
-            return io_error("cannot write checkpoint", w->path);
-        }
-        p += n;
-        len -= (size_t)n;
-        w->written += (uint64_t)n;
-    }
-    return DT_OK;
+    return write_fd(w->fd, data, len, "cannot write checkpoint", w->path);
 }
 
 static dt_status write_zeros(writer *w, size_t len) {
@@ -243,16 +251,7 @@ dt_status dt_ckpt_write_file(const char *path, const dt_ckpt_section *sections, 
     }
     ckpt_trailer tr = {.checksum = dt_hasher_final(w.hash)};
     memcpy(tr.magic, ckpt_end_magic, 8);
-    ssize_t wn;
-    do
-        wn = write(w.fd, &tr, sizeof tr);
-    while (wn < 0 && errno == EINTR);
-    if (wn != (ssize_t)sizeof tr) {
-        if (wn >= 0)
-            errno = ENOSPC;
-        st = io_error("cannot write checkpoint", path);
-        goto fail;
-    }
+    DT_CHECK_GOTO(write_fd(w.fd, &tr, sizeof tr, "cannot write checkpoint", path), st, fail);
     if (fsync(w.fd) != 0) {
         st = io_error("cannot fsync checkpoint", path);
         goto fail;
@@ -288,19 +287,7 @@ dt_status dt__write_file_atomic(const char *path, const void *data, size_t len) 
     int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
     if (fd < 0)
         return io_error("cannot create", tmp);
-    dt_status st = DT_OK;
-    const char *p = data;
-    while (len > 0) {
-        ssize_t n = write(fd, p, len);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n < 0) {
-            st = io_error("cannot write", path);
-            break;
-        }
-        p += n;
-        len -= (size_t)n;
-    }
+    dt_status st = write_fd(fd, data, len, "cannot write", path);
     if (st == DT_OK && fsync(fd) != 0)
         st = io_error("cannot fsync", path);
     if (close(fd) != 0 && st == DT_OK)

@@ -97,6 +97,7 @@ typedef struct trainer {
     bool update_in_finish; /* no clipping: update each bucket as it arrives */
     dt_json cfg_json;      /* the resolved config */
     const char *cfg_text;
+    int64_t kill_at, perturb_at; /* test hooks (maybe_fault): step or -1 */
 } trainer;
 
 /* ------------------------------------------------------------------------ */
@@ -133,15 +134,8 @@ static void on_bucket(void *user, size_t begin, size_t end) {
 /* Setup                                                                    */
 /* ------------------------------------------------------------------------ */
 
-static dt_status bad(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
-static dt_status bad(const char *fmt, ...) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return dt_error_set(DT_ERR_INVALID, "%s", msg);
-}
+/* A rejected configuration value. */
+#define bad(...) dt_error_set(DT_ERR_INVALID, __VA_ARGS__)
 
 static dt_status check_config(const dt_train_config *c) {
     if (!c->data || !*c->data)
@@ -645,24 +639,26 @@ static double median(double *v, size_t n) {
 /* Test hooks, acting on the first attempt of a job only (DT_RESTART_COUNT
  * unset or 0): DT_FAULT_KILL="RANK:STEP" makes that rank SIGKILL itself
  * after finishing STEP; DT_FAULT_PERTURB="RANK:STEP" makes it change one
- * parameter, which --check-every must then catch. */
-static bool fault_at(const trainer *t, const char *var) {
+ * parameter, which --check-every must then catch. Read once at setup: the
+ * step at which this rank acts, or -1. */
+static int64_t fault_step(const trainer *t, const char *var) {
     const char *f = getenv(var);
     const char *rc = getenv("DT_RESTART_COUNT");
     int r;
     long long s;
-    if (!f || (rc && *rc && strcmp(rc, "0") != 0) || sscanf(f, "%d:%lld", &r, &s) != 2)
-        return false;
-    return r == t->rank && s == t->step;
+    if (!f || (rc && *rc && strcmp(rc, "0") != 0) || sscanf(f, "%d:%lld", &r, &s) != 2 ||
+        r != t->rank)
+        return -1;
+    return s;
 }
 
 static void maybe_fault(trainer *t) {
-    if (fault_at(t, "DT_FAULT_PERTURB")) {
+    if (t->step == t->perturb_at) {
         fprintf(stderr, "[rank %d] DT_FAULT_PERTURB: changing a parameter after step %lld\n",
                 t->rank, (long long)t->step);
         dt_gpt_params(t->m)[t->n / 2] += 1.0f;
     }
-    if (fault_at(t, "DT_FAULT_KILL")) {
+    if (t->step == t->kill_at) {
         fprintf(stderr, "[rank %d] DT_FAULT_KILL: killing myself after step %lld\n", t->rank,
                 (long long)t->step);
         fflush(stderr);
@@ -710,6 +706,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         t->world = dt_group_size(t->g);
         dt_log_set_rank(t->rank);
     }
+    t->kill_at = fault_step(t, "DT_FAULT_KILL");
+    t->perturb_at = fault_step(t, "DT_FAULT_PERTURB");
     int threads = c->threads;
     if (threads <= 0) {
         int local = t->g ? dt_group_local_size(t->g) : 1;
