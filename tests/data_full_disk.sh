@@ -22,7 +22,7 @@ out=$("$DTRAIN" data prepare "$dir/big.txt" -o "$dir/disk/out.tok" 2>&1); rc=$?
 [ $rc -ne 0 ] || fail "prepare onto a full disk succeeded"
 case $out in *"No space left on device"*) ;; *) fail "message lacks the cause: $out" ;; esac
 echo "ok: full disk -> exit $rc: $(echo "$out" | head -1)"
-left=$(ls "$dir/disk" | grep -c tmp)
+left=$(ls -A "$dir/disk" | grep -c tmp)
 [ "$left" = 0 ] || fail "temporary file left: $(ls "$dir/disk")"
 n=$(wc -c < "$dir/small.txt")
 "$DTRAIN" data info "$dir/disk/out.tok" | grep -q "^tokens *$n\$" ||

@@ -209,6 +209,32 @@ double dt_now(void);
 void dt_sleep_ms(unsigned ms);
 
 /* ------------------------------------------------------------------------ */
+/* Files                                                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Write all of data to fd, restarting after EINTR and short writes. A full
+ * disk gives DT_ERR_NOSPACE, other failures DT_ERR_IO; the message names
+ * `path` and the cause ("No space left on device"). */
+dt_status dt_file_write_all(int fd, const void *data, size_t len, const char *path);
+
+/* fsync a directory so that a rename or unlink inside it is durable. File
+ * systems that cannot fsync directories (EINVAL, ENOTSUP) are not an error. */
+dt_status dt_fsync_dir(const char *dir);
+
+/* One piece of a file written by dt_file_write_atomic. */
+typedef struct dt_file_part {
+    const void *data; /* bytes of this piece */
+    size_t len;       /* their count */
+} dt_file_part;
+
+/* Replace `path` with the concatenation of parts[0..nparts) so that the name
+ * only ever holds the old or the complete new content: write a temporary file
+ * in the same directory, fsync it, rename it over `path`, fsync the
+ * directory. On failure the temporary file is removed and `path` is
+ * untouched. */
+dt_status dt_file_write_atomic(const char *path, const dt_file_part *parts, int nparts);
+
+/* ------------------------------------------------------------------------ */
 /* Threads                                                                  */
 /* ------------------------------------------------------------------------ */
 

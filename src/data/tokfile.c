@@ -344,76 +344,12 @@ const char *dt_token_file_path(const dt_token_file *f) { return f->path; }
 
 /* ---- writing ---- */
 
-static dt_status write_errno(const char *path, const char *what) {
-    dt_status st = (errno == ENOSPC || errno == EDQUOT) ? DT_ERR_NOSPACE : DT_ERR_IO;
-    return dt_error_set_errno(st, "%s: cannot %s", path, what);
-}
-
-static dt_status fsync_dir_of(const char *path) {
-    char *dir = strdup(path);
-    if (!dir)
-        return dt_error_set(DT_ERR_NOMEM, "out of memory");
-    char *slash = strrchr(dir, '/');
-    const char *d = ".";
-    if (slash) {
-        slash[slash == dir ? 1 : 0] = 0;
-        d = dir;
-    }
-    dt_status st = DT_OK;
-    int fd = open(d, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0 || fsync(fd) != 0)
-        st = dt_error_set_errno(DT_ERR_IO, "%s: cannot fsync directory", d);
-    if (fd >= 0)
-        close(fd);
-    free(dir);
-    return st;
-}
-
 dt_status dt_data_prepare(const char *in_txt, const char *out_tok, dt_tokenizer_kind kind) {
     if ((unsigned)kind >= DT_TOKENIZER_COUNT)
         return dt_error_set(DT_ERR_INVALID, "unknown tokenizer kind %d", (int)kind);
     dt_token_file *f = NULL;
     DT_CHECK(dt_token_file_from_text(&f, in_txt, kind, NULL));
-    size_t tlen = strlen(out_tok) + 32;
-    char *tmp = malloc(tlen);
-    if (!tmp) {
-        dt_token_file_close(f);
-        return dt_error_set(DT_ERR_NOMEM, "out of memory");
-    }
-    snprintf(tmp, tlen, "%s.tmp.%ld", out_tok, (long)getpid());
-    dt_status st = DT_OK;
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0) {
-        st = write_errno(tmp, "create");
-        goto done;
-    }
-    const uint8_t *p = f->image;
-    size_t left = f->image_len;
-    while (left > 0) {
-        ssize_t w = write(fd, p, left);
-        if (w < 0 && errno == EINTR)
-            continue;
-        if (w <= 0) {
-            if (w == 0)
-                errno = ENOSPC;
-            st = write_errno(tmp, "write");
-            break;
-        }
-        p += w;
-        left -= (size_t)w;
-    }
-    if (st == DT_OK && fsync(fd) != 0)
-        st = write_errno(tmp, "fsync");
-    if (close(fd) != 0 && st == DT_OK)
-        st = write_errno(tmp, "close");
-    if (st == DT_OK && rename(tmp, out_tok) != 0)
-        st = write_errno(tmp, "rename to the output file");
-    if (st != DT_OK)
-        unlink(tmp);
-    else
-        st = fsync_dir_of(out_tok);
-done:
-    free(tmp);
+    dt_status st = dt_file_write_atomic(out_tok, &(dt_file_part){f->image, f->image_len}, 1);
     dt_token_file_close(f);
     return st;
 }

@@ -45,33 +45,15 @@ dt_status dt_gpt_save_weights(const dt_gpt *m, const char *path, const uint8_t *
     uint64_t sum = dt_hasher_final(hs);
     dt_hasher_destroy(hs);
 
-    char tmp[4096];
-    if (snprintf(tmp, sizeof tmp, "%s.tmp", path) >= (int)sizeof tmp)
-        return dt_error_set(DT_ERR_INVALID, "weights file path too long: %s", path);
-    FILE *f = fopen(tmp, "wb");
-    if (!f)
-        return dt_error_set_errno(DT_ERR_IO, "cannot create weights file %s", tmp);
-    bool ok = fwrite(&h, sizeof h, 1, f) == 1 &&
-              fwrite(vocab_bytes, 1, (size_t)vocab_bytes_len, f) == (size_t)vocab_bytes_len &&
-              fwrite(&n, sizeof n, 1, f) == 1 && fwrite(params, sizeof(float), n, f) == n &&
-              fwrite(&sum, sizeof sum, 1, f) == 1;
-    int err = ok ? 0 : errno;
-    if (fclose(f) != 0 && ok) {
-        ok = false;
-        err = errno;
-    }
-    if (!ok) {
-        remove(tmp);
-        errno = err;
-        return dt_error_set_errno(err == ENOSPC ? DT_ERR_NOSPACE : DT_ERR_IO,
-                                  "cannot write weights file %s", tmp);
-    }
-    /* Rename so a crash never leaves a half-written file under the name. */
-    if (rename(tmp, path) != 0) {
-        remove(tmp);
-        return dt_error_set_errno(DT_ERR_IO, "cannot rename %s to %s", tmp, path);
-    }
-    return DT_OK;
+    const dt_file_part parts[] = {
+        {&h, sizeof h},     {vocab_bytes, (size_t)vocab_bytes_len},
+        {&n, sizeof n},     {params, n * sizeof(float)},
+        {&sum, sizeof sum},
+    };
+    dt_status st = dt_file_write_atomic(path, parts, (int)(sizeof parts / sizeof parts[0]));
+    if (st != DT_OK)
+        dt_error_prefix("weights file");
+    return st;
 }
 
 dt_status dt_gpt_load_weights(dt_gpt **out, const char *path, int max_batch, int max_seq,

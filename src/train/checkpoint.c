@@ -111,44 +111,6 @@ static const char *base_of(const char *path) {
     return slash ? slash + 1 : path;
 }
 
-/* fsync a directory so that a rename or unlink inside it is durable. */
-static dt_status fsync_dir(const char *dir) {
-    int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd < 0)
-        return io_error("cannot open directory", dir);
-    int rc = fsync(fd);
-    /* Some file systems do not support fsync on directories; that is not a
-     * failure of the checkpoint. */
-    if (rc != 0 && errno != EINVAL && errno != ENOTSUP) {
-        dt_status st = io_error("cannot fsync directory", dir);
-        close(fd);
-        return st;
-    }
-    close(fd);
-    return DT_OK;
-}
-
-/* Write all of data to fd (EINTR-safe, in chunks of at most 1 GiB); on
- * failure the error names `what` and path. */
-static dt_status write_fd(int fd, const void *data, size_t len, const char *what,
-                          const char *path) {
-    const char *p = data;
-    while (len > 0) {
-        size_t chunk = len < (1u << 30) ? len : (1u << 30);
-        ssize_t n = write(fd, p, chunk);
-        if (n < 0 && errno == EINTR)
-            continue;
-        if (n <= 0) {
-            if (n == 0)
-                errno = ENOSPC;
-            return io_error(what, path);
-        }
-        p += n;
-        len -= (size_t)n;
-    }
-    return DT_OK;
-}
-
 typedef struct writer {
     int fd;
     const char *path; /* for messages: the final name */
@@ -158,7 +120,7 @@ typedef struct writer {
 /* Everything before the trailer goes through here, into the checksum. */
 static dt_status write_all(writer *w, const void *data, size_t len) {
     dt_hasher_update(w->hash, data, len);
-    return write_fd(w->fd, data, len, "cannot write checkpoint", w->path);
+    return dt_file_write_all(w->fd, data, len, w->path);
 }
 
 static dt_status write_zeros(writer *w, size_t len) {
@@ -251,7 +213,7 @@ dt_status dt_ckpt_write_file(const char *path, const dt_ckpt_section *sections, 
     }
     ckpt_trailer tr = {.checksum = dt_hasher_final(w.hash)};
     memcpy(tr.magic, ckpt_end_magic, 8);
-    DT_CHECK_GOTO(write_fd(w.fd, &tr, sizeof tr, "cannot write checkpoint", path), st, fail);
+    DT_CHECK_GOTO(dt_file_write_all(w.fd, &tr, sizeof tr, path), st, fail);
     if (fsync(w.fd) != 0) {
         st = io_error("cannot fsync checkpoint", path);
         goto fail;
@@ -266,7 +228,7 @@ dt_status dt_ckpt_write_file(const char *path, const dt_ckpt_section *sections, 
         st = io_error("cannot rename checkpoint to", path);
         goto fail;
     }
-    st = fsync_dir(dir);
+    st = dt_fsync_dir(dir);
     dt_hasher_destroy(w.hash);
     dt_free(head);
     return st;
@@ -278,27 +240,6 @@ fail:
     dt_hasher_destroy(w.hash);
     dt_free(head);
     return st;
-}
-
-dt_status dt__write_file_atomic(const char *path, const void *data, size_t len) {
-    char dir[4096], tmp[4096 + 64];
-    dir_of(path, dir, sizeof dir);
-    snprintf(tmp, sizeof tmp, "%s/.%s.tmp.%ld", dir, base_of(path), (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    if (fd < 0)
-        return io_error("cannot create", tmp);
-    dt_status st = write_fd(fd, data, len, "cannot write", path);
-    if (st == DT_OK && fsync(fd) != 0)
-        st = io_error("cannot fsync", path);
-    if (close(fd) != 0 && st == DT_OK)
-        st = io_error("cannot close", path);
-    if (st == DT_OK && rename(tmp, path) != 0)
-        st = io_error("cannot rename to", path);
-    if (st != DT_OK) {
-        unlink(tmp);
-        return st;
-    }
-    return fsync_dir(dir);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -435,7 +376,7 @@ static dt_status set_latest(const char *dir, const char *name) {
         unlink(tmp);
         return st;
     }
-    return fsync_dir(dir);
+    return dt_fsync_dir(dir);
 }
 
 dt_status dt_ckpt_save(const char *dir, int64_t step, const dt_ckpt_section *sections, size_t count,
@@ -481,7 +422,7 @@ dt_status dt_ckpt_save(const char *dir, int64_t step, const dt_ckpt_section *sec
             removed = true;
     }
     free(files);
-    return removed ? fsync_dir(dir) : DT_OK;
+    return removed ? dt_fsync_dir(dir) : DT_OK;
 }
 
 /* ------------------------------------------------------------------------ */

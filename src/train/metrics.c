@@ -186,7 +186,7 @@ static dt_status keep_steps_upto(const char *path, int64_t upto) {
     free(line);
     fclose(in);
     if (st == DT_OK)
-        st = dt__write_file_atomic(path, kept ? kept : "", klen);
+        st = dt_file_write_atomic(path, &(dt_file_part){kept ? kept : "", klen}, 1);
     free(kept);
     return st;
 }
@@ -241,5 +241,5 @@ dt_status dt_metrics_write_config(const char *run_dir, const char *json) {
     char path[4096];
     if (snprintf(path, sizeof path, "%s/config.json", run_dir) >= (int)sizeof path)
         return dt_error_set(DT_ERR_INVALID, "run directory name too long: %s", run_dir);
-    return dt__write_file_atomic(path, json, strlen(json));
+    return dt_file_write_atomic(path, &(dt_file_part){json, strlen(json)}, 1);
 }

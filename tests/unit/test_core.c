@@ -5,8 +5,10 @@
  */
 #include "test.h"
 
+#include <dirent.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 static void test_status_strings(void) {
     ASSERT_STREQ(dt_strerror(DT_OK), "success");
@@ -328,6 +330,38 @@ static void test_hash(void) {
     dt_hasher_destroy(NULL);
 }
 
+static void test_file_write_atomic(void) {
+    char dir[] = "/tmp/dt_core_file.XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    char path[128];
+    snprintf(path, sizeof path, "%s/out.bin", dir);
+    const dt_file_part parts[] = {{"dt", 2}, {"", 0}, {"rain", 4}};
+    ASSERT_OK(dt_file_write_atomic(path, parts, 3));
+    ASSERT_OK(dt_file_write_atomic(path, parts + 2, 1)); /* replaces, never appends */
+    char buf[16] = {0};
+    FILE *f = fopen(path, "rb");
+    ASSERT_TRUE(f != NULL);
+    ASSERT_EQ(fread(buf, 1, sizeof buf, f), 4);
+    fclose(f);
+    ASSERT_STREQ(buf, "rain");
+    /* Only the final file is left: no temporary beside it. */
+    DIR *d = opendir(dir);
+    int entries = 0;
+    for (struct dirent *e; (e = readdir(d)) != NULL;)
+        if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0)
+            entries++;
+    closedir(d);
+    ASSERT_EQ(entries, 1);
+    snprintf(path, sizeof path, "%s/missing/out.bin", dir);
+    ASSERT_STATUS(dt_file_write_atomic(path, parts, 1), DT_ERR_IO);
+    ASSERT_CONTAINS(dt_last_error(), "cannot create");
+    ASSERT_CONTAINS(dt_last_error(), "No such file or directory");
+    ASSERT_OK(dt_fsync_dir(dir));
+    snprintf(path, sizeof path, "%s/out.bin", dir);
+    ASSERT_EQ(unlink(path), 0);
+    ASSERT_EQ(rmdir(dir), 0);
+}
+
 int main(void) {
     RUN(test_status_strings);
     RUN(test_error_messages);
@@ -345,5 +379,6 @@ int main(void) {
     RUN(test_rng_streams);
     RUN(test_rng_distributions);
     RUN(test_hash);
+    RUN(test_file_write_atomic);
     return TEST_SUMMARY();
 }
