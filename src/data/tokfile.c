@@ -347,6 +347,8 @@ const char *dt_token_file_path(const dt_token_file *f) { return f->path; }
 dt_status dt_data_prepare(const char *in_txt, const char *out_tok, dt_tokenizer_kind kind) {
     if ((unsigned)kind >= DT_TOKENIZER_COUNT)
         return dt_error_set(DT_ERR_INVALID, "unknown tokenizer kind %d", (int)kind);
+    if (!out_tok || !*out_tok)
+        return dt_error_set(DT_ERR_INVALID, "dt_data_prepare: no output path");
     dt_token_file *f = NULL;
     DT_CHECK(dt_token_file_from_text(&f, in_txt, kind, NULL));
     dt_status st = dt_file_write_atomic(out_tok, &(dt_file_part){f->image, f->image_len}, 1);
