@@ -104,6 +104,24 @@ const char *dt_isa_name(dt_isa_level level);
 dt_status dt_isa_parse(const char *knob, const char *text, dt_isa_level *out);
 
 /* ------------------------------------------------------------------------ */
+/* Compute precision of training                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The type a model computes in; master parameters, gradients, optimizer
+ * state, layernorm statistics, softmax and loss stay fp32 in every mode. */
+typedef enum dt_precision {
+    DT_PRECISION_FP32,
+    DT_PRECISION_BF16,
+    DT_PRECISION_FP16,
+    DT_PRECISION_COUNT
+} dt_precision;
+
+/* "fp32", "bf16", "fp16"; "?" out of range. */
+const char *dt_precision_name(dt_precision p);
+/* Parse a name of dt_precision_name(); DT_ERR_INVALID naming knob and value. */
+dt_status dt_precision_parse(const char *knob, const char *text, dt_precision *out);
+
+/* ------------------------------------------------------------------------ */
 /* 16-bit floating point                                                    */
 /* ------------------------------------------------------------------------ */
 

@@ -44,6 +44,7 @@
 #ifndef DTRAIN_NN_H
 #define DTRAIN_NN_H
 
+#include "dtrain/amp.h"
 #include "dtrain/core.h"
 #include "dtrain/tensor.h"
 
@@ -105,6 +106,32 @@ typedef struct dt_gpt dt_gpt;
  * Parameters are zero until dt_gpt_init_params() or a load. */
 dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, int max_seq);
 void dt_gpt_destroy(dt_gpt *m);
+
+/* How a model computes (dt_gpt_create uses the defaults). */
+typedef struct dt_gpt_options {
+    /* Compute type. Parameters and gradients stay fp32 (the master copy);
+     * with bf16/fp16 the weights are cast once per forward, activations are
+     * stored in the compute type and matrix multiplies accumulate in fp32. */
+    dt_precision precision;
+    /* Activation recomputation: 0 keeps every block's activations; K >= 1
+     * drops the activations of block l when l % K == 0 in forward (keeping
+     * only its input) and recomputes them in backward. 1 = every block. */
+    int recompute_every;
+} dt_gpt_options;
+
+/* fp32, no recomputation. */
+dt_gpt_options dt_gpt_options_default(void);
+
+/* dt_gpt_create with options (NULL: the defaults). DT_ERR_INVALID names a
+ * bad option; DT_ERR_UNSUPPORTED if this build cannot run the combination. */
+dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, int max_seq,
+                             const dt_gpt_options *opt);
+
+/* Parse "none" (0), "blocks" (1) or "every:K" (K >= 1) into *every;
+ * DT_ERR_INVALID naming knob and text otherwise. */
+dt_status dt_recompute_parse(const char *knob, const char *text, int *every);
+/* The canonical text of a recompute setting ("none", "blocks", "every:2"); returns buf. */
+char *dt_recompute_format(int every, char *buf, size_t len);
 
 const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m);
 float *dt_gpt_params(dt_gpt *m);

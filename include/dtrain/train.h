@@ -52,6 +52,9 @@
 #ifndef DTRAIN_TRAIN_H
 #define DTRAIN_TRAIN_H
 
+#include "dtrain/amp.h"
+#include "dtrain/comm.h"
+#include "dtrain/compress.h"
 #include "dtrain/core.h"
 
 #include <signal.h>
@@ -296,6 +299,19 @@ typedef struct dt_train_config {
     int sample_tokens;   /* generated at the end; 0: none */
     int64_t log_every;   /* plain progress lines; 0: about 20 per run */
     int progress;        /* -1: auto (TTY), 0: plain lines, 1: live line */
+    /* Mixed precision (docs/amp.md): compute type, activation recomputation
+     * (dt_gpt_options.recompute_every), loss scaling (-1: auto = on for
+     * fp16 only, 0: off, 1: on) and its schedule. */
+    dt_precision precision;
+    int recompute_every;
+    int loss_scaling;
+    dt_scaler_config scaler;
+    /* Gradient communication (docs/compress.md): the dtype of the bucket
+     * allreduce (DT_F32, DT_BF16 or DT_F16; sums accumulate in fp32), or a
+     * codec with its error-feedback mode (codec none: plain allreduce). */
+    dt_dtype grad_dtype;
+    dt_codec_spec compress;
+    dt_ef_mode compress_ef;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. */

@@ -8,6 +8,7 @@
 #include "cli.h"
 #include "dtrain/data.h"
 #include "dtrain/launch.h"
+#include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
 #include "dtrain/train.h"
@@ -23,6 +24,9 @@ static const char *const tokenizers[] = {"char", "byte", NULL};
 static const char *const optimizers[] = {"adamw", "sgd", NULL};
 static const char *const schedules[] = {"constant", "linear", "cosine", "invsqrt", NULL};
 static const char *const progress_modes[] = {"auto", "plain", "live", NULL};
+static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
+static const char *const grad_dtypes[] = {"fp32", "bf16", "fp16", NULL};
+static const char *const on_off_auto[] = {"auto", "on", "off", NULL};
 
 /* clang-format off */
 static const cli_opt train_opts[] = {
@@ -69,6 +73,16 @@ static const cli_opt train_opts[] = {
     {"sample-tokens", 0, CLI_INT, "N", "256", "DT_SAMPLE_TOKENS", "tokens generated at the end (0: none)", NULL, 0, 1 << 20},
     {"log-every", 0, CLI_INT, "N", "0", "DT_LOG_EVERY", "plain progress line every N steps (0: about 20 per run)", NULL, 0, 1e15},
     {"progress", 0, CLI_ENUM, "MODE", "auto", "DT_PROGRESS", "live line on a terminal, plain lines otherwise", progress_modes, 0, 0},
+    {"precision", 0, CLI_ENUM, "TYPE", "fp32", "DT_PRECISION", "compute type (master weights, grads and optimizer stay fp32)", precisions, 0, 0},
+    {"recompute", 0, CLI_STRING, "MODE", "none", "DT_RECOMPUTE", "activation recomputation: none, blocks, every:K", NULL, 0, 0},
+    {"loss-scaling", 0, CLI_ENUM, "MODE", "auto", "DT_LOSS_SCALING", "dynamic loss scaling (auto: on for fp16 only)", on_off_auto, 0, 0},
+    {"loss-scale-init", 0, CLI_DOUBLE, "X", "65536", "DT_LOSS_SCALE_INIT", "initial loss scale", NULL, 1e-30, 1e38},
+    {"loss-scale-growth", 0, CLI_DOUBLE, "X", "2", "DT_LOSS_SCALE_GROWTH", "scale multiplier after --loss-scale-interval clean steps", NULL, 1.000001, 1e6},
+    {"loss-scale-backoff", 0, CLI_DOUBLE, "X", "0.5", "DT_LOSS_SCALE_BACKOFF", "scale multiplier after an overflow", NULL, 1e-6, 0.999999},
+    {"loss-scale-interval", 0, CLI_INT, "N", "2000", "DT_LOSS_SCALE_INTERVAL", "clean steps before the scale grows", NULL, 1, 1e15},
+    {"grad-dtype", 0, CLI_ENUM, "TYPE", "fp32", "DT_GRAD_DTYPE", "dtype of the gradient allreduce (sums accumulate in fp32)", grad_dtypes, 0, 0},
+    {"compress", 0, CLI_STRING, "CODEC", "none", "DT_COMPRESS", "gradient codec: none, fp16, bf16, int8, qsgd:BITS, sign, topk:F, randk:F, powersgd:RANK", NULL, 0, 0},
+    {"compress-ef", 0, CLI_STRING, "MODE", "auto", "DT_COMPRESS_EF", "error feedback: auto (on for sign, topk, powersgd), on, off", NULL, 0, 0},
     {0},
 };
 /* clang-format on */
@@ -157,6 +171,20 @@ static int run_train(cli_args *a) {
     c.log_every = cli_int(a, "log-every");
     int pm = cli_enum(a, "progress");
     c.progress = pm == 0 ? -1 : pm == 2;
+    c.precision = (dt_precision)cli_enum(a, "precision");
+    if (dt_recompute_parse("--recompute", cli_str(a, "recompute"), &c.recompute_every) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
+    int ls = cli_enum(a, "loss-scaling");
+    c.loss_scaling = ls == 0 ? -1 : ls == 1;
+    c.scaler.init_scale = cli_double(a, "loss-scale-init");
+    c.scaler.growth_factor = cli_double(a, "loss-scale-growth");
+    c.scaler.backoff_factor = cli_double(a, "loss-scale-backoff");
+    c.scaler.growth_interval = cli_int(a, "loss-scale-interval");
+    static const dt_dtype grad_types[] = {DT_F32, DT_BF16, DT_F16};
+    c.grad_dtype = grad_types[cli_enum(a, "grad-dtype")];
+    if (dt_codec_parse("--compress", cli_str(a, "compress"), &c.compress) != DT_OK ||
+        dt_ef_parse("--compress-ef", cli_str(a, "compress-ef"), &c.compress_ef) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
     if (!c.data)
         cli_usage_error(a->cmd, "--data FILE is required (a .txt corpus or a .tok file)");
     if (c.min_lr > c.lr)

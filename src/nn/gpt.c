@@ -12,6 +12,7 @@
  */
 #include "dtrain/nn.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -60,6 +61,7 @@ typedef struct block_acts {
 
 struct dt_gpt {
     dt_gpt_config cfg;
+    dt_gpt_options opt;    /* precision and recomputation */
     int max_B, max_T;      /* arena planned for these */
     size_t nparams;        /* floats in params and grads */
     float *params, *grads; /* the two flat buffers */
@@ -281,8 +283,61 @@ double dt_gpt_flops_per_token(const dt_gpt_config *c, int T) {
 /* Create / destroy / accessors                                             */
 /* ------------------------------------------------------------------------ */
 
+dt_gpt_options dt_gpt_options_default(void) {
+    return (dt_gpt_options){.precision = DT_PRECISION_FP32, .recompute_every = 0};
+}
+
+dt_status dt_recompute_parse(const char *knob, const char *text, int *every) {
+    long k;
+    char *end;
+    if (text && strcmp(text, "none") == 0) {
+        *every = 0;
+        return DT_OK;
+    }
+    if (text && strcmp(text, "blocks") == 0) {
+        *every = 1;
+        return DT_OK;
+    }
+    if (text && strncmp(text, "every:", 6) == 0 && text[6] >= '0' && text[6] <= '9') {
+        errno = 0;
+        k = strtol(text + 6, &end, 10);
+        if (!*end && errno == 0 && k >= 1 && k <= (1 << 20)) {
+            *every = (int)k;
+            return DT_OK;
+        }
+    }
+    return dt_error_set(DT_ERR_INVALID,
+                        "%s '%s': expected none, blocks or every:K with K in [1, 1048576]", knob,
+                        text ? text : "(null)");
+}
+
+char *dt_recompute_format(int every, char *buf, size_t len) {
+    if (every <= 0)
+        snprintf(buf, len, "none");
+    else if (every == 1)
+        snprintf(buf, len, "blocks");
+    else
+        snprintf(buf, len, "every:%d", every);
+    return buf;
+}
+
 dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, int max_seq) {
+    return dt_gpt_create_with(out, cfg, max_batch, max_seq, NULL);
+}
+
+dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, int max_seq,
+                             const dt_gpt_options *opt) {
     *out = NULL;
+    dt_gpt_options o = opt ? *opt : dt_gpt_options_default();
+    if ((unsigned)o.precision >= DT_PRECISION_COUNT)
+        return dt_error_set(DT_ERR_INVALID, "precision %d is not a dt_precision", (int)o.precision);
+    if (o.recompute_every < 0)
+        return dt_error_set(DT_ERR_INVALID, "recompute_every %d must be >= 0", o.recompute_every);
+    /* TODO(#7): the bf16/fp16 paths and recomputation land with the mixed-precision work. */
+    if (o.precision != DT_PRECISION_FP32 || o.recompute_every != 0)
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "precision %s with recompute every %d: not implemented yet",
+                            dt_precision_name(o.precision), o.recompute_every);
     DT_CHECK(dt_gpt_config_validate(cfg));
     if (max_batch < 1 || max_batch > (1 << 20))
         return dt_error_set(DT_ERR_INVALID, "batch size %d must be in [1, 1048576]", max_batch);
@@ -295,6 +350,7 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, i
     if (!m)
         return DT_ERR_NOMEM;
     m->cfg = *cfg;
+    m->opt = o;
     m->max_B = max_batch;
     m->max_T = max_seq;
     int L = cfg->layers;

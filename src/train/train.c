@@ -58,6 +58,12 @@ void dt_train_config_init(dt_train_config *c) {
     c->weight_decay = 0.1;
     c->momentum = 0.9;
     c->clip = 1.0;
+    c->precision = DT_PRECISION_FP32;
+    c->loss_scaling = -1;
+    c->scaler = dt_scaler_config_default();
+    c->grad_dtype = DT_F32;
+    c->compress.kind = DT_CODEC_NONE;
+    c->compress_ef = DT_EF_DEFAULT;
     c->beta1 = 0.9;
     c->beta2 = 0.95;
     c->eps = 1e-8;
@@ -159,6 +165,12 @@ static dt_status check_config(const dt_train_config *c) {
         return bad("--keep %d: must be at least 1", c->keep);
     if (c->eval_batches < 1)
         return bad("--eval-batches %d: must be at least 1", c->eval_batches);
+    if (c->grad_dtype != DT_F32 && c->grad_dtype != DT_BF16 && c->grad_dtype != DT_F16)
+        return bad("--grad-dtype: gradients travel as fp32, bf16 or fp16");
+    /* TODO(#7, #8): 16-bit gradient allreduce, compression and loss scaling land next. */
+    if (c->grad_dtype != DT_F32 || c->compress.kind != DT_CODEC_NONE || c->loss_scaling == 1)
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "--grad-dtype, --compress and --loss-scaling: not implemented yet");
     return DT_OK;
 }
 
@@ -234,7 +246,10 @@ static dt_status build_model(trainer *t) {
 
 static dt_status alloc_state(trainer *t) {
     const dt_train_config *c = t->c;
-    DT_CHECK(dt_gpt_create(&t->m, &t->mc, t->B, t->T));
+    dt_gpt_options mo = dt_gpt_options_default();
+    mo.precision = c->precision;
+    mo.recompute_every = c->recompute_every;
+    DT_CHECK(dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo));
     t->n = dt_gpt_num_params(t->m);
     size_t bytes = t->n * sizeof(float);
     t->opt_a = dt_alloc(bytes);
