@@ -72,8 +72,15 @@ void dt_error_prefix(const char *fmt, ...) {
     va_start(ap, fmt);
     int n = vsnprintf(error_msg, sizeof error_msg, fmt, ap);
     va_end(ap);
-    if (n >= 0 && (size_t)n < sizeof error_msg && old[0])
-        snprintf(error_msg + n, sizeof error_msg - (size_t)n, ": %s", old);
+    if (n < 0 || (size_t)n >= sizeof error_msg || !old[0])
+        return;
+    /* Append ": old", cut at the buffer's end (a long message loses its tail). */
+    size_t at = (size_t)n;
+    for (const char *c = ": "; *c && at + 1 < sizeof error_msg; c++)
+        error_msg[at++] = *c;
+    for (const char *c = old; *c && at + 1 < sizeof error_msg; c++)
+        error_msg[at++] = *c;
+    error_msg[at] = '\0';
 }
 
 void dt__error_breadcrumb(const char *file, int line) {
