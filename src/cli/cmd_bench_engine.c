@@ -105,6 +105,8 @@ const cli_cmd cli_bench_gemm = {
 
 /* ------------------------------------------------------------------------ */
 
+static const char *const bench_precisions[] = {"fp32", "bf16", "fp16", NULL};
+
 static const cli_opt train_opts[] = {
     {"model", 'm', CLI_STRING, "PRESET", "shakespeare-char", "DT_MODEL",
      "gpt2-124m | gpt2-350m | shakespeare-char | tiny", NULL, 0, 0},
@@ -114,6 +116,10 @@ static const cli_opt train_opts[] = {
     {"vocab", 0, CLI_INT, "V", "0", NULL, "override the preset's vocabulary size; 0 = keep", NULL,
      0, 1 << 24},
     {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0 = all CPUs", NULL, 0, 1024},
+    {"precision", 0, CLI_ENUM, "TYPE", "fp32", "DT_PRECISION", "compute type", bench_precisions, 0,
+     0},
+    {"recompute", 0, CLI_STRING, "MODE", "none", "DT_RECOMPUTE",
+     "activation recomputation: none, blocks, every:K", NULL, 0, 0},
     {"steps", 'n', CLI_INT, "N", "10", NULL, "timed steps", NULL, 1, 1e6},
     {"warmup", 0, CLI_INT, "N", "2", NULL, "untimed steps first", NULL, 0, 1e6},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print one JSON object instead of the table", NULL, 0,
@@ -162,7 +168,12 @@ static int run_train(cli_args *a) {
 
     double peak = sgemm_gflops(1536, 3, NULL);
     dt_gpt *m = NULL;
-    st = dt_gpt_create(&m, &cfg, B, T);
+    dt_gpt_options o = dt_gpt_options_default();
+    o.precision = (dt_precision)cli_enum(a, "precision");
+    st = dt_recompute_parse("--recompute", cli_str(a, "recompute"), &o.recompute_every);
+    if (st != DT_OK)
+        return cli_fail(st);
+    st = dt_gpt_create_with(&m, &cfg, B, T, &o);
     if (st != DT_OK)
         return cli_fail(st);
     dt_gpt_init_params(m, 1);
@@ -191,8 +202,9 @@ static int run_train(cli_args *a) {
     if (!json) {
         dt_memory_report mr;
         dt_gpt_memory(m, &mr);
-        printf("# model %s: L=%d C=%d NH=%d V=%d, %zu parameters; B=%d T=%d, %d thread(s)\n",
-               cli_str(a, "model"), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, n, B, T, threads);
+        printf("# model %s: L=%d C=%d NH=%d V=%d, %zu parameters; B=%d T=%d, %d thread(s), %s\n",
+               cli_str(a, "model"), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, n, B, T, threads,
+               dt_precision_name(o.precision));
         printf("# ");
         dt_gpt_memory_print(&mr, 2 * n * sizeof(float), stdout);
         dt_gpt_config big = cfg;
@@ -245,12 +257,13 @@ static int run_train(cli_args *a) {
     double gflops = 3.0 * dt_gpt_flops_per_token(&cfg, T) * B * T / (ms * 1e-3) * 1e-9;
     double mfu = peak > 0 ? gflops / peak : 0.0;
     if (json) {
-        printf("{\"model\":\"%s\",\"batch\":%d,\"seq\":%d,\"threads\":%d,\"params\":%zu,"
+        printf("{\"model\":\"%s\",\"precision\":\"%s\",\"batch\":%d,\"seq\":%d,"
+               "\"threads\":%d,\"params\":%zu,"
                "\"steps\":%d,\"ms_per_step\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,"
                "\"opt_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,\"peak_gflops\":%.2f,"
                "\"mfu\":%.4f,\"loss_first\":%.5f,\"loss_last\":%.5f}\n",
-               cli_str(a, "model"), B, T, threads, n, steps, ms, fwd, bwd, opt, tok_s, gflops, peak,
-               mfu, first_loss, loss);
+               cli_str(a, "model"), dt_precision_name(o.precision), B, T, threads, n, steps, ms,
+               fwd, bwd, opt, tok_s, gflops, peak, mfu, first_loss, loss);
     } else {
         printf("%-18s %4s %5s %7s %10s %9s %9s %9s %11s %9s %7s\n", "model", "B", "T", "threads",
                "ms/step", "fwd ms", "bwd ms", "opt ms", "tokens/s", "GFLOP/s", "MFU");
