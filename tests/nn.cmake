@@ -21,3 +21,14 @@ foreach(isa scalar avx2)
 endforeach()
 set_tests_properties(test_gpt_mp test_gpt_reference PROPERTIES
                      ENVIRONMENT "OMP_WAIT_POLICY=passive")
+
+# `dtrain bench train` runs modes side by side (tiny sizes) and names a bad mode.
+add_test(NAME cli_bench_train_modes
+         COMMAND dtrain_cli bench train --model tiny --batch 2 --seq 16 --threads 2 --steps 1
+                 --warmup 0 --precision fp32,bf16 --recompute none,every:2)
+set_tests_properties(cli_bench_train_modes PROPERTIES TIMEOUT 120 LABELS "unit"
+                     ENVIRONMENT "OMP_WAIT_POLICY=passive"
+                     PASS_REGULAR_EXPRESSION "tiny +2 +16 +2 +bf16 +every:2 ")
+add_test(NAME cli_bench_train_bad_mode COMMAND dtrain_cli bench train --recompute every:0)
+set_tests_properties(cli_bench_train_bad_mode PROPERTIES TIMEOUT 60 LABELS "unit"
+                     PASS_REGULAR_EXPRESSION "--recompute 'every:0': expected none, blocks")
