@@ -5,7 +5,7 @@
  * and the grad-ready hook order are BIT-IDENTICAL with recompute none,
  * blocks, every:2 and every:3 (in fp32, bf16 and fp16, over two
  * accumulating micro-batches), and the memory plan shrinks as documented
- * in docs/amp.md, including the issue's target for --recompute blocks.
+ * in docs/engine.md, including the issue's target for --recompute blocks.
  */
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
@@ -125,7 +125,7 @@ static void test_options_rejected(void) {
  *  - on the whole arena only for fp32 shakespeare-char: gpt2-124m's
  *    (B,T,50257) fp32 logits, or the fp32 backward scratch next to 16-bit
  *    blocks, are parts recomputation cannot touch.
- * docs/amp.md has the numbers. */
+ * docs/engine.md has the numbers. */
 static void check_plan(const char *preset, int B, int T, dt_precision pr, bool blocks_part,
                        bool whole_arena) {
     dt_gpt_config c;
