@@ -6,9 +6,17 @@
  *  - params and grads are two flat buffers with the same layer-major layout
  *    (see nn.h); every tensor is a view (offset, rows, cols).
  *  - All activations live in one arena carved at create time for
- *    (max_batch, max_seq); a pass with smaller B, T uses the front of each
- *    region with compact strides. forward/backward do not allocate.
+ *    (max_batch, max_seq, precision, recompute_every), in bytes; a pass with
+ *    smaller B, T uses the front of each region with compact strides.
+ *    forward/backward do not allocate, so the arena is the peak.
  *  - Backward accumulates into grads; scratch regions are overwritten.
+ *  - bf16/fp16: params/grads stay fp32; w16 is the 16-bit copy of ALL params,
+ *    rewritten by every forward; the residual stream, statistics, logits and
+ *    losses are fp32 (the dt_gpt struct comments say which pointer is which).
+ *  - Recomputation: a recomputed block's acts[l] point into `shared` except
+ *    res3, which every block owns (it is the next block's kept input).
+ *    Backward refills `shared` by re-running the block's forward with the
+ *    same calls, so gradients are bit-identical to no recomputation.
  */
 #include "dtrain/nn.h"
 
