@@ -133,6 +133,22 @@ static void seed_bias(float *out, const float *bias, int N, int OC) {
         memcpy(out + (size_t)i * OC, bias, sizeof(float) * (size_t)OC);
 }
 
+/* bf16 forward through oneDNN: bias added and output rounded by the
+ * primitive itself (one pass, no fp32 scratch). */
+static dt_status linear_fwd_onednn(void *out, bool out_f32, const uint16_t *inp, const uint16_t *w,
+                                   const float *bias, int N, int C, int OC) {
+    dt__gemm_args g = {.op = DT_GEMM_NT,
+                       .M = N,
+                       .N = OC,
+                       .K = C,
+                       .A = inp,
+                       .B = w,
+                       .C = out,
+                       .out = out_f32 ? DT_GEMM_OUT_F32 : DT_GEMM_OUT_BF16,
+                       .bias = bias};
+    return dt__gemm_onednn(&g);
+}
+
 dt_status dt_linear16_forward(dt_precision p, void *out, bool out_f32, const uint16_t *inp,
                               const uint16_t *w, const float *bias, int N, int C, int OC) {
     DT_CHECK(check_linear("dt_linear16_forward", p, out, inp, w, N, C, OC));
@@ -151,8 +167,11 @@ dt_status dt_linear16_forward(dt_precision p, void *out, bool out_f32, const uin
         scratch_put();
         return DT_OK;
     }
-    /* bf16: the sum runs in fp32 starting from the bias (like the fp32
-     * layer, which seeds out with the bias and multiplies with beta = 1). */
+    if (dt_gemm_backend_default() == DT_GEMM_ONEDNN)
+        return linear_fwd_onednn(out, out_f32, inp, w, bias, N, C, OC);
+    /* bf16 on the other backends: the sum runs in fp32 starting from the
+     * bias (like the fp32 layer, which seeds out with the bias and
+     * multiplies with beta = 1), then is rounded in one pass. */
     float *out32 = out;
     if (!out_f32) {
         DT_CHECK(scratch_get(nout, &s));

@@ -243,7 +243,7 @@ dt_status dt_gemm_bf16_with(dt_gemm_backend b, dt_gemm_op op, int M, int N, int 
     if (!dt_gemm_backend_available(b, why, sizeof why))
         return dt_error_set(DT_ERR_UNSUPPORTED, "gemm backend %s: %s", dt_gemm_backend_name(b),
                             why);
-    dt__gemm_args g = {op, M, N, K, A, B, C, out, accumulate};
+    dt__gemm_args g = {op, M, N, K, A, B, C, out, accumulate, NULL};
     switch (b) {
     case DT_GEMM_REF: return gemm_ref(&g);
     case DT_GEMM_ONEDNN: return dt__gemm_onednn(&g);
@@ -276,7 +276,7 @@ dt_status dt_gemm_f16(dt_gemm_op op, int M, int N, int K, const dt_f16 *A, const
     if (!A || !B || !C)
         return dt_error_set(DT_ERR_INVALID, "dt_gemm_f16: NULL matrix (A %p, B %p, C %p)",
                             (const void *)A, (const void *)B, (void *)C);
-    dt__gemm_args g = {op, M, N, K, A, B, C, DT_GEMM_OUT_F32, accumulate};
+    dt__gemm_args g = {op, M, N, K, A, B, C, DT_GEMM_OUT_F32, accumulate, NULL};
     return gemm_sgemm(&g, true);
 }
 

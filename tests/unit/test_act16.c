@@ -288,7 +288,8 @@ static void linear_case(int N, int C, int OC, bool integers, bool with_bias, dt_
 }
 
 static void test_linear(void) {
-    static const int shapes[][3] = {{64, 96, 288}, {7, 33, 70}, {1, 5, 1}, {130, 64, 17}};
+    static const int shapes[][3] = {
+        {64, 96, 288}, {7, 33, 70}, {1, 5, 1}, {130, 64, 17}, {5, 24, 17001}};
     dt_rng r;
     dt_rng_init(&r, 5, 0);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
