@@ -13,8 +13,8 @@
  * without it still loads, and one with it is used.
  */
 #include "amp_internal.h"
+#include "dtrain/tensor.h"
 
-#include <cblas.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -125,9 +125,10 @@ static dt_status gemm_sgemm(const dt__gemm_args *g, bool f16) {
     }
     if (g->out == DT_GEMM_OUT_BF16 && g->accumulate)
         dt_bf16_to_f32(c32, g->C, nc);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g->M,
-                g->N, g->K, 1.0f, a32, ta ? g->M : g->K, b32, tb ? g->K : g->N,
-                g->accumulate ? 1.0f : 0.0f, c32, g->N);
+    /* dt_sgemm, not cblas_sgemm: dtrain keeps OpenBLAS single-threaded and
+     * splits large products over its OpenMP threads itself (tensor/gemm.c). */
+    dt_sgemm(ta, tb, g->M, g->N, g->K, 1.0f, a32, ta ? g->M : g->K, b32, tb ? g->K : g->N,
+             g->accumulate ? 1.0f : 0.0f, c32, g->N);
     if (g->out == DT_GEMM_OUT_BF16)
         dt_f32_to_bf16(g->C, c32, nc);
     pthread_mutex_unlock(&sgemm_lock);
