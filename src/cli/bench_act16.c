@@ -34,6 +34,8 @@ static const cli_opt act16_opts[] = {
     {"min-time", 0, CLI_DOUBLE, "SEC", "0.05", NULL, "minimum duration of one round", NULL, 0,
      3600},
     {"threads", 't', CLI_INT, "N", "0", NULL, "threads (0: all CPUs)", NULL, 0, 4096},
+    {"only", 0, CLI_STRING, "KERNEL", "", NULL,
+     "time only this kernel (a name of the first column, e.g. \"lm head\"; for perf)", NULL, 0, 0},
     {0},
 };
 
@@ -139,7 +141,8 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 /* Median over rounds of the seconds per call. */
-static void time_kernel(bufs *u, kernel k, int runs, double min_time, double out[2]) {
+static void time_kernel(bufs *u, kernel k, int runs, double min_time, double out[2],
+                        double best[2]) {
     double *t[2] = {malloc(sizeof(double) * runs), malloc(sizeof(double) * runs)};
     for (int h = 0; h < 2; h++)
         run_kernel(u, k, h); /* warm-up: oneDNN primitives, scratch, pages */
@@ -156,6 +159,7 @@ static void time_kernel(bufs *u, kernel k, int runs, double min_time, double out
     for (int h = 0; h < 2; h++) {
         qsort(t[h], (size_t)runs, sizeof(double), cmp_double);
         out[h] = t[h][runs / 2];
+        best[h] = t[h][0];
         free(t[h]);
     }
 }
@@ -210,16 +214,20 @@ static int run_act16(cli_args *a) {
            cli_str(a, "model"), u.B, u.T, N, C, V, cfg.layers, dt_precision_name(u.p),
            dt_isa_name(dt_isa()), dt_gemm_backend_name(dt_gemm_backend_default()),
            dt_tensor_threads(), runs);
-    printf("%-14s %6s %12s %12s %8s %14s %14s\n", "kernel", "calls", "fp32 ms", "16-bit ms",
-           "speedup", "fp32 ms/step", "16-bit ms/step");
+    printf("%-14s %6s %12s %12s %8s %14s %14s %9s %9s\n", "kernel", "calls", "fp32 ms", "16-bit ms",
+           "speedup", "fp32 ms/step", "16-bit ms/step", "fp32 min", "16 min");
     double tot[2] = {0, 0};
+    const char *only = cli_str(a, "only");
     for (int k = 0; k < K_COUNT; k++) {
-        double t[2];
-        time_kernel(&u, (kernel)k, runs, min_time, t);
+        if (only[0] && strcmp(only, kernel_names[k]) != 0)
+            continue;
+        double t[2], b[2];
+        time_kernel(&u, (kernel)k, runs, min_time, t, b);
         int n = per_step((kernel)k, cfg.layers);
         tot[0] += n * t[0], tot[1] += n * t[1];
-        printf("%-14s %6d %12.3f %12.3f %7.2fx %14.1f %14.1f\n", kernel_names[k], n, t[0] * 1e3,
-               t[1] * 1e3, t[1] > 0 ? t[0] / t[1] : 0.0, n * t[0] * 1e3, n * t[1] * 1e3);
+        printf("%-14s %6d %12.3f %12.3f %7.2fx %14.1f %14.1f %9.3f %9.3f\n", kernel_names[k], n,
+               t[0] * 1e3, t[1] * 1e3, t[1] > 0 ? t[0] / t[1] : 0.0, n * t[0] * 1e3, n * t[1] * 1e3,
+               b[0] * 1e3, b[1] * 1e3);
     }
     printf("%-14s %6s %12s %12s %7.2fx %14.1f %14.1f\n", "total", "", "", "", tot[0] / tot[1],
            tot[0] * 1e3, tot[1] * 1e3);
