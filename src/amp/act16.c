@@ -10,7 +10,9 @@
  * it and rounding the block back: their results are bit-identical to the
  * fp32 kernel on rounded inputs (tests/unit/test_act16.c checks exactly
  * that). The linear layers differ only in the order of the fp32 sums (the
- * bf16 GEMM backends sum in their own order); fp16 operands are widened and
+ * bf16 GEMM backends sum in their own order; with oneDNN the bias is added
+ * and the bf16 output rounded inside the primitive, whose vcvtneps2bf16
+ * flushes subnormal results to zero); fp16 operands are widened and
  * multiplied by the fp32 kernel itself. Conversions dispatch on dt_isa()
  * (dt_f32_to_bf16 & co.), so DT_ISA= lowers every path here too.
  *
