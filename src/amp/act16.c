@@ -232,7 +232,8 @@ dt_status dt_linear16_backward(dt_precision p, float *dinp, float *dw, float *db
     if (dinp)
         DT_CHECK(dt_gemm_bf16(DT_GEMM_NN, N, C, OC, dout, w, dinp, DT_GEMM_OUT_F32, false));
     // dW (OC,C) += dout^T (OC,N) inp (N,C)
-    DT_CHECK(dt_gemm_bf16(DT_GEMM_TN, OC, C, N, dout, inp, dw, DT_GEMM_OUT_F32, true));
+    DT_CHECK(dt_gemm_bf16_with(dt__gemm_backend_for_op(DT_GEMM_TN), DT_GEMM_TN, OC, C, N, dout, inp,
+                               dw, DT_GEMM_OUT_F32, true));
     if (dbias)
         bias_grad16(p, dbias, dout, N, OC);
     return DT_OK;
