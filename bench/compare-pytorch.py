@@ -193,7 +193,8 @@ def fp32_table(a, configs):
 
 def bf16_table(a, configs):
     """Per round: dtrain bf16, PyTorch autocast bf16, dtrain fp32; medians of
-    each, and the two ratios of tokens/s the targets are stated in."""
+    each, and the two ratios of tokens/s the targets are stated in (vs torch:
+    dtrain bf16 tokens/s over PyTorch's; vs fp32: over dtrain fp32's)."""
     print(f"# torch {torch.__version__}, bf16: dtrain --precision bf16 vs torch.autocast(cpu, "
           f"bfloat16), and dtrain fp32; AdamW; median ms/step of {a.steps} steps after "
           f"{a.warmup} warm-up, median over {a.repeats} alternating rounds")
@@ -214,9 +215,16 @@ def bf16_table(a, configs):
                                     "fp32")["ms_per_step"])
             hm, pm, fm = statistics.median(h), statistics.median(p), statistics.median(f)
             tok = [B * T / x * 1e3 for x in (hm, pm, fm)]
+            # The ratios are medians of the per-round ratios: the three runs
+            # of a round are adjacent in time, so a load change between
+            # rounds (a shared machine) cancels out of them.
+            vs_torch = statistics.median(y / x for x, y in zip(h, p))
+            vs_fp32 = statistics.median(y / x for x, y in zip(h, f))
             print(f"{model:<18} {B:>3} {T:>5} {threads:>4} {hm:>9.1f} {pm:>9.1f} {fm:>9.1f} "
-                  f"{tok[0]:>11.1f} {tok[1]:>12.1f} {tok[2]:>11.1f} {pm / hm:>8.2f}x "
-                  f"{fm / hm:>7.2f}x", flush=True)
+                  f"{tok[0]:>11.1f} {tok[1]:>12.1f} {tok[2]:>11.1f} {vs_torch:>8.2f}x "
+                  f"{vs_fp32:>7.2f}x", flush=True)
+            print("#   per round (bf16 / torch / fp32 ms): " +
+                  ", ".join(f"{x:.0f}/{y:.0f}/{z:.0f}" for x, y, z in zip(h, p, f)), flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,9 @@
  * it and rounding the block back: their results are bit-identical to the
  * fp32 kernel on rounded inputs (tests/unit/test_act16.c checks exactly
  * that). The linear layers differ only in the order of the fp32 sums (the
- * bf16 GEMM backends sum in their own order); fp16 operands are widened and
+ * bf16 GEMM backends sum in their own order; with oneDNN the bias is added
+ * and the bf16 output rounded inside the primitive, whose vcvtneps2bf16
+ * flushes subnormal results to zero); fp16 operands are widened and
  * multiplied by the fp32 kernel itself. Conversions dispatch on dt_isa()
  * (dt_f32_to_bf16 & co.), so DT_ISA= lowers every path here too.
  *
@@ -230,7 +232,8 @@ dt_status dt_linear16_backward(dt_precision p, float *dinp, float *dw, float *db
     if (dinp)
         DT_CHECK(dt_gemm_bf16(DT_GEMM_NN, N, C, OC, dout, w, dinp, DT_GEMM_OUT_F32, false));
     // dW (OC,C) += dout^T (OC,N) inp (N,C)
-    DT_CHECK(dt_gemm_bf16(DT_GEMM_TN, OC, C, N, dout, inp, dw, DT_GEMM_OUT_F32, true));
+    DT_CHECK(dt_gemm_bf16_with(dt__gemm_backend_for_op(DT_GEMM_TN), DT_GEMM_TN, OC, C, N, dout, inp,
+                               dw, DT_GEMM_OUT_F32, true));
     if (dbias)
         bias_grad16(p, dbias, dout, N, OC);
     return DT_OK;

@@ -39,6 +39,12 @@ void dt__gemm_avx512_release(void);
 dt_status dt__gemm_amx(const dt__gemm_args *g);
 void dt__gemm_amx_release(void);
 
+/* The backend for one op of the 16-bit linear layers: the default, except
+ * that without DT_GEMM_BACKEND our AMX kernel takes the weight gradients
+ * (TN) from oneDNN, which it beats there in CPU time on every GPT-2 layer
+ * (docs/amp.md). */
+dt_gemm_backend dt__gemm_backend_for_op(dt_gemm_op op);
+
 /* The 16-bit linear layers' scratch (act16.c). */
 void dt__act16_release(void);
 

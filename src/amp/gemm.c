@@ -227,6 +227,14 @@ dt_gemm_backend dt_gemm_backend_default(void) {
     return DT_GEMM_REF;
 }
 
+dt_gemm_backend dt__gemm_backend_for_op(dt_gemm_op op) {
+    dt_gemm_backend b = dt_gemm_backend_default();
+    if (env_backend == DT_GEMM_AUTO && b == DT_GEMM_ONEDNN && op == DT_GEMM_TN &&
+        dt_gemm_backend_available(DT_GEMM_AMX, NULL, 0))
+        return DT_GEMM_AMX;
+    return b;
+}
+
 dt_status dt_gemm_bf16_with(dt_gemm_backend b, dt_gemm_op op, int M, int N, int K, const dt_bf16 *A,
                             const dt_bf16 *B, void *C, dt_gemm_out out, bool accumulate) {
     if ((unsigned)op >= DT_GEMM_OP_COUNT || (unsigned)out >= DT_GEMM_OUT_COUNT)

@@ -21,6 +21,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 static const char *const prec_choices[] = {"bf16", "fp16", NULL};
 
@@ -140,27 +141,39 @@ static int cmp_double(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Median over rounds of the seconds per call. */
+static double cpu_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Median over rounds of the wall seconds per call (out) and of the process
+ * CPU seconds per call (cpu: on a shared machine, time spent descheduled
+ * inflates the wall clock but not this). */
 static void time_kernel(bufs *u, kernel k, int runs, double min_time, double out[2],
-                        double best[2]) {
+                        double cpu[2]) {
     double *t[2] = {malloc(sizeof(double) * runs), malloc(sizeof(double) * runs)};
+    double *c[2] = {malloc(sizeof(double) * runs), malloc(sizeof(double) * runs)};
     for (int h = 0; h < 2; h++)
         run_kernel(u, k, h); /* warm-up: oneDNN primitives, scratch, pages */
     for (int r = 0; r < runs; r++)
         for (int h = 0; h < 2; h++) {
             int calls = 0;
-            double t0 = dt_now(), el;
+            double t0 = dt_now(), c0 = cpu_now(), el;
             do {
                 run_kernel(u, k, h);
                 calls++;
             } while ((el = dt_now() - t0) < min_time);
             t[h][r] = el / calls;
+            c[h][r] = (cpu_now() - c0) / calls;
         }
     for (int h = 0; h < 2; h++) {
         qsort(t[h], (size_t)runs, sizeof(double), cmp_double);
+        qsort(c[h], (size_t)runs, sizeof(double), cmp_double);
         out[h] = t[h][runs / 2];
-        best[h] = t[h][0];
+        cpu[h] = c[h][runs / 2];
         free(t[h]);
+        free(c[h]);
     }
 }
 
@@ -214,23 +227,29 @@ static int run_act16(cli_args *a) {
            cli_str(a, "model"), u.B, u.T, N, C, V, cfg.layers, dt_precision_name(u.p),
            dt_isa_name(dt_isa()), dt_gemm_backend_name(dt_gemm_backend_default()),
            dt_tensor_threads(), runs);
-    printf("%-14s %6s %12s %12s %8s %14s %14s %9s %9s\n", "kernel", "calls", "fp32 ms", "16-bit ms",
-           "speedup", "fp32 ms/step", "16-bit ms/step", "fp32 min", "16 min");
-    double tot[2] = {0, 0};
+    printf("%-14s %6s %10s %10s %8s %13s %13s %13s %13s %8s\n", "kernel", "calls", "fp32 ms",
+           "16-bit ms", "speedup", "fp32 ms/step", "16 ms/step", "fp32 cpu/step", "16 cpu/step",
+           "cpu x");
+    double tot[2] = {0, 0}, ctot[2] = {0, 0};
     const char *only = cli_str(a, "only");
     for (int k = 0; k < K_COUNT; k++) {
         if (only[0] && strcmp(only, kernel_names[k]) != 0)
             continue;
-        double t[2], b[2];
-        time_kernel(&u, (kernel)k, runs, min_time, t, b);
+        double t[2], c[2];
+        time_kernel(&u, (kernel)k, runs, min_time, t, c);
         int n = per_step((kernel)k, cfg.layers);
         tot[0] += n * t[0], tot[1] += n * t[1];
-        printf("%-14s %6d %12.3f %12.3f %7.2fx %14.1f %14.1f %9.3f %9.3f\n", kernel_names[k], n,
-               t[0] * 1e3, t[1] * 1e3, t[1] > 0 ? t[0] / t[1] : 0.0, n * t[0] * 1e3, n * t[1] * 1e3,
-               b[0] * 1e3, b[1] * 1e3);
+        ctot[0] += n * c[0], ctot[1] += n * c[1];
+        printf("%-14s %6d %10.3f %10.3f %7.2fx %13.1f %13.1f %13.1f %13.1f %7.2fx\n",
+               kernel_names[k], n, t[0] * 1e3, t[1] * 1e3, t[1] > 0 ? t[0] / t[1] : 0.0,
+               n * t[0] * 1e3, n * t[1] * 1e3, n * c[0] * 1e3, n * c[1] * 1e3,
+               c[1] > 0 ? c[0] / c[1] : 0.0);
     }
-    printf("%-14s %6s %12s %12s %7.2fx %14.1f %14.1f\n", "total", "", "", "", tot[0] / tot[1],
-           tot[0] * 1e3, tot[1] * 1e3);
+    printf("%-14s %6s %10s %10s %7.2fx %13.1f %13.1f %13.1f %13.1f %7.2fx\n", "total", "", "", "",
+           tot[0] / tot[1], tot[0] * 1e3, tot[1] * 1e3, ctot[0] * 1e3, ctot[1] * 1e3,
+           ctot[0] / ctot[1]);
+    printf("# ms: wall clock per call (median); cpu/step: process CPU ms per step (all threads; "
+           "not inflated by descheduling on a shared machine)\n");
     float *fb[] = {u.x, u.y, u.dx, u.dy, u.w, u.dw, u.b, u.db, u.mean, u.rstd, u.lse, u.work16};
     for (size_t i = 0; i < sizeof fb / sizeof fb[0]; i++)
         dt_free(fb[i]);
