@@ -15,6 +15,8 @@ typedef struct dt__gemm_args {
     void *C;          /* (M,N) fp32 or bf16 */
     dt_gemm_out out;  /* C's type */
     bool accumulate;  /* C += A x B instead of C = A x B */
+    /* oneDNN backend only (dt__gemm_onednn; the others need NULL): */
+    const float *bias; /* (N) fp32 added to every row before rounding, or NULL */
 } dt__gemm_args;
 
 static inline bool dt__gemm_trans_a(dt_gemm_op op) { return op == DT_GEMM_TN || op == DT_GEMM_TT; }
@@ -36,5 +38,14 @@ void dt__gemm_avx512_release(void);
 /* Our AMX kernel (gemm_amx.c); needs dt_isa() >= amx. */
 dt_status dt__gemm_amx(const dt__gemm_args *g);
 void dt__gemm_amx_release(void);
+
+/* The backend for one op of the 16-bit linear layers: the default, except
+ * that without DT_GEMM_BACKEND our AMX kernel takes the weight gradients
+ * (TN) from oneDNN, which it beats there in CPU time on every GPT-2 layer
+ * (docs/amp.md). */
+dt_gemm_backend dt__gemm_backend_for_op(dt_gemm_op op);
+
+/* The 16-bit linear layers' scratch (act16.c). */
+void dt__act16_release(void);
 
 #endif /* DTRAIN_AMP_INTERNAL_H */
