@@ -489,7 +489,7 @@ static dt_status load_ddp_state(trainer *t, const dt_ckpt *ck) {
              meta[1] != (int64_t)t->ddp_state_bytes)
         why = "it was written by another number of ranks";
     if (why) {
-        DT_INFO("--resume: gradient codec state not restored (%s): residuals start from zero", why);
+        DT_WARN("--resume: gradient codec state not restored (%s): residuals start from zero", why);
         return DT_OK;
     }
     DT_CHECK(dt_ckpt_read(ck, "ddp.state", DT_CKPT_BYTES, t->ddp_states,
