@@ -16,7 +16,8 @@
  *              resuming with another codec is allowed and says that the
  *              codec state was not restored.
  *   config     the config file keys compress / compress-ef work like the
- *              flags; --grad-dtype with --compress is refused.
+ *              flags; every other codec and --grad-dtype fp16 train 5 steps
+ *              in sync; --grad-dtype with --compress is refused.
  * Run one case per process: test_train_compress CASE.
  */
 #include "train_util.h"
@@ -83,6 +84,12 @@ static void test_topk(void) {
     train("topk", 40, "--compress topk:0.01", l);
     EXPECT_OUT("gradients: topk:0.01 ef=auto");
     expect_learns("topk:0.01", l, 40);
+    /* Overlap: the worker took buckets while backward still ran. */
+    const char *ov = strstr(tu_out, "exposed (");
+    int started = 0, buckets = 0;
+    ASSERT_TRUE(ov && sscanf(strstr(ov, "); ") + 3, "%d of %d buckets", &started, &buckets) == 2);
+    ASSERT_TRUE(buckets >= 4);
+    ASSERT_TRUE(started >= buckets - 2);
     /* Buckets of 4096 floats from the end of the buffer; each sends its
      * encoding (32 + 8 k bytes) once to the one peer. */
     size_t n = nparams("topk"), per = 4096;
@@ -191,6 +198,18 @@ static void test_config(void) {
     fclose(f);
     ASSERT_TRUE(strstr(json, "\"compress\": \"topk:0.02\"") != NULL);
     ASSERT_TRUE(strstr(json, "\"compress_ef\": \"on\"") != NULL);
+    /* Every other codec and dtype: a few steps with the ranks in sync. */
+    const char *more[] = {"--compress fp16",  "--compress bf16 --compress-ef on",
+                          "--compress int8",  "--compress qsgd:4",
+                          "--compress sign",  "--compress randk:0.1",
+                          "--grad-dtype fp16"};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "more%zu", i);
+        train_to(name, 5, 5, more[i], l);
+        if (!(l[5] < l[1]))
+            TEST_FAILF("%s: loss %.4f -> %.4f", more[i], l[1], l[5]);
+    }
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --grad-dtype bf16 --compress int8",
                      DTRAIN, corpus),
               2);
