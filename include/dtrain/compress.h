@@ -328,8 +328,10 @@ dt_status dt_powersgd_bucket_set_state(dt_powersgd_bucket *b, const void *buf, s
  * A run is blocking and issues collectives on g, so every rank must run the
  * same dt_callreduce objects in the same order (as with any collective).
  * A corrupt encoding received from a peer gives DT_ERR_CORRUPT naming the
- * rank, never an out-of-bounds access. After any failure the output is
- * unspecified; call dt_callreduce_reset before using the object again.
+ * rank, never an out-of-bounds access. An inf or NaN in any rank's input
+ * makes every rank's output non-finite (no error: a loss-scaling overflow
+ * is then seen, and skipped, by all) and leaves every state as it was. After any failure the output
+ * is unspecified; call dt_callreduce_reset before using the object again.
  */
 typedef struct dt_callreduce dt_callreduce;
 
@@ -371,6 +373,10 @@ dt_status dt_callreduce_get_state(const dt_callreduce *c, void *buf, size_t len)
 dt_status dt_callreduce_set_state(dt_callreduce *c, const void *buf, size_t len);
 /* Zero the residual, redraw PowerSGD's Q at the next run. */
 void dt_callreduce_reset(dt_callreduce *c);
+/* residual *= factor: when the gradients' units change between runs (a
+ * loss scale going from S to S' gives factor S'/S), so that the residual
+ * keeps meaning the same amount of gradient. */
+void dt_callreduce_scale_residual(dt_callreduce *c, float factor);
 
 #ifdef __cplusplus
 }

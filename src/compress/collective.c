@@ -50,6 +50,18 @@
  * access (the output is then unspecified). Casts and random-k receive only
  * values (every bit pattern is a value), and PowerSGD plain floats.
  *
+ * Non-finite input (an fp16 loss-scaling overflow, a diverging run): a rank
+ * whose input holds inf or NaN makes every rank's output non-finite, with
+ * no error, so that all ranks see the overflow and skip the step together;
+ * and every rank whose output is non-finite puts its state (residual,
+ * PowerSGD's Q) back as it was before the run, so one bad step neither
+ * poisons the residual nor loses the mass it held. The casts, random-k's
+ * values (set to NaN by the overflowing rank), PowerSGD's P and the plain
+ * allreduce carry the non-finite values themselves; on the allgather path,
+ * where int8/qsgd/sign cannot encode them, the overflowing rank sends a
+ * marker ("DTNF" and zeros, the length of an encoding) instead, and a rank
+ * that receives one fills its output with NaN.
+ *
  * Overlap: a run is blocking (its collectives are bounded by DT_TIMEOUT).
  * The data-parallel layer runs the buckets' runs on a worker thread, in
  * bucket order, so they overlap the backward pass for every codec
@@ -71,6 +83,8 @@ typedef enum cc_algo {
     CC_POWERSGD,  /* P and Q allreduces */
 } cc_algo;
 
+#define NF_MAGIC 0x464E5444u /* "DTNF" read as a little-endian u32 */
+
 static const char *const algo_names[] = {"allreduce", "allreduce16", "allgather", "allreduce-k",
                                          "powersgd"};
 
@@ -86,6 +100,8 @@ struct dt_callreduce {
     size_t ebytes;            /* one rank's encoding, header included */
     uint64_t wire;            /* bytes this rank sends per run */
     bool ef;                  /* error feedback on */
+    uint8_t *backup;          /* (state bytes) the state before the run, or NULL */
+    size_t state_bytes;
 };
 
 void (*dt__callreduce_tamper)(int rank, uint8_t *buf, size_t len) = NULL;
@@ -100,6 +116,7 @@ void dt_callreduce_destroy(dt_callreduce *c) {
     dt_compressor_destroy(c->comp);
     dt_powersgd_bucket_destroy(c->psgd);
     dt_free(c->enc);
+    dt_free(c->backup);
     dt_free(c);
 }
 
@@ -173,6 +190,12 @@ dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_
         else
             c->wire = (uint64_t)(c->world - 1) * c->ebytes;
     }
+    c->state_bytes = dt_callreduce_state_bytes(c);
+    if (c->state_bytes && !(c->backup = dt_alloc(c->state_bytes))) {
+        st = dt_error_set(DT_ERR_NOMEM, "compressed allreduce: cannot allocate %zu bytes",
+                          c->state_bytes);
+        goto fail;
+    }
     *out = c;
     return DT_OK;
 fail:
@@ -188,6 +211,22 @@ bool dt_callreduce_error_feedback(const dt_callreduce *c) { return c->ef; }
 
 static bool communicates(const dt_callreduce *c) { return c->g && c->world > 1; }
 
+/* No inf or NaN in x (exponent bits all ones); integer ops vectorise. */
+static bool all_finite(const float *x, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
+static void fill_nan(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = NAN;
+}
+
 static void scale(float *x, size_t n, int world) {
     if (world == 1)
         return;
@@ -196,16 +235,33 @@ static void scale(float *x, size_t n, int world) {
         x[i] *= s;
 }
 
-static dt_status run_allgather(dt_callreduce *c, float *data, uint64_t step) {
+static bool is_marker(const uint8_t *buf) {
+    uint32_t m;
+    memcpy(&m, buf, 4);
+    return m == NF_MAGIC;
+}
+
+static dt_status run_allgather(dt_callreduce *c, float *data, uint64_t step, bool finite) {
     const size_t E = c->ebytes;
     uint8_t *mine = c->enc + (size_t)c->rank * E;
-    size_t used;
-    DT_CHECK(dt_compressor_compress(c->comp, data, step, mine, E, &used));
-    DT_ASSERT(used == E);
+    if (finite) {
+        size_t used;
+        DT_CHECK(dt_compressor_compress(c->comp, data, step, mine, E, &used));
+        DT_ASSERT(used == E);
+    } else {
+        uint32_t m = NF_MAGIC; /* the header is >= 32 bytes, so E >= 4 */
+        memset(mine, 0, E);
+        memcpy(mine, &m, 4);
+    }
     if (dt__callreduce_tamper)
         dt__callreduce_tamper(c->rank, mine, E);
     if (communicates(c))
         DT_CHECK(dt_group_allgather(c->g, c->enc, c->enc, E, DT_U8));
+    for (int r = 0; r < c->world; r++)
+        if (is_marker(c->enc + (size_t)r * E)) {
+            fill_nan(data, c->n);
+            return DT_OK;
+        }
     /* Every rank adds the same encodings in the same order: identical bits. */
     for (int r = 0; r < c->world; r++) {
         dt_status st = dt_codec_decode(c->enc + (size_t)r * E, E, c->n, data,
@@ -233,7 +289,7 @@ static dt_status run_cast16(dt_callreduce *c, float *data, uint64_t step) {
     return DT_OK;
 }
 
-static dt_status run_values(dt_callreduce *c, float *data, uint64_t step) {
+static dt_status run_values(dt_callreduce *c, float *data, uint64_t step, bool finite) {
     size_t used;
     DT_CHECK(dt_compressor_compress(c->comp, data, step, c->enc, c->ebytes, &used));
     size_t k = dt_codec_k(&c->spec, c->n);
@@ -241,6 +297,8 @@ static dt_status run_values(dt_callreduce *c, float *data, uint64_t step) {
      * the buffer comes from dt_alloc, so the values are 4-byte aligned. */
     float *values = (float *)(void *)(c->enc + DT_COMPRESS_HEADER_BYTES + 24);
     DT_ASSERT(used == DT_COMPRESS_HEADER_BYTES + 24 + k * sizeof(float));
+    if (!finite) /* the inf may sit outside the kept indices: make the sum say so */
+        fill_nan(values, k);
     if (communicates(c))
         DT_CHECK(dt_group_allreduce(c->g, values, values, k, DT_F32, DT_SUM));
     DT_CHECK(dt_codec_decode(c->enc, used, c->n, data, DT_DECODE_SET));
@@ -267,9 +325,7 @@ abandon:
     return st;
 }
 
-dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step) {
-    if (c->n > 0 && !data)
-        return dt_error_set(DT_ERR_INVALID, "compressed allreduce: data is NULL");
+static dt_status run_algo(dt_callreduce *c, float *data, uint64_t step, bool finite) {
     switch (c->algo) {
     case CC_PLAIN:
         if (communicates(c) && c->n > 0)
@@ -277,11 +333,26 @@ dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step) {
         scale(data, c->n, c->world); /* as every other codec: sum, then * (1/W) */
         return DT_OK;
     case CC_CAST16: return run_cast16(c, data, step);
-    case CC_ALLGATHER: return run_allgather(c, data, step);
-    case CC_VALUES: return run_values(c, data, step);
+    case CC_ALLGATHER: return run_allgather(c, data, step, finite);
+    case CC_VALUES: return run_values(c, data, step, finite);
     case CC_POWERSGD: return run_powersgd(c, data, step);
     }
     return DT_ERR_INTERNAL;
+}
+
+dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step) {
+    if (c->n > 0 && !data)
+        return dt_error_set(DT_ERR_INVALID, "compressed allreduce: data is NULL");
+    bool finite = all_finite(data, c->n);
+    if (c->backup)
+        DT_CHECK(dt_callreduce_get_state(c, c->backup, c->state_bytes));
+    DT_CHECK(run_algo(c, data, step, finite));
+    if (c->backup && (!finite || !all_finite(data, c->n))) {
+        /* A step nobody will apply: forget what it did to the state. The
+         * backup is finite (states always are), so this cannot fail. */
+        DT_CHECK(dt_callreduce_set_state(c, c->backup, c->state_bytes));
+    }
+    return DT_OK;
 }
 
 size_t dt_callreduce_state_bytes(const dt_callreduce *c) {
@@ -308,6 +379,14 @@ dt_status dt_callreduce_set_state(dt_callreduce *c, const void *buf, size_t len)
                             "compressed allreduce state: %zu bytes given, codec %s has none", len,
                             dt_codec_get_info(c->spec.kind)->name);
     return DT_OK;
+}
+
+void dt_callreduce_scale_residual(dt_callreduce *c, float factor) {
+    if (c->comp && c->comp->residual)
+        for (size_t i = 0; i < c->n; i++)
+            c->comp->residual[i] *= factor;
+    if (c->psgd)
+        dt__powersgd_bucket_scale_residual(c->psgd, factor);
 }
 
 void dt_callreduce_reset(dt_callreduce *c) {

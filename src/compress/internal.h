@@ -154,6 +154,8 @@ void dt__powersgd_orthonormalize(float *P, size_t rows, size_t r);
 void dt__powersgd_bucket_abandon(dt_powersgd_bucket *b);
 /* Zero residual and Q (redrawn at the next step). */
 void dt__powersgd_bucket_reset(dt_powersgd_bucket *b);
+/* residual *= factor (Q, a warm-start direction, is left alone). */
+void dt__powersgd_bucket_scale_residual(dt_powersgd_bucket *b, float factor);
 
 /* Test hook of the compressed allreduce: when set, called on this rank's
  * encoding after it is made and before it is sent (allgather codecs), so a

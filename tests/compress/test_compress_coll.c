@@ -14,6 +14,10 @@
  *              bytes must be the formula of collective.c, and with error
  *              feedback on, mass is conserved: sum of residuals over ranks
  *              + W * sum of outputs = sum of all inputs.
+ *   nonfinite  3 ranks; rank 1's input holds an inf or a NaN at one step:
+ *              every rank's output is non-finite, no error, and the next
+ *              step equals the reference that skipped the bad one (each
+ *              rank's residual and Q were put back).
  *   corrupt    3 ranks; rank 1 damages its encoding before it is sent
  *              (header bit, top-k index out of range, int8 scale NaN):
  *              every rank gets DT_ERR_CORRUPT naming rank 1, and the group
@@ -157,7 +161,11 @@ static uint64_t expected_wire(const dt_codec_spec *spec, size_t n, int W, dt_cal
     }
 }
 
-static void run_codec(dt_group *g, const char *text, size_t n, dt_ef_mode ef, uint32_t bucket) {
+/* bad_step >= 0: at that step rank 1's input holds an inf (or a NaN, for
+ * odd bucket ids); every rank's output must then be non-finite, and the
+ * run must go on as if that step had never happened. */
+static void run_codec(dt_group *g, const char *text, size_t n, dt_ef_mode ef, uint32_t bucket,
+                      int bad_step) {
     int rank = dt_group_rank(g), W = dt_group_size(g);
     dt_codec_spec spec;
     ASSERT_OK(dt_codec_parse("spec", text, &spec));
@@ -177,6 +185,18 @@ static void run_codec(dt_group *g, const char *text, size_t n, dt_ef_mode ef, ui
     double *in_sum = calloc(n, sizeof(double)), *out_sum = calloc(n, sizeof(double));
     for (int step = 0; step < STEPS; step++) {
         input(x, n, rank, step);
+        if (step == bad_step) {
+            if (rank == 1)
+                x[n / 2] = bucket % 2 ? NAN : -INFINITY;
+            ASSERT_OK(dt_callreduce_run(c, x, (uint64_t)step));
+            bool finite = true;
+            for (size_t i = 0; i < n; i++)
+                finite = finite && isfinite(x[i]);
+            if (finite)
+                TEST_FAILF("%s n=%zu W=%d: rank 1's inf/NaN did not reach rank %d", text, n, W,
+                           rank);
+            continue; /* nor the reference */
+        }
         for (int r = 0; r < W; r++) {
             float *tmp = dt_alloc(n * sizeof(float) + 4);
             input(tmp, n, r, step);
@@ -220,7 +240,13 @@ static void run_codec(dt_group *g, const char *text, size_t n, dt_ef_mode ef, ui
                 TEST_FAILF("%s n=%zu W=%d: mass at %zu: residuals + sent = %.9g, inputs %.9g", text,
                            n, W, i, got, in_sum[i]);
         }
-        /* State round trip and reset. */
+        /* Residual scaling (a loss-scale change), state round trip, reset. */
+        float *scaled = dt_alloc(sb + 4);
+        dt_callreduce_scale_residual(c, 2.0f);
+        ASSERT_OK(dt_callreduce_get_state(c, scaled, sb));
+        for (size_t i = 0; i < sb / 4; i++)
+            ASSERT_EQ(scaled[i], i < n ? 2.0f * state[i] : state[i]);
+        dt_free(scaled);
         ASSERT_OK(dt_callreduce_set_state(c, state, sb));
         ASSERT_STATUS(dt_callreduce_set_state(c, state, sb - 4), DT_ERR_INVALID);
         dt_callreduce_reset(c);
@@ -243,8 +269,25 @@ static void test_coll(int rank, int size) {
     uint32_t bucket = 0;
     for (int s = 0; s < NSPECS; s++)
         for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-            run_codec(g, specs[s], sizes[k], DT_EF_DEFAULT, bucket++);
-            run_codec(g, specs[s], sizes[k], DT_EF_ON, bucket++);
+            run_codec(g, specs[s], sizes[k], DT_EF_DEFAULT, bucket++, -1);
+            run_codec(g, specs[s], sizes[k], DT_EF_ON, bucket++, -1);
+        }
+    dt_group_destroy(g);
+}
+
+/* A non-finite input on rank 1 at step 1 of 3, error feedback on and
+ * default, inf and NaN: no error, non-finite everywhere, and steps 0 and 2
+ * equal the reference that never saw step 1 (state restored). */
+static void test_nonfinite(int rank, int size) {
+    (void)rank;
+    dt_group *g;
+    ASSERT_OK(dt_group_init_from_env(&g));
+    ASSERT_EQ(dt_group_size(g), size);
+    uint32_t bucket = 0;
+    for (int s = 0; s < NSPECS; s++)
+        for (int v = 0; v < 2; v++) {
+            run_codec(g, specs[s], 5000, DT_EF_ON, bucket++, 1);
+            run_codec(g, specs[s], 777, DT_EF_DEFAULT, bucket++, 1);
         }
     dt_group_destroy(g);
 }
@@ -294,6 +337,7 @@ static const hcase cases[] = {
     {.name = "coll_2", .nranks = 2, .fn = test_coll, .killed_rank = -1, .timeout = 120},
     {.name = "coll_3", .nranks = 3, .fn = test_coll, .killed_rank = -1, .timeout = 120},
     {.name = "coll_4", .nranks = 4, .fn = test_coll, .killed_rank = -1, .timeout = 120},
+    {.name = "nonfinite", .nranks = 3, .fn = test_nonfinite, .killed_rank = -1, .timeout = 120},
     {.name = "corrupt", .nranks = 3, .fn = test_corrupt, .killed_rank = -1, .timeout = 60},
 };
 
