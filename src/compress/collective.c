@@ -87,6 +87,7 @@ typedef enum cc_algo {
 
 static const char *const algo_names[] = {"allreduce", "allreduce16", "allgather", "allreduce-k",
                                          "powersgd"};
+_Static_assert(sizeof algo_names / sizeof algo_names[0] == CC_POWERSGD + 1, "one name per algo");
 
 struct dt_callreduce {
     dt_group *g;     /* NULL: one process */
