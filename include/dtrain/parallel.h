@@ -60,6 +60,14 @@
  *         }
  *         DT_CHECK(dt_ddp_finish(d, update_range, &opt));  // averaged grads
  *     }
+ *
+ *     // Compressed: top-1% with error feedback, one compressor per bucket.
+ *     dt_ddp_options o = dt_ddp_options_default();
+ *     DT_CHECK(dt_codec_parse("--compress", "topk:0.01", &o.codec));
+ *     o.seed = seed;
+ *     DT_CHECK(dt_ddp_create_with(&d, group, params, grads, n, &o));
+ *     ... the same loop; dt_ddp_last_stats(d)->bytes_sent is the encoded size;
+ *     checkpoints save dt_ddp_get_state() of every rank ...
  */
 #ifndef DTRAIN_PARALLEL_H
 #define DTRAIN_PARALLEL_H
