@@ -321,8 +321,10 @@ dt_status dt_powersgd_bucket_set_state(dt_powersgd_bucket *b, const void *buf, s
  * (1/W) sum_r decode(encode(x_r + residual_r)), with error feedback applied
  * once, locally, before the encode. The schedule per codec (allreduce of
  * 16-bit values for fp16/bf16, allgather of encodings for int8, qsgd, sign
- * and topk, allreduce of the shared-index values for randk, two allreduces
- * for powersgd, plain f32 allreduce for none) and its cost are in
+ * and topk — for int8 and qsgd from 4 ranks alltoall of chunk encodings,
+ * one re-encode of each reduced chunk, allgather —, allreduce of the
+ * shared-index values for randk, two allreduces for powersgd, plain f32
+ * allreduce for none) and its cost are in
  * src/compress/collective.c and docs/compress.md.
  *
  * A run is blocking and issues collectives on g, so every rank must run the
@@ -361,7 +363,8 @@ dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step);
 
 /* Bytes this rank sends per run (encoded payload; see collective.c). */
 uint64_t dt_callreduce_wire_bytes(const dt_callreduce *c);
-/* "allreduce", "allreduce16", "allgather", "allreduce-k" or "powersgd". */
+/* "allreduce", "allreduce16", "allgather", "allreduce-k", "powersgd" or
+ * "alltoall+allgather". */
 const char *dt_callreduce_algo(const dt_callreduce *c);
 bool dt_callreduce_error_feedback(const dt_callreduce *c);
 
