@@ -26,3 +26,10 @@ add_test(NAME cli_bench_bad_isa COMMAND dtrain_cli bench gemm-bf16 --shapes 8x8x
 set_tests_properties(cli_bench_bad_isa PROPERTIES TIMEOUT 60 LABELS "unit"
                      ENVIRONMENT "DT_ISA=avx9"
                      PASS_REGULAR_EXPRESSION "DT_ISA: \"avx9\" is not one of scalar")
+
+# test_act16 walks the ISA levels down itself; this run fixes oneDNN at
+# avx512bf16 so its non-AMX bf16 kernels serve the 16-bit linear layers too.
+add_test(NAME test_act16_isa_avx512bf16 COMMAND test_act16)
+set_tests_properties(test_act16_isa_avx512bf16 PROPERTIES TIMEOUT 300 LABELS "unit"
+                     ENVIRONMENT "DT_ISA=avx512bf16;OMP_WAIT_POLICY=passive" SKIP_RETURN_CODE 77)
+set_tests_properties(test_act16 PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=passive")

@@ -210,10 +210,70 @@ dt_status dt_gemm_bf16_with(dt_gemm_backend b, dt_gemm_op op, int M, int N, int 
 dt_status dt_gemm_f16(dt_gemm_op op, int M, int N, int K, const dt_f16 *A, const dt_f16 *B,
                       float *C, bool accumulate);
 
-/* Release cached oneDNN primitives and packing buffers (at exit, or to
+/* Release cached oneDNN primitives, packing buffers and the 16-bit layers'
+ * scratch (at exit, or to
  * bound memory after many shapes). Safe to call at any time no multiply
  * is running. */
 void dt_gemm_release(void);
+
+/* ------------------------------------------------------------------------ */
+/* 16-bit activation kernels (src/amp/act16.c)                              */
+/* ------------------------------------------------------------------------ */
+/*
+ * The GPT's bf16/fp16 path. An `a16` array is uint16_t holding bf16 (p ==
+ * DT_PRECISION_BF16) or fp16 (p == DT_PRECISION_FP16) values; every kernel
+ * reads its 16-bit inputs, computes in fp32 exactly as the fp32 kernel of
+ * dtrain/tensor.h does, and rounds its 16-bit outputs once (round to nearest
+ * even). Statistics (layernorm mean/rstd, attention lse) and gradients of
+ * parameters are fp32. Matrix multiplies go through dt_gemm_bf16 (fp32
+ * accumulation; oneDNN's AMX kernels by default) or dt_gemm_f16. The
+ * conversions and the elementwise paths dispatch on dt_isa(). p must be
+ * DT_PRECISION_BF16 or DT_PRECISION_FP16 (DT_ASSERT otherwise).
+ * Threads: dt_tensor_threads() (OpenMP), like the fp32 kernels.
+ */
+
+/* out (n) = in rounded to p; in (n) fp32. */
+void dt_act16_from_f32(dt_precision p, uint16_t *out, const float *in, size_t n);
+/* out (n) = in widened (exact); in (n) a16. */
+void dt_act16_to_f32(dt_precision p, float *out, const uint16_t *in, size_t n);
+
+/* out (N,OC) = inp (N,C) W (OC,C)^T + bias: out is a16, or fp32 when out_f32
+ * (c_proj outputs and LM-head logits); bias (OC) fp32, may be NULL. The sum
+ * (products and bias) is fp32, rounded once. DT_ERR_INVALID for bad sizes or
+ * NULL pointers; errors of the multiply (allocation) are passed on. */
+dt_status dt_linear16_forward(dt_precision p, void *out, bool out_f32, const uint16_t *inp,
+                              const uint16_t *w, const float *bias, int N, int C, int OC);
+/* dinp (N,C) fp32 = dout W (overwritten; may be NULL); dw (OC,C) fp32 +=
+ * dout^T inp; dbias (OC) fp32 += column sums of dout (may be NULL).
+ * dout (N,OC), inp (N,C), w (OC,C) a16. */
+dt_status dt_linear16_backward(dt_precision p, float *dinp, float *dw, float *dbias,
+                               const uint16_t *dout, const uint16_t *inp, const uint16_t *w, int N,
+                               int C, int OC);
+
+/* LayerNorm (eps 1e-5) of the fp32 residual stream into a16: out (N,C) a16 =;
+ * mean, rstd (N) fp32 =; inp (N,C), weight, bias (C) fp32. The backward is
+ * dt_layernorm_backward (its dout and inp are fp32). */
+void dt_layernorm16_forward(dt_precision p, uint16_t *out, float *mean, float *rstd,
+                            const float *inp, const float *weight, const float *bias, int N, int C);
+
+/* GELU (tanh form): out (n) a16 = gelu(inp (n) a16). */
+void dt_gelu16_forward(dt_precision p, uint16_t *out, const uint16_t *inp, size_t n);
+/* dinp (n) a16 = dout (n) fp32 * gelu'(inp (n) a16). */
+void dt_gelu16_backward(dt_precision p, uint16_t *dinp, const uint16_t *inp, const float *dout,
+                        size_t n);
+
+/* Causal self-attention on 16-bit qkv; layout as dt_attention_forward.
+ * `work` is caller-owned scratch of dt_attention16_workspace() floats (the
+ * same size serves forward and backward); nothing in it survives a call. */
+size_t dt_attention16_workspace(int B, int T, int C, int NH);
+/* out (B,T,C) a16 =; lse (B,NH,T) fp32 =; qkv (B,T,3C) a16. */
+void dt_attention16_forward(dt_precision p, uint16_t *out, float *lse, const uint16_t *qkv, int B,
+                            int T, int C, int NH, float *work);
+/* dqkv (B,T,3C) a16 =; dout (B,T,C) fp32; qkv, out a16 and lse fp32 from
+ * forward. */
+void dt_attention16_backward(dt_precision p, uint16_t *dqkv, const float *dout, const uint16_t *qkv,
+                             const uint16_t *out, const float *lse, int B, int T, int C, int NH,
+                             float *work);
 
 /* ------------------------------------------------------------------------ */
 /* Dynamic loss scaling                                                     */

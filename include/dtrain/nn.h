@@ -22,7 +22,15 @@
  *    front, so a data-parallel layer can reduce the tail while the head is
  *    still being computed (see dt_grad_ready_fn).
  *  - ONE activation arena, sized at create time from (config, max_batch,
- *    max_seq). forward/backward never allocate.
+ *    max_seq, precision, recomputation). forward/backward never allocate.
+ *  - bf16/fp16 (dt_gpt_options.precision): params and grads stay fp32; the
+ *    weights are rounded into a 16-bit copy once per forward; block
+ *    activations are 16-bit; the residual stream, LayerNorm statistics,
+ *    logits and loss stay fp32 (docs/amp.md).
+ *  - Recomputation (dt_gpt_options.recompute_every): a chosen block keeps
+ *    only its output (the next block's input); its other activations live
+ *    in one scratch set shared by all chosen blocks and are recomputed by
+ *    backward.
  *  - Attention keeps O(T) memory per head (flash attention, see tensor.h).
  *
  * Example
@@ -89,13 +97,26 @@ typedef struct dt_param_info {
  * once at the end with ready_from = 0. */
 typedef void (*dt_grad_ready_fn)(void *user, size_t ready_from);
 
+/* Bytes of a model for the planned sizes, precision and recomputation.
+ * The arena is allocated once at create time and forward/backward never
+ * allocate, so `activations` is also the peak activation memory. */
 typedef struct dt_memory_report {
-    size_t params;          /* bytes of the parameter buffer */
-    size_t grads;           /* bytes of the gradient buffer */
-    size_t activations;     /* bytes of the activation arena (saved + scratch) */
+    size_t params;          /* bytes of the parameter buffer (fp32 master copy) */
+    size_t grads;           /* bytes of the gradient buffer (fp32) */
+    size_t weights16;       /* bytes of the bf16/fp16 weight copy (0 in fp32) */
+    size_t activations;     /* bytes of the whole activation arena = peak activation memory */
+    size_t saved;           /* part of activations the blocks keep from forward to backward:
+                               every block's output (the residual stream) and the embedding
+                               output, plus all activations of each block not recomputed */
+    size_t recompute;       /* part of activations: the one scratch set recomputed blocks
+                               share (0 without recomputation) */
+    size_t block;           /* one block's full set of activations (not a part: a unit) */
     size_t attention;       /* part of activations held for attention: qkv, out, lse */
     size_t attention_naive; /* what a naive attention would add: (B,NH,T,T) probs/layer */
-    size_t logits;          /* part of activations: the (B,T,V) logits */
+    size_t logits;          /* part of activations: the (B,T,V) fp32 logits */
+    dt_precision precision; /* compute type the arena was planned for */
+    int recompute_every;    /* dt_gpt_options.recompute_every */
+    int layers;             /* L */
     int batch, seq;         /* the sizes the arena was planned for */
 } dt_memory_report;
 
@@ -154,16 +175,23 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
 void dt_gpt_zero_grads(dt_gpt *m);
 /* Backward of the last forward (which must have had targets). ACCUMULATES
  * grad_scale * d(mean loss)/d(params) into the gradient buffer; hook may be
- * NULL. Overwrites the logits (their memory holds dlogits). */
+ * NULL. Overwrites the logits (their memory holds dlogits). Blocks chosen by
+ * recompute_every re-run their forward from their kept input just before
+ * their backward; the result is bit-identical to no recomputation. An error
+ * (only possible from a 16-bit multiply) leaves the gradients partial. */
 dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, void *user);
 /* The last forward's logits (B,T,V); valid until the next backward. */
 const float *dt_gpt_logits(const dt_gpt *m);
 
 /* Bytes of params, grads and activations for the planned sizes. */
 void dt_gpt_memory(const dt_gpt *m, dt_memory_report *out);
-/* Plan without allocating (for the T sweep in the memory report). */
+/* Plan without allocating (for the T sweep in the memory report), fp32
+ * without recomputation. */
 void dt_gpt_memory_plan(const dt_gpt_config *cfg, int batch, int seq, dt_memory_report *out);
-/* Print "params ... grads ... optimizer ... activations (attention ...)" */
+/* The same for the given options (NULL: the defaults). */
+void dt_gpt_memory_plan_with(const dt_gpt_config *cfg, int batch, int seq,
+                             const dt_gpt_options *opt, dt_memory_report *out);
+/* Print "params ... grads ... optimizer ... activations (saved, recompute, attention ...)" */
 void dt_gpt_memory_print(const dt_memory_report *r, size_t optimizer_bytes, FILE *out);
 
 /* Forward FLOPs per token (matmuls + attention, causal), for MFU: a training

@@ -37,4 +37,7 @@ void dt__gemm_avx512_release(void);
 dt_status dt__gemm_amx(const dt__gemm_args *g);
 void dt__gemm_amx_release(void);
 
+/* The 16-bit linear layers' scratch (act16.c). */
+void dt__act16_release(void);
+
 #endif /* DTRAIN_AMP_INTERNAL_H */

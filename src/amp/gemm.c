@@ -284,6 +284,7 @@ void dt_gemm_release(void) {
     dt__gemm_onednn_release();
     dt__gemm_avx512_release();
     dt__gemm_amx_release();
+    dt__act16_release();
     pthread_mutex_lock(&sgemm_lock);
     dt_free(wide);
     wide = NULL;

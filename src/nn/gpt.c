@@ -42,21 +42,25 @@ static const char *const block_names[P_BLOCK_COUNT] = {
 };
 _Static_assert(sizeof block_names / sizeof block_names[0] == P_BLOCK_COUNT, "block_names");
 
-/* Saved activations of one block (pointers into the arena). */
+/* Activations of one block (pointers into the arena). The fields typed
+ * void * hold the compute type (fp32, or a16 in bf16/fp16: see act_size);
+ * statistics and the residual stream are fp32 in every precision. A
+ * recomputed block owns only res3; its other fields point into the one
+ * shared scratch set, refilled by backward just before the block's turn. */
 typedef struct block_acts {
-    float *ln1;      // (B,T,C)   ln_1 output
+    void *ln1;       // (B,T,C)   ln_1 output
     float *ln1_mean; // (B,T)
     float *ln1_rstd; // (B,T)
-    float *qkv;      // (B,T,3C)
-    float *atty;     // (B,T,C)   attention output (before c_proj)
+    void *qkv;       // (B,T,3C)
+    void *atty;      // (B,T,C)   attention output (before c_proj)
     float *att_lse;  // (B,NH,T)  flash attention log-sum-exp
     float *res2;     // (B,T,C)   x + attn(...)
-    float *ln2;      // (B,T,C)
+    void *ln2;       // (B,T,C)
     float *ln2_mean; // (B,T)
     float *ln2_rstd; // (B,T)
-    float *fch;      // (B,T,4C)  c_fc output (pre-GELU)
-    float *fch_gelu; // (B,T,4C)
-    float *res3;     // (B,T,C)   block output
+    void *fch;       // (B,T,4C)  c_fc output (pre-GELU)
+    void *fch_gelu;  // (B,T,4C)
+    float *res3;     // (B,T,C)   block output = the next block's input (always kept)
 } block_acts;
 
 struct dt_gpt {
@@ -65,23 +69,29 @@ struct dt_gpt {
     int max_B, max_T;      /* arena planned for these */
     size_t nparams;        /* floats in params and grads */
     float *params, *grads; /* the two flat buffers */
+    uint16_t *w16;         /* bf16/fp16: params cast once per forward (NULL in fp32) */
     size_t ntensors;       /* 2 + 12 L + 2 */
     dt_param_info *info;   /* ntensors views */
     char *names;           /* storage of info[i].name */
-    float *arena;          /* all activations */
-    size_t arena_floats;
+    char *arena;           /* all activations */
+    size_t arena_bytes;
     block_acts *acts;  /* L entries */
+    block_acts shared; /* the scratch set of recomputed blocks (res3 unused) */
     float *encoded;    // (B,T,C)
-    float *lnf;        // (B,T,C)
+    void *lnf;         // (B,T,C)   compute type (the LM head's input)
     float *lnf_mean;   // (B,T)
     float *lnf_rstd;   // (B,T)
-    float *logits;     // (B,T,V); dlogits after backward
+    float *logits;     // (B,T,V); dlogits after backward (a16 dlogits in 16-bit)
     float *ce_lse;     // (B,T)
     float *losses;     // (B,T)
     float *dres;       // (B,T,C)   backward: gradient of the residual stream
     float *dbuf;       // (B,T,C)   scratch: c_proj outputs, dln, datty
-    float *dqkv;       // (B,T,3C)  backward scratch
+    void *dqkv;        // (B,T,3C)  backward scratch, compute type
     float *dfch;       // (B,T,4C)  backward scratch
+    uint16_t *dfch16;  // (B,T,4C)  16-bit: dfch rounded (the c_fc layer's dout)
+    uint16_t *dres16;  // (B,T,C)   16-bit: dres rounded (the c_proj layers' dout)
+    uint16_t *row16;   // (V)       16-bit: the first row of dlogits (see head_dout16)
+    float *attn_work;  // 16-bit: dt_attention16_workspace() floats, over dfch and dfch16
     int32_t *tokens;   // (B,T)     copy of the last inputs
     int32_t *targets;  // (B,T)     copy of the last targets
     int B, T;          /* sizes of the last forward */
@@ -175,100 +185,176 @@ size_t dt_gpt_config_num_params(const dt_gpt_config *c) {
 /* ------------------------------------------------------------------------ */
 
 typedef struct plan {
-    size_t total;     /* floats */
-    size_t attention; /* floats held for attention */
-    size_t logits;    /* floats of logits */
+    size_t total;     /* bytes of the arena */
+    size_t attention; /* bytes held for attention (qkv, out, lse) */
+    size_t logits;    /* bytes of the logits */
+    size_t saved;     /* bytes of block activations kept from forward to backward */
+    size_t recompute; /* bytes of the shared scratch set of recomputed blocks */
+    size_t block;     /* bytes of one block's full set of activations */
 } plan;
 
-/* Take n floats from the arena (or only count them when base is NULL);
+/* Bytes of one activation element: fp32, or 16 bits in bf16/fp16. */
+static size_t act_size(dt_precision p) { return p == DT_PRECISION_FP32 ? 4 : 2; }
+
+/* Whether block l drops its activations in forward and recomputes them. */
+static bool recomputed(int every, int l) { return every > 0 && l % every == 0; }
+
+/* Take `bytes` from the arena (or only count them when base is NULL);
  * regions are 64-byte aligned. */
-static float *take(float *base, size_t *off, size_t n) {
-    float *p = base ? base + *off : NULL;
-    *off += dt_align_up(n, 16);
+static void *take(char *base, size_t *off, size_t bytes) {
+    void *p = base ? base + *off : NULL;
+    *off += dt_align_up(bytes, 64);
     return p;
 }
 
+/* The activations of one block except res3; returns the attention bytes. */
+static size_t take_block(char *base, size_t *off, block_acts *a, size_t B, size_t T, size_t C,
+                         size_t NH, size_t A) {
+    size_t BT = B * T, before;
+    a->ln1 = take(base, off, BT * C * A);
+    a->ln1_mean = take(base, off, BT * 4);
+    a->ln1_rstd = take(base, off, BT * 4);
+    before = *off;
+    a->qkv = take(base, off, BT * 3 * C * A);
+    a->atty = take(base, off, BT * C * A);
+    a->att_lse = take(base, off, B * NH * T * 4);
+    size_t att = *off - before;
+    a->res2 = take(base, off, BT * C * 4);
+    a->ln2 = take(base, off, BT * C * A);
+    a->ln2_mean = take(base, off, BT * 4);
+    a->ln2_rstd = take(base, off, BT * 4);
+    a->fch = take(base, off, BT * 4 * C * A);
+    a->fch_gelu = take(base, off, BT * 4 * C * A);
+    return att;
+}
+
 /* Lay the activations out in m's arena, or, with m == NULL, only count the
- * floats (every pointer is then NULL and written to a scratch model). */
-static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_) {
+ * bytes (every pointer is then NULL and written to a scratch model).
+ * Order: per block its saved set (or only res3 when recomputed), the shared
+ * scratch set, then the model's head and the backward scratch. */
+static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gpt_options *o) {
     size_t B = (size_t)B_, T = (size_t)T_, C = (size_t)c->dim, NH = (size_t)c->heads;
-    size_t V = (size_t)c->vocab, BT = B * T, off = 0, att = 0, nlogits;
+    size_t V = (size_t)c->vocab, BT = B * T, off = 0, A = act_size(o->precision);
+    bool low = o->precision != DT_PRECISION_FP32;
+    plan p = {0};
     dt_gpt scratch = {0};
     block_acts one; /* every layer of the scratch model */
     if (!m)
         m = &scratch;
-    float *base = m->arena;
-#define TAKE(dst, n) ((dst) = take(base, &off, (n)))
+    char *base = m->arena;
+    bool any = false;
     for (int l = 0; l < c->layers; l++) {
         // cppcheck-suppress uninitvar ; `one` is only written here (planning pass)
         block_acts *a = m->acts ? &m->acts[l] : &one;
-        TAKE(a->ln1, BT * C);
-        TAKE(a->ln1_mean, BT);
-        TAKE(a->ln1_rstd, BT);
         size_t before = off;
-        TAKE(a->qkv, BT * 3 * C);
-        TAKE(a->atty, BT * C);
-        TAKE(a->att_lse, B * NH * T);
-        att += off - before;
-        TAKE(a->res2, BT * C);
-        TAKE(a->ln2, BT * C);
-        TAKE(a->ln2_mean, BT);
-        TAKE(a->ln2_rstd, BT);
-        TAKE(a->fch, BT * 4 * C);
-        TAKE(a->fch_gelu, BT * 4 * C);
-        TAKE(a->res3, BT * C);
+        if (recomputed(o->recompute_every, l))
+            any = true;
+        else
+            p.attention += take_block(base, &off, a, B, T, C, NH, A);
+        a->res3 = take(base, &off, BT * C * 4);
+        p.saved += off - before;
     }
-    TAKE(m->encoded, BT * C);
-    TAKE(m->lnf, BT * C);
-    TAKE(m->lnf_mean, BT);
-    TAKE(m->lnf_rstd, BT);
-    nlogits = off;
-    TAKE(m->logits, BT * V);
-    nlogits = off - nlogits;
-    TAKE(m->ce_lse, BT);
-    TAKE(m->losses, BT);
-    TAKE(m->dres, BT * C);
-    TAKE(m->dbuf, BT * C);
-    TAKE(m->dqkv, BT * 3 * C);
-    TAKE(m->dfch, BT * 4 * C);
-    /* the int32 token copies take a float's worth of space each */
-    // cppcheck-suppress invalidPointerCast ; raw arena storage, never read as float
-    m->tokens = (int32_t *)take(base, &off, BT);
-    // cppcheck-suppress invalidPointerCast
-    m->targets = (int32_t *)take(base, &off, BT);
-#undef TAKE
-    return (plan){off, att, nlogits};
+    if (any) {
+        size_t before = off;
+        p.attention += take_block(base, &off, &m->shared, B, T, C, NH, A);
+        p.recompute = off - before;
+        for (int l = 0; m->acts && l < c->layers; l++)
+            if (recomputed(o->recompute_every, l)) {
+                float *res3 = m->acts[l].res3;
+                m->acts[l] = m->shared;
+                m->acts[l].res3 = res3;
+            }
+    }
+    {
+        size_t o2 = 0;
+        take_block(NULL, &o2, &one, B, T, C, NH, A);
+        p.block = o2 + dt_align_up(BT * C * 4, 64);
+    }
+    m->encoded = take(base, &off, BT * C * 4);
+    p.saved += dt_align_up(BT * C * 4, 64);
+    m->lnf = take(base, &off, BT * C * A);
+    m->lnf_mean = take(base, &off, BT * 4);
+    m->lnf_rstd = take(base, &off, BT * 4);
+    size_t before = off;
+    m->logits = take(base, &off, BT * V * 4);
+    p.logits = off - before;
+    m->ce_lse = take(base, &off, BT * 4);
+    m->losses = take(base, &off, BT * 4);
+    m->dres = take(base, &off, BT * C * 4);
+    m->dbuf = take(base, &off, BT * C * 4);
+    m->dqkv = take(base, &off, BT * 3 * C * A);
+    /* 16-bit: the attention workspace shares its memory with dfch and
+     * dfch16, which are only live in the MLP part of a block's backward. */
+    size_t shared_at = off;
+    m->dfch = take(base, &off, BT * 4 * C * 4);
+    m->dfch16 = low ? take(base, &off, BT * 4 * C * 2) : NULL;
+    if (low) {
+        size_t work = dt_attention16_workspace(B_, T_, c->dim, c->heads) * 4, end = off;
+        off = shared_at;
+        m->attn_work = take(base, &off, work);
+        off = off > end ? off : end;
+    } else {
+        m->attn_work = NULL;
+    }
+    m->dres16 = low ? take(base, &off, BT * C * 2) : NULL;
+    m->row16 = low ? take(base, &off, V * 2) : NULL;
+    m->tokens = take(base, &off, BT * 4);
+    m->targets = take(base, &off, BT * 4);
+    p.total = off;
+    return p;
 }
 
-void dt_gpt_memory_plan(const dt_gpt_config *c, int batch, int seq, dt_memory_report *r) {
-    plan p = carve(NULL, c, batch, seq);
+void dt_gpt_memory_plan_with(const dt_gpt_config *c, int batch, int seq, const dt_gpt_options *opt,
+                             dt_memory_report *r) {
+    dt_gpt_options o = opt ? *opt : dt_gpt_options_default();
+    plan p = carve(NULL, c, batch, seq, &o);
     size_t np = dt_gpt_config_num_params(c);
     r->params = np * sizeof(float);
     r->grads = np * sizeof(float);
-    r->activations = p.total * sizeof(float);
-    r->attention = p.attention * sizeof(float);
-    r->attention_naive = (size_t)c->layers * batch * c->heads * (size_t)seq * seq * sizeof(float);
-    r->logits = p.logits * sizeof(float);
+    r->weights16 = o.precision == DT_PRECISION_FP32 ? 0 : np * 2;
+    r->activations = p.total;
+    r->attention = p.attention;
+    r->attention_naive =
+        (size_t)c->layers * batch * c->heads * (size_t)seq * seq * act_size(o.precision);
+    r->logits = p.logits;
+    r->saved = p.saved;
+    r->recompute = p.recompute;
+    r->block = p.block;
+    r->precision = o.precision;
+    r->recompute_every = o.recompute_every;
+    r->layers = c->layers;
     r->batch = batch;
     r->seq = seq;
 }
 
+void dt_gpt_memory_plan(const dt_gpt_config *c, int batch, int seq, dt_memory_report *r) {
+    dt_gpt_memory_plan_with(c, batch, seq, NULL, r);
+}
+
 void dt_gpt_memory(const dt_gpt *m, dt_memory_report *out) {
-    dt_gpt_memory_plan(&m->cfg, m->max_B, m->max_T, out);
+    dt_gpt_memory_plan_with(&m->cfg, m->max_B, m->max_T, &m->opt, out);
 }
 
 void dt_gpt_memory_print(const dt_memory_report *r, size_t optimizer_bytes, FILE *out) {
-    char a[32], b[32], c[32], d[32], e[32], f[32], g[32];
+    char a[32], b[32], c[32], d[32], e[32], f[32], g[32], h[32], i[32], j[32], k[32], rc[32];
     fprintf(out,
-            "memory (B=%d T=%d): params %s, grads %s, optimizer %s, activations %s "
-            "(attention %s, logits %s; naive attention would add %s)\n",
-            r->batch, r->seq, dt_format_bytes((double)r->params, a, sizeof a),
+            "memory (B=%d T=%d %s recompute %s): params %s, grads %s, optimizer %s%s%s, "
+            "activations %s (saved by blocks %s, recompute scratch %s, one block %s, "
+            "attention %s, logits %s; naive attention would add %s)\n",
+            r->batch, r->seq, dt_precision_name(r->precision),
+            dt_recompute_format(r->recompute_every, rc, sizeof rc),
+            dt_format_bytes((double)r->params, a, sizeof a),
             dt_format_bytes((double)r->grads, b, sizeof b),
             dt_format_bytes((double)optimizer_bytes, c, sizeof c),
+            r->weights16 ? ", 16-bit weights " : "",
+            r->weights16 ? dt_format_bytes((double)r->weights16, j, sizeof j) : "",
             dt_format_bytes((double)r->activations, d, sizeof d),
+            dt_format_bytes((double)r->saved, h, sizeof h),
+            dt_format_bytes((double)r->recompute, i, sizeof i),
+            dt_format_bytes((double)r->block, g, sizeof g),
             dt_format_bytes((double)r->attention, e, sizeof e),
             dt_format_bytes((double)r->logits, f, sizeof f),
-            dt_format_bytes((double)r->attention_naive, g, sizeof g));
+            dt_format_bytes((double)r->attention_naive, k, sizeof k));
 }
 
 double dt_gpt_flops_per_token(const dt_gpt_config *c, int T) {
@@ -333,11 +419,9 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
         return dt_error_set(DT_ERR_INVALID, "precision %d is not a dt_precision", (int)o.precision);
     if (o.recompute_every < 0)
         return dt_error_set(DT_ERR_INVALID, "recompute_every %d must be >= 0", o.recompute_every);
-    /* TODO(#7): the bf16/fp16 paths and recomputation land with the mixed-precision work. */
-    if (o.precision != DT_PRECISION_FP32 || o.recompute_every != 0)
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "precision %s with recompute every %d: not implemented yet",
-                            dt_precision_name(o.precision), o.recompute_every);
+    if (o.recompute_every > (1 << 20))
+        return dt_error_set(DT_ERR_INVALID, "recompute_every %d must be <= 1048576",
+                            o.recompute_every);
     DT_CHECK(dt_gpt_config_validate(cfg));
     if (max_batch < 1 || max_batch > (1 << 20))
         return dt_error_set(DT_ERR_INVALID, "batch size %d must be in [1, 1048576]", max_batch);
@@ -362,21 +446,24 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
     m->acts = dt_calloc((size_t)L, sizeof *m->acts);
     m->params = dt_alloc(m->nparams * sizeof(float));
     m->grads = dt_alloc(m->nparams * sizeof(float));
-    plan p = carve(NULL, cfg, max_batch, max_seq);
-    m->arena_floats = p.total;
-    m->arena = dt_alloc(p.total * sizeof(float));
-    if (!m->info || !m->names || !m->acts || !m->params || !m->grads || !m->arena) {
+    bool low = o.precision != DT_PRECISION_FP32;
+    m->w16 = low ? dt_alloc(m->nparams * sizeof(uint16_t)) : NULL;
+    plan p = carve(NULL, cfg, max_batch, max_seq, &o);
+    m->arena_bytes = p.total;
+    m->arena = dt_alloc(p.total);
+    if (!m->info || !m->names || !m->acts || !m->params || !m->grads || !m->arena ||
+        (low && !m->w16)) {
         char a[32];
         dt_gpt_destroy(m);
         return dt_error_set(DT_ERR_NOMEM,
                             "cannot allocate a GPT with %zu parameters and %s of "
                             "activations",
                             dt_gpt_config_num_params(cfg),
-                            dt_format_bytes((double)p.total * 4, a, sizeof a));
+                            dt_format_bytes((double)p.total, a, sizeof a));
     }
     memset(m->params, 0, m->nparams * sizeof(float));
     memset(m->grads, 0, m->nparams * sizeof(float));
-    carve(m, cfg, max_batch, max_seq);
+    carve(m, cfg, max_batch, max_seq, &o);
 
     /* The tensor table, in buffer order. */
     size_t off = 0, t = 0;
@@ -410,6 +497,7 @@ void dt_gpt_destroy(dt_gpt *m) {
     if (!m)
         return;
     dt_free(m->arena);
+    dt_free(m->w16);
     dt_free(m->grads);
     dt_free(m->params);
     dt_free(m->acts);
@@ -471,9 +559,80 @@ void dt_gpt_init_params(dt_gpt *m, uint64_t seed) {
 /* Forward                                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* The 16-bit copy of block tensor k of layer l (bf16/fp16 only). */
+static inline const uint16_t *wt(const dt_gpt *m, int l, int k) {
+    return m->w16 + m->info[2 + (size_t)l * P_BLOCK_COUNT + k].offset;
+}
+
+/* bf16/fp16: round all parameters into w16, once per forward (the master
+ * copy may have changed since). Chunks in parallel; each chunk's rounding
+ * is exact per element, so the thread count cannot change the result. */
+static void cast_weights(dt_gpt *m) {
+    const size_t chunk = (size_t)1 << 16, n = m->nparams;
+    const long nchunks = (long)((n + chunk - 1) / chunk);
+#pragma omp parallel for schedule(static)
+    for (long i = 0; i < nchunks; i++) {
+        size_t o = (size_t)i * chunk, k = n - o < chunk ? n - o : chunk;
+        dt_act16_from_f32(m->opt.precision, m->w16 + o, m->params + o, k);
+    }
+}
+
+/* Block l's forward from its input x (the residual stream) into m->acts[l].
+ * With `full` false it stops once everything backward reads is there: a
+ * recomputation skips the MLP's c_proj and res3 (already kept). The calls
+ * and their arguments are the same in both cases, so a recomputed
+ * activation is bit-identical to the one forward produced. */
+static dt_status block_forward(dt_gpt *m, int l, const float *x, bool full) {
+    const int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, N = B * T;
+    const dt_precision pr = m->opt.precision;
+    float *p = m->params;
+    const block_acts *a = &m->acts[l];
+    if (pr == DT_PRECISION_FP32) {
+        dt_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
+                             bt(m, p, l, P_LN1B), N, C);
+        dt_matmul_forward(a->qkv, a->ln1, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * C);
+        dt_attention_forward(a->atty, a->att_lse, a->qkv, B, T, C, NH);
+        dt_matmul_forward(m->dbuf, a->atty, bt(m, p, l, P_ATTPROJW), bt(m, p, l, P_ATTPROJB), N, C,
+                          C);
+        dt_residual_forward(a->res2, x, m->dbuf, (size_t)N * C);
+        dt_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, bt(m, p, l, P_LN2W),
+                             bt(m, p, l, P_LN2B), N, C);
+        dt_matmul_forward(a->fch, a->ln2, bt(m, p, l, P_FCW), bt(m, p, l, P_FCB), N, C, 4 * C);
+        dt_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+        if (!full)
+            return DT_OK;
+        dt_matmul_forward(m->dbuf, a->fch_gelu, bt(m, p, l, P_FCPROJW), bt(m, p, l, P_FCPROJB), N,
+                          4 * C, C);
+        dt_residual_forward(a->res3, a->res2, m->dbuf, (size_t)N * C);
+        return DT_OK;
+    }
+    /* bf16/fp16: a16 activations, fp32 residual stream and statistics; the
+     * c_proj outputs are fp32 so the residual adds are exact fp32 adds. */
+    dt_layernorm16_forward(pr, a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
+                           bt(m, p, l, P_LN1B), N, C);
+    DT_CHECK(dt_linear16_forward(pr, a->qkv, false, a->ln1, wt(m, l, P_QKVW), bt(m, p, l, P_QKVB),
+                                 N, C, 3 * C));
+    dt_attention16_forward(pr, a->atty, a->att_lse, a->qkv, B, T, C, NH, m->attn_work);
+    DT_CHECK(dt_linear16_forward(pr, m->dbuf, true, a->atty, wt(m, l, P_ATTPROJW),
+                                 bt(m, p, l, P_ATTPROJB), N, C, C));
+    dt_residual_forward(a->res2, x, m->dbuf, (size_t)N * C);
+    dt_layernorm16_forward(pr, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, bt(m, p, l, P_LN2W),
+                           bt(m, p, l, P_LN2B), N, C);
+    DT_CHECK(dt_linear16_forward(pr, a->fch, false, a->ln2, wt(m, l, P_FCW), bt(m, p, l, P_FCB), N,
+                                 C, 4 * C));
+    dt_gelu16_forward(pr, a->fch_gelu, a->fch, (size_t)N * 4 * C);
+    if (!full)
+        return DT_OK;
+    DT_CHECK(dt_linear16_forward(pr, m->dbuf, true, a->fch_gelu, wt(m, l, P_FCPROJW),
+                                 bt(m, p, l, P_FCPROJB), N, 4 * C, C));
+    dt_residual_forward(a->res3, a->res2, m->dbuf, (size_t)N * C);
+    return DT_OK;
+}
+
 dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                          float *mean_loss) {
-    const int L = m->cfg.layers, C = m->cfg.dim, NH = m->cfg.heads, V = m->cfg.vocab;
+    const int L = m->cfg.layers, C = m->cfg.dim, V = m->cfg.vocab;
+    const dt_precision pr = m->opt.precision;
     if (B < 1 || B > m->max_B || T < 1 || T > m->max_T)
         return dt_error_set(
             DT_ERR_INVALID,
@@ -493,33 +652,28 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
     m->have_targets = false;
     memcpy(m->tokens, inputs, sizeof(int32_t) * N);
     float *p = m->params;
+    if (pr != DT_PRECISION_FP32)
+        cast_weights(m);
 
     dt_embedding_forward(m->encoded, m->tokens, p + m->info[0].offset, p + m->info[1].offset, B, T,
                          C);
     const float *x = m->encoded; // (B,T,C) residual stream entering the block
     for (int l = 0; l < L; l++) {
-        block_acts *a = &m->acts[l];
-        dt_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
-                             bt(m, p, l, P_LN1B), N, C);
-        dt_matmul_forward(a->qkv, a->ln1, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * C);
-        dt_attention_forward(a->atty, a->att_lse, a->qkv, B, T, C, NH);
-        dt_matmul_forward(m->dbuf, a->atty, bt(m, p, l, P_ATTPROJW), bt(m, p, l, P_ATTPROJB), N, C,
-                          C);
-        dt_residual_forward(a->res2, x, m->dbuf, (size_t)N * C);
-        dt_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, bt(m, p, l, P_LN2W),
-                             bt(m, p, l, P_LN2B), N, C);
-        dt_matmul_forward(a->fch, a->ln2, bt(m, p, l, P_FCW), bt(m, p, l, P_FCB), N, C, 4 * C);
-        dt_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
-        dt_matmul_forward(m->dbuf, a->fch_gelu, bt(m, p, l, P_FCPROJW), bt(m, p, l, P_FCPROJB), N,
-                          4 * C, C);
-        dt_residual_forward(a->res3, a->res2, m->dbuf, (size_t)N * C);
-        x = a->res3;
+        DT_CHECK(block_forward(m, l, x, true));
+        x = m->acts[l].res3;
     }
     const dt_param_info *lnw = &m->info[m->ntensors - 2], *lnb = &m->info[m->ntensors - 1];
-    dt_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, p + lnw->offset, p + lnb->offset, N,
-                         C);
-    /* Tied LM head: logits (N,V) = lnf (N,C) @ wte^T. */
-    dt_matmul_forward(m->logits, m->lnf, p + m->info[0].offset, NULL, N, C, V);
+    /* Tied LM head: logits (N,V) = lnf (N,C) @ wte^T, fp32 in every precision. */
+    if (pr == DT_PRECISION_FP32) {
+        dt_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, p + lnw->offset, p + lnb->offset,
+                             N, C);
+        dt_matmul_forward(m->logits, m->lnf, p + m->info[0].offset, NULL, N, C, V);
+    } else {
+        dt_layernorm16_forward(pr, m->lnf, m->lnf_mean, m->lnf_rstd, x, p + lnw->offset,
+                               p + lnb->offset, N, C);
+        DT_CHECK(dt_linear16_forward(pr, m->logits, true, m->lnf, m->w16 + m->info[0].offset, NULL,
+                                     N, C, V));
+    }
     if (targets) {
         memcpy(m->targets, targets, sizeof(int32_t) * N);
         float loss = dt_crossentropy_forward(m->losses, m->ce_lse, m->logits, m->targets, N, V);
@@ -534,33 +688,34 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
 /* Backward                                                                 */
 /* ------------------------------------------------------------------------ */
 
-dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, void *user) {
-    if (!m->have_targets)
-        return dt_error_set(DT_ERR_INVALID,
-                            "backward needs a preceding forward with targets (and only one "
-                            "backward per forward)");
-    m->have_targets = false; /* the logits are about to become dlogits */
-    const int L = m->cfg.layers, C = m->cfg.dim, NH = m->cfg.heads, V = m->cfg.vocab;
-    const int B = m->B, T = m->T, N = B * T;
+/* bf16/fp16: round dlogits (N,V), fp32 over the logits, to a16 packed at
+ * the front of the same memory, without a second (N,V) buffer. Row 0's
+ * destination overlaps its source, so it goes through row16. After that,
+ * rows [r, 2r) are written to bytes [2rV, 4rV) and read from [4rV, 8rV):
+ * destination and source of a call never overlap, and what a call
+ * overwrites are the sources of rows < r, already converted. */
+static const uint16_t *head_dout16(dt_gpt *m, size_t N, size_t V) {
+    const dt_precision pr = m->opt.precision;
+    const float *in = m->logits;
+    uint16_t *out = (uint16_t *)(void *)m->logits;
+    dt_act16_from_f32(pr, m->row16, in, V);
+    memcpy(out, m->row16, V * sizeof(uint16_t));
+    for (size_t r = 1; r < N; r *= 2) {
+        size_t e = 2 * r < N ? 2 * r : N;
+        dt_act16_from_f32(pr, out + r * V, in + r * V, (e - r) * V);
+    }
+    return out;
+}
+
+/* Block l's backward: m->dres holds d(res3) on entry and d(x) on return;
+ * parameter gradients accumulate into m->grads. */
+static dt_status block_backward(dt_gpt *m, int l, const float *x) {
+    const int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, N = B * T;
+    const dt_precision pr = m->opt.precision;
     float *p = m->params, *g = m->grads;
-    const dt_param_info *wte = &m->info[0], *wpe = &m->info[1];
-    const dt_param_info *lnw = &m->info[m->ntensors - 2], *lnb = &m->info[m->ntensors - 1];
-
-    /* d(mean loss)/dlogits, in place over the logits. */
-    float *dlogits = m->logits;
-    dt_crossentropy_backward(dlogits, m->logits, m->ce_lse, m->targets, grad_scale / (float)N, N,
-                             V);
-    /* LM head: dlnf (N,C) = dlogits @ wte; dwte += dlogits^T @ lnf. */
-    dt_matmul_backward(m->dbuf, g + wte->offset, NULL, dlogits, m->lnf, p + wte->offset, N, C, V);
-    const float *xL = L > 0 ? m->acts[L - 1].res3 : m->encoded;
-    memset(m->dres, 0, sizeof(float) * (size_t)N * C);
-    dt_layernorm_backward(m->dres, g + lnw->offset, g + lnb->offset, m->dbuf, xL, p + lnw->offset,
-                          m->lnf_mean, m->lnf_rstd, N, C);
-
-    for (int l = L - 1; l >= 0; l--) {
-        block_acts *a = &m->acts[l];
-        const float *x = l > 0 ? m->acts[l - 1].res3 : m->encoded;
-        /* m->dres holds d(res3). MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))). */
+    const block_acts *a = &m->acts[l];
+    if (pr == DT_PRECISION_FP32) {
+        /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))). */
         dt_matmul_backward(m->dfch, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB), m->dres,
                            a->fch_gelu, bt(m, p, l, P_FCPROJW), N, 4 * C, C);
         dt_gelu_backward(m->dfch, a->fch, m->dfch, (size_t)N * 4 * C);
@@ -576,6 +731,66 @@ dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, vo
                            bt(m, p, l, P_QKVW), N, C, 3 * C);
         dt_layernorm_backward(m->dres, bt(m, g, l, P_LN1W), bt(m, g, l, P_LN1B), m->dbuf, x,
                               bt(m, p, l, P_LN1W), a->ln1_mean, a->ln1_rstd, N, C);
+        return DT_OK;
+    }
+    /* bf16/fp16: the same steps; a gradient entering a 16-bit multiply is
+     * rounded to a16 (dres16, dfch16, dqkv), the others stay fp32. */
+    dt_act16_from_f32(pr, m->dres16, m->dres, (size_t)N * C);
+    DT_CHECK(dt_linear16_backward(pr, m->dfch, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB),
+                                  m->dres16, a->fch_gelu, wt(m, l, P_FCPROJW), N, 4 * C, C));
+    dt_gelu16_backward(pr, m->dfch16, a->fch, m->dfch, (size_t)N * 4 * C);
+    DT_CHECK(dt_linear16_backward(pr, m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), m->dfch16,
+                                  a->ln2, wt(m, l, P_FCW), N, C, 4 * C));
+    dt_layernorm_backward(m->dres, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), m->dbuf, a->res2,
+                          bt(m, p, l, P_LN2W), a->ln2_mean, a->ln2_rstd, N, C);
+    dt_act16_from_f32(pr, m->dres16, m->dres, (size_t)N * C);
+    DT_CHECK(dt_linear16_backward(pr, m->dbuf, bt(m, g, l, P_ATTPROJW), bt(m, g, l, P_ATTPROJB),
+                                  m->dres16, a->atty, wt(m, l, P_ATTPROJW), N, C, C));
+    dt_attention16_backward(pr, m->dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, C, NH,
+                            m->attn_work);
+    DT_CHECK(dt_linear16_backward(pr, m->dbuf, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), m->dqkv,
+                                  a->ln1, wt(m, l, P_QKVW), N, C, 3 * C));
+    dt_layernorm_backward(m->dres, bt(m, g, l, P_LN1W), bt(m, g, l, P_LN1B), m->dbuf, x,
+                          bt(m, p, l, P_LN1W), a->ln1_mean, a->ln1_rstd, N, C);
+    return DT_OK;
+}
+
+dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, void *user) {
+    if (!m->have_targets)
+        return dt_error_set(DT_ERR_INVALID,
+                            "backward needs a preceding forward with targets (and only one "
+                            "backward per forward)");
+    m->have_targets = false; /* the logits are about to become dlogits */
+    const int L = m->cfg.layers, C = m->cfg.dim, V = m->cfg.vocab;
+    const int B = m->B, T = m->T, N = B * T;
+    const dt_precision pr = m->opt.precision;
+    float *p = m->params, *g = m->grads;
+    const dt_param_info *wte = &m->info[0], *wpe = &m->info[1];
+    const dt_param_info *lnw = &m->info[m->ntensors - 2], *lnb = &m->info[m->ntensors - 1];
+
+    /* d(mean loss)/dlogits, in place over the logits. */
+    float *dlogits = m->logits;
+    dt_crossentropy_backward(dlogits, m->logits, m->ce_lse, m->targets, grad_scale / (float)N, N,
+                             V);
+    /* LM head: dlnf (N,C) = dlogits @ wte; dwte += dlogits^T @ lnf. */
+    if (pr == DT_PRECISION_FP32)
+        dt_matmul_backward(m->dbuf, g + wte->offset, NULL, dlogits, m->lnf, p + wte->offset, N, C,
+                           V);
+    else
+        DT_CHECK(dt_linear16_backward(pr, m->dbuf, g + wte->offset, NULL,
+                                      head_dout16(m, (size_t)N, (size_t)V), m->lnf,
+                                      m->w16 + wte->offset, N, C, V));
+    const float *xL = L > 0 ? m->acts[L - 1].res3 : m->encoded;
+    memset(m->dres, 0, sizeof(float) * (size_t)N * C);
+    dt_layernorm_backward(m->dres, g + lnw->offset, g + lnb->offset, m->dbuf, xL, p + lnw->offset,
+                          m->lnf_mean, m->lnf_rstd, N, C);
+
+    for (int l = L - 1; l >= 0; l--) {
+        const float *x = l > 0 ? m->acts[l - 1].res3 : m->encoded;
+        /* A recomputed block refills the shared set from its kept input. */
+        if (recomputed(m->opt.recompute_every, l))
+            DT_CHECK(block_forward(m, l, x, false));
+        DT_CHECK(block_backward(m, l, x));
         /* m->dres holds d(x); every gradient from block l onwards is final. */
         if (hook)
             hook(user, block_offset(m, l));

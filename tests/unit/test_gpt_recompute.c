@@ -1,0 +1,199 @@
+/*
+ * test_gpt_recompute.c — activation recomputation: gradients, loss, logits
+ * and the grad-ready hook order are BIT-IDENTICAL with recompute none,
+ * blocks, every:2 and every:3 (in fp32, bf16 and fp16, over two
+ * accumulating micro-batches), and the memory plan shrinks as documented
+ * in docs/amp.md, including the issue's target for --recompute blocks.
+ */
+#include "dtrain/nn.h"
+#include "test.h"
+
+static void fill_tokens(int32_t *x, int n, int V, uint64_t seed) {
+    dt_rng r;
+    dt_rng_init(&r, seed, dt_rng_stream_id(0, 0, DT_RNG_TEST));
+    for (int i = 0; i < n; i++)
+        x[i] = (int32_t)dt_rng_below(&r, (uint32_t)V);
+}
+
+typedef struct hook_log {
+    size_t calls;
+    size_t seen[16];
+} hook_log;
+
+static void hook(void *user, size_t ready_from) {
+    hook_log *h = user;
+    if (h->calls < 16)
+        h->seen[h->calls] = ready_from;
+    h->calls++;
+}
+
+typedef struct run_out {
+    float *grads, *logits;
+    float loss[2];
+    hook_log hooks;
+} run_out;
+
+/* Two micro-batches (the second with a smaller T) accumulated with
+ * grad_scale 0.5; the logits of the second forward are kept. */
+static void run(const dt_gpt_config *c, dt_precision pr, int every, run_out *o) {
+    enum { B = 2, T = 24 };
+    dt_gpt_options opt = {pr, every};
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create_with(&m, c, B, T, &opt));
+    dt_gpt_init_params(m, 11);
+    int32_t in[B * T], tg[B * T];
+    size_t n = dt_gpt_num_params(m), nl = (size_t)B * 17 * c->vocab;
+    o->grads = malloc(n * sizeof(float));
+    o->logits = malloc(nl * sizeof(float));
+    ASSERT_TRUE(o->grads && o->logits);
+    memset(&o->hooks, 0, sizeof o->hooks);
+    dt_gpt_zero_grads(m);
+    for (int k = 0; k < 2; k++) {
+        int t = k == 0 ? T : 17;
+        fill_tokens(in, B * t, c->vocab, 1 + k);
+        fill_tokens(tg, B * t, c->vocab, 5 + k);
+        ASSERT_OK(dt_gpt_forward(m, in, tg, B, t, &o->loss[k]));
+        if (k == 1)
+            memcpy(o->logits, dt_gpt_logits(m), nl * sizeof(float));
+        ASSERT_OK(dt_gpt_backward(m, 0.5f, hook, &o->hooks));
+    }
+    memcpy(o->grads, dt_gpt_grads(m), n * sizeof(float));
+    dt_gpt_destroy(m);
+}
+
+static void check_identical(dt_precision pr) {
+    /* 5 blocks, so every:2 (blocks 0, 2, 4) and every:3 (0, 3) differ;
+     * T = 24 and 17: partial attention blocks; head size 16. */
+    dt_gpt_config c = {5, 64, 4, 32, 97};
+    size_t n = dt_gpt_config_num_params(&c), nl = 2 * 17 * (size_t)c.vocab;
+    run_out ref, got;
+    run(&c, pr, 0, &ref);
+    for (size_t i = 0; i < n; i++)
+        if (!isfinite(ref.grads[i]))
+            TEST_FAILF("%s: grad[%zu] = %g", dt_precision_name(pr), i, ref.grads[i]);
+    const int modes[] = {1, 2, 3, 7};
+    for (size_t k = 0; k < sizeof modes / sizeof modes[0]; k++) {
+        char name[32];
+        dt_recompute_format(modes[k], name, sizeof name);
+        run(&c, pr, modes[k], &got);
+        if (memcmp(ref.grads, got.grads, n * sizeof(float)) != 0) {
+            size_t i = 0;
+            while (ref.grads[i] == got.grads[i] ||
+                   memcmp(&ref.grads[i], &got.grads[i], sizeof(float)) == 0)
+                i++;
+            TEST_FAILF("%s recompute %s: grad[%zu] %.9g differs from no recomputation's %.9g",
+                       dt_precision_name(pr), name, i, got.grads[i], ref.grads[i]);
+        }
+        ASSERT_TRUE(memcmp(ref.logits, got.logits, nl * sizeof(float)) == 0);
+        ASSERT_TRUE(memcmp(ref.loss, got.loss, sizeof ref.loss) == 0);
+        ASSERT_EQ(got.hooks.calls, ref.hooks.calls);
+        ASSERT_EQ(got.hooks.calls, 2 * ((size_t)c.layers + 1));
+        for (size_t i = 0; i < ref.hooks.calls; i++)
+            ASSERT_EQ(got.hooks.seen[i], ref.hooks.seen[i]);
+        free(got.grads);
+        free(got.logits);
+    }
+    free(ref.grads);
+    free(ref.logits);
+}
+
+static void test_identical_fp32(void) { check_identical(DT_PRECISION_FP32); }
+static void test_identical_bf16(void) { check_identical(DT_PRECISION_BF16); }
+static void test_identical_fp16(void) { check_identical(DT_PRECISION_FP16); }
+
+static void test_options_rejected(void) {
+    dt_gpt_config c = {2, 64, 4, 32, 97};
+    dt_gpt *m = NULL;
+    dt_gpt_options o = {DT_PRECISION_FP32, -1};
+    ASSERT_STATUS(dt_gpt_create_with(&m, &c, 1, 8, &o), DT_ERR_INVALID);
+    ASSERT_TRUE(strstr(dt_last_error(), "-1") != NULL);
+    o = (dt_gpt_options){(dt_precision)7, 0};
+    ASSERT_STATUS(dt_gpt_create_with(&m, &c, 1, 8, &o), DT_ERR_INVALID);
+    ASSERT_TRUE(m == NULL);
+}
+
+/* The plan: recomputation keeps the residual stream of every block plus one
+ * shared set. The issue's target for blocks, peak <= 1/L of no
+ * recomputation's + one block, is asserted where it holds:
+ *  - on the blocks' part (saved + shared set) in fp32 for every preset, and
+ *    in bf16/fp16 up to L = 9: the kept residual stream stays fp32 (L + 1
+ *    tensors of 4C bytes per token) while a 16-bit block is only ~36C, so
+ *    for gpt2-124m (L = 12) it exceeds the bound;
+ *  - on the whole arena only for fp32 shakespeare-char: gpt2-124m's
+ *    (B,T,50257) fp32 logits, or the fp32 backward scratch next to 16-bit
+ *    blocks, are parts recomputation cannot touch.
+ * docs/amp.md has the numbers. */
+static void check_plan(const char *preset, int B, int T, dt_precision pr, bool blocks_part,
+                       bool whole_arena) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset(preset, &c));
+    dt_gpt_options none = {pr, 0}, blocks = {pr, 1}, two = {pr, 2};
+    dt_memory_report rn, rb, r2;
+    dt_gpt_memory_plan_with(&c, B, T, &none, &rn);
+    dt_gpt_memory_plan_with(&c, B, T, &blocks, &rb);
+    dt_gpt_memory_plan_with(&c, B, T, &two, &r2);
+    size_t L = (size_t)c.layers, stream = (size_t)B * T * c.dim * 4;
+    /* none: every block keeps a full set; nothing shared */
+    ASSERT_EQ(rn.recompute, 0);
+    ASSERT_EQ(rn.saved, L * rn.block + stream);
+    ASSERT_EQ(rb.block, rn.block);
+    /* blocks: L + 1 residual-stream tensors kept, one set (minus res3) shared */
+    ASSERT_EQ(rb.saved, (L + 1) * stream);
+    ASSERT_EQ(rb.recompute, rn.block - stream);
+    ASSERT_EQ(rn.activations - rb.activations, rn.saved - rb.saved - rb.recompute);
+    /* every:2 recomputes ceil(L/2) blocks: it saves memory from L = 3 on */
+    if (!(rb.activations < r2.activations &&
+          (L < 3 ? r2.activations == rn.activations : r2.activations < rn.activations)))
+        TEST_FAILF("%s %s: arena blocks %zu, every:2 %zu, none %zu: not decreasing", preset,
+                   dt_precision_name(pr), rb.activations, r2.activations, rn.activations);
+    /* the target, on the blocks' part (saved + shared scratch) */
+    size_t part_b = rb.saved + rb.recompute, bound_part = rn.saved / L + rn.block;
+    if (blocks_part && !(part_b <= bound_part))
+        TEST_FAILF("%s %s B%d T%d: blocks' part with recompute blocks %zu > 1/L of %zu + block "
+                   "%zu = %zu",
+                   preset, dt_precision_name(pr), B, T, part_b, rn.saved, rn.block, bound_part);
+    size_t bound = rn.activations / L + rn.block;
+    if (whole_arena && !(rb.activations <= bound))
+        TEST_FAILF("%s %s B%d T%d: arena with recompute blocks %zu > 1/L of %zu + block %zu = %zu",
+                   preset, dt_precision_name(pr), B, T, rb.activations, rn.activations, rn.block,
+                   bound);
+}
+
+static void test_memory_plan(void) {
+    for (int p = 0; p < DT_PRECISION_COUNT; p++) {
+        bool f32 = p == DT_PRECISION_FP32;
+        check_plan("shakespeare-char", 8, 256, (dt_precision)p, true, f32);
+        check_plan("gpt2-124m", 4, 64, (dt_precision)p, f32, false);
+        check_plan("tiny", 2, 64, (dt_precision)p, true, false);
+    }
+    /* 16-bit activations: the arena is smaller, the weight copy appears */
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("shakespeare-char", &c));
+    dt_gpt_options f32 = {DT_PRECISION_FP32, 0}, b16 = {DT_PRECISION_BF16, 0};
+    dt_memory_report a, b;
+    dt_gpt_memory_plan_with(&c, 8, 256, &f32, &a);
+    dt_gpt_memory_plan_with(&c, 8, 256, &b16, &b);
+    ASSERT_EQ(a.weights16, 0);
+    ASSERT_EQ(b.weights16, dt_gpt_config_num_params(&c) * 2);
+    ASSERT_TRUE(b.activations < a.activations * 3 / 4);
+    /* a model reports its own plan */
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create_with(&m, &c, 2, 32, &b16));
+    dt_gpt_memory(m, &a);
+    dt_gpt_memory_plan_with(&c, 2, 32, &b16, &b);
+    ASSERT_EQ(a.activations, b.activations);
+    ASSERT_EQ(a.saved, b.saved);
+    ASSERT_EQ(a.weights16, b.weights16);
+    ASSERT_EQ(a.precision, b.precision);
+    dt_gpt_destroy(m);
+}
+
+int main(void) {
+    dt_tensor_set_threads(2);
+    RUN(test_identical_fp32);
+    RUN(test_identical_bf16);
+    RUN(test_identical_fp16);
+    RUN(test_options_rejected);
+    RUN(test_memory_plan);
+    return TEST_SUMMARY();
+}
