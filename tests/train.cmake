@@ -49,7 +49,7 @@ endforeach()
 # Mixed precision in `dtrain train` with real processes: loss-scaler overflow
 # handling agreed across ranks, and bf16/fp16 validation loss against fp32.
 dt_train_cli_test_exe(test_train_amp)
-foreach(case overflow)
+foreach(case overflow precision)
   add_test(NAME test_train_amp_${case} COMMAND test_train_amp ${case})
   set_tests_properties(test_train_amp_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
 endforeach()

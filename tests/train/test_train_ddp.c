@@ -9,7 +9,8 @@
  *   accum        the same with 2 micro-batches of accumulation, which must
  *                also match 1 rank taking the whole batch at once.
  *   resume       2 ranks stopped and resumed: bit-identical losses/params,
- *                also with loss scaling (a skipped step, a growing scale);
+ *                also in fp16 with loss scaling (a skipped step, a growing
+ *                scale);
  *                resumed on 4 ranks instead (same global batch): the same
  *                losses within 1e-5.
  *   restart      `dtrain launch --max-restarts 1`: a rank SIGKILLs itself
@@ -158,7 +159,7 @@ static void compare_exact(const char *a, const char *b, int64_t steps) {
 }
 
 #define TEN    "--global-batch 4 --steps 10 --ckpt-every 2 --nproc 2 --clip 0.5"
-#define SCALED " --loss-scaling on --loss-scale-interval 2"
+#define SCALED " --precision fp16 --loss-scale-interval 2"
 
 /* The "loss_scale" and "skipped_steps" of every step of two runs agree. */
 static void compare_scales(const char *a, const char *b, int steps) {
@@ -200,8 +201,8 @@ static void test_resume(void) {
               0);
     EXPECT_OUT("at step 3");
     compare_exact("a", "b", 10);
-    /* With loss scaling: rank 0 finds an overflow at step 2 (the step is
-     * skipped) and the scale grows every 2 clean steps. The scaler state and
+    /* fp16 with loss scaling: rank 0 finds an overflow at step 2 (the step
+     * is skipped) and the scale grows every 2 clean steps. The scaler state and
      * the skipped-step count (AdamW's step count) are in the checkpoint, so
      * the resumed run is bit-identical, loss scales included. */
     EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
