@@ -171,11 +171,17 @@ void dt_progress_update(dt_progress *p, const dt_step_metrics *s) {
         return;
     if (isfinite(p->val_loss))
         snprintf(val, sizeof val, "  val %.4f", p->val_loss);
+    /* The norm is inf/nan only on a step loss scaling skipped. */
+    char gn[32];
+    if (isfinite(s->grad_norm))
+        snprintf(gn, sizeof gn, "%.3f", s->grad_norm);
+    else
+        snprintf(gn, sizeof gn, "%s", s->skipped ? "skip" : "nan");
     fprintf(p->f,
-            "step %6lld/%lld  loss %.4f%s  lr %.3e  gnorm %.3f%s  %s tok/s%s  %.1f ms (compute "
+            "step %6lld/%lld  loss %.4f%s  lr %.3e  gnorm %s%s  %s tok/s%s  %.1f ms (compute "
             "%.1f, comm %.1f, exposed %.1f)  ETA %s\n",
-            (long long)s->step, (long long)p->total, s->loss, val, s->lr, s->grad_norm, scale, rate,
-            mfu, s->step_ms, s->compute_ms, s->comm_ms, s->exposed_comm_ms, eta);
+            (long long)s->step, (long long)p->total, s->loss, val, s->lr, gn, scale, rate, mfu,
+            s->step_ms, s->compute_ms, s->comm_ms, s->exposed_comm_ms, eta);
     fflush(p->f);
 }
 
