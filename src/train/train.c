@@ -127,6 +127,7 @@ typedef struct trainer {
     int64_t kill_at, perturb_at; /* test hooks (maybe_fault): step or -1 */
     int64_t overflow_at;         /* test hook (on_bucket): step or -1 */
     int64_t ckpt_precision;      /* dt_precision of the checkpoint resumed from */
+    float ckpt_scale;            /* loss scale of the checkpoint's codec residuals (1: none) */
     /* DDP codec state in checkpoints (docs/compress.md): every rank's, held
      * by rank 0 (world x per-rank bytes; other ranks: their own). */
     uint8_t *ddp_states;
@@ -562,10 +563,13 @@ static dt_status load_amp_state(trainer *t, const dt_ckpt *ck, int64_t step) {
                             prec);
     t->skipped = skipped;
     t->ckpt_precision = prec;
-    if (!t->scaling)
-        return DT_OK;
     double v[4];
     DT_CHECK(read_optional(ck, "scaler", DT_CKPT_F64, v, 4, &found));
+    /* Codec residuals (docs/compress.md) are in the units of the scale the
+     * writing run applied; resume() converts them to this run's. */
+    t->ckpt_scale = found && v[0] > 0 ? fminf((float)v[0], MAX_APPLIED_SCALE) : 1.0f;
+    if (!t->scaling)
+        return DT_OK;
     if (!found) {
         DT_INFO("%s holds no loss-scaler state (written without loss scaling): the scale starts "
                 "at %g",
@@ -747,6 +751,11 @@ static dt_status resume(trainer *t, char *resumed_from, size_t len) {
         DT_CHECK(dt_scaler_set_state(&t->scaler, &ss));
     }
     DT_CHECK(restore_ddp_state(t));
+    double unit = t->ckpt_scale;
+    DT_CHECK(dt_ddp_broadcast(t->ddp, &unit, 1, DT_F64));
+    float now = t->scaling ? applied_scale(t) : 1.0f;
+    if ((float)unit != now)
+        dt_ddp_scale_state(t->ddp, now / (float)unit);
     if (t->rank != 0) {
         t->step = hdr[2];
         t->tokens = hdr[3];
@@ -998,6 +1007,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     t->perturb_at = fault_step(t, "DT_FAULT_PERTURB");
     t->overflow_at = fault_step(t, "DT_FAULT_OVERFLOW");
     t->ckpt_precision = c->precision;
+    t->ckpt_scale = 1.0f;
     int threads = c->threads;
     if (threads <= 0) {
         int local = t->g ? dt_group_local_size(t->g) : 1;
@@ -1156,8 +1166,14 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         /* A skipped step (PyTorch GradScaler.step) leaves parameters and
          * optimizer state alone; the schedule still advances (lr is a
          * function of the step), AdamW's count does not (t->skipped). */
-        if (t->scaling)
+        if (t->scaling) {
             dt_scaler_update(&t->scaler, skip);
+            /* Codec residuals are in scaled units: keep them in the next
+             * step's (an overflowing step already left them untouched). */
+            float next = applied_scale(t);
+            if (next != scale)
+                dt_ddp_scale_state(t->ddp, next / scale);
+        }
         if (skip) {
             t->skipped++;
             DT_DEBUG("amp", "step %" PRId64 ": %s; skipped, loss scale %g -> %g", t->step + 1,

@@ -14,6 +14,8 @@
  *                the same skips logged by both ranks; also with the
  *                gradients on an fp16 wire, topk and PowerSGD (with error
  *                feedback).
+ *                In fp32 a scaled run through topk (error feedback) equals
+ *                an unscaled one bit for bit while the scale grows.
  *   precision    bf16 and fp16 runs reach a validation loss within 2% of the
  *                fp32 run after the same number of steps (a small model on
  *                an English-like corpus; bench/precision-eval.sh is the
@@ -210,7 +212,42 @@ static void test_overflow_fp16(const char *name, const char *extra) {
     ASSERT_TRUE(s[30].loss < s[first_clean].loss - 0.1);
 }
 
+/* In fp32, scaling by powers of two is exact, so a scaled run equals an
+ * unscaled one bit for bit, including through topk with error feedback,
+ * whose residuals are in the scale's units and must be rescaled each time
+ * the scale grows (here every 2 steps, 2^16 -> 2^20). */
+static void test_scaled_codec(void) {
+    char a[160], b[160];
+    snprintf(a, sizeof a, "%s/plain", tu_dir);
+    snprintf(b, sizeof b, "%s/scaled", tu_dir);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 10 --compress topk:0.1 --run-dir %s "
+                     "--ckpt-dir %s/ck",
+                     DTRAIN, corpus, a, a),
+              0);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 10 --compress topk:0.1 --run-dir %s "
+                     "--ckpt-dir %s/ck --loss-scaling on --loss-scale-interval 2",
+                     DTRAIN, corpus, b, b),
+              0);
+    step_line x[16], y[16];
+    ASSERT_EQ(read_steps(a, x, 15), 10);
+    ASSERT_EQ(read_steps(b, y, 15), 10);
+    ASSERT_EQ(y[10].loss_scale, 0x1p20);
+    for (int i = 1; i <= 10; i++)
+        if (x[i].loss != y[i].loss)
+            TEST_FAILF("step %d: loss %.9g unscaled, %.9g scaled", i, x[i].loss, y[i].loss);
+    char pa[192], pb[192];
+    snprintf(pa, sizeof pa, "%s/ck", a);
+    snprintf(pb, sizeof pb, "%s/ck", b);
+    size_t na, nb;
+    float *p = tu_params(pa, &na), *q = tu_params(pb, &nb);
+    ASSERT_EQ(na, nb);
+    ASSERT_TRUE(memcmp(p, q, na * sizeof *p) == 0);
+    free(p);
+    free(q);
+}
+
 static void test_overflow(void) {
+    test_scaled_codec();
     test_overflow_fault();
     test_overflow_fp16("h", "");
     /* With the gradients on a 16-bit wire or through a codec with error

@@ -221,6 +221,22 @@ static void test_resume(void) {
     EXPECT_OUT("at step 3, loss scale 32768");
     compare_exact("s", "t", 10);
     compare_scales("s", "t", 10);
+    /* The same through topk with error feedback: the residuals, kept in
+     * the loss scale's units as it changes, resume bit-identically too. */
+    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
+                     " --compress topk:0.1 --ckpt-dir %s/u/ck --run-dir %s/u",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
+                     " --compress topk:0.1 --ckpt-dir %s/v/ck --run-dir %s/v --stop-after 3",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN SCALED " --compress topk:0.1 "
+                     "--ckpt-dir %s/v/ck --run-dir %s/v --resume",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    compare_exact("u", "v", 10);
+    compare_scales("u", "v", 10);
     /* Elastic: stopped on 2 ranks, resumed on 4 with the same global batch.
      * The data order is that of the global batch, so the run continues the
      * same trajectory (up to summation order). */
