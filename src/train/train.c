@@ -913,11 +913,19 @@ static void print_precision(const trainer *t, FILE *f) {
     dt_memory_report mr;
     dt_gpt_memory(t->m, &mr);
     size_t opt = (t->opt_b ? 2 : 1) * t->n * sizeof(float);
-    fprintf(
-        f, "  memory/rank: params %s, grads %s, optimizer %s, activations %s (%s)\n",
-        dt_format_bytes((double)mr.params, a, sizeof a),
-        dt_format_bytes((double)mr.grads, b, sizeof b), dt_format_bytes((double)opt, o, sizeof o),
-        dt_format_bytes((double)mr.activations, act, sizeof act), dt_precision_name(c->precision));
+    char w16[48] = "", w[32], sv[32], re[32];
+    if (mr.weights16)
+        snprintf(w16, sizeof w16, ", %s weights %s", dt_precision_name(c->precision),
+                 dt_format_bytes((double)mr.weights16, w, sizeof w));
+    fprintf(f,
+            "  memory/rank: params %s, grads %s, optimizer %s%s, activations %s peak (%s; saved "
+            "%s, recompute scratch %s)\n",
+            dt_format_bytes((double)mr.params, a, sizeof a),
+            dt_format_bytes((double)mr.grads, b, sizeof b),
+            dt_format_bytes((double)opt, o, sizeof o), w16,
+            dt_format_bytes((double)mr.activations, act, sizeof act),
+            dt_precision_name(c->precision), dt_format_bytes((double)mr.saved, sv, sizeof sv),
+            dt_format_bytes((double)mr.recompute, re, sizeof re));
 }
 
 static int cmp_double(const void *a, const void *b) {
