@@ -4,7 +4,7 @@
 Run with Debian's interpreter (PyTorch 1.13 CPU):
     /usr/bin/python3 bench/compare-pytorch.py [--dtrain build/dtrain]
         [--config gpt2-124m:4:64 --config shakespeare-char:8:256] [--threads 1,2]
-        [--steps 10] [--warmup 2] [--repeats 3]
+        [--steps 10] [--warmup 2] [--repeats 3] [--precision fp32|bf16]
 
 For every (model, batch, seq, threads) both sides run the same GPT (tied LM
 head, pre-LN, GELU(tanh), causal attention), fp32, one fixed random batch,
@@ -15,6 +15,14 @@ torch.set_num_threads(threads) and OpenBLAS's pool set to the same count
 medians are compared, so both see the same (possibly shared) machine.
 PyTorch 1.13 has no fused attention on CPU: it uses the standard masked
 softmax formulation (as nanoGPT does without flash support).
+
+--precision bf16: PyTorch runs the forward under
+torch.autocast("cpu", dtype=torch.bfloat16) (its mixed precision: linear
+layers and matmuls in bf16 through oneDNN, fp32 master weights, backward
+outside the autocast region as documented), dtrain runs
+`bench train --precision bf16`; dtrain's fp32 step is timed in the same
+rounds, so the table gives both "bf16 vs PyTorch autocast" and "bf16 vs
+fp32" from one run on the same (possibly shared) machine.
 """
 import argparse
 import ctypes
@@ -100,7 +108,7 @@ def set_blas_threads(threads):
         return None
 
 
-def torch_run(model, B, T, threads, steps, warmup):
+def torch_run(model, B, T, threads, steps, warmup, precision="fp32"):
     L, C, NH, Tm, V = PRESETS[model]
     torch.set_num_threads(threads)
     got = set_blas_threads(threads)
@@ -118,7 +126,11 @@ def torch_run(model, B, T, threads, steps, warmup):
     for s in range(warmup + steps):
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        loss = m(idx, tgt)
+        if precision == "bf16":
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                loss = m(idx, tgt)
+        else:
+            loss = m(idx, tgt)
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
@@ -126,11 +138,16 @@ def torch_run(model, B, T, threads, steps, warmup):
     return {"ms_per_step": ms, "tokens_per_s": B * T / (ms * 1e-3)}
 
 
-def dtrain_run(binary, model, B, T, threads, steps, warmup):
-    out = subprocess.run([binary, "bench", "train", "--model", model, "--batch", str(B), "--seq",
-                          str(T), "--threads", str(threads), "--steps", str(steps), "--warmup",
-                          str(warmup), "--json"], check=True, capture_output=True, text=True)
-    return json.loads(out.stdout.strip().splitlines()[-1])
+def dtrain_run(binary, model, B, T, threads, steps, warmup, precision="fp32"):
+    cmd = [binary, "bench", "train", "--model", model, "--batch", str(B), "--seq", str(T),
+           "--threads", str(threads), "--steps", str(steps), "--warmup", str(warmup),
+           "--precision", precision, "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({out.returncode}): {out.stderr.strip()}")
+    r = json.loads(out.stdout.strip().splitlines()[-1])
+    assert r.get("precision", "fp32") == precision, r
+    return r
 
 
 def main():
@@ -142,8 +159,18 @@ def main():
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                    help="bf16: PyTorch autocast(bfloat16) vs dtrain --precision bf16, "
+                    "with dtrain fp32 in the same rounds")
     a = ap.parse_args()
     configs = a.config or ["gpt2-124m:4:64", "shakespeare-char:8:256"]
+    if a.precision == "fp32":
+        fp32_table(a, configs)
+    else:
+        bf16_table(a, configs)
+
+
+def fp32_table(a, configs):
     print(f"# torch {torch.__version__}, fp32, AdamW; median ms/step of {a.steps} steps after "
           f"{a.warmup} warm-up, median over {a.repeats} alternating repeats")
     print(f"{'model':<18} {'B':>3} {'T':>5} {'thr':>4} {'dtrain ms':>10} {'torch ms':>10} "
@@ -162,6 +189,34 @@ def main():
             print(f"{model:<18} {B:>3} {T:>5} {threads:>4} {dm:>10.1f} {pm:>10.1f} "
                   f"{B * T / dm * 1e3:>13.1f} {B * T / pm * 1e3:>12.1f} {pm / dm:>5.2f}x "
                   f"{statistics.median(mfu) * 100:>9.1f}%", flush=True)
+
+
+def bf16_table(a, configs):
+    """Per round: dtrain bf16, PyTorch autocast bf16, dtrain fp32; medians of
+    each, and the two ratios of tokens/s the targets are stated in."""
+    print(f"# torch {torch.__version__}, bf16: dtrain --precision bf16 vs torch.autocast(cpu, "
+          f"bfloat16), and dtrain fp32; AdamW; median ms/step of {a.steps} steps after "
+          f"{a.warmup} warm-up, median over {a.repeats} alternating rounds")
+    print(f"{'model':<18} {'B':>3} {'T':>5} {'thr':>4} {'bf16 ms':>9} {'torch ms':>9} "
+          f"{'fp32 ms':>9} {'bf16 tok/s':>11} {'torch tok/s':>12} {'fp32 tok/s':>11} "
+          f"{'vs torch':>9} {'vs fp32':>8}")
+    for cfg in configs:
+        model, B, T = cfg.split(":")
+        B, T = int(B), int(T)
+        for threads in [int(t) for t in a.threads.split(",")]:
+            h, p, f = [], [], []
+            for _ in range(a.repeats):
+                h.append(dtrain_run(a.dtrain, model, B, T, threads, a.steps, a.warmup,
+                                    "bf16")["ms_per_step"])
+                p.append(torch_run(model, B, T, threads, a.steps, a.warmup,
+                                   "bf16")["ms_per_step"])
+                f.append(dtrain_run(a.dtrain, model, B, T, threads, a.steps, a.warmup,
+                                    "fp32")["ms_per_step"])
+            hm, pm, fm = statistics.median(h), statistics.median(p), statistics.median(f)
+            tok = [B * T / x * 1e3 for x in (hm, pm, fm)]
+            print(f"{model:<18} {B:>3} {T:>5} {threads:>4} {hm:>9.1f} {pm:>9.1f} {fm:>9.1f} "
+                  f"{tok[0]:>11.1f} {tok[1]:>12.1f} {tok[2]:>11.1f} {pm / hm:>8.2f}x "
+                  f"{fm / hm:>7.2f}x", flush=True)
 
 
 if __name__ == "__main__":

@@ -33,3 +33,11 @@ add_test(NAME test_act16_isa_avx512bf16 COMMAND test_act16)
 set_tests_properties(test_act16_isa_avx512bf16 PROPERTIES TIMEOUT 300 LABELS "unit"
                      ENVIRONMENT "DT_ISA=avx512bf16;OMP_WAIT_POLICY=passive" SKIP_RETURN_CODE 77)
 set_tests_properties(test_act16 PROPERTIES ENVIRONMENT "OMP_WAIT_POLICY=passive")
+
+# `dtrain bench act16` runs through every kernel pair on a tiny model.
+add_test(NAME cli_bench_act16
+         COMMAND dtrain_cli bench act16 --model tiny --batch 2 --seq 16 --runs 3 --min-time 0
+                 --precision fp16)
+set_tests_properties(cli_bench_act16 PROPERTIES TIMEOUT 120 LABELS "unit"
+                     ENVIRONMENT "OMP_WAIT_POLICY=passive"
+                     PASS_REGULAR_EXPRESSION "lm head +1 .*total")

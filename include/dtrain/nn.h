@@ -26,7 +26,7 @@
  *  - bf16/fp16 (dt_gpt_options.precision): params and grads stay fp32; the
  *    weights are rounded into a 16-bit copy once per forward; block
  *    activations are 16-bit; the residual stream, LayerNorm statistics,
- *    logits and loss stay fp32 (docs/amp.md).
+ *    logits and loss stay fp32 (docs/engine.md).
  *  - Recomputation (dt_gpt_options.recompute_every): a chosen block keeps
  *    only its output (the next block's input); its other activations live
  *    in one scratch set shared by all chosen blocks and are recomputed by

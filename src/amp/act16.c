@@ -133,6 +133,22 @@ static void seed_bias(float *out, const float *bias, int N, int OC) {
         memcpy(out + (size_t)i * OC, bias, sizeof(float) * (size_t)OC);
 }
 
+/* bf16 forward through oneDNN: bias added and output rounded by the
+ * primitive itself (one pass, no fp32 scratch). */
+static dt_status linear_fwd_onednn(void *out, bool out_f32, const uint16_t *inp, const uint16_t *w,
+                                   const float *bias, int N, int C, int OC) {
+    dt__gemm_args g = {.op = DT_GEMM_NT,
+                       .M = N,
+                       .N = OC,
+                       .K = C,
+                       .A = inp,
+                       .B = w,
+                       .C = out,
+                       .out = out_f32 ? DT_GEMM_OUT_F32 : DT_GEMM_OUT_BF16,
+                       .bias = bias};
+    return dt__gemm_onednn(&g);
+}
+
 dt_status dt_linear16_forward(dt_precision p, void *out, bool out_f32, const uint16_t *inp,
                               const uint16_t *w, const float *bias, int N, int C, int OC) {
     DT_CHECK(check_linear("dt_linear16_forward", p, out, inp, w, N, C, OC));
@@ -151,8 +167,11 @@ dt_status dt_linear16_forward(dt_precision p, void *out, bool out_f32, const uin
         scratch_put();
         return DT_OK;
     }
-    /* bf16: the sum runs in fp32 starting from the bias (like the fp32
-     * layer, which seeds out with the bias and multiplies with beta = 1). */
+    if (dt_gemm_backend_default() == DT_GEMM_ONEDNN)
+        return linear_fwd_onednn(out, out_f32, inp, w, bias, N, C, OC);
+    /* bf16 on the other backends: the sum runs in fp32 starting from the
+     * bias (like the fp32 layer, which seeds out with the bias and
+     * multiplies with beta = 1), then is rounded in one pass. */
     float *out32 = out;
     if (!out_f32) {
         DT_CHECK(scratch_get(nout, &s));
@@ -298,31 +317,84 @@ void dt_gelu16_backward(dt_precision p, uint16_t *dinp, const uint16_t *inp, con
 /* Attention                                                                */
 /* ------------------------------------------------------------------------ */
 
-/* Forward: qkv32 (B,T,3C) + out32 (B,T,C). Backward: those plus dqkv32
- * (B,T,3C). */
+/* The kernels work one (sequence, head) pair at a time: its q, k, v columns
+ * are widened into a compact (T, 3 HS) fp32 copy in a slot of `work`, the
+ * fp32 kernel runs on it as a one-head problem (B = 1, C = HS, NH = 1: the
+ * same tiles, scale and order as on the full tensor, so the same bits), and
+ * the result is rounded back into its columns. A thread owns one slot;
+ * ATT_SLOTS bounds the threads and so the workspace, which is then
+ * independent of B (8 T HS floats per slot: q|k|v, out, dout, dq|dk|dv). */
+#define ATT_SLOTS 16
+
+static int att_slots(int B, int NH) {
+    long bh = (long)B * NH;
+    return bh < ATT_SLOTS ? (int)bh : ATT_SLOTS;
+}
+
 size_t dt_attention16_workspace(int B, int T, int C, int NH) {
-    (void)NH;
-    return 7 * (size_t)B * T * C;
+    return (size_t)att_slots(B, NH) * 8 * (size_t)T * (size_t)(C / NH);
+}
+
+/* Rows t of head h of sequence b: the (T, HS) columns at `col` of a
+ * (B, T, ld) 16-bit tensor, widened into dst (T, dld) at column dcol. */
+static void gather_head(dt_precision p, float *dst, int dld, const uint16_t *src, int b, int T,
+                        int ld, int col, int HS) {
+    for (int t = 0; t < T; t++)
+        widen(p, dst + (size_t)t * dld, src + ((size_t)b * T + t) * ld + col, (size_t)HS);
+}
+
+static void scatter_head(dt_precision p, uint16_t *dst, int b, int T, int ld, int col,
+                         const float *src, int sld, int HS) {
+    for (int t = 0; t < T; t++)
+        narrow(p, dst + ((size_t)b * T + t) * ld + col, src + (size_t)t * sld, (size_t)HS);
 }
 
 void dt_attention16_forward(dt_precision p, uint16_t *out, float *lse, const uint16_t *qkv, int B,
                             int T, int C, int NH, float *work) {
     check_precision(p);
-    size_t n = (size_t)B * T * C;
-    float *qkv32 = work, *out32 = work + 3 * n;
-    dt_act16_to_f32(p, qkv32, qkv, 3 * n);
-    dt_attention_forward(out32, lse, qkv32, B, T, C, NH);
-    dt_act16_from_f32(p, out, out32, n);
+    const int HS = C / NH, C3 = 3 * C, H3 = 3 * HS, nbh = B * NH;
+    const size_t slot = 8 * (size_t)T * HS;
+    int nt = omp_get_max_threads() < att_slots(B, NH) ? omp_get_max_threads() : att_slots(B, NH);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *q = work + (size_t)omp_get_thread_num() * slot; /* (T, 3HS) */
+        float *o = q + 3 * (size_t)T * HS;                     /* (T, HS) */
+#pragma omp for schedule(dynamic, 1)
+        for (int bh = 0; bh < nbh; bh++) {
+            int b = bh / NH, h = bh % NH;
+            for (int part = 0; part < 3; part++) /* q, k, v */
+                gather_head(p, q + part * HS, H3, qkv, b, T, C3, part * C + h * HS, HS);
+            dt_attention_forward(o, lse + (size_t)bh * T, q, 1, T, HS, 1);
+            scatter_head(p, out, b, T, C, h * HS, o, HS, HS);
+        }
+    }
 }
 
 void dt_attention16_backward(dt_precision p, uint16_t *dqkv, const float *dout, const uint16_t *qkv,
                              const uint16_t *out, const float *lse, int B, int T, int C, int NH,
                              float *work) {
     check_precision(p);
-    size_t n = (size_t)B * T * C;
-    float *qkv32 = work, *out32 = work + 3 * n, *dqkv32 = work + 4 * n;
-    dt_act16_to_f32(p, qkv32, qkv, 3 * n);
-    dt_act16_to_f32(p, out32, out, n);
-    dt_attention_backward(dqkv32, dout, qkv32, out32, lse, B, T, C, NH);
-    dt_act16_from_f32(p, dqkv, dqkv32, 3 * n);
+    const int HS = C / NH, C3 = 3 * C, H3 = 3 * HS, nbh = B * NH;
+    const size_t slot = 8 * (size_t)T * HS;
+    int nt = omp_get_max_threads() < att_slots(B, NH) ? omp_get_max_threads() : att_slots(B, NH);
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *q = work + (size_t)omp_get_thread_num() * slot; /* (T, 3HS) */
+        float *o = q + 3 * (size_t)T * HS;                     /* (T, HS) */
+        float *dO = o + (size_t)T * HS;                        /* (T, HS) */
+        float *dq = dO + (size_t)T * HS;                       /* (T, 3HS) */
+#pragma omp for schedule(dynamic, 1)
+        for (int bh = 0; bh < nbh; bh++) {
+            int b = bh / NH, h = bh % NH;
+            for (int part = 0; part < 3; part++)
+                gather_head(p, q + part * HS, H3, qkv, b, T, C3, part * C + h * HS, HS);
+            gather_head(p, o, HS, out, b, T, C, h * HS, HS);
+            for (int t = 0; t < T; t++)
+                memcpy(dO + (size_t)t * HS, dout + ((size_t)b * T + t) * C + (size_t)h * HS,
+                       sizeof(float) * (size_t)HS);
+            dt_attention_backward(dq, dO, q, o, lse + (size_t)bh * T, 1, T, HS, 1);
+            for (int part = 0; part < 3; part++)
+                scatter_head(p, dqkv, b, T, C3, part * C + h * HS, dq + part * HS, H3, HS);
+        }
+    }
 }

@@ -15,6 +15,8 @@ typedef struct dt__gemm_args {
     void *C;          /* (M,N) fp32 or bf16 */
     dt_gemm_out out;  /* C's type */
     bool accumulate;  /* C += A x B instead of C = A x B */
+    /* oneDNN backend only (dt__gemm_onednn; the others need NULL): */
+    const float *bias; /* (N) fp32 added to every row before rounding, or NULL */
 } dt__gemm_args;
 
 static inline bool dt__gemm_trans_a(dt_gemm_op op) { return op == DT_GEMM_TN || op == DT_GEMM_TT; }

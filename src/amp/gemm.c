@@ -13,8 +13,8 @@
  * without it still loads, and one with it is used.
  */
 #include "amp_internal.h"
+#include "dtrain/tensor.h"
 
-#include <cblas.h>
 #include <dlfcn.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -125,9 +125,10 @@ static dt_status gemm_sgemm(const dt__gemm_args *g, bool f16) {
     }
     if (g->out == DT_GEMM_OUT_BF16 && g->accumulate)
         dt_bf16_to_f32(c32, g->C, nc);
-    cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, g->M,
-                g->N, g->K, 1.0f, a32, ta ? g->M : g->K, b32, tb ? g->K : g->N,
-                g->accumulate ? 1.0f : 0.0f, c32, g->N);
+    /* dt_sgemm, not cblas_sgemm: dtrain keeps OpenBLAS single-threaded and
+     * splits large products over its OpenMP threads itself (tensor/gemm.c). */
+    dt_sgemm(ta, tb, g->M, g->N, g->K, 1.0f, a32, ta ? g->M : g->K, b32, tb ? g->K : g->N,
+             g->accumulate ? 1.0f : 0.0f, c32, g->N);
     if (g->out == DT_GEMM_OUT_BF16)
         dt_f32_to_bf16(g->C, c32, nc);
     pthread_mutex_unlock(&sgemm_lock);
@@ -243,7 +244,7 @@ dt_status dt_gemm_bf16_with(dt_gemm_backend b, dt_gemm_op op, int M, int N, int 
     if (!dt_gemm_backend_available(b, why, sizeof why))
         return dt_error_set(DT_ERR_UNSUPPORTED, "gemm backend %s: %s", dt_gemm_backend_name(b),
                             why);
-    dt__gemm_args g = {op, M, N, K, A, B, C, out, accumulate};
+    dt__gemm_args g = {op, M, N, K, A, B, C, out, accumulate, NULL};
     switch (b) {
     case DT_GEMM_REF: return gemm_ref(&g);
     case DT_GEMM_ONEDNN: return dt__gemm_onednn(&g);
@@ -276,7 +277,7 @@ dt_status dt_gemm_f16(dt_gemm_op op, int M, int N, int K, const dt_f16 *A, const
     if (!A || !B || !C)
         return dt_error_set(DT_ERR_INVALID, "dt_gemm_f16: NULL matrix (A %p, B %p, C %p)",
                             (const void *)A, (const void *)B, (void *)C);
-    dt__gemm_args g = {op, M, N, K, A, B, C, DT_GEMM_OUT_F32, accumulate};
+    dt__gemm_args g = {op, M, N, K, A, B, C, DT_GEMM_OUT_F32, accumulate, NULL};
     return gemm_sgemm(&g, true);
 }
 

@@ -9,8 +9,12 @@
  * concurrent callers stay correct.
  *
  * Transposition needs no copy: a transposed operand is described to oneDNN
- * by its strides. Accumulation (C += A x B) is the "sum" post-op, applied in
- * fp32 before the result is rounded to C's type.
+ * by its strides. An fp32 bias (the 16-bit linear layers' forward) is
+ * oneDNN's matmul bias, added in fp32 before the result is rounded. (Strided
+ * sub-matrices would be described the same way, but oneDNN 2.6 then leaves
+ * its AMX brgemm kernels for its slower gemm:jit ones, so column blocks of
+ * the LM head were measured slower, not faster.) Accumulation (C += A x B)
+ * is the "sum" post-op, applied in fp32 before the result is rounded to C's type.
  *
  * oneDNN picks its own kernels by ISA; to honour DT_ISA it is capped with
  * dnnl_set_max_cpu_isa() at first use, which oneDNN allows only once per
@@ -52,8 +56,9 @@ typedef struct entry {
     int M, N, K;
     dt_gemm_out out;
     bool accumulate;
+    bool bias;
     dnnl_primitive_t prim;
-    dnnl_memory_t a, b, c;
+    dnnl_memory_t a, b, c, bias_mem; /* bias_mem NULL without bias */
 } entry;
 
 static pthread_mutex_t cache_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -94,7 +99,7 @@ static void pin_isa(void) {
                 dt_isa_name((dt_isa_level)pinned_level), dnnl_status2str(pin_status));
     dt_bf16 one = 0x3f80;
     float c;
-    dt__gemm_args probe = {DT_GEMM_NN, 1, 1, 1, &one, &one, &c, DT_GEMM_OUT_F32, false};
+    dt__gemm_args probe = {DT_GEMM_NN, 1, 1, 1, &one, &one, &c, DT_GEMM_OUT_F32, false, NULL};
     entry *e = NULL;
     if (create_entry(&probe, &e) != DT_OK) {
         snprintf(probe_note, sizeof probe_note, "oneDNN %d.%d has no bf16 matmul at ISA %s",
@@ -134,18 +139,19 @@ static dt_status create_entry(const dt__gemm_args *g, entry **out) {
     }
     bool ta = dt__gemm_trans_a(g->op), tb = dt__gemm_trans_b(g->op);
     int64_t M = g->M, N = g->N, K = g->K;
-    dnnl_dims_t a_dims = {M, K}, b_dims = {K, N}, c_dims = {M, N};
+    dnnl_dims_t a_dims = {M, K}, b_dims = {K, N}, c_dims = {M, N}, bias_dims = {1, N};
     dnnl_dims_t a_str = {ta ? 1 : K, ta ? M : 1}; /* (K,M) row-major read as (M,K) */
     dnnl_dims_t b_str = {tb ? 1 : N, tb ? K : 1};
-    dnnl_dims_t c_str = {N, 1};
-    dnnl_memory_desc_t a_md, b_md, c_md;
+    dnnl_dims_t c_str = {N, 1}, bias_str = {N, 1};
+    dnnl_memory_desc_t a_md, b_md, c_md, bias_md;
     dnnl_data_type_t ct = g->out == DT_GEMM_OUT_F32 ? dnnl_f32 : dnnl_bf16;
     if ((s = dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, dnnl_bf16, a_str)) ||
         (s = dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, dnnl_bf16, b_str)) ||
-        (s = dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, ct, c_str)))
+        (s = dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, ct, c_str)) ||
+        (s = dnnl_memory_desc_init_by_strides(&bias_md, 2, bias_dims, dnnl_f32, bias_str)))
         return fail(s, "memory_desc_init", g);
     dnnl_matmul_desc_t desc;
-    if ((s = dnnl_matmul_desc_init(&desc, &a_md, &b_md, NULL, &c_md)))
+    if ((s = dnnl_matmul_desc_init(&desc, &a_md, &b_md, g->bias ? &bias_md : NULL, &c_md)))
         return fail(s, "matmul_desc_init", g);
 
     dnnl_primitive_attr_t attr = NULL;
@@ -165,7 +171,8 @@ static dt_status create_entry(const dt__gemm_args *g, entry **out) {
         (s = dnnl_primitive_create(&e->prim, pd)) ||
         (s = dnnl_memory_create(&e->a, &a_md, engine, DNNL_MEMORY_NONE)) ||
         (s = dnnl_memory_create(&e->b, &b_md, engine, DNNL_MEMORY_NONE)) ||
-        (s = dnnl_memory_create(&e->c, &c_md, engine, DNNL_MEMORY_NONE)))
+        (s = dnnl_memory_create(&e->c, &c_md, engine, DNNL_MEMORY_NONE)) ||
+        (g->bias && (s = dnnl_memory_create(&e->bias_mem, &bias_md, engine, DNNL_MEMORY_NONE))))
         goto dnnl_fail;
     if (dt_log_enabled(DT_LOG_LEVEL_DEBUG, "amp")) {
         const char *impl = NULL;
@@ -175,6 +182,7 @@ static dt_status create_entry(const dt__gemm_args *g, entry **out) {
     }
     e->op = g->op, e->M = g->M, e->N = g->N, e->K = g->K, e->out = g->out;
     e->accumulate = g->accumulate;
+    e->bias = g->bias != NULL;
     *out = e;
     goto done;
 dnnl_fail:
@@ -184,6 +192,7 @@ dnnl_fail:
     dnnl_memory_destroy(e->a);
     dnnl_memory_destroy(e->b);
     dnnl_memory_destroy(e->c);
+    dnnl_memory_destroy(e->bias_mem);
     free(e);
 done:
     dnnl_primitive_desc_destroy(pd);
@@ -196,8 +205,9 @@ static dt_status lookup(const dt__gemm_args *g, entry **out) {
     dt_status st = DT_OK;
     pthread_mutex_lock(&cache_lock);
     entry *e = cache;
-    while (e && !(e->op == g->op && e->M == g->M && e->N == g->N && e->K == g->K &&
-                  e->out == g->out && e->accumulate == g->accumulate))
+    while (e &&
+           !(e->op == g->op && e->M == g->M && e->N == g->N && e->K == g->K && e->out == g->out &&
+             e->accumulate == g->accumulate && e->bias == (g->bias != NULL)))
         e = e->next;
     if (!e) {
         st = create_entry(g, &e);
@@ -219,9 +229,13 @@ dt_status dt__gemm_onednn(const dt__gemm_args *g) {
     dnnl_memory_set_data_handle(e->a, (void *)g->A);
     dnnl_memory_set_data_handle(e->b, (void *)g->B);
     dnnl_memory_set_data_handle(e->c, g->C);
-    dnnl_exec_arg_t args[3] = {
-        {DNNL_ARG_SRC, e->a}, {DNNL_ARG_WEIGHTS, e->b}, {DNNL_ARG_DST, e->c}};
-    s = dnnl_primitive_execute(e->prim, stream, 3, args);
+    dnnl_exec_arg_t args[4] = {{DNNL_ARG_SRC, e->a},
+                               {DNNL_ARG_WEIGHTS, e->b},
+                               {DNNL_ARG_DST, e->c},
+                               {DNNL_ARG_BIAS, e->bias_mem}};
+    if (g->bias)
+        dnnl_memory_set_data_handle(e->bias_mem, (void *)g->bias);
+    s = dnnl_primitive_execute(e->prim, stream, g->bias ? 4 : 3, args);
     if (s == dnnl_success)
         s = dnnl_stream_wait(stream);
     pthread_mutex_unlock(&exec_lock);
@@ -235,6 +249,7 @@ static void destroy_entry(entry *e) {
     dnnl_memory_destroy(e->a);
     dnnl_memory_destroy(e->b);
     dnnl_memory_destroy(e->c);
+    dnnl_memory_destroy(e->bias_mem);
     free(e);
 }
 

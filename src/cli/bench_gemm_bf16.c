@@ -1,6 +1,7 @@
 /*
  * bench_gemm_bf16.c — `dtrain bench gemm-bf16`: GFLOP/s of each bf16 GEMM
- * backend against fp32 cblas_sgemm (OpenBLAS) on the same shapes, same op,
+ * backend against fp32 dt_sgemm (OpenBLAS kernels split over the OpenMP
+ * threads, as dtrain's fp32 layers run) on the same shapes, same op,
  * same thread count, in the same run.
  *
  * Each (shape, op) is warmed up once per backend (oneDNN creates and caches
@@ -17,7 +18,8 @@
 #include "cli.h"
 #include "dtrain/amp.h"
 
-#include <cblas.h> /* cblas_sgemm: the same in every CBLAS */
+#include "dtrain/tensor.h"
+
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +28,6 @@
 /* "layer": the three multiplies of a linear layer whose forward is the given
  * shape: forward NT (M,N,K), input gradient NN (M,K,N), weight gradient TN
  * (N,K,M). "all": each op on the literal shape. */
-/* OpenBLAS's own API (not CBLAS), declared here so that any cblas.h works. */
-void openblas_set_num_threads(int num_threads);
 
 static const char *const op_choices[] = {"nt", "nn", "tn", "all", "layer", NULL};
 enum { OP_SEL_ALL = 3, OP_SEL_LAYER = 4 };
@@ -71,9 +71,8 @@ static dt_status run_once(const gemm_case *c, int be) {
         return dt_gemm_f16(c->op, c->M, c->N, c->K, c->A16, c->B16, c->C, false);
     if (be < 0) {
         bool ta = c->op == DT_GEMM_TN, tb = c->op == DT_GEMM_NT;
-        cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans,
-                    c->M, c->N, c->K, 1.0f, c->A32, ta ? c->M : c->K, c->B32, tb ? c->K : c->N,
-                    0.0f, c->C, c->N);
+        dt_sgemm(ta, tb, c->M, c->N, c->K, 1.0f, c->A32, ta ? c->M : c->K, c->B32, tb ? c->K : c->N,
+                 0.0f, c->C, c->N);
         return DT_OK;
     }
     return dt_gemm_bf16_with((dt_gemm_backend)be, c->op, c->M, c->N, c->K, c->A, c->B, c->C, c->out,
@@ -157,8 +156,9 @@ static int run_gemm_bf16(cli_args *a) {
     int threads = (int)cli_int(a, "threads");
     if (threads == 0)
         threads = dt_cpu_count();
-    omp_set_num_threads(threads);
-    openblas_set_num_threads(threads);
+    /* As in training: OpenBLAS single-threaded, products split over the
+     * OpenMP threads by dt_sgemm (the fp32 peer and the sgemm backends). */
+    dt_tensor_set_threads(threads);
     int runs = (int)cli_int(a, "runs");
     double min_time = cli_double(a, "min-time");
     bool json = cli_bool(a, "json");
@@ -169,7 +169,7 @@ static int run_gemm_bf16(cli_args *a) {
 
     const dt_cpu_features *f = dt_cpu_features_get();
     if (!json) {
-        printf("# bf16 GEMM, fp32 accumulation, %s output; peer: OpenBLAS cblas_sgemm (fp32)\n",
+        printf("# bf16 GEMM, fp32 accumulation, %s output; peer: fp32 dt_sgemm (OpenBLAS)\n",
                out_choices[out]);
         printf("# isa %s (cpu max %s), threads %d, %d runs of >= %.2f s each, median shown\n",
                dt_isa_name(dt_isa()), dt_isa_name(f->max_level), threads, runs, min_time);
@@ -291,7 +291,7 @@ const cli_cmd cli_bench_gemm_bf16 = {
     .summary = "bf16 GEMM backends vs fp32 sgemm (GFLOP/s)",
     .usage = "dtrain bench gemm-bf16 [--shapes MxNxK,...] [--op nt|nn|tn|all] [--runs N]",
     .description = "Times C(M,N) = A x B with bf16 inputs and fp32 accumulation on each backend\n"
-                   "(DT_ISA lowers the instruction set) against fp32 cblas_sgemm on the same\n"
+                   "(DT_ISA lowers the instruction set) against fp32 dt_sgemm on the same\n"
                    "shapes and threads. Default shapes: GPT-2 124M linear layers at B*T = 256.",
     .opts = gemm_opts,
     .run = run_gemm_bf16,

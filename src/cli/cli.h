@@ -112,6 +112,7 @@ extern const cli_cmd cli_bench_optim;
 extern const cli_cmd cli_bench_compress;
 extern const cli_cmd cli_bench_gemm_bf16;   /* bench_gemm_bf16.c */
 extern const cli_cmd cli_bench_amp_convert; /* bench_amp_convert.c */
+extern const cli_cmd cli_bench_act16;       /* bench_act16.c */
 extern const cli_cmd cli_cmd_launch;
 extern const cli_cmd cli_cmd_train;
 extern const cli_cmd cli_bench_comm, cli_bench_memcpy; /* cmd_bench_comm.c */

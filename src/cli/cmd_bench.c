@@ -52,6 +52,7 @@ static const cli_cmd *const benches[] = {
     &cli_bench_compress,
     &cli_bench_gemm_bf16,
     &cli_bench_amp_convert,
+    &cli_bench_act16,
     &cli_bench_memcpy,
 };
 /* clang-format on */
@@ -70,6 +71,7 @@ static const char bench_description[] =
     "  compress     gradient codecs: GB/s, bytes, error\n"
     "  gemm-bf16    bf16 GEMM backends vs fp32 sgemm\n"
     "  amp-convert  16-bit conversions per ISA level\n"
+    "  act16        16-bit activation kernels vs fp32, per GPT step\n"
     "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {

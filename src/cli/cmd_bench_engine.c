@@ -8,6 +8,8 @@
  * backward, AdamW over the flat buffer) after warm-up and reports medians.
  * FLOPs per step = 3 x forward FLOPs (dt_gpt_flops_per_token), the usual
  * convention; the optimizer and the elementwise kernels count as zero.
+ * train runs every combination of the --precision and --recompute lists
+ * (modes) in one process, round-robin, so their ratios share machine state.
  */
 #include "cli.h"
 #include "dtrain/nn.h"
@@ -114,6 +116,12 @@ static const cli_opt train_opts[] = {
     {"vocab", 0, CLI_INT, "V", "0", NULL, "override the preset's vocabulary size; 0 = keep", NULL,
      0, 1 << 24},
     {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0 = all CPUs", NULL, 0, 1024},
+    {"precision", 0, CLI_STRING, "LIST", "fp32", "DT_PRECISION",
+     "compute types to run side by side: fp32, bf16, fp16, comma-separated", NULL, 0, 0},
+    {"recompute", 0, CLI_STRING, "LIST", "none", "DT_RECOMPUTE",
+     "activation recomputation modes (none, blocks, every:K), comma-separated", NULL, 0, 0},
+    {"rounds", 0, CLI_INT, "R", "1", NULL,
+     "rounds over all modes (alternating); medians over all rounds", NULL, 1, 1000},
     {"steps", 'n', CLI_INT, "N", "10", NULL, "timed steps", NULL, 1, 1e6},
     {"warmup", 0, CLI_INT, "N", "2", NULL, "untimed steps first", NULL, 0, 1e6},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print one JSON object instead of the table", NULL, 0,
@@ -146,79 +154,73 @@ static size_t opt_pieces(dt_gpt *m, opt_piece *out) {
     return k;
 }
 
-static int run_train(cli_args *a) {
-    int threads = apply_threads(a);
-    dt_gpt_config cfg;
-    dt_status st = dt_gpt_preset(cli_str(a, "model"), &cfg);
-    if (st != DT_OK)
-        return cli_fail(st);
-    if (cli_int(a, "vocab") > 0)
-        cfg.vocab = (int)cli_int(a, "vocab");
-    int B = (int)cli_int(a, "batch"), T = (int)cli_int(a, "seq");
-    if (T == 0)
-        T = cfg.max_seq;
-    int steps = (int)cli_int(a, "steps"), warmup = (int)cli_int(a, "warmup");
-    bool json = cli_bool(a, "json");
+/* One mode of `bench train`: a compute type and a recomputation setting,
+ * with its samples accumulated over the rounds. */
+typedef struct bench_mode {
+    dt_gpt_options opt;
+    double *t_step, *t_fwd, *t_bwd, *t_opt; /* rounds x steps samples */
+    int n;                                  /* samples so far */
+    float first_loss, loss;
+    dt_memory_report mr;
+} bench_mode;
 
-    double peak = sgemm_gflops(1536, 3, NULL);
+#define BENCH_MAX_MODES 16
+
+/* Split a comma-separated list of precisions and one of recompute modes
+ * into their product, in list order (precision outer). */
+static dt_status parse_modes(const char *precs, const char *recs, bench_mode *out, int *count) {
+    char pbuf[256], rbuf[256];
+    int k = 0;
+    snprintf(pbuf, sizeof pbuf, "%s", precs);
+    for (char *ps = NULL, *p = strtok_r(pbuf, ",", &ps); p; p = strtok_r(NULL, ",", &ps)) {
+        dt_precision pr;
+        DT_CHECK(dt_precision_parse("--precision", p, &pr));
+        snprintf(rbuf, sizeof rbuf, "%s", recs);
+        for (char *rs = NULL, *r = strtok_r(rbuf, ",", &rs); r; r = strtok_r(NULL, ",", &rs)) {
+            int every;
+            DT_CHECK(dt_recompute_parse("--recompute", r, &every));
+            if (k == BENCH_MAX_MODES)
+                return dt_error_set(DT_ERR_INVALID,
+                                    "--precision '%s' x --recompute '%s': more than %d modes",
+                                    precs, recs, BENCH_MAX_MODES);
+            out[k++] = (bench_mode){.opt = {pr, every}};
+        }
+    }
+    if (k == 0)
+        return dt_error_set(DT_ERR_INVALID, "--precision '%s' x --recompute '%s': no mode", precs,
+                            recs);
+    *count = k;
+    return DT_OK;
+}
+
+/* Create a model for mode bm, run warmup + steps training steps on (in, tg)
+ * and append the timed ones to bm's samples. */
+static dt_status run_mode(bench_mode *bm, const dt_gpt_config *cfg, int B, int T, int warmup,
+                          int steps, const int32_t *in, const int32_t *tg) {
     dt_gpt *m = NULL;
-    st = dt_gpt_create(&m, &cfg, B, T);
-    if (st != DT_OK)
-        return cli_fail(st);
+    float *mom = NULL, *var = NULL;
+    opt_piece *pieces = NULL;
+    dt_status st;
+    DT_CHECK(dt_gpt_create_with(&m, cfg, B, T, &bm->opt));
     dt_gpt_init_params(m, 1);
-    size_t n = dt_gpt_num_params(m);
-    float *mom = dt_calloc(n, sizeof(float)), *var = dt_calloc(n, sizeof(float));
-    int32_t *in = malloc((size_t)B * T * sizeof(int32_t));
-    int32_t *tg = malloc((size_t)B * T * sizeof(int32_t));
-    int total = warmup + steps;
-    double *t_step = calloc((size_t)total, sizeof(double));
-    double *t_fwd = calloc((size_t)total, sizeof(double));
-    double *t_bwd = calloc((size_t)total, sizeof(double));
-    double *t_opt = calloc((size_t)total, sizeof(double));
-    size_t npieces = opt_pieces(m, NULL);
-    opt_piece *pieces = malloc(npieces * sizeof *pieces);
-    if (!mom || !var || !in || !tg || !t_step || !t_fwd || !t_bwd || !t_opt || !pieces) {
+    dt_gpt_memory(m, &bm->mr);
+    size_t n = dt_gpt_num_params(m), npieces = opt_pieces(m, NULL);
+    mom = dt_calloc(n, sizeof(float));
+    var = dt_calloc(n, sizeof(float));
+    pieces = malloc(npieces * sizeof *pieces);
+    if (!mom || !var || !pieces) {
         st = dt_error_set(DT_ERR_NOMEM, "cannot allocate optimizer state for %zu parameters", n);
         goto done;
     }
     opt_pieces(m, pieces);
-    dt_rng r;
-    dt_rng_init(&r, 1, dt_rng_stream_id(0, 0, DT_RNG_TEST));
-    for (int i = 0; i < B * T; i++) {
-        in[i] = (int32_t)dt_rng_below(&r, (uint32_t)cfg.vocab);
-        tg[i] = (int32_t)dt_rng_below(&r, (uint32_t)cfg.vocab);
-    }
-    if (!json) {
-        dt_memory_report mr;
-        dt_gpt_memory(m, &mr);
-        printf("# model %s: L=%d C=%d NH=%d V=%d, %zu parameters; B=%d T=%d, %d thread(s)\n",
-               cli_str(a, "model"), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, n, B, T, threads);
-        printf("# ");
-        dt_gpt_memory_print(&mr, 2 * n * sizeof(float), stdout);
-        dt_gpt_config big = cfg;
-        big.max_seq = 4096;
-        printf("# attention memory per sequence (B=1), flash vs naive:");
-        for (int t = 256; t <= 4096; t *= 4) {
-            dt_memory_report p;
-            char x[32], y[32];
-            dt_gpt_memory_plan(&big, 1, t, &p);
-            printf("  T=%d %s vs %s", t, dt_format_bytes((double)p.attention, x, sizeof x),
-                   dt_format_bytes((double)(p.attention + p.attention_naive), y, sizeof y));
-        }
-        printf("\n");
-    }
     dt_adamw_config ac = {0.9f, 0.95f, 1e-8f, 0.1f};
-    float first_loss = 0.0f, loss = 0.0f;
-    for (int s = 0; s < total; s++) {
+    float loss = 0.0f;
+    for (int s = 0; s < warmup + steps; s++) {
         double t0 = dt_now();
         dt_gpt_zero_grads(m);
-        st = dt_gpt_forward(m, in, tg, B, T, &loss);
-        if (st != DT_OK)
-            goto done;
+        DT_CHECK_GOTO(dt_gpt_forward(m, in, tg, B, T, &loss), st, done);
         double t1 = dt_now();
-        st = dt_gpt_backward(m, 1.0f, NULL, NULL);
-        if (st != DT_OK)
-            goto done;
+        DT_CHECK_GOTO(dt_gpt_backward(m, 1.0f, NULL, NULL), st, done);
         double t2 = dt_now();
         /* AdamW over the flat buffer in ONE parallel region: pieces taken
          * dynamically, each a single-threaded range update (the nested
@@ -231,52 +233,154 @@ static int run_train(cli_args *a) {
                           s + 1, q->decay ? ac.weight_decay : 0.0f);
         }
         double t3 = dt_now();
-        if (s == 0)
-            first_loss = loss;
-        t_step[s] = t3 - t0;
-        t_fwd[s] = t1 - t0;
-        t_bwd[s] = t2 - t1;
-        t_opt[s] = t3 - t2;
+        if (s == 0 && bm->n == 0)
+            bm->first_loss = loss;
+        if (s >= warmup) {
+            bm->t_step[bm->n] = t3 - t0;
+            bm->t_fwd[bm->n] = t1 - t0;
+            bm->t_bwd[bm->n] = t2 - t1;
+            bm->t_opt[bm->n] = t3 - t2;
+            bm->n++;
+        }
     }
-    double ms = median(t_step + warmup, steps) * 1e3;
-    double fwd = median(t_fwd + warmup, steps) * 1e3, bwd = median(t_bwd + warmup, steps) * 1e3;
-    double opt = median(t_opt + warmup, steps) * 1e3;
-    double tok_s = (double)B * T / (ms * 1e-3);
-    double gflops = 3.0 * dt_gpt_flops_per_token(&cfg, T) * B * T / (ms * 1e-3) * 1e-9;
-    double mfu = peak > 0 ? gflops / peak : 0.0;
-    if (json) {
-        printf("{\"model\":\"%s\",\"batch\":%d,\"seq\":%d,\"threads\":%d,\"params\":%zu,"
-               "\"steps\":%d,\"ms_per_step\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,"
-               "\"opt_ms\":%.3f,\"tokens_per_s\":%.1f,\"gflops\":%.2f,\"peak_gflops\":%.2f,"
-               "\"mfu\":%.4f,\"loss_first\":%.5f,\"loss_last\":%.5f}\n",
-               cli_str(a, "model"), B, T, threads, n, steps, ms, fwd, bwd, opt, tok_s, gflops, peak,
-               mfu, first_loss, loss);
-    } else {
-        printf("%-18s %4s %5s %7s %10s %9s %9s %9s %11s %9s %7s\n", "model", "B", "T", "threads",
-               "ms/step", "fwd ms", "bwd ms", "opt ms", "tokens/s", "GFLOP/s", "MFU");
-        printf("%-18s %4d %5d %7d %10.2f %9.2f %9.2f %9.2f %11.1f %9.1f %6.1f%%\n",
-               cli_str(a, "model"), B, T, threads, ms, fwd, bwd, opt, tok_s, gflops, mfu * 100);
-        printf("# median of %d steps after %d warm-up; sgemm peak %.1f GFLOP/s; loss %.4f -> "
-               "%.4f (same batch every step)\n",
-               steps, warmup, peak, first_loss, loss);
-    }
+    bm->loss = loss;
+    st = DT_OK;
 done:
-    free(t_step), free(t_fwd), free(t_bwd), free(t_opt), free(pieces);
-    free(in), free(tg);
+    free(pieces);
     dt_free(mom), dt_free(var);
     dt_gpt_destroy(m);
+    return st;
+}
+
+static int run_train(cli_args *a) {
+    int threads = apply_threads(a);
+    dt_gpt_config cfg;
+    dt_status st = dt_gpt_preset(cli_str(a, "model"), &cfg);
+    if (st != DT_OK)
+        return cli_fail(st);
+    if (cli_int(a, "vocab") > 0)
+        cfg.vocab = (int)cli_int(a, "vocab");
+    int B = (int)cli_int(a, "batch"), T = (int)cli_int(a, "seq");
+    if (T == 0)
+        T = cfg.max_seq;
+    int steps = (int)cli_int(a, "steps"), warmup = (int)cli_int(a, "warmup");
+    int rounds = (int)cli_int(a, "rounds");
+    bool json = cli_bool(a, "json");
+    bench_mode modes[BENCH_MAX_MODES];
+    int nmodes = 0;
+    st = parse_modes(cli_str(a, "precision"), cli_str(a, "recompute"), modes, &nmodes);
+    if (st != DT_OK)
+        return cli_fail(st);
+    st = dt_gpt_config_validate(&cfg);
+    if (st != DT_OK)
+        return cli_fail(st);
+
+    double peak = sgemm_gflops(1536, 3, NULL);
+    size_t n = dt_gpt_config_num_params(&cfg), samples = (size_t)rounds * steps;
+    int32_t *in = malloc((size_t)B * T * sizeof(int32_t));
+    int32_t *tg = malloc((size_t)B * T * sizeof(int32_t));
+    double *buf = calloc((size_t)nmodes * 4 * samples, sizeof(double));
+    if (!in || !tg || !buf) {
+        st = dt_error_set(DT_ERR_NOMEM, "cannot allocate the benchmark's batch and samples");
+        goto done;
+    }
+    for (int k = 0; k < nmodes; k++) {
+        double *b = buf + (size_t)k * 4 * samples;
+        modes[k].t_step = b;
+        modes[k].t_fwd = b + samples;
+        modes[k].t_bwd = b + 2 * samples;
+        modes[k].t_opt = b + 3 * samples;
+    }
+    dt_rng r;
+    dt_rng_init(&r, 1, dt_rng_stream_id(0, 0, DT_RNG_TEST));
+    for (int i = 0; i < B * T; i++) {
+        in[i] = (int32_t)dt_rng_below(&r, (uint32_t)cfg.vocab);
+        tg[i] = (int32_t)dt_rng_below(&r, (uint32_t)cfg.vocab);
+    }
+    /* Rounds alternate the modes, so a change in machine load during the
+     * run hits every mode alike. */
+    for (int rd = 0; rd < rounds; rd++)
+        for (int k = 0; k < nmodes; k++)
+            DT_CHECK_GOTO(run_mode(&modes[k], &cfg, B, T, warmup, steps, in, tg), st, done);
+
+    if (!json) {
+        printf("# model %s: L=%d C=%d NH=%d V=%d, %zu parameters; B=%d T=%d, %d thread(s)\n",
+               cli_str(a, "model"), cfg.layers, cfg.dim, cfg.heads, cfg.vocab, n, B, T, threads);
+        for (int k = 0; k < nmodes; k++) {
+            printf("# ");
+            dt_gpt_memory_print(&modes[k].mr, 2 * n * sizeof(float), stdout);
+        }
+        dt_gpt_config big = cfg;
+        big.max_seq = 4096;
+        printf("# attention memory per sequence (B=1, fp32), flash vs naive:");
+        for (int t = 256; t <= 4096; t *= 4) {
+            dt_memory_report p;
+            char x[32], y[32];
+            dt_gpt_memory_plan(&big, 1, t, &p);
+            printf("  T=%d %s vs %s", t, dt_format_bytes((double)p.attention, x, sizeof x),
+                   dt_format_bytes((double)(p.attention + p.attention_naive), y, sizeof y));
+        }
+        printf("\n");
+        printf("%-18s %4s %5s %7s %5s %9s %10s %9s %9s %9s %11s %9s %7s %10s %8s\n", "model", "B",
+               "T", "threads", "prec", "recompute", "ms/step", "fwd ms", "bwd ms", "opt ms",
+               "tokens/s", "GFLOP/s", "MFU", "act peak", "x first");
+    }
+    double tok_first = 0.0;
+    for (int k = 0; k < nmodes; k++) {
+        bench_mode *bm = &modes[k];
+        int ns = bm->n;
+        double ms = median(bm->t_step, ns) * 1e3;
+        double fwd = median(bm->t_fwd, ns) * 1e3, bwd = median(bm->t_bwd, ns) * 1e3;
+        double opt = median(bm->t_opt, ns) * 1e3;
+        double tok_s = (double)B * T / (ms * 1e-3);
+        double gflops = 3.0 * dt_gpt_flops_per_token(&cfg, T) * B * T / (ms * 1e-3) * 1e-9;
+        double mfu = peak > 0 ? gflops / peak : 0.0;
+        char rc[32], act[32];
+        dt_recompute_format(bm->opt.recompute_every, rc, sizeof rc);
+        if (k == 0)
+            tok_first = tok_s;
+        if (json) {
+            printf("{\"model\":\"%s\",\"precision\":\"%s\",\"recompute\":\"%s\",\"batch\":%d,"
+                   "\"seq\":%d,\"threads\":%d,\"params\":%zu,\"steps\":%d,\"rounds\":%d,"
+                   "\"ms_per_step\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,"
+                   "\"tokens_per_s\":%.1f,\"gflops\":%.2f,\"peak_gflops\":%.2f,\"mfu\":%.4f,"
+                   "\"activation_bytes\":%zu,\"saved_bytes\":%zu,\"recompute_bytes\":%zu,"
+                   "\"weights16_bytes\":%zu,\"loss_first\":%.5f,\"loss_last\":%.5f}\n",
+                   cli_str(a, "model"), dt_precision_name(bm->opt.precision), rc, B, T, threads, n,
+                   steps, rounds, ms, fwd, bwd, opt, tok_s, gflops, peak, mfu, bm->mr.activations,
+                   bm->mr.saved, bm->mr.recompute, bm->mr.weights16, bm->first_loss, bm->loss);
+        } else {
+            printf("%-18s %4d %5d %7d %5s %9s %10.2f %9.2f %9.2f %9.2f %11.1f %9.1f %6.1f%% %10s "
+                   "%7.2fx\n",
+                   cli_str(a, "model"), B, T, threads, dt_precision_name(bm->opt.precision), rc, ms,
+                   fwd, bwd, opt, tok_s, gflops, mfu * 100,
+                   dt_format_bytes((double)bm->mr.activations, act, sizeof act), tok_s / tok_first);
+        }
+    }
+    if (!json)
+        printf("# median of %d rounds x %d steps after %d warm-up each (modes alternate per "
+               "round); MFU against the fp32 sgemm peak %.1f GFLOP/s; act peak = the activation "
+               "arena (forward/backward never allocate); loss %.4f -> %.4f in the first mode "
+               "(same batch every step)\n",
+               rounds, steps, warmup, peak, modes[0].first_loss, modes[0].loss);
+done:
+    free(buf);
+    free(in), free(tg);
     return st == DT_OK ? 0 : cli_fail(st);
 }
 
 const cli_cmd cli_bench_train = {
     .name = "train",
     .parent = "bench",
-    .summary = "GPT training step: ms/step, tokens/s, GFLOP/s, MFU",
+    .summary = "GPT training step: ms/step, tokens/s, GFLOP/s, MFU, activation memory",
     .usage = "dtrain bench train [--model PRESET] [--batch B] [--seq T] [--threads N] "
-             "[--steps N] [--json]",
+             "[--precision fp32,bf16] [--recompute none,blocks] [--rounds R] [--steps N] [--json]",
     .description = "Times zero_grads + forward + backward + AdamW (flat buffer) per step on a\n"
                    "fixed random batch; MFU is against the sgemm peak measured in the same run\n"
-                   "(n = 1536, see 'dtrain bench gemm').",
+                   "(n = 1536, see 'dtrain bench gemm'). Every combination of --precision and\n"
+                   "--recompute runs in the same process, one fresh model each, alternating per\n"
+                   "round; the table shows tokens/s and the activation arena side by side, with\n"
+                   "the ratio of tokens/s to the first mode. --json prints one line per mode.",
     .opts = train_opts,
     .run = run_train,
 };

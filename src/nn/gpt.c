@@ -6,9 +6,17 @@
  *  - params and grads are two flat buffers with the same layer-major layout
  *    (see nn.h); every tensor is a view (offset, rows, cols).
  *  - All activations live in one arena carved at create time for
- *    (max_batch, max_seq); a pass with smaller B, T uses the front of each
- *    region with compact strides. forward/backward do not allocate.
+ *    (max_batch, max_seq, precision, recompute_every), in bytes; a pass with
+ *    smaller B, T uses the front of each region with compact strides.
+ *    forward/backward do not allocate, so the arena is the peak.
  *  - Backward accumulates into grads; scratch regions are overwritten.
+ *  - bf16/fp16: params/grads stay fp32; w16 is the 16-bit copy of ALL params,
+ *    rewritten by every forward; the residual stream, statistics, logits and
+ *    losses are fp32 (the dt_gpt struct comments say which pointer is which).
+ *  - Recomputation: a recomputed block's acts[l] point into `shared` except
+ *    res3, which every block owns (it is the next block's kept input).
+ *    Backward refills `shared` by re-running the block's forward with the
+ *    same calls, so gradients are bit-identical to no recomputation.
  */
 #include "dtrain/nn.h"
 
@@ -88,10 +96,10 @@ struct dt_gpt {
     float *dbuf;       // (B,T,C)   scratch: c_proj outputs, dln, datty
     void *dqkv;        // (B,T,3C)  backward scratch, compute type
     float *dfch;       // (B,T,4C)  backward scratch
-    uint16_t *dfch16;  // (B,T,4C)  16-bit: dfch rounded (the c_fc layer's dout)
     uint16_t *dres16;  // (B,T,C)   16-bit: dres rounded (the c_proj layers' dout)
     uint16_t *row16;   // (V)       16-bit: the first row of dlogits (see head_dout16)
-    float *attn_work;  // 16-bit: dt_attention16_workspace() floats, over dfch and dfch16
+    float *attn_work;  // 16-bit: dt_attention16_workspace() floats (dqkv, attn_work share
+                       // their memory with dfch: see carve)
     int32_t *tokens;   // (B,T)     copy of the last inputs
     int32_t *targets;  // (B,T)     copy of the last targets
     int B, T;          /* sizes of the last forward */
@@ -282,20 +290,17 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     m->losses = take(base, &off, BT * 4);
     m->dres = take(base, &off, BT * C * 4);
     m->dbuf = take(base, &off, BT * C * 4);
-    m->dqkv = take(base, &off, BT * 3 * C * A);
-    /* 16-bit: the attention workspace shares its memory with dfch and
-     * dfch16, which are only live in the MLP part of a block's backward. */
-    size_t shared_at = off;
+    /* Two phases of a block's backward share memory: dfch is only live in
+     * the MLP part, dqkv (and the 16-bit attention workspace,
+     * also used by forward and recomputation) only outside it. */
+    size_t phase = off, mlp_end;
     m->dfch = take(base, &off, BT * 4 * C * 4);
-    m->dfch16 = low ? take(base, &off, BT * 4 * C * 2) : NULL;
-    if (low) {
-        size_t work = dt_attention16_workspace(B_, T_, c->dim, c->heads) * 4, end = off;
-        off = shared_at;
-        m->attn_work = take(base, &off, work);
-        off = off > end ? off : end;
-    } else {
-        m->attn_work = NULL;
-    }
+    mlp_end = off;
+    off = phase;
+    m->dqkv = take(base, &off, BT * 3 * C * A);
+    m->attn_work =
+        low ? take(base, &off, dt_attention16_workspace(B_, T_, c->dim, c->heads) * 4) : NULL;
+    off = off > mlp_end ? off : mlp_end;
     m->dres16 = low ? take(base, &off, BT * C * 2) : NULL;
     m->row16 = low ? take(base, &off, V * 2) : NULL;
     m->tokens = take(base, &off, BT * 4);
@@ -734,12 +739,17 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x) {
         return DT_OK;
     }
     /* bf16/fp16: the same steps; a gradient entering a 16-bit multiply is
-     * rounded to a16 (dres16, dfch16, dqkv), the others stay fp32. */
+     * rounded to a16 (dres16, dfch16, dqkv), the others stay fp32. Backward
+     * runs once per forward, so a saved activation that is dead may be
+     * overwritten. */
     dt_act16_from_f32(pr, m->dres16, m->dres, (size_t)N * C);
     DT_CHECK(dt_linear16_backward(pr, m->dfch, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB),
                                   m->dres16, a->fch_gelu, wt(m, l, P_FCPROJW), N, 4 * C, C));
-    dt_gelu16_backward(pr, m->dfch16, a->fch, m->dfch, (size_t)N * 4 * C);
-    DT_CHECK(dt_linear16_backward(pr, m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), m->dfch16,
+    /* The GELU output was only needed for c_proj's weight gradient: its
+     * memory now takes the rounded gradient of the c_fc output. */
+    uint16_t *dfch16 = a->fch_gelu;
+    dt_gelu16_backward(pr, dfch16, a->fch, m->dfch, (size_t)N * 4 * C);
+    DT_CHECK(dt_linear16_backward(pr, m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), dfch16,
                                   a->ln2, wt(m, l, P_FCW), N, C, 4 * C));
     dt_layernorm_backward(m->dres, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), m->dbuf, a->res2,
                           bt(m, p, l, P_LN2W), a->ln2_mean, a->ln2_rstd, N, C);

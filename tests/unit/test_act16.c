@@ -161,7 +161,8 @@ static void test_gelu(void) {
 }
 
 static void test_attention(void) {
-    static const int shapes[][4] = {{2, 70, 64, 4}, {1, 130, 96, 2}, {3, 1, 32, 1}};
+    /* the last one has more (sequence, head) pairs than the kernels' 16 slots */
+    static const int shapes[][4] = {{2, 70, 64, 4}, {1, 130, 96, 2}, {3, 1, 32, 1}, {3, 20, 96, 8}};
     dt_rng r;
     dt_rng_init(&r, 4, 0);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++) {
@@ -172,7 +173,12 @@ static void test_attention(void) {
         float *dqkv32 = malloc(3 * n * sizeof(float)), *outw = malloc(n * sizeof(float));
         uint16_t *qkv = make16(3 * n, 2.0f, false, &r, &qkv32);
         uint16_t *out = malloc(n * sizeof *out), *dqkv = malloc(3 * n * sizeof *dqkv);
-        float *work = malloc(dt_attention16_workspace(B, T, C, NH) * sizeof(float));
+        /* The workspace, then a guard the kernels must not touch. */
+        size_t nw = dt_attention16_workspace(B, T, C, NH);
+        float *work = malloc((nw + 64) * sizeof(float));
+        ASSERT_TRUE(work);
+        for (size_t i = nw; i < nw + 64; i++)
+            work[i] = -7.0f;
         ASSERT_TRUE(out32 && lse32 && lse && dqkv32 && outw && out && dqkv && work);
         dt_attention_forward(out32, lse32, qkv32, B, T, C, NH);
         dt_attention16_forward(g_p, out, lse, qkv, B, T, C, NH, work);
@@ -183,6 +189,8 @@ static void test_attention(void) {
         dt_attention_backward(dqkv32, dout, qkv32, outw, lse32, B, T, C, NH);
         dt_attention16_backward(g_p, dqkv, dout, qkv, out, lse, B, T, C, NH, work);
         expect_rounded("attention16 backward dqkv", dqkv, dqkv32, 3 * n);
+        for (size_t i = nw; i < nw + 64; i++)
+            ASSERT_TRUE(work[i] == -7.0f);
         free(qkv32), free(out32), free(lse32), free(lse), free(dout), free(dqkv32), free(outw);
         free(qkv), free(out), free(dqkv), free(work);
     }
@@ -288,7 +296,8 @@ static void linear_case(int N, int C, int OC, bool integers, bool with_bias, dt_
 }
 
 static void test_linear(void) {
-    static const int shapes[][3] = {{64, 96, 288}, {7, 33, 70}, {1, 5, 1}, {130, 64, 17}};
+    static const int shapes[][3] = {
+        {64, 96, 288}, {7, 33, 70}, {1, 5, 1}, {130, 64, 17}, {5, 24, 17001}};
     dt_rng r;
     dt_rng_init(&r, 5, 0);
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)

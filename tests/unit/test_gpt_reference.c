@@ -9,6 +9,9 @@
  *   logits, loss: 1e-5; gradients: 1e-4; parameters after 3 steps: 1e-5.
  * Fixture a has T = 64 (a whole attention block), fixture b T = 77 (a
  * partial block) and a head size of 12 (masked vector tails).
+ * The bf16 and fp16 paths are checked against the same fixtures with
+ * norm-relative tolerances in units of their roundoff (check_fixture16).
+ * tests/nn.cmake runs this program again under DT_ISA=avx2 and scalar.
  */
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
@@ -167,6 +170,77 @@ static void check_fixture(const char *name) {
     free_fixture(&fx);
 }
 
+/* ||got - ref|| / ||ref|| over n elements (0 when both are zero). */
+static double rel_norm_err(const float *got, const float *ref, size_t n) {
+    double d = 0.0, r = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double e = (double)got[i] - ref[i];
+        d += e * e;
+        r += (double)ref[i] * ref[i];
+    }
+    return r > 0 ? sqrt(d / r) : sqrt(d);
+}
+
+/* The bf16/fp16 path against the same float64 PyTorch reference. Errors
+ * are judged relative to each tensor's norm (a 16-bit activation is off by
+ * up to half a unit in the last place of ITS value, so per-element checks
+ * would fail on elements near zero that do not matter). With unit roundoff
+ * u (bf16 2^-8 = 3.9e-3, fp16 2^-11 = 4.9e-4) every 16-bit tensor carries a
+ * relative error of about u/(2 sqrt 3) RMS, and the logits and gradients go
+ * through a handful of such roundings in series (weights, ln, qkv, atty,
+ * fch, gelu, dout): measured 1.2-1.3u for logits and whole gradients, <= 2u
+ * for the worst tensor (ln_2.weight), the loss (a mean over B*T tokens)
+ * 0.02u. Tolerances about twice that: logits 3u, loss 0.5u, gradient 3u,
+ * any one tensor's gradient 5u. A path that rounded the residual stream or
+ * a statistic, or fed a stale or fp32-misread dout, is off by far more
+ * (tens of u or worse). */
+static void check_fixture16(const char *name, dt_precision pr) {
+    fixture fx;
+    load_fixture(name, &fx);
+    dt_gpt *m;
+    dt_gpt_options opt = {pr, 0};
+    ASSERT_OK(dt_gpt_create_with(&m, &fx.cfg, fx.B, fx.T, &opt));
+    memcpy(dt_gpt_params(m), fx.params, fx.n * 4);
+    const double u = pr == DT_PRECISION_BF16 ? 0x1p-8 : 0x1p-11;
+    float loss;
+    ASSERT_OK(dt_gpt_forward(m, fx.inputs, fx.targets, fx.B, fx.T, &loss));
+    size_t BTV = (size_t)fx.B * fx.T * fx.cfg.vocab;
+    double e_logits = rel_norm_err(dt_gpt_logits(m), fx.logits, BTV);
+    double e_loss = fabs((double)loss - fx.loss) / fx.loss;
+    dt_gpt_zero_grads(m);
+    ASSERT_OK(dt_gpt_backward(m, 1.0f, NULL, NULL));
+    double e_all = rel_norm_err(dt_gpt_grads(m), fx.grads, fx.n), e_worst = 0.0;
+    const char *worst = "";
+    for (size_t t = 0; t < dt_gpt_num_tensors(m); t++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(m, t, &pi);
+        double e =
+            rel_norm_err(dt_gpt_grads(m) + pi.offset, fx.grads + pi.offset, pi.rows * pi.cols);
+        if (!(e <= e_worst)) {
+            e_worst = e;
+            worst = pi.name;
+        }
+    }
+    printf("  %s %s: rel errors logits %.2e (%.1fu), loss %.2e (%.1fu), grads %.2e (%.1fu), "
+           "worst tensor %s %.2e (%.1fu)\n",
+           name, dt_precision_name(pr), e_logits, e_logits / u, e_loss, e_loss / u, e_all,
+           e_all / u, worst, e_worst, e_worst / u);
+    if (!(e_logits <= 3 * u))
+        TEST_FAILF("%s %s logits: rel error %.3g > 3u = %.3g", name, dt_precision_name(pr),
+                   e_logits, 3 * u);
+    if (!(e_loss <= 0.5 * u))
+        TEST_FAILF("%s %s loss: ours %.7g, PyTorch %.7g (rel error %.3g > u/2 = %.3g)", name,
+                   dt_precision_name(pr), loss, fx.loss, e_loss, 0.5 * u);
+    if (!(e_all <= 3 * u))
+        TEST_FAILF("%s %s gradient: rel error %.3g > 3u = %.3g", name, dt_precision_name(pr), e_all,
+                   3 * u);
+    if (!(e_worst <= 5 * u))
+        TEST_FAILF("%s %s grad of %s: rel error %.3g > 5u = %.3g", name, dt_precision_name(pr),
+                   worst, e_worst, 5 * u);
+    dt_gpt_destroy(m);
+    free_fixture(&fx);
+}
+
 static void test_fixture_a(void) { check_fixture("gpt_ref_a.bin"); }
 static void test_fixture_b(void) { check_fixture("gpt_ref_b.bin"); }
 
@@ -178,10 +252,22 @@ static void test_fixture_threads(void) {
     dt_tensor_set_threads(2);
 }
 
+static void test_fixture_bf16(void) {
+    check_fixture16("gpt_ref_a.bin", DT_PRECISION_BF16);
+    check_fixture16("gpt_ref_b.bin", DT_PRECISION_BF16);
+}
+
+static void test_fixture_fp16(void) {
+    check_fixture16("gpt_ref_a.bin", DT_PRECISION_FP16);
+    check_fixture16("gpt_ref_b.bin", DT_PRECISION_FP16);
+}
+
 int main(void) {
     dt_tensor_set_threads(2);
     RUN(test_fixture_a);
     RUN(test_fixture_b);
     RUN(test_fixture_threads);
+    RUN(test_fixture_bf16);
+    RUN(test_fixture_fp16);
     return TEST_SUMMARY();
 }

@@ -1,11 +1,14 @@
 /*
- * test_gpt_recompute.c — activation recomputation: gradients, loss, logits
+ * test_gpt_mp.c — the bf16/fp16 GPT and activation recomputation.
+ * bf16 and fp16 overfit one batch like fp32 does (tiny model, 40 AdamW
+ * steps). Recomputation: gradients, loss, logits
  * and the grad-ready hook order are BIT-IDENTICAL with recompute none,
  * blocks, every:2 and every:3 (in fp32, bf16 and fp16, over two
  * accumulating micro-batches), and the memory plan shrinks as documented
- * in docs/amp.md, including the issue's target for --recompute blocks.
+ * in docs/engine.md, including the issue's target for --recompute blocks.
  */
 #include "dtrain/nn.h"
+#include "dtrain/optim.h"
 #include "test.h"
 
 static void fill_tokens(int32_t *x, int n, int V, uint64_t seed) {
@@ -122,7 +125,7 @@ static void test_options_rejected(void) {
  *  - on the whole arena only for fp32 shakespeare-char: gpt2-124m's
  *    (B,T,50257) fp32 logits, or the fp32 backward scratch next to 16-bit
  *    blocks, are parts recomputation cannot touch.
- * docs/amp.md has the numbers. */
+ * docs/engine.md has the numbers. */
 static void check_plan(const char *preset, int B, int T, dt_precision pr, bool blocks_part,
                        bool whole_arena) {
     dt_gpt_config c;
@@ -188,6 +191,55 @@ static void test_memory_plan(void) {
     dt_gpt_destroy(m);
 }
 
+/* 40 AdamW steps on one batch; returns the first and the last loss. */
+static void overfit(dt_precision pr, int every, float *first, float *last) {
+    enum { B = 2, T = 32, STEPS = 40 };
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    dt_gpt_options opt = {pr, every};
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create_with(&m, &c, B, T, &opt));
+    dt_gpt_init_params(m, 3);
+    size_t n = dt_gpt_num_params(m);
+    float *mom = calloc(n, sizeof(float)), *var = calloc(n, sizeof(float));
+    ASSERT_TRUE(mom && var);
+    int32_t in[B * T], tg[B * T];
+    fill_tokens(in, B * T, c.vocab, 21);
+    fill_tokens(tg, B * T, c.vocab, 22);
+    dt_adamw_config ac = {0.9f, 0.95f, 1e-8f, 0.0f};
+    for (int s = 1; s <= STEPS; s++) {
+        float loss;
+        dt_gpt_zero_grads(m);
+        ASSERT_OK(dt_gpt_forward(m, in, tg, B, T, &loss));
+        ASSERT_OK(dt_gpt_backward(m, 1.0f, NULL, NULL));
+        dt_adamw_step(dt_gpt_params(m), dt_gpt_grads(m), mom, var, n, 3e-3f, &ac, s, 0.0f);
+        if (s == 1)
+            *first = loss;
+        *last = loss;
+    }
+    free(mom);
+    free(var);
+    dt_gpt_destroy(m);
+}
+
+static void test_overfit(void) {
+    float f32_first, f32_last;
+    overfit(DT_PRECISION_FP32, 0, &f32_first, &f32_last);
+    printf("  fp32: loss %.4f -> %.4f\n", f32_first, f32_last);
+    ASSERT_TRUE(f32_last < 0.5f * f32_first);
+    const dt_precision ps[2] = {DT_PRECISION_BF16, DT_PRECISION_FP16};
+    for (int i = 0; i < 2; i++) {
+        float first, last;
+        overfit(ps[i], i == 0 ? 1 : 0, &first, &last);
+        printf("  %s: loss %.4f -> %.4f\n", dt_precision_name(ps[i]), first, last);
+        /* same start within rounding, and the same progress within 10% */
+        ASSERT_NEAR(first, f32_first, 1e-2, 0.0);
+        if (!(last < 0.5f * first && fabsf(last - f32_last) <= 0.1f * f32_last))
+            TEST_FAILF("%s: loss %.4f -> %.4f after 40 steps; fp32 %.4f -> %.4f",
+                       dt_precision_name(ps[i]), first, last, f32_first, f32_last);
+    }
+}
+
 int main(void) {
     dt_tensor_set_threads(2);
     RUN(test_identical_fp32);
@@ -195,5 +247,6 @@ int main(void) {
     RUN(test_identical_fp16);
     RUN(test_options_rejected);
     RUN(test_memory_plan);
+    RUN(test_overfit);
     return TEST_SUMMARY();
 }
