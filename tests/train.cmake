@@ -46,6 +46,14 @@ foreach(case equiv accum resume restart sigterm check divisible)
   set_tests_properties(test_train_ddp_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
 endforeach()
 
+# Mixed precision in `dtrain train` with real processes: loss-scaler overflow
+# handling agreed across ranks, and bf16/fp16 validation loss against fp32.
+dt_train_cli_test_exe(test_train_amp)
+foreach(case overflow precision)
+  add_test(NAME test_train_amp_${case} COMMAND test_train_amp ${case})
+  set_tests_properties(test_train_amp_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
+endforeach()
+
 # Compressed and 16-bit gradient communication in `dtrain train`, 2 ranks.
 dt_train_cli_test_exe(test_train_compress)
 foreach(case topk powersgd bf16 resume config)

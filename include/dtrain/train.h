@@ -184,6 +184,9 @@ typedef struct dt_step_metrics {
     double mfu;             /* model FLOPs utilisation in [0, 1], NaN if unknown */
     uint64_t bytes_sent;    /* gradient bytes this rank sent in the step */
     int64_t tokens;         /* tokens processed so far (all ranks) */
+    double loss_scale;      /* loss scale this step used, NaN when scaling is off */
+    int64_t skipped_steps;  /* steps skipped for inf/nan gradients so far (cumulative) */
+    bool skipped;           /* this step's update was skipped */
 } dt_step_metrics;
 
 typedef struct dt_metrics dt_metrics;

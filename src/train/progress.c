@@ -4,7 +4,8 @@
  * On a terminal: one line redrawn in place ("\r" + erase-line) with
  * step/total, the loss and a sparkline of recent losses, the learning rate,
  * tokens/s, MFU, the step time split into compute and exposed (not hidden)
- * communication, and the ETA. Elsewhere (a log file, CI): a plain line every
+ * communication, the loss scale and skipped steps (when loss scaling is on)
+ * and the ETA. Elsewhere (a log file, CI): a plain line every
  * `every` steps and on the last step, so logs stay readable and short.
  */
 #include "dtrain/train.h"
@@ -92,6 +93,16 @@ static void fmt_rate(char *b, size_t len, double r) {
         snprintf(b, len, "%.0f", r);
 }
 
+/* A loss scale: "2^16" when it is a power of two (the usual case: the
+ * defaults start at 2^16 and move by factors of 2), "1e+30" otherwise. */
+static void fmt_scale(char *b, size_t len, double s) {
+    int e;
+    if (isfinite(s) && s > 0 && frexp(s, &e) == 0.5)
+        snprintf(b, len, "2^%d", e - 1);
+    else
+        snprintf(b, len, "%.3g", s);
+}
+
 static int term_width(FILE *f) {
     struct winsize ws;
     if (ioctl(fileno(f), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0)
@@ -110,13 +121,19 @@ void dt_progress_update(dt_progress *p, const dt_step_metrics *s) {
     if (isfinite(s->val_loss))
         p->val_loss = s->val_loss;
     double per_step = (now - p->t0) / (double)(s->step - p->step0);
-    char eta[32], rate[32], val[32] = "", mfu[32] = "";
+    char eta[32], rate[32], val[32] = "", mfu[32] = "", scale[80] = "";
     fmt_duration(eta, sizeof eta, per_step * (double)(p->total - s->step));
     fmt_rate(rate, sizeof rate, s->tokens_per_s);
     if (isfinite(p->val_loss))
         snprintf(val, sizeof val, " val %.4f", p->val_loss);
     if (isfinite(s->mfu))
         snprintf(mfu, sizeof mfu, " MFU %.1f%%", 100.0 * s->mfu);
+    if (isfinite(s->loss_scale)) {
+        char sc[32];
+        fmt_scale(sc, sizeof sc, s->loss_scale);
+        snprintf(scale, sizeof scale, "%sscale %s skipped %lld", p->tty ? " | " : "  ", sc,
+                 (long long)s->skipped_steps);
+    }
     bool last = s->step >= p->total;
 
     if (p->tty) {
@@ -130,11 +147,11 @@ void dt_progress_update(dt_progress *p, const dt_step_metrics *s) {
         char head[64], tail[400];
         int hl = snprintf(head, sizeof head, "step %lld/%lld | loss %.4f", (long long)s->step,
                           (long long)p->total, s->loss);
-        int tl =
-            snprintf(tail, sizeof tail,
-                     "%s | lr %.2e | %s tok/s%s | %.0f ms: compute %.0f + exposed comm %.0f "
-                     "| ETA %s",
-                     val, s->lr, rate, mfu, s->step_ms, s->compute_ms, s->exposed_comm_ms, eta);
+        int tl = snprintf(tail, sizeof tail,
+                          "%s | lr %.2e%s | %s tok/s%s | %.0f ms: compute %.0f + exposed comm %.0f "
+                          "| ETA %s",
+                          val, s->lr, scale, rate, mfu, s->step_ms, s->compute_ms,
+                          s->exposed_comm_ms, eta);
         /* The sparkline follows the loss when the terminal is wide enough;
          * a wrapped line could not be redrawn in place. */
         int cols = term_width(p->f);
@@ -154,10 +171,16 @@ void dt_progress_update(dt_progress *p, const dt_step_metrics *s) {
         return;
     if (isfinite(p->val_loss))
         snprintf(val, sizeof val, "  val %.4f", p->val_loss);
+    /* The norm is inf/nan only on a step loss scaling skipped. */
+    char gn[32];
+    if (isfinite(s->grad_norm))
+        snprintf(gn, sizeof gn, "%.3f", s->grad_norm);
+    else
+        snprintf(gn, sizeof gn, "%s", s->skipped ? "skip" : "nan");
     fprintf(p->f,
-            "step %6lld/%lld  loss %.4f%s  lr %.3e  gnorm %.3f  %s tok/s%s  %.1f ms (compute "
+            "step %6lld/%lld  loss %.4f%s  lr %.3e  gnorm %s%s  %s tok/s%s  %.1f ms (compute "
             "%.1f, comm %.1f, exposed %.1f)  ETA %s\n",
-            (long long)s->step, (long long)p->total, s->loss, val, s->lr, s->grad_norm, rate, mfu,
+            (long long)s->step, (long long)p->total, s->loss, val, s->lr, gn, scale, rate, mfu,
             s->step_ms, s->compute_ms, s->comm_ms, s->exposed_comm_ms, eta);
     fflush(p->f);
 }

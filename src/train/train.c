@@ -5,12 +5,17 @@
  * One optimizer step:
  *
  *     zero grads
- *     K times: next batch -> forward -> backward(1/K)      (the last backward
- *              feeds the DDP hook, which starts bucket allreduces early)
- *     finish DDP: per averaged bucket, sum of squares (and, without
- *              clipping, the optimizer update of that range at once)
- *     clip by the global norm, update (when clipping)
- *     average the loss over ranks; NaN/inf stops the run here
+ *     K times: next batch -> forward -> backward(S/K)      (the last backward
+ *              feeds the DDP hook, which starts bucket allreduces early;
+ *              S is the loss scale with loss scaling on, else 1)
+ *     finish DDP: per averaged bucket, unscale by 1/S noting inf/nan (loss
+ *              scaling), sum of squares (and, without clipping or
+ *              scaling, the optimizer update of that range at once)
+ *     average loss, norm, stop flag and inf/nan flag over ranks; a NaN/inf
+ *              loss stops the run here; an inf/nan flag on any rank skips
+ *              the step on every rank (loss scaling)
+ *     clip by the global norm, update (when clipping or scaling; not when
+ *              skipped)
  *     metrics, progress, evaluation, checkpoint
  *
  * Invariants:
@@ -21,7 +26,8 @@
  *     state, so ranks need no shared file system.
  *   - A checkpoint holds everything that determines the future: parameters,
  *     optimizer state, the step (the schedule is a function of it and the
- *     config), the data-loader position and the token count. The data order
+ *     config), the data-loader position, the token count, the skipped steps
+ *     (AdamW counts applied updates only) and the loss scaler. The data order
  *     is a function of (seed, epoch), so a resumed run is bit-identical.
  */
 #include "dtrain/comm.h"
@@ -33,6 +39,7 @@
 #include "dtrain/tensor.h"
 #include "train_internal.h"
 
+#include <float.h>
 #include <inttypes.h>
 #include <math.h>
 #include <signal.h>
@@ -44,6 +51,11 @@
 const char *const dt_train_optimizer_names[DT_TRAIN_OPTIMIZER_COUNT] = {"adamw", "sgd"};
 
 #define TRAIN_STATE_VERSION 1
+
+/* The largest loss scale applied: 2^126, whose inverse 2^-126 is still a
+ * normal float. The engine runs with denormals flushed to zero (tensor
+ * layer), so unscaling by a subnormal 1/scale would zero every gradient. */
+#define MAX_APPLIED_SCALE 0x1p126f
 
 void dt_train_config_init(dt_train_config *c) {
     memset(c, 0, sizeof *c);
@@ -100,10 +112,22 @@ typedef struct trainer {
     int64_t tokens;        /* tokens processed by all ranks so far */
     float lr;              /* of the step being taken */
     double sumsq;          /* of the averaged gradient, accumulated per bucket */
-    bool update_in_finish; /* no clipping: update each bucket as it arrives */
-    dt_json cfg_json;      /* the resolved config */
+    bool update_in_finish; /* no clipping, no scaling: update each bucket as it arrives */
+    /* Dynamic loss scaling (docs/amp.md). The loss is multiplied by the
+     * scale through backward's grad_scale; each averaged bucket is unscaled
+     * in on_bucket, and a step with an inf/nan gradient on any rank is
+     * skipped by every rank. */
+    bool scaling;
+    dt_scaler scaler;
+    float inv_scale;  /* 1 / the scale of the step being taken */
+    bool found_inf;   /* this step: an averaged gradient on this rank is inf/nan */
+    int64_t skipped;  /* steps of the whole trajectory whose update was skipped */
+    dt_json cfg_json; /* the resolved config */
     const char *cfg_text;
     int64_t kill_at, perturb_at; /* test hooks (maybe_fault): step or -1 */
+    int64_t overflow_at;         /* test hook (on_bucket): step or -1 */
+    int64_t ckpt_precision;      /* dt_precision of the checkpoint resumed from */
+    float ckpt_scale;            /* loss scale of the checkpoint's codec residuals (1: none) */
     /* DDP codec state in checkpoints (docs/compress.md): every rank's, held
      * by rank 0 (world x per-rank bytes; other ranks: their own). */
     uint8_t *ddp_states;
@@ -111,6 +135,11 @@ typedef struct trainer {
     char ddp_ident[160];    /* codec, EF, dtype, buckets: what the state belongs to */
     bool ddp_restore;       /* rank 0 on resume: the checkpoint's states fit this run */
 } trainer;
+
+/* The loss scale the next step applies. */
+static float applied_scale(const trainer *t) {
+    return fminf(dt_scaler_scale(&t->scaler), MAX_APPLIED_SCALE);
+}
 
 /* ------------------------------------------------------------------------ */
 /* Optimizer over a flat range, split at tensor boundaries (decay differs)  */
@@ -127,17 +156,25 @@ static void update_range(trainer *t, size_t begin, size_t end) {
         float wd = t->tens_decay[i] ? (float)c->weight_decay : 0.0f;
         if (c->optimizer == DT_TRAIN_ADAMW)
             dt_adamw_step(p + lo, g + lo, t->opt_a + lo, t->opt_b + lo, hi - lo, t->lr, &t->adamw,
-                          t->step + 1, wd);
+                          t->step - t->skipped + 1, wd);
         else
             dt_sgd_step(p + lo, g + lo, c->momentum > 0 ? t->opt_a + lo : NULL, hi - lo, t->lr,
                         (float)c->momentum, false, wd);
     }
 }
 
-/* DDP callback: each averaged bucket, in order from the end of the buffer. */
+/* DDP callback: each averaged bucket, in order from the end of the buffer.
+ * With loss scaling, the bucket is unscaled here (one pass that also finds
+ * inf/nan), so the norm and the update see true gradients. */
 static void on_bucket(void *user, size_t begin, size_t end) {
     trainer *t = user;
-    t->sumsq += dt_grad_sumsq(dt_gpt_grads(t->m) + begin, end - begin);
+    float *g = dt_gpt_grads(t->m);
+    size_t mid = t->n / 2;
+    if (t->step + 1 == t->overflow_at && begin <= mid && mid < end)
+        g[mid] = INFINITY; /* DT_FAULT_OVERFLOW: only this rank sees it */
+    if (t->scaling)
+        t->found_inf |= dt_unscale(g + begin, end - begin, t->inv_scale);
+    t->sumsq += dt_grad_sumsq(g + begin, end - begin);
     if (t->update_in_finish)
         update_range(t, begin, end);
 }
@@ -177,9 +214,12 @@ static dt_status check_config(const dt_train_config *c) {
         return bad("--grad-dtype %s with --compress: choose one (the codec defines the wire "
                    "format)",
                    dt_dtype_name(c->grad_dtype));
-    /* TODO(#7): loss scaling lands next. */
-    if (c->loss_scaling == 1)
-        return dt_error_set(DT_ERR_UNSUPPORTED, "--loss-scaling: not implemented yet");
+    if (c->scaler.init_scale > (double)MAX_APPLIED_SCALE)
+        return bad("--loss-scale-init %g: at most 2^126 (%g), the largest scale whose inverse is a "
+                   "normal float",
+                   c->scaler.init_scale, (double)MAX_APPLIED_SCALE);
+    if (c->loss_scaling < -1 || c->loss_scaling > 1)
+        return bad("--loss-scaling %d: must be -1 (auto), 0 (off) or 1 (on)", c->loss_scaling);
     return DT_OK;
 }
 
@@ -340,6 +380,9 @@ static dt_status alloc_state(trainer *t) {
                    "schedule",
                    c->warmup, c->steps, dt_schedule_names[c->schedule]);
     DT_CHECK(dt_schedule_validate(&t->sched));
+    t->scaling = c->loss_scaling == 1 || (c->loss_scaling < 0 && c->precision == DT_PRECISION_FP16);
+    if (t->scaling)
+        DT_CHECK(dt_scaler_init(&t->scaler, &c->scaler));
     return DT_OK;
 }
 
@@ -377,6 +420,17 @@ static void build_config_json(trainer *t) {
     dt_json_str(j, "schedule", dt_schedule_names[c->schedule]);
     dt_json_int(j, "warmup", c->warmup);
     dt_json_num(j, "clip", c->clip);
+    char rc[32];
+    dt_recompute_format(c->recompute_every, rc, sizeof rc);
+    dt_json_str(j, "precision", dt_precision_name(c->precision));
+    dt_json_str(j, "recompute", rc);
+    dt_json_bool(j, "loss_scaling", t->scaling);
+    if (t->scaling) {
+        dt_json_num(j, "loss_scale_init", t->scaler.cfg.init_scale);
+        dt_json_num(j, "loss_scale_growth", t->scaler.cfg.growth_factor);
+        dt_json_num(j, "loss_scale_backoff", t->scaler.cfg.backoff_factor);
+        dt_json_int(j, "loss_scale_interval", t->scaler.cfg.growth_interval);
+    }
     dt_json_int(j, "eval_every", c->eval_every);
     dt_json_int(j, "eval_batches", c->eval_batches);
     dt_json_str(j, "ckpt_dir", c->ckpt_dir);
@@ -440,7 +494,11 @@ static dt_status save_checkpoint(trainer *t, char *path, size_t path_len) {
                        (double)t->sched.warmup, (double)t->sched.total};
     uint64_t rng[2] = {c->seed, (uint64_t)DT_RNG_SAMPLE};
     int64_t tokinfo[2] = {t->tok->kind, t->tok->vocab_size};
-    dt_ckpt_section s[24];
+    int64_t prec = c->precision, skipped = t->skipped;
+    dt_scaler_state ss;
+    dt_scaler_get_state(&t->scaler, &ss);
+    double scaler[4] = {ss.scale, (double)ss.growth_tracker, (double)ss.skipped, (double)ss.steps};
+    dt_ckpt_section s[28];
     size_t n = 0;
     s[n++] = (dt_ckpt_section){"train_state_version", DT_CKPT_I64, &version, 1};
     s[n++] = (dt_ckpt_section){"ident", DT_CKPT_I64, idv, DT_TRAIN_IDENT_COUNT};
@@ -459,6 +517,13 @@ static dt_status save_checkpoint(trainer *t, char *path, size_t path_len) {
     } else {
         s[n++] = (dt_ckpt_section){"sgd.momentum", DT_CKPT_F32, t->opt_a, t->n};
     }
+    /* Mixed precision: the compute type (informational: a resume may change
+     * it), the skipped steps (AdamW's step count is step - skipped_steps),
+     * and the loss scaler when it is on. */
+    s[n++] = (dt_ckpt_section){"precision", DT_CKPT_I64, &prec, 1};
+    s[n++] = (dt_ckpt_section){"skipped_steps", DT_CKPT_I64, &skipped, 1};
+    if (t->scaling)
+        s[n++] = (dt_ckpt_section){"scaler", DT_CKPT_F64, scaler, 4};
     s[n++] = (dt_ckpt_section){"config", DT_CKPT_TEXT, t->cfg_text, strlen(t->cfg_text)};
     int64_t ddp_meta[2] = {t->world, (int64_t)t->ddp_state_bytes};
     if (t->ddp_state_bytes) { /* every rank's codec state, gathered by checkpoint_all */
@@ -468,6 +533,58 @@ static dt_status save_checkpoint(trainer *t, char *path, size_t path_len) {
                                    t->ddp_state_bytes * (size_t)t->world};
     }
     return dt_ckpt_save(c->ckpt_dir, t->step, s, n, c->keep, path, path_len);
+}
+
+/* Read a section that older checkpoints lack: absent leaves dst alone and
+ * sets *found = false; present with another shape is the read's error. */
+static dt_status read_optional(const dt_ckpt *ck, const char *name, dt_ckpt_type type, void *dst,
+                               size_t count, bool *found) {
+    dt_ckpt_info info;
+    *found = dt_ckpt_find(ck, name, &info) == DT_OK;
+    return *found ? dt_ckpt_read(ck, name, type, dst, count) : DT_OK;
+}
+
+/* Rank 0: the mixed-precision part of a checkpoint. The compute type may
+ * differ from this run's (bf16 -> fp32 is a legitimate way to finish a run);
+ * the scaler state is used when this run scales the loss, and a checkpoint
+ * without one (written without scaling) starts the scaler afresh. */
+static dt_status load_amp_state(trainer *t, const dt_ckpt *ck, int64_t step) {
+    const char *f = dt_ckpt_file(ck);
+    int64_t skipped = 0, prec = DT_PRECISION_FP32;
+    bool found;
+    DT_CHECK(read_optional(ck, "skipped_steps", DT_CKPT_I64, &skipped, 1, &found));
+    if (skipped < 0 || skipped > step)
+        return dt_error_set(DT_ERR_CORRUPT,
+                            "checkpoint %s: skipped_steps %" PRId64 " not in [0, step %" PRId64 "]",
+                            f, skipped, step);
+    DT_CHECK(read_optional(ck, "precision", DT_CKPT_I64, &prec, 1, &found));
+    if (prec < 0 || prec >= DT_PRECISION_COUNT)
+        return dt_error_set(DT_ERR_CORRUPT, "checkpoint %s: precision %" PRId64 " is unknown", f,
+                            prec);
+    t->skipped = skipped;
+    t->ckpt_precision = prec;
+    double v[4];
+    DT_CHECK(read_optional(ck, "scaler", DT_CKPT_F64, v, 4, &found));
+    /* Codec residuals (docs/compress.md) are in the units of the scale the
+     * writing run applied; resume() converts them to this run's. */
+    t->ckpt_scale = found && v[0] > 0 ? fminf((float)v[0], MAX_APPLIED_SCALE) : 1.0f;
+    if (!t->scaling)
+        return DT_OK;
+    if (!found) {
+        DT_INFO("%s holds no loss-scaler state (written without loss scaling): the scale starts "
+                "at %g",
+                f, t->scaler.cfg.init_scale);
+        return DT_OK;
+    }
+    /* A shorter --loss-scale-interval than the checkpoint's run had: the
+     * scale grows at the next clean step. */
+    int64_t interval = t->scaler.cfg.growth_interval;
+    dt_scaler_state ss = {(float)v[0], v[1] >= (double)interval ? interval - 1 : (int64_t)v[1],
+                          (int64_t)v[2], (int64_t)v[3]};
+    dt_status st = dt_scaler_set_state(&t->scaler, &ss);
+    if (st != DT_OK)
+        dt_error_prefix("checkpoint %s", f);
+    return st;
 }
 
 /* Rank 0: the checkpoint's DDP codec state, when it belongs to this run's
@@ -548,6 +665,7 @@ static dt_status load_checkpoint(trainer *t, const dt_ckpt *ck) {
     } else {
         DT_CHECK(dt_ckpt_read(ck, "sgd.momentum", DT_CKPT_F32, t->opt_a, t->n));
     }
+    DT_CHECK(load_amp_state(t, ck, step));
     DT_CHECK(dt_loader_set_state(t->train, (dt_loader_state){loader[0], loader[1]}));
     t->step = step;
     t->tokens = tokens;
@@ -583,8 +701,9 @@ static dt_status restore_ddp_state(trainer *t) {
  * state to the others. *resumed_from gets the file ("" for a fresh start). */
 static dt_status resume(trainer *t, char *resumed_from, size_t len) {
     resumed_from[0] = '\0';
-    /* hdr: status, found, step, tokens, epoch, loader step */
-    int64_t hdr[6] = {DT_OK, 0, 0, 0, 0, 0};
+    /* hdr: status, found, step, tokens, epoch, loader step, skipped steps,
+     * checkpoint precision */
+    int64_t hdr[8] = {DT_OK, 0, 0, 0, 0, 0, 0, 0};
     char msg[1024] = "";
     if (t->rank == 0) {
         dt_ckpt *ck = NULL;
@@ -601,6 +720,8 @@ static dt_status resume(trainer *t, char *resumed_from, size_t len) {
                 hdr[3] = t->tokens;
                 hdr[4] = (int64_t)ls.epoch;
                 hdr[5] = (int64_t)ls.step;
+                hdr[6] = t->skipped;
+                hdr[7] = t->ckpt_precision;
             }
         }
         dt_ckpt_close(ck);
@@ -609,7 +730,7 @@ static dt_status resume(trainer *t, char *resumed_from, size_t len) {
             snprintf(msg, sizeof msg, "%s", dt_last_error());
         }
     }
-    DT_CHECK(dt_ddp_broadcast(t->ddp, hdr, 6, DT_I64));
+    DT_CHECK(dt_ddp_broadcast(t->ddp, hdr, 8, DT_I64));
     if (hdr[0] != DT_OK) {
         if (t->rank == 0)
             return dt_error_set((dt_status)hdr[0], "--resume: %s", msg);
@@ -621,10 +742,25 @@ static dt_status resume(trainer *t, char *resumed_from, size_t len) {
     DT_CHECK(dt_ddp_broadcast(t->ddp, t->opt_a, t->n, DT_F32));
     if (t->opt_b)
         DT_CHECK(dt_ddp_broadcast(t->ddp, t->opt_b, t->n, DT_F32));
+    if (t->scaling) {
+        dt_scaler_state ss;
+        dt_scaler_get_state(&t->scaler, &ss);
+        double v[4] = {ss.scale, (double)ss.growth_tracker, (double)ss.skipped, (double)ss.steps};
+        DT_CHECK(dt_ddp_broadcast(t->ddp, v, 4, DT_F64));
+        ss = (dt_scaler_state){(float)v[0], (int64_t)v[1], (int64_t)v[2], (int64_t)v[3]};
+        DT_CHECK(dt_scaler_set_state(&t->scaler, &ss));
+    }
     DT_CHECK(restore_ddp_state(t));
+    double unit = t->ckpt_scale;
+    DT_CHECK(dt_ddp_broadcast(t->ddp, &unit, 1, DT_F64));
+    float now = t->scaling ? applied_scale(t) : 1.0f;
+    if ((float)unit != now)
+        dt_ddp_scale_state(t->ddp, now / (float)unit);
     if (t->rank != 0) {
         t->step = hdr[2];
         t->tokens = hdr[3];
+        t->skipped = hdr[6];
+        t->ckpt_precision = hdr[7];
         DT_CHECK(
             dt_loader_set_state(t->train, (dt_loader_state){(uint64_t)hdr[4], (uint64_t)hdr[5]}));
     }
@@ -759,6 +895,39 @@ static double measure_peak_gflops(void) {
     return best;
 }
 
+/* The header's precision and memory lines: compute type, loss scaling,
+ * recomputation, and the bytes each rank holds. */
+static void print_precision(const trainer *t, FILE *f) {
+    const dt_train_config *c = t->c;
+    char rc[32], a[32], b[32], o[32], act[32];
+    dt_recompute_format(c->recompute_every, rc, sizeof rc);
+    fprintf(f, "  precision %s (master weights, gradients and optimizer fp32), loss scaling ",
+            dt_precision_name(c->precision));
+    if (t->scaling)
+        fprintf(f, "on (from %g, x%g after %" PRId64 " clean steps, x%g on overflow)",
+                t->scaler.cfg.init_scale, t->scaler.cfg.growth_factor,
+                t->scaler.cfg.growth_interval, t->scaler.cfg.backoff_factor);
+    else
+        fprintf(f, "off");
+    fprintf(f, ", recompute %s\n", rc);
+    dt_memory_report mr;
+    dt_gpt_memory(t->m, &mr);
+    size_t opt = (t->opt_b ? 2 : 1) * t->n * sizeof(float);
+    char w16[48] = "", w[32], sv[32], re[32];
+    if (mr.weights16)
+        snprintf(w16, sizeof w16, ", %s weights %s", dt_precision_name(c->precision),
+                 dt_format_bytes((double)mr.weights16, w, sizeof w));
+    fprintf(f,
+            "  memory/rank: params %s, grads %s, optimizer %s%s, activations %s peak (%s; saved "
+            "%s, recompute scratch %s)\n",
+            dt_format_bytes((double)mr.params, a, sizeof a),
+            dt_format_bytes((double)mr.grads, b, sizeof b),
+            dt_format_bytes((double)opt, o, sizeof o), w16,
+            dt_format_bytes((double)mr.activations, act, sizeof act),
+            dt_precision_name(c->precision), dt_format_bytes((double)mr.saved, sv, sizeof sv),
+            dt_format_bytes((double)mr.recompute, re, sizeof re));
+}
+
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
@@ -844,6 +1013,9 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     }
     t->kill_at = fault_step(t, "DT_FAULT_KILL");
     t->perturb_at = fault_step(t, "DT_FAULT_PERTURB");
+    t->overflow_at = fault_step(t, "DT_FAULT_OVERFLOW");
+    t->ckpt_precision = c->precision;
+    t->ckpt_scale = 1.0f;
     int threads = c->threads;
     if (threads <= 0) {
         int local = t->g ? dt_group_local_size(t->g) : 1;
@@ -922,10 +1094,19 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
                 dt_ddp_num_buckets(t->ddp), dt_format_bytes((double)c->bucket_bytes, bb, sizeof bb),
                 threads, t->g ? dt_group_transport(t->g) : "self", peak,
                 c->peak_gflops > 0 ? "--peak-gflops" : "measured sgemm 512^3");
+        print_precision(t, stderr);
         if (t->world > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
             fprintf(stderr, "  gradients: %s\n", t->ddp_ident);
-        if (resumed[0])
-            fprintf(stderr, "  resumed from %s at step %" PRId64 "\n", resumed, t->step);
+        if (resumed[0]) {
+            fprintf(stderr, "  resumed from %s at step %" PRId64, resumed, t->step);
+            if (t->ckpt_precision != (int64_t)c->precision)
+                fprintf(stderr, " (written in %s, continuing in %s)",
+                        dt_precision_name((dt_precision)t->ckpt_precision),
+                        dt_precision_name(c->precision));
+            if (t->scaling)
+                fprintf(stderr, ", loss scale %g", (double)applied_scale(t));
+            fprintf(stderr, "\n");
+        }
     }
 
     size_t nsteps = (size_t)(c->steps - t->step);
@@ -940,10 +1121,15 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     res->first_step = t->step + 1;
     double loop_t0 = dt_now();
     int64_t run_steps = 0;
-    t->update_in_finish = !(c->clip > 0);
+    /* With loss scaling the update waits for the overflow decision, which
+     * needs every bucket on every rank. */
+    t->update_in_finish = !(c->clip > 0) && !t->scaling;
     while (t->step < c->steps) {
         double t0 = dt_now();
         t->lr = dt_schedule_lr(&t->sched, t->step);
+        float scale = t->scaling ? applied_scale(t) : 1.0f;
+        t->inv_scale = 1.0f / scale;
+        t->found_inf = false;
         dt_gpt_zero_grads(t->m);
         double loss = 0;
         for (int k = 0; k < t->K; k++) {
@@ -953,18 +1139,30 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             loss += l;
             bool last = k == t->K - 1;
             dt_ddp_begin(t->ddp, last);
-            DT_CHECK_GOTO(dt_gpt_backward(t->m, 1.0f / (float)t->K, dt_ddp_grad_ready, t->ddp), st,
+            DT_CHECK_GOTO(dt_gpt_backward(t->m, scale / (float)t->K, dt_ddp_grad_ready, t->ddp), st,
                           fail);
         }
         t->sumsq = 0;
         DT_CHECK_GOTO(dt_ddp_finish(t->ddp, on_bucket, t), st, fail);
         /* The norm is of the averaged gradient, the same on every rank; the
          * loss is each rank's own and is averaged here. */
-        /* The third value is "a stop was requested on some rank": riding on
-         * this average makes every rank stop after the same step. */
-        double avg[3] = {loss / t->K, sqrt(t->sumsq), c->stop && *c->stop ? 1.0 : 0.0};
-        DT_CHECK_GOTO(dt_ddp_average(t->ddp, avg, 3), st, fail);
-        if (!isfinite(avg[0]) || !isfinite(avg[1])) {
+        /* The third value is "a stop was requested on some rank", the
+         * fourth "some rank found an inf/nan gradient": riding on this one
+         * small allreduce (an average > 0 is a MAX of the flags) makes every
+         * rank stop after, or skip, the same step. */
+        double avg[4] = {loss / t->K, sqrt(t->sumsq), c->stop && *c->stop ? 1.0 : 0.0,
+                         t->found_inf ? 1.0 : 0.0};
+        DT_CHECK_GOTO(dt_ddp_average(t->ddp, avg, 4), st, fail);
+        bool skip = t->scaling && avg[3] > 0;
+        if (skip && scale <= FLT_MIN) {
+            st = dt_error_set(DT_ERR_NUMERIC,
+                              "gradients are inf/nan at step %" PRId64 " even at the smallest "
+                              "loss scale (%g); stopping%s",
+                              t->step + 1, (double)scale,
+                              c->ckpt_dir ? "; the last good checkpoint is kept" : "");
+            goto fail;
+        }
+        if (!isfinite(avg[0]) || (!skip && !isfinite(avg[1]))) {
             bool l = !isfinite(avg[0]);
             double v = l ? avg[0] : avg[1];
             st = dt_error_set(DT_ERR_NUMERIC, "%s is %s at step %" PRId64 " (lr %.3g); stopping%s",
@@ -973,7 +1171,24 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
                               c->ckpt_dir ? "; the last good checkpoint is kept" : "");
             goto fail;
         }
-        if (!t->update_in_finish) {
+        /* A skipped step (PyTorch GradScaler.step) leaves parameters and
+         * optimizer state alone; the schedule still advances (lr is a
+         * function of the step), AdamW's count does not (t->skipped). */
+        if (t->scaling) {
+            dt_scaler_update(&t->scaler, skip);
+            /* Codec residuals are in scaled units: keep them in the next
+             * step's (an overflowing step already left them untouched). */
+            float next = applied_scale(t);
+            if (next != scale)
+                dt_ddp_scale_state(t->ddp, next / scale);
+        }
+        if (skip) {
+            t->skipped++;
+            DT_DEBUG("amp", "step %" PRId64 ": %s; skipped, loss scale %g -> %g", t->step + 1,
+                     t->found_inf ? "inf/nan in this rank's gradients"
+                                  : "another rank found inf/nan gradients",
+                     (double)scale, (double)applied_scale(t));
+        } else if (!t->update_in_finish) {
             float s = dt_clip_scale(t->sumsq, (float)c->clip);
             if (s != 1.0f)
                 dt_scale(dt_gpt_grads(t->m), t->n, s);
@@ -996,6 +1211,9 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             .exposed_comm_ms = ds->exposed_comm_ms,
             .bytes_sent = ds->bytes_sent,
             .tokens = t->tokens,
+            .loss_scale = t->scaling ? (double)scale : NAN,
+            .skipped_steps = t->skipped,
+            .skipped = skip,
         };
         sm.compute_ms = sm.step_ms - sm.exposed_comm_ms;
         sm.tokens_per_s = (double)tokens_per_step / (t1 - t0);
@@ -1061,7 +1279,11 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
                     res->first_step, res->last_step, res->seconds, res->first_loss, res->last_loss);
             if (isfinite(res->val_loss))
                 fprintf(stderr, ", val loss %.4f", res->val_loss);
-            fprintf(stderr, ", %.0f tokens/s (median)", res->tokens_per_s);
+            fprintf(stderr, ", %.0f tokens/s (median), %s", res->tokens_per_s,
+                    dt_precision_name(c->precision));
+            if (t->scaling)
+                fprintf(stderr, ", loss scale %g, %" PRId64 " step(s) skipped",
+                        (double)applied_scale(t), t->skipped);
             if (t->world > 1 && isfinite(res->comm_ms)) {
                 const dt_ddp_stats *ds = dt_ddp_last_stats(t->ddp);
                 char wb[32];

@@ -8,7 +8,9 @@
  *                arrives), over several buckets.
  *   accum        the same with 2 micro-batches of accumulation, which must
  *                also match 1 rank taking the whole batch at once.
- *   resume       2 ranks stopped and resumed: bit-identical losses/params;
+ *   resume       2 ranks stopped and resumed: bit-identical losses/params,
+ *                also in fp16 with loss scaling (a skipped step, a growing
+ *                scale);
  *                resumed on 4 ranks instead (same global batch): the same
  *                losses within 1e-5.
  *   restart      `dtrain launch --max-restarts 1`: a rank SIGKILLs itself
@@ -156,7 +158,34 @@ static void compare_exact(const char *a, const char *b, int64_t steps) {
     free(y);
 }
 
-#define TEN "--global-batch 4 --steps 10 --ckpt-every 2 --nproc 2 --clip 0.5"
+#define TEN    "--global-batch 4 --steps 10 --ckpt-every 2 --nproc 2 --clip 0.5"
+#define SCALED " --precision fp16 --loss-scale-interval 2"
+
+/* The "loss_scale" and "skipped_steps" of every step of two runs agree. */
+static void compare_scales(const char *a, const char *b, int steps) {
+    char la[64][64], lb[64][64];
+    const char *names[2] = {a, b};
+    for (int r = 0; r < 2; r++) {
+        char path[192], line[2048];
+        snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tu_dir, names[r]);
+        FILE *f = fopen(path, "r");
+        ASSERT_TRUE(f != NULL);
+        int n = 0;
+        while (fgets(line, sizeof line, f) && n < steps) {
+            const char *p = strstr(line, "\"loss_scale\":");
+            ASSERT_TRUE(p != NULL);
+            snprintf(r ? lb[n] : la[n], 64, "%s", p);
+            n++;
+        }
+        fclose(f);
+        ASSERT_EQ(n, steps);
+    }
+    for (int i = 0; i < steps; i++)
+        if (strcmp(la[i], lb[i]) != 0)
+            TEST_FAILF("step %d: %.60s uninterrupted, %.60s interrupted", i + 1, la[i], lb[i]);
+    printf("  loss scaling: step 1 %.40s", la[0]);
+    printf("  step %d %.40s", steps, la[steps - 1]);
+}
 
 static void test_resume(void) {
     EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN " --ckpt-dir %s/a/ck --run-dir %s/a",
@@ -172,6 +201,42 @@ static void test_resume(void) {
               0);
     EXPECT_OUT("at step 3");
     compare_exact("a", "b", 10);
+    /* fp16 with loss scaling: rank 0 finds an overflow at step 2 (the step
+     * is skipped) and the scale grows every 2 clean steps. The scaler state and
+     * the skipped-step count (AdamW's step count) are in the checkpoint, so
+     * the resumed run is bit-identical, loss scales included. */
+    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
+                     " --ckpt-dir %s/s/ck --run-dir %s/s",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_OUT("1 step(s) skipped");
+    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
+                     " --ckpt-dir %s/t/ck --run-dir %s/t --stop-after 3",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN SCALED " --ckpt-dir %s/t/ck --run-dir %s/t "
+                     "--resume",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_OUT("at step 3, loss scale 32768");
+    compare_exact("s", "t", 10);
+    compare_scales("s", "t", 10);
+    /* The same through topk with error feedback: the residuals, kept in
+     * the loss scale's units as it changes, resume bit-identically too. */
+    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
+                     " --compress topk:0.1 --ckpt-dir %s/u/ck --run-dir %s/u",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
+                     " --compress topk:0.1 --ckpt-dir %s/v/ck --run-dir %s/v --stop-after 3",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN SCALED " --compress topk:0.1 "
+                     "--ckpt-dir %s/v/ck --run-dir %s/v --resume",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    compare_exact("u", "v", 10);
+    compare_scales("u", "v", 10);
     /* Elastic: stopped on 2 ranks, resumed on 4 with the same global batch.
      * The data order is that of the global batch, so the run continues the
      * same trajectory (up to summation order). */

@@ -14,6 +14,9 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+/* Each test program uses some of these helpers. */
+#pragma GCC diagnostic ignored "-Wunused-function"
+
 static char tu_out[8192]; /* last command's output (stdout + stderr, tail) */
 static char tu_dir[64];   /* the test's scratch directory */
 

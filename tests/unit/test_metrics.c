@@ -1,6 +1,6 @@
 /*
  * test_metrics.c — metrics.jsonl lines, config.json, the JSON writer's
- * escaping, the sparkline, and both progress modes.
+ * escaping, the sparkline, both progress modes, and the loss-scaler fields.
  */
 #include "dtrain/train.h"
 #include "test.h"
@@ -40,7 +40,8 @@ static dt_step_metrics sample(int64_t step) {
                              .exposed_comm_ms = 10,
                              .mfu = NAN,
                              .bytes_sent = 1u << 20,
-                             .tokens = step * 600};
+                             .tokens = step * 600,
+                             .loss_scale = NAN};
 }
 
 static void test_metrics_file(void) {
@@ -60,7 +61,8 @@ static void test_metrics_file(void) {
     ASSERT_CONTAINS(text, "{\"step\":1,\"loss\":4.25,\"val_loss\":null,\"lr\":0.001,"
                           "\"grad_norm\":1.5,\"tokens_per_s\":12000,\"step_ms\":50,"
                           "\"compute_ms\":40,\"comm_ms\":20,\"exposed_comm_ms\":10,\"mfu\":null,"
-                          "\"bytes_sent\":1048576,\"tokens\":600}\n");
+                          "\"bytes_sent\":1048576,\"tokens\":600,\"loss_scale\":null,"
+                          "\"skipped_steps\":0}\n");
     ASSERT_CONTAINS(text, "{\"step\":5,\"loss\":3.25,\"val_loss\":3,");
 
     /* A run resumed from step 3 keeps steps 1..3 and appends; a fresh one
@@ -167,6 +169,40 @@ static void test_progress_tty(void) {
     free(text);
 }
 
+/* Loss scaling on: the scale and the skipped steps in the metrics line and
+ * on both kinds of progress line (absent above, where it is off). */
+static void test_scaler_fields(void) {
+    dt_step_metrics x = sample(2);
+    x.loss_scale = 32768;
+    x.skipped_steps = 3;
+    x.skipped = true;
+    char line[512];
+    ASSERT_TRUE(dt_metrics_format(line, sizeof line, &x) > 0);
+    ASSERT_CONTAINS(line, ",\"tokens\":1200,\"loss_scale\":32768,\"skipped_steps\":3}\n");
+    for (int tty = 0; tty <= 1; tty++) {
+        char *text = NULL;
+        size_t len = 0;
+        FILE *f = open_memstream(&text, &len);
+        dt_progress *p;
+        ASSERT_OK(dt_progress_create(&p, f, tty, 10, 1));
+        dt_progress_update(p, &x);
+        x.step = 3;
+        x.loss_scale = 1e30;
+        x.grad_norm = NAN; /* as on a skipped step */
+        dt_progress_update(p, &x);
+        x.step = 2;
+        x.loss_scale = 32768;
+        x.grad_norm = 1.5;
+        dt_progress_finish(p);
+        dt_progress_destroy(p);
+        fclose(f);
+        ASSERT_CONTAINS(text, tty ? "lr 1.00e-03 | scale 2^15 skipped 3 |"
+                                  : "gnorm 1.500  scale 2^15 skipped 3  12.0k tok/s");
+        ASSERT_CONTAINS(text, tty ? "scale 1e+30 skipped 3" : "gnorm skip  scale 1e+30 skipped 3");
+        free(text);
+    }
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/dt_metrics_XXXXXX");
     ASSERT_TRUE(mkdtemp(dir) != NULL);
@@ -175,6 +211,7 @@ int main(void) {
     RUN(test_sparkline);
     RUN(test_progress_plain);
     RUN(test_progress_tty);
+    RUN(test_scaler_fields);
     char cmd[128];
     snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
     ASSERT_EQ(system(cmd), 0);
