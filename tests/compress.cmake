@@ -17,3 +17,16 @@ echo \"$out\"; [ $rc -eq 2 ] && echo \"$out\" | grep -q 'codec: .topk:2.5.: frac
                  $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(compress_bench_bad_codec PROPERTIES
                      TIMEOUT 30 LABELS "unit")
+
+# The compressed allreduce with real processes (tests/compress/*.c, using
+# the comm harness): every codec at 2, 3 and 4 ranks against a serial
+# reference, mass conservation, and corrupt peer buffers.
+add_executable(test_compress_coll ${CMAKE_CURRENT_SOURCE_DIR}/compress/test_compress_coll.c)
+target_include_directories(test_compress_coll PRIVATE ${CMAKE_CURRENT_SOURCE_DIR}
+                           ${PROJECT_SOURCE_DIR}/src)
+target_compile_definitions(test_compress_coll PRIVATE _GNU_SOURCE)
+target_link_libraries(test_compress_coll PRIVATE dtrain)
+foreach(case coll_2 coll_3 coll_4 corrupt)
+  add_test(NAME compress_${case} COMMAND test_compress_coll ${case})
+  set_tests_properties(compress_${case} PROPERTIES TIMEOUT 180 LABELS "compress;multiprocess")
+endforeach()

@@ -47,6 +47,8 @@
  *                                        with allreduces in between
  *   dt_powersgd_bucket_*                 the same for every tensor of a
  *                                        data-parallel bucket at once
+ *   dt_callreduce_*                      compressed allreduce (average) of a
+ *                                        flat range over a dt_group
  * docs/compress.md describes each codec, its bounds and the buffer layout.
  *
  * Example
@@ -66,6 +68,7 @@
 #ifndef DTRAIN_COMPRESS_H
 #define DTRAIN_COMPRESS_H
 
+#include "dtrain/comm.h"
 #include "dtrain/core.h"
 
 #ifdef __cplusplus
@@ -308,6 +311,66 @@ dt_status dt_powersgd_bucket_end(dt_powersgd_bucket *b, float scale, float *out)
 size_t dt_powersgd_bucket_state_bytes(const dt_powersgd_bucket *b);
 dt_status dt_powersgd_bucket_get_state(const dt_powersgd_bucket *b, void *buf, size_t len);
 dt_status dt_powersgd_bucket_set_state(dt_powersgd_bucket *b, const void *buf, size_t len);
+
+/* ------------------------------------------------------------------------ */
+/* Compressed allreduce over a group                                        */
+/* ------------------------------------------------------------------------ */
+/*
+ * dt_callreduce averages one flat fp32 range over the ranks of a dt_group
+ * through a codec: on return every rank holds the same values,
+ * (1/W) sum_r decode(encode(x_r + residual_r)), with error feedback applied
+ * once, locally, before the encode. The schedule per codec (allreduce of
+ * 16-bit values for fp16/bf16, allgather of encodings for int8, qsgd, sign
+ * and topk, allreduce of the shared-index values for randk, two allreduces
+ * for powersgd, plain f32 allreduce for none) and its cost are in
+ * src/compress/collective.c and docs/compress.md.
+ *
+ * A run is blocking and issues collectives on g, so every rank must run the
+ * same dt_callreduce objects in the same order (as with any collective).
+ * A corrupt encoding received from a peer gives DT_ERR_CORRUPT naming the
+ * rank, never an out-of-bounds access. After any failure the output is
+ * unspecified; call dt_callreduce_reset before using the object again.
+ */
+typedef struct dt_callreduce dt_callreduce;
+
+typedef struct dt_callreduce_config {
+    uint64_t seed;   /* run seed, the same on every rank */
+    uint32_t bucket; /* id (< 2^24), the same on every rank: separates random streams */
+    dt_ef_mode ef;   /* error feedback */
+    /* powersgd: the matrices in the range (see dt_powersgd_bucket_create);
+     * values outside them are sent uncompressed. */
+    const dt_powersgd_tensor *tensors;
+    size_t ntensors;
+    size_t min_compress; /* powersgd: smaller tensors go uncompressed */
+} dt_callreduce_config;
+
+/* seed 0, bucket 0, DT_EF_DEFAULT, no tensors. */
+dt_callreduce_config dt_callreduce_config_default(void);
+
+/* Plan a compressed allreduce of n floats over g (NULL or a group of one:
+ * the codec round trip without communication). Allocates every buffer. */
+dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_spec *spec,
+                               size_t n, const dt_callreduce_config *cfg);
+void dt_callreduce_destroy(dt_callreduce *c);
+
+/* data[0..n) = the average over the group of every rank's decoded encoding
+ * of its data (plus residual). `step` (< 2^36) keys the random numbers. */
+dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step);
+
+/* Bytes this rank sends per run (encoded payload; see collective.c). */
+uint64_t dt_callreduce_wire_bytes(const dt_callreduce *c);
+/* "allreduce", "allreduce16", "allgather", "allreduce-k" or "powersgd". */
+const char *dt_callreduce_algo(const dt_callreduce *c);
+bool dt_callreduce_error_feedback(const dt_callreduce *c);
+
+/* This rank's state for checkpoints: the residual (n f32, with error
+ * feedback) then PowerSGD's Q, raw little-endian; 0 bytes for none and
+ * codecs without error feedback. set requires exactly state_bytes. */
+size_t dt_callreduce_state_bytes(const dt_callreduce *c);
+dt_status dt_callreduce_get_state(const dt_callreduce *c, void *buf, size_t len);
+dt_status dt_callreduce_set_state(dt_callreduce *c, const void *buf, size_t len);
+/* Zero the residual, redraw PowerSGD's Q at the next run. */
+void dt_callreduce_reset(dt_callreduce *c);
 
 #ifdef __cplusplus
 }

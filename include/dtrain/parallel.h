@@ -23,6 +23,23 @@
  * With K micro-batches of gradient accumulation only the last backward
  * communicates (dt_ddp_begin(d, true) on the last, false before).
  *
+ * Wire format (dt_ddp_options). By default a bucket is allreduced as fp32
+ * by comm's progress thread. grad_dtype bf16/fp16 allreduces it in that
+ * type (comm adds in fp32 and rounds once per hop); a codec sends it
+ * through a compressed allreduce (dt_callreduce, one per bucket, with this
+ * rank's error-feedback residual). Both run on a DDP worker thread that
+ * takes the buckets in launch order — so every rank issues the same
+ * collectives in the same order — while backward continues: encoding,
+ * decoding and PowerSGD's products overlap the backward pass like the
+ * plain allreduce does. PowerSGD sees the bucket through the model's
+ * tensor shapes (options.tensors): the whole rows of each matrix that lie
+ * in the bucket form one matrix, the rest (partial rows, vectors, small
+ * tensors) travels uncompressed. Without shapes a bucket of m values is
+ * viewed as one matrix of ceil(sqrt(m)) columns.
+ * The codec state (residuals, PowerSGD's Q, the step that keys the random
+ * numbers) is this rank's: dt_ddp_get_state / dt_ddp_set_state save and
+ * restore it for checkpoints.
+ *
  * Timing. comm_ms is the time during which a bucket's allreduce was in
  * flight (from its start, or the end of the previous bucket, to its observed
  * completion; completion is observed at each backward hook and in finish, so
@@ -48,6 +65,7 @@
 #define DTRAIN_PARALLEL_H
 
 #include "dtrain/comm.h"
+#include "dtrain/compress.h"
 #include "dtrain/core.h"
 
 #ifdef __cplusplus
@@ -62,7 +80,9 @@ typedef struct dt_ddp dt_ddp;
 typedef struct dt_ddp_stats {
     double comm_ms;           /* time a bucket allreduce was in flight */
     double exposed_comm_ms;   /* time spent blocked waiting for it after backward */
-    uint64_t bytes_sent;      /* bytes this rank sent: 2 (N-1)/N per reduced byte (ring volume) */
+    uint64_t bytes_sent;      /* bytes this rank sent: the encoded sizes under the codec's
+                                 schedule (dt_callreduce_wire_bytes); plain f32/16-bit:
+                                 2 (N-1)/N per reduced byte (ring volume) */
     int buckets;              /* buckets reduced */
     int launched_in_backward; /* of which started before backward ended */
 } dt_ddp_stats;
@@ -76,6 +96,36 @@ typedef void (*dt_ddp_range_fn)(void *user, size_t begin, size_t end);
  * finish only calls the callback. bucket_bytes >= 4. */
 dt_status dt_ddp_create(dt_ddp **out, dt_group *g, float *params, float *grads, size_t n,
                         size_t bucket_bytes);
+
+typedef struct dt_ddp_options {
+    size_t bucket_bytes; /* >= 4 */
+    dt_dtype grad_dtype; /* DT_F32, DT_BF16 or DT_F16: dtype of the bucket allreduce */
+    dt_codec_spec codec; /* DT_CODEC_NONE: no compression; otherwise grad_dtype must be f32 */
+    dt_ef_mode ef;       /* error feedback of the codec */
+    uint64_t seed;       /* keys the codecs' random numbers (same on every rank) */
+    /* PowerSGD: the matrices of the gradient buffer, (offset, rows, cols)
+     * in buffer coordinates (borrowed during create only). NULL: each
+     * bucket is viewed as one matrix. Ignored by the other codecs. */
+    const dt_powersgd_tensor *tensors;
+    size_t ntensors;
+} dt_ddp_options;
+
+/* bucket_bytes DT_DDP_DEFAULT_BUCKET_BYTES, f32, no codec, EF auto, seed 0. */
+dt_ddp_options dt_ddp_options_default(void);
+
+/* dt_ddp_create with a wire format (see the overview). Allocates every
+ * codec buffer; rejects a 16-bit grad_dtype combined with a codec. */
+dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *grads, size_t n,
+                             const dt_ddp_options *o);
+
+/* This rank's codec state (residuals, PowerSGD's Q, the codec step): 0
+ * bytes without a codec. set requires exactly state_bytes, taken from a
+ * DDP of the same codec, size, buckets and group size, and no step in
+ * flight. dt_ddp_reset_state forgets it (zero residuals). */
+size_t dt_ddp_state_bytes(const dt_ddp *d);
+dt_status dt_ddp_get_state(const dt_ddp *d, void *buf, size_t len);
+dt_status dt_ddp_set_state(dt_ddp *d, const void *buf, size_t len);
+void dt_ddp_reset_state(dt_ddp *d);
 void dt_ddp_destroy(dt_ddp *d);
 
 size_t dt_ddp_num_buckets(const dt_ddp *d);

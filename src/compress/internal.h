@@ -149,4 +149,15 @@ static inline size_t dt__powersgd_rank_for(size_t rows, size_t cols, size_t rank
 /* PowerSGD pieces, shared by the one-shot codec and the staged API. */
 void dt__powersgd_orthonormalize(float *P, size_t rows, size_t r);
 
+/* A staged bucket step that failed in the middle: back to idle, keeping
+ * the previous step's residual (Q may hold this step's partial values). */
+void dt__powersgd_bucket_abandon(dt_powersgd_bucket *b);
+/* Zero residual and Q (redrawn at the next step). */
+void dt__powersgd_bucket_reset(dt_powersgd_bucket *b);
+
+/* Test hook of the compressed allreduce: when set, called on this rank's
+ * encoding after it is made and before it is sent (allgather codecs), so a
+ * multi-process test can corrupt what a peer receives. */
+extern void (*dt__callreduce_tamper)(int rank, uint8_t *buf, size_t len);
+
 #endif /* DTRAIN_COMPRESS_INTERNAL_H */

@@ -521,3 +521,12 @@ dt_status dt_powersgd_bucket_set_state(dt_powersgd_bucket *b, const void *buf, s
     memcpy(b->Q, (const uint8_t *)buf + rb, b->nq * sizeof(float));
     return DT_OK;
 }
+
+void dt__powersgd_bucket_abandon(dt_powersgd_bucket *b) { b->stage = 0; }
+
+void dt__powersgd_bucket_reset(dt_powersgd_bucket *b) {
+    if (b->residual)
+        memset(b->residual, 0, b->n * sizeof(float));
+    memset(b->Q, 0, b->nq * sizeof(float)); /* zero columns are redrawn at the next begin */
+    b->stage = 0;
+}

@@ -10,16 +10,28 @@
  *     each decides *when* from its own backward progress.
  *   - Between dt_ddp_begin(sync) and dt_ddp_finish the grads of a launched
  *     bucket are borrowed by comm; nothing here touches them until its wait.
+ *   - With a codec or a 16-bit grad_dtype ("coded"), launched buckets are
+ *     queued to one worker thread that runs their compressed allreduces in
+ *     queue order; the caller thread then issues nothing on the group until
+ *     finish has seen every queued bucket complete. w_queued/w_done (under
+ *     mu) are the only fields both threads touch; a bucket's status and
+ *     t_done are written by the worker before it advances w_done.
  */
 #include "dtrain/parallel.h"
 
 #include <inttypes.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 typedef struct bucket {
     size_t begin, end;   /* range of the gradient buffer */
     dt_work *work;       /* in-flight allreduce, NULL when not started or done */
+    dt_callreduce *cc;   /* coded: the bucket's compressed allreduce */
+    dt_status st;        /* coded: status of this step's run */
+    char msg[256];       /* coded: its error message */
     double t_launch;     /* when it was started */
     double t_done;       /* when its completion was observed */
     bool launched, done; /* this step */
@@ -40,14 +52,115 @@ struct dt_ddp {
     int launched_in_backward;
     dt_status err; /* first error raised inside the hook */
     dt_ddp_stats stats;
+    /* Coded buckets (see the invariants). */
+    bool coded;
+    uint64_t step; /* communicating steps finished: keys the codecs' random numbers */
+    dt_thread *worker;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    bool sync_init; /* mu and cv exist */
+    size_t w_queued, w_done;
+    bool w_quit;
 };
+
+#define STATE_MAGIC 0x31534444u /* "DDS1" */
+
+dt_ddp_options dt_ddp_options_default(void) {
+    return (dt_ddp_options){.bucket_bytes = DT_DDP_DEFAULT_BUCKET_BYTES,
+                            .grad_dtype = DT_F32,
+                            .codec = {.kind = DT_CODEC_NONE},
+                            .ef = DT_EF_DEFAULT};
+}
 
 dt_status dt_ddp_create(dt_ddp **out, dt_group *g, float *params, float *grads, size_t n,
                         size_t bucket_bytes) {
+    dt_ddp_options o = dt_ddp_options_default();
+    o.bucket_bytes = bucket_bytes;
+    return dt_ddp_create_with(out, g, params, grads, n, &o);
+}
+
+/* The matrices PowerSGD sees in bucket [begin, end): the whole rows of
+ * each tensor inside it, in bucket coordinates; without tensors, the
+ * bucket as one matrix of ceil(sqrt(m)) columns. Returns the count. */
+static size_t bucket_tensors(const dt_ddp_options *o, size_t begin, size_t end,
+                             dt_powersgd_tensor *out) {
+    size_t m = end - begin, k = 0;
+    if (!o->tensors) {
+        size_t cols = (size_t)ceil(sqrt((double)m));
+        if (cols > 0 && m / cols > 0)
+            out[k++] = (dt_powersgd_tensor){.offset = 0, .rows = m / cols, .cols = cols};
+        return k;
+    }
+    for (size_t i = 0; i < o->ntensors; i++) {
+        const dt_powersgd_tensor *t = &o->tensors[i];
+        if (t->cols == 0 || t->rows == 0)
+            continue;
+        size_t t_end = t->offset + t->rows * t->cols;
+        if (t_end <= begin || t->offset >= end)
+            continue;
+        size_t r0 = begin > t->offset ? (begin - t->offset + t->cols - 1) / t->cols : 0;
+        size_t r1 = end < t_end ? (end - t->offset) / t->cols : t->rows;
+        if (r1 > r0)
+            out[k++] = (dt_powersgd_tensor){
+                .offset = t->offset + r0 * t->cols - begin, .rows = r1 - r0, .cols = t->cols};
+    }
+    return k;
+}
+
+static dt_status make_codecs(dt_ddp *d, const dt_ddp_options *o) {
+    dt_codec_spec spec = o->codec;
+    dt_ef_mode ef = o->ef;
+    if (o->grad_dtype != DT_F32) {
+        /* A 16-bit allreduce is the cast codec without error feedback. */
+        spec = (dt_codec_spec){.kind = o->grad_dtype == DT_BF16 ? DT_CODEC_BF16 : DT_CODEC_FP16};
+        ef = DT_EF_OFF;
+    }
+    dt_powersgd_tensor *t = NULL;
+    if (spec.kind == DT_CODEC_POWERSGD) {
+        t = dt_calloc(o->tensors ? o->ntensors + 1 : 1, sizeof *t);
+        if (!t)
+            return DT_ERR_NOMEM;
+    }
+    dt_status st = DT_OK;
+    for (size_t i = 0; i < d->nb && st == DT_OK; i++) {
+        dt_callreduce_config cfg = dt_callreduce_config_default();
+        cfg.seed = o->seed;
+        cfg.bucket = (uint32_t)i;
+        cfg.ef = ef;
+        if (t) {
+            cfg.tensors = t;
+            cfg.ntensors = bucket_tensors(o, d->b[i].begin, d->b[i].end, t);
+        }
+        st = dt_callreduce_create(&d->b[i].cc, d->g, &spec, d->b[i].end - d->b[i].begin, &cfg);
+        if (st != DT_OK)
+            dt_error_prefix("bucket %zu", i);
+    }
+    dt_free(t);
+    return st;
+}
+
+static void *worker_main(void *arg);
+
+dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *grads, size_t n,
+                             const dt_ddp_options *o_in) {
     *out = NULL;
+    dt_ddp_options o = o_in ? *o_in : dt_ddp_options_default();
+    size_t bucket_bytes = o.bucket_bytes;
     if (bucket_bytes < sizeof(float))
         return dt_error_set(DT_ERR_INVALID, "bucket size %zu bytes: must be at least 4",
                             bucket_bytes);
+    if (o.grad_dtype != DT_F32 && o.grad_dtype != DT_BF16 && o.grad_dtype != DT_F16)
+        return dt_error_set(DT_ERR_INVALID, "gradient dtype %s: must be f32, bf16 or f16",
+                            dt_dtype_name(o.grad_dtype));
+    if ((unsigned)o.codec.kind >= DT_CODEC_COUNT)
+        return dt_error_set(DT_ERR_INVALID, "gradient codec %d is not a codec", (int)o.codec.kind);
+    if (o.grad_dtype != DT_F32 && o.codec.kind != DT_CODEC_NONE) {
+        char cb[64];
+        return dt_error_set(DT_ERR_INVALID,
+                            "gradient dtype %s with codec %s: choose one (the codec defines what "
+                            "goes on the wire)",
+                            dt_dtype_name(o.grad_dtype), dt_codec_format(&o.codec, cb, sizeof cb));
+    }
     dt_ddp *d = dt_calloc(1, sizeof *d);
     if (!d)
         return DT_ERR_NOMEM;
@@ -68,6 +181,29 @@ dt_status dt_ddp_create(dt_ddp **out, dt_group *g, float *params, float *grads, 
         d->b[i].end = n - i * per;
         d->b[i].begin = d->b[i].end > per ? d->b[i].end - per : 0;
     }
+    /* A world of one communicates nothing: no codec either (the gradient
+     * stays exact, as without DDP). */
+    d->coded =
+        (o.codec.kind != DT_CODEC_NONE || o.grad_dtype != DT_F32) && g && d->world > 1 && d->nb > 0;
+    if (d->coded) {
+        dt_status st;
+        if (d->nb >= (1u << 24)) {
+            st = dt_error_set(DT_ERR_INVALID, "%zu buckets: a codec allows at most 2^24", d->nb);
+            goto fail;
+        }
+        DT_CHECK_GOTO(make_codecs(d, &o), st, fail);
+        if (pthread_mutex_init(&d->mu, NULL) != 0 || pthread_cond_init(&d->cv, NULL) != 0) {
+            st = dt_error_set(DT_ERR_SYSTEM, "DDP worker: cannot create its mutex");
+            goto fail;
+        }
+        d->sync_init = true;
+        DT_CHECK_GOTO(dt_thread_create(&d->worker, "dt-ddp-codec", worker_main, d), st, fail);
+        *out = d;
+        return DT_OK;
+    fail:
+        dt_ddp_destroy(d);
+        return st;
+    }
     *out = d;
     return DT_OK;
 }
@@ -79,6 +215,21 @@ void dt_ddp_destroy(dt_ddp *d) {
     for (size_t i = 0; i < d->nb; i++)
         if (d->b[i].work)
             (void)dt_work_wait(d->b[i].work);
+    if (d->worker) {
+        /* The worker finishes what is queued (each run is bounded by
+         * DT_TIMEOUT) and exits. */
+        pthread_mutex_lock(&d->mu);
+        d->w_quit = true;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        dt_thread_join(d->worker);
+    }
+    if (d->sync_init) {
+        pthread_mutex_destroy(&d->mu);
+        pthread_cond_destroy(&d->cv);
+    }
+    for (size_t i = 0; i < d->nb; i++)
+        dt_callreduce_destroy(d->b[i].cc);
     dt_free(d->b);
     dt_free(d);
 }
@@ -138,7 +289,46 @@ void dt_ddp_begin(dt_ddp *d, bool sync) {
     for (size_t i = 0; i < d->nb; i++) {
         d->b[i].launched = d->b[i].done = false;
         d->b[i].work = NULL;
+        d->b[i].st = DT_OK;
     }
+    if (d->coded) {
+        pthread_mutex_lock(&d->mu);
+        DT_ASSERT(d->w_done == d->w_queued); /* finish saw the last step through */
+        d->w_queued = d->w_done = 0;
+        pthread_mutex_unlock(&d->mu);
+    }
+}
+
+/* The worker: runs queued buckets' compressed allreduces in order. A
+ * failed run does not stop the queue: the later buckets still issue their
+ * collectives (failing fast on a failed group), so no rank is left waiting
+ * for a collective another rank skipped. */
+static void *worker_main(void *arg) {
+    dt_ddp *d = arg;
+    pthread_mutex_lock(&d->mu);
+    for (;;) {
+        while (!d->w_quit && d->w_done >= d->w_queued)
+            pthread_cond_wait(&d->cv, &d->mu);
+        if (d->w_done >= d->w_queued)
+            break; /* quit with nothing queued */
+        size_t i = d->w_done;
+        uint64_t step = d->step;
+        pthread_mutex_unlock(&d->mu);
+        bucket *b = &d->b[i];
+        dt_status st = dt_callreduce_run(b->cc, d->grads + b->begin, step);
+        if (st != DT_OK) {
+            snprintf(b->msg, sizeof b->msg, "bucket %zu: %s", i, dt_last_error());
+            dt_callreduce_reset(b->cc);
+        }
+        double t = dt_now();
+        pthread_mutex_lock(&d->mu);
+        b->st = st;
+        b->t_done = t;
+        d->w_done = i + 1;
+        pthread_cond_broadcast(&d->cv);
+    }
+    pthread_mutex_unlock(&d->mu);
+    return NULL;
 }
 
 static void launch(dt_ddp *d) {
@@ -147,14 +337,37 @@ static void launch(dt_ddp *d) {
     b->t_launch = dt_now();
     if (!communicates(d))
         return;
+    if (d->coded) {
+        pthread_mutex_lock(&d->mu);
+        d->w_queued = d->next;
+        pthread_cond_broadcast(&d->cv);
+        pthread_mutex_unlock(&d->mu);
+        return;
+    }
     float *p = d->grads + b->begin;
     dt_status st = dt_group_iallreduce(d->g, p, p, b->end - b->begin, DT_F32, DT_AVG, &b->work);
     if (st != DT_OK && d->err == DT_OK)
         d->err = st;
 }
 
+/* A coded bucket's outcome, once the worker has passed it. */
+static void coded_done(dt_ddp *d, bucket *b) {
+    b->done = true;
+    if (b->st != DT_OK && d->err == DT_OK) {
+        d->err = dt_error_set(b->st, "%s", b->msg);
+    }
+}
+
 /* Record completions in order without blocking. */
 static void poll(dt_ddp *d) {
+    if (d->coded) {
+        pthread_mutex_lock(&d->mu);
+        size_t done = d->w_done;
+        pthread_mutex_unlock(&d->mu);
+        while (d->ndone < done)
+            coded_done(d, &d->b[d->ndone++]);
+        return;
+    }
     while (d->ndone < d->next) {
         bucket *b = &d->b[d->ndone];
         if (b->work) {
@@ -180,7 +393,10 @@ static void poll(dt_ddp *d) {
 
 void dt_ddp_grad_ready(void *user, size_t ready_from) {
     dt_ddp *d = user;
-    if (!d->sync || d->err != DT_OK)
+    /* After an error the plain path stops launching (its group has failed);
+     * coded buckets keep going, since a corrupt peer encoding leaves the
+     * group working and every rank must issue the same collectives. */
+    if (!d->sync || (d->err != DT_OK && !d->coded))
         return;
     while (d->next < d->nb && ready_from <= d->b[d->next].begin) {
         launch(d);
@@ -194,13 +410,22 @@ void dt_ddp_grad_ready(void *user, size_t ready_from) {
 dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
     d->in_backward = false;
     DT_ASSERT(d->sync); /* finish follows the backward that communicates */
-    while (d->next < d->nb && d->err == DT_OK)
+    while (d->next < d->nb && (d->err == DT_OK || d->coded))
         launch(d);
     dt_ddp_stats s = {.buckets = (int)d->nb, .launched_in_backward = d->launched_in_backward};
     double prev_done = 0;
     for (size_t i = 0; i < d->nb; i++) {
         bucket *b = &d->b[i];
-        if (b->work) {
+        if (d->coded && !b->done) {
+            double t0 = dt_now();
+            pthread_mutex_lock(&d->mu);
+            while (d->w_done <= i)
+                pthread_cond_wait(&d->cv, &d->mu); /* each run is bounded by DT_TIMEOUT */
+            pthread_mutex_unlock(&d->mu);
+            s.exposed_comm_ms += (dt_now() - t0) * 1e3;
+            coded_done(d, b);
+            d->ndone = i + 1;
+        } else if (b->work) {
             double t0 = dt_now();
             dt_status st = dt_work_wait(b->work);
             b->work = NULL;
@@ -224,14 +449,16 @@ dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
         double start = b->t_launch > prev_done ? b->t_launch : prev_done;
         if (communicates(d)) {
             s.comm_ms += (b->t_done > start ? b->t_done - start : 0) * 1e3;
-            s.bytes_sent += (uint64_t)(2.0 * (d->world - 1) / d->world *
-                                       (double)((b->end - b->begin) * sizeof(float)));
+            s.bytes_sent += b->cc ? dt_callreduce_wire_bytes(b->cc)
+                                  : (uint64_t)(2.0 * (d->world - 1) / d->world *
+                                               (double)((b->end - b->begin) * sizeof(float)));
         }
         prev_done = b->t_done;
         if (fn)
             fn(user, b->begin, b->end);
     }
     d->sync = false;
+    d->step++;
     if (!communicates(d)) {
         s.comm_ms = s.exposed_comm_ms = 0;
         s.launched_in_backward = 0;
@@ -251,4 +478,80 @@ dt_status dt_ddp_average(dt_ddp *d, double *values, size_t count) {
         return DT_OK;
     DT_CHECK(dt_group_allreduce(d->g, values, values, count, DT_F64, DT_AVG));
     return DT_OK;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Codec state for checkpoints                                              */
+/* ------------------------------------------------------------------------ */
+/* Layout: u32 magic "DDS1", u32 buckets, u64 step, then every bucket's
+ * dt_callreduce state in bucket order (raw little-endian). */
+
+size_t dt_ddp_state_bytes(const dt_ddp *d) {
+    if (!d->coded)
+        return 0;
+    size_t bytes = 16;
+    for (size_t i = 0; i < d->nb; i++)
+        bytes += dt_callreduce_state_bytes(d->b[i].cc);
+    return bytes;
+}
+
+dt_status dt_ddp_get_state(const dt_ddp *d, void *buf, size_t len) {
+    size_t need = dt_ddp_state_bytes(d);
+    if (len < need)
+        return dt_error_set(DT_ERR_INVALID, "DDP state: buffer of %zu bytes, need %zu", len, need);
+    if (need == 0)
+        return DT_OK;
+    uint8_t *p = buf;
+    uint32_t hdr[2] = {STATE_MAGIC, (uint32_t)d->nb};
+    memcpy(p, hdr, 8);
+    memcpy(p + 8, &d->step, 8);
+    p += 16;
+    for (size_t i = 0; i < d->nb; i++) {
+        size_t sb = dt_callreduce_state_bytes(d->b[i].cc);
+        DT_CHECK(dt_callreduce_get_state(d->b[i].cc, p, sb));
+        p += sb;
+    }
+    return DT_OK;
+}
+
+dt_status dt_ddp_set_state(dt_ddp *d, const void *buf, size_t len) {
+    size_t need = dt_ddp_state_bytes(d);
+    if (len != need)
+        return dt_error_set(DT_ERR_INVALID,
+                            "DDP state: %zu bytes given, this DDP (%zu buckets%s) has %zu", len,
+                            d->nb, d->coded ? "" : ", no codec", need);
+    if (need == 0)
+        return DT_OK;
+    if (d->sync)
+        return dt_error_set(DT_ERR_INVALID, "DDP state: cannot restore during a step");
+    const uint8_t *p = buf;
+    uint32_t hdr[2];
+    uint64_t step;
+    memcpy(hdr, p, 8);
+    memcpy(&step, p + 8, 8);
+    if (hdr[0] != STATE_MAGIC || hdr[1] != (uint32_t)d->nb)
+        return dt_error_set(DT_ERR_CORRUPT,
+                            "DDP state: magic 0x%08x, %u buckets (expected 0x%08x, %zu)", hdr[0],
+                            hdr[1], STATE_MAGIC, d->nb);
+    if (step >= (1ull << 36))
+        return dt_error_set(DT_ERR_CORRUPT, "DDP state: step %" PRIu64 " is not below 2^36", step);
+    p += 16;
+    for (size_t i = 0; i < d->nb; i++) {
+        size_t sb = dt_callreduce_state_bytes(d->b[i].cc);
+        dt_status st = dt_callreduce_set_state(d->b[i].cc, p, sb);
+        if (st != DT_OK) {
+            dt_ddp_reset_state(d); /* no half-restored mix */
+            dt_error_prefix("DDP state of bucket %zu", i);
+            return st;
+        }
+        p += sb;
+    }
+    d->step = step;
+    return DT_OK;
+}
+
+void dt_ddp_reset_state(dt_ddp *d) {
+    for (size_t i = 0; i < d->nb; i++)
+        if (d->b[i].cc)
+            dt_callreduce_reset(d->b[i].cc);
 }

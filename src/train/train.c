@@ -104,6 +104,12 @@ typedef struct trainer {
     dt_json cfg_json;      /* the resolved config */
     const char *cfg_text;
     int64_t kill_at, perturb_at; /* test hooks (maybe_fault): step or -1 */
+    /* DDP codec state in checkpoints (docs/compress.md): every rank's, held
+     * by rank 0 (world x per-rank bytes; other ranks: their own). */
+    uint8_t *ddp_states;
+    size_t ddp_state_bytes; /* per rank; 0 without a codec */
+    char ddp_ident[160];    /* codec, EF, dtype, buckets: what the state belongs to */
+    bool ddp_restore;       /* rank 0 on resume: the checkpoint's states fit this run */
 } trainer;
 
 /* ------------------------------------------------------------------------ */
@@ -167,10 +173,13 @@ static dt_status check_config(const dt_train_config *c) {
         return bad("--eval-batches %d: must be at least 1", c->eval_batches);
     if (c->grad_dtype != DT_F32 && c->grad_dtype != DT_BF16 && c->grad_dtype != DT_F16)
         return bad("--grad-dtype: gradients travel as fp32, bf16 or fp16");
-    /* TODO(#7, #8): 16-bit gradient allreduce, compression and loss scaling land next. */
-    if (c->grad_dtype != DT_F32 || c->compress.kind != DT_CODEC_NONE || c->loss_scaling == 1)
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "--grad-dtype, --compress and --loss-scaling: not implemented yet");
+    if (c->grad_dtype != DT_F32 && c->compress.kind != DT_CODEC_NONE)
+        return bad("--grad-dtype %s with --compress: choose one (the codec defines the wire "
+                   "format)",
+                   dt_dtype_name(c->grad_dtype));
+    /* TODO(#7): loss scaling lands next. */
+    if (c->loss_scaling == 1)
+        return dt_error_set(DT_ERR_UNSUPPORTED, "--loss-scaling: not implemented yet");
     return DT_OK;
 }
 
@@ -244,6 +253,46 @@ static dt_status build_model(trainer *t) {
     return DT_OK;
 }
 
+/* DDP with the wire format of the config; PowerSGD sees the model's
+ * matrices. Also sizes the buffer of codec state for checkpoints. */
+static dt_status create_ddp(trainer *t) {
+    const dt_train_config *c = t->c;
+    dt_ddp_options o = dt_ddp_options_default();
+    o.bucket_bytes = c->bucket_bytes;
+    o.grad_dtype = c->grad_dtype;
+    o.codec = c->compress;
+    o.ef = c->compress_ef;
+    o.seed = c->seed;
+    dt_powersgd_tensor *shapes = dt_calloc(t->ntens + 1, sizeof *shapes);
+    if (!shapes)
+        return DT_ERR_NOMEM;
+    for (size_t i = 0; i < t->ntens; i++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(t->m, i, &pi);
+        shapes[i] = (dt_powersgd_tensor){.offset = pi.offset, .rows = pi.rows, .cols = pi.cols};
+    }
+    o.tensors = shapes;
+    o.ntensors = t->ntens;
+    dt_status st =
+        dt_ddp_create_with(&t->ddp, t->g, dt_gpt_params(t->m), dt_gpt_grads(t->m), t->n, &o);
+    dt_free(shapes);
+    DT_CHECK(st);
+    static const char *const ef_names[] = {"auto", "on", "off"};
+    char cb[64];
+    snprintf(t->ddp_ident, sizeof t->ddp_ident, "%s ef=%s grad_dtype=%s buckets=%zu",
+             dt_codec_format(&c->compress, cb, sizeof cb), ef_names[c->compress_ef],
+             dt_dtype_name(c->grad_dtype), dt_ddp_num_buckets(t->ddp));
+    t->ddp_state_bytes = dt_ddp_state_bytes(t->ddp);
+    if (t->ddp_state_bytes) {
+        size_t copies = t->rank == 0 ? (size_t)t->world : 1;
+        t->ddp_states = dt_alloc(t->ddp_state_bytes * copies);
+        if (!t->ddp_states)
+            return dt_error_set(DT_ERR_NOMEM, "DDP codec state: %zu bytes x %zu",
+                                t->ddp_state_bytes, copies);
+    }
+    return DT_OK;
+}
+
 static dt_status alloc_state(trainer *t) {
     const dt_train_config *c = t->c;
     dt_gpt_options mo = dt_gpt_options_default();
@@ -274,8 +323,7 @@ static dt_status alloc_state(trainer *t) {
         t->tens_decay[i] = pi.decay;
     }
     dt_gpt_init_params(t->m, c->seed);
-    DT_CHECK(dt_ddp_create(&t->ddp, t->g, dt_gpt_params(t->m), dt_gpt_grads(t->m), t->n,
-                           c->bucket_bytes));
+    DT_CHECK(create_ddp(t));
     t->adamw = dt_adamw_config_default();
     t->adamw.weight_decay = (float)c->weight_decay;
     t->adamw.beta1 = (float)c->beta1;
@@ -338,6 +386,13 @@ static void build_config_json(trainer *t) {
     dt_json_int(j, "threads", dt_tensor_threads());
     dt_json_int(j, "bucket_bytes", (int64_t)c->bucket_bytes);
     dt_json_int(j, "buckets", (int64_t)dt_ddp_num_buckets(t->ddp));
+    char cb[64];
+    dt_json_str(j, "grad_dtype", dt_dtype_name(c->grad_dtype));
+    dt_json_str(j, "compress", dt_codec_format(&c->compress, cb, sizeof cb));
+    dt_json_str(j, "compress_ef",
+                c->compress_ef == DT_EF_ON    ? "on"
+                : c->compress_ef == DT_EF_OFF ? "off"
+                                              : "auto");
     dt_json_str(j, "transport", t->g ? dt_group_transport(t->g) : "self");
     dt_json_str(j, "version", DT_VERSION_STRING);
     t->cfg_text = dt_json_finish(j);
@@ -385,7 +440,7 @@ static dt_status save_checkpoint(trainer *t, char *path, size_t path_len) {
                        (double)t->sched.warmup, (double)t->sched.total};
     uint64_t rng[2] = {c->seed, (uint64_t)DT_RNG_SAMPLE};
     int64_t tokinfo[2] = {t->tok->kind, t->tok->vocab_size};
-    dt_ckpt_section s[16];
+    dt_ckpt_section s[24];
     size_t n = 0;
     s[n++] = (dt_ckpt_section){"train_state_version", DT_CKPT_I64, &version, 1};
     s[n++] = (dt_ckpt_section){"ident", DT_CKPT_I64, idv, DT_TRAIN_IDENT_COUNT};
@@ -405,7 +460,42 @@ static dt_status save_checkpoint(trainer *t, char *path, size_t path_len) {
         s[n++] = (dt_ckpt_section){"sgd.momentum", DT_CKPT_F32, t->opt_a, t->n};
     }
     s[n++] = (dt_ckpt_section){"config", DT_CKPT_TEXT, t->cfg_text, strlen(t->cfg_text)};
+    int64_t ddp_meta[2] = {t->world, (int64_t)t->ddp_state_bytes};
+    if (t->ddp_state_bytes) { /* every rank's codec state, gathered by checkpoint_all */
+        s[n++] = (dt_ckpt_section){"ddp.ident", DT_CKPT_TEXT, t->ddp_ident, strlen(t->ddp_ident)};
+        s[n++] = (dt_ckpt_section){"ddp.meta", DT_CKPT_I64, ddp_meta, 2};
+        s[n++] = (dt_ckpt_section){"ddp.state", DT_CKPT_BYTES, t->ddp_states,
+                                   t->ddp_state_bytes * (size_t)t->world};
+    }
     return dt_ckpt_save(c->ckpt_dir, t->step, s, n, c->keep, path, path_len);
+}
+
+/* Rank 0: the checkpoint's DDP codec state, when it belongs to this run's
+ * codec, buckets and group size. Otherwise (another codec, another world
+ * size, a checkpoint without one) the run resumes with zero residuals and a
+ * fresh PowerSGD Q: allowed, and said. */
+static dt_status load_ddp_state(trainer *t, const dt_ckpt *ck) {
+    t->ddp_restore = false;
+    if (!t->ddp_state_bytes)
+        return DT_OK;
+    dt_ckpt_info ii;
+    int64_t meta[2] = {0, 0};
+    const char *why = NULL;
+    if (dt_ckpt_find(ck, "ddp.ident", &ii) != DT_OK)
+        why = "the checkpoint has none";
+    else if (ii.bytes != strlen(t->ddp_ident) || memcmp(ii.data, t->ddp_ident, ii.bytes) != 0)
+        why = "it was written with another codec or bucket layout";
+    else if (dt_ckpt_read(ck, "ddp.meta", DT_CKPT_I64, meta, 2) != DT_OK || meta[0] != t->world ||
+             meta[1] != (int64_t)t->ddp_state_bytes)
+        why = "it was written by another number of ranks";
+    if (why) {
+        DT_WARN("--resume: gradient codec state not restored (%s): residuals start from zero", why);
+        return DT_OK;
+    }
+    DT_CHECK(dt_ckpt_read(ck, "ddp.state", DT_CKPT_BYTES, t->ddp_states,
+                          t->ddp_state_bytes * (size_t)t->world));
+    t->ddp_restore = true;
+    return DT_OK;
 }
 
 /* Rank 0: read a checkpoint into the trainer, refusing a mismatched one. */
@@ -461,6 +551,31 @@ static dt_status load_checkpoint(trainer *t, const dt_ckpt *ck) {
     DT_CHECK(dt_loader_set_state(t->train, (dt_loader_state){loader[0], loader[1]}));
     t->step = step;
     t->tokens = tokens;
+    DT_CHECK(load_ddp_state(t, ck));
+    return DT_OK;
+}
+
+/* All ranks: rank 0 sends each rank its codec state, if the checkpoint had
+ * a usable one; every rank restores it, and all agree that they did. */
+static dt_status restore_ddp_state(trainer *t) {
+    if (!t->ddp_state_bytes)
+        return DT_OK;
+    int64_t restore = t->ddp_restore;
+    DT_CHECK(dt_ddp_broadcast(t->ddp, &restore, 1, DT_I64));
+    if (!restore)
+        return DT_OK;
+    DT_CHECK(dt_group_scatter(t->g, t->ddp_states, t->ddp_states, t->ddp_state_bytes, DT_U8, 0));
+    dt_status st = dt_ddp_set_state(t->ddp, t->ddp_states, t->ddp_state_bytes);
+    char msg[512] = "";
+    if (st != DT_OK)
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+    double failed = st != DT_OK;
+    DT_CHECK(dt_ddp_average(t->ddp, &failed, 1));
+    if (st != DT_OK)
+        return dt_error_set(st, "--resume: gradient codec state: %s", msg);
+    if (failed > 0)
+        return dt_error_set(DT_ERR_ABORTED, "--resume: another rank could not restore its "
+                                            "gradient codec state");
     return DT_OK;
 }
 
@@ -506,6 +621,7 @@ static dt_status resume(trainer *t, char *resumed_from, size_t len) {
     DT_CHECK(dt_ddp_broadcast(t->ddp, t->opt_a, t->n, DT_F32));
     if (t->opt_b)
         DT_CHECK(dt_ddp_broadcast(t->ddp, t->opt_b, t->n, DT_F32));
+    DT_CHECK(restore_ddp_state(t));
     if (t->rank != 0) {
         t->step = hdr[2];
         t->tokens = hdr[3];
@@ -519,6 +635,10 @@ static dt_status resume(trainer *t, char *resumed_from, size_t len) {
 static dt_status checkpoint_all(trainer *t, char *path, size_t len) {
     int64_t st = DT_OK;
     char msg[1024] = "";
+    if (t->ddp_state_bytes) { /* rank 0 saves every rank's codec state */
+        DT_CHECK(dt_ddp_get_state(t->ddp, t->ddp_states, t->ddp_state_bytes));
+        DT_CHECK(dt_group_gather(t->g, t->ddp_states, t->ddp_states, t->ddp_state_bytes, DT_U8, 0));
+    }
     if (t->rank == 0) {
         double t0 = dt_now();
         st = save_checkpoint(t, path, len);
@@ -696,6 +816,7 @@ static void trainer_free(trainer *t) {
     dt_free(t->tens_end);
     dt_free(t->tens_decay);
     dt_json_free(&t->cfg_json);
+    dt_free(t->ddp_states);
     dt_group_destroy(t->g);
 }
 
@@ -801,6 +922,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
                 dt_ddp_num_buckets(t->ddp), dt_format_bytes((double)c->bucket_bytes, bb, sizeof bb),
                 threads, t->g ? dt_group_transport(t->g) : "self", peak,
                 c->peak_gflops > 0 ? "--peak-gflops" : "measured sgemm 512^3");
+        if (t->world > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
+            fprintf(stderr, "  gradients: %s\n", t->ddp_ident);
         if (resumed[0])
             fprintf(stderr, "  resumed from %s at step %" PRId64 "\n", resumed, t->step);
     }
@@ -941,12 +1064,14 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             fprintf(stderr, ", %.0f tokens/s (median)", res->tokens_per_s);
             if (t->world > 1 && isfinite(res->comm_ms)) {
                 const dt_ddp_stats *ds = dt_ddp_last_stats(t->ddp);
+                char wb[32];
                 fprintf(stderr,
                         ", comm %.1f ms/step of which %.1f ms exposed (%.0f%%); %d of %d "
-                        "buckets started during backward",
+                        "buckets started during backward; %s sent per step and rank",
                         res->comm_ms, res->exposed_comm_ms,
                         res->comm_ms > 0 ? 100.0 * res->exposed_comm_ms / res->comm_ms : 0.0,
-                        ds->launched_in_backward, ds->buckets);
+                        ds->launched_in_backward, ds->buckets,
+                        dt_format_bytes((double)ds->bytes_sent, wb, sizeof wb));
             }
             fprintf(stderr, "\n");
         }

@@ -1,0 +1,242 @@
+/*
+ * test_train_compress.c — `dtrain train` with compressed or 16-bit gradient
+ * communication, 2 real ranks.
+ *
+ *   topk       --compress topk:0.01 lowers the loss, the ranks stay in sync
+ *              (--check-every), and metrics' bytes_sent is exactly the
+ *              encoded size (32-byte header + 8 bytes per kept value, per
+ *              bucket, one copy to the peer).
+ *   powersgd   --compress powersgd:4 lowers the loss in sync and sends less
+ *              than half of the fp32 allreduce.
+ *   bf16       --grad-dtype bf16 sends exactly half the bytes of fp32 and
+ *              follows the fp32 losses within 1%.
+ *   resume     topk and powersgd runs stopped after 3 of 10 steps and
+ *              resumed: losses and parameters bit-identical to the
+ *              uninterrupted run (residuals and Q are in the checkpoint);
+ *              resuming with another codec is allowed and says that the
+ *              codec state was not restored.
+ *   config     the config file keys compress / compress-ef work like the
+ *              flags; every other codec and --grad-dtype fp16 train 5 steps
+ *              in sync; --grad-dtype with --compress is refused.
+ * Run one case per process: test_train_compress CASE.
+ */
+#include "train_util.h"
+
+#include "dtrain/compress.h"
+
+#include <math.h>
+
+#define DTRAIN DT_CLI_PATH
+#define TINY                                                                                       \
+    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--sample-tokens 0 --progress plain --val-split 0 --bucket-size 16K --lr 3e-3 --warmup 2 "     \
+    "--global-batch 8 --nproc 2"
+
+static char corpus[128];
+
+/* Train into tu_dir/NAME for `steps` steps (metrics must reach step
+ * `last`); loss[1..last] from metrics. */
+static void train_to(const char *name, int steps, int last, const char *extra, double *loss) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --check-every 5 --ckpt-dir %s/%s/ck "
+                     "--run-dir %s/%s %s",
+                     DTRAIN, corpus, steps, tu_dir, name, tu_dir, name, extra),
+              0);
+    char p[192];
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
+    ASSERT_EQ(tu_losses(p, loss, 63), last);
+}
+
+static void train(const char *name, int steps, const char *extra, double *loss) {
+    train_to(name, steps, steps, extra, loss);
+}
+
+/* bytes_sent of the last line of NAME's metrics. */
+static uint64_t bytes_sent(const char *name) {
+    char p[192], line[2048], last[2048] = "";
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
+    FILE *f = fopen(p, "r");
+    ASSERT_TRUE(f != NULL);
+    while (fgets(line, sizeof line, f))
+        snprintf(last, sizeof last, "%s", line);
+    fclose(f);
+    const char *b = strstr(last, "\"bytes_sent\":");
+    ASSERT_TRUE(b != NULL);
+    return strtoull(b + 13, NULL, 10);
+}
+
+/* Parameters in the newest checkpoint of NAME. */
+static size_t nparams(const char *name) {
+    char p[192];
+    size_t n;
+    snprintf(p, sizeof p, "%s/%s/ck", tu_dir, name);
+    free(tu_params(p, &n));
+    return n;
+}
+
+static void expect_learns(const char *what, const double *l, int steps) {
+    printf("  %s: loss %.4f -> %.4f\n", what, l[1], l[steps]);
+    if (!(l[steps] < l[1] - 0.3))
+        TEST_FAILF("%s: loss %.4f -> %.4f did not go down by 0.3", what, l[1], l[steps]);
+}
+
+static void test_topk(void) {
+    double l[64];
+    train("topk", 40, "--compress topk:0.01", l);
+    EXPECT_OUT("gradients: topk:0.01 ef=auto");
+    expect_learns("topk:0.01", l, 40);
+    /* Overlap: the worker took buckets while backward still ran. */
+    const char *ov = strstr(tu_out, "exposed (");
+    int started = 0, buckets = 0;
+    ASSERT_TRUE(ov && sscanf(strstr(ov, "); ") + 3, "%d of %d buckets", &started, &buckets) == 2);
+    ASSERT_TRUE(buckets >= 4);
+    ASSERT_TRUE(started >= buckets - 2);
+    /* Buckets of 4096 floats from the end of the buffer; each sends its
+     * encoding (32 + 8 k bytes) once to the one peer. */
+    size_t n = nparams("topk"), per = 4096;
+    dt_codec_spec spec;
+    ASSERT_OK(dt_codec_parse("spec", "topk:0.01", &spec));
+    uint64_t want = 0;
+    for (size_t end = n; end > 0; end = end > per ? end - per : 0) {
+        size_t m = end > per ? per : end;
+        want += 32 + 8 * dt_codec_k(&spec, m);
+    }
+    ASSERT_EQ(bytes_sent("topk"), want);
+}
+
+static void test_powersgd(void) {
+    double l[64], lp[64];
+    train("plain", 40, "", lp);
+    train("psgd", 40, "--compress powersgd:4", l);
+    EXPECT_OUT("gradients: powersgd:4 ef=auto");
+    expect_learns("powersgd:4", l, 40);
+    uint64_t plain = bytes_sent("plain"), psgd = bytes_sent("psgd");
+    printf("  bytes per step: fp32 %llu, powersgd:4 %llu\n", (unsigned long long)plain,
+           (unsigned long long)psgd);
+    ASSERT_EQ(plain, nparams("plain") * 4); /* 2 (W-1)/W * 4n at W = 2 */
+    ASSERT_TRUE(psgd > 0 && psgd < plain / 2);
+}
+
+static void test_bf16(void) {
+    double l32[64], l16[64];
+    train("f32", 20, "", l32);
+    train("bf16", 20, "--grad-dtype bf16", l16);
+    EXPECT_OUT("gradients: none ef=auto grad_dtype=bf16");
+    ASSERT_EQ(bytes_sent("bf16") * 2, bytes_sent("f32"));
+    for (int s = 1; s <= 20; s++)
+        ASSERT_NEAR(l16[s], l32[s], 1e-2, 0);
+    expect_learns("grad-dtype bf16", l16, 20);
+}
+
+static void compare_exact(const char *a, const char *b, int steps) {
+    double la[64], lb[64];
+    char pa[192], pb[192];
+    snprintf(pa, sizeof pa, "%s/%s/metrics.jsonl", tu_dir, a);
+    snprintf(pb, sizeof pb, "%s/%s/metrics.jsonl", tu_dir, b);
+    ASSERT_EQ(tu_losses(pa, la, 63), steps);
+    ASSERT_EQ(tu_losses(pb, lb, 63), steps);
+    for (int s = 1; s <= steps; s++)
+        if (la[s] != lb[s])
+            TEST_FAILF("%s vs %s, step %d: loss %.9g uninterrupted, %.9g resumed", a, b, s, la[s],
+                       lb[s]);
+    size_t na, nb;
+    snprintf(pa, sizeof pa, "%s/%s/ck", tu_dir, a);
+    snprintf(pb, sizeof pb, "%s/%s/ck", tu_dir, b);
+    float *x = tu_params(pa, &na), *y = tu_params(pb, &nb);
+    ASSERT_EQ(na, nb);
+    ASSERT_TRUE(memcmp(x, y, na * sizeof *x) == 0);
+    free(x);
+    free(y);
+}
+
+static void resume_case(const char *codec, const char *tag) {
+    char a[64], b[64], flags[128];
+    snprintf(a, sizeof a, "full_%s", tag);
+    snprintf(b, sizeof b, "cut_%s", tag);
+    snprintf(flags, sizeof flags, "--ckpt-every 2 --clip 0.5 --compress %s", codec);
+    double l[64];
+    train(a, 10, flags, l);
+    char stop[160];
+    snprintf(stop, sizeof stop, "%s --stop-after 3", flags);
+    train_to(b, 10, 3, stop, l);
+    char more[160];
+    snprintf(more, sizeof more, "%s --resume", flags);
+    train(b, 10, more, l);
+    EXPECT_OUT("at step 3");
+    if (strstr(tu_out, "not restored"))
+        TEST_FAILF("%s: the codec state was not restored:\n%.600s", codec, tu_out);
+    compare_exact(a, b, 10);
+}
+
+static void test_resume(void) {
+    resume_case("topk:0.05", "topk");
+    resume_case("powersgd:2", "psgd");
+    /* Another codec on resume: allowed, the state starts from zero. */
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 12 --ckpt-dir %s/cut_topk/ck "
+                     "--run-dir %s/cut_topk --compress sign --resume",
+                     DTRAIN, corpus, tu_dir, tu_dir),
+              0);
+    EXPECT_OUT("gradient codec state not restored (it was written with another codec");
+}
+
+static void test_config(void) {
+    char cfg[128];
+    snprintf(cfg, sizeof cfg, "%s/run.cfg", tu_dir);
+    FILE *f = fopen(cfg, "w");
+    ASSERT_TRUE(f != NULL);
+    fprintf(f, "compress = topk:0.02\ncompress-ef = on\n");
+    fclose(f);
+    double l[64];
+    char extra[192];
+    snprintf(extra, sizeof extra, "--config %s", cfg);
+    train("cfg", 3, extra, l);
+    EXPECT_OUT("gradients: topk:0.02 ef=on");
+    char path[160], json[8192];
+    snprintf(path, sizeof path, "%s/cfg/config.json", tu_dir);
+    f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    json[fread(json, 1, sizeof json - 1, f)] = '\0';
+    fclose(f);
+    ASSERT_TRUE(strstr(json, "\"compress\": \"topk:0.02\"") != NULL);
+    ASSERT_TRUE(strstr(json, "\"compress_ef\": \"on\"") != NULL);
+    /* Every other codec and dtype: a few steps with the ranks in sync. */
+    const char *more[] = {"--compress fp16",  "--compress bf16 --compress-ef on",
+                          "--compress int8",  "--compress qsgd:4",
+                          "--compress sign",  "--compress randk:0.1",
+                          "--grad-dtype fp16"};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) {
+        char name[16];
+        snprintf(name, sizeof name, "more%zu", i);
+        train_to(name, 5, 5, more[i], l);
+        if (!(l[5] < l[1]))
+            TEST_FAILF("%s: loss %.4f -> %.4f", more[i], l[1], l[5]);
+    }
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --grad-dtype bf16 --compress int8",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--grad-dtype bf16 with --compress: choose one");
+}
+
+int main(int argc, char **argv) {
+    if (argc != 2) {
+        fprintf(stderr, "usage: test_train_compress topk|powersgd|bf16|resume|config\n");
+        return 2;
+    }
+    (void)tu_interrupt;
+    tu_setup();
+    snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
+    tu_corpus(corpus, 40000);
+    if (strcmp(argv[1], "topk") == 0)
+        RUN(test_topk);
+    else if (strcmp(argv[1], "powersgd") == 0)
+        RUN(test_powersgd);
+    else if (strcmp(argv[1], "bf16") == 0)
+        RUN(test_bf16);
+    else if (strcmp(argv[1], "resume") == 0)
+        RUN(test_resume);
+    else if (strcmp(argv[1], "config") == 0)
+        RUN(test_config);
+    else
+        TEST_FAILF("unknown case %s", argv[1]);
+    tu_cleanup();
+    return TEST_SUMMARY();
+}
