@@ -26,7 +26,7 @@ target_include_directories(test_compress_coll PRIVATE ${CMAKE_CURRENT_SOURCE_DIR
                            ${PROJECT_SOURCE_DIR}/src)
 target_compile_definitions(test_compress_coll PRIVATE _GNU_SOURCE)
 target_link_libraries(test_compress_coll PRIVATE dtrain)
-foreach(case coll_2 coll_3 coll_4 corrupt)
+foreach(case coll_2 coll_3 coll_4 nonfinite nonfinite_4 corrupt corrupt_4)
   add_test(NAME compress_${case} COMMAND test_compress_coll ${case})
   set_tests_properties(compress_${case} PROPERTIES TIMEOUT 180 LABELS "compress;multiprocess")
 endforeach()

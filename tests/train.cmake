@@ -53,3 +53,5 @@ foreach(case topk powersgd bf16 resume config)
   set_tests_properties(test_train_compress_${case} PROPERTIES TIMEOUT 180
                        LABELS "train;multiprocess")
 endforeach()
+# The DDP codec worker thread under `make tsan`.
+set_tests_properties(test_train_compress_topk PROPERTIES LABELS "train;multiprocess;tsan")

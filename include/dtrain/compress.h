@@ -321,15 +321,19 @@ dt_status dt_powersgd_bucket_set_state(dt_powersgd_bucket *b, const void *buf, s
  * (1/W) sum_r decode(encode(x_r + residual_r)), with error feedback applied
  * once, locally, before the encode. The schedule per codec (allreduce of
  * 16-bit values for fp16/bf16, allgather of encodings for int8, qsgd, sign
- * and topk, allreduce of the shared-index values for randk, two allreduces
- * for powersgd, plain f32 allreduce for none) and its cost are in
+ * and topk — for int8 and qsgd from 4 ranks alltoall of chunk encodings,
+ * one re-encode of each reduced chunk, allgather —, allreduce of the
+ * shared-index values for randk, two allreduces for powersgd, plain f32
+ * allreduce for none) and its cost are in
  * src/compress/collective.c and docs/compress.md.
  *
  * A run is blocking and issues collectives on g, so every rank must run the
  * same dt_callreduce objects in the same order (as with any collective).
  * A corrupt encoding received from a peer gives DT_ERR_CORRUPT naming the
- * rank, never an out-of-bounds access. After any failure the output is
- * unspecified; call dt_callreduce_reset before using the object again.
+ * rank, never an out-of-bounds access. An inf or NaN in any rank's input
+ * makes every rank's output non-finite (no error: a loss-scaling overflow
+ * is then seen, and skipped, by all) and leaves every state as it was. After any failure the output
+ * is unspecified; call dt_callreduce_reset before using the object again.
  */
 typedef struct dt_callreduce dt_callreduce;
 
@@ -359,7 +363,8 @@ dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step);
 
 /* Bytes this rank sends per run (encoded payload; see collective.c). */
 uint64_t dt_callreduce_wire_bytes(const dt_callreduce *c);
-/* "allreduce", "allreduce16", "allgather", "allreduce-k" or "powersgd". */
+/* "allreduce", "allreduce16", "allgather", "allreduce-k", "powersgd" or
+ * "alltoall+allgather". */
 const char *dt_callreduce_algo(const dt_callreduce *c);
 bool dt_callreduce_error_feedback(const dt_callreduce *c);
 
@@ -371,6 +376,10 @@ dt_status dt_callreduce_get_state(const dt_callreduce *c, void *buf, size_t len)
 dt_status dt_callreduce_set_state(dt_callreduce *c, const void *buf, size_t len);
 /* Zero the residual, redraw PowerSGD's Q at the next run. */
 void dt_callreduce_reset(dt_callreduce *c);
+/* residual *= factor: when the gradients' units change between runs (a
+ * loss scale going from S to S' gives factor S'/S), so that the residual
+ * keeps meaning the same amount of gradient. */
+void dt_callreduce_scale_residual(dt_callreduce *c, float factor);
 
 #ifdef __cplusplus
 }

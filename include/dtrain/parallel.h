@@ -60,6 +60,14 @@
  *         }
  *         DT_CHECK(dt_ddp_finish(d, update_range, &opt));  // averaged grads
  *     }
+ *
+ *     // Compressed: top-1% with error feedback, one compressor per bucket.
+ *     dt_ddp_options o = dt_ddp_options_default();
+ *     DT_CHECK(dt_codec_parse("--compress", "topk:0.01", &o.codec));
+ *     o.seed = seed;
+ *     DT_CHECK(dt_ddp_create_with(&d, group, params, grads, n, &o));
+ *     ... the same loop; dt_ddp_last_stats(d)->bytes_sent is the encoded size;
+ *     checkpoints save dt_ddp_get_state() of every rank ...
  */
 #ifndef DTRAIN_PARALLEL_H
 #define DTRAIN_PARALLEL_H
@@ -126,6 +134,13 @@ size_t dt_ddp_state_bytes(const dt_ddp *d);
 dt_status dt_ddp_get_state(const dt_ddp *d, void *buf, size_t len);
 dt_status dt_ddp_set_state(dt_ddp *d, const void *buf, size_t len);
 void dt_ddp_reset_state(dt_ddp *d);
+/* Multiply every error-feedback residual by `factor`. Gradients reach DDP
+ * multiplied by the loss scale; when the scale changes from S to S' (after
+ * an overflow or a growth interval), call this with S'/S before the next
+ * step so that the residuals stay in the gradients' units. A step whose
+ * averaged gradient is non-finite (an overflow) already leaves the state
+ * untouched. */
+void dt_ddp_scale_state(dt_ddp *d, float factor);
 void dt_ddp_destroy(dt_ddp *d);
 
 size_t dt_ddp_num_buckets(const dt_ddp *d);

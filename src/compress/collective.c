@@ -13,6 +13,8 @@
  *                       DT_F16/DT_BF16 SUM, decode
  *   int8, qsgd, sign,   encode, allgather the W encodings,     (W-1) * E
  *   topk                decode and add them in rank order
+ *   int8, qsgd at       encode W chunks, alltoall, owner sums  2 (W-1) * E/W (about)
+ *   W >= 4              and re-encodes its chunk, allgather
  *   randk               encode, allreduce the k values (SUM):  2 (W-1)/W * 4k
  *                       every rank keeps the same indices
  *   powersgd            begin, allreduce P, middle,            2 (W-1)/W * 4 (|P| + |Q|)
@@ -34,12 +36,15 @@
  *     exact with respect to "sum over ranks of decode(encode(x_r))" (every
  *     rank adds in the same rank order, so all get identical bits), costs no
  *     second quantisation and no second residual. Its cost, (W-1) E, equals
- *     the ring's 2 (W-1)/W E at W = 2 and is 1.5x it at W = 3; beyond that a
- *     reduce-scatter that re-encodes the reduced chunk would send less, at
- *     the price of a second, uncorrected quantisation (and, for sign, a
- *     biased one). dtrain's data-parallel groups over slow links are small
- *     (the evaluation runs 2 hosts), so the exact scheme is used at every W;
- *     dt_callreduce_wire_bytes() reports the real cost.
+ *     the ring's 2 (W-1)/W E at W = 2 and is 1.5x it at W = 3.
+ *   - From W = 4, where allgather sends twice the two-phase volume or more,
+ *     int8 and QSGD switch to the two-phase scheme (run_rsag): each owner
+ *     sums the decoded chunk and re-encodes it once. That second
+ *     quantisation has no residual (error feedback stays once, local); it
+ *     is small and unbiased-or-rounding for int8 and QSGD. sign (whose
+ *     re-encode of a sum would be biased, and whose encodings are tiny
+ *     anyway) and top-k (whose reduced chunk is no longer sparse) keep the
+ *     allgather at every W.
  *   - random-k draws the same indices on every rank, so only the k values
  *     travel, through the ordinary f32 allreduce.
  *   - PowerSGD's P and Q are linear in the gradient: two small allreduces.
@@ -49,6 +54,18 @@
  * buffer gives DT_ERR_CORRUPT naming the rank, never an out-of-bounds
  * access (the output is then unspecified). Casts and random-k receive only
  * values (every bit pattern is a value), and PowerSGD plain floats.
+ *
+ * Non-finite input (an fp16 loss-scaling overflow, a diverging run): a rank
+ * whose input holds inf or NaN makes every rank's output non-finite, with
+ * no error, so that all ranks see the overflow and skip the step together;
+ * and every rank whose output is non-finite puts its state (residual,
+ * PowerSGD's Q) back as it was before the run, so one bad step neither
+ * poisons the residual nor loses the mass it held. The casts, random-k's
+ * values (set to NaN by the overflowing rank), PowerSGD's P and the plain
+ * allreduce carry the non-finite values themselves; on the allgather path,
+ * where int8/qsgd/sign cannot encode them, the overflowing rank sends a
+ * marker ("DTNF" and zeros, the length of an encoding) instead, and a rank
+ * that receives one fills its output with NaN.
  *
  * Overlap: a run is blocking (its collectives are bounded by DT_TIMEOUT).
  * The data-parallel layer runs the buckets' runs on a worker thread, in
@@ -69,10 +86,19 @@ typedef enum cc_algo {
     CC_ALLGATHER, /* int8/qsgd/sign/topk: allgather encodings, decode all */
     CC_VALUES,    /* randk: allreduce the kept values */
     CC_POWERSGD,  /* P and Q allreduces */
+    CC_RSAG,      /* int8/qsgd at W >= RSAG_MIN_WORLD: alltoall chunks, re-encode, allgather */
 } cc_algo;
 
-static const char *const algo_names[] = {"allreduce", "allreduce16", "allgather", "allreduce-k",
-                                         "powersgd"};
+/* From this many ranks, int8 and qsgd use the two-phase scheme: it sends
+ * 2 (W-1)/W E instead of (W-1) E, half or less from W = 4. */
+#define RSAG_MIN_WORLD 4
+
+#define NF_MAGIC 0x464E5444u /* "DTNF" read as a little-endian u32 */
+#define CE_MAGIC 0x45435444u /* "DTCE": an owner received a corrupt encoding */
+
+static const char *const algo_names[] = {"allreduce",   "allreduce16", "allgather",
+                                         "allreduce-k", "powersgd",    "alltoall+allgather"};
+_Static_assert(sizeof algo_names / sizeof algo_names[0] == CC_RSAG + 1, "one name per algo");
 
 struct dt_callreduce {
     dt_group *g;     /* NULL: one process */
@@ -86,7 +112,21 @@ struct dt_callreduce {
     size_t ebytes;            /* one rank's encoding, header included */
     uint64_t wire;            /* bytes this rank sends per run */
     bool ef;                  /* error feedback on */
+    uint8_t *backup;          /* (state bytes) the state before the run, or NULL */
+    size_t state_bytes;
+    /* Two-phase scheme (CC_RSAG): chunk j = [off[j], off[j+1]) is owned by
+     * rank j; every chunk encoding fits emax bytes (chunk 0 is the largest). */
+    dt_compressor **chunk; /* (world) this rank's compressor of each chunk, with EF */
+    dt_compressor *server; /* EF off: re-encodes the reduced chunk this rank owns */
+    size_t *off;           /* (world + 1) */
+    size_t emax;           /* bytes per slot */
+    uint8_t *send, *recv;  /* (world * emax) alltoall buffers */
+    float *sum;            /* (own chunk) the decoded sum */
 };
+
+uint64_t dt__callreduce_chunk_seed(uint64_t seed, size_t j) {
+    return seed ^ (0x9E3779B97F4A7C15ull * (uint64_t)(j + 1));
+}
 
 void (*dt__callreduce_tamper)(int rank, uint8_t *buf, size_t len) = NULL;
 
@@ -100,6 +140,16 @@ void dt_callreduce_destroy(dt_callreduce *c) {
     dt_compressor_destroy(c->comp);
     dt_powersgd_bucket_destroy(c->psgd);
     dt_free(c->enc);
+    dt_free(c->backup);
+    if (c->chunk)
+        for (int j = 0; j < c->world; j++)
+            dt_compressor_destroy(c->chunk[j]);
+    dt_free(c->chunk);
+    dt_compressor_destroy(c->server);
+    dt_free(c->off);
+    dt_free(c->send);
+    dt_free(c->recv);
+    dt_free(c->sum);
     dt_free(c);
 }
 
@@ -107,6 +157,48 @@ void dt_callreduce_destroy(dt_callreduce *c) {
 static uint64_t ring_bytes(int world, size_t bytes) {
     return world > 1 ? (uint64_t)(2 * (uint64_t)(world - 1) * (uint64_t)bytes / (uint64_t)world)
                      : 0;
+}
+
+static dt_status alloc_bytes(void *out, size_t count, size_t size) {
+    size_t bytes;
+    void *p = NULL;
+    if (dt_mul_size(count, size, &bytes))
+        p = dt_calloc(1, bytes ? bytes : 1);
+    if (!p)
+        return dt_error_set(DT_ERR_NOMEM, "compressed allreduce: cannot allocate %zu x %zu bytes",
+                            count, size);
+    memcpy(out, &p, sizeof p);
+    return DT_OK;
+}
+
+/* Chunks aligned to scale blocks, one per rank; a compressor per chunk
+ * (its own random stream: the seed mixed with the chunk index) and one
+ * without error feedback for the chunk this rank reduces. */
+static dt_status create_rsag(dt_callreduce *c, const dt_compressor_config *cc) {
+    size_t W = (size_t)c->world, per = (dt__nblocks(c->n) + W - 1) / W * DT_COMPRESS_BLOCK;
+    DT_CHECK(alloc_bytes(&c->chunk, W, sizeof *c->chunk));
+    DT_CHECK(alloc_bytes(&c->off, W + 1, sizeof *c->off));
+    for (size_t j = 0; j <= W; j++)
+        c->off[j] = j * per < c->n ? j * per : c->n;
+    for (size_t j = 0; j < W; j++) {
+        dt_compressor_config cj = *cc;
+        cj.seed = dt__callreduce_chunk_seed(cc->seed, j);
+        DT_CHECK(dt_compressor_create(&c->chunk[j], &c->spec, c->off[j + 1] - c->off[j], &cj));
+        size_t e = dt_compressor_encoded_bytes(c->chunk[j]);
+        c->emax = e > c->emax ? e : c->emax;
+    }
+    size_t me = (size_t)c->rank, mine = c->off[me + 1] - c->off[me];
+    dt_compressor_config cs = *cc;
+    cs.seed = dt__callreduce_chunk_seed(cc->seed, W + me);
+    cs.ef = DT_EF_OFF;
+    DT_CHECK(dt_compressor_create(&c->server, &c->spec, mine, &cs));
+    DT_CHECK(alloc_bytes(&c->send, W, c->emax));
+    DT_CHECK(alloc_bytes(&c->recv, W, c->emax));
+    DT_CHECK(alloc_bytes(&c->enc, W, c->emax));
+    DT_CHECK(alloc_bytes(&c->sum, mine + 1, sizeof(float)));
+    c->ef = dt_compressor_error_feedback(c->chunk[0]);
+    c->wire = 2 * (uint64_t)(W - 1) * c->emax;
+    return DT_OK;
 }
 
 dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_spec *spec,
@@ -138,8 +230,13 @@ dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_
     case DT_CODEC_POWERSGD: c->algo = CC_POWERSGD; break;
     default: c->algo = CC_ALLGATHER; break;
     }
+    if ((spec->kind == DT_CODEC_INT8 || spec->kind == DT_CODEC_QSGD) && g &&
+        c->world >= RSAG_MIN_WORLD)
+        c->algo = CC_RSAG;
     if (c->algo == CC_PLAIN) {
         c->wire = ring_bytes(c->world, n * sizeof(float));
+    } else if (c->algo == CC_RSAG) {
+        DT_CHECK_GOTO(create_rsag(c, &cc), st, fail);
     } else if (c->algo == CC_POWERSGD) {
         DT_CHECK_GOTO(
             dt_powersgd_bucket_create(&c->psgd, spec->rank, n, cfg.tensors, cfg.ntensors, &cc), st,
@@ -173,6 +270,12 @@ dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_
         else
             c->wire = (uint64_t)(c->world - 1) * c->ebytes;
     }
+    c->state_bytes = dt_callreduce_state_bytes(c);
+    if (c->state_bytes && !(c->backup = dt_alloc(c->state_bytes))) {
+        st = dt_error_set(DT_ERR_NOMEM, "compressed allreduce: cannot allocate %zu bytes",
+                          c->state_bytes);
+        goto fail;
+    }
     *out = c;
     return DT_OK;
 fail:
@@ -188,6 +291,22 @@ bool dt_callreduce_error_feedback(const dt_callreduce *c) { return c->ef; }
 
 static bool communicates(const dt_callreduce *c) { return c->g && c->world > 1; }
 
+/* No inf or NaN in x (exponent bits all ones); integer ops vectorise. */
+static bool all_finite(const float *x, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
+static void fill_nan(float *x, size_t n) {
+    for (size_t i = 0; i < n; i++)
+        x[i] = NAN;
+}
+
 static void scale(float *x, size_t n, int world) {
     if (world == 1)
         return;
@@ -196,22 +315,117 @@ static void scale(float *x, size_t n, int world) {
         x[i] *= s;
 }
 
-static dt_status run_allgather(dt_callreduce *c, float *data, uint64_t step) {
+static bool is_marker(const uint8_t *buf) {
+    uint32_t m;
+    memcpy(&m, buf, 4);
+    return m == NF_MAGIC;
+}
+
+static dt_status run_allgather(dt_callreduce *c, float *data, uint64_t step, bool finite) {
     const size_t E = c->ebytes;
     uint8_t *mine = c->enc + (size_t)c->rank * E;
-    size_t used;
-    DT_CHECK(dt_compressor_compress(c->comp, data, step, mine, E, &used));
-    DT_ASSERT(used == E);
+    if (finite) {
+        size_t used;
+        DT_CHECK(dt_compressor_compress(c->comp, data, step, mine, E, &used));
+        DT_ASSERT(used == E);
+    } else {
+        uint32_t m = NF_MAGIC; /* the header is >= 32 bytes, so E >= 4 */
+        memset(mine, 0, E);
+        memcpy(mine, &m, 4);
+    }
     if (dt__callreduce_tamper)
         dt__callreduce_tamper(c->rank, mine, E);
     if (communicates(c))
         DT_CHECK(dt_group_allgather(c->g, c->enc, c->enc, E, DT_U8));
+    for (int r = 0; r < c->world; r++)
+        if (is_marker(c->enc + (size_t)r * E)) {
+            fill_nan(data, c->n);
+            return DT_OK;
+        }
     /* Every rank adds the same encodings in the same order: identical bits. */
     for (int r = 0; r < c->world; r++) {
         dt_status st = dt_codec_decode(c->enc + (size_t)r * E, E, c->n, data,
                                        r == 0 ? DT_DECODE_SET : DT_DECODE_ADD);
         if (st != DT_OK) {
             dt_error_prefix("encoding from rank %d", r);
+            return st;
+        }
+    }
+    scale(data, c->n, c->world);
+    return DT_OK;
+}
+
+static void put_marker(uint8_t *buf, size_t len, uint32_t magic, uint32_t arg) {
+    memset(buf, 0, len); /* len >= 32: every slot holds at least a header */
+    memcpy(buf, &magic, 4);
+    memcpy(buf + 4, &arg, 4);
+}
+
+/*
+ * Two-phase scheme, drawn for 4 ranks (chunk j owned by rank j):
+ *
+ *   encode   rank r encodes its chunks x_r[0..3] (error feedback per chunk)
+ *   alltoall chunk j of every rank goes to rank j          (W-1) emax sent
+ *   reduce   rank j: s_j = sum_r decode(enc_r[j]), in rank order
+ *   encode   rank j: f_j = encode(s_j), no error feedback (a second,
+ *            uncorrected quantisation: the price of sending less)
+ *   allgather every rank gets f_0..f_3, decodes them       (W-1) emax sent
+ *
+ * A marker in place of an encoding carries a non-finite input (DTNF) or an
+ * owner's finding of a corrupt encoding (DTCE + the sender's rank) through
+ * the allgather, so every rank returns the same outcome.
+ */
+static dt_status run_rsag(dt_callreduce *c, float *data, uint64_t step, bool finite) {
+    const size_t E = c->emax, W = (size_t)c->world, me = (size_t)c->rank;
+    for (size_t j = 0; j < W; j++) {
+        uint8_t *slot = c->send + j * E;
+        size_t used;
+        if (finite)
+            DT_CHECK(dt_compressor_compress(c->chunk[j], data + c->off[j], step, slot, E, &used));
+        else
+            put_marker(slot, E, NF_MAGIC, 0);
+        if (dt__callreduce_tamper)
+            dt__callreduce_tamper(c->rank, slot, E);
+    }
+    DT_CHECK(dt_group_alltoall(c->g, c->send, c->recv, E, DT_U8));
+    size_t mine = c->off[me + 1] - c->off[me], Ej = dt_compressor_encoded_bytes(c->chunk[me]);
+    uint8_t *out = c->enc + me * E;
+    uint32_t bad = 0, bad_rank = 0;
+    for (size_t r = 0; r < W && !bad; r++)
+        if (is_marker(c->recv + r * E))
+            bad = NF_MAGIC;
+    for (size_t r = 0; r < W && !bad; r++)
+        if (dt_codec_decode(c->recv + r * E, Ej, mine, c->sum,
+                            r == 0 ? DT_DECODE_SET : DT_DECODE_ADD) != DT_OK) {
+            bad = CE_MAGIC;
+            bad_rank = (uint32_t)r;
+        }
+    size_t used;
+    if (!bad && dt_compressor_compress(c->server, c->sum, step, out, E, &used) != DT_OK)
+        bad = NF_MAGIC; /* the sum overflowed to inf */
+    if (bad)
+        put_marker(out, E, bad, bad_rank);
+    DT_CHECK(dt_group_allgather(c->g, c->enc, c->enc, E, DT_U8));
+    for (size_t j = 0; j < W; j++) {
+        uint32_t m, arg;
+        memcpy(&m, c->enc + j * E, 4);
+        memcpy(&arg, c->enc + j * E + 4, 4);
+        if (m == CE_MAGIC)
+            return dt_error_set(DT_ERR_CORRUPT,
+                                "rank %zu received a corrupt encoding from rank %u (chunk %zu)", j,
+                                arg, j);
+    }
+    for (size_t j = 0; j < W; j++)
+        if (is_marker(c->enc + j * E)) {
+            fill_nan(data, c->n);
+            return DT_OK;
+        }
+    for (size_t j = 0; j < W; j++) {
+        size_t len = c->off[j + 1] - c->off[j];
+        dt_status st = dt_codec_decode(c->enc + j * E, dt_compressor_encoded_bytes(c->chunk[j]),
+                                       len, data + c->off[j], DT_DECODE_SET);
+        if (st != DT_OK) {
+            dt_error_prefix("reduced chunk from rank %zu", j);
             return st;
         }
     }
@@ -233,7 +447,7 @@ static dt_status run_cast16(dt_callreduce *c, float *data, uint64_t step) {
     return DT_OK;
 }
 
-static dt_status run_values(dt_callreduce *c, float *data, uint64_t step) {
+static dt_status run_values(dt_callreduce *c, float *data, uint64_t step, bool finite) {
     size_t used;
     DT_CHECK(dt_compressor_compress(c->comp, data, step, c->enc, c->ebytes, &used));
     size_t k = dt_codec_k(&c->spec, c->n);
@@ -241,6 +455,8 @@ static dt_status run_values(dt_callreduce *c, float *data, uint64_t step) {
      * the buffer comes from dt_alloc, so the values are 4-byte aligned. */
     float *values = (float *)(void *)(c->enc + DT_COMPRESS_HEADER_BYTES + 24);
     DT_ASSERT(used == DT_COMPRESS_HEADER_BYTES + 24 + k * sizeof(float));
+    if (!finite) /* the inf may sit outside the kept indices: make the sum say so */
+        fill_nan(values, k);
     if (communicates(c))
         DT_CHECK(dt_group_allreduce(c->g, values, values, k, DT_F32, DT_SUM));
     DT_CHECK(dt_codec_decode(c->enc, used, c->n, data, DT_DECODE_SET));
@@ -267,9 +483,7 @@ abandon:
     return st;
 }
 
-dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step) {
-    if (c->n > 0 && !data)
-        return dt_error_set(DT_ERR_INVALID, "compressed allreduce: data is NULL");
+static dt_status run_algo(dt_callreduce *c, float *data, uint64_t step, bool finite) {
     switch (c->algo) {
     case CC_PLAIN:
         if (communicates(c) && c->n > 0)
@@ -277,22 +491,58 @@ dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step) {
         scale(data, c->n, c->world); /* as every other codec: sum, then * (1/W) */
         return DT_OK;
     case CC_CAST16: return run_cast16(c, data, step);
-    case CC_ALLGATHER: return run_allgather(c, data, step);
-    case CC_VALUES: return run_values(c, data, step);
+    case CC_ALLGATHER: return run_allgather(c, data, step, finite);
+    case CC_VALUES: return run_values(c, data, step, finite);
     case CC_POWERSGD: return run_powersgd(c, data, step);
+    case CC_RSAG: return run_rsag(c, data, step, finite);
     }
     return DT_ERR_INTERNAL;
+}
+
+dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step) {
+    if (c->n > 0 && !data)
+        return dt_error_set(DT_ERR_INVALID, "compressed allreduce: data is NULL");
+    bool finite = all_finite(data, c->n);
+    if (c->backup)
+        DT_CHECK(dt_callreduce_get_state(c, c->backup, c->state_bytes));
+    DT_CHECK(run_algo(c, data, step, finite));
+    if (c->backup && (!finite || !all_finite(data, c->n))) {
+        /* A step nobody will apply: forget what it did to the state. The
+         * backup is finite (states always are), so this cannot fail. */
+        DT_CHECK(dt_callreduce_set_state(c, c->backup, c->state_bytes));
+    }
+    return DT_OK;
 }
 
 size_t dt_callreduce_state_bytes(const dt_callreduce *c) {
     if (c->psgd)
         return dt_powersgd_bucket_state_bytes(c->psgd);
+    if (c->chunk) {
+        size_t bytes = 0;
+        for (int j = 0; j < c->world; j++)
+            bytes += dt_compressor_state_bytes(c->chunk[j]);
+        return bytes;
+    }
     return c->comp ? dt_compressor_state_bytes(c->comp) : 0;
 }
 
 dt_status dt_callreduce_get_state(const dt_callreduce *c, void *buf, size_t len) {
     if (c->psgd)
         return dt_powersgd_bucket_get_state(c->psgd, buf, len);
+    if (c->chunk) {
+        size_t need = dt_callreduce_state_bytes(c);
+        if (len < need)
+            return dt_error_set(DT_ERR_INVALID,
+                                "compressed allreduce state: buffer of %zu bytes, need %zu", len,
+                                need);
+        uint8_t *p = buf;
+        for (int j = 0; j < c->world; j++) {
+            size_t b = dt_compressor_state_bytes(c->chunk[j]);
+            DT_CHECK(dt_compressor_get_state(c->chunk[j], p, b));
+            p += b;
+        }
+        return DT_OK;
+    }
     if (c->comp)
         return dt_compressor_get_state(c->comp, buf, len);
     return DT_OK;
@@ -301,6 +551,24 @@ dt_status dt_callreduce_get_state(const dt_callreduce *c, void *buf, size_t len)
 dt_status dt_callreduce_set_state(dt_callreduce *c, const void *buf, size_t len) {
     if (c->psgd)
         return dt_powersgd_bucket_set_state(c->psgd, buf, len);
+    if (c->chunk) {
+        size_t need = dt_callreduce_state_bytes(c);
+        if (len != need)
+            return dt_error_set(DT_ERR_INVALID,
+                                "compressed allreduce state: %zu bytes given, this one has %zu",
+                                len, need);
+        const uint8_t *p = buf;
+        for (int j = 0; j < c->world; j++) {
+            size_t b = dt_compressor_state_bytes(c->chunk[j]);
+            dt_status st = dt_compressor_set_state(c->chunk[j], p, b);
+            if (st != DT_OK) {
+                dt_callreduce_reset(c); /* no half-restored mix */
+                return st;
+            }
+            p += b;
+        }
+        return DT_OK;
+    }
     if (c->comp)
         return dt_compressor_set_state(c->comp, buf, len);
     if (len != 0)
@@ -310,9 +578,27 @@ dt_status dt_callreduce_set_state(dt_callreduce *c, const void *buf, size_t len)
     return DT_OK;
 }
 
+static void scale_comp(dt_compressor *comp, float factor) {
+    if (comp && comp->residual)
+        for (size_t i = 0; i < comp->n; i++)
+            comp->residual[i] *= factor;
+}
+
+void dt_callreduce_scale_residual(dt_callreduce *c, float factor) {
+    scale_comp(c->comp, factor);
+    if (c->chunk)
+        for (int j = 0; j < c->world; j++)
+            scale_comp(c->chunk[j], factor);
+    if (c->psgd)
+        dt__powersgd_bucket_scale_residual(c->psgd, factor);
+}
+
 void dt_callreduce_reset(dt_callreduce *c) {
     if (c->comp)
         dt_compressor_reset(c->comp);
+    if (c->chunk)
+        for (int j = 0; j < c->world; j++)
+            dt_compressor_reset(c->chunk[j]);
     if (c->psgd)
         dt__powersgd_bucket_reset(c->psgd);
 }

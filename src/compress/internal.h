@@ -154,10 +154,15 @@ void dt__powersgd_orthonormalize(float *P, size_t rows, size_t r);
 void dt__powersgd_bucket_abandon(dt_powersgd_bucket *b);
 /* Zero residual and Q (redrawn at the next step). */
 void dt__powersgd_bucket_reset(dt_powersgd_bucket *b);
+/* residual *= factor (Q, a warm-start direction, is left alone). */
+void dt__powersgd_bucket_scale_residual(dt_powersgd_bucket *b, float factor);
 
 /* Test hook of the compressed allreduce: when set, called on this rank's
  * encoding after it is made and before it is sent (allgather codecs), so a
  * multi-process test can corrupt what a peer receives. */
 extern void (*dt__callreduce_tamper)(int rank, uint8_t *buf, size_t len);
+/* The seed of chunk j's compressor in the two-phase scheme (chunks 0..W-1
+ * on every rank; W + j for the owner's re-encode of chunk j). */
+uint64_t dt__callreduce_chunk_seed(uint64_t seed, size_t j);
 
 #endif /* DTRAIN_COMPRESS_INTERNAL_H */

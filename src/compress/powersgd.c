@@ -530,3 +530,9 @@ void dt__powersgd_bucket_reset(dt_powersgd_bucket *b) {
     memset(b->Q, 0, b->nq * sizeof(float)); /* zero columns are redrawn at the next begin */
     b->stage = 0;
 }
+
+void dt__powersgd_bucket_scale_residual(dt_powersgd_bucket *b, float factor) {
+    if (b->residual)
+        for (size_t i = 0; i < b->n; i++)
+            b->residual[i] *= factor;
+}

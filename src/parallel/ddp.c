@@ -555,3 +555,9 @@ void dt_ddp_reset_state(dt_ddp *d) {
         if (d->b[i].cc)
             dt_callreduce_reset(d->b[i].cc);
 }
+
+void dt_ddp_scale_state(dt_ddp *d, float factor) {
+    for (size_t i = 0; i < d->nb; i++)
+        if (d->b[i].cc)
+            dt_callreduce_scale_residual(d->b[i].cc, factor);
+}

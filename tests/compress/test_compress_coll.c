@@ -14,6 +14,10 @@
  *              bytes must be the formula of collective.c, and with error
  *              feedback on, mass is conserved: sum of residuals over ranks
  *              + W * sum of outputs = sum of all inputs.
+ *   nonfinite  3 ranks; rank 1's input holds an inf or a NaN at one step:
+ *              every rank's output is non-finite, no error, and the next
+ *              step equals the reference that skipped the bad one (each
+ *              rank's residual and Q were put back).
  *   corrupt    3 ranks; rank 1 damages its encoding before it is sent
  *              (header bit, top-k index out of range, int8 scale NaN):
  *              every rank gets DT_ERR_CORRUPT naming rank 1, and the group
@@ -52,11 +56,43 @@ static size_t tensors_for(size_t n, dt_powersgd_tensor *t) {
 typedef struct refstate {
     dt_compressor *c[8];
     dt_powersgd_bucket *b[8];
+    /* The two-phase scheme (int8, qsgd at 4+ ranks): chunk compressors of
+     * every rank, the owners' re-encoders, chunk offsets. */
+    bool rsag;
+    dt_compressor *ch[8][8], *sv[8];
+    size_t off[9];
 } refstate;
+
+static bool uses_rsag(const dt_codec_spec *spec, int W) {
+    return (spec->kind == DT_CODEC_INT8 || spec->kind == DT_CODEC_QSGD) && W >= 4;
+}
 
 static void ref_create(refstate *s, const dt_codec_spec *spec, size_t n, int W, dt_ef_mode ef,
                        uint32_t bucket) {
     memset(s, 0, sizeof *s);
+    if (uses_rsag(spec, W)) {
+        s->rsag = true;
+        size_t nb = (n + DT_COMPRESS_BLOCK - 1) / DT_COMPRESS_BLOCK;
+        size_t per = (nb + (size_t)W - 1) / (size_t)W * DT_COMPRESS_BLOCK;
+        for (int j = 0; j <= W; j++)
+            s->off[j] = (size_t)j * per < n ? (size_t)j * per : n;
+        for (int j = 0; j < W; j++) {
+            size_t len = s->off[j + 1] - s->off[j];
+            dt_compressor_config cc = dt_compressor_config_default();
+            cc.bucket = bucket;
+            for (int r = 0; r < W; r++) {
+                cc.seed = dt__callreduce_chunk_seed(42, (size_t)j);
+                cc.rank = (uint32_t)r;
+                cc.ef = ef;
+                ASSERT_OK(dt_compressor_create(&s->ch[r][j], spec, len, &cc));
+            }
+            cc.seed = dt__callreduce_chunk_seed(42, (size_t)(W + j));
+            cc.rank = (uint32_t)j;
+            cc.ef = DT_EF_OFF;
+            ASSERT_OK(dt_compressor_create(&s->sv[j], spec, len, &cc));
+        }
+        return;
+    }
     for (int r = 0; r < W; r++) {
         dt_compressor_config cc = dt_compressor_config_default();
         cc.seed = 42;
@@ -75,6 +111,9 @@ static void ref_create(refstate *s, const dt_codec_spec *spec, size_t n, int W, 
 
 static void ref_destroy(refstate *s, int W) {
     for (int r = 0; r < W; r++) {
+        for (int j = 0; j < W; j++)
+            dt_compressor_destroy(s->ch[r][j]);
+        dt_compressor_destroy(s->sv[r]);
         dt_compressor_destroy(s->c[r]);
         dt_powersgd_bucket_destroy(s->b[r]);
     }
@@ -84,7 +123,29 @@ static void ref_step(refstate *s, const dt_codec_spec *spec, size_t n, int W, in
                      float *ref) {
     float *x = dt_alloc((n + 1) * sizeof(float));
     const float inv = 1.0f / (float)W;
-    if (spec->kind == DT_CODEC_POWERSGD) {
+    if (s->rsag) {
+        /* Per chunk: the owner's sum of every rank's decoding, re-encoded
+         * once, decoded by all. */
+        float *sum = dt_alloc((n + 1) * sizeof(float));
+        for (int j = 0; j < W; j++) {
+            size_t o = s->off[j], len = s->off[j + 1] - o;
+            size_t cap = dt_compressor_encoded_bytes(s->sv[j]), used;
+            uint8_t *buf = dt_alloc(cap);
+            for (int r = 0; r < W; r++) {
+                input(x, n, r, step);
+                ASSERT_OK(
+                    dt_compressor_compress(s->ch[r][j], x + o, (uint64_t)step, buf, cap, &used));
+                ASSERT_OK(
+                    dt_codec_decode(buf, used, len, sum, r == 0 ? DT_DECODE_SET : DT_DECODE_ADD));
+            }
+            ASSERT_OK(dt_compressor_compress(s->sv[j], sum, (uint64_t)step, buf, cap, &used));
+            ASSERT_OK(dt_codec_decode(buf, used, len, ref + o, DT_DECODE_SET));
+            dt_free(buf);
+        }
+        for (size_t i = 0; i < n; i++)
+            ref[i] *= inv;
+        dt_free(sum);
+    } else if (spec->kind == DT_CODEC_POWERSGD) {
         size_t np, nq;
         for (int r = 0; r < W; r++) {
             input(x, n, r, step);
@@ -153,11 +214,19 @@ static uint64_t expected_wire(const dt_codec_spec *spec, size_t n, int W, dt_cal
         (void)dt_powersgd_bucket_q(s->b[0], &nq);
         return ring * 4 * np / (uint64_t)W + ring * 4 * nq / (uint64_t)W;
     }
-    default: (void)c; return (uint64_t)(W - 1) * dt_compressor_encoded_bytes(s->c[0]);
+    default:
+        (void)c;
+        if (s->rsag)
+            return 2 * (uint64_t)(W - 1) * dt_compressor_encoded_bytes(s->ch[0][0]);
+        return (uint64_t)(W - 1) * dt_compressor_encoded_bytes(s->c[0]);
     }
 }
 
-static void run_codec(dt_group *g, const char *text, size_t n, dt_ef_mode ef, uint32_t bucket) {
+/* bad_step >= 0: at that step rank 1's input holds an inf (or a NaN, for
+ * odd bucket ids); every rank's output must then be non-finite, and the
+ * run must go on as if that step had never happened. */
+static void run_codec(dt_group *g, const char *text, size_t n, dt_ef_mode ef, uint32_t bucket,
+                      int bad_step) {
     int rank = dt_group_rank(g), W = dt_group_size(g);
     dt_codec_spec spec;
     ASSERT_OK(dt_codec_parse("spec", text, &spec));
@@ -173,10 +242,26 @@ static void run_codec(dt_group *g, const char *text, size_t n, dt_ef_mode ef, ui
     refstate s;
     ref_create(&s, &spec, n, W, ef, bucket);
     ASSERT_EQ(dt_callreduce_wire_bytes(c), expected_wire(&spec, n, W, c, &s));
+    static const char *const algo[DT_CODEC_COUNT] = {"allreduce", "allreduce16", "allreduce16",
+                                                     "allgather", "allgather",   "allgather",
+                                                     "allgather", "allreduce-k", "powersgd"};
+    ASSERT_STREQ(dt_callreduce_algo(c), s.rsag ? "alltoall+allgather" : algo[spec.kind]);
     float *x = dt_alloc(n * sizeof(float)), *ref = dt_alloc(n * sizeof(float));
     double *in_sum = calloc(n, sizeof(double)), *out_sum = calloc(n, sizeof(double));
     for (int step = 0; step < STEPS; step++) {
         input(x, n, rank, step);
+        if (step == bad_step) {
+            if (rank == 1)
+                x[n / 2] = bucket % 2 ? NAN : -INFINITY;
+            ASSERT_OK(dt_callreduce_run(c, x, (uint64_t)step));
+            bool finite = true;
+            for (size_t i = 0; i < n; i++)
+                finite = finite && isfinite(x[i]);
+            if (finite)
+                TEST_FAILF("%s n=%zu W=%d: rank 1's inf/NaN did not reach rank %d", text, n, W,
+                           rank);
+            continue; /* nor the reference */
+        }
         for (int r = 0; r < W; r++) {
             float *tmp = dt_alloc(n * sizeof(float) + 4);
             input(tmp, n, r, step);
@@ -204,7 +289,10 @@ static void run_codec(dt_group *g, const char *text, size_t n, dt_ef_mode ef, ui
                 TEST_FAILF("%s n=%zu W=%d step %d: rank %d's result differs from rank 0's", text, n,
                            W, step, r);
     }
-    if (ef == DT_EF_ON && spec.kind != DT_CODEC_NONE) {
+    /* The two-phase scheme re-quantises each reduced chunk without a
+     * residual: mass is conserved for the first encode only, which the
+     * equality with the reference over three steps already covers. */
+    if (ef == DT_EF_ON && spec.kind != DT_CODEC_NONE && !s.rsag) {
         ASSERT_TRUE(dt_callreduce_error_feedback(c));
         size_t sb = dt_callreduce_state_bytes(c);
         ASSERT_TRUE(sb >= n * sizeof(float));
@@ -220,7 +308,13 @@ static void run_codec(dt_group *g, const char *text, size_t n, dt_ef_mode ef, ui
                 TEST_FAILF("%s n=%zu W=%d: mass at %zu: residuals + sent = %.9g, inputs %.9g", text,
                            n, W, i, got, in_sum[i]);
         }
-        /* State round trip and reset. */
+        /* Residual scaling (a loss-scale change), state round trip, reset. */
+        float *scaled = dt_alloc(sb + 4);
+        dt_callreduce_scale_residual(c, 2.0f);
+        ASSERT_OK(dt_callreduce_get_state(c, scaled, sb));
+        for (size_t i = 0; i < sb / 4; i++)
+            ASSERT_EQ(scaled[i], i < n ? 2.0f * state[i] : state[i]);
+        dt_free(scaled);
         ASSERT_OK(dt_callreduce_set_state(c, state, sb));
         ASSERT_STATUS(dt_callreduce_set_state(c, state, sb - 4), DT_ERR_INVALID);
         dt_callreduce_reset(c);
@@ -243,8 +337,25 @@ static void test_coll(int rank, int size) {
     uint32_t bucket = 0;
     for (int s = 0; s < NSPECS; s++)
         for (size_t k = 0; k < sizeof sizes / sizeof sizes[0]; k++) {
-            run_codec(g, specs[s], sizes[k], DT_EF_DEFAULT, bucket++);
-            run_codec(g, specs[s], sizes[k], DT_EF_ON, bucket++);
+            run_codec(g, specs[s], sizes[k], DT_EF_DEFAULT, bucket++, -1);
+            run_codec(g, specs[s], sizes[k], DT_EF_ON, bucket++, -1);
+        }
+    dt_group_destroy(g);
+}
+
+/* A non-finite input on rank 1 at step 1 of 3, error feedback on and
+ * default, inf and NaN: no error, non-finite everywhere, and steps 0 and 2
+ * equal the reference that never saw step 1 (state restored). */
+static void test_nonfinite(int rank, int size) {
+    (void)rank;
+    dt_group *g;
+    ASSERT_OK(dt_group_init_from_env(&g));
+    ASSERT_EQ(dt_group_size(g), size);
+    uint32_t bucket = 0;
+    for (int s = 0; s < NSPECS; s++)
+        for (int v = 0; v < 2; v++) {
+            run_codec(g, specs[s], 5000, DT_EF_ON, bucket++, 1);
+            run_codec(g, specs[s], 777, DT_EF_DEFAULT, bucket++, 1);
         }
     dt_group_destroy(g);
 }
@@ -294,6 +405,9 @@ static const hcase cases[] = {
     {.name = "coll_2", .nranks = 2, .fn = test_coll, .killed_rank = -1, .timeout = 120},
     {.name = "coll_3", .nranks = 3, .fn = test_coll, .killed_rank = -1, .timeout = 120},
     {.name = "coll_4", .nranks = 4, .fn = test_coll, .killed_rank = -1, .timeout = 120},
+    {.name = "nonfinite", .nranks = 3, .fn = test_nonfinite, .killed_rank = -1, .timeout = 120},
+    {.name = "nonfinite_4", .nranks = 4, .fn = test_nonfinite, .killed_rank = -1, .timeout = 120},
+    {.name = "corrupt_4", .nranks = 4, .fn = test_corrupt, .killed_rank = -1, .timeout = 60},
     {.name = "corrupt", .nranks = 3, .fn = test_corrupt, .killed_rank = -1, .timeout = 60},
 };
 

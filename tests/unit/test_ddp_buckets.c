@@ -84,7 +84,44 @@ static void test_layouts(void) {
     ASSERT_CONTAINS(dt_last_error(), "bucket size 3 bytes");
 }
 
+/* dt_ddp_options: defaults, rejected combinations; one process applies no
+ * codec (nothing to send, the gradient stays exact) and has no state. */
+static void test_options(void) {
+    dt_ddp_options o = dt_ddp_options_default();
+    ASSERT_EQ(o.bucket_bytes, (size_t)DT_DDP_DEFAULT_BUCKET_BYTES);
+    ASSERT_EQ(o.grad_dtype, DT_F32);
+    ASSERT_EQ(o.codec.kind, DT_CODEC_NONE);
+    ASSERT_EQ(o.ef, DT_EF_DEFAULT);
+    static float p[100], g[100];
+    dt_ddp *d;
+    o.grad_dtype = DT_BF16;
+    ASSERT_OK(dt_codec_parse("codec", "topk:0.1", &o.codec));
+    ASSERT_STATUS(dt_ddp_create_with(&d, NULL, p, g, 100, &o), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "gradient dtype bf16 with codec topk:0.1: choose one");
+    o.grad_dtype = DT_I32;
+    o.codec.kind = DT_CODEC_NONE;
+    ASSERT_STATUS(dt_ddp_create_with(&d, NULL, p, g, 100, &o), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "gradient dtype i32");
+    o.grad_dtype = DT_F32;
+    ASSERT_OK(dt_codec_parse("codec", "powersgd:2", &o.codec));
+    o.bucket_bytes = 160;
+    ASSERT_OK(dt_ddp_create_with(&d, NULL, p, g, 100, &o));
+    ASSERT_EQ(dt_ddp_state_bytes(d), (size_t)0);
+    ASSERT_OK(dt_ddp_set_state(d, NULL, 0));
+    for (int i = 0; i < 100; i++)
+        g[i] = (float)i;
+    dt_ddp_begin(d, true);
+    dt_ddp_grad_ready(d, 0);
+    seen s = {.n = 0};
+    ASSERT_OK(dt_ddp_finish(d, record, &s));
+    ASSERT_EQ(s.n, 3);
+    for (int i = 0; i < 100; i++)
+        ASSERT_EQ(g[i], (float)i);
+    dt_ddp_destroy(d);
+}
+
 int main(void) {
     RUN(test_layouts);
+    RUN(test_options);
     return TEST_SUMMARY();
 }
