@@ -9,11 +9,11 @@
 #   --dtrain PATH    the dtrain binary (default: BUILD/dtrain, built if missing)
 #   --build DIR      build directory (default: build)
 #   --codecs LIST    comma- or space-separated codec specs (default: all nine)
-#   --rates LIST     link rates for tc (default: 100mbit,1gbit)
+#   --rates LIST     link rates for tc (default: 100mbit,1gbit; "unshaped": no tc)
 #   --delay D        one-way delay per host link (default 0.5ms; needs sch_netem)
-#   --steps N        optimizer steps per run (default 40)
+#   --steps N        optimizer steps per run (default 30)
 #   --skip N         steps left out of the step-time median (default 5)
-#   --model P        preset (default shakespeare-char); --batch B (4) --seq T (128)
+#   --model P        preset (default shakespeare-char); --batch B (4) --seq T (64)
 #   --threads K      threads per rank (default 1: two ranks share two cores)
 #   --out DIR        keep logs and metrics here (default: a temporary directory)
 #   -- ARGS          more `dtrain train` flags, the same for every run
@@ -40,11 +40,11 @@ build=$root/build
 codecs="none fp16 bf16 int8 qsgd:4 sign topk:0.01 randk:0.01 powersgd:4"
 rates="100mbit 1gbit"
 delay=0.5ms
-steps=40
+steps=30
 skip=5
 model=shakespeare-char
 batch=4
-seq=128
+seq=64
 threads=1
 out=""
 data=""
@@ -73,6 +73,7 @@ for v in steps skip batch seq threads; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "--$v must be a whole number, got '${!v}'"
 done
 ((steps > skip)) || die "--steps $steps must be larger than --skip $skip"
+warmup=$((steps / 3 < 10 ? steps / 3 : 10)) # learning-rate warm-up steps
 [[ $(id -u) -eq 0 ]] || die "must run as root (network namespaces and tc need CAP_NET_ADMIN)"
 command -v ip >/dev/null || die "'ip' (iproute2) not found"
 command -v tc >/dev/null || die "'tc' (iproute2) not found"
@@ -164,13 +165,15 @@ fi
 
 start_all=$(date +%s)
 echo "compression-eval: 2 hosts x 1 rank, model $model, batch $batch, seq $seq, steps $steps," \
-    "threads $threads, data $(basename "$data")"
+    "AdamW lr 1e-3 warm-up $warmup, threads $threads, data $(basename "$data")"
 echo "compression-eval: $delay_note"
 echo "compression-eval: logs and metrics in $out$( ((keep_out)) || echo ' (removed at exit; keep with --out)')"
 
 run=0
 for rate in $rates; do
-    "$cluster" up 2 --rate "$rate" ${use_delay:+--delay "$use_delay"} >/dev/null
+    shape=(--rate "$rate")
+    [[ $rate != unshaped ]] || shape=()
+    "$cluster" up 2 "${shape[@]}" ${use_delay:+--delay "$use_delay"} >/dev/null
     for codec in $codecs; do
         run=$((run + 1))
         dir=$out/$rate/${codec//:/-}
@@ -178,7 +181,7 @@ for rate in $rates; do
         # A fresh port per run: the previous job's sockets may linger.
         port=$((29500 + 2 * run))
         args=(train --model "$model" --data "$data" --batch "$batch" --seq "$seq"
-            --steps "$steps" --threads "$threads" --seed 1337 --lr 1e-3 --warmup 4
+            --steps "$steps" --threads "$threads" --seed 1337 --lr 1e-3 --warmup "$warmup"
             --eval-batches 16 --sample-tokens 0 --progress plain --log-every "$steps"
             --compress "$codec" "${extra[@]}")
         t0=$(date +%s%N)
