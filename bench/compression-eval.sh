@@ -15,6 +15,8 @@
 #   --skip N         steps left out of the step-time median (default 5)
 #   --model P        preset (default shakespeare-char); --batch B (4) --seq T (64)
 #   --threads K      threads per rank (default 1: two ranks share two cores)
+#   --repeat R       run every codec R times, round robin (default 1); the
+#                    table shows the median of the R runs' medians
 #   --out DIR        keep logs and metrics here (default: a temporary directory)
 #   -- ARGS          more `dtrain train` flags, the same for every run
 #
@@ -46,6 +48,7 @@ model=shakespeare-char
 batch=4
 seq=64
 threads=1
+repeat=1
 out=""
 data=""
 extra=()
@@ -62,6 +65,7 @@ while [[ $# -gt 0 ]]; do
     --batch) batch=${2:?}; shift 2 ;;
     --seq) seq=${2:?}; shift 2 ;;
     --threads) threads=${2:?}; shift 2 ;;
+    --repeat) repeat=${2:?}; shift 2 ;;
     --out) out=${2:?}; shift 2 ;;
     -h | --help) usage ;;
     --) shift; extra=("$@"); break ;;
@@ -69,9 +73,10 @@ while [[ $# -gt 0 ]]; do
     *) [[ -z $data ]] || die "more than one data file: '$data' and '$1'"; data=$1; shift ;;
     esac
 done
-for v in steps skip batch seq threads; do
+for v in steps skip batch seq threads repeat; do
     [[ ${!v} =~ ^[0-9]+$ ]] || die "--$v must be a whole number, got '${!v}'"
 done
+((repeat >= 1)) || die "--repeat must be at least 1"
 ((steps > skip)) || die "--steps $steps must be larger than --skip $skip"
 warmup=$((steps / 3 < 10 ? steps / 3 : 10)) # learning-rate warm-up steps
 [[ $(id -u) -eq 0 ]] || die "must run as root (network namespaces and tc need CAP_NET_ADMIN)"
@@ -174,9 +179,10 @@ for rate in $rates; do
     shape=(--rate "$rate")
     [[ $rate != unshaped ]] || shape=()
     "$cluster" up 2 "${shape[@]}" ${use_delay:+--delay "$use_delay"} >/dev/null
-    for codec in $codecs; do
+    for ((rep = 1; rep <= repeat; rep++)); do for codec in $codecs; do
         run=$((run + 1))
         dir=$out/$rate/${codec//:/-}
+        ((repeat == 1)) || dir+=/run$rep
         mkdir -p "$dir"
         # A fresh port per run: the previous job's sockets may linger.
         port=$((29500 + 2 * run))
@@ -216,17 +222,35 @@ print("\t".join(map(str, [rate, codec, "ok", med("step_ms"), med("compute_ms"),
                           val if val is not None else "nan", rows[-1]["step"], round(secs, 1)])))
 EOF
         tail -n 1 "$results" | awk -F'\t' '{printf "compression-eval: %-8s %-11s step %8.1f ms  val %s  (%s s)\n", $1, $2, $4, $9, $11}'
-    done
+    done; done
     "$cluster" down 2 >/dev/null
 done
 
-python3 - "$results" "$steps" "$skip" <<'EOF'
-import sys
-path, steps, skip = sys.argv[1], sys.argv[2], sys.argv[3]
-rows = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
+python3 - "$results" "$steps" "$skip" "$repeat" <<'EOF'
+import statistics, sys
+path, steps, skip, repeat = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+runs = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
+# One row per (link, codec): the median of its runs' figures (a failed run
+# fails the row). The validation loss is the same in every run.
+rows, by = [], {}
+for r in runs:
+    key = (r[0], r[1])
+    if key not in by:
+        by[key] = []
+        rows.append(key)
+    by[key].append(r)
+def merge(key):
+    rs = by[key]
+    if any(r[2] != "ok" for r in rs):
+        return list(key) + ["failed"]
+    med = lambda i: str(statistics.median(float(r[i]) for r in rs))
+    return list(key) + ["ok"] + [med(i) for i in range(3, 8)] + [rs[-1][8]]
+rows = [merge(k) for k in rows]
 none = {r[0]: r for r in rows if r[1] == "none" and r[2] == "ok"}
 print()
-print(f"step time: median over steps {int(skip) + 1}..{steps} of rank 0's step_ms; bytes: what rank 0 sent per step")
+print(f"step time: median over steps {int(skip) + 1}..{steps} of rank 0's step_ms", end="")
+print(f", then the median of {repeat} runs" if repeat > 1 else "", end="")
+print("; bytes: what rank 0 sent per step")
 hdr = ("link", "codec", "step ms", "compute", "exposed", "MB/step", "speed-up", "val loss", "val vs none")
 fmt = "{:<8} {:<11} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>11}"
 print(fmt.format(*hdr))
