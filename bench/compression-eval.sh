@@ -247,10 +247,21 @@ def merge(key):
     return list(key) + ["ok"] + [med(i) for i in range(3, 8)] + [rs[-1][8]]
 rows = [merge(k) for k in rows]
 none = {r[0]: r for r in rows if r[1] == "none" and r[2] == "ok"}
+# Speed-up: none's step time over the codec's within each round (the runs
+# closest in time, so slow changes of the machine's load cancel), then the
+# median over the rounds.
+def speedup(r):
+    nr = by.get((r[0], "none"))
+    if not nr or any(x[2] != "ok" for x in nr):
+        return None
+    mine = by[(r[0], r[1])]
+    return statistics.median(float(a[3]) / float(b[3]) for a, b in zip(nr, mine))
 print()
 print(f"step time: median over steps {int(skip) + 1}..{steps} of rank 0's step_ms", end="")
 print(f", then the median of {repeat} runs" if repeat > 1 else "", end="")
 print("; bytes: what rank 0 sent per step")
+if repeat > 1:
+    print("speed-up: the median over the rounds of none's step time over the codec's in that round")
 hdr = ("link", "codec", "step ms", "compute", "exposed", "MB/step", "speed-up", "val loss", "val vs none")
 fmt = "{:<8} {:<11} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>11}"
 print(fmt.format(*hdr))
@@ -260,7 +271,8 @@ for r in rows:
         continue
     step, comp, exp, byts, val = float(r[3]), float(r[4]), float(r[5]), float(r[7]), float(r[8])
     n = none.get(r[0])
-    sp = f"{float(n[3]) / step:.2f}x" if n else "-"
+    su = speedup(r)
+    sp = f"{su:.2f}x" if su else "-"
     dv = f"{100 * (val / float(n[8]) - 1):+.2f}%" if n else "-"
     print(fmt.format(r[0], r[1], f"{step:.1f}", f"{comp:.1f}", f"{exp:.1f}", f"{byts / 1e6:.3f}",
                      sp, f"{val:.4f}", dv))
