@@ -41,6 +41,7 @@ eval_args=(--dtrain "$dtrain" --model tiny --batch 4 --seq 64 --steps 8 --skip 2
 cat "$dir/out.txt"
 leftovers "after a run"
 grep -q "delay 0.5ms" "$dir/out.txt" || fail "no line saying whether the delay is emulated"
+# shellcheck disable=SC2086 # one argument per codec
 python3 - "$dir/out.txt" $codecs <<'PY' || fail "table not sane (see above)"
 import math, sys
 lines = open(sys.argv[1]).read().splitlines()
