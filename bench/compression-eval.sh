@@ -16,7 +16,8 @@
 #   --model P        preset (default shakespeare-char); --batch B (4) --seq T (64)
 #   --threads K      threads per rank (default 1: two ranks share two cores)
 #   --repeat R       run every codec R times, round robin (default 1); the
-#                    table shows the median of the R runs' medians
+#                    table shows the median of the R runs' medians and of
+#                    the in-round speed-ups
 #   --out DIR        keep logs and metrics here (default: a temporary directory)
 #   -- ARGS          more `dtrain train` flags, the same for every run
 #
@@ -33,8 +34,8 @@ die() {
     exit 1
 }
 usage() {
-    sed -n '7,21p' "$0" | sed 's/^# \{0,1\}//' >&2
-    exit 2
+    sed -n '7,/^# The same seed/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2
+    exit "${1:-2}"
 }
 
 dtrain=""
@@ -67,7 +68,7 @@ while [[ $# -gt 0 ]]; do
     --threads) threads=${2:?}; shift 2 ;;
     --repeat) repeat=${2:?}; shift 2 ;;
     --out) out=${2:?}; shift 2 ;;
-    -h | --help) usage ;;
+    -h | --help) usage 0 ;;
     --) shift; extra=("$@"); break ;;
     -*) die "unknown option '$1' (see --help)" ;;
     *) [[ -z $data ]] || die "more than one data file: '$data' and '$1'"; data=$1; shift ;;
