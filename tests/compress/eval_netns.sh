@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# eval_netns.sh DTRAIN CODEC... — bench/compression-eval.sh in a tiny mode
+# (tiny model, 8 steps, 100 Mbit/s only, the given codecs) on a corpus made
+# of the repository's docs: the table must have one sane row per codec
+# (positive times, none at 1.00x and +0.00%, a compressed codec sending
+# fewer bytes than none, finite validation losses), and nothing may be left
+# behind: no namespaces, no processes; then the same run is interrupted
+# with SIGINT while training and must clean up as well and exit 130.
+# Exits 77 (ctest SKIP_RETURN_CODE) when not root or a tool is missing.
+set -euo pipefail
+dtrain=$1
+shift
+codecs="$*"
+root=$(cd "$(dirname "$0")/../.." && pwd)
+if [[ $(id -u) -ne 0 ]]; then
+    echo "SKIP: the netns evaluation needs root (network namespaces, tc)"
+    exit 77
+fi
+for t in ip tc python3; do
+    if ! command -v $t >/dev/null; then
+        echo "SKIP: the netns evaluation needs '$t'"
+        exit 77
+    fi
+done
+fail() { echo "FAIL: $*" >&2; exit 1; }
+export DT_NETNS_PREFIX=dte$$
+dir=$(mktemp -d /tmp/dt-evaltest-XXXXXX)
+trap 'rm -rf "$dir"; "$root/scripts/netns-cluster.sh" down 2 >/dev/null 2>&1 || true' EXIT
+cat "$root"/docs/*.md >"$dir/corpus.txt"
+leftovers() {
+    local n
+    n=$(ip netns list | awk '{print $1}' | grep -c "^$DT_NETNS_PREFIX-" || true)
+    [[ $n == 0 ]] || fail "$1: $n namespaces $DT_NETNS_PREFIX-* left"
+    ! pgrep -f -- "$dir/" >/dev/null || fail "$1: processes left: $(pgrep -af -- "$dir/")"
+}
+eval_args=(--dtrain "$dtrain" --model tiny --batch 4 --seq 64 --steps 8 --skip 2
+    --rates 100mbit --codecs "$codecs" "$dir/corpus.txt")
+
+"$root/bench/compression-eval.sh" "${eval_args[@]}" --out "$dir/run" >"$dir/out.txt" 2>&1 ||
+    fail "compression-eval.sh exited $?: $(tail -n 20 "$dir/out.txt")"
+cat "$dir/out.txt"
+leftovers "after a run"
+grep -q "delay 0.5ms" "$dir/out.txt" || fail "no line saying whether the delay is emulated"
+# shellcheck disable=SC2086 # one argument per codec
+python3 - "$dir/out.txt" $codecs <<'PY' || fail "table not sane (see above)"
+import math, sys
+lines = open(sys.argv[1]).read().splitlines()
+codecs = sys.argv[2:]
+head = [i for i, l in enumerate(lines) if l.startswith("link ")]
+assert len(head) == 1, f"expected one table header, found {len(head)}"
+rows = {}
+for l in lines[head[0] + 1:]:
+    f = l.split()
+    if len(f) == 9 and f[0] == "100mbit":
+        rows[f[1]] = f
+assert sorted(rows) == sorted(codecs), f"rows {sorted(rows)} != codecs {sorted(codecs)}"
+for c, f in rows.items():
+    step, comp, exp, mb, val = (float(x) for x in (f[2], f[3], f[4], f[5], f[7]))
+    assert step > 0 and comp > 0 and exp >= 0 and mb > 0, f"{c}: non-positive figures {f}"
+    assert comp <= step * 1.001, f"{c}: compute {comp} ms above step {step} ms"
+    assert math.isfinite(val) and 0 < val < 10, f"{c}: val loss {val}"
+    sp = float(f[6].rstrip("x"))
+    assert sp > 0, f"{c}: speed-up {f[6]}"
+if "none" in rows:
+    n = rows["none"]
+    assert n[6] == "1.00x" and n[8] == "+0.00%", f"none vs itself: {n[6]} {n[8]}"
+    for c, f in rows.items():
+        if c not in ("none", "fp16", "bf16"):
+            assert float(f[5]) < float(n[5]) / 2, f"{c} sends {f[5]} MB/step, none {n[5]}"
+print("ok: table has one sane row per codec:", " ".join(codecs))
+PY
+echo "ok: nothing left after a run"
+
+# Interrupt during training: launchers, ranks and namespaces must go.
+set -m
+"$root/bench/compression-eval.sh" "${eval_args[@]}" --steps 100000 --out "$dir/run" \
+    >"$dir/int.txt" 2>&1 &
+pid=$!
+for ((i = 0; i < 300; i++)); do
+    [[ -s $dir/run/100mbit/${codecs%% *}/metrics.jsonl ]] && break
+    sleep 0.1
+done
+[[ -s $dir/run/100mbit/${codecs%% *}/metrics.jsonl ]] || fail "training did not start: $(cat "$dir/int.txt")"
+kill -INT "$pid"
+rc=0
+wait "$pid" || rc=$?
+set +m
+[[ $rc == 130 ]] || fail "interrupted run exited $rc, expected 130: $(tail -n 5 "$dir/int.txt")"
+leftovers "after SIGINT"
+echo "ok: SIGINT during training: exit 130, nothing left"
