@@ -115,8 +115,8 @@ typedef struct dt_memory_report {
     size_t attention_naive; /* what a naive attention would add: (B,NH,T,T) probs/layer */
     size_t logits;          /* part of activations: the LM head's fp32 logits: (B,T,V)
                                without recomputation (+ one (B·T, Vb) vocabulary chunk
-                               when V > Vb); with recomputation only the chunk and the
-                               (B,V) last positions (+ their (B,C) ln_f rows) */
+                               when V > Vb); with recomputation only the chunk (the
+                               (B,V) last positions share the backward scratch) */
     dt_precision precision; /* compute type the arena was planned for */
     int recompute_every;    /* dt_gpt_options.recompute_every */
     int layers;             /* L */

@@ -312,29 +312,36 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     m->lnf_rstd = take(base, &off, BT * 4);
     /* The LM head: without recomputation the full (B,T,V) logits (the
      * contract of dt_gpt_logits); with it only the (B,T,Vb) chunk that
-     * forward and backward (re)compute and the last positions' logits. */
+     * forward and backward (re)compute (and the last positions' logits,
+     * in the scratch below). */
     bool chunked = o->recompute_every > 0;
     size_t Vb = (size_t)head_cols(c->vocab, BT), before = off;
     m->logits = chunked ? NULL : take(base, &off, BT * V * 4);
     m->chunk = chunked || Vb < V ? take(base, &off, BT * Vb * 4) : m->logits;
-    m->last = chunked ? take(base, &off, B * V * 4) : NULL;
-    m->lnf_last = chunked ? take(base, &off, B * C * A) : NULL;
     p.logits = off - before;
     m->ce_lse = take(base, &off, BT * 4);
     m->losses = take(base, &off, BT * 4);
     m->dres = take(base, &off, BT * C * 4);
     m->dbuf = take(base, &off, BT * C * 4);
-    /* Two phases of a block's backward share memory: dfch is only live in
-     * the MLP part, dqkv (and the 16-bit attention workspace,
-     * also used by forward and recomputation) only outside it. */
-    size_t phase = off, mlp_end;
+    /* Three lifetimes share one scratch region: dfch is only live in the
+     * MLP part of a block's backward (and holds a part of dlnf in the
+     * head's backward); dqkv (and the 16-bit attention workspace, also
+     * used by forward and recomputation) only outside it; with
+     * recomputation the last positions' logits (and their ln_f rows) from
+     * the head's forward until the next backward or block forward, which
+     * is what dt_gpt_logits() promises. */
+    size_t phase = off, end;
     m->dfch = take(base, &off, BT * 4 * C * 4);
-    mlp_end = off;
+    end = off;
     off = phase;
     m->dqkv = take(base, &off, BT * 3 * C * A);
     m->attn_work =
         low ? take(base, &off, dt_attention16_workspace(B_, T_, c->dim, c->heads) * 4) : NULL;
-    off = off > mlp_end ? off : mlp_end;
+    end = off > end ? off : end;
+    off = phase;
+    m->last = chunked ? take(base, &off, B * V * 4) : NULL;
+    m->lnf_last = chunked ? take(base, &off, B * C * A) : NULL;
+    off = off > end ? off : end;
     m->dres16 = low ? take(base, &off, BT * C * 2) : NULL;
     m->row16 = low ? take(base, &off, Vb * 2) : NULL;
     m->tokens = take(base, &off, BT * 4);
