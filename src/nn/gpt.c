@@ -17,6 +17,11 @@
  *    res3, which every block owns (it is the next block's kept input).
  *    Backward refills `shared` by re-running the block's forward with the
  *    same calls, so gradients are bit-identical to no recomputation.
+ *  - The LM head runs in vocabulary chunks of head_cols columns in every
+ *    mode (see "LM head in vocabulary chunks"); head_cols depends only on
+ *    (V, max_batch * max_seq), so models created with the same sizes chunk
+ *    alike. With recomputation the (B,T,V) logits never exist: backward
+ *    recomputes each chunk with forward's GEMM call.
  */
 #include "dtrain/nn.h"
 
