@@ -198,7 +198,7 @@ const float *dt_gpt_logits(const dt_gpt *m);
 const float *dt_gpt_last_logits(const dt_gpt *m, int b);
 
 /* Internal, for tests: LM-head chunk width (vocabulary columns) of models
- * created after this call; 0 restores the automatic choice (~1 MiB of fp32
+ * created after this call; 0 restores the automatic choice (~2 MiB of fp32
  * logits per chunk, see docs/engine.md). Not thread-safe. */
 void dt__gpt_head_cols_override(int cols);
 

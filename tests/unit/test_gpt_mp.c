@@ -190,7 +190,7 @@ static void test_options_rejected(void) {
  *    tensors of 4C bytes per token) while a 16-bit block is only ~36C, so
  *    for gpt2-124m (L = 12) it exceeds the bound;
  *  - on the whole arena in fp32 for every preset (the LM head is
- *    recomputed in ~1 MiB vocabulary chunks, so gpt2-124m's (B,T,50257)
+ *    recomputed in ~2 MiB vocabulary chunks, so gpt2-124m's (B,T,50257)
  *    logits never exist at once), and for tiny in bf16/fp16; not for
  *    16-bit shakespeare-char and gpt2-124m, where the fp32 backward
  *    scratch ((B,T,4C) dfch, dres, dbuf) next to 16-bit blocks exceeds it.
