@@ -113,7 +113,10 @@ typedef struct dt_memory_report {
     size_t block;           /* one block's full set of activations (not a part: a unit) */
     size_t attention;       /* part of activations held for attention: qkv, out, lse */
     size_t attention_naive; /* what a naive attention would add: (B,NH,T,T) probs/layer */
-    size_t logits;          /* part of activations: the (B,T,V) fp32 logits */
+    size_t logits;          /* part of activations: the LM head's fp32 logits: (B,T,V)
+                               without recomputation (+ one (B·T, Vb) vocabulary chunk
+                               when V > Vb); with recomputation only the chunk (the
+                               (B,V) last positions share the backward scratch) */
     dt_precision precision; /* compute type the arena was planned for */
     int recompute_every;    /* dt_gpt_options.recompute_every */
     int layers;             /* L */
@@ -169,19 +172,35 @@ void dt_gpt_init_params(dt_gpt *m, uint64_t seed);
 
 /* Forward pass on inputs (B,T). With targets (B,T) the mean cross-entropy
  * loss is written to *mean_loss (may be NULL) and the pass is kept for
- * backward; without targets only logits are computed. */
+ * backward; without targets only logits are computed (with recomputation:
+ * only those of the last position of each sequence). */
 dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                          float *mean_loss);
 void dt_gpt_zero_grads(dt_gpt *m);
 /* Backward of the last forward (which must have had targets). ACCUMULATES
  * grad_scale * d(mean loss)/d(params) into the gradient buffer; hook may be
- * NULL. Overwrites the logits (their memory holds dlogits). Blocks chosen by
+ * NULL. May overwrite the logits (their memory can hold dlogits). Blocks chosen by
  * recompute_every re-run their forward from their kept input just before
  * their backward; the result is bit-identical to no recomputation. An error
  * (only possible from a 16-bit multiply) leaves the gradients partial. */
 dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, void *user);
-/* The last forward's logits (B,T,V); valid until the next backward. */
+/* The last forward's logits, fp32, valid until the next backward:
+ *  - recompute_every == 0: all of them, (B,T,V);
+ *  - recompute_every > 0: only the last position of each sequence, (B,V)
+ *    (row b = position T-1 of sequence b). The LM head is then recomputed
+ *    in vocabulary chunks like the blocks, and the (B,T,V) logits never
+ *    exist at once. Without targets forward computes only these rows (a
+ *    smaller GEMM, so they may differ from a pass with targets in the last
+ *    bits). */
 const float *dt_gpt_logits(const dt_gpt *m);
+/* The logits (V) of the last position (T-1) of sequence b of the last
+ * forward, in every mode (what a sampler needs). */
+const float *dt_gpt_last_logits(const dt_gpt *m, int b);
+
+/* Internal, for tests: LM-head chunk width (vocabulary columns) of models
+ * created after this call; 0 restores the automatic choice (~2 MiB of fp32
+ * logits per chunk, see docs/engine.md). Not thread-safe. */
+void dt__gpt_head_cols_override(int cols);
 
 /* Bytes of params, grads and activations for the planned sizes. */
 void dt_gpt_memory(const dt_gpt *m, dt_memory_report *out);

@@ -130,7 +130,7 @@ static int run_sample(cli_args *a) {
         st = dt_gpt_forward(m, ctx, NULL, 1, T, NULL);
         if (st != DT_OK)
             break;
-        const float *row = dt_gpt_logits(m) + (size_t)(T - 1) * V;
+        const float *row = dt_gpt_last_logits(m, 0);
         int next =
             pick(row, V, cli_double(a, "temperature"), (int)cli_int(a, "top-k"), &rng, scratch);
         ids[n++] = next;

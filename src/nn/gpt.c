@@ -17,8 +17,15 @@
  *    res3, which every block owns (it is the next block's kept input).
  *    Backward refills `shared` by re-running the block's forward with the
  *    same calls, so gradients are bit-identical to no recomputation.
+ *  - The LM head runs in vocabulary chunks of head_cols columns in every
+ *    mode (see "LM head in vocabulary chunks"); head_cols depends only on
+ *    (V, max_batch * max_seq), so models created with the same sizes chunk
+ *    alike. With recomputation the (B,T,V) logits never exist: backward
+ *    recomputes each chunk with forward's GEMM call.
  */
 #include "dtrain/nn.h"
+
+#include "../tensor/simd.h"
 
 #include <errno.h>
 #include <math.h>
@@ -89,7 +96,14 @@ struct dt_gpt {
     void *lnf;         // (B,T,C)   compute type (the LM head's input)
     float *lnf_mean;   // (B,T)
     float *lnf_rstd;   // (B,T)
-    float *logits;     // (B,T,V); dlogits after backward (a16 dlogits in 16-bit)
+    int head_cols;     /* Vb: vocabulary columns per LM-head chunk (== V: one chunk) */
+    int head_cols_max; /* what the arena was carved for */
+    float *logits;     // (B,T,V) without recomputation (NULL with); dlogits after backward
+                       // when there is one chunk (a16 dlogits in 16-bit)
+    float *chunk;      // (B·T,Vb) logits/dlogits of one vocabulary chunk (== logits when
+                       // there is one chunk and no recomputation)
+    float *last;       // (B,V)     with recomputation: the last position's logits
+    void *lnf_last;    // (B,C)     with recomputation: ln_f rows of the last positions
     float *ce_lse;     // (B,T)
     float *losses;     // (B,T)
     float *dres;       // (B,T,C)   backward: gradient of the residual stream
@@ -97,7 +111,7 @@ struct dt_gpt {
     void *dqkv;        // (B,T,3C)  backward scratch, compute type
     float *dfch;       // (B,T,4C)  backward scratch
     uint16_t *dres16;  // (B,T,C)   16-bit: dres rounded (the c_proj layers' dout)
-    uint16_t *row16;   // (V)       16-bit: the first row of dlogits (see head_dout16)
+    uint16_t *row16;   // (Vb)      16-bit: the first row of a dlogits chunk (see head_dout16)
     float *attn_work;  // 16-bit: dt_attention16_workspace() floats (dqkv, attn_work share
                        // their memory with dfch: see carve)
     int32_t *tokens;   // (B,T)     copy of the last inputs
@@ -204,6 +218,24 @@ typedef struct plan {
 /* Bytes of one activation element: fp32, or 16 bits in bf16/fp16. */
 static size_t act_size(dt_precision p) { return p == DT_PRECISION_FP32 ? 4 : 2; }
 
+/* LM head chunks: about this many bytes of fp32 logits per chunk. */
+#define HEAD_CHUNK_BYTES ((size_t)2 << 20)
+
+/* Vocabulary columns per LM-head chunk for N rows: a multiple of 64 (at
+ * least 64) keeping the (N, Vb) fp32 chunk near HEAD_CHUNK_BYTES; V when
+ * that covers the vocabulary (one chunk: the unchunked computation). */
+static int head_cols_override; /* tests: dt__gpt_head_cols_override() */
+
+void dt__gpt_head_cols_override(int cols) { head_cols_override = cols > 0 ? cols : 0; }
+
+static int head_cols(int V, size_t N) {
+    if (head_cols_override)
+        return head_cols_override < V ? head_cols_override : V;
+    size_t w = HEAD_CHUNK_BYTES / (N * 4) / 64 * 64;
+    w = w < 64 ? 64 : w;
+    return w >= (size_t)V ? V : (int)w;
+}
+
 /* Whether block l drops its activations in forward and recomputes them. */
 static bool recomputed(int every, int l) { return every > 0 && l % every == 0; }
 
@@ -283,26 +315,40 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     m->lnf = take(base, &off, BT * C * A);
     m->lnf_mean = take(base, &off, BT * 4);
     m->lnf_rstd = take(base, &off, BT * 4);
-    size_t before = off;
-    m->logits = take(base, &off, BT * V * 4);
+    /* The LM head: without recomputation the full (B,T,V) logits (the
+     * contract of dt_gpt_logits); with it only the (B,T,Vb) chunk that
+     * forward and backward (re)compute (and the last positions' logits,
+     * in the scratch below). */
+    bool chunked = o->recompute_every > 0;
+    size_t Vb = (size_t)head_cols(c->vocab, BT), before = off;
+    m->logits = chunked ? NULL : take(base, &off, BT * V * 4);
+    m->chunk = chunked || Vb < V ? take(base, &off, BT * Vb * 4) : m->logits;
     p.logits = off - before;
     m->ce_lse = take(base, &off, BT * 4);
     m->losses = take(base, &off, BT * 4);
     m->dres = take(base, &off, BT * C * 4);
     m->dbuf = take(base, &off, BT * C * 4);
-    /* Two phases of a block's backward share memory: dfch is only live in
-     * the MLP part, dqkv (and the 16-bit attention workspace,
-     * also used by forward and recomputation) only outside it. */
-    size_t phase = off, mlp_end;
+    /* Three lifetimes share one scratch region: dfch is only live in the
+     * MLP part of a block's backward (and holds a part of dlnf in the
+     * head's backward); dqkv (and the 16-bit attention workspace, also
+     * used by forward and recomputation) only outside it; with
+     * recomputation the last positions' logits (and their ln_f rows) from
+     * the head's forward until the next backward or block forward, which
+     * is what dt_gpt_logits() promises. */
+    size_t phase = off, end;
     m->dfch = take(base, &off, BT * 4 * C * 4);
-    mlp_end = off;
+    end = off;
     off = phase;
     m->dqkv = take(base, &off, BT * 3 * C * A);
     m->attn_work =
         low ? take(base, &off, dt_attention16_workspace(B_, T_, c->dim, c->heads) * 4) : NULL;
-    off = off > mlp_end ? off : mlp_end;
+    end = off > end ? off : end;
+    off = phase;
+    m->last = chunked ? take(base, &off, B * V * 4) : NULL;
+    m->lnf_last = chunked ? take(base, &off, B * C * A) : NULL;
+    off = off > end ? off : end;
     m->dres16 = low ? take(base, &off, BT * C * 2) : NULL;
-    m->row16 = low ? take(base, &off, V * 2) : NULL;
+    m->row16 = low ? take(base, &off, Vb * 2) : NULL;
     m->tokens = take(base, &off, BT * 4);
     m->targets = take(base, &off, BT * 4);
     p.total = off;
@@ -469,6 +515,7 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
     memset(m->params, 0, m->nparams * sizeof(float));
     memset(m->grads, 0, m->nparams * sizeof(float));
     carve(m, cfg, max_batch, max_seq, &o);
+    m->head_cols = head_cols(cfg->vocab, (size_t)max_batch * max_seq);
 
     /* The tensor table, in buffer order. */
     size_t off = 0, t = 0;
@@ -516,7 +563,14 @@ float *dt_gpt_params(dt_gpt *m) { return m->params; }
 float *dt_gpt_grads(dt_gpt *m) { return m->grads; }
 size_t dt_gpt_num_params(const dt_gpt *m) { return m->nparams; }
 size_t dt_gpt_num_tensors(const dt_gpt *m) { return m->ntensors; }
-const float *dt_gpt_logits(const dt_gpt *m) { return m->logits; }
+const float *dt_gpt_logits(const dt_gpt *m) { return m->logits ? m->logits : m->last; }
+
+const float *dt_gpt_last_logits(const dt_gpt *m, int b) {
+    DT_ASSERT(b >= 0 && b < m->B);
+    size_t V = (size_t)m->cfg.vocab;
+    return m->logits ? m->logits + ((size_t)b * m->T + (size_t)m->T - 1) * V
+                     : m->last + (size_t)b * V;
+}
 
 void dt_gpt_tensor_info(const dt_gpt *m, size_t i, dt_param_info *out) {
     DT_ASSERT(i < m->ntensors);
@@ -634,6 +688,113 @@ static dt_status block_forward(dt_gpt *m, int l, const float *x, bool full) {
     return DT_OK;
 }
 
+/* ------------------------------------------------------------------------ */
+/* LM head in vocabulary chunks                                             */
+/* ------------------------------------------------------------------------ */
+/*
+ * The tied head, logits (N,V) = lnf (N,C) wte^T, runs over column chunks
+ * [v0, v0 + w) of the vocabulary (w = head_cols; the last chunk may be
+ * narrower) in EVERY mode, so that recomputation is bit-identical to none by
+ * construction:
+ *  - each chunk is the same GEMM call on the same inputs, whether forward
+ *    writes it (and, without recomputation, copies it into the full logits)
+ *    or backward recomputes it;
+ *  - the loss's log-sum-exp of a row merges the chunks' in chunk order;
+ *  - backward turns a chunk into dlogits in place and does its two GEMMs:
+ *    dwte rows [v0, v0+w) += dchunk^T lnf (a whole K = N reduction: each
+ *    dwte row is written by one GEMM, as without chunks), and dlnf +=
+ *    dchunk wte[v0:v0+w) (a split of the V reduction, summed in chunk order
+ *    into an (N,C) buffer: cheap, N·C per chunk).
+ * Chunking rows instead would split dwte's K = N reduction and read and
+ * write the whole (V,C) dwte once per chunk (~300 MB for gpt2-124m).
+ * With one chunk (V <= head_cols: tiny, shakespeare-char) every call is
+ * the unchunked one: the same kernels, the same bits as before chunking.
+ * The per-chunk loops between the GEMMs (copies, log-sum-exp, dlogits) are
+ * serial on purpose: an OpenMP region there leaves its threads spinning
+ * while OpenBLAS's own threads run the next chunk's GEMM; with 50 chunks
+ * that made the gpt2-124m fp32 head forward 4.6x slower. Serial, they
+ * cost ~N·V exponentials per pass, small next to the GEMMs' 2·N·V·C FLOPs.
+ */
+
+/* The chunk [v0, v0+w) of the logits of all N rows, into out (N,w). */
+static dt_status head_gemm(dt_gpt *m, float *out, int N, int v0, int w) {
+    const int C = m->cfg.dim;
+    size_t off = m->info[0].offset + (size_t)v0 * C;
+    if (m->opt.precision == DT_PRECISION_FP32) {
+        dt_matmul_forward(out, m->lnf, m->params + off, NULL, N, C, w);
+        return DT_OK;
+    }
+    return dt_linear16_forward(m->opt.precision, out, true, m->lnf, m->w16 + off, NULL, N, C, w);
+}
+
+/* log-sum-exp of one chunk row (as the cross-entropy kernel computes it). */
+static float chunk_lse(const float *x, int w) {
+    float mx = dt__max(x, (size_t)w), s = 0.0f;
+    int j = 0;
+#ifdef __AVX512F__
+    __m512 vm = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
+    for (; j + 16 <= w; j += 16)
+        acc = _mm512_add_ps(acc, dt__exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm)));
+    s = _mm512_reduce_add_ps(acc);
+#endif
+    for (; j < w; j++)
+        s += expf(x[j] - mx);
+    return mx + logf(s);
+}
+
+/* Forward of the head: logits chunk by chunk; with targets the loss rows
+ * (ce_lse, losses) and their mean. Without recomputation the full logits
+ * are kept; with it, the last positions' logits. */
+static dt_status head_forward(dt_gpt *m, bool targets, float *mean_loss) {
+    const int B = m->B, T = m->T, N = B * T, V = m->cfg.vocab, hc = m->head_cols;
+    *mean_loss = 0.0f;
+    if (hc >= V) { /* one chunk: the unchunked computation */
+        DT_CHECK(head_gemm(m, m->chunk, N, 0, V));
+        if (targets)
+            *mean_loss = dt_crossentropy_forward(m->losses, m->ce_lse, m->chunk, m->targets, N, V);
+        for (int b = 0; m->last && b < B; b++)
+            memcpy(m->last + (size_t)b * V, m->chunk + ((size_t)b * T + T - 1) * V,
+                   sizeof(float) * V);
+        return DT_OK;
+    }
+    for (int v0 = 0; v0 < V; v0 += hc) {
+        const int w = V - v0 < hc ? V - v0 : hc;
+        const float *x = m->chunk;
+        DT_CHECK(head_gemm(m, m->chunk, N, v0, w));
+        if (m->logits) {
+            for (int i = 0; i < N; i++)
+                memcpy(m->logits + (size_t)i * V + v0, x + (size_t)i * w, sizeof(float) * w);
+        }
+        for (int b = 0; m->last && b < B; b++)
+            memcpy(m->last + (size_t)b * V + v0, x + ((size_t)b * T + T - 1) * w,
+                   sizeof(float) * w);
+        if (!targets)
+            continue;
+        /* ce_lse: the running log-sum-exp; losses: the target's logit. */
+        for (int i = 0; i < N; i++) {
+            float l = chunk_lse(x + (size_t)i * w, w);
+            if (v0 == 0) {
+                m->ce_lse[i] = l;
+            } else {
+                float a = m->ce_lse[i], hi = a > l ? a : l;
+                m->ce_lse[i] = hi + log1pf(expf(-fabsf(a - l)));
+            }
+            int t = m->targets[i] - v0;
+            if (t >= 0 && t < w)
+                m->losses[i] = x[(size_t)i * w + t];
+        }
+    }
+    if (targets) {
+        double total = 0.0;
+        for (int i = 0; i < N; i++) {
+            m->losses[i] = m->ce_lse[i] - m->losses[i];
+            total += m->losses[i];
+        }
+        *mean_loss = (float)(total / N);
+    }
+    return DT_OK;
+}
+
 dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                          float *mean_loss) {
     const int L = m->cfg.layers, C = m->cfg.dim, V = m->cfg.vocab;
@@ -668,20 +829,30 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
         x = m->acts[l].res3;
     }
     const dt_param_info *lnw = &m->info[m->ntensors - 2], *lnb = &m->info[m->ntensors - 1];
-    /* Tied LM head: logits (N,V) = lnf (N,C) @ wte^T, fp32 in every precision. */
-    if (pr == DT_PRECISION_FP32) {
+    if (pr == DT_PRECISION_FP32)
         dt_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, p + lnw->offset, p + lnb->offset,
                              N, C);
-        dt_matmul_forward(m->logits, m->lnf, p + m->info[0].offset, NULL, N, C, V);
-    } else {
+    else
         dt_layernorm16_forward(pr, m->lnf, m->lnf_mean, m->lnf_rstd, x, p + lnw->offset,
                                p + lnb->offset, N, C);
-        DT_CHECK(dt_linear16_forward(pr, m->logits, true, m->lnf, m->w16 + m->info[0].offset, NULL,
-                                     N, C, V));
+    if (!targets && !m->logits) {
+        /* Recomputation, no loss: only the last positions' logits. */
+        size_t row = (size_t)C * act_size(pr);
+        for (int b = 0; b < B; b++)
+            memcpy((char *)m->lnf_last + (size_t)b * row,
+                   (const char *)m->lnf + ((size_t)b * T + (size_t)T - 1) * row, row);
+        if (pr == DT_PRECISION_FP32)
+            dt_matmul_forward(m->last, m->lnf_last, p + m->info[0].offset, NULL, B, C, V);
+        else
+            DT_CHECK(dt_linear16_forward(pr, m->last, true, m->lnf_last, m->w16 + m->info[0].offset,
+                                         NULL, B, C, V));
+        return DT_OK;
     }
-    if (targets) {
+    if (targets)
         memcpy(m->targets, targets, sizeof(int32_t) * N);
-        float loss = dt_crossentropy_forward(m->losses, m->ce_lse, m->logits, m->targets, N, V);
+    float loss;
+    DT_CHECK(head_forward(m, targets != NULL, &loss));
+    if (targets) {
         if (mean_loss)
             *mean_loss = loss;
         m->have_targets = true;
@@ -693,16 +864,16 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
 /* Backward                                                                 */
 /* ------------------------------------------------------------------------ */
 
-/* bf16/fp16: round dlogits (N,V), fp32 over the logits, to a16 packed at
+/* bf16/fp16: round a dlogits chunk (N,V), fp32, to a16 packed at
  * the front of the same memory, without a second (N,V) buffer. Row 0's
  * destination overlaps its source, so it goes through row16. After that,
  * rows [r, 2r) are written to bytes [2rV, 4rV) and read from [4rV, 8rV):
  * destination and source of a call never overlap, and what a call
  * overwrites are the sources of rows < r, already converted. */
-static const uint16_t *head_dout16(dt_gpt *m, size_t N, size_t V) {
+static const uint16_t *head_dout16(dt_gpt *m, float *buf, size_t N, size_t V) {
     const dt_precision pr = m->opt.precision;
-    const float *in = m->logits;
-    uint16_t *out = (uint16_t *)(void *)m->logits;
+    const float *in = buf;
+    uint16_t *out = (uint16_t *)(void *)buf;
     dt_act16_from_f32(pr, m->row16, in, V);
     memcpy(out, m->row16, V * sizeof(uint16_t));
     for (size_t r = 1; r < N; r *= 2) {
@@ -710,6 +881,61 @@ static const uint16_t *head_dout16(dt_gpt *m, size_t N, size_t V) {
         dt_act16_from_f32(pr, out + r * V, in + r * V, (e - r) * V);
     }
     return out;
+}
+
+/* dlogits of chunk x (N,w) = columns [v0, v0+w), in place: scale *
+ * (softmax - onehot), elementwise as dt_crossentropy_backward computes it. */
+static void chunk_dlogits(dt_gpt *m, float *x, int N, int v0, int w, float scale) {
+    for (int i = 0; i < N; i++) {
+        float *d = x + (size_t)i * w, l = m->ce_lse[i];
+        int j = 0;
+#ifdef __AVX512F__
+        __m512 vl = _mm512_set1_ps(l), vs = _mm512_set1_ps(scale);
+        for (; j + 16 <= w; j += 16)
+            _mm512_storeu_ps(
+                d + j, _mm512_mul_ps(vs, dt__exp16(_mm512_sub_ps(_mm512_loadu_ps(d + j), vl))));
+#endif
+        for (; j < w; j++)
+            d[j] = scale * expf(d[j] - l);
+        int t = m->targets[i] - v0;
+        if (t >= 0 && t < w)
+            d[t] -= scale;
+    }
+}
+
+/* Backward of the head, chunk by chunk: m->dbuf receives dlnf (N,C) and
+ * dwte accumulates. A chunk's logits come from the full logits (no
+ * recomputation) or are recomputed by the forward's GEMM call. dfch, idle
+ * until the blocks' backward, holds one chunk's part of dlnf. */
+static dt_status head_backward(dt_gpt *m, float scale) {
+    const int N = m->B * m->T, V = m->cfg.vocab, C = m->cfg.dim, hc = m->head_cols;
+    const dt_precision pr = m->opt.precision;
+    const size_t wte = m->info[0].offset;
+    for (int v0 = 0; v0 < V; v0 += hc) {
+        const int w = V - v0 < hc ? V - v0 : hc;
+        float *x = m->chunk, *dst = v0 == 0 ? m->dbuf : m->dfch;
+        if (!m->logits)
+            DT_CHECK(head_gemm(m, x, N, v0, w));
+        else if (x != m->logits)
+            for (int i = 0; i < N; i++)
+                memcpy(x + (size_t)i * w, m->logits + (size_t)i * V + v0, sizeof(float) * w);
+        if (w == V)
+            dt_crossentropy_backward(x, x, m->ce_lse, m->targets, scale, N, V);
+        else
+            chunk_dlogits(m, x, N, v0, w, scale);
+        /* dlnf (N,C) (+)= dchunk @ wte[v0:v0+w); dwte[v0:v0+w) += dchunk^T @ lnf. */
+        if (pr == DT_PRECISION_FP32)
+            dt_matmul_backward(dst, m->grads + wte + (size_t)v0 * C, NULL, x, m->lnf,
+                               m->params + wte + (size_t)v0 * C, N, C, w);
+        else
+            DT_CHECK(dt_linear16_backward(pr, dst, m->grads + wte + (size_t)v0 * C, NULL,
+                                          head_dout16(m, x, (size_t)N, (size_t)w), m->lnf,
+                                          m->w16 + wte + (size_t)v0 * C, N, C, w));
+        if (v0 > 0)
+            for (size_t k = 0; k < (size_t)N * C; k++)
+                m->dbuf[k] += dst[k];
+    }
+    return DT_OK;
 }
 
 /* Block l's backward: m->dres holds d(res3) on entry and d(x) on return;
@@ -771,25 +997,13 @@ dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, vo
                             "backward needs a preceding forward with targets (and only one "
                             "backward per forward)");
     m->have_targets = false; /* the logits are about to become dlogits */
-    const int L = m->cfg.layers, C = m->cfg.dim, V = m->cfg.vocab;
+    const int L = m->cfg.layers, C = m->cfg.dim;
     const int B = m->B, T = m->T, N = B * T;
-    const dt_precision pr = m->opt.precision;
     float *p = m->params, *g = m->grads;
     const dt_param_info *wte = &m->info[0], *wpe = &m->info[1];
     const dt_param_info *lnw = &m->info[m->ntensors - 2], *lnb = &m->info[m->ntensors - 1];
 
-    /* d(mean loss)/dlogits, in place over the logits. */
-    float *dlogits = m->logits;
-    dt_crossentropy_backward(dlogits, m->logits, m->ce_lse, m->targets, grad_scale / (float)N, N,
-                             V);
-    /* LM head: dlnf (N,C) = dlogits @ wte; dwte += dlogits^T @ lnf. */
-    if (pr == DT_PRECISION_FP32)
-        dt_matmul_backward(m->dbuf, g + wte->offset, NULL, dlogits, m->lnf, p + wte->offset, N, C,
-                           V);
-    else
-        DT_CHECK(dt_linear16_backward(pr, m->dbuf, g + wte->offset, NULL,
-                                      head_dout16(m, (size_t)N, (size_t)V), m->lnf,
-                                      m->w16 + wte->offset, N, C, V));
+    DT_CHECK(head_backward(m, grad_scale / (float)N));
     const float *xL = L > 0 ? m->acts[L - 1].res3 : m->encoded;
     memset(m->dres, 0, sizeof(float) * (size_t)N * C);
     dt_layernorm_backward(m->dres, g + lnw->offset, g + lnb->offset, m->dbuf, xL, p + lnw->offset,

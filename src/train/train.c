@@ -835,7 +835,7 @@ static dt_status generate(trainer *t, FILE *out) {
     for (int i = 0; i < ntok; i++) {
         int len = i + 1, Tc = len < T ? len : T;
         DT_CHECK_GOTO(dt_gpt_forward(t->m, ids + len - Tc, NULL, 1, Tc, NULL), st, done);
-        const float *logits = dt_gpt_logits(t->m) + (size_t)(Tc - 1) * V;
+        const float *logits = dt_gpt_last_logits(t->m, 0);
         float mx = -INFINITY;
         for (int v = 0; v < Vd; v++)
             mx = logits[v] > mx ? logits[v] : mx;
