@@ -739,6 +739,7 @@ static float chunk_lse(const float *x, int w) {
 #endif
     for (; j < w; j++)
         s += expf(x[j] - mx);
+    // cppcheck-suppress invalidFunctionArg ; s >= 1: the maximum itself adds exp(0) (w >= 1)
     return mx + logf(s);
 }
 
