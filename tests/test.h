@@ -119,4 +119,33 @@ static inline _Noreturn void test__fail(const char *file, int line, const char *
 
 #define TEST_SUMMARY() (printf("%d passed, 0 failed\n", test__run_count), 0)
 
+/* A program whose cases run one per process (`prog NAME`, one ctest each). */
+typedef struct test_case {
+    const char *name;
+    void (*fn)(void);
+} test_case;
+
+/* The case argv[1] names, or NULL after printing the usage with every name. */
+static inline const test_case *test_find_case(int argc, char **argv, const test_case *cases,
+                                              size_t n) {
+    for (size_t i = 0; argc == 2 && i < n; i++)
+        if (strcmp(argv[1], cases[i].name) == 0)
+            return &cases[i];
+    fprintf(stderr, "usage: %s ", argc > 0 ? argv[0] : "test");
+    for (size_t i = 0; i < n; i++)
+        fprintf(stderr, "%s%s", i ? "|" : "", cases[i].name);
+    fprintf(stderr, "\n");
+    return NULL;
+}
+
+/* Run one case like RUN does. */
+static inline void test_run_case(const test_case *c) {
+    test__current = c->name;
+    dt_error_clear();
+    c->fn();
+    test__run_count++;
+    printf("ok %s\n", c->name);
+    fflush(stdout);
+}
+
 #endif /* DTRAIN_TEST_H */

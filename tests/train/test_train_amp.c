@@ -341,20 +341,19 @@ static void test_precision(void) {
     ASSERT_NEAR(m[EVALS - 1], v[0][EVALS - 1], 0.02, 0);
 }
 
+static const test_case cases[] = {
+    {"overflow", test_overflow},
+    {"precision", test_precision},
+};
+
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: test_train_amp overflow|precision\n");
+    const test_case *c = test_find_case(argc, argv, cases, sizeof cases / sizeof cases[0]);
+    if (!c)
         return 2;
-    }
     tu_setup();
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
     tu_corpus(corpus, 40000);
-    if (strcmp(argv[1], "overflow") == 0)
-        RUN(test_overflow);
-    else if (strcmp(argv[1], "precision") == 0)
-        RUN(test_precision);
-    else
-        TEST_FAILF("unknown case %s", argv[1]);
+    test_run_case(c);
     tu_cleanup();
     return TEST_SUMMARY();
 }

@@ -216,27 +216,20 @@ static void test_config(void) {
     EXPECT_OUT("--grad-dtype bf16 with --compress: choose one");
 }
 
+static const test_case cases[] = {
+    {"topk", test_topk},     {"powersgd", test_powersgd}, {"bf16", test_bf16},
+    {"resume", test_resume}, {"config", test_config},
+};
+
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr, "usage: test_train_compress topk|powersgd|bf16|resume|config\n");
+    const test_case *c = test_find_case(argc, argv, cases, sizeof cases / sizeof cases[0]);
+    if (!c)
         return 2;
-    }
     (void)tu_interrupt;
     tu_setup();
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
     tu_corpus(corpus, 40000);
-    if (strcmp(argv[1], "topk") == 0)
-        RUN(test_topk);
-    else if (strcmp(argv[1], "powersgd") == 0)
-        RUN(test_powersgd);
-    else if (strcmp(argv[1], "bf16") == 0)
-        RUN(test_bf16);
-    else if (strcmp(argv[1], "resume") == 0)
-        RUN(test_resume);
-    else if (strcmp(argv[1], "config") == 0)
-        RUN(test_config);
-    else
-        TEST_FAILF("unknown case %s", argv[1]);
+    test_run_case(c);
     tu_cleanup();
     return TEST_SUMMARY();
 }

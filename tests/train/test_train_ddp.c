@@ -342,31 +342,20 @@ static void test_divisible(void) {
     EXPECT_OUT("--global-batch 8 is not divisible by the 3 ranks");
 }
 
+static const test_case cases[] = {
+    {"equiv", test_equiv},         {"accum", test_accum},     {"resume", test_resume},
+    {"restart", test_restart},     {"sigterm", test_sigterm}, {"check", test_check},
+    {"divisible", test_divisible},
+};
+
 int main(int argc, char **argv) {
-    if (argc != 2) {
-        fprintf(stderr,
-                "usage: test_train_ddp equiv|accum|resume|restart|sigterm|check|divisible\n");
+    const test_case *c = test_find_case(argc, argv, cases, sizeof cases / sizeof cases[0]);
+    if (!c)
         return 2;
-    }
     tu_setup();
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
     tu_corpus(corpus, 40000);
-    if (strcmp(argv[1], "equiv") == 0)
-        RUN(test_equiv);
-    else if (strcmp(argv[1], "accum") == 0)
-        RUN(test_accum);
-    else if (strcmp(argv[1], "resume") == 0)
-        RUN(test_resume);
-    else if (strcmp(argv[1], "restart") == 0)
-        RUN(test_restart);
-    else if (strcmp(argv[1], "sigterm") == 0)
-        RUN(test_sigterm);
-    else if (strcmp(argv[1], "check") == 0)
-        RUN(test_check);
-    else if (strcmp(argv[1], "divisible") == 0)
-        RUN(test_divisible);
-    else
-        TEST_FAILF("unknown case %s", argv[1]);
+    test_run_case(c);
     tu_cleanup();
     return TEST_SUMMARY();
 }
