@@ -63,3 +63,14 @@ foreach(case topk powersgd bf16 resume config)
 endforeach()
 # The DDP codec worker thread under `make tsan`.
 set_tests_properties(test_train_compress_topk PROPERTIES LABELS "train;multiprocess;tsan")
+
+# --isa: a bad level is refused naming the flag and the value; a lower level
+# trains in bf16 through the fallback kernels.
+add_test(NAME cli_train_bad_isa COMMAND dtrain_cli train --data ${CMAKE_SOURCE_DIR}/README.md --isa foo)
+set_tests_properties(cli_train_bad_isa PROPERTIES TIMEOUT 60 LABELS "unit"
+                     PASS_REGULAR_EXPRESSION "--isa: \"foo\" is not one of scalar")
+add_test(NAME cli_train_isa_avx2_bf16
+         COMMAND dtrain_cli train --data ${CMAKE_SOURCE_DIR}/README.md --isa avx2 --precision bf16
+                 --steps 3 --sample-tokens 0 --progress plain)
+set_tests_properties(cli_train_isa_avx2_bf16 PROPERTIES TIMEOUT 120 LABELS "unit"
+                     PASS_REGULAR_EXPRESSION "kernels avx2(.|\n)*done: steps 1\\.\\.3 .*bf16")

@@ -80,6 +80,7 @@ static const cli_opt train_opts[] = {
     {"loss-scale-growth", 0, CLI_DOUBLE, "X", "2", "DT_LOSS_SCALE_GROWTH", "scale multiplier after --loss-scale-interval clean steps", NULL, 1.000001, 1e6},
     {"loss-scale-backoff", 0, CLI_DOUBLE, "X", "0.5", "DT_LOSS_SCALE_BACKOFF", "scale multiplier after an overflow", NULL, 1e-6, 0.999999},
     {"loss-scale-interval", 0, CLI_INT, "N", "2000", "DT_LOSS_SCALE_INTERVAL", "clean steps before the scale grows", NULL, 1, 1e15},
+    {"isa", 0, CLI_STRING, "LEVEL", NULL, "DT_ISA", "cap the kernels' instruction set: scalar, avx2, avx512, avx512bf16, amx (default: the CPU's best)", NULL, 0, 0},
     {"grad-dtype", 0, CLI_ENUM, "TYPE", "fp32", "DT_GRAD_DTYPE", "dtype of the gradient allreduce (sums accumulate in fp32)", grad_dtypes, 0, 0},
     {"compress", 0, CLI_STRING, "CODEC", "none", "DT_COMPRESS", "gradient codec: none, fp16, bf16, int8, qsgd:BITS, sign, topk:F, randk:F, powersgd:RANK", NULL, 0, 0},
     {"compress-ef", 0, CLI_STRING, "MODE", "auto", "DT_COMPRESS_EF", "error feedback: auto (on for sign, topk, powersgd), on, off", NULL, 0, 0},
@@ -174,6 +175,12 @@ static int run_train(cli_args *a) {
     c.precision = (dt_precision)cli_enum(a, "precision");
     if (dt_recompute_parse("--recompute", cli_str(a, "recompute"), &c.recompute_every) != DT_OK)
         cli_usage_error(a->cmd, "%s", dt_last_error());
+    const char *isa = cli_str(a, "isa");
+    if (isa && *isa) {
+        dt_isa_level level;
+        if (dt_isa_parse("--isa", isa, &level) != DT_OK || dt_isa_set(level) != DT_OK)
+            cli_usage_error(a->cmd, "%s", dt_last_error());
+    }
     int ls = cli_enum(a, "loss-scaling");
     c.loss_scaling = ls == 0 ? -1 : ls == 1;
     c.scaler.init_scale = cli_double(a, "loss-scale-init");

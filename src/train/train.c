@@ -909,7 +909,7 @@ static void print_precision(const trainer *t, FILE *f) {
                 t->scaler.cfg.growth_interval, t->scaler.cfg.backoff_factor);
     else
         fprintf(f, "off");
-    fprintf(f, ", recompute %s\n", rc);
+    fprintf(f, ", recompute %s, kernels %s\n", rc, dt_isa_name(dt_isa()));
     dt_memory_report mr;
     dt_gpt_memory(t->m, &mr);
     size_t opt = (t->opt_b ? 2 : 1) * t->n * sizeof(float);
