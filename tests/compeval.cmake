@@ -4,5 +4,5 @@
 add_test(NAME compress_eval_netns
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/compress/eval_netns.sh
                  $<TARGET_FILE:dtrain_cli> none topk:0.01)
-set_tests_properties(compress_eval_netns PROPERTIES TIMEOUT 90 LABELS "netns"
+set_tests_properties(compress_eval_netns PROPERTIES TIMEOUT 150 LABELS "netns"
                      SKIP_RETURN_CODE 77 RESOURCE_LOCK netns_eval)

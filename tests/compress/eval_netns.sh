@@ -24,6 +24,9 @@ for t in ip tc python3; do
 done
 fail() { echo "FAIL: $*" >&2; exit 1; }
 export DT_NETNS_PREFIX=dte$$
+# dtrain's own bound on every wait, well inside ctest's 90 s: a rank or
+# launcher that cannot make progress fails with a message instead of hanging.
+export DT_TIMEOUT=30
 dir=$(mktemp -d /tmp/dt-evaltest-XXXXXX)
 trap 'rm -rf "$dir"; "$root/scripts/netns-cluster.sh" down 2 >/dev/null 2>&1 || true' EXIT
 cat "$root"/docs/*.md >"$dir/corpus.txt"
@@ -36,8 +39,9 @@ leftovers() {
 eval_args=(--dtrain "$dtrain" --model tiny --batch 4 --seq 64 --steps 8 --skip 2
     --rates 100mbit --codecs "$codecs" "$dir/corpus.txt")
 
-"$root/bench/compression-eval.sh" "${eval_args[@]}" --out "$dir/run" >"$dir/out.txt" 2>&1 ||
-    fail "compression-eval.sh exited $?: $(tail -n 20 "$dir/out.txt")"
+timeout -k 5 60 "$root/bench/compression-eval.sh" "${eval_args[@]}" --out "$dir/run" \
+    >"$dir/out.txt" 2>&1 ||
+    fail "compression-eval.sh exited $? (124: still running after 60 s): $(tail -n 20 "$dir/out.txt" "$dir"/run/100mbit/*/node*.log 2>/dev/null)"
 cat "$dir/out.txt"
 leftovers "after a run"
 grep -q "delay 0.5ms" "$dir/out.txt" || fail "no line saying whether the delay is emulated"
@@ -73,15 +77,30 @@ echo "ok: nothing left after a run"
 
 # Interrupt during training: launchers, ranks and namespaces must go.
 set -m
-"$root/bench/compression-eval.sh" "${eval_args[@]}" --steps 100000 --out "$dir/run" \
+# (A fresh --out: the first run's metrics.jsonl must not pass for this one's.)
+"$root/bench/compression-eval.sh" "${eval_args[@]}" --steps 100000 --out "$dir/run2" \
     >"$dir/int.txt" 2>&1 &
 pid=$!
+metrics=$dir/run2/100mbit/${codecs%% *}/metrics.jsonl
 for ((i = 0; i < 300; i++)); do
-    [[ -s $dir/run/100mbit/${codecs%% *}/metrics.jsonl ]] && break
+    [[ -s $metrics ]] && break
     sleep 0.1
 done
-[[ -s $dir/run/100mbit/${codecs%% *}/metrics.jsonl ]] || fail "training did not start: $(cat "$dir/int.txt")"
+[[ -s $metrics ]] || fail "training did not start: $(cat "$dir/int.txt")"
 kill -INT "$pid"
+# The script stops its launchers (TERM, then KILL after 5 s) and removes the
+# namespaces: allow 30 s, then say what is still running.
+for ((i = 0; i < 300; i++)); do
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.1
+done
+if kill -0 "$pid" 2>/dev/null; then
+    echo "still running 30 s after SIGINT:" >&2
+    pgrep -af -- "$dir/|compression-eval|netns-cluster" >&2 || true
+    tail -n 20 "$dir/int.txt" "$dir"/run2/100mbit/*/node*.log >&2 || true
+    kill -KILL "$pid" 2>/dev/null || true
+    fail "the interrupted evaluation did not exit"
+fi
 rc=0
 wait "$pid" || rc=$?
 set +m
