@@ -347,13 +347,5 @@ static const test_case cases[] = {
 };
 
 int main(int argc, char **argv) {
-    const test_case *c = test_find_case(argc, argv, cases, sizeof cases / sizeof cases[0]);
-    if (!c)
-        return 2;
-    tu_setup();
-    snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
-    tu_corpus(corpus, 40000);
-    test_run_case(c);
-    tu_cleanup();
-    return TEST_SUMMARY();
+    return tu_main(argc, argv, cases, sizeof cases / sizeof cases[0], corpus, sizeof corpus);
 }

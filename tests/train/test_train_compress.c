@@ -127,27 +127,6 @@ static void test_bf16(void) {
     expect_learns("grad-dtype bf16", l16, 20);
 }
 
-static void compare_exact(const char *a, const char *b, int steps) {
-    double la[64], lb[64];
-    char pa[192], pb[192];
-    snprintf(pa, sizeof pa, "%s/%s/metrics.jsonl", tu_dir, a);
-    snprintf(pb, sizeof pb, "%s/%s/metrics.jsonl", tu_dir, b);
-    ASSERT_EQ(tu_losses(pa, la, 63), steps);
-    ASSERT_EQ(tu_losses(pb, lb, 63), steps);
-    for (int s = 1; s <= steps; s++)
-        if (la[s] != lb[s])
-            TEST_FAILF("%s vs %s, step %d: loss %.9g uninterrupted, %.9g resumed", a, b, s, la[s],
-                       lb[s]);
-    size_t na, nb;
-    snprintf(pa, sizeof pa, "%s/%s/ck", tu_dir, a);
-    snprintf(pb, sizeof pb, "%s/%s/ck", tu_dir, b);
-    float *x = tu_params(pa, &na), *y = tu_params(pb, &nb);
-    ASSERT_EQ(na, nb);
-    ASSERT_TRUE(memcmp(x, y, na * sizeof *x) == 0);
-    free(x);
-    free(y);
-}
-
 static void resume_case(const char *codec, const char *tag) {
     char a[64], b[64], flags[128];
     snprintf(a, sizeof a, "full_%s", tag);
@@ -164,7 +143,7 @@ static void resume_case(const char *codec, const char *tag) {
     EXPECT_OUT("at step 3");
     if (strstr(tu_out, "not restored"))
         TEST_FAILF("%s: the codec state was not restored:\n%.600s", codec, tu_out);
-    compare_exact(a, b, 10);
+    tu_compare_runs(a, b, 10);
 }
 
 static void test_resume(void) {
@@ -222,14 +201,5 @@ static const test_case cases[] = {
 };
 
 int main(int argc, char **argv) {
-    const test_case *c = test_find_case(argc, argv, cases, sizeof cases / sizeof cases[0]);
-    if (!c)
-        return 2;
-    (void)tu_interrupt;
-    tu_setup();
-    snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
-    tu_corpus(corpus, 40000);
-    test_run_case(c);
-    tu_cleanup();
-    return TEST_SUMMARY();
+    return tu_main(argc, argv, cases, sizeof cases / sizeof cases[0], corpus, sizeof corpus);
 }

@@ -138,26 +138,6 @@ static void test_accum(void) {
     free(p4);
 }
 
-static void compare_exact(const char *a, const char *b, int64_t steps) {
-    double la[64], lb[64];
-    char pa[192], pb[192];
-    snprintf(pa, sizeof pa, "%s/%s/metrics.jsonl", tu_dir, a);
-    snprintf(pb, sizeof pb, "%s/%s/metrics.jsonl", tu_dir, b);
-    ASSERT_EQ(tu_losses(pa, la, 63), steps);
-    ASSERT_EQ(tu_losses(pb, lb, 63), steps);
-    for (int s = 1; s <= steps; s++)
-        if (la[s] != lb[s])
-            TEST_FAILF("step %d: loss %.9g uninterrupted, %.9g interrupted", s, la[s], lb[s]);
-    size_t na, nb;
-    snprintf(pa, sizeof pa, "%s/%s/ck", tu_dir, a);
-    snprintf(pb, sizeof pb, "%s/%s/ck", tu_dir, b);
-    float *x = tu_params(pa, &na), *y = tu_params(pb, &nb);
-    ASSERT_EQ(na, nb);
-    ASSERT_TRUE(memcmp(x, y, na * sizeof *x) == 0);
-    free(x);
-    free(y);
-}
-
 #define TEN    "--global-batch 4 --steps 10 --ckpt-every 2 --nproc 2 --clip 0.5"
 #define SCALED " --precision fp16 --loss-scale-interval 2"
 
@@ -200,7 +180,7 @@ static void test_resume(void) {
                      DTRAIN, corpus, tu_dir, tu_dir),
               0);
     EXPECT_OUT("at step 3");
-    compare_exact("a", "b", 10);
+    tu_compare_runs("a", "b", 10);
     /* fp16 with loss scaling: rank 0 finds an overflow at step 2 (the step
      * is skipped) and the scale grows every 2 clean steps. The scaler state and
      * the skipped-step count (AdamW's step count) are in the checkpoint, so
@@ -219,7 +199,7 @@ static void test_resume(void) {
                      DTRAIN, corpus, tu_dir, tu_dir),
               0);
     EXPECT_OUT("at step 3, loss scale 32768");
-    compare_exact("s", "t", 10);
+    tu_compare_runs("s", "t", 10);
     compare_scales("s", "t", 10);
     /* The same through topk with error feedback: the residuals, kept in
      * the loss scale's units as it changes, resume bit-identically too. */
@@ -235,7 +215,7 @@ static void test_resume(void) {
                      "--ckpt-dir %s/v/ck --run-dir %s/v --resume",
                      DTRAIN, corpus, tu_dir, tu_dir),
               0);
-    compare_exact("u", "v", 10);
+    tu_compare_runs("u", "v", 10);
     compare_scales("u", "v", 10);
     /* Elastic: stopped on 2 ranks, resumed on 4 with the same global batch.
      * The data order is that of the global batch, so the run continues the
@@ -272,7 +252,7 @@ static void test_restart(void) {
               0);
     EXPECT_OUT("DT_FAULT_KILL: killing myself after step 5");
     EXPECT_OUT("resumed from");
-    compare_exact("a", "b", 10);
+    tu_compare_runs("a", "b", 10);
     /* Without restarts the same fault fails the job, naming the rank. */
     EXPECT_RC(tu_run("DT_FAULT_KILL=1:3 %s launch -n 2 --grace 2 -- %s train --data %s %s "
                      "--ckpt-dir %s/c/ck",
@@ -349,13 +329,5 @@ static const test_case cases[] = {
 };
 
 int main(int argc, char **argv) {
-    const test_case *c = test_find_case(argc, argv, cases, sizeof cases / sizeof cases[0]);
-    if (!c)
-        return 2;
-    tu_setup();
-    snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
-    tu_corpus(corpus, 40000);
-    test_run_case(c);
-    tu_cleanup();
-    return TEST_SUMMARY();
+    return tu_main(argc, argv, cases, sizeof cases / sizeof cases[0], corpus, sizeof corpus);
 }

@@ -201,4 +201,42 @@ static int tu_interrupt(const char *dir, int sig, const char *const *args, int64
     return WEXITSTATUS(status);
 }
 
+/* Runs a and b (run directories under tu_dir, checkpoints in RUN/ck) had
+ * the same loss at every one of `steps` steps and end with bit-identical
+ * parameters. */
+static void tu_compare_runs(const char *a, const char *b, int64_t steps) {
+    double la[64], lb[64];
+    char pa[192], pb[192];
+    snprintf(pa, sizeof pa, "%s/%s/metrics.jsonl", tu_dir, a);
+    snprintf(pb, sizeof pb, "%s/%s/metrics.jsonl", tu_dir, b);
+    ASSERT_EQ(tu_losses(pa, la, 63), steps);
+    ASSERT_EQ(tu_losses(pb, lb, 63), steps);
+    for (int s = 1; s <= steps; s++)
+        if (la[s] != lb[s])
+            TEST_FAILF("step %d: loss %.9g in run %s, %.9g in run %s", s, la[s], a, lb[s], b);
+    size_t na, nb;
+    snprintf(pa, sizeof pa, "%s/%s/ck", tu_dir, a);
+    snprintf(pb, sizeof pb, "%s/%s/ck", tu_dir, b);
+    float *x = tu_params(pa, &na), *y = tu_params(pb, &nb);
+    ASSERT_EQ(na, nb);
+    ASSERT_TRUE(memcmp(x, y, na * sizeof *x) == 0);
+    free(x);
+    free(y);
+}
+
+/* main() of a multi-case train test: the case argv[1] names runs in a fresh
+ * scratch directory with a 40 KB corpus written to `corpus` (len bytes). */
+static int tu_main(int argc, char **argv, const test_case *cases, size_t n, char *corpus,
+                   size_t len) {
+    const test_case *c = test_find_case(argc, argv, cases, n);
+    if (!c)
+        return 2;
+    tu_setup();
+    snprintf(corpus, len, "%s/corpus.txt", tu_dir);
+    tu_corpus(corpus, 40000);
+    test_run_case(c);
+    tu_cleanup();
+    return TEST_SUMMARY();
+}
+
 #endif
