@@ -83,8 +83,17 @@ static dt_status fail(dnnl_status_t s, const char *what, const dt__gemm_args *g)
                         g ? g->K : 0);
 }
 
+/* Every handle may be NULL (a half-built entry): oneDNN's destroys accept it. */
+static void destroy_entry(entry *e) {
+    dnnl_primitive_destroy(e->prim);
+    dnnl_memory_destroy(e->a);
+    dnnl_memory_destroy(e->b);
+    dnnl_memory_destroy(e->c);
+    dnnl_memory_destroy(e->bias_mem);
+    free(e);
+}
+
 static dt_status create_entry(const dt__gemm_args *g, entry **out);
-static void destroy_entry(entry *e);
 
 /* Called with cache_lock held. Fix oneDNN's ISA, then ask for a 1x1x1 bf16
  * matmul: oneDNN versions differ in which ISAs have bf16 kernels (2.6 has
@@ -187,13 +196,7 @@ static dt_status create_entry(const dt__gemm_args *g, entry **out) {
     goto done;
 dnnl_fail:
     st = fail(s, "primitive creation", g);
-    if (e->prim)
-        dnnl_primitive_destroy(e->prim);
-    dnnl_memory_destroy(e->a);
-    dnnl_memory_destroy(e->b);
-    dnnl_memory_destroy(e->c);
-    dnnl_memory_destroy(e->bias_mem);
-    free(e);
+    destroy_entry(e);
 done:
     dnnl_primitive_desc_destroy(pd);
     dnnl_post_ops_destroy(ops);
@@ -242,15 +245,6 @@ dt_status dt__gemm_onednn(const dt__gemm_args *g) {
     if (s != dnnl_success)
         return fail(s, "execute", g);
     return DT_OK;
-}
-
-static void destroy_entry(entry *e) {
-    dnnl_primitive_destroy(e->prim);
-    dnnl_memory_destroy(e->a);
-    dnnl_memory_destroy(e->b);
-    dnnl_memory_destroy(e->c);
-    dnnl_memory_destroy(e->bias_mem);
-    free(e);
 }
 
 void dt__gemm_onednn_release(void) {
