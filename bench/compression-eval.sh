@@ -28,6 +28,11 @@
 # section "Evaluation".
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
+# Signals exit through the EXIT trap (set once there is something to clean
+# up). Trapped from the start: untrapped, bash ignores a SIGINT sent to it
+# alone while a foreground child that did not get the signal runs.
+trap 'exit 130' INT
+trap 'exit 143' TERM
 
 die() {
     echo "compression-eval: error: $*" >&2
@@ -146,8 +151,6 @@ cleanup() {
     exit "$rc"
 }
 trap cleanup EXIT
-trap 'exit 130' INT
-trap 'exit 143' TERM
 
 # Is there any way to delay packets here? netem is the only qdisc that adds
 # a fixed delay; ETF/FQ could hold packets until a BPF-set skb->tstamp, but
