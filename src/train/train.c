@@ -873,8 +873,8 @@ done:
 /* Misc                                                                     */
 /* ------------------------------------------------------------------------ */
 
-/* Achievable fp32 GFLOP/s of one rank: the best of 10 bursts of 1024^3
- * sgemm (about 0.1-0.2 s), i.e. what the BLAS reaches with this rank's
+/* Achievable fp32 GFLOP/s of one rank: the best of 5 bursts of 1024^3
+ * sgemm (about 0.05-0.1 s), i.e. what the BLAS reaches with this rank's
  * threads, not the data-sheet peak. The best burst is the least disturbed
  * by other load. 1024 because 512^3 reached only a quarter of the plateau
  * here, and small models then showed an MFU above 100%. */
@@ -886,7 +886,7 @@ static double measure_peak_gflops(void) {
     for (int i = 0; i < 3 * N * N; i++)
         a[i] = (float)(i % 7) * 0.1f;
     double best = 0;
-    for (int burst = 0; burst < 11; burst++) {
+    for (int burst = 0; burst < 6; burst++) {
         double t0 = dt_now();
         dt_sgemm(false, false, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f, a + 2 * N * N, N);
         double gf = 2.0 * N * N * N / (dt_now() - t0) * 1e-9;
