@@ -167,54 +167,43 @@ static void compare_scales(const char *a, const char *b, int steps) {
     printf("  step %d %.40s", steps, la[steps - 1]);
 }
 
-static void test_resume(void) {
-    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN " --ckpt-dir %s/a/ck --run-dir %s/a",
-                     DTRAIN, corpus, tu_dir, tu_dir),
+/* Train run `full` for 10 steps, and run `cut` the same way stopped after
+ * step 3 and resumed (env: variables for the first two commands; flags:
+ * extra train flags). `full_says` must be in the full run's output; the
+ * resumed run's output stays in tu_out. */
+static void stop_and_resume(const char *full, const char *cut, const char *env, const char *flags,
+                            const char *full_says) {
+    EXPECT_RC(tu_run("%s %s train --data %s " TINY " " TEN
+                     " %s --ckpt-dir %s/%s/ck --run-dir %s/%s",
+                     env, DTRAIN, corpus, flags, tu_dir, full, tu_dir, full),
               0);
-    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN
-                     " --ckpt-dir %s/b/ck --run-dir %s/b --stop-after 3",
-                     DTRAIN, corpus, tu_dir, tu_dir),
+    if (full_says)
+        EXPECT_OUT(full_says);
+    EXPECT_RC(tu_run("%s %s train --data %s " TINY " " TEN
+                     " %s --ckpt-dir %s/%s/ck --run-dir %s/%s --stop-after 3",
+                     env, DTRAIN, corpus, flags, tu_dir, cut, tu_dir, cut),
               0);
-    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN " --ckpt-dir %s/b/ck --run-dir %s/b "
+    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN " %s --ckpt-dir %s/%s/ck --run-dir %s/%s "
                      "--resume",
-                     DTRAIN, corpus, tu_dir, tu_dir),
+                     DTRAIN, corpus, flags, tu_dir, cut, tu_dir, cut),
               0);
+}
+
+static void test_resume(void) {
+    stop_and_resume("a", "b", "", "", NULL);
     EXPECT_OUT("at step 3");
     tu_compare_runs("a", "b", 10);
     /* fp16 with loss scaling: rank 0 finds an overflow at step 2 (the step
      * is skipped) and the scale grows every 2 clean steps. The scaler state and
      * the skipped-step count (AdamW's step count) are in the checkpoint, so
      * the resumed run is bit-identical, loss scales included. */
-    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
-                     " --ckpt-dir %s/s/ck --run-dir %s/s",
-                     DTRAIN, corpus, tu_dir, tu_dir),
-              0);
-    EXPECT_OUT("1 step(s) skipped");
-    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
-                     " --ckpt-dir %s/t/ck --run-dir %s/t --stop-after 3",
-                     DTRAIN, corpus, tu_dir, tu_dir),
-              0);
-    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN SCALED " --ckpt-dir %s/t/ck --run-dir %s/t "
-                     "--resume",
-                     DTRAIN, corpus, tu_dir, tu_dir),
-              0);
+    stop_and_resume("s", "t", "DT_FAULT_OVERFLOW=0:2", SCALED, "1 step(s) skipped");
     EXPECT_OUT("at step 3, loss scale 32768");
     tu_compare_runs("s", "t", 10);
     compare_scales("s", "t", 10);
     /* The same through topk with error feedback: the residuals, kept in
      * the loss scale's units as it changes, resume bit-identically too. */
-    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
-                     " --compress topk:0.1 --ckpt-dir %s/u/ck --run-dir %s/u",
-                     DTRAIN, corpus, tu_dir, tu_dir),
-              0);
-    EXPECT_RC(tu_run("DT_FAULT_OVERFLOW=0:2 %s train --data %s " TINY " " TEN SCALED
-                     " --compress topk:0.1 --ckpt-dir %s/v/ck --run-dir %s/v --stop-after 3",
-                     DTRAIN, corpus, tu_dir, tu_dir),
-              0);
-    EXPECT_RC(tu_run("%s train --data %s " TINY " " TEN SCALED " --compress topk:0.1 "
-                     "--ckpt-dir %s/v/ck --run-dir %s/v --resume",
-                     DTRAIN, corpus, tu_dir, tu_dir),
-              0);
+    stop_and_resume("u", "v", "DT_FAULT_OVERFLOW=0:2", SCALED " --compress topk:0.1", NULL);
     tu_compare_runs("u", "v", 10);
     compare_scales("u", "v", 10);
     /* Elastic: stopped on 2 ranks, resumed on 4 with the same global batch.
