@@ -334,6 +334,12 @@ static int att_slots(int B, int NH) {
     return bh < ATT_SLOTS ? (int)bh : ATT_SLOTS;
 }
 
+/* Threads of an attention call: one per workspace slot at most. */
+static int att_threads(int B, int NH) {
+    int t = omp_get_max_threads(), slots = att_slots(B, NH);
+    return t < slots ? t : slots;
+}
+
 size_t dt_attention16_workspace(int B, int T, int C, int NH) {
     return (size_t)att_slots(B, NH) * 8 * (size_t)T * (size_t)(C / NH);
 }
@@ -357,7 +363,7 @@ void dt_attention16_forward(dt_precision p, uint16_t *out, float *lse, const uin
     check_precision(p);
     const int HS = C / NH, C3 = 3 * C, H3 = 3 * HS, nbh = B * NH;
     const size_t slot = 8 * (size_t)T * HS;
-    int nt = omp_get_max_threads() < att_slots(B, NH) ? omp_get_max_threads() : att_slots(B, NH);
+    int nt = att_threads(B, NH);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *q = work + (size_t)omp_get_thread_num() * slot; /* (T, 3HS) */
@@ -379,7 +385,7 @@ void dt_attention16_backward(dt_precision p, uint16_t *dqkv, const float *dout, 
     check_precision(p);
     const int HS = C / NH, C3 = 3 * C, H3 = 3 * HS, nbh = B * NH;
     const size_t slot = 8 * (size_t)T * HS;
-    int nt = omp_get_max_threads() < att_slots(B, NH) ? omp_get_max_threads() : att_slots(B, NH);
+    int nt = att_threads(B, NH);
 #pragma omp parallel num_threads(nt) if (nt > 1)
     {
         float *q = work + (size_t)omp_get_thread_num() * slot; /* (T, 3HS) */
