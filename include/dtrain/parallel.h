@@ -141,6 +141,14 @@ void dt_ddp_reset_state(dt_ddp *d);
  * averaged gradient is non-finite (an overflow) already leaves the state
  * untouched. */
 void dt_ddp_scale_state(dt_ddp *d, float factor);
+/* Dense warm-up (PyTorch powerSGD_hook's start_powerSGD_iter, DGC's
+ * warm-up): while `dense` is set, the steps of a DDP with a codec average
+ * every bucket as a plain fp32 allreduce and leave the codec state
+ * (residuals, Q) untouched, so error feedback starts from zero residuals
+ * at the first compressed step. Set between steps (not during one); the
+ * trainer sets it for its first --compress-start steps. No effect without
+ * a codec. */
+void dt_ddp_set_dense(dt_ddp *d, bool dense);
 void dt_ddp_destroy(dt_ddp *d);
 
 size_t dt_ddp_num_buckets(const dt_ddp *d);

@@ -315,6 +315,10 @@ typedef struct dt_train_config {
     dt_dtype grad_dtype;
     dt_codec_spec compress;
     dt_ef_mode compress_ef;
+    /* Dense warm-up: the first compress_start steps average plain fp32
+     * gradients; the codec (with zero residuals) takes over from step
+     * compress_start + 1. 0: compress from the first step. */
+    int64_t compress_start;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. */

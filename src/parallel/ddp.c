@@ -55,6 +55,7 @@ struct dt_ddp {
     /* Coded buckets (see the invariants). */
     bool coded;
     uint64_t step; /* communicating steps finished: keys the codecs' random numbers */
+    bool dense;    /* this step: plain f32 allreduce, codec state untouched (set between steps) */
     dt_thread *worker;
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -313,12 +314,17 @@ static void *worker_main(void *arg) {
             break; /* quit with nothing queued */
         size_t i = d->w_done;
         uint64_t step = d->step;
+        bool dense = d->dense;
         pthread_mutex_unlock(&d->mu);
         bucket *b = &d->b[i];
-        dt_status st = dt_callreduce_run(b->cc, d->grads + b->begin, step);
-        if (st != DT_OK) {
+        float *p = d->grads + b->begin;
+        dt_status st = dense ? dt_group_allreduce(d->g, p, p, b->end - b->begin, DT_F32, DT_AVG)
+                             : dt_callreduce_run(b->cc, p, step);
+        if (st != DT_OK && !dense) {
             snprintf(b->msg, sizeof b->msg, "bucket %zu: %s", i, dt_last_error());
             dt_callreduce_reset(b->cc);
+        } else if (st != DT_OK) {
+            snprintf(b->msg, sizeof b->msg, "bucket %zu (dense): %s", i, dt_last_error());
         }
         double t = dt_now();
         pthread_mutex_lock(&d->mu);
@@ -449,9 +455,10 @@ dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
         double start = b->t_launch > prev_done ? b->t_launch : prev_done;
         if (communicates(d)) {
             s.comm_ms += (b->t_done > start ? b->t_done - start : 0) * 1e3;
-            s.bytes_sent += b->cc ? dt_callreduce_wire_bytes(b->cc)
-                                  : (uint64_t)(2.0 * (d->world - 1) / d->world *
-                                               (double)((b->end - b->begin) * sizeof(float)));
+            s.bytes_sent += b->cc && !d->dense
+                                ? dt_callreduce_wire_bytes(b->cc)
+                                : (uint64_t)(2.0 * (d->world - 1) / d->world *
+                                             (double)((b->end - b->begin) * sizeof(float)));
         }
         prev_done = b->t_done;
         if (fn)
@@ -548,6 +555,17 @@ dt_status dt_ddp_set_state(dt_ddp *d, const void *buf, size_t len) {
     }
     d->step = step;
     return DT_OK;
+}
+
+void dt_ddp_set_dense(dt_ddp *d, bool dense) {
+    DT_ASSERT(!d->sync); /* between steps: the worker reads it during one */
+    if (d->sync_init) {
+        pthread_mutex_lock(&d->mu);
+        d->dense = dense;
+        pthread_mutex_unlock(&d->mu);
+    } else {
+        d->dense = dense;
+    }
 }
 
 void dt_ddp_reset_state(dt_ddp *d) {

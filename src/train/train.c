@@ -210,6 +210,8 @@ static dt_status check_config(const dt_train_config *c) {
         return bad("--eval-batches %d: must be at least 1", c->eval_batches);
     if (c->grad_dtype != DT_F32 && c->grad_dtype != DT_BF16 && c->grad_dtype != DT_F16)
         return bad("--grad-dtype: gradients travel as fp32, bf16 or fp16");
+    if (c->compress_start < 0)
+        return bad("--compress-start %" PRId64 ": must be 0 or more", c->compress_start);
     if (c->grad_dtype != DT_F32 && c->compress.kind != DT_CODEC_NONE)
         return bad("--grad-dtype %s with --compress: choose one (the codec defines the wire "
                    "format)",
@@ -443,6 +445,7 @@ static void build_config_json(trainer *t) {
     char cb[64];
     dt_json_str(j, "grad_dtype", dt_dtype_name(c->grad_dtype));
     dt_json_str(j, "compress", dt_codec_format(&c->compress, cb, sizeof cb));
+    dt_json_int(j, "compress_start", c->compress_start);
     dt_json_str(j, "compress_ef",
                 c->compress_ef == DT_EF_ON    ? "on"
                 : c->compress_ef == DT_EF_OFF ? "off"
@@ -1097,8 +1100,12 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
                 threads, t->g ? dt_group_transport(t->g) : "self", peak,
                 c->peak_gflops > 0 ? "--peak-gflops" : "measured sgemm 1024^3");
         print_precision(t, stderr);
-        if (t->world > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
-            fprintf(stderr, "  gradients: %s\n", t->ddp_ident);
+        if (t->world > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
+            fprintf(stderr, "  gradients: %s", t->ddp_ident);
+            if (c->compress.kind != DT_CODEC_NONE && c->compress_start > 0)
+                fprintf(stderr, ", dense (fp32) for steps 1-%" PRId64, c->compress_start);
+            fprintf(stderr, "\n");
+        }
         if (resumed[0]) {
             fprintf(stderr, "  resumed from %s at step %" PRId64, resumed, t->step);
             if (t->ckpt_precision != (int64_t)c->precision)
@@ -1132,6 +1139,9 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         float scale = t->scaling ? applied_scale(t) : 1.0f;
         t->inv_scale = 1.0f / scale;
         t->found_inf = false;
+        /* Dense warm-up: the codec (and its residuals) start at step
+         * compress_start + 1; a function of the step, so resume agrees. */
+        dt_ddp_set_dense(t->ddp, t->step < c->compress_start);
         dt_gpt_zero_grads(t->m);
         double loss = 0;
         for (int k = 0; k < t->K; k++) {

@@ -10,9 +10,14 @@
  *              than half of the fp32 allreduce.
  *   bf16       --grad-dtype bf16 sends exactly half the bytes of fp32 and
  *              follows the fp32 losses within 1%.
+ *   warmup     --compress-start 4: steps 1-4 are the plain fp32 run bit
+ *              for bit and send its bytes; from step 5 top-k sends its
+ *              encoded size and the losses leave the plain run's.
  *   resume     topk and powersgd runs stopped after 3 of 10 steps and
  *              resumed: losses and parameters bit-identical to the
- *              uninterrupted run (residuals and Q are in the checkpoint);
+ *              uninterrupted run (residuals and Q are in the checkpoint),
+ *              also across the switch of --compress-start 5 (stopped in
+ *              the dense phase) and 2 (stopped just after it);
  *              resuming with another codec is allowed and says that the
  *              codec state was not restored.
  *   config     the config file keys compress / compress-ef work like the
@@ -62,6 +67,22 @@ static uint64_t bytes_sent(const char *name) {
     const char *b = strstr(last, "\"bytes_sent\":");
     ASSERT_TRUE(b != NULL);
     return strtoull(b + 13, NULL, 10);
+}
+
+/* bytes_sent of every step of NAME's metrics into b[1..]; returns the count. */
+static int step_bytes(const char *name, uint64_t *b, int max) {
+    char p[192], line[2048];
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
+    FILE *f = fopen(p, "r");
+    ASSERT_TRUE(f != NULL);
+    int n = 0;
+    while (fgets(line, sizeof line, f) && n < max) {
+        const char *x = strstr(line, "\"bytes_sent\":");
+        ASSERT_TRUE(x != NULL);
+        b[++n] = strtoull(x + 13, NULL, 10);
+    }
+    fclose(f);
+    return n;
 }
 
 /* Parameters in the newest checkpoint of NAME. */
@@ -116,6 +137,33 @@ static void test_powersgd(void) {
     ASSERT_TRUE(psgd > 0 && psgd < plain / 2);
 }
 
+static void test_warmup(void) {
+    enum { N = 8, START = 4 };
+    double lp[64], lw[64];
+    uint64_t bp[64], bw[64];
+    train("plain", N, "", lp);
+    train("warm", N, "--compress topk:0.01 --compress-start 4", lw);
+    EXPECT_OUT("gradients: topk:0.01 ef=auto grad_dtype=f32 buckets=");
+    EXPECT_OUT(", dense (fp32) for steps 1-4");
+    ASSERT_EQ(step_bytes("plain", bp, 63), N);
+    ASSERT_EQ(step_bytes("warm", bw, 63), N);
+    for (int s = 1; s <= START; s++) {
+        if (lw[s] != lp[s]) /* dense steps: the plain allreduce, bit for bit */
+            TEST_FAILF("dense step %d: loss %.9g with warm-up, %.9g plain", s, lw[s], lp[s]);
+        ASSERT_EQ(bw[s], bp[s]);
+    }
+    /* Step START+1 is the first compressed one: its loss is computed with
+     * the weights of the dense steps, its gradients are sparse. */
+    ASSERT_TRUE(lw[START + 1] == lp[START + 1]);
+    for (int s = START + 1; s <= N; s++)
+        ASSERT_TRUE(bw[s] < bp[s] / 20);
+    if (!(lw[N] != lp[N]))
+        TEST_FAILF("step %d: loss %.9g equals the plain run's: was anything compressed?", N, lw[N]);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --compress-start -1", DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--compress-start");
+}
+
 static void test_bf16(void) {
     double l32[64], l16[64];
     train("f32", 20, "", l32);
@@ -149,6 +197,10 @@ static void resume_case(const char *codec, const char *tag) {
 static void test_resume(void) {
     resume_case("topk:0.05", "topk");
     resume_case("powersgd:2", "psgd");
+    /* Dense warm-up: stopped during it (residuals all zero in the
+     * checkpoint) and right after it (the first residuals). */
+    resume_case("topk:0.05 --compress-start 5", "topk_w5");
+    resume_case("powersgd:2 --compress-start 2", "psgd_w2");
     /* Another codec on resume: allowed, the state starts from zero. */
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 12 --ckpt-dir %s/cut_topk/ck "
                      "--run-dir %s/cut_topk --compress sign --resume",
@@ -162,13 +214,14 @@ static void test_config(void) {
     snprintf(cfg, sizeof cfg, "%s/run.cfg", tu_dir);
     FILE *f = fopen(cfg, "w");
     ASSERT_TRUE(f != NULL);
-    fprintf(f, "compress = topk:0.02\ncompress-ef = on\n");
+    fprintf(f, "compress = topk:0.02\ncompress-ef = on\ncompress-start = 1\n");
     fclose(f);
     double l[64];
     char extra[192];
     snprintf(extra, sizeof extra, "--config %s", cfg);
     train("cfg", 3, extra, l);
     EXPECT_OUT("gradients: topk:0.02 ef=on");
+    EXPECT_OUT("dense (fp32) for steps 1-1");
     char path[160], json[8192];
     snprintf(path, sizeof path, "%s/cfg/config.json", tu_dir);
     f = fopen(path, "r");
@@ -177,6 +230,7 @@ static void test_config(void) {
     fclose(f);
     ASSERT_TRUE(strstr(json, "\"compress\": \"topk:0.02\"") != NULL);
     ASSERT_TRUE(strstr(json, "\"compress_ef\": \"on\"") != NULL);
+    ASSERT_TRUE(strstr(json, "\"compress_start\": 1") != NULL);
     /* Every other codec and dtype: a few steps with the ranks in sync. */
     const char *more[] = {"--compress fp16",  "--compress bf16 --compress-ef on",
                           "--compress int8",  "--compress qsgd:4",
@@ -197,7 +251,7 @@ static void test_config(void) {
 
 static const test_case cases[] = {
     {"topk", test_topk},     {"powersgd", test_powersgd}, {"bf16", test_bf16},
-    {"resume", test_resume}, {"config", test_config},
+    {"resume", test_resume}, {"config", test_config},     {"warmup", test_warmup},
 };
 
 int main(int argc, char **argv) {
