@@ -8,11 +8,17 @@
 #
 #   --dtrain PATH    the dtrain binary (default: BUILD/dtrain, built if missing)
 #   --build DIR      build directory (default: build)
-#   --codecs LIST    comma- or space-separated codec specs (default: all nine)
+#   --codecs LIST    comma- or space-separated codec specs (default: all nine);
+#                    SPEC@N adds a dense warm-up: --compress-start N in the
+#                    quality run (the timed run measures the compressed step)
 #   --rates LIST     link rates for tc (default: 100mbit,1gbit; "unshaped": no tc)
 #   --delay D        one-way delay per host link (default 0.5ms; needs sch_netem)
-#   --steps N        optimizer steps per run (default 30)
+#   --steps N        timed steps per shaped run (default 30)
 #   --skip N         steps left out of the step-time median (default 5)
+#   --quality-steps Q  steps of the run whose validation loss the table shows,
+#                    run once per codec without shaping (default 200; 0: the
+#                    loss after the timed --steps run). The timed runs use the
+#                    same Q-step schedule and stop after --steps.
 #   --model P        preset (default shakespeare-char); --batch B (4) --seq T (64)
 #   --threads K      threads per rank (default 1: two ranks share two cores)
 #   --repeat R       run every codec R times, round robin (default 1); the
@@ -50,6 +56,7 @@ rates="100mbit 1gbit"
 delay=0.5ms
 steps=30
 skip=5
+quality=200
 model=shakespeare-char
 batch=4
 seq=64
@@ -67,6 +74,7 @@ while [[ $# -gt 0 ]]; do
     --delay) delay=${2?}; shift 2 ;;
     --steps) steps=${2:?}; shift 2 ;;
     --skip) skip=${2:?}; shift 2 ;;
+    --quality-steps) quality=${2:?}; shift 2 ;;
     --model) model=${2:?}; shift 2 ;;
     --batch) batch=${2:?}; shift 2 ;;
     --seq) seq=${2:?}; shift 2 ;;
@@ -79,12 +87,17 @@ while [[ $# -gt 0 ]]; do
     *) [[ -z $data ]] || die "more than one data file: '$data' and '$1'"; data=$1; shift ;;
     esac
 done
-for v in steps skip batch seq threads repeat; do
-    [[ ${!v} =~ ^[0-9]+$ ]] || die "--$v must be a whole number, got '${!v}'"
+for v in steps skip batch seq threads repeat quality; do
+    [[ ${!v} =~ ^[0-9]+$ ]] || die "--${v/quality/quality-steps} must be a whole number, got '${!v}'"
 done
 ((repeat >= 1)) || die "--repeat must be at least 1"
 ((steps > skip)) || die "--steps $steps must be larger than --skip $skip"
-warmup=$((steps / 3 < 10 ? steps / 3 : 10)) # learning-rate warm-up steps
+((quality == 0 || quality >= steps)) ||
+    die "--quality-steps $quality must be 0 or at least --steps $steps"
+# The schedule (warm-up, cosine decay) spans the quality run, and the timed
+# runs follow it for their first --steps steps: same losses, step for step.
+total=$((quality > 0 ? quality : steps))
+warmup=$((total / 3 < 10 ? total / 3 : 10)) # learning-rate warm-up steps
 [[ $(id -u) -eq 0 ]] || die "must run as root (network namespaces and tc need CAP_NET_ADMIN)"
 command -v ip >/dev/null || die "'ip' (iproute2) not found"
 command -v tc >/dev/null || die "'tc' (iproute2) not found"
@@ -115,7 +128,14 @@ dtrain=$(cd "$(dirname "$dtrain")" && pwd)/$(basename "$dtrain")
 for c in $codecs; do
     # Validate every spec before any namespace exists: a good one gets as
     # far as the missing --data.
-    msg=$("$dtrain" train --compress "$c" 2>&1 || true)
+    start=0
+    if [[ $c == *@* ]]; then
+        start=${c#*@}
+        [[ $start =~ ^[0-9]+$ ]] || die "codec '$c': the warm-up after @ must be a whole number"
+        ((quality == 0 || start < quality)) || die "codec '$c': warm-up $start >= --quality-steps $quality"
+        ((quality > 0)) || die "codec '$c': a warm-up needs --quality-steps > 0"
+    fi
+    msg=$("$dtrain" train --compress "${c%@*}" --compress-start "$start" 2>&1 || true)
     [[ $msg == *"--data FILE is required"* ]] || die "codec '$c': $(echo "$msg" | head -n 1)"
 done
 
@@ -173,48 +193,66 @@ if [[ -n $delay && $delay != 0 && $delay != 0ms ]]; then
 fi
 
 start_all=$(date +%s)
-echo "compression-eval: 2 hosts x 1 rank, model $model, batch $batch, seq $seq, steps $steps," \
-    "AdamW lr 1e-3 warm-up $warmup, threads $threads, data $(basename "$data")"
+echo "compression-eval: 2 hosts x 1 rank, model $model, batch $batch, seq $seq, AdamW lr 1e-3" \
+    "warm-up $warmup, cosine over $total steps, threads $threads, data $(basename "$data")"
+if ((quality > 0)); then
+    echo "compression-eval: timed: the first $steps steps per link rate; quality: $quality steps unshaped"
+else
+    echo "compression-eval: $steps steps per codec and link rate (quality: the loss after them)"
+fi
 echo "compression-eval: $delay_note"
 echo "compression-eval: logs and metrics in $out$( ((keep_out)) || echo ' (removed at exit; keep with --out)')"
 
+# run_pair DIR PORT ARGS...: one 2-host job (rank 0 writes DIR/metrics.jsonl);
+# non-zero when a launcher failed, after printing their last lines.
 run=0
+run_pair() {
+    local dir=$1 port=$2 rc0=0 rc1=0 p0 p1
+    shift 2
+    mkdir -p "$dir"
+    ip netns exec "$P-1" "$dtrain" launch --nnodes 2 --node-rank 1 \
+        --master "10.77.0.1:$port" -n 1 -- "$dtrain" "$@" >"$dir/node1.log" 2>&1 &
+    p1=$!
+    ip netns exec "$P-0" "$dtrain" launch --nnodes 2 --node-rank 0 \
+        --master "10.77.0.1:$port" -n 1 -- "$dtrain" "$@" --run-dir "$dir" \
+        >"$dir/node0.log" 2>&1 &
+    p0=$!
+    pids=("$p0" "$p1")
+    wait "$p0" || rc0=$?
+    wait "$p1" || rc1=$?
+    pids=()
+    if ((rc0 != 0 || rc1 != 0)); then
+        echo "compression-eval: $dir failed (exit codes $rc0, $rc1); last lines:" >&2
+        tail -n 5 "$dir/node0.log" "$dir/node1.log" | sed 's/^/    /' >&2
+        return 1
+    fi
+}
+common=(train --model "$model" --data "$data" --batch "$batch" --seq "$seq" --steps "$total"
+    --threads "$threads" --seed 1337 --lr 1e-3 --warmup "$warmup" --eval-batches 16
+    --sample-tokens 0 --progress plain --log-every "$total")
+
+# Timed runs: shaped links, the codec from step 1 (a warm-up's dense steps
+# are none's steps: the table charges them at none's step time), stopped
+# after --steps steps of the quality run's schedule.
+stop=()
+((quality == 0)) || stop=(--stop-after "$steps")
 for rate in $rates; do
     shape=(--rate "$rate")
     [[ $rate != unshaped ]] || shape=()
     "$cluster" up 2 "${shape[@]}" ${use_delay:+--delay "$use_delay"} >/dev/null
-    for ((rep = 1; rep <= repeat; rep++)); do for codec in $codecs; do
+    for ((rep = 1; rep <= repeat; rep++)); do for entry in $codecs; do
         run=$((run + 1))
-        dir=$out/$rate/${codec//:/-}
+        dir=$out/$rate/${entry//[:@]/-}
         ((repeat == 1)) || dir+=/run$rep
-        mkdir -p "$dir"
-        # A fresh port per run: the previous job's sockets may linger.
-        port=$((29500 + 2 * run))
-        args=(train --model "$model" --data "$data" --batch "$batch" --seq "$seq"
-            --steps "$steps" --threads "$threads" --seed 1337 --lr 1e-3 --warmup "$warmup"
-            --eval-batches 16 --sample-tokens 0 --progress plain --log-every "$steps"
-            --compress "$codec" "${extra[@]}")
         t0=$(date +%s%N)
-        ip netns exec "$P-1" "$dtrain" launch --nnodes 2 --node-rank 1 \
-            --master "10.77.0.1:$port" -n 1 -- "$dtrain" "${args[@]}" >"$dir/node1.log" 2>&1 &
-        p1=$!
-        ip netns exec "$P-0" "$dtrain" launch --nnodes 2 --node-rank 0 \
-            --master "10.77.0.1:$port" -n 1 -- "$dtrain" "${args[@]}" --run-dir "$dir" \
-            >"$dir/node0.log" 2>&1 &
-        p0=$!
-        pids=("$p0" "$p1")
-        rc0=0 rc1=0
-        wait "$p0" || rc0=$?
-        wait "$p1" || rc1=$?
-        pids=()
-        secs=$((($(date +%s%N) - t0) / 1000000))
-        if ((rc0 != 0 || rc1 != 0)); then
-            echo "compression-eval: $rate $codec failed (exit codes $rc0, $rc1); last lines:" >&2
-            tail -n 5 "$dir/node0.log" "$dir/node1.log" | sed 's/^/    /' >&2
-            printf '%s\t%s\tfailed\n' "$rate" "$codec" >>"$results"
+        # A fresh port per run: the previous job's sockets may linger.
+        if ! run_pair "$dir" $((29500 + 2 * run)) "${common[@]}" "${stop[@]}" \
+            --compress "${entry%@*}" "${extra[@]}"; then
+            printf '%s\t%s\tfailed\n' "$rate" "$entry" >>"$results"
             continue
         fi
-        python3 - "$dir/metrics.jsonl" "$skip" "$rate" "$codec" "$secs" >>"$results" <<'EOF'
+        secs=$((($(date +%s%N) - t0) / 1000000))
+        python3 - "$dir/metrics.jsonl" "$skip" "$rate" "$entry" "$secs" >>"$results" <<'EOF'
 import json, statistics, sys
 path, skip, rate, codec, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]) / 1000
 rows = [json.loads(l) for l in open(path)]
@@ -225,17 +263,54 @@ print("\t".join(map(str, [rate, codec, "ok", med("step_ms"), med("compute_ms"),
                           med("exposed_comm_ms"), med("comm_ms"), med("bytes_sent"),
                           val if val is not None else "nan", rows[-1]["step"], round(secs, 1)])))
 EOF
-        tail -n 1 "$results" | awk -F'\t' '{printf "compression-eval: %-8s %-11s step %8.1f ms  val %s  (%s s)\n", $1, $2, $4, $9, $11}'
+        tail -n 1 "$results" | awk -F'\t' '{printf "compression-eval: %-8s %-14s step %8.1f ms  (%s s)\n", $1, $2, $4, $11}'
     done; done
     "$cluster" down 2 >/dev/null
 done
 
-python3 - "$results" "$steps" "$skip" "$repeat" <<'EOF'
-import statistics, sys
-path, steps, skip, repeat = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
+# Quality runs: the whole schedule, no shaping (training is deterministic:
+# the loss does not depend on the link; the check below compares).
+quality_tsv=$out/quality.tsv
+: >"$quality_tsv"
+if ((quality > 0)); then
+    "$cluster" up 2 >/dev/null
+    for entry in $codecs; do
+        run=$((run + 1))
+        start=0
+        [[ $entry != *@* ]] || start=${entry#*@}
+        dir=$out/quality/${entry//[:@]/-}
+        t0=$(date +%s%N)
+        if ! run_pair "$dir" $((29500 + 2 * run)) "${common[@]}" --compress "${entry%@*}" \
+            --compress-start "$start" "${extra[@]}"; then
+            printf '%s\tfailed\n' "$entry" >>"$quality_tsv"
+            continue
+        fi
+        secs=$((($(date +%s%N) - t0) / 1000000))
+        python3 - "$dir/metrics.jsonl" "$entry" "$start" "$secs" >>"$quality_tsv" <<'EOF'
+import json, sys
+path, codec, start, secs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) / 1000
+rows = [json.loads(l) for l in open(path)]
+val = rows[-1]["val_loss"]
+print("\t".join(map(str, [codec, "ok", val if val is not None else "nan", rows[-1]["step"], start,
+                          round(secs, 1)])))
+EOF
+        tail -n 1 "$quality_tsv" | awk -F'\t' '{printf "compression-eval: quality  %-14s val %s after %s steps  (%s s)\n", $1, $3, $4, $6}'
+    done
+    "$cluster" down 2 >/dev/null
+fi
+
+python3 - "$results" "$quality_tsv" "$out" "$steps" "$skip" "$repeat" "$quality" <<'EOF'
+import json, os, statistics, sys
+path, qpath, out = sys.argv[1], sys.argv[2], sys.argv[3]
+steps, skip, repeat, quality = (int(x) for x in sys.argv[4:8])
 runs = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
+qual = {}
+for l in open(qpath):
+    f = l.rstrip("\n").split("\t")
+    if f[1] == "ok":
+        qual[f[0]] = {"val": float(f[2]), "start": int(f[4])}
 # One row per (link, codec): the median of its runs' figures (a failed run
-# fails the row). The validation loss is the same in every run.
+# fails the row).
 rows, by = [], {}
 for r in runs:
     key = (r[0], r[1])
@@ -260,27 +335,79 @@ def speedup(r):
         return None
     mine = by[(r[0], r[1])]
     return statistics.median(float(a[3]) / float(b[3]) for a, b in zip(nr, mine))
+def val_of(r):
+    if not quality:
+        return float(r[8])
+    q = qual.get(r[1])
+    return q["val"] if q else float("nan")
+def slug(entry):
+    return entry.replace(":", "-").replace("@", "-")
+def losses(p):
+    return {j["step"]: j["loss"] for j in map(json.loads, open(p))}
+
+# Determinism check: the timed (shaped) runs and the quality (unshaped) run
+# of the same flags must give the same training losses over the timed
+# steps. Checked for every codec without a warm-up (with one, the timed run
+# compresses from step 1 and the quality run does not).
+checked, bad = [], []
+if quality:
+    for (rate, entry), rs in by.items():
+        q = qual.get(entry)
+        if not q or q["start"] != 0 or any(r[2] != "ok" for r in rs):
+            continue
+        ql = losses(os.path.join(out, "quality", slug(entry), "metrics.jsonl"))
+        d = os.path.join(out, rate, slug(entry))
+        for sub in [d] if repeat == 1 else [os.path.join(d, f"run{i}") for i in range(1, repeat + 1)]:
+            tl = losses(os.path.join(sub, "metrics.jsonl"))
+            diff = [s for s in sorted(tl) if tl[s] != ql.get(s)]
+            if diff:
+                bad.append(f"{rate}/{entry} step {diff[0]}: {tl[diff[0]]} vs {ql.get(diff[0])}")
+            else:
+                checked.append(f"{rate}/{entry}")
+
+total = quality or steps
 print()
-print(f"step time: median over steps {int(skip) + 1}..{steps} of rank 0's step_ms", end="")
+print(f"step ms: median over steps {skip + 1}..{steps} of rank 0's step_ms on the shaped link", end="")
 print(f", then the median of {repeat} runs" if repeat > 1 else "", end="")
-print("; bytes: what rank 0 sent per step")
+print("; MB/step: what rank 0 sent per compressed step")
 if repeat > 1:
     print("speed-up: the median over the rounds of none's step time over the codec's in that round")
-hdr = ("link", "codec", "step ms", "compute", "exposed", "MB/step", "speed-up", "val loss", "val vs none")
-fmt = "{:<8} {:<11} {:>9} {:>8} {:>8} {:>9} {:>9} {:>9} {:>11}"
+if quality:
+    print(f"run s: {total} steps at this link = warm-up steps (codec@N) x none's step ms + the rest x"
+          f" the codec's; val loss: after {total} steps, from the unshaped run")
+else:
+    print(f"run s: {total} steps x step ms; val loss: after the {total} timed steps")
+hdr = ("link", "codec", "step ms", "compute", "exposed", "MB/step", "speed-up", "run s", "run x",
+       "val loss", "val vs none")
+fmt = "{:<8} {:<14} {:>9} {:>8} {:>8} {:>9} {:>9} {:>8} {:>7} {:>9} {:>11}"
 print(fmt.format(*hdr))
 for r in rows:
     if r[2] != "ok":
-        print(fmt.format(r[0], r[1], "failed", "", "", "", "", "", ""))
+        print(fmt.format(r[0], r[1], "failed", *[""] * 8))
         continue
-    step, comp, exp, byts, val = float(r[3]), float(r[4]), float(r[5]), float(r[7]), float(r[8])
+    step, comp, exp, byts = float(r[3]), float(r[4]), float(r[5]), float(r[7])
+    val = val_of(r)
     n = none.get(r[0])
     su = speedup(r)
-    sp = f"{su:.2f}x" if su else "-"
-    dv = f"{100 * (val / float(n[8]) - 1):+.2f}%" if n else "-"
+    start = qual.get(r[1], {}).get("start", 0)
+    if n:
+        run_s = (start * float(n[3]) + (total - start) * step) / 1e3
+        run_x = f"{total * float(n[3]) / 1e3 / run_s:.2f}x"
+        nv = val_of(n)
+        dv = f"{100 * (val / nv - 1):+.2f}%"
+    else:
+        run_s, run_x, dv = (total - start) * step / 1e3 if start == 0 else float("nan"), "-", "-"
     print(fmt.format(r[0], r[1], f"{step:.1f}", f"{comp:.1f}", f"{exp:.1f}", f"{byts / 1e6:.3f}",
-                     sp, f"{val:.4f}", dv))
+                     f"{su:.2f}x" if su else "-", f"{run_s:.1f}", run_x, f"{val:.4f}", dv))
+if quality:
+    print()
+    if checked:
+        print(f"loss check: shaped and unshaped runs agree bit for bit over steps 1..{steps}:",
+              " ".join(checked))
+    if bad:
+        print("loss check: MISMATCH between shaped and unshaped runs:", "; ".join(bad))
+        sys.exit(3)
 EOF
 echo
 echo "compression-eval: total $(($(date +%s) - start_all)) s (machine may be shared: compare rows of one run only)"
-if grep -q $'\tfailed' "$results"; then exit 1; fi
+if grep -q $'\tfailed' "$results" "$quality_tsv"; then exit 1; fi

@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # eval_netns.sh DTRAIN CODEC... — bench/compression-eval.sh in a tiny mode
-# (tiny model, 8 steps, 100 Mbit/s only, the given codecs) on a corpus made
-# of the repository's docs: the table must have one sane row per codec
-# (positive times, none at 1.00x and +0.00%, a compressed codec sending
-# fewer bytes than none, finite validation losses), and nothing may be left
+# (tiny model, 8 timed steps at 100 Mbit/s, 12-step unshaped quality runs,
+# the given codecs) on a corpus made of the repository's docs: the table
+# must have one sane row per codec (positive times, none at 1.00x and
+# +0.00%, a compressed codec sending fewer bytes than none, the whole-run
+# time charging warm-up steps at none's step time, finite validation
+# losses), the shaped and unshaped runs of none must have trained the same
+# losses (the script's loss check), and nothing may be left
 # behind: no namespaces, no processes; then the same run is interrupted
 # with SIGINT while training and must clean up as well and exit 130.
 # Exits 77 (ctest SKIP_RETURN_CODE) when not root or a tool is missing.
@@ -37,17 +40,17 @@ leftovers() {
     ! pgrep -f -- "$dir/" >/dev/null || fail "$1: processes left: $(pgrep -af -- "$dir/")"
 }
 eval_args=(--dtrain "$dtrain" --model tiny --batch 4 --seq 64 --steps 8 --skip 2
-    --rates 100mbit --codecs "$codecs" "$dir/corpus.txt")
+    --quality-steps 12 --rates 100mbit --codecs "$codecs" "$dir/corpus.txt")
 
 timeout -k 5 60 "$root/bench/compression-eval.sh" "${eval_args[@]}" --out "$dir/run" \
     >"$dir/out.txt" 2>&1 ||
-    fail "compression-eval.sh exited $? (124: still running after 60 s): $(tail -n 20 "$dir/out.txt" "$dir"/run/100mbit/*/node*.log 2>/dev/null)"
+    fail "compression-eval.sh exited $? (124: still running after 60 s): $(tail -n 20 "$dir/out.txt" "$dir"/run/*/*/node*.log 2>/dev/null)"
 cat "$dir/out.txt"
 leftovers "after a run"
 grep -q "delay 0.5ms" "$dir/out.txt" || fail "no line saying whether the delay is emulated"
 # shellcheck disable=SC2086 # one argument per codec
 python3 - "$dir/out.txt" $codecs <<'PY' || fail "table not sane (see above)"
-import math, sys
+import math, re, sys
 lines = open(sys.argv[1]).read().splitlines()
 codecs = sys.argv[2:]
 head = [i for i, l in enumerate(lines) if l.startswith("link ")]
@@ -55,22 +58,34 @@ assert len(head) == 1, f"expected one table header, found {len(head)}"
 rows = {}
 for l in lines[head[0] + 1:]:
     f = l.split()
-    if len(f) == 9 and f[0] == "100mbit":
+    if len(f) == 11 and f[0] == "100mbit":
         rows[f[1]] = f
 assert sorted(rows) == sorted(codecs), f"rows {sorted(rows)} != codecs {sorted(codecs)}"
 for c, f in rows.items():
-    step, comp, exp, mb, val = (float(x) for x in (f[2], f[3], f[4], f[5], f[7]))
+    step, comp, exp, mb, run_s, val = (float(x) for x in (f[2], f[3], f[4], f[5], f[7], f[9]))
     assert step > 0 and comp > 0 and exp >= 0 and mb > 0, f"{c}: non-positive figures {f}"
     assert comp <= step * 1.001, f"{c}: compute {comp} ms above step {step} ms"
     assert math.isfinite(val) and 0 < val < 10, f"{c}: val loss {val}"
     sp = float(f[6].rstrip("x"))
     assert sp > 0, f"{c}: speed-up {f[6]}"
+# The quality runs: 12 steps each, unshaped.
+for c in codecs:
+    assert any(re.search(rf"quality +{re.escape(c)} +val [0-9.]+ after 12 steps", l) for l in lines), \
+        f"no 12-step quality run for {c}"
 if "none" in rows:
     n = rows["none"]
-    assert n[6] == "1.00x" and n[8] == "+0.00%", f"none vs itself: {n[6]} {n[8]}"
+    assert n[6] == "1.00x" and n[8] == "1.00x" and n[10] == "+0.00%", f"none vs itself: {n}"
+    assert abs(float(n[7]) - 12 * float(n[2]) / 1e3) < 0.06, f"none: run s {n[7]} != 12 x {n[2]} ms"
     for c, f in rows.items():
-        if c not in ("none", "fp16", "bf16"):
+        if c.split("@")[0] not in ("none", "fp16", "bf16"):
             assert float(f[5]) < float(n[5]) / 2, f"{c} sends {f[5]} MB/step, none {n[5]}"
+        # Whole run: warm-up steps at none's step time, the rest at the codec's.
+        w = int(c.split("@")[1]) if "@" in c else 0
+        want = (w * float(n[2]) + (12 - w) * float(f[2])) / 1e3
+        assert abs(float(f[7]) - want) < 0.06, f"{c}: run s {f[7]}, expected {want:.2f}"
+    # The shaped run and the unshaped one of none trained identically.
+    chk = [l for l in lines if l.startswith("loss check:")]
+    assert len(chk) == 1 and "agree bit for bit over steps 1..8" in chk[0] and "100mbit/none" in chk[0], chk
 print("ok: table has one sane row per codec:", " ".join(codecs))
 PY
 echo "ok: nothing left after a run"
@@ -78,10 +93,11 @@ echo "ok: nothing left after a run"
 # Interrupt during training: launchers, ranks and namespaces must go.
 set -m
 # (A fresh --out: the first run's metrics.jsonl must not pass for this one's.)
-"$root/bench/compression-eval.sh" "${eval_args[@]}" --steps 100000 --out "$dir/run2" \
+"$root/bench/compression-eval.sh" "${eval_args[@]}" --steps 100000 --quality-steps 100000 --out "$dir/run2" \
     >"$dir/int.txt" 2>&1 &
 pid=$!
-metrics=$dir/run2/100mbit/${codecs%% *}/metrics.jsonl
+first=${codecs%% *}
+metrics=$dir/run2/100mbit/${first//[:@]/-}/metrics.jsonl
 for ((i = 0; i < 300; i++)); do
     [[ -s $metrics ]] && break
     sleep 0.1
