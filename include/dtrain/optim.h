@@ -73,6 +73,10 @@ dt_adamw_config dt_adamw_config_default(void);
  *
  * `weight_decay` is the decay applied to this range (it overrides
  * c->weight_decay, so a caller can skip decay for biases and norms).
+ * beta2 == 1 freezes the second moment: v stays as it is (1 * v + 0 * g*g,
+ * bit for bit for finite g) and is used without bias correction (bc2 = 1),
+ * the compression stage of 1-bit Adam (Tang et al. 2021); the caller turns
+ * a running v into the frozen one by dividing it by its bc2 once.
  */
 void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
                    const dt_adamw_config *c, int64_t step, float weight_decay);

@@ -319,6 +319,11 @@ typedef struct dt_train_config {
      * gradients; the codec (with zero residuals) takes over from step
      * compress_start + 1. 0: compress from the first step. */
     int64_t compress_start;
+    /* AdamW's second moment frozen from step compress_start + 1 (1-bit
+     * Adam's compression stage): the update becomes linear in the gradient,
+     * so what error feedback delivers late moves the weights as much as if
+     * it had come on time. Needs AdamW and compress_start > 0. */
+    bool compress_freeze_v;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. */

@@ -84,6 +84,7 @@ static const cli_opt train_opts[] = {
     {"grad-dtype", 0, CLI_ENUM, "TYPE", "fp32", "DT_GRAD_DTYPE", "dtype of the gradient allreduce (sums accumulate in fp32)", grad_dtypes, 0, 0},
     {"compress", 0, CLI_STRING, "CODEC", "none", "DT_COMPRESS", "gradient codec: none, fp16, bf16, int8, qsgd:BITS, sign, topk:F, randk:F, powersgd:RANK", NULL, 0, 0},
     {"compress-ef", 0, CLI_STRING, "MODE", "auto", "DT_COMPRESS_EF", "error feedback: auto (on for sign, topk, powersgd), on, off", NULL, 0, 0},
+    {"compress-freeze-v", 0, CLI_FLAG, NULL, NULL, "DT_COMPRESS_FREEZE_V", "freeze AdamW's second moment when compression starts (1-bit Adam)", NULL, 0, 0},
     {"compress-start", 0, CLI_INT, "N", "0", "DT_COMPRESS_START", "dense warm-up: the first N steps send uncompressed fp32 gradients", NULL, 0, 1e15},
     {0},
 };
@@ -194,6 +195,7 @@ static int run_train(cli_args *a) {
         dt_ef_parse("--compress-ef", cli_str(a, "compress-ef"), &c.compress_ef) != DT_OK)
         cli_usage_error(a->cmd, "%s", dt_last_error());
     c.compress_start = cli_int(a, "compress-start");
+    c.compress_freeze_v = cli_bool(a, "compress-freeze-v");
     if (!c.data)
         cli_usage_error(a->cmd, "--data FILE is required (a .txt corpus or a .tok file)");
     if (c.min_lr > c.lr)

@@ -32,7 +32,7 @@ void dt__adamw_k_init(dt__adamw_k *k, float lr, const dt_adamw_config *c, int64_
     k->omb1 = (float)(1.0 - b1);
     k->b2 = c->beta2;
     k->omb2 = (float)(1.0 - b2);
-    k->bc2_sqrt = (float)sqrt(bc2);
+    k->bc2_sqrt = c->beta2 == 1.0f ? 1.0f : (float)sqrt(bc2); /* 1: v frozen (optim.h) */
     k->eps = c->eps;
     k->neg_step = (float)(-((double)lr / bc1));
 }

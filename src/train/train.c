@@ -148,6 +148,11 @@ static float applied_scale(const trainer *t) {
 static void update_range(trainer *t, size_t begin, size_t end) {
     float *p = dt_gpt_params(t->m), *g = dt_gpt_grads(t->m);
     const dt_train_config *c = t->c;
+    /* --compress-freeze-v: beta2 = 1 keeps v (optim.h), from the first
+     * compressed step on. */
+    bool frozen = c->compress_freeze_v && t->step >= c->compress_start;
+    dt_adamw_config fz = t->adamw;
+    fz.beta2 = 1.0f;
     for (size_t i = 0; i < t->ntens; i++) {
         size_t lo = t->tens_off[i] > begin ? t->tens_off[i] : begin;
         size_t hi = t->tens_end[i] < end ? t->tens_end[i] : end;
@@ -155,12 +160,24 @@ static void update_range(trainer *t, size_t begin, size_t end) {
             continue;
         float wd = t->tens_decay[i] ? (float)c->weight_decay : 0.0f;
         if (c->optimizer == DT_TRAIN_ADAMW)
-            dt_adamw_step(p + lo, g + lo, t->opt_a + lo, t->opt_b + lo, hi - lo, t->lr, &t->adamw,
-                          t->step - t->skipped + 1, wd);
+            dt_adamw_step(p + lo, g + lo, t->opt_a + lo, t->opt_b + lo, hi - lo, t->lr,
+                          frozen ? &fz : &t->adamw, t->step - t->skipped + 1, wd);
         else
             dt_sgd_step(p + lo, g + lo, c->momentum > 0 ? t->opt_a + lo : NULL, hi - lo, t->lr,
                         (float)c->momentum, false, wd);
     }
+}
+
+/* --compress-freeze-v, before the first compressed step: v becomes the
+ * bias-corrected second moment of the dense steps, v / (1 - beta2^s), which
+ * the frozen updates use as is. A function of the step, so a resume from
+ * either side of it is bit-identical. */
+static void freeze_second_moment(trainer *t) {
+    int64_t s = t->step - t->skipped;
+    if (s < 1)
+        return;
+    float inv = (float)(1.0 / (1.0 - pow((double)t->adamw.beta2, (double)s)));
+    dt_scale(t->opt_b, t->n, inv);
 }
 
 /* DDP callback: each averaged bucket, in order from the end of the buffer.
@@ -212,6 +229,13 @@ static dt_status check_config(const dt_train_config *c) {
         return bad("--grad-dtype: gradients travel as fp32, bf16 or fp16");
     if (c->compress_start < 0)
         return bad("--compress-start %" PRId64 ": must be 0 or more", c->compress_start);
+    if (c->compress_freeze_v && (c->optimizer != DT_TRAIN_ADAMW || c->compress_start < 1 ||
+                                 c->compress.kind == DT_CODEC_NONE))
+        return bad("--compress-freeze-v needs --optimizer adamw, a --compress codec and "
+                   "--compress-start >= 1 (the dense steps make the second moment it freezes); "
+                   "got %s, %s, %" PRId64,
+                   dt_train_optimizer_names[c->optimizer],
+                   c->compress.kind == DT_CODEC_NONE ? "no codec" : "a codec", c->compress_start);
     if (c->grad_dtype != DT_F32 && c->compress.kind != DT_CODEC_NONE)
         return bad("--grad-dtype %s with --compress: choose one (the codec defines the wire "
                    "format)",
@@ -446,6 +470,7 @@ static void build_config_json(trainer *t) {
     dt_json_str(j, "grad_dtype", dt_dtype_name(c->grad_dtype));
     dt_json_str(j, "compress", dt_codec_format(&c->compress, cb, sizeof cb));
     dt_json_int(j, "compress_start", c->compress_start);
+    dt_json_bool(j, "compress_freeze_v", c->compress_freeze_v);
     dt_json_str(j, "compress_ef",
                 c->compress_ef == DT_EF_ON    ? "on"
                 : c->compress_ef == DT_EF_OFF ? "off"
@@ -1142,6 +1167,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         /* Dense warm-up: the codec (and its residuals) start at step
          * compress_start + 1; a function of the step, so resume agrees. */
         dt_ddp_set_dense(t->ddp, t->step < c->compress_start);
+        if (c->compress_freeze_v && t->step == c->compress_start)
+            freeze_second_moment(t);
         dt_gpt_zero_grads(t->m);
         double loss = 0;
         for (int k = 0; k < t->K; k++) {

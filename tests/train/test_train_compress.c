@@ -13,11 +13,16 @@
  *   warmup     --compress-start 4: steps 1-4 are the plain fp32 run bit
  *              for bit and send its bytes; from step 5 top-k sends its
  *              encoded size and the losses leave the plain run's.
+ *   freeze     --compress-freeze-v: AdamW's v after 4 and after 6 steps
+ *              with --compress-start 2 are the same bits (frozen after the
+ *              dense steps), unlike without the flag; the run learns;
+ *              the flag without a warm-up or codec is refused.
  *   resume     topk and powersgd runs stopped after 3 of 10 steps and
  *              resumed: losses and parameters bit-identical to the
  *              uninterrupted run (residuals and Q are in the checkpoint),
  *              also across the switch of --compress-start 5 (stopped in
- *              the dense phase) and 2 (stopped just after it);
+ *              the dense phase) and 2 (stopped just after it), and with
+ *              --compress-freeze-v on both sides;
  *              resuming with another codec is allowed and says that the
  *              codec state was not restored.
  *   config     the config file keys compress / compress-ef work like the
@@ -164,6 +169,49 @@ static void test_warmup(void) {
     EXPECT_OUT("--compress-start");
 }
 
+/* AdamW's second moment in the newest checkpoint of NAME (caller frees). */
+static float *second_moment(const char *name, size_t *n) {
+    char p[192];
+    snprintf(p, sizeof p, "%s/%s/ck", tu_dir, name);
+    dt_ckpt *ck;
+    ASSERT_OK(dt_ckpt_open_latest(&ck, p));
+    dt_ckpt_info info;
+    ASSERT_OK(dt_ckpt_find(ck, "adamw.v", &info));
+    float *v = malloc(info.bytes);
+    memcpy(v, info.data, info.bytes);
+    *n = info.count;
+    dt_ckpt_close(ck);
+    return v;
+}
+
+static void test_freeze(void) {
+    double l[64];
+    const char *fv = "--compress topk:0.05 --compress-start 2 --compress-freeze-v";
+    train("fv4", 4, fv, l);
+    EXPECT_OUT(", dense (fp32) for steps 1-2");
+    train("fv20", 20, fv, l);
+    expect_learns("topk:0.05, v frozen after step 2", l, 20);
+    train("nf6", 6, "--compress topk:0.05 --compress-start 2", l);
+    size_t n4, n20, n6;
+    float *v4 = second_moment("fv4", &n4), *v20 = second_moment("fv20", &n20),
+          *v6 = second_moment("nf6", &n6);
+    ASSERT_EQ(n4, n20);
+    ASSERT_EQ(n4, n6);
+    /* v depends only on the gradients of steps 1-2 (the same in every run:
+     * the schedules differ from step 3 on), then stays. */
+    ASSERT_TRUE(memcmp(v4, v20, n4 * sizeof *v4) == 0);
+    ASSERT_TRUE(memcmp(v4, v6, n4 * sizeof *v4) != 0);
+    free(v4);
+    free(v20);
+    free(v6);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --compress topk:0.05 "
+                     "--compress-freeze-v",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--compress-freeze-v needs --optimizer adamw, a --compress codec and "
+               "--compress-start >= 1");
+}
+
 static void test_bf16(void) {
     double l32[64], l16[64];
     train("f32", 20, "", l32);
@@ -201,6 +249,8 @@ static void test_resume(void) {
      * checkpoint) and right after it (the first residuals). */
     resume_case("topk:0.05 --compress-start 5", "topk_w5");
     resume_case("powersgd:2 --compress-start 2", "psgd_w2");
+    resume_case("topk:0.05 --compress-start 5 --compress-freeze-v", "topk_fv5");
+    resume_case("topk:0.05 --compress-start 2 --compress-freeze-v", "topk_fv2");
     /* Another codec on resume: allowed, the state starts from zero. */
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 12 --ckpt-dir %s/cut_topk/ck "
                      "--run-dir %s/cut_topk --compress sign --resume",
@@ -252,6 +302,7 @@ static void test_config(void) {
 static const test_case cases[] = {
     {"topk", test_topk},     {"powersgd", test_powersgd}, {"bf16", test_bf16},
     {"resume", test_resume}, {"config", test_config},     {"warmup", test_warmup},
+    {"freeze", test_freeze},
 };
 
 int main(int argc, char **argv) {

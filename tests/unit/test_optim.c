@@ -234,6 +234,33 @@ static void test_vector_equals_scalar(void) {
     }
 }
 
+/* beta2 = 1 freezes v (bit for bit) and uses it without bias correction:
+ * the step equals the one computed by hand with v fixed. */
+static void test_adamw_frozen_v(void) {
+    enum { NF = 7 };
+    float p[NF], g[NF], m[NF], v[NF], v0[NF], want[NF];
+    for (int i = 0; i < NF; i++) {
+        p[i] = 0.5f * (float)(i + 1);
+        g[i] = (float)(i - 3) * 0.25f;
+        m[i] = 0.0f;
+        v[i] = v0[i] = 0.01f * (float)(i + 1);
+    }
+    dt_adamw_config c = dt_adamw_config_default();
+    c.beta2 = 1.0f;
+    for (int step = 1; step <= 3; step++) {
+        for (int i = 0; i < NF; i++) {
+            float mi = c.beta1 * m[i] + (1.0f - c.beta1) * g[i];
+            double bc1 = 1.0 - pow((double)c.beta1, step);
+            want[i] =
+                p[i] * (1.0f - 1e-3f * 0.1f) - (float)(1e-3 / bc1) * mi / (sqrtf(v0[i]) + c.eps);
+        }
+        dt_adamw_step(p, g, m, v, NF, 1e-3f, &c, step, 0.1f);
+        ASSERT_EQ(memcmp(v, v0, sizeof v), 0);
+        for (int i = 0; i < NF; i++)
+            ASSERT_NEAR(p[i], want[i], 1e-6, 1e-6);
+    }
+}
+
 /* Updating a buffer in one call (OpenMP-parallel) or as uneven ranges (as
  * ZeRO shards would) gives the same bits, with 1 or 2 threads. */
 static void test_split_invariance(void) {
@@ -328,6 +355,7 @@ int main(void) {
     RUN(test_schedule_edges);
     RUN(test_vector_equals_scalar);
     RUN(test_split_invariance);
+    RUN(test_adamw_frozen_v);
     RUN(test_sumsq_exact_on_integers);
     free(fixture_text);
     return TEST_SUMMARY();
