@@ -10,7 +10,8 @@
 #   --build DIR      build directory (default: build)
 #   --codecs LIST    comma- or space-separated codec specs (default: all nine);
 #                    SPEC@N adds a dense warm-up: --compress-start N in the
-#                    quality run (the timed run measures the compressed step)
+#                    quality run (the timed run measures the compressed step);
+#                    SPEC@N/v also freezes AdamW's v then (--compress-freeze-v)
 #   --rates LIST     link rates for tc (default: 100mbit,1gbit; "unshaped": no tc)
 #   --delay D        one-way delay per host link (default 0.5ms; needs sch_netem)
 #   --steps N        timed steps per shaped run (default 30)
@@ -25,6 +26,11 @@
 #                    table shows the median of the R runs' medians and of
 #                    the in-round speed-ups
 #   --out DIR        keep logs and metrics here (default: a temporary directory)
+#   --append         add to the results already in --out (the table shows
+#                    all of them): a long evaluation in pieces, e.g. one
+#                    --codecs/--rates piece at a time, then --rates "" for
+#                    the quality runs alone
+#   --skip-quality   no quality runs in this invocation (another piece does them)
 #   -- ARGS          more `dtrain train` flags, the same for every run
 #
 # The same seed, data, model and flags for every codec; only --compress
@@ -63,6 +69,8 @@ seq=64
 threads=1
 repeat=1
 out=""
+append=0
+skip_quality=0
 data=""
 extra=()
 while [[ $# -gt 0 ]]; do
@@ -81,6 +89,8 @@ while [[ $# -gt 0 ]]; do
     --threads) threads=${2:?}; shift 2 ;;
     --repeat) repeat=${2:?}; shift 2 ;;
     --out) out=${2:?}; shift 2 ;;
+    --append) append=1; shift ;;
+    --skip-quality) skip_quality=1; shift ;;
     -h | --help) usage 0 ;;
     --) shift; extra=("$@"); break ;;
     -*) die "unknown option '$1' (see --help)" ;;
@@ -125,17 +135,26 @@ if [[ -z $dtrain ]]; then
 fi
 [[ -x $dtrain ]] || die "dtrain binary '$dtrain' not found or not executable"
 dtrain=$(cd "$(dirname "$dtrain")" && pwd)/$(basename "$dtrain")
+# quality_flags ENTRY: the warm-up flags of a codec entry (SPEC@N[/v]).
+quality_flags() {
+    [[ $1 == *@* ]] || return 0
+    local n=${1#*@}
+    echo "--compress-start ${n%/v}"
+    [[ $n != */v ]] || echo "--compress-freeze-v"
+}
 for c in $codecs; do
     # Validate every spec before any namespace exists: a good one gets as
     # far as the missing --data.
     start=0
     if [[ $c == *@* ]]; then
         start=${c#*@}
-        [[ $start =~ ^[0-9]+$ ]] || die "codec '$c': the warm-up after @ must be a whole number"
+        start=${start%/v}
+        [[ $start =~ ^[0-9]+$ ]] || die "codec '$c': write SPEC@N or SPEC@N/v, N a whole number"
         ((quality == 0 || start < quality)) || die "codec '$c': warm-up $start >= --quality-steps $quality"
         ((quality > 0)) || die "codec '$c': a warm-up needs --quality-steps > 0"
     fi
-    msg=$("$dtrain" train --compress "${c%@*}" --compress-start "$start" 2>&1 || true)
+    # shellcheck disable=SC2046 # one word per flag
+    msg=$("$dtrain" train --compress "${c%@*}" $(quality_flags "$c") 2>&1 || true)
     [[ $msg == *"--data FILE is required"* ]] || die "codec '$c': $(echo "$msg" | head -n 1)"
 done
 
@@ -150,7 +169,14 @@ fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 results=$out/results.tsv
-: >"$results"
+quality_tsv=$out/quality.tsv
+if ((append)); then
+    [[ -n $keep_out && $keep_out == 1 ]] || die "--append needs --out DIR"
+    touch "$results" "$quality_tsv"
+else
+    : >"$results"
+    : >"$quality_tsv"
+fi
 
 # Cleanup: the launchers we started (by PID; each stops its ranks, which
 # also die with it through PR_SET_PDEATHSIG), then the namespaces.
@@ -205,7 +231,8 @@ echo "compression-eval: logs and metrics in $out$( ((keep_out)) || echo ' (remov
 
 # run_pair DIR PORT ARGS...: one 2-host job (rank 0 writes DIR/metrics.jsonl);
 # non-zero when a launcher failed, after printing their last lines.
-run=0
+# Runs of earlier pieces (--append) keep their ports' numbers apart.
+run=$(cat "$results" "$quality_tsv" | wc -l)
 run_pair() {
     local dir=$1 port=$2 rc0=0 rc1=0 p0 p1
     shift 2
@@ -242,7 +269,7 @@ for rate in $rates; do
     "$cluster" up 2 "${shape[@]}" ${use_delay:+--delay "$use_delay"} >/dev/null
     for ((rep = 1; rep <= repeat; rep++)); do for entry in $codecs; do
         run=$((run + 1))
-        dir=$out/$rate/${entry//[:@]/-}
+        dir=$out/$rate/${entry//[:@\/]/-}
         ((repeat == 1)) || dir+=/run$rep
         t0=$(date +%s%N)
         # A fresh port per run: the previous job's sockets may linger.
@@ -270,18 +297,17 @@ done
 
 # Quality runs: the whole schedule, no shaping (training is deterministic:
 # the loss does not depend on the link; the check below compares).
-quality_tsv=$out/quality.tsv
-: >"$quality_tsv"
-if ((quality > 0)); then
+if ((quality > 0 && !skip_quality)); then
     "$cluster" up 2 >/dev/null
     for entry in $codecs; do
         run=$((run + 1))
         start=0
-        [[ $entry != *@* ]] || start=${entry#*@}
-        dir=$out/quality/${entry//[:@]/-}
+        [[ $entry != *@* ]] || start=$(quality_flags "$entry" | awk 'NR == 1 {print $2}')
+        dir=$out/quality/${entry//[:@\/]/-}
         t0=$(date +%s%N)
+        # shellcheck disable=SC2046 # one word per flag
         if ! run_pair "$dir" $((29500 + 2 * run)) "${common[@]}" --compress "${entry%@*}" \
-            --compress-start "$start" "${extra[@]}"; then
+            $(quality_flags "$entry") "${extra[@]}"; then
             printf '%s\tfailed\n' "$entry" >>"$quality_tsv"
             continue
         fi
@@ -341,7 +367,7 @@ def val_of(r):
     q = qual.get(r[1])
     return q["val"] if q else float("nan")
 def slug(entry):
-    return entry.replace(":", "-").replace("@", "-")
+    return entry.replace(":", "-").replace("@", "-").replace("/", "-")
 def losses(p):
     return {j["step"]: j["loss"] for j in map(json.loads, open(p))}
 

@@ -80,7 +80,7 @@ if "none" in rows:
         if c.split("@")[0] not in ("none", "fp16", "bf16"):
             assert float(f[5]) < float(n[5]) / 2, f"{c} sends {f[5]} MB/step, none {n[5]}"
         # Whole run: warm-up steps at none's step time, the rest at the codec's.
-        w = int(c.split("@")[1]) if "@" in c else 0
+        w = int(c.split("@")[1].split("/")[0]) if "@" in c else 0
         want = (w * float(n[2]) + (12 - w) * float(f[2])) / 1e3
         assert abs(float(f[7]) - want) < 0.06, f"{c}: run s {f[7]}, expected {want:.2f}"
     # The shaped run and the unshaped one of none trained identically.
@@ -97,7 +97,7 @@ set -m
     >"$dir/int.txt" 2>&1 &
 pid=$!
 first=${codecs%% *}
-metrics=$dir/run2/100mbit/${first//[:@]/-}/metrics.jsonl
+metrics=$dir/run2/100mbit/${first//[:@\/]/-}/metrics.jsonl
 for ((i = 0; i < 300; i++)); do
     [[ -s $metrics ]] && break
     sleep 0.1
