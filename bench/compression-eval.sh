@@ -263,18 +263,23 @@ common=(train --model "$model" --data "$data" --batch "$batch" --seq "$seq" --st
 # after --steps steps of the quality run's schedule.
 stop=()
 ((quality == 0)) || stop=(--stop-after "$steps")
+# One timed run per codec spec: SPEC and SPEC@N[/v] share it.
+specs=""
+for entry in $codecs; do
+    [[ " $specs " == *" ${entry%@*} "* ]] || specs+=" ${entry%@*}"
+done
 for rate in $rates; do
     shape=(--rate "$rate")
     [[ $rate != unshaped ]] || shape=()
     "$cluster" up 2 "${shape[@]}" ${use_delay:+--delay "$use_delay"} >/dev/null
-    for ((rep = 1; rep <= repeat; rep++)); do for entry in $codecs; do
+    for ((rep = 1; rep <= repeat; rep++)); do for entry in $specs; do
         run=$((run + 1))
-        dir=$out/$rate/${entry//[:@\/]/-}
+        dir=$out/$rate/${entry//:/-}
         ((repeat == 1)) || dir+=/run$rep
         t0=$(date +%s%N)
         # A fresh port per run: the previous job's sockets may linger.
         if ! run_pair "$dir" $((29500 + 2 * run)) "${common[@]}" "${stop[@]}" \
-            --compress "${entry%@*}" "${extra[@]}"; then
+            --compress "$entry" "${extra[@]}"; then
             printf '%s\t%s\tfailed\n' "$rate" "$entry" >>"$results"
             continue
         fi
@@ -330,11 +335,11 @@ import json, os, statistics, sys
 path, qpath, out = sys.argv[1], sys.argv[2], sys.argv[3]
 steps, skip, repeat, quality = (int(x) for x in sys.argv[4:8])
 runs = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
-qual = {}
+qual = {}  # entry (SPEC or SPEC@N[/v]) -> its quality run; later pieces win
 for l in open(qpath):
     f = l.rstrip("\n").split("\t")
-    if f[1] == "ok":
-        qual[f[0]] = {"val": float(f[2]), "start": int(f[4])}
+    start = int(f[0].split("@")[1].split("/")[0]) if "@" in f[0] else 0
+    qual[f[0]] = {"val": float(f[2]) if f[1] == "ok" else float("nan"), "start": start}
 # One row per (link, codec): the median of its runs' figures (a failed run
 # fails the row).
 rows, by = [], {}
@@ -361,11 +366,17 @@ def speedup(r):
         return None
     mine = by[(r[0], r[1])]
     return statistics.median(float(a[3]) / float(b[3]) for a, b in zip(nr, mine))
-def val_of(r):
+def val_of(r, entry):
     if not quality:
         return float(r[8])
-    q = qual.get(r[1])
+    q = qual.get(entry)
     return q["val"] if q else float("nan")
+# Table rows: every timed (link, spec) row once per quality entry of that
+# spec (SPEC, SPEC@N, ...), or once if it has none.
+by_spec = {}
+for e in qual:
+    by_spec.setdefault(e.split("@")[0], []).append(e)
+table = [(r, e) for r in rows for e in (by_spec.get(r[1]) if quality and r[1] in by_spec else [r[1]])]
 def slug(entry):
     return entry.replace(":", "-").replace("@", "-").replace("/", "-")
 def losses(p):
@@ -407,23 +418,23 @@ hdr = ("link", "codec", "step ms", "compute", "exposed", "MB/step", "speed-up", 
        "val loss", "val vs none")
 fmt = "{:<8} {:<14} {:>9} {:>8} {:>8} {:>9} {:>9} {:>8} {:>7} {:>9} {:>11}"
 print(fmt.format(*hdr))
-for r in rows:
+for r, entry in table:
     if r[2] != "ok":
-        print(fmt.format(r[0], r[1], "failed", *[""] * 8))
+        print(fmt.format(r[0], entry, "failed", *[""] * 8))
         continue
     step, comp, exp, byts = float(r[3]), float(r[4]), float(r[5]), float(r[7])
-    val = val_of(r)
+    val = val_of(r, entry)
     n = none.get(r[0])
     su = speedup(r)
-    start = qual.get(r[1], {}).get("start", 0)
+    start = qual.get(entry, {}).get("start", 0)
     if n:
         run_s = (start * float(n[3]) + (total - start) * step) / 1e3
         run_x = f"{total * float(n[3]) / 1e3 / run_s:.2f}x"
-        nv = val_of(n)
+        nv = val_of(n, "none")
         dv = f"{100 * (val / nv - 1):+.2f}%"
     else:
         run_s, run_x, dv = (total - start) * step / 1e3 if start == 0 else float("nan"), "-", "-"
-    print(fmt.format(r[0], r[1], f"{step:.1f}", f"{comp:.1f}", f"{exp:.1f}", f"{byts / 1e6:.3f}",
+    print(fmt.format(r[0], entry, f"{step:.1f}", f"{comp:.1f}", f"{exp:.1f}", f"{byts / 1e6:.3f}",
                      f"{su:.2f}x" if su else "-", f"{run_s:.1f}", run_x, f"{val:.4f}", dv))
 if quality:
     print()
