@@ -395,9 +395,14 @@ if quality:
         q = qual.get(entry)
         if not q or q["start"] != 0 or any(r[2] != "ok" for r in rs):
             continue
-        ql = losses(os.path.join(out, "quality", slug(entry), "metrics.jsonl"))
+        qp = os.path.join(out, "quality", slug(entry), "metrics.jsonl")
+        if not os.path.exists(qp):
+            continue
+        ql = losses(qp)
         d = os.path.join(out, rate, slug(entry))
         for sub in [d] if repeat == 1 else [os.path.join(d, f"run{i}") for i in range(1, repeat + 1)]:
+            if not os.path.exists(os.path.join(sub, "metrics.jsonl")):
+                continue
             tl = losses(os.path.join(sub, "metrics.jsonl"))
             diff = [s for s in sorted(tl) if tl[s] != ql.get(s)]
             if diff:
