@@ -24,7 +24,8 @@
  * Attention
  * ---------
  * dt_attention_forward/backward compute causal multi-head self-attention in
- * blocks of DT_ATTN_BLOCK keys with an online softmax (the "flash" scheme):
+ * blocks of DT_ATTN_BLOCK queries against blocks of keys (DT_ATTN_BLOCK in
+ * backward, up to 256 in forward) with an online softmax (the "flash" scheme):
  * the (T,T) score matrix is never stored. Forward saves only the output and
  * the log-sum-exp of each query row, so the memory kept for backward is
  * O(T) per head. dt_attention_naive_* materialise the (T,T) probabilities and

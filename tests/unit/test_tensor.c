@@ -395,9 +395,10 @@ static void test_attention_fd(void) {
     free(dqkv), free(c.out), free(c.lse), free(c.qkv), free(c.dout);
 }
 
-/* Flash against naive, forward and backward, over block-boundary sizes. */
+/* Flash against naive, forward and backward, over block-boundary sizes
+ * (64-query blocks; 300 > 256 also joins two forward key tiles). */
 static void test_flash_vs_naive(void) {
-    int Ts[] = {1, 7, 63, 64, 65, 129, 200};
+    int Ts[] = {1, 7, 63, 64, 65, 129, 200, 300};
     int shapes[][2] = {{16, 2}, {24, 2}, {128, 2}}; /* (C, NH): head sizes 8, 12, 64 */
     for (size_t s = 0; s < sizeof shapes / sizeof shapes[0]; s++)
         for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
