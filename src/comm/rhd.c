@@ -35,10 +35,16 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
                             size_t count) {
     size_t es = dt_dtype_size(op->dtype), bytes = count * es;
     char *buf = recv;
-    if (send != recv)
-        memcpy(recv, send, bytes);
-    if (t->n == 1)
+    if (t->n == 1) {
+        if (send != recv)
+            memcpy(recv, send, bytes);
         return DT_OK;
+    }
+    /* Where my partial result lives: `send` until the first step writes it
+     * to buf (reducing send + incoming into buf), buf after. Out of place
+     * this saves copying send into recv first, a pass over the whole vector
+     * that costs as much as a third of the socket traffic. */
+    const char *src = send;
     int n = t->n, me = t->me;
     int p2 = 1;
     while (p2 * 2 <= n)
@@ -50,12 +56,13 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
     int v; /* my virtual rank, -1 while sitting out */
     if (me < 2 * rem) {
         if (me % 2 == 0) {
-            DT_CHECK(dt__sendrecv(op, t->ranks[me + 1], buf, bytes, -1, NULL, 0));
+            DT_CHECK(dt__sendrecv(op, t->ranks[me + 1], src, bytes, -1, NULL, 0));
             v = -1;
         } else {
             dt__xfer x;
-            DT_CHECK(dt__post_recv_reduce(op, &x, t->ranks[me - 1], tmp, bytes, buf, buf));
+            DT_CHECK(dt__post_recv_reduce(op, &x, t->ranks[me - 1], tmp, bytes, buf, src));
             DT_CHECK(dt__wait(op, &x));
+            src = buf;
             v = me / 2;
         }
     } else {
@@ -69,8 +76,9 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
                 int peer = real_rank(t, v ^ d, rem);
                 /* buf is being sent while the partner's copy arrives, so
                  * land it in tmp and reduce after both are done */
-                DT_CHECK(dt__sendrecv(op, peer, buf, bytes, peer, tmp, bytes));
-                dt_reduce(buf, buf, tmp, count, op->dtype, op->redop);
+                DT_CHECK(dt__sendrecv(op, peer, src, bytes, peer, tmp, bytes));
+                dt_reduce(buf, src, tmp, count, op->dtype, op->redop);
+                src = buf;
             }
         } else {
             size_t *cnt = malloc((size_t)p2 * sizeof *cnt), *dsp = malloc((size_t)p2 * sizeof *dsp);
@@ -95,11 +103,12 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
                 int slo = (v & d) ? lo : mid, shi = (v & d) ? mid : hi;
                 dt__xfer x[2];
                 st = dt__post_recv_reduce(op, &x[0], peer, tmp, RANGE_LEN(klo, khi),
-                                          buf + RANGE_OFF(klo), buf + RANGE_OFF(klo));
+                                          buf + RANGE_OFF(klo), src + RANGE_OFF(klo));
                 if (st == DT_OK)
-                    st = dt__post_send(op, &x[1], peer, buf + RANGE_OFF(slo), RANGE_LEN(slo, shi));
+                    st = dt__post_send(op, &x[1], peer, src + RANGE_OFF(slo), RANGE_LEN(slo, shi));
                 if (st == DT_OK)
                     st = dt__waitall(op, x, 2);
+                src = buf; /* the range kept from now on is in buf */
                 lo = klo;
                 hi = khi;
             }
