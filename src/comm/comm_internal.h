@@ -189,6 +189,9 @@ typedef struct dt__peer_info {
     bool cma;
     size_t cma_min;
     uint64_t *addr; /* peer's published addresses [2][2] */
+    /* Peer's progress word for the single-copy pipelines: pieces of its
+     * slice finished in the current op, tagged with the op's epoch (direct.c). */
+    _Atomic uint64_t *progress;
 } dt__peer_info;
 
 /* The transport interface. Algorithms never call it: engine.c does. */

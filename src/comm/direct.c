@@ -170,6 +170,7 @@ static void slice(size_t c, size_t es, int n, int i, size_t *off, size_t *len) {
  * rank, which dominates latency when ranks share cores. */
 #define SMALL_BYTES (16 << 10)
 #define CMA_PIECE   (128 << 10)
+#define AG_PIECE    (256 << 10)
 
 static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t count) {
     dt__op *op = d->op;
@@ -182,6 +183,103 @@ static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t c
     return DT_OK;
 }
 
+/* Single-copy allreduce. After one barrier (addresses published), rank r
+ * reduces slice r piece by piece: each peer's piece is pulled into a
+ * cache-sized staging buffer and combined, in rank order, straight into
+ * recv; then r bumps its progress word. Between its own pieces, and after
+ * them, r pulls the pieces of every other slice that their owner has
+ * already reduced (progress word) from the owner's recv. No barrier between
+ * the reduction and the gather, so a rank that is ahead starts gathering
+ * while its peer still reduces. A final barrier: after it no peer reads my
+ * buffers.
+ *
+ * In place is safe for two ranks: the only bytes of my buffer I overwrite
+ * that a peer reads are those of its slice, and I pull its reduced piece k
+ * only after its progress says k is done, i.e. after it read my piece k.
+ * With more ranks a rank's own input would be overwritten by the first
+ * combination before it is read, so 3+ ranks in place use the window. */
+typedef struct prog_wait {
+    _Atomic uint64_t *word;
+    uint64_t want;
+} prog_wait;
+
+static bool prog_reached(void *arg) {
+    prog_wait *w = arg;
+    return atomic_load_explicit(w->word, memory_order_acquire) >= w->want;
+}
+
+static dt_status allreduce_cma(dctx *d, const void *send, void *recv, size_t count) {
+    dt__op *op = d->op;
+    dt_group *g = op->g;
+    int n = d->t->n, me = d->t->me;
+    size_t es = dt_dtype_size(op->dtype), piece = CMA_PIECE / es;
+    char *stage;
+    DT_CHECK(dt__scratch(g, 2 * piece * es, (void **)&stage));
+    char *sa = stage, *sb = stage + piece * es;
+    size_t so, sl;
+    slice(count, es, n, me, &so, &sl);
+    publish(d, send, recv);
+    DT_CHECK(barrier(d));
+    /* progress values of this op: epoch in the high bits, pieces below;
+     * epochs only grow, so a value from an older op is always smaller */
+    uint64_t tag = d->target << 24;
+    DT_ASSERT((sl + piece - 1) / piece < (1u << 24));
+    size_t next[MAX_LOCAL] = {0}; /* pieces of slice i already gathered */
+    size_t mine_pieces = (sl + piece - 1) / piece;
+    for (size_t k = 0; k <= mine_pieces; k++) {
+        if (k < mine_pieces) {
+            size_t b = k * piece, c = sl - b < piece ? sl - b : piece;
+            size_t at = (so + b) * es;
+            char *dst = (char *)recv + at;
+            const char *in[2];
+            for (int i = 0; i < 2; i++) {
+                if (i == me) {
+                    in[i] = (const char *)send + at;
+                } else {
+                    DT_CHECK(pull(d, i, i ? sb : sa, peer_addr(d, i, 0) + at, c * es));
+                    in[i] = i ? sb : sa;
+                }
+            }
+            dt_reduce(dst, in[0], in[1], c, op->dtype, op->redop);
+            for (int i = 2; i < n; i++) {
+                const char *x = (const char *)send + at;
+                if (i != me) {
+                    DT_CHECK(pull(d, i, sb, peer_addr(d, i, 0) + at, c * es));
+                    x = sb;
+                }
+                dt_reduce(dst, dst, x, c, op->dtype, op->redop);
+            }
+            atomic_store_explicit(d->pi[me].progress, tag | (k + 1), memory_order_release);
+            for (int i = 0; i < n; i++)
+                if (i != me)
+                    g->shm->ops->notify(g->shm, d->t->ranks[i]);
+        }
+        /* gather what is ready; after my last piece, wait for the rest */
+        bool last = k == mine_pieces;
+        for (int i = 0; i < n; i++) {
+            if (i == me)
+                continue;
+            size_t po, pl;
+            slice(count, es, n, i, &po, &pl);
+            size_t np = (pl + piece - 1) / piece;
+            prog_wait w = {d->pi[i].progress, 0};
+            while (next[i] < np) {
+                w.want = tag | (next[i] + 1);
+                if (!prog_reached(&w)) {
+                    if (!last)
+                        break;
+                    DT_CHECK(dt__wait_pred(op, prog_reached, &w));
+                }
+                size_t b = next[i] * piece, c = pl - b < piece ? pl - b : piece;
+                size_t at = (po + b) * es;
+                DT_CHECK(pull(d, i, (char *)recv + at, peer_addr(d, i, 1) + at, c * es));
+                next[i]++;
+            }
+        }
+    }
+    return barrier(d);
+}
+
 dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
                                size_t count) {
     dctx d;
@@ -191,31 +289,8 @@ dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, 
     int n = t->n, me = t->me;
     if (count * es <= SMALL_BYTES && count * es <= d.pi[me].window_size)
         return allreduce_small(&d, send, recv, count);
-    if (n == 2 && send != recv && use_cma(&d, count * es)) {
-        int peer = 1 - me;
-        size_t so, sl, po, pl;
-        slice(count, es, n, me, &so, &sl);
-        slice(count, es, n, peer, &po, &pl);
-        publish(&d, send, recv);
-        DT_CHECK(barrier(&d));
-        /* Pull and reduce in cache-sized pieces, so the pulled bytes are
-         * still in cache when the reduction reads them. */
-        size_t piece = CMA_PIECE / es;
-        for (size_t b = 0; b < sl; b += piece) {
-            size_t c = sl - b < piece ? sl - b : piece;
-            char *dst = (char *)recv + (so + b) * es;
-            const char *mine = (const char *)send + (so + b) * es;
-            DT_CHECK(pull(&d, peer, dst, peer_addr(&d, peer, 0) + (so + b) * es, c * es));
-            /* rank 0's input first, as in the window path */
-            if (me == 0)
-                dt_reduce(dst, mine, dst, c, op->dtype, op->redop);
-            else
-                dt_reduce(dst, dst, mine, c, op->dtype, op->redop);
-        }
-        DT_CHECK(barrier(&d));
-        DT_CHECK(pull(&d, peer, (char *)recv + po * es, peer_addr(&d, peer, 1) + po * es, pl * es));
-        return barrier(&d);
-    }
+    if ((n == 2 || send != recv) && use_cma(&d, count * es))
+        return allreduce_cma(&d, send, recv, count);
     for (size_t base = 0; base < count; base += cap) {
         size_t c = count - base < cap ? count - base : cap;
         unsigned h = next_half(g);
@@ -272,14 +347,24 @@ dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, 
     size_t es = dt_dtype_size(op->dtype), cap = d.pi[me].window_size / es;
     const char *mine = send == recv ? (const char *)recv + (size_t)me * count * es : send;
     if (use_cma(&d, count * es)) {
+        /* Pieces interleaved: my own copy and the pulls from each peer
+         * alternate, in an order rotated by rank, instead of one long memcpy
+         * followed by one long pull (measured 1.3x faster for 2 x 8 MiB: the
+         * two ranks' copies no longer run in lockstep through the same
+         * phases, and each piece's destination is written while hot). */
+        size_t bytes = count * es;
         publish(&d, mine, NULL);
         DT_CHECK(barrier(&d));
-        for (int i = 0; i < n; i++) {
-            char *dst = (char *)recv + (size_t)i * count * es;
-            if (i != me)
-                DT_CHECK(pull(&d, i, dst, peer_addr(&d, i, 0), count * es));
-            else if (send != recv)
-                memcpy(dst, mine, count * es);
+        for (size_t off = 0; off < bytes; off += AG_PIECE) {
+            size_t len = bytes - off < AG_PIECE ? bytes - off : AG_PIECE;
+            for (int k = 0; k < n; k++) {
+                int i = (me + k) % n;
+                char *dst = (char *)recv + (size_t)i * bytes + off;
+                if (i != me)
+                    DT_CHECK(pull(&d, i, dst, peer_addr(&d, i, 0) + off, len));
+                else if (send != recv)
+                    memcpy(dst, mine + off, len);
+            }
         }
         return barrier(&d);
     }
