@@ -172,6 +172,75 @@ static void slice(size_t c, size_t es, int n, int i, size_t *off, size_t *len) {
 #define CMA_PIECE   (128 << 10)
 #define AG_PIECE    (256 << 10)
 
+/* Tiny messages (<= DT__SMALL_BYTES of payload per rank): no window and
+ * no separate flag. Each rank writes its payload, the op's identity and
+ * the epoch into one cache line of its ctrl (epoch last, release), bumps
+ * its flag too (so a peer in a windowed op of a mismatched call still sees
+ * the epoch and reports the mismatch), and waits until every peer's line
+ * carries the same epoch: one cache-line transfer per peer instead of the
+ * flag, descriptor and window lines. Lines alternate by epoch parity: a
+ * rank rewrites line E&1 only at epoch E+2, after every peer published
+ * E+1, i.e. after it finished reading line E&1. */
+typedef struct small_wait {
+    dctx *d;
+    uint64_t epoch;
+} small_wait;
+
+static bool small_ready(void *arg) {
+    small_wait *w = arg;
+    dctx *d = w->d;
+    for (int i = 0; i < d->t->n; i++) {
+        if (i == d->t->me)
+            continue;
+        const dt__small_line *l = &d->pi[i].small[w->epoch & 1];
+        if (atomic_load_explicit(&l->epoch, memory_order_acquire) != w->epoch &&
+            atomic_load_explicit(d->pi[i].flag, memory_order_acquire) < w->epoch)
+            return false;
+    }
+    return true;
+}
+
+static void small_id(const dt__op *op, uint64_t id[2]) {
+    id[0] = (uint64_t)op->coll | (uint64_t)op->dtype << 8 | (uint64_t)op->redop << 16 |
+            (op->desc.seq & 0xffffffffu) << 32;
+    id[1] = op->count;
+}
+
+/* Publish len bytes, wait for every peer's line of this epoch and check it
+ * is the same operation. Returns the epoch's lines in d->pi[i].small. */
+static dt_status small_exchange(dctx *d, const void *payload, size_t len,
+                                const dt__small_line **lines) {
+    dt__op *op = d->op;
+    dt_group *g = op->g;
+    int me = d->t->me;
+    uint64_t e = d->target = ++g->direct_epoch;
+    dt__small_line *mine = &d->pi[me].small[e & 1];
+    memcpy(mine->data, payload, len);
+    small_id(op, mine->id);
+    atomic_store_explicit(&mine->epoch, e, memory_order_release);
+    atomic_store_explicit(d->pi[me].flag, e, memory_order_release);
+    for (int i = 0; i < d->t->n; i++)
+        if (i != me)
+            g->shm->ops->notify(g->shm, d->t->ranks[i]);
+    small_wait w = {d, e};
+    DT_CHECK(dt__wait_pred(op, small_ready, &w));
+    for (int i = 0; i < d->t->n; i++) {
+        const dt__small_line *l = &d->pi[i].small[e & 1];
+        lines[i] = l;
+        if (i == me || (atomic_load_explicit(&l->epoch, memory_order_acquire) == e &&
+                        l->id[0] == mine->id[0] && l->id[1] == mine->id[1]))
+            continue;
+        /* a different call: the full descriptors name both */
+        dt__wire_hdr want = op->desc, got = d->pi[i].desc[e & 1];
+        want.offset = want.len = 0;
+        DT_CHECK(dt__wire_check(&got, &want, g->rank, d->t->ranks[i], 0, 0));
+        return dt_error_set(DT_ERR_MISMATCH, "rank %d and rank %d disagree on %s #%llu", g->rank,
+                            d->t->ranks[i], dt_coll_name(op->coll),
+                            (unsigned long long)op->desc.seq);
+    }
+    return DT_OK;
+}
+
 static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t count) {
     dt__op *op = d->op;
     int me = d->t->me;
@@ -287,6 +356,14 @@ dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, 
     dt_group *g = op->g;
     size_t es = dt_dtype_size(op->dtype), cap = d.pi[t->me].window_size / es;
     int n = t->n, me = t->me;
+    if (count * es <= DT__SMALL_BYTES) {
+        const dt__small_line *l[MAX_LOCAL];
+        DT_CHECK(small_exchange(&d, send, count * es, l));
+        dt_reduce(recv, l[0]->data, l[1]->data, count, op->dtype, op->redop);
+        for (int i = 2; i < n; i++)
+            dt_reduce(recv, recv, l[i]->data, count, op->dtype, op->redop);
+        return DT_OK;
+    }
     if (count * es <= SMALL_BYTES && count * es <= d.pi[me].window_size)
         return allreduce_small(&d, send, recv, count);
     if ((n == 2 || send != recv) && use_cma(&d, count * es))
@@ -324,6 +401,15 @@ dt_status dt__direct_reduce_scatter(dt__op *op, const dt__team *t, const void *s
     if (cap == 0)
         return dt_error_set(DT_ERR_INVALID, "DT_SHM_WINDOW too small for %d ranks", n);
     char *out = (char *)recv + (send == recv ? (size_t)me * count * es : 0);
+    if ((size_t)n * count * es <= DT__SMALL_BYTES) {
+        const dt__small_line *l[MAX_LOCAL];
+        size_t at = (size_t)me * count * es;
+        DT_CHECK(small_exchange(&d, send, (size_t)n * count * es, l));
+        dt_reduce(out, l[0]->data + at, l[1]->data + at, count, op->dtype, op->redop);
+        for (int i = 2; i < n; i++)
+            dt_reduce(out, out, l[i]->data + at, count, op->dtype, op->redop);
+        return DT_OK;
+    }
     for (size_t base = 0; base < count; base += cap) {
         size_t c = count - base < cap ? count - base : cap;
         unsigned h = next_half(g);
@@ -346,6 +432,14 @@ dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, 
     int n = t->n, me = t->me;
     size_t es = dt_dtype_size(op->dtype), cap = d.pi[me].window_size / es;
     const char *mine = send == recv ? (const char *)recv + (size_t)me * count * es : send;
+    if (count * es <= DT__SMALL_BYTES) {
+        const dt__small_line *l[MAX_LOCAL];
+        DT_CHECK(small_exchange(&d, mine, count * es, l));
+        for (int i = 0; i < n; i++)
+            if (i != me || send != recv)
+                memcpy((char *)recv + (size_t)i * count * es, l[i]->data, count * es);
+        return DT_OK;
+    }
     if (use_cma(&d, count * es)) {
         /* Pieces interleaved: my own copy and the pulls from each peer
          * alternate, in an order rotated by rank, instead of one long memcpy

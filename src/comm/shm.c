@@ -63,6 +63,7 @@ typedef struct shm_ctrl {
     uint64_t cma_min;                       /* owner's DT_SHM_CMA_MIN */
     _Atomic int32_t cma_ok;                 /* owner can read every peer (process_vm_readv) */
     _Alignas(64) _Atomic uint64_t progress; /* direct single copy: pieces ready (epoch-tagged) */
+    dt__small_line small[2];                /* direct small messages, by epoch parity */
     _Alignas(64) _Atomic int32_t departed;
     _Atomic int32_t abort_status;
     _Atomic int32_t abort_lost;
@@ -324,6 +325,7 @@ static void shm_peer_info(dt__transport *tr, int peer, dt__peer_info *out) {
     out->cma_min = t->cma_min;
     out->addr = &p->ctrl->cma_addr[0][0];
     out->progress = &p->ctrl->progress;
+    out->small = p->ctrl->small;
 }
 
 /* One process_vm_readv loop. The address came from shared memory: it is
