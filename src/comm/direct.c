@@ -253,14 +253,16 @@ static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t c
 }
 
 /* Single-copy allreduce. After one barrier (addresses published), rank r
- * reduces slice r piece by piece: each peer's piece is pulled into a
- * cache-sized staging buffer and combined, in rank order, straight into
- * recv; then r bumps its progress word. Between its own pieces, and after
- * them, r pulls the pieces of every other slice that their owner has
- * already reduced (progress word) from the owner's recv. No barrier between
- * the reduction and the gather, so a rank that is ahead starts gathering
- * while its peer still reduces. A final barrier: after it no peer reads my
- * buffers.
+ * reduces slice r piece by piece: a peer's piece is pulled straight into
+ * recv (out of place) or into a cache-sized staging buffer (in place, or
+ * the third and later inputs) and combined in rank order while still in
+ * cache; after each piece r bumps its progress word. Then r pulls every
+ * other slice from its owner's recv, each run of pieces the owner has
+ * finished in one call. No barrier between the reduction and the gather: a
+ * rank that is ahead starts gathering while its peer still reduces. (Pulling
+ * a peer's pieces between my own, as soon as they are reduced, measured
+ * slower: the lines are then still modified in the peer core's cache.) A
+ * final barrier: after it no peer reads my buffers.
  *
  * In place is safe for two ranks: the only bytes of my buffer I overwrite
  * that a peer reads are those of its slice, and I pull its reduced piece k
@@ -284,7 +286,6 @@ static dt_status allreduce_cma(dctx *d, const void *send, void *recv, size_t cou
     size_t es = dt_dtype_size(op->dtype), piece = CMA_PIECE / es;
     char *stage;
     DT_CHECK(dt__scratch(g, 2 * piece * es, (void **)&stage));
-    char *sa = stage, *sb = stage + piece * es;
     size_t so, sl;
     slice(count, es, n, me, &so, &sl);
     publish(d, send, recv);
@@ -293,57 +294,46 @@ static dt_status allreduce_cma(dctx *d, const void *send, void *recv, size_t cou
      * epochs only grow, so a value from an older op is always smaller */
     uint64_t tag = d->target << 24;
     DT_ASSERT((sl + piece - 1) / piece < (1u << 24));
-    size_t next[MAX_LOCAL] = {0}; /* pieces of slice i already gathered */
-    size_t mine_pieces = (sl + piece - 1) / piece;
-    for (size_t k = 0; k <= mine_pieces; k++) {
-        if (k < mine_pieces) {
-            size_t b = k * piece, c = sl - b < piece ? sl - b : piece;
-            size_t at = (so + b) * es;
-            char *dst = (char *)recv + at;
-            const char *in[2];
-            for (int i = 0; i < 2; i++) {
-                if (i == me) {
-                    in[i] = (const char *)send + at;
-                } else {
-                    DT_CHECK(pull(d, i, i ? sb : sa, peer_addr(d, i, 0) + at, c * es));
-                    in[i] = i ? sb : sa;
-                }
-            }
-            dt_reduce(dst, in[0], in[1], c, op->dtype, op->redop);
-            for (int i = 2; i < n; i++) {
-                const char *x = (const char *)send + at;
-                if (i != me) {
-                    DT_CHECK(pull(d, i, sb, peer_addr(d, i, 0) + at, c * es));
-                    x = sb;
-                }
-                dt_reduce(dst, dst, x, c, op->dtype, op->redop);
-            }
-            atomic_store_explicit(d->pi[me].progress, tag | (k + 1), memory_order_release);
-            for (int i = 0; i < n; i++)
-                if (i != me)
-                    g->shm->ops->notify(g->shm, d->t->ranks[i]);
+    for (size_t b = 0, k = 1; b < sl; b += piece, k++) {
+        size_t c = sl - b < piece ? sl - b : piece, at = (so + b) * es;
+        char *dst = (char *)recv + at;
+        const char *own = (const char *)send + at, *in[2];
+        for (int i = 0; i < 2; i++) {
+            char *to = send == recv || (i == 1 && me > 1) ? stage + (size_t)i * piece * es : dst;
+            if (i != me)
+                DT_CHECK(pull(d, i, to, peer_addr(d, i, 0) + at, c * es));
+            in[i] = i == me ? own : to;
         }
-        /* gather what is ready; after my last piece, wait for the rest */
-        bool last = k == mine_pieces;
-        for (int i = 0; i < n; i++) {
-            if (i == me)
-                continue;
-            size_t po, pl;
-            slice(count, es, n, i, &po, &pl);
-            size_t np = (pl + piece - 1) / piece;
-            prog_wait w = {d->pi[i].progress, 0};
-            while (next[i] < np) {
-                w.want = tag | (next[i] + 1);
-                if (!prog_reached(&w)) {
-                    if (!last)
-                        break;
-                    DT_CHECK(dt__wait_pred(op, prog_reached, &w));
-                }
-                size_t b = next[i] * piece, c = pl - b < piece ? pl - b : piece;
-                size_t at = (po + b) * es;
-                DT_CHECK(pull(d, i, (char *)recv + at, peer_addr(d, i, 1) + at, c * es));
-                next[i]++;
+        dt_reduce(dst, in[0], in[1], c, op->dtype, op->redop);
+        for (int i = 2; i < n; i++) {
+            const char *x = own;
+            if (i != me) {
+                DT_CHECK(pull(d, i, stage, peer_addr(d, i, 0) + at, c * es));
+                x = stage;
             }
+            dt_reduce(dst, dst, x, c, op->dtype, op->redop);
+        }
+        atomic_store_explicit(d->pi[me].progress, tag | k, memory_order_release);
+    }
+    for (int i = 0; i < n; i++)
+        if (i != me)
+            g->shm->ops->notify(g->shm, d->t->ranks[i]);
+    for (int i = 0; i < n; i++) {
+        if (i == me)
+            continue;
+        size_t po, pl;
+        slice(count, es, n, i, &po, &pl);
+        size_t np = (pl + piece - 1) / piece;
+        prog_wait w = {d->pi[i].progress, 0};
+        for (size_t got = 0; got < np;) {
+            w.want = tag | (got + 1);
+            DT_CHECK(dt__wait_pred(op, prog_reached, &w));
+            size_t upto = atomic_load_explicit(w.word, memory_order_acquire) - tag;
+            upto = upto < np ? upto : np;
+            size_t b = got * piece, e = upto * piece < pl ? upto * piece : pl;
+            size_t at = (po + b) * es;
+            DT_CHECK(pull(d, i, (char *)recv + at, peer_addr(d, i, 1) + at, (e - b) * es));
+            got = upto;
         }
     }
     return barrier(d);
