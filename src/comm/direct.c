@@ -169,7 +169,7 @@ static void slice(size_t c, size_t es, int n, int i, size_t *off, size_t *len) {
  * identical everywhere; what is saved is a round of waiting for the slowest
  * rank, which dominates latency when ranks share cores. */
 #define SMALL_BYTES (16 << 10)
-#define CMA_PIECE   (128 << 10)
+#define CMA_PIECE   (256 << 10)
 #define AG_PIECE    (256 << 10)
 
 /* Tiny messages (<= DT__SMALL_BYTES of payload per rank): no window and
