@@ -381,6 +381,43 @@ dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, 
     return DT_OK;
 }
 
+/* Single-copy reduce-scatter: publish send, barrier, reduce block `me` of
+ * every rank's send piece by piece (peer pieces pulled into a cache-sized
+ * staging buffer, combined in rank order into out), barrier. Peers only
+ * read blocks other than their reader's own, so in place is safe for two
+ * ranks; with more, a rank's own block would be overwritten by the first
+ * combination before it is read (in place on 3+ ranks uses the window). */
+static dt_status reduce_scatter_cma(dctx *d, const void *send, char *out, size_t count) {
+    dt__op *op = d->op;
+    int n = d->t->n, me = d->t->me;
+    size_t es = dt_dtype_size(op->dtype), piece = CMA_PIECE / es;
+    char *stage;
+    DT_CHECK(dt__scratch(op->g, 2 * piece * es, (void **)&stage));
+    publish(d, send, NULL);
+    DT_CHECK(barrier(d));
+    for (size_t b = 0; b < count; b += piece) {
+        size_t c = count - b < piece ? count - b : piece, at = ((size_t)me * count + b) * es;
+        char *dst = out + b * es;
+        const char *own = (const char *)send + at, *in[2];
+        for (int i = 0; i < 2; i++) {
+            char *to = stage + (size_t)i * piece * es;
+            if (i != me)
+                DT_CHECK(pull(d, i, to, peer_addr(d, i, 0) + at, c * es));
+            in[i] = i == me ? own : to;
+        }
+        dt_reduce(dst, in[0], in[1], c, op->dtype, op->redop);
+        for (int i = 2; i < n; i++) {
+            const char *x = own;
+            if (i != me) {
+                DT_CHECK(pull(d, i, stage, peer_addr(d, i, 0) + at, c * es));
+                x = stage;
+            }
+            dt_reduce(dst, dst, x, c, op->dtype, op->redop);
+        }
+    }
+    return barrier(d);
+}
+
 dt_status dt__direct_reduce_scatter(dt__op *op, const dt__team *t, const void *send, void *recv,
                                     size_t count) {
     dctx d;
@@ -391,6 +428,8 @@ dt_status dt__direct_reduce_scatter(dt__op *op, const dt__team *t, const void *s
     if (cap == 0)
         return dt_error_set(DT_ERR_INVALID, "DT_SHM_WINDOW too small for %d ranks", n);
     char *out = (char *)recv + (send == recv ? (size_t)me * count * es : 0);
+    if ((n == 2 || send != recv) && use_cma(&d, count * es))
+        return reduce_scatter_cma(&d, send, out, count);
     if ((size_t)n * count * es <= DT__SMALL_BYTES) {
         const dt__small_line *l[MAX_LOCAL];
         size_t at = (size_t)me * count * es;
