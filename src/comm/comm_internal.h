@@ -176,6 +176,17 @@ typedef struct dt__transport dt__transport;
 
 /* What a transport knows about a peer. A transport that shares memory with
  * the peer exposes the peer's window (used by the direct algorithm). */
+/* One cache line per rank and epoch parity for the direct algorithm's
+ * small-message path: the payload and the op's identity travel with the
+ * epoch that publishes them, so a waiter needs one line per peer. */
+#define DT__SMALL_BYTES 40
+typedef struct dt__small_line {
+    _Alignas(64) _Atomic uint64_t epoch; /* written last (release) */
+    uint64_t id[2];                      /* coll/dtype/redop/seq, count */
+    unsigned char data[DT__SMALL_BYTES];
+} dt__small_line;
+_Static_assert(sizeof(dt__small_line) == 64, "small line must be one cache line");
+
 typedef struct dt__peer_info {
     bool shared;            /* peer's memory is mapped here */
     char *window;           /* peer's window (2 halves of window_size) */
@@ -189,6 +200,10 @@ typedef struct dt__peer_info {
     bool cma;
     size_t cma_min;
     uint64_t *addr; /* peer's published addresses [2][2] */
+    /* Peer's progress word for the single-copy pipelines: pieces of its
+     * slice finished in the current op, tagged with the op's epoch (direct.c). */
+    _Atomic uint64_t *progress;
+    dt__small_line *small; /* peer's small-message lines [2], by epoch parity */
 } dt__peer_info;
 
 /* The transport interface. Algorithms never call it: engine.c does. */

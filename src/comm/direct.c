@@ -169,7 +169,77 @@ static void slice(size_t c, size_t es, int n, int i, size_t *off, size_t *len) {
  * identical everywhere; what is saved is a round of waiting for the slowest
  * rank, which dominates latency when ranks share cores. */
 #define SMALL_BYTES (16 << 10)
-#define CMA_PIECE   (128 << 10)
+#define CMA_PIECE   (256 << 10)
+#define AG_PIECE    (256 << 10)
+
+/* Tiny messages (<= DT__SMALL_BYTES of payload per rank): no window and
+ * no separate flag. Each rank writes its payload, the op's identity and
+ * the epoch into one cache line of its ctrl (epoch last, release), bumps
+ * its flag too (so a peer in a windowed op of a mismatched call still sees
+ * the epoch and reports the mismatch), and waits until every peer's line
+ * carries the same epoch: one cache-line transfer per peer instead of the
+ * flag, descriptor and window lines. Lines alternate by epoch parity: a
+ * rank rewrites line E&1 only at epoch E+2, after every peer published
+ * E+1, i.e. after it finished reading line E&1. */
+typedef struct small_wait {
+    dctx *d;
+    uint64_t epoch;
+} small_wait;
+
+static bool small_ready(void *arg) {
+    small_wait *w = arg;
+    dctx *d = w->d;
+    for (int i = 0; i < d->t->n; i++) {
+        if (i == d->t->me)
+            continue;
+        const dt__small_line *l = &d->pi[i].small[w->epoch & 1];
+        if (atomic_load_explicit(&l->epoch, memory_order_acquire) != w->epoch &&
+            atomic_load_explicit(d->pi[i].flag, memory_order_acquire) < w->epoch)
+            return false;
+    }
+    return true;
+}
+
+static void small_id(const dt__op *op, uint64_t id[2]) {
+    id[0] = (uint64_t)op->coll | (uint64_t)op->dtype << 8 | (uint64_t)op->redop << 16 |
+            (op->desc.seq & 0xffffffffu) << 32;
+    id[1] = op->count;
+}
+
+/* Publish len bytes, wait for every peer's line of this epoch and check it
+ * is the same operation. Returns the epoch's lines in d->pi[i].small. */
+static dt_status small_exchange(dctx *d, const void *payload, size_t len,
+                                const dt__small_line **lines) {
+    dt__op *op = d->op;
+    dt_group *g = op->g;
+    int me = d->t->me;
+    uint64_t e = d->target = ++g->direct_epoch;
+    dt__small_line *mine = &d->pi[me].small[e & 1];
+    memcpy(mine->data, payload, len);
+    small_id(op, mine->id);
+    atomic_store_explicit(&mine->epoch, e, memory_order_release);
+    atomic_store_explicit(d->pi[me].flag, e, memory_order_release);
+    for (int i = 0; i < d->t->n; i++)
+        if (i != me)
+            g->shm->ops->notify(g->shm, d->t->ranks[i]);
+    small_wait w = {d, e};
+    DT_CHECK(dt__wait_pred(op, small_ready, &w));
+    for (int i = 0; i < d->t->n; i++) {
+        const dt__small_line *l = &d->pi[i].small[e & 1];
+        lines[i] = l;
+        if (i == me || (atomic_load_explicit(&l->epoch, memory_order_acquire) == e &&
+                        l->id[0] == mine->id[0] && l->id[1] == mine->id[1]))
+            continue;
+        /* a different call: the full descriptors name both */
+        dt__wire_hdr want = op->desc, got = d->pi[i].desc[e & 1];
+        want.offset = want.len = 0;
+        DT_CHECK(dt__wire_check(&got, &want, g->rank, d->t->ranks[i], 0, 0));
+        return dt_error_set(DT_ERR_MISMATCH, "rank %d and rank %d disagree on %s #%llu", g->rank,
+                            d->t->ranks[i], dt_coll_name(op->coll),
+                            (unsigned long long)op->desc.seq);
+    }
+    return DT_OK;
+}
 
 static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t count) {
     dt__op *op = d->op;
@@ -182,6 +252,93 @@ static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t c
     return DT_OK;
 }
 
+/* Single-copy allreduce. After one barrier (addresses published), rank r
+ * reduces slice r piece by piece: a peer's piece is pulled straight into
+ * recv (out of place) or into a cache-sized staging buffer (in place, or
+ * the third and later inputs) and combined in rank order while still in
+ * cache; after each piece r bumps its progress word. Then r pulls every
+ * other slice from its owner's recv, each run of pieces the owner has
+ * finished in one call. No barrier between the reduction and the gather: a
+ * rank that is ahead starts gathering while its peer still reduces. (Pulling
+ * a peer's pieces between my own, as soon as they are reduced, measured
+ * slower: the lines are then still modified in the peer core's cache.) A
+ * final barrier: after it no peer reads my buffers.
+ *
+ * In place is safe for two ranks: the only bytes of my buffer I overwrite
+ * that a peer reads are those of its slice, and I pull its reduced piece k
+ * only after its progress says k is done, i.e. after it read my piece k.
+ * With more ranks a rank's own input would be overwritten by the first
+ * combination before it is read, so 3+ ranks in place use the window. */
+typedef struct prog_wait {
+    _Atomic uint64_t *word;
+    uint64_t want;
+} prog_wait;
+
+static bool prog_reached(void *arg) {
+    prog_wait *w = arg;
+    return atomic_load_explicit(w->word, memory_order_acquire) >= w->want;
+}
+
+static dt_status allreduce_cma(dctx *d, const void *send, void *recv, size_t count) {
+    dt__op *op = d->op;
+    dt_group *g = op->g;
+    int n = d->t->n, me = d->t->me;
+    size_t es = dt_dtype_size(op->dtype), piece = CMA_PIECE / es;
+    char *stage;
+    DT_CHECK(dt__scratch(g, 2 * piece * es, (void **)&stage));
+    size_t so, sl;
+    slice(count, es, n, me, &so, &sl);
+    publish(d, send, recv);
+    DT_CHECK(barrier(d));
+    /* progress values of this op: epoch in the high bits, pieces below;
+     * epochs only grow, so a value from an older op is always smaller */
+    uint64_t tag = d->target << 24;
+    DT_ASSERT((sl + piece - 1) / piece < (1u << 24));
+    for (size_t b = 0, k = 1; b < sl; b += piece, k++) {
+        size_t c = sl - b < piece ? sl - b : piece, at = (so + b) * es;
+        char *dst = (char *)recv + at;
+        const char *own = (const char *)send + at, *in[2];
+        for (int i = 0; i < 2; i++) {
+            char *to = send == recv || (i == 1 && me > 1) ? stage + (size_t)i * piece * es : dst;
+            if (i != me)
+                DT_CHECK(pull(d, i, to, peer_addr(d, i, 0) + at, c * es));
+            in[i] = i == me ? own : to;
+        }
+        dt_reduce(dst, in[0], in[1], c, op->dtype, op->redop);
+        for (int i = 2; i < n; i++) {
+            const char *x = own;
+            if (i != me) {
+                DT_CHECK(pull(d, i, stage, peer_addr(d, i, 0) + at, c * es));
+                x = stage;
+            }
+            dt_reduce(dst, dst, x, c, op->dtype, op->redop);
+        }
+        atomic_store_explicit(d->pi[me].progress, tag | k, memory_order_release);
+    }
+    for (int i = 0; i < n; i++)
+        if (i != me)
+            g->shm->ops->notify(g->shm, d->t->ranks[i]);
+    for (int i = 0; i < n; i++) {
+        if (i == me)
+            continue;
+        size_t po, pl;
+        slice(count, es, n, i, &po, &pl);
+        size_t np = (pl + piece - 1) / piece;
+        prog_wait w = {d->pi[i].progress, 0};
+        for (size_t got = 0; got < np;) {
+            w.want = tag | (got + 1);
+            DT_CHECK(dt__wait_pred(op, prog_reached, &w));
+            size_t upto = atomic_load_explicit(w.word, memory_order_acquire) - tag;
+            upto = upto < np ? upto : np;
+            size_t b = got * piece, e = upto * piece < pl ? upto * piece : pl;
+            size_t at = (po + b) * es;
+            DT_CHECK(pull(d, i, (char *)recv + at, peer_addr(d, i, 1) + at, (e - b) * es));
+            got = upto;
+        }
+    }
+    return barrier(d);
+}
+
 dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
                                size_t count) {
     dctx d;
@@ -189,33 +346,18 @@ dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, 
     dt_group *g = op->g;
     size_t es = dt_dtype_size(op->dtype), cap = d.pi[t->me].window_size / es;
     int n = t->n, me = t->me;
+    if (count * es <= DT__SMALL_BYTES) {
+        const dt__small_line *l[MAX_LOCAL];
+        DT_CHECK(small_exchange(&d, send, count * es, l));
+        dt_reduce(recv, l[0]->data, l[1]->data, count, op->dtype, op->redop);
+        for (int i = 2; i < n; i++)
+            dt_reduce(recv, recv, l[i]->data, count, op->dtype, op->redop);
+        return DT_OK;
+    }
     if (count * es <= SMALL_BYTES && count * es <= d.pi[me].window_size)
         return allreduce_small(&d, send, recv, count);
-    if (n == 2 && send != recv && use_cma(&d, count * es)) {
-        int peer = 1 - me;
-        size_t so, sl, po, pl;
-        slice(count, es, n, me, &so, &sl);
-        slice(count, es, n, peer, &po, &pl);
-        publish(&d, send, recv);
-        DT_CHECK(barrier(&d));
-        /* Pull and reduce in cache-sized pieces, so the pulled bytes are
-         * still in cache when the reduction reads them. */
-        size_t piece = CMA_PIECE / es;
-        for (size_t b = 0; b < sl; b += piece) {
-            size_t c = sl - b < piece ? sl - b : piece;
-            char *dst = (char *)recv + (so + b) * es;
-            const char *mine = (const char *)send + (so + b) * es;
-            DT_CHECK(pull(&d, peer, dst, peer_addr(&d, peer, 0) + (so + b) * es, c * es));
-            /* rank 0's input first, as in the window path */
-            if (me == 0)
-                dt_reduce(dst, mine, dst, c, op->dtype, op->redop);
-            else
-                dt_reduce(dst, dst, mine, c, op->dtype, op->redop);
-        }
-        DT_CHECK(barrier(&d));
-        DT_CHECK(pull(&d, peer, (char *)recv + po * es, peer_addr(&d, peer, 1) + po * es, pl * es));
-        return barrier(&d);
-    }
+    if ((n == 2 || send != recv) && use_cma(&d, count * es))
+        return allreduce_cma(&d, send, recv, count);
     for (size_t base = 0; base < count; base += cap) {
         size_t c = count - base < cap ? count - base : cap;
         unsigned h = next_half(g);
@@ -239,6 +381,43 @@ dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, 
     return DT_OK;
 }
 
+/* Single-copy reduce-scatter: publish send, barrier, reduce block `me` of
+ * every rank's send piece by piece (peer pieces pulled into a cache-sized
+ * staging buffer, combined in rank order into out), barrier. Peers only
+ * read blocks other than their reader's own, so in place is safe for two
+ * ranks; with more, a rank's own block would be overwritten by the first
+ * combination before it is read (in place on 3+ ranks uses the window). */
+static dt_status reduce_scatter_cma(dctx *d, const void *send, char *out, size_t count) {
+    dt__op *op = d->op;
+    int n = d->t->n, me = d->t->me;
+    size_t es = dt_dtype_size(op->dtype), piece = CMA_PIECE / es;
+    char *stage;
+    DT_CHECK(dt__scratch(op->g, 2 * piece * es, (void **)&stage));
+    publish(d, send, NULL);
+    DT_CHECK(barrier(d));
+    for (size_t b = 0; b < count; b += piece) {
+        size_t c = count - b < piece ? count - b : piece, at = ((size_t)me * count + b) * es;
+        char *dst = out + b * es;
+        const char *own = (const char *)send + at, *in[2];
+        for (int i = 0; i < 2; i++) {
+            char *to = stage + (size_t)i * piece * es;
+            if (i != me)
+                DT_CHECK(pull(d, i, to, peer_addr(d, i, 0) + at, c * es));
+            in[i] = i == me ? own : to;
+        }
+        dt_reduce(dst, in[0], in[1], c, op->dtype, op->redop);
+        for (int i = 2; i < n; i++) {
+            const char *x = own;
+            if (i != me) {
+                DT_CHECK(pull(d, i, stage, peer_addr(d, i, 0) + at, c * es));
+                x = stage;
+            }
+            dt_reduce(dst, dst, x, c, op->dtype, op->redop);
+        }
+    }
+    return barrier(d);
+}
+
 dt_status dt__direct_reduce_scatter(dt__op *op, const dt__team *t, const void *send, void *recv,
                                     size_t count) {
     dctx d;
@@ -249,6 +428,17 @@ dt_status dt__direct_reduce_scatter(dt__op *op, const dt__team *t, const void *s
     if (cap == 0)
         return dt_error_set(DT_ERR_INVALID, "DT_SHM_WINDOW too small for %d ranks", n);
     char *out = (char *)recv + (send == recv ? (size_t)me * count * es : 0);
+    if ((n == 2 || send != recv) && use_cma(&d, count * es))
+        return reduce_scatter_cma(&d, send, out, count);
+    if ((size_t)n * count * es <= DT__SMALL_BYTES) {
+        const dt__small_line *l[MAX_LOCAL];
+        size_t at = (size_t)me * count * es;
+        DT_CHECK(small_exchange(&d, send, (size_t)n * count * es, l));
+        dt_reduce(out, l[0]->data + at, l[1]->data + at, count, op->dtype, op->redop);
+        for (int i = 2; i < n; i++)
+            dt_reduce(out, out, l[i]->data + at, count, op->dtype, op->redop);
+        return DT_OK;
+    }
     for (size_t base = 0; base < count; base += cap) {
         size_t c = count - base < cap ? count - base : cap;
         unsigned h = next_half(g);
@@ -271,15 +461,33 @@ dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, 
     int n = t->n, me = t->me;
     size_t es = dt_dtype_size(op->dtype), cap = d.pi[me].window_size / es;
     const char *mine = send == recv ? (const char *)recv + (size_t)me * count * es : send;
+    if (count * es <= DT__SMALL_BYTES) {
+        const dt__small_line *l[MAX_LOCAL];
+        DT_CHECK(small_exchange(&d, mine, count * es, l));
+        for (int i = 0; i < n; i++)
+            if (i != me || send != recv)
+                memcpy((char *)recv + (size_t)i * count * es, l[i]->data, count * es);
+        return DT_OK;
+    }
     if (use_cma(&d, count * es)) {
+        /* Pieces interleaved: my own copy and the pulls from each peer
+         * alternate, in an order rotated by rank, instead of one long memcpy
+         * followed by one long pull (measured 1.3x faster for 2 x 8 MiB: the
+         * two ranks' copies no longer run in lockstep through the same
+         * phases, and each piece's destination is written while hot). */
+        size_t bytes = count * es;
         publish(&d, mine, NULL);
         DT_CHECK(barrier(&d));
-        for (int i = 0; i < n; i++) {
-            char *dst = (char *)recv + (size_t)i * count * es;
-            if (i != me)
-                DT_CHECK(pull(&d, i, dst, peer_addr(&d, i, 0), count * es));
-            else if (send != recv)
-                memcpy(dst, mine, count * es);
+        for (size_t off = 0; off < bytes; off += AG_PIECE) {
+            size_t len = bytes - off < AG_PIECE ? bytes - off : AG_PIECE;
+            for (int k = 0; k < n; k++) {
+                int i = (me + k) % n;
+                char *dst = (char *)recv + (size_t)i * bytes + off;
+                if (i != me)
+                    DT_CHECK(pull(&d, i, dst, peer_addr(&d, i, 0) + off, len));
+                else if (send != recv)
+                    memcpy(dst, mine + off, len);
+            }
         }
         return barrier(&d);
     }

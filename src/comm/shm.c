@@ -56,12 +56,14 @@
 typedef struct shm_ctrl {
     _Alignas(64) _Atomic uint32_t doorbell;
     _Atomic uint32_t sleeping;
-    _Alignas(64) _Atomic uint64_t flag; /* direct: phases completed */
-    dt__wire_hdr desc[2];               /* direct: op descriptor, by flag parity */
-    uint64_t cma_addr[2][2];            /* direct: buffer addresses, by flag parity */
-    uint64_t self_addr;                 /* where this ctrl lives in its owner (probe) */
-    uint64_t cma_min;                   /* owner's DT_SHM_CMA_MIN */
-    _Atomic int32_t cma_ok;             /* owner can read every peer (process_vm_readv) */
+    _Alignas(64) _Atomic uint64_t flag;     /* direct: phases completed */
+    dt__wire_hdr desc[2];                   /* direct: op descriptor, by flag parity */
+    uint64_t cma_addr[2][2];                /* direct: buffer addresses, by flag parity */
+    uint64_t self_addr;                     /* where this ctrl lives in its owner (probe) */
+    uint64_t cma_min;                       /* owner's DT_SHM_CMA_MIN */
+    _Atomic int32_t cma_ok;                 /* owner can read every peer (process_vm_readv) */
+    _Alignas(64) _Atomic uint64_t progress; /* direct single copy: pieces ready (epoch-tagged) */
+    dt__small_line small[2];                /* direct small messages, by epoch parity */
     _Alignas(64) _Atomic int32_t departed;
     _Atomic int32_t abort_status;
     _Atomic int32_t abort_lost;
@@ -101,6 +103,7 @@ typedef struct shm_t {
 } shm_t;
 
 #define CTRL_SIZE 4096
+_Static_assert(sizeof(shm_ctrl) <= CTRL_SIZE, "shm ctrl must fit its page");
 
 static size_t slot_stride(const shm_t *t) { return sizeof(dt__wire_hdr) + t->slot; }
 
@@ -321,6 +324,8 @@ static void shm_peer_info(dt__transport *tr, int peer, dt__peer_info *out) {
     out->cma = t->cma;
     out->cma_min = t->cma_min;
     out->addr = &p->ctrl->cma_addr[0][0];
+    out->progress = &p->ctrl->progress;
+    out->small = p->ctrl->small;
 }
 
 /* One process_vm_readv loop. The address came from shared memory: it is

@@ -112,6 +112,33 @@ static void mismatch_case(int rank, int size) {
     expect_mismatch(g, st, rank, "order");
     dt_group_destroy(g);
 
+    /* the same on tiny messages (shm: the one-cache-line path) */
+    ASSERT_OK(dt_group_split(w, 0, rank, &g));
+    st = dt_group_allreduce(g, buf, buf, rank == 1 ? 3 : 2, DT_F32, DT_SUM);
+    expect_mismatch(g, st, rank, "small count");
+    dt_group_destroy(g);
+
+    ASSERT_OK(dt_group_split(w, 0, rank, &g));
+    if (rank == 2)
+        st = dt_group_broadcast(g, buf, 4, DT_F32, 0);
+    else
+        st = dt_group_allreduce(g, buf, buf, 4, DT_F32, DT_SUM);
+    expect_mismatch(g, st, rank, "small op");
+    dt_group_destroy(g);
+
+    ASSERT_OK(dt_group_split(w, 0, rank, &g));
+    if (rank == 0) {
+        st = dt_group_reduce_scatter(g, buf, buf + 1024, 1, DT_F32, DT_SUM);
+        if (st == DT_OK)
+            st = dt_group_allgather(g, buf, buf + 1024, 1, DT_F32);
+    } else {
+        st = dt_group_allgather(g, buf, buf + 1024, 1, DT_F32);
+        if (st == DT_OK)
+            st = dt_group_reduce_scatter(g, buf, buf + 1024, 1, DT_F32, DT_SUM);
+    }
+    expect_mismatch(g, st, rank, "small order");
+    dt_group_destroy(g);
+
     ASSERT_OK(dt_group_barrier(w)); /* the world is unharmed */
     dt_group_destroy(w);
 }
