@@ -19,13 +19,13 @@
  * 150-168 against 141-156; for the TN weight gradients OpenBLAS is the
  * faster one (140-146 against 118-147), so those stay there. Both are
  * deterministic for a fixed call: one thread, fixed blocking. oneDNN's ISA
- * cap can be set only once per process, before its first use, and amp sets
- * it from DT_ISA (src/amp/gemm_onednn.c): so the first use goes through
- * amp's check, which fixes the cap, and where amp's oneDNN backend is
- * unavailable (built without libdnnl-dev, DT_ISA below its level) sgemm1
- * stays on OpenBLAS.
+ * cap can be set only once per process, before its first use: onednn.c
+ * fixes it from DT_ISA at the first dt__onednn_available() call, which
+ * sgemm1 makes before its first dnnl_sgemm; where oneDNN is unavailable
+ * (built without libdnnl-dev, DT_ISA lowered below the cap) sgemm1 stays on
+ * OpenBLAS.
  */
-#include "dtrain/tensor.h"
+#include "tensor_internal.h"
 
 #include <cblas.h>
 #ifdef __SSE__
@@ -36,8 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef DT_HAVE_DNNL /* src/amp/deps.cmake: libdnnl-dev found */
-#include "../amp/amp_internal.h"
+#ifdef DT_HAVE_DNNL /* src/tensor/deps.cmake: libdnnl-dev found */
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
@@ -114,7 +113,7 @@ static pthread_once_t dnnl_once = PTHREAD_ONCE_INIT;
 
 static void dnnl_init(void) {
     char why[160];
-    dnnl_ok = dt__gemm_onednn_available(why, sizeof why);
+    dnnl_ok = dt__onednn_available(why, sizeof why);
     if (!dnnl_ok)
         DT_DEBUG("tensor", "sgemm: OpenBLAS only: %s", why);
 }
