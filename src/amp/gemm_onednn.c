@@ -27,7 +27,7 @@
 
 #include <stdio.h>
 
-#ifndef DT_HAVE_DNNL /* configured without libdnnl-dev: see src/amp/deps.cmake */
+#ifndef DT_HAVE_DNNL /* configured without libdnnl-dev: see src/tensor/deps.cmake */
 
 bool dt__gemm_onednn_available(char *why, size_t why_len) {
     return dt__onednn_available(why, why_len);
