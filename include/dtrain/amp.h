@@ -8,7 +8,8 @@
  * 16-bit type. This layer gives the rest of dtrain the four pieces that
  * need no model:
  *
- *   1. Runtime CPU-feature detection. dt_isa() is the best instruction-set
+ *   1. Runtime CPU-feature detection (declared in dtrain/tensor.h, the lower
+ *      layer, whose oneDNN sgemm honours it too). dt_isa() is the best instruction-set
  *      level this CPU and OS can run (cpuid, XCR0 via xgetbv, and for AMX the
  *      Linux permission request for the tile data state), optionally lowered
  *      by DT_ISA=scalar|avx2|avx512|avx512bf16|amx. Every kernel here
@@ -46,6 +47,7 @@
 #define DTRAIN_AMP_H
 
 #include "dtrain/core.h"
+#include "dtrain/tensor.h" /* dt_isa_level, dt_isa(): CPU features live in tensor */
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -54,54 +56,6 @@
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-/* ------------------------------------------------------------------------ */
-/* Instruction-set levels                                                   */
-/* ------------------------------------------------------------------------ */
-
-/* Ordered: each level implies the ones below it. */
-typedef enum dt_isa_level {
-    DT_ISA_SCALAR,     /* plain C */
-    DT_ISA_AVX2,       /* AVX2 + FMA + F16C, YMM state enabled by the OS */
-    DT_ISA_AVX512,     /* + AVX512 F/BW/VL/DQ, ZMM state enabled */
-    DT_ISA_AVX512BF16, /* + AVX512_BF16 (vdpbf16ps, vcvtneps2bf16) */
-    DT_ISA_AMX,        /* + AMX-TILE/AMX-BF16, tile state enabled and permitted */
-    DT_ISA_COUNT
-} dt_isa_level;
-
-/* Individual features found (for reports; dispatch uses the level). */
-typedef struct dt_cpu_features {
-    bool avx2, fma, f16c;                       /* with YMM state enabled */
-    bool avx512f, avx512bw, avx512vl, avx512dq; /* with ZMM state enabled */
-    bool avx512_bf16, avx512_fp16;
-    bool amx_tile, amx_bf16; /* cpuid bits */
-    bool amx_os;             /* XCR0 tile bits set and arch_prctl granted */
-    dt_isa_level max_level;  /* best level this CPU + OS can run */
-    char amx_note[96];       /* why AMX is unavailable, or "" */
-} dt_cpu_features;
-
-/* Detected once (thread-safe); never fails. */
-const dt_cpu_features *dt_cpu_features_get(void);
-
-/* Read DT_ISA (once; later calls return the first result). DT_ERR_INVALID for
- * an unknown name, DT_ERR_UNSUPPORTED for a level above the CPU's, each with
- * a message naming the value and what the CPU supports. Optional: dt_isa()
- * calls it lazily and, on error, logs the message and uses the CPU's level. */
-dt_status dt_isa_init(void);
-
-/* The active level: min(DT_ISA or dt_isa_set, CPU level). */
-dt_isa_level dt_isa(void);
-
-/* Force the active level (tests, benchmarks). DT_ERR_UNSUPPORTED above the
- * CPU's level, leaving the active level unchanged. Not meant to race with
- * running kernels. */
-dt_status dt_isa_set(dt_isa_level level);
-
-/* "scalar", "avx2", "avx512", "avx512bf16", "amx"; "?" out of range. */
-const char *dt_isa_name(dt_isa_level level);
-
-/* Parse a name of dt_isa_name(); DT_ERR_INVALID with a message otherwise. */
-dt_status dt_isa_parse(const char *knob, const char *text, dt_isa_level *out);
 
 /* ------------------------------------------------------------------------ */
 /* Compute precision of training                                            */

@@ -10,7 +10,9 @@
  * a gradient carries a `d` prefix; the comment on each pointer gives its
  * shape in row-major order, e.g. (B,T,C).
  *
- *   - Matrix multiplies go to OpenBLAS (cblas_sgemm).
+ *   - Matrix multiplies go to OpenBLAS (cblas_sgemm) or oneDNN (dnnl_sgemm).
+ *   - Runtime CPU-feature detection (dt_isa(), DT_ISA) lives here: oneDNN's
+ *     ISA cap is fixed from it, and amp's kernels dispatch on it.
  *   - Everything else is ours: AVX-512 paths selected at compile time
  *     (-march=native on an AVX-512 machine) with a scalar fallback that
  *     computes the same thing.
@@ -158,6 +160,54 @@ void dt_attention_naive_forward(float *out, float *att, const float *qkv, int B,
 /* dqkv (B,T,3C) =; dout (B,T,C); qkv, att from forward. */
 void dt_attention_naive_backward(float *dqkv, const float *dout, const float *qkv, const float *att,
                                  int B, int T, int C, int NH);
+
+/* ------------------------------------------------------------------------ */
+/* Instruction-set levels                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* Ordered: each level implies the ones below it. */
+typedef enum dt_isa_level {
+    DT_ISA_SCALAR,     /* plain C */
+    DT_ISA_AVX2,       /* AVX2 + FMA + F16C, YMM state enabled by the OS */
+    DT_ISA_AVX512,     /* + AVX512 F/BW/VL/DQ, ZMM state enabled */
+    DT_ISA_AVX512BF16, /* + AVX512_BF16 (vdpbf16ps, vcvtneps2bf16) */
+    DT_ISA_AMX,        /* + AMX-TILE/AMX-BF16, tile state enabled and permitted */
+    DT_ISA_COUNT
+} dt_isa_level;
+
+/* Individual features found (for reports; dispatch uses the level). */
+typedef struct dt_cpu_features {
+    bool avx2, fma, f16c;                       /* with YMM state enabled */
+    bool avx512f, avx512bw, avx512vl, avx512dq; /* with ZMM state enabled */
+    bool avx512_bf16, avx512_fp16;
+    bool amx_tile, amx_bf16; /* cpuid bits */
+    bool amx_os;             /* XCR0 tile bits set and arch_prctl granted */
+    dt_isa_level max_level;  /* best level this CPU + OS can run */
+    char amx_note[96];       /* why AMX is unavailable, or "" */
+} dt_cpu_features;
+
+/* Detected once (thread-safe); never fails. */
+const dt_cpu_features *dt_cpu_features_get(void);
+
+/* Read DT_ISA (once; later calls return the first result). DT_ERR_INVALID for
+ * an unknown name, DT_ERR_UNSUPPORTED for a level above the CPU's, each with
+ * a message naming the value and what the CPU supports. Optional: dt_isa()
+ * calls it lazily and, on error, logs the message and uses the CPU's level. */
+dt_status dt_isa_init(void);
+
+/* The active level: min(DT_ISA or dt_isa_set, CPU level). */
+dt_isa_level dt_isa(void);
+
+/* Force the active level (tests, benchmarks). DT_ERR_UNSUPPORTED above the
+ * CPU's level, leaving the active level unchanged. Not meant to race with
+ * running kernels. */
+dt_status dt_isa_set(dt_isa_level level);
+
+/* "scalar", "avx2", "avx512", "avx512bf16", "amx"; "?" out of range. */
+const char *dt_isa_name(dt_isa_level level);
+
+/* Parse a name of dt_isa_name(); DT_ERR_INVALID with a message otherwise. */
+dt_status dt_isa_parse(const char *knob, const char *text, dt_isa_level *out);
 
 #ifdef __cplusplus
 }

@@ -16,23 +16,21 @@
  * the LM head were measured slower, not faster.) Accumulation (C += A x B)
  * is the "sum" post-op, applied in fp32 before the result is rounded to C's type.
  *
- * oneDNN picks its own kernels by ISA; to honour DT_ISA it is capped with
- * dnnl_set_max_cpu_isa() at first use, which oneDNN allows only once per
- * process. The cap is the level active then (dt_isa() scalar maps to
- * oneDNN's lowest, SSE4.1); if dt_isa() is later set below it, the backend
- * reports itself unavailable rather than run instructions it was told not to.
+ * oneDNN's ISA cap (from DT_ISA) is fixed by the tensor layer, which calls
+ * oneDNN first (src/tensor/onednn.c); here we only ask whether oneDNN may
+ * run, and probe once whether it has a bf16 matmul at that cap.
  *
  * Invariant: every cached object is destroyed by dt__gemm_onednn_release().
  */
+#include "../tensor/tensor_internal.h"
 #include "amp_internal.h"
 
 #include <stdio.h>
 
-#ifndef DT_HAVE_DNNL /* configured without libdnnl-dev: see src/amp/deps.cmake */
+#ifndef DT_HAVE_DNNL /* configured without libdnnl-dev: see src/tensor/deps.cmake */
 
 bool dt__gemm_onednn_available(char *why, size_t why_len) {
-    snprintf(why, why_len, "dtrain was built without oneDNN (libdnnl-dev not found)");
-    return false;
+    return dt__onednn_available(why, why_len);
 }
 
 dt_status dt__gemm_onednn(const dt__gemm_args *g) {
@@ -69,13 +67,8 @@ static pthread_mutex_t exec_lock = PTHREAD_MUTEX_INITIALIZER;
 static entry *cache;         /* singly linked, newest first */
 static dnnl_engine_t engine; /* created with the first entry */
 static dnnl_stream_t stream;
-static int pinned_level = -1; /* dt_isa() when oneDNN's max ISA was set */
-static dnnl_status_t pin_status = dnnl_success;
+static bool probed;
 static char probe_note[128]; /* why oneDNN cannot multiply bf16 here, or "" */
-
-static const dnnl_cpu_isa_t isa_map[DT_ISA_COUNT] = {
-    dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core, dnnl_cpu_isa_avx512_core_bf16,
-    dnnl_cpu_isa_avx512_core_amx};
 
 static dt_status fail(dnnl_status_t s, const char *what, const dt__gemm_args *g) {
     return dt_error_set(DT_ERR_INTERNAL, "oneDNN %s failed (%s) for %s M=%d N=%d K=%d", what,
@@ -95,25 +88,21 @@ static void destroy_entry(entry *e) {
 
 static dt_status create_entry(const dt__gemm_args *g, entry **out);
 
-/* Called with cache_lock held. Fix oneDNN's ISA, then ask for a 1x1x1 bf16
- * matmul: oneDNN versions differ in which ISAs have bf16 kernels (2.6 has
- * none below avx512_core), and asking is the only reliable test. */
-static void pin_isa(void) {
-    if (pinned_level >= 0)
+/* Called with cache_lock held, after dt__onednn_available() fixed oneDNN's
+ * ISA. Ask for a 1x1x1 bf16 matmul: oneDNN versions differ in which ISAs
+ * have bf16 kernels (2.6 has none below avx512_core), and asking is the
+ * only reliable test. */
+static void probe_bf16(void) {
+    if (probed)
         return;
-    pinned_level = (int)dt_isa();
-    pin_status = dnnl_set_max_cpu_isa(isa_map[pinned_level]);
-    if (pin_status != dnnl_success)
-        DT_WARN("oneDNN: dnnl_set_max_cpu_isa(%s) failed (%s); oneDNN may use a higher ISA",
-                dt_isa_name((dt_isa_level)pinned_level), dnnl_status2str(pin_status));
+    probed = true;
     dt_bf16 one = 0x3f80;
     float c;
     dt__gemm_args probe = {DT_GEMM_NN, 1, 1, 1, &one, &one, &c, DT_GEMM_OUT_F32, false, NULL};
     entry *e = NULL;
     if (create_entry(&probe, &e) != DT_OK) {
         snprintf(probe_note, sizeof probe_note, "oneDNN %d.%d has no bf16 matmul at ISA %s",
-                 dnnl_version()->major, dnnl_version()->minor,
-                 dt_isa_name((dt_isa_level)pinned_level));
+                 dnnl_version()->major, dnnl_version()->minor, dt_isa_name(dt_isa()));
         dt_error_clear(); /* an answer, not a failure of the caller's call */
     } else {
         destroy_entry(e);
@@ -121,17 +110,13 @@ static void pin_isa(void) {
 }
 
 bool dt__gemm_onednn_available(char *why, size_t why_len) {
+    if (!dt__onednn_available(why, why_len))
+        return false;
     pthread_mutex_lock(&cache_lock);
-    pin_isa();
-    int pinned = pinned_level;
+    probe_bf16();
     pthread_mutex_unlock(&cache_lock);
     if (probe_note[0]) {
         snprintf(why, why_len, "%s", probe_note);
-        return false;
-    }
-    if ((int)dt_isa() < pinned) {
-        snprintf(why, why_len, "oneDNN's ISA was fixed at %s on first use, active is %s",
-                 dt_isa_name((dt_isa_level)pinned), dt_isa_name(dt_isa()));
         return false;
     }
     return true;

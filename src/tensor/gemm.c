@@ -19,13 +19,13 @@
  * 150-168 against 141-156; for the TN weight gradients OpenBLAS is the
  * faster one (140-146 against 118-147), so those stay there. Both are
  * deterministic for a fixed call: one thread, fixed blocking. oneDNN's ISA
- * cap can be set only once per process, before its first use, and amp sets
- * it from DT_ISA (src/amp/gemm_onednn.c): so the first use goes through
- * amp's check, which fixes the cap, and where amp's oneDNN backend is
- * unavailable (built without libdnnl-dev, DT_ISA below its level) sgemm1
- * stays on OpenBLAS.
+ * cap can be set only once per process, before its first use: onednn.c
+ * fixes it from DT_ISA at the first dt__onednn_available() call, which
+ * sgemm1 makes before its first dnnl_sgemm; where oneDNN is unavailable
+ * (built without libdnnl-dev, DT_ISA lowered below the cap) sgemm1 stays on
+ * OpenBLAS.
  */
-#include "dtrain/tensor.h"
+#include "tensor_internal.h"
 
 #include <cblas.h>
 #ifdef __SSE__
@@ -36,8 +36,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#ifdef DT_HAVE_DNNL /* src/amp/deps.cmake: libdnnl-dev found */
-#include "../amp/amp_internal.h"
+#ifdef DT_HAVE_DNNL /* src/tensor/deps.cmake: libdnnl-dev found */
 #include <oneapi/dnnl/dnnl.h>
 #endif
 
@@ -114,7 +113,7 @@ static pthread_once_t dnnl_once = PTHREAD_ONCE_INIT;
 
 static void dnnl_init(void) {
     char why[160];
-    dnnl_ok = dt__gemm_onednn_available(why, sizeof why);
+    dnnl_ok = dt__onednn_available(why, sizeof why);
     if (!dnnl_ok)
         DT_DEBUG("tensor", "sgemm: OpenBLAS only: %s", why);
 }
@@ -212,6 +211,19 @@ void dt_matmul_forward(float *out, const float *inp, const float *weight, const 
         matmul_forward_part(out, inp, weight, bias, N, IC, OC, np, p);
 }
 
+/* Tokens per TN weight-gradient sgemm. OpenBLAS's TN product runs faster
+ * as a sequence of K = 256..512 products than as one K = 2048 product:
+ * measured on this machine (Sapphire Rapids core, 1 thread, OpenBLAS 0.3.21,
+ * beta = 1) for shakespeare-char's four linear shapes OC x IC = 1152x384,
+ * 384x384, 1536x384, 384x1536 at N = B*T = 2048: 134-145 GFLOP/s as one
+ * product, 142-150 in chunks of 512 (two runs, +3-5%). The alternatives
+ * measured slower on the same shapes: oneDNN's dnnl_sgemm TN 117-151 (only
+ * 384x384 ahead), a cached f32 oneDNN matmul primitive with A described
+ * transposed by strides and the sum post-op 131-143, and transposing dout
+ * into a scratch for an NN product 110-128 (the transpose alone costs 1-6 ms
+ * per layer, more than the NN product saves). */
+#define TN_CHUNK 512
+
 /* Part t of nt of a linear backward: a block of dinp rows, a block of
  * dweight, a slice of dbias. The three are independent, so one region
  * without inner barriers does all of them. dbias sums rows in order for a
@@ -228,16 +240,20 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
                    0.0f, dinp + (size_t)lo * IC, IC);
     }
     // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC), split by the longer side
-    if (OC >= IC) {
+    if (OC >= IC)
         split_range(OC, nt, t, &lo, &hi);
-        if (lo < hi)
-            sgemm1(true, false, hi - lo, IC, N, 1.0f, dout + lo, OC, inp, IC, 1.0f,
-                   dweight + (size_t)lo * IC, IC);
-    } else {
+    else
         split_range(IC, nt, t, &lo, &hi);
-        if (lo < hi)
-            sgemm1(true, false, OC, hi - lo, N, 1.0f, dout, OC, inp + lo, IC, 1.0f, dweight + lo,
-                   IC);
+    /* The sum over tokens runs in chunks of TN_CHUNK, each added into dweight
+     * in order (so the result is still fixed for a fixed thread count). */
+    for (int k0 = 0; lo < hi && k0 < N; k0 += TN_CHUNK) {
+        int kk = N - k0 < TN_CHUNK ? N - k0 : TN_CHUNK;
+        const float *dk = dout + (size_t)k0 * OC, *xk = inp + (size_t)k0 * IC;
+        if (OC >= IC)
+            sgemm1(true, false, hi - lo, IC, kk, 1.0f, dk + lo, OC, xk, IC, 1.0f,
+                   dweight + (size_t)lo * IC, IC);
+        else
+            sgemm1(true, false, OC, hi - lo, kk, 1.0f, dk, OC, xk + lo, IC, 1.0f, dweight + lo, IC);
     }
     if (dbias) {
         split_range(OC, nt, t, &lo, &hi);

@@ -280,6 +280,29 @@ static void test_matmul_split(void) {
     }
 }
 
+/* The weight gradient sums over tokens in chunks (gemm.c TN_CHUNK): more
+ * tokens than two chunks with a tail, split by output and by input
+ * channels, accumulating into a non-zero dweight, against float64. */
+static void test_matmul_dweight_chunks(void) {
+    int shapes[][3] = {{1100, 24, 40}, {1100, 40, 24}}; /* (N, IC, OC) */
+    for (int s = 0; s < 2; s++) {
+        int N = shapes[s][0], IC = shapes[s][1], OC = shapes[s][2];
+        float *inp = randv((size_t)N * IC, 1.0f), *dout = randv((size_t)N * OC, 1.0f);
+        float *w = randv((size_t)OC * IC, 0.2f), *dw = randv((size_t)OC * IC, 1.0f);
+        float *ref = zerov((size_t)OC * IC);
+        for (int o = 0; o < OC; o++)
+            for (int i = 0; i < IC; i++) {
+                double acc = dw[(size_t)o * IC + i];
+                for (int k = 0; k < N; k++)
+                    acc += (double)dout[(size_t)k * OC + o] * inp[(size_t)k * IC + i];
+                ref[(size_t)o * IC + i] = (float)acc;
+            }
+        dt_matmul_backward(NULL, dw, NULL, dout, inp, w, N, IC, OC);
+        check_close("chunked dweight", dw, ref, (size_t)OC * IC, 1e-5);
+        free(inp), free(dout), free(w), free(dw), free(ref);
+    }
+}
+
 /* ------------------------------------------------------------ cross-entropy */
 
 typedef struct ce_ctx {
@@ -454,6 +477,7 @@ int main(void) {
     RUN(test_matmul);
     RUN(test_sgemm_split);
     RUN(test_matmul_split);
+    RUN(test_matmul_dweight_chunks);
     RUN(test_crossentropy);
     RUN(test_embedding);
     RUN(test_attention_fd);

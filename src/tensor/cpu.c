@@ -12,7 +12,7 @@
  * Invariants: active level <= max_level at all times; the level is a plain
  * atomic int so a kernel reads it with one load.
  */
-#include "dtrain/amp.h"
+#include "dtrain/tensor.h"
 
 #include <cpuid.h>
 #include <pthread.h>

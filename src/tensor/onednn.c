@@ -1,0 +1,59 @@
+/*
+ * onednn.c — oneDNN's instruction-set cap, shared by every user of oneDNN.
+ *
+ * oneDNN picks its own kernels by ISA; to honour DT_ISA it is capped with
+ * dnnl_set_max_cpu_isa(), which oneDNN accepts only once per process and
+ * before its first kernel. So the cap lives here, in the lowest layer that
+ * calls oneDNN (dnnl_sgemm in gemm.c), and amp's matmul asks here too. The
+ * cap is the level active at the first call (dt_isa() scalar maps to
+ * oneDNN's lowest, SSE4.1); if dt_isa() is later set below it, oneDNN is
+ * reported unavailable rather than run instructions it was told not to.
+ *
+ * Invariant: dnnl_set_max_cpu_isa() is called at most once, under pin_lock.
+ */
+#include "tensor_internal.h"
+
+#include <stdio.h>
+
+#ifndef DT_HAVE_DNNL /* configured without libdnnl-dev: see src/tensor/deps.cmake */
+
+bool dt__onednn_available(char *why, size_t why_len) {
+    if (why)
+        snprintf(why, why_len, "dtrain was built without oneDNN (libdnnl-dev not found)");
+    return false;
+}
+
+#else
+
+#include <oneapi/dnnl/dnnl.h>
+#include <oneapi/dnnl/dnnl_debug.h>
+#include <pthread.h>
+
+static pthread_mutex_t pin_lock = PTHREAD_MUTEX_INITIALIZER;
+static int pinned_level = -1; /* dt_isa() when oneDNN's max ISA was set */
+
+static const dnnl_cpu_isa_t isa_map[DT_ISA_COUNT] = {
+    dnnl_cpu_isa_sse41, dnnl_cpu_isa_avx2, dnnl_cpu_isa_avx512_core, dnnl_cpu_isa_avx512_core_bf16,
+    dnnl_cpu_isa_avx512_core_amx};
+
+bool dt__onednn_available(char *why, size_t why_len) {
+    pthread_mutex_lock(&pin_lock);
+    if (pinned_level < 0) {
+        pinned_level = (int)dt_isa();
+        dnnl_status_t s = dnnl_set_max_cpu_isa(isa_map[pinned_level]);
+        if (s != dnnl_success)
+            DT_WARN("oneDNN: dnnl_set_max_cpu_isa(%s) failed (%s); oneDNN may use a higher ISA",
+                    dt_isa_name((dt_isa_level)pinned_level), dnnl_status2str(s));
+    }
+    int pinned = pinned_level;
+    pthread_mutex_unlock(&pin_lock);
+    if ((int)dt_isa() < pinned) {
+        if (why)
+            snprintf(why, why_len, "oneDNN's ISA was fixed at %s on first use, active is %s",
+                     dt_isa_name((dt_isa_level)pinned), dt_isa_name(dt_isa()));
+        return false;
+    }
+    return true;
+}
+
+#endif /* DT_HAVE_DNNL */
