@@ -386,7 +386,7 @@ static dt_status meet_as_node(dt__meeting *m) {
     if (sscanf(w.text, "%63s %63s", job, token) != 2 || strlen(token) != DT_LAUNCH_TOKEN_HEX)
         return dt_error_set(DT_ERR_PROTOCOL, "node 0 sent a malformed WELCOME");
     snprintf(m->job_id, sizeof m->job_id, "%s", job);
-    snprintf(m->token, sizeof m->token, "%s", token);
+    memcpy(m->token, token, sizeof m->token); /* length checked: DT_LAUNCH_TOKEN_HEX + NUL */
     if (w.a < 1 || w.a > 65535)
         return dt_error_set(DT_ERR_PROTOCOL, "node 0 sent store port %d", w.a);
     m->store_port = w.a;
