@@ -19,6 +19,13 @@
  * whole vector log2(p2) times instead (latency-optimal). Both partners of a
  * step compute a op b with the same operands, so results are bit-identical
  * on every rank.
+ *
+ * dt__rhd_allgather is the doubling half on its own, for a power-of-two
+ * team: at step d (1, 2, 4, ...) rank r swaps the d blocks it holds (an
+ * aligned run, so one contiguous range) with rank r ^ d. Every block moves
+ * log2(n) times at most instead of being forwarded through n-1 ranks. Each
+ * step's exchange is cut into pieces and the receive and send of each piece
+ * are posted together, so both directions of the pair stream at once.
  */
 #include "comm_internal.h"
 
@@ -135,6 +142,61 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
             DT_CHECK(dt__sendrecv(op, -1, NULL, 0, t->ranks[me + 1], buf, bytes));
         else
             DT_CHECK(dt__sendrecv(op, t->ranks[me - 1], buf, bytes, -1, NULL, 0));
+    }
+    return DT_OK;
+}
+
+/* Post one exchange with `peer`: slen bytes from sbuf out, rlen into rbuf,
+ * cut into pieces of at least DT_CHUNK_SIZE (at most MAX_PIECES per
+ * direction), receive and send of each piece posted side by side so the
+ * transport moves both directions at once; then wait for all of it. */
+#define MAX_PIECES 16
+static dt_status exchange(dt__op *op, int peer, const char *sbuf, size_t slen, char *rbuf,
+                          size_t rlen, const void *copy_src, void *copy_dst, size_t copy_len) {
+    size_t big = slen > rlen ? slen : rlen, piece = op->g->cfg.chunk;
+    if (piece * MAX_PIECES < big)
+        piece = (big + MAX_PIECES - 1) / MAX_PIECES;
+    dt__xfer *x = malloc(2 * MAX_PIECES * sizeof *x);
+    if (!x)
+        return dt_error_set(DT_ERR_NOMEM, "rhd: out of memory");
+    int nx = 0;
+    dt_status st = DT_OK;
+    for (size_t off = 0; off < big && st == DT_OK; off += piece) {
+        if (off < rlen)
+            st = dt__post_recv(op, &x[nx++], peer, rbuf + off,
+                               rlen - off < piece ? rlen - off : piece);
+        if (st == DT_OK && off < slen)
+            st = dt__post_send(op, &x[nx++], peer, sbuf + off,
+                               slen - off < piece ? slen - off : piece);
+    }
+    /* local copy (my own block, out of place) while the sockets work */
+    if (st == DT_OK && copy_len)
+        memcpy(copy_dst, copy_src, copy_len);
+    if (st == DT_OK)
+        st = dt__waitall(op, x, nx);
+    free(x);
+    return st;
+}
+
+dt_status dt__rhd_allgather(dt__op *op, const dt__team *t, const void *mine, void *buf,
+                            size_t block) {
+    int n = t->n, me = t->me;
+    DT_ASSERT((n & (n - 1)) == 0);
+    char *b = buf;
+    const char *own = b + (size_t)me * block;
+    if (n == 1) {
+        if (mine != own)
+            memcpy(b, mine, block);
+        return DT_OK;
+    }
+    for (int d = 1; d < n; d *= 2) {
+        int peer = me ^ d, lo = me & ~(d - 1), plo = peer & ~(d - 1);
+        size_t len = (size_t)d * block;
+        /* the first step sends my block straight from `mine` and copies it
+         * into place while the exchange runs */
+        bool first = d == 1 && mine != own;
+        DT_CHECK(exchange(op, t->ranks[peer], first ? mine : b + (size_t)lo * block, len,
+                          b + (size_t)plo * block, len, mine, (void *)own, first ? block : 0));
     }
     return DT_OK;
 }

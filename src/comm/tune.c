@@ -51,7 +51,7 @@ static bool applicable(const dt_group *g, dt_coll c, dt_algo a) {
     switch (a) {
     case DT_ALGO_RING:
         return c == DT_COLL_ALLREDUCE || c == DT_COLL_REDUCE_SCATTER || c == DT_COLL_ALLGATHER;
-    case DT_ALGO_RHD: return c == DT_COLL_ALLREDUCE;
+    case DT_ALGO_RHD: return c == DT_COLL_ALLREDUCE || c == DT_COLL_ALLGATHER;
     case DT_ALGO_TREE:
         return c == DT_COLL_ALLREDUCE || c == DT_COLL_BROADCAST || c == DT_COLL_REDUCE;
     case DT_ALGO_DIRECT:
