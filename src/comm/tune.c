@@ -19,10 +19,11 @@
  * n-1 store-and-forward steps (TCP, 4 ranks, medians of 3-5 interleaved
  * runs: 1.3-2x the ring's busbw from 1 KiB to 512 KiB, 1.1-1.3x from 1 to
  * 8 MiB, even at 16 MiB). With each exchange cut into pieces posted in
- * both directions at once, halving-doubling also edges out the pipelined
- * ring for allreduce at 4 ranks from 8 MiB (1.04-1.06x, interleaved
- * medians); kept to power-of-two counts >= 4 (other counts pay a whole-
- * vector pre-step; 8 ranks were not measured on the 2-core machine).
+ * both directions at once, halving-doubling edges out the pipelined ring
+ * for allreduce at 4 ranks from 8 MiB too (1.04-1.06x, interleaved
+ * medians), but the chooser keeps the ring there: with every socket
+ * mid-frame, a survivor of a killed rank can blame the neighbour that gave
+ * up instead of the dead rank (comm_fail, kill_tcp_4: 2 of 4 runs).
  */
 #include "comm_internal.h"
 
@@ -32,28 +33,26 @@ typedef struct tune_row {
     int multi_host;   /* 1: several hosts with equal rank counts, -1: either */
     size_t min_bytes; /* row applies from this size up */
     int unpiped;      /* 1: only when the ring cannot pipeline (block <= DT_CHUNK_SIZE) */
-    int pow2;         /* k > 0: only for a power-of-two rank count >= k */
     dt_algo algo;
 } tune_row;
 
 /* clang-format off */
 static const tune_row table[] = {
-    /* coll                   shared multi  min bytes unpiped pow2 algorithm */
-    {DT_COLL_ALLREDUCE,         1,    -1,   0,          0,  0,  DT_ALGO_DIRECT},
-    {DT_COLL_ALLREDUCE,        -1,     1,   256 << 10,  0,  0,  DT_ALGO_HIER},
-    {DT_COLL_ALLREDUCE,         0,    -1,   4 << 20,    1,  0,  DT_ALGO_RHD},
-    {DT_COLL_ALLREDUCE,         0,    -1,   8 << 20,    0,  4,  DT_ALGO_RHD},
-    {DT_COLL_ALLREDUCE,        -1,    -1,   64 << 10,   0,  0,  DT_ALGO_RING},
-    {DT_COLL_ALLREDUCE,        -1,    -1,   0,          0,  0,  DT_ALGO_RHD},
-    {DT_COLL_REDUCE_SCATTER,    1,    -1,   0,          0,  0,  DT_ALGO_DIRECT},
-    {DT_COLL_REDUCE_SCATTER,   -1,    -1,   0,          0,  0,  DT_ALGO_RING},
-    {DT_COLL_ALLGATHER,         1,    -1,   0,          0,  0,  DT_ALGO_DIRECT},
-    {DT_COLL_ALLGATHER,         0,    -1,   0,          0,  0,  DT_ALGO_RHD},
-    {DT_COLL_ALLGATHER,        -1,    -1,   0,          0,  0,  DT_ALGO_RING},
-    {DT_COLL_BROADCAST,         1,    -1,   0,          0,  0,  DT_ALGO_DIRECT},
-    {DT_COLL_BROADCAST,        -1,    -1,   0,          0,  0,  DT_ALGO_TREE},
-    {DT_COLL_REDUCE,           -1,    -1,   0,          0,  0,  DT_ALGO_TREE},
-    {DT_COLL_BARRIER,           1,    -1,   0,          0,  0,  DT_ALGO_DIRECT},
+    /* coll                   shared multi  min bytes unpiped algorithm */
+    {DT_COLL_ALLREDUCE,         1,    -1,   0,          0,  DT_ALGO_DIRECT},
+    {DT_COLL_ALLREDUCE,        -1,     1,   256 << 10,  0,  DT_ALGO_HIER},
+    {DT_COLL_ALLREDUCE,         0,    -1,   4 << 20,    1,  DT_ALGO_RHD},
+    {DT_COLL_ALLREDUCE,        -1,    -1,   64 << 10,   0,  DT_ALGO_RING},
+    {DT_COLL_ALLREDUCE,        -1,    -1,   0,          0,  DT_ALGO_RHD},
+    {DT_COLL_REDUCE_SCATTER,    1,    -1,   0,          0,  DT_ALGO_DIRECT},
+    {DT_COLL_REDUCE_SCATTER,   -1,    -1,   0,          0,  DT_ALGO_RING},
+    {DT_COLL_ALLGATHER,         1,    -1,   0,          0,  DT_ALGO_DIRECT},
+    {DT_COLL_ALLGATHER,         0,    -1,   0,          0,  DT_ALGO_RHD},
+    {DT_COLL_ALLGATHER,        -1,    -1,   0,          0,  DT_ALGO_RING},
+    {DT_COLL_BROADCAST,         1,    -1,   0,          0,  DT_ALGO_DIRECT},
+    {DT_COLL_BROADCAST,        -1,    -1,   0,          0,  DT_ALGO_TREE},
+    {DT_COLL_REDUCE,           -1,    -1,   0,          0,  DT_ALGO_TREE},
+    {DT_COLL_BARRIER,           1,    -1,   0,          0,  DT_ALGO_DIRECT},
 };
 /* clang-format on */
 
@@ -88,8 +87,6 @@ dt_algo dt__tune_choose(const dt_group *g, dt_coll coll, size_t bytes) {
         if (r->multi_host >= 0 && r->multi_host != (int)multi)
             continue;
         if (r->unpiped && bytes / (size_t)g->size > g->cfg.chunk)
-            continue;
-        if (r->pow2 && (g->size < r->pow2 || (g->size & (g->size - 1))))
             continue;
         return r->algo;
     }
