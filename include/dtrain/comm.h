@@ -18,7 +18,8 @@
  *     DT_NODE_RANK) talk through POSIX shared memory, others through TCP.
  *     DT_TRANSPORT=auto|shm|tcp forces a choice.
  *   - Algorithms. ring (pipelined reduce-scatter + allgather), rhd (recursive
- *     halving-doubling, Rabenseifner, any rank count), tree (binomial
+ *     halving-doubling allreduce, Rabenseifner, any rank count; recursive
+ *     doubling allgather, power-of-two rank counts), tree (binomial
  *     broadcast/reduce), direct (one host: each rank reduces its slice by
  *     reading every peer's shared window), hier (reduce-scatter inside each
  *     host, allreduce across hosts, allgather inside each host). A table in

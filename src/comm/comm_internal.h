@@ -421,6 +421,11 @@ dt_status dt__ring_allgather(dt__op *op, const dt__team *t, void *buf, const siz
                              const size_t *displs);
 dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
                             size_t count);
+/* Allgather by recursive doubling over a power-of-two team: block b
+ * (`block` bytes) of buf comes from rank b; mine (may be buf's own block)
+ * is this rank's. */
+dt_status dt__rhd_allgather(dt__op *op, const dt__team *t, const void *mine, void *buf,
+                            size_t block);
 dt_status dt__tree_broadcast(dt__op *op, const dt__team *t, void *buf, size_t bytes, int root);
 dt_status dt__tree_reduce(dt__op *op, const dt__team *t, const void *send, void *recv, size_t count,
                           int root);

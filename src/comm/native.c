@@ -87,7 +87,10 @@ static dt_status nat_allgather(dt__op *op) {
     op->algo = dt__tune_choose(g, DT_COLL_ALLGATHER, op->count * es * n);
     if (op->algo == DT_ALGO_DIRECT)
         return dt__direct_allgather(op, &all, op->send, op->recv, op->count);
-    op->algo = DT_ALGO_RING;
+    if (op->algo == DT_ALGO_RHD && (g->size & (g->size - 1)) == 0)
+        return dt__rhd_allgather(op, &all, op->send == op->recv ? mine : op->send, op->recv,
+                                 op->count * es);
+    op->algo = DT_ALGO_RING; /* also rhd at a size that is not a power of two */
     if (op->send != op->recv)
         memcpy(mine, op->send, op->count * es);
     size_t *counts = malloc(n * sizeof *counts), *displs = malloc(n * sizeof *displs);

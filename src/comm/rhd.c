@@ -19,6 +19,13 @@
  * whole vector log2(p2) times instead (latency-optimal). Both partners of a
  * step compute a op b with the same operands, so results are bit-identical
  * on every rank.
+ *
+ * dt__rhd_allgather is the doubling half on its own, for a power-of-two
+ * team: at step d (1, 2, 4, ...) rank r swaps the d blocks it holds (an
+ * aligned run, so one contiguous range) with rank r ^ d. Every block moves
+ * log2(n) times at most instead of being forwarded through n-1 ranks. Each
+ * step's exchange is cut into pieces and the receive and send of each piece
+ * are posted together, so both directions of the pair stream at once.
  */
 #include "comm_internal.h"
 
@@ -29,6 +36,46 @@
 static int real_rank(const dt__team *t, int v, int rem) {
     int i = v < rem ? 2 * v + 1 : v + rem;
     return t->ranks[i];
+}
+
+/* One exchange with `peer`: slen bytes from sbuf out, rlen into rbuf, cut
+ * into pieces of at least DT_CHUNK_SIZE (at most MAX_PIECES per direction),
+ * the receive and send of each piece posted side by side so the transport
+ * moves both directions at once. With red_out set, each received piece
+ * (staged at rbuf) is reduced as it lands: red_out = red_in op piece (a
+ * piece is whole elements). While the sockets work, copy_len bytes are
+ * copied from copy_src to copy_dst. Returns when all of it is done. */
+#define MAX_PIECES 16
+static dt_status exchange(dt__op *op, int peer, const char *sbuf, size_t slen, char *rbuf,
+                          size_t rlen, char *red_out, const char *red_in, const void *copy_src,
+                          void *copy_dst, size_t copy_len) {
+    size_t es = dt_dtype_size(op->dtype);
+    size_t big = slen > rlen ? slen : rlen, piece = op->g->cfg.chunk;
+    if (piece * MAX_PIECES < big)
+        piece = (big + MAX_PIECES - 1) / MAX_PIECES;
+    piece = (piece + es - 1) / es * es;
+    dt__xfer *x = malloc(2 * MAX_PIECES * sizeof *x);
+    if (!x)
+        return dt_error_set(DT_ERR_NOMEM, "rhd: out of memory");
+    int nx = 0;
+    dt_status st = DT_OK;
+    for (size_t off = 0; off < big && st == DT_OK; off += piece) {
+        if (off < rlen) {
+            size_t len = rlen - off < piece ? rlen - off : piece;
+            st = red_out ? dt__post_recv_reduce(op, &x[nx++], peer, rbuf + off, len, red_out + off,
+                                                red_in + off)
+                         : dt__post_recv(op, &x[nx++], peer, rbuf + off, len);
+        }
+        if (st == DT_OK && off < slen)
+            st = dt__post_send(op, &x[nx++], peer, sbuf + off,
+                               slen - off < piece ? slen - off : piece);
+    }
+    if (st == DT_OK && copy_len)
+        memcpy(copy_dst, copy_src, copy_len);
+    if (st == DT_OK)
+        st = dt__waitall(op, x, nx);
+    free(x);
+    return st;
 }
 
 dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
@@ -101,13 +148,9 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
                 int peer = real_rank(t, v ^ d, rem), mid = (lo + hi) / 2;
                 int klo = (v & d) ? mid : lo, khi = (v & d) ? hi : mid;
                 int slo = (v & d) ? lo : mid, shi = (v & d) ? mid : hi;
-                dt__xfer x[2];
-                st = dt__post_recv_reduce(op, &x[0], peer, tmp, RANGE_LEN(klo, khi),
-                                          buf + RANGE_OFF(klo), src + RANGE_OFF(klo));
-                if (st == DT_OK)
-                    st = dt__post_send(op, &x[1], peer, src + RANGE_OFF(slo), RANGE_LEN(slo, shi));
-                if (st == DT_OK)
-                    st = dt__waitall(op, x, 2);
+                st = exchange(op, peer, src + RANGE_OFF(slo), RANGE_LEN(slo, shi), tmp,
+                              RANGE_LEN(klo, khi), buf + RANGE_OFF(klo), src + RANGE_OFF(klo), NULL,
+                              NULL, 0);
                 src = buf; /* the range kept from now on is in buf */
                 lo = klo;
                 hi = khi;
@@ -115,8 +158,8 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
             for (int d = 1; d < p2 && st == DT_OK; d *= 2) {
                 int peer = real_rank(t, v ^ d, rem), w = hi - lo;
                 int plo = (v & d) ? lo - w : hi, phi = plo + w;
-                st = dt__sendrecv(op, peer, buf + RANGE_OFF(lo), RANGE_LEN(lo, hi), peer,
-                                  buf + RANGE_OFF(plo), RANGE_LEN(plo, phi));
+                st = exchange(op, peer, buf + RANGE_OFF(lo), RANGE_LEN(lo, hi),
+                              buf + RANGE_OFF(plo), RANGE_LEN(plo, phi), NULL, NULL, NULL, NULL, 0);
                 if (plo < lo)
                     lo = plo;
                 else
@@ -135,6 +178,30 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
             DT_CHECK(dt__sendrecv(op, -1, NULL, 0, t->ranks[me + 1], buf, bytes));
         else
             DT_CHECK(dt__sendrecv(op, t->ranks[me - 1], buf, bytes, -1, NULL, 0));
+    }
+    return DT_OK;
+}
+
+dt_status dt__rhd_allgather(dt__op *op, const dt__team *t, const void *mine, void *buf,
+                            size_t block) {
+    int n = t->n, me = t->me;
+    DT_ASSERT((n & (n - 1)) == 0);
+    char *b = buf;
+    const char *own = b + (size_t)me * block;
+    if (n == 1) {
+        if (mine != own)
+            memcpy(b, mine, block);
+        return DT_OK;
+    }
+    for (int d = 1; d < n; d *= 2) {
+        int peer = me ^ d, lo = me & ~(d - 1), plo = peer & ~(d - 1);
+        size_t len = (size_t)d * block;
+        /* the first step sends my block straight from `mine` and copies it
+         * into place while the exchange runs */
+        bool first = d == 1 && mine != own;
+        DT_CHECK(exchange(op, t->ranks[peer], first ? mine : b + (size_t)lo * block, len,
+                          b + (size_t)plo * block, len, NULL, NULL, mine, (void *)own,
+                          first ? block : 0));
     }
     return DT_OK;
 }

@@ -6,7 +6,8 @@
  * The full product is large (~5000 combinations per world size), so CI
  * runs a deterministic sample: each combination is kept with a probability
  * that depends on its cost (all sizes see different samples, every
- * collective/algorithm pair is still hit). DT_TEST_FULL=1 runs everything.
+ * collective/algorithm pair is still hit; the recursive-doubling allgather
+ * runs every dtype and placement). DT_TEST_FULL=1 runs everything.
  *
  * Inputs are small integers, so every sum, product (|x| <= 256), min and
  * max is exact in every dtype, including f16 and bf16 (integers up to 2048
@@ -330,6 +331,12 @@ static void sweep(int rank, int size) {
                             double p = k == 4 ? 0.004 : k == 0 ? 0.03 : 0.06;
                             if (size == 1)
                                 p *= 3;
+                            /* the recursive-doubling allgather (new, and its
+                             * non-power-of-two fallback to the ring) at every
+                             * dtype and placement below 1M elements; at 1M+3
+                             * one dtype per world size, both placements */
+                            if (a == DT_ALGO_RHD && coll == DT_COLL_ALLGATHER)
+                                p = k < 4 || dt == size % DT_DTYPE_COUNT ? 1 : 0;
                             if (!full && (double)(c.salt >> 11) * 0x1p-53 >= p)
                                 continue;
                             run_combo(g, &c, algo_names[a]);
