@@ -1,6 +1,7 @@
 /*
  * tensor_internal.h — what src/tensor shares with the layers above it but
- * does not publish: oneDNN's process-wide state (onednn.c).
+ * does not publish: oneDNN's process-wide state (onednn.c) and the
+ * single-thread tile multiply (gemm.c).
  */
 #ifndef DTRAIN_TENSOR_INTERNAL_H
 #define DTRAIN_TENSOR_INTERNAL_H
@@ -14,5 +15,11 @@
  * must call this before its first oneDNN call. If not, `why` (may be NULL)
  * says why. Thread-safe. */
 bool dt__onednn_available(char *why, size_t why_len);
+
+/* C = alpha op(A) op(B) + beta C on the calling thread, for the small tile
+ * products of attention (gemm.c): oneDNN for every transpose where it may
+ * run, OpenBLAS otherwise. Deterministic for a fixed call. */
+void dt__sgemm_tile(bool ta, bool tb, int M, int N, int K, float alpha, const float *A, int lda,
+                    const float *B, int ldb, float beta, float *C, int ldc);
 
 #endif /* DTRAIN_TENSOR_INTERNAL_H */
