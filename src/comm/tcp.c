@@ -182,7 +182,7 @@ static bool recorded(tcp_t *t, tpeer *p) {
     if (!ok)
         return false;
     atomic_store(&t->g->lost, (int)root);
-    dt_error_set(DT_ERR_PEER, "rank %d gave up (%s): rank %ld is lost", p->rank,
+    dt_error_set(DT_ERR_PEER, "rank %d gave up (%s, its store record): rank %ld is lost", p->rank,
                  dt_status_name(DT_ERR_PEER), root);
     return true;
 }
