@@ -126,6 +126,12 @@ void dt__store_close(dt__store *s);
 dt_status dt__store_set(dt__store *s, const char *key, const void *val, size_t len);
 /* DT_ERR_NOT_FOUND if absent. *val is dt_alloc'ed (caller frees). */
 dt_status dt__store_get(dt__store *s, const char *key, void **val, size_t *len);
+/* The same with a deadline of `seconds` instead of DT_TIMEOUT (failure paths
+ * that must answer fast even when the store's host is gone). */
+dt_status dt__store_set_within(dt__store *s, const char *key, const void *val, size_t len,
+                               double seconds);
+dt_status dt__store_get_within(dt__store *s, const char *key, void **val, size_t *len,
+                               double seconds);
 /* Wait until key exists (bounded by the store's timeout), then get it. */
 dt_status dt__store_wait(dt__store *s, const char *key, void **val, size_t *len);
 /* Atomically add delta to the integer at key (absent = 0); *result = new. */

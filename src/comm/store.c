@@ -9,7 +9,9 @@
  * Invariants: every connection passes the token handshake first; every
  * length read from a client is checked (key 1..1024 bytes, value <= 16 MiB)
  * before anything is allocated; a client that misbehaves is dropped, never
- * trusted. A client handle is safe to share between threads (one mutex).
+ * trusted. A client handle is safe to share between threads (one mutex). A
+ * request cut short (I/O error, deadline) poisons the client: the stream is
+ * out of step, so later requests fail at once instead of misreading it.
  */
 #include "comm_internal.h"
 
@@ -64,6 +66,7 @@ struct dt__store_server {
 struct dt__store {
     int fd;
     double timeout;
+    bool broken; /* a request was cut mid-way: the stream is out of step */
     pthread_mutex_t mu;
 };
 
@@ -340,16 +343,21 @@ void dt__store_close(dt__store *s) {
 }
 
 static dt_status request(dt__store *s, uint32_t cmd, const char *key, const void *val, size_t len,
-                         void **rval, size_t *rlen) {
+                         void **rval, size_t *rlen, double seconds) {
     size_t kl = strlen(key);
     if (kl == 0 || kl > KV_MAX_KEY || len > KV_MAX_VAL)
         return dt_error_set(DT_ERR_INVALID, "store: key of %zu bytes / value of %zu bytes", kl,
                             len);
-    double dl = dt_now() + s->timeout;
+    double dl = dt_now() + seconds;
     kv_req req = {KV_MAGIC, cmd, (uint32_t)kl, 0, len};
     kv_rep rep;
     dt_status st;
+    bool whole = false; /* the reply was read to its end */
     pthread_mutex_lock(&s->mu);
+    if (s->broken) {
+        st = dt_error_set(DT_ERR_PEER, "store: connection unusable after an earlier failure");
+        goto out;
+    }
     DT_CHECK_GOTO(dt__net_write(s->fd, &req, sizeof req, dl), st, out);
     DT_CHECK_GOTO(dt__net_write(s->fd, key, kl, dl), st, out);
     if (len)
@@ -370,6 +378,7 @@ static dt_status request(dt__store *s, uint32_t cmd, const char *key, const void
         dt_free(buf);
         goto out;
     }
+    whole = true;
     ((char *)buf)[rep.vallen] = 0; /* values are often text */
     if (rval) {
         *rval = buf;
@@ -387,6 +396,8 @@ static dt_status request(dt__store *s, uint32_t cmd, const char *key, const void
         *rval = NULL;
     }
 out:
+    if (!whole)
+        s->broken = true; /* a later request would read this one's leftovers */
     pthread_mutex_unlock(&s->mu);
     if (st != DT_OK && st != DT_ERR_NOT_FOUND)
         dt_error_prefix("store");
@@ -394,11 +405,21 @@ out:
 }
 
 dt_status dt__store_set(dt__store *s, const char *key, const void *val, size_t len) {
-    return request(s, KV_SET, key, val, len, NULL, NULL);
+    return request(s, KV_SET, key, val, len, NULL, NULL, s->timeout);
 }
 
 dt_status dt__store_get(dt__store *s, const char *key, void **val, size_t *len) {
-    return request(s, KV_GET, key, NULL, 0, val, len);
+    return request(s, KV_GET, key, NULL, 0, val, len, s->timeout);
+}
+
+dt_status dt__store_set_within(dt__store *s, const char *key, const void *val, size_t len,
+                               double seconds) {
+    return request(s, KV_SET, key, val, len, NULL, NULL, seconds);
+}
+
+dt_status dt__store_get_within(dt__store *s, const char *key, void **val, size_t *len,
+                               double seconds) {
+    return request(s, KV_GET, key, NULL, 0, val, len, seconds);
 }
 
 dt_status dt__store_wait(dt__store *s, const char *key, void **val, size_t *len) {
@@ -422,7 +443,7 @@ dt_status dt__store_wait(dt__store *s, const char *key, void **val, size_t *len)
 dt_status dt__store_add(dt__store *s, const char *key, int64_t delta, int64_t *result) {
     void *v = NULL;
     size_t len = 0;
-    DT_CHECK(request(s, KV_ADD, key, &delta, sizeof delta, &v, &len));
+    DT_CHECK(request(s, KV_ADD, key, &delta, sizeof delta, &v, &len, s->timeout));
     if (len != sizeof *result) {
         dt_free(v);
         return dt_error_set(DT_ERR_PROTOCOL, "store: add replied %zu bytes", len);

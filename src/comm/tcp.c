@@ -15,6 +15,22 @@
  * and never past the posted length; data for a receive not yet posted stays
  * in the kernel (that is the flow control). A closed connection is
  * DT_ERR_PEER unless the peer said goodbye (BYE frame) first.
+ *
+ * Naming the lost rank. A rank that gives up because a third rank died
+ * closes its connections too, and its survivors must not blame it. It says
+ * why twice: an ABORT frame on every socket that is between frames, and,
+ * first of all and before any socket closes, a record "<group>/gaveup/<me>"
+ * = lost rank in the rendezvous store. The frame is cheap but cannot be
+ * read when every socket of the pair is mid-frame (striped payload on all
+ * of them, as in halving-doubling), so on a lost connection a survivor
+ * looks for the frame, then for the record (one request, at most
+ * ABORT_STORE_SECONDS), and only then blames the peer. No record means the
+ * peer itself died: the record precedes the close, so there is no race. A
+ * dedicated control socket per pair was the alternative; it costs a socket,
+ * a poll slot and connection-setup code on every pair for a rare path, and
+ * the store is already connected. Its limit: when the store's host (world
+ * rank 0) is gone, the record cannot be written or read and the survivor
+ * falls back to the frame or to blaming the peer.
  */
 #include "comm_internal.h"
 
@@ -26,6 +42,8 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
+
+#define ABORT_STORE_SECONDS 2.0 /* bound on each store request on a failure path */
 
 typedef struct tsock {
     int fd;
@@ -139,8 +157,38 @@ static bool explain(tcp_t *t, tpeer *p) {
     return false;
 }
 
+static void abort_key(const tcp_t *t, int rank, char *key, size_t n) {
+    snprintf(key, n, "%s/gaveup/%d", t->g->id, rank);
+}
+
+/* The out-of-band record a rank that gave up posted before it closed
+ * anything (tcp_abort): whom it blamed. Absent: the peer itself died. The
+ * lookup is bounded by ABORT_STORE_SECONDS; a store that is gone (its host
+ * died) is no answer, and the peer is blamed. */
+static bool recorded(tcp_t *t, tpeer *p) {
+    dt__store *st = t->g->job->store;
+    if (!st)
+        return false;
+    char key[128];
+    abort_key(t, p->rank, key, sizeof key);
+    void *v = NULL;
+    size_t len = 0;
+    if (dt__store_get_within(st, key, &v, &len, ABORT_STORE_SECONDS) != DT_OK)
+        return false;
+    char *end;
+    long root = strtol(v, &end, 10);
+    bool ok = end != (char *)v && *end == 0 && root >= 0 && root < t->g->size;
+    dt_free(v);
+    if (!ok)
+        return false;
+    atomic_store(&t->g->lost, (int)root);
+    dt_error_set(DT_ERR_PEER, "rank %d gave up (%s, its store record): rank %ld is lost", p->rank,
+                 dt_status_name(DT_ERR_PEER), root);
+    return true;
+}
+
 static dt_status lost(tcp_t *t, tpeer *p, const char *what, int err) {
-    if (explain(t, p))
+    if (explain(t, p) || recorded(t, p))
         return DT_ERR_PEER;
     atomic_store(&t->g->lost, p->rank);
     if (err)
@@ -311,6 +359,8 @@ static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const dt__wire_hdr *cur, 
             s->quiet = true;
             return DT_OK;
         }
+        if (recorded(t, p))
+            return DT_ERR_PEER;
         atomic_store(&t->g->lost, p->rank);
         return dt_error_set(DT_ERR_PEER,
                             "connection to rank %d closed without goodbye (the process died?): "
@@ -372,6 +422,20 @@ static void tcp_peer_info(dt__transport *tr, int peer, dt__peer_info *out) {
 
 static void tcp_abort(dt__transport *tr, dt_status st, int lost_rank, bool owner) {
     tcp_t *t = (tcp_t *)tr;
+    if (owner && st == DT_ERR_PEER && lost_rank >= 0 && lost_rank != t->g->rank &&
+        t->g->job->store) {
+        /* Before any socket closes: a peer that sees our connection go
+         * looks here when it cannot read our ABORT frame. Best effort. */
+        char key[128], val[16];
+        abort_key(t, t->g->rank, key, sizeof key);
+        snprintf(val, sizeof val, "%d", lost_rank);
+        char saved[1024]; /* keep the caller's error, whatever the store says */
+        snprintf(saved, sizeof saved, "%s", dt_last_error());
+        if (dt__store_set_within(t->g->job->store, key, val, strlen(val) + 1,
+                                 ABORT_STORE_SECONDS) != DT_OK)
+            DT_WARN("could not record the abort in the store: %s", dt_last_error());
+        dt_error_set(DT_ERR_PEER, "%s", saved);
+    }
     for (int i = 0; i < t->npeers; i++) {
         tpeer *p = &t->peers[i];
         for (int j = 0; j < p->nsock; j++) {

@@ -2,7 +2,8 @@
  * test_comm_fail.c — what happens when things go wrong, with real processes:
  *   - a rank is SIGKILLed in the middle of a collective: every survivor gets
  *     DT_ERR_PEER within 10 s, with a message naming the operation, its
- *     sequence number and the lost rank;
+ *     sequence number and the lost rank (ring and rhd allreduce, the
+ *     recursive-doubling allgather);
  *   - ranks call different operations (count, op, dtype, root, order):
  *     every rank gets DT_ERR_MISMATCH;
  *   - a process with the wrong job token is refused by the store.
@@ -19,22 +20,32 @@ static dt_group *init_world(void) {
 
 enum { VICTIM = 2 };
 
-static void kill_case(int rank, int size) {
-    (void)size;
+/* One collective of 16 MiB: long enough to die inside. */
+static dt_status big_op(dt_group *w, float *v, size_t n, bool gather, int size, dt_work **work) {
+    if (gather) /* in place: every rank owns n / size elements of v */
+        return work ? dt_group_iallgather(w, v, v, n / (size_t)size, DT_F32, work)
+                    : dt_group_allgather(w, v, v, n / (size_t)size, DT_F32);
+    return work ? dt_group_iallreduce(w, v, v, n, DT_F32, DT_SUM, work)
+                : dt_group_allreduce(w, v, v, n, DT_F32, DT_SUM);
+}
+
+/* The victim dies inside an allreduce (or allgather); every survivor must
+ * name it, not a live neighbour that gave up because of it. */
+static void kill_run(int rank, int size, bool gather) {
     dt_group *w = init_world();
-    size_t n = 4 << 20; /* 16 MiB of f32 per call: long enough to die inside */
+    size_t n = 4 << 20; /* 16 MiB of f32 per call */
     float *v = malloc(n * sizeof *v);
     for (size_t i = 0; i < n; i++)
         v[i] = 1;
     for (int it = 0; it < 2; it++)
-        ASSERT_OK(dt_group_allreduce(w, v, v, n, DT_F32, DT_SUM));
+        ASSERT_OK(big_op(w, v, n, gather, size, NULL));
     ASSERT_OK(dt_group_barrier(w));
     if (rank == VICTIM) {
         /* let every survivor leave the barrier (a rank that dies at once
          * could close its sockets while a peer still finishes the barrier) */
         dt_sleep_ms(300);
         dt_work *work;
-        ASSERT_OK(dt_group_iallreduce(w, v, v, n, DT_F32, DT_SUM, &work));
+        ASSERT_OK(big_op(w, v, n, gather, size, &work));
         dt_sleep_ms(5);
         kill(getpid(), SIGKILL);
     }
@@ -42,7 +53,7 @@ static void kill_case(int rank, int size) {
     double t0 = 0;
     for (int it = 0; it < 1000 && st == DT_OK; it++) {
         t0 = dt_now();
-        st = dt_group_allreduce(w, v, v, n, DT_F32, DT_SUM);
+        st = big_op(w, v, n, gather, size, NULL);
     }
     double took = dt_now() - t0;
     if (st != DT_ERR_PEER)
@@ -50,13 +61,16 @@ static void kill_case(int rank, int size) {
                    dt_last_error());
     printf("rank %d: DT_ERR_PEER after %.2f s: %s\n", rank, took, dt_last_error());
     ASSERT_TRUE(took < 10);
-    ASSERT_CONTAINS(dt_last_error(), "allreduce #");
-    ASSERT_CONTAINS(dt_last_error(), "rank 2");
+    ASSERT_CONTAINS(dt_last_error(), gather ? "allgather #" : "allreduce #");
+    ASSERT_CONTAINS(dt_last_error(), "rank 2 is lost");
     /* later calls fail at once with the same status */
     ASSERT_STATUS(dt_group_barrier(w), DT_ERR_PEER);
     free(v);
     dt_group_destroy(w);
 }
+
+static void kill_case(int rank, int size) { kill_run(rank, size, false); }
+static void kill_gather_case(int rank, int size) { kill_run(rank, size, true); }
 
 /* Each scenario on a fresh sub-group (a failed group stays failed). A rank
  * whose part of a mismatched call could complete (a broadcast root only
@@ -178,6 +192,12 @@ static void bad_env_case(int rank, int size) {
 static const hcase cases[] = {
     C("kill_shm_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", NULL),
     C("kill_tcp_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", "DT_TRANSPORT=tcp", NULL),
+    /* the recursive-doubling paths over TCP: a survivor's neighbour gives up
+     * mid-frame on every socket, so its ABORT frame cannot be read in band */
+    C("kill_tcp_rhd_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", "DT_TRANSPORT=tcp", "DT_ALGO=rhd",
+      NULL),
+    C("kill_tcp_allgather_4", 4, kill_gather_case, VICTIM, "DT_TIMEOUT=30", "DT_TRANSPORT=tcp",
+      NULL),
     C("mismatch_shm_3", 3, mismatch_case, -1, "DT_TIMEOUT=20", NULL),
     C("mismatch_tcp_3", 3, mismatch_case, -1, "DT_TIMEOUT=20", "DT_TRANSPORT=tcp", NULL),
     C("wrong_token_2", 2, token_case, -1, "DT_TIMEOUT=2", NULL),
