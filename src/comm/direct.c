@@ -252,6 +252,35 @@ static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t c
     return DT_OK;
 }
 
+/* dst = every rank's c elements at byte offset `at` of its send buffer,
+ * combined in rank order: my own read from `own`, the peers' pulled with
+ * process_vm_readv into the two-piece staging buffer, or straight into dst
+ * when `into_dst` (dst is then free to hold one input: the first peer of
+ * ranks 0 and 1 goes there). */
+static dt_status reduce_piece(dctx *d, char *dst, const char *own, uint64_t at, size_t c,
+                              char *stage, bool into_dst) {
+    dt__op *op = d->op;
+    int n = d->t->n, me = d->t->me;
+    size_t es = dt_dtype_size(op->dtype), bytes = c * es;
+    const char *in[2];
+    for (int i = 0; i < 2; i++) {
+        char *to = !into_dst || (i == 1 && me > 1) ? stage + (size_t)i * CMA_PIECE : dst;
+        if (i != me)
+            DT_CHECK(pull(d, i, to, peer_addr(d, i, 0) + at, bytes));
+        in[i] = i == me ? own : to;
+    }
+    dt_reduce(dst, in[0], in[1], c, op->dtype, op->redop);
+    for (int i = 2; i < n; i++) {
+        const char *x = own;
+        if (i != me) {
+            DT_CHECK(pull(d, i, stage, peer_addr(d, i, 0) + at, bytes));
+            x = stage;
+        }
+        dt_reduce(dst, dst, x, c, op->dtype, op->redop);
+    }
+    return DT_OK;
+}
+
 /* Single-copy allreduce. After one barrier (addresses published), rank r
  * reduces slice r piece by piece: a peer's piece is pulled straight into
  * recv (out of place) or into a cache-sized staging buffer (in place, or
@@ -296,23 +325,8 @@ static dt_status allreduce_cma(dctx *d, const void *send, void *recv, size_t cou
     DT_ASSERT((sl + piece - 1) / piece < (1u << 24));
     for (size_t b = 0, k = 1; b < sl; b += piece, k++) {
         size_t c = sl - b < piece ? sl - b : piece, at = (so + b) * es;
-        char *dst = (char *)recv + at;
-        const char *own = (const char *)send + at, *in[2];
-        for (int i = 0; i < 2; i++) {
-            char *to = send == recv || (i == 1 && me > 1) ? stage + (size_t)i * piece * es : dst;
-            if (i != me)
-                DT_CHECK(pull(d, i, to, peer_addr(d, i, 0) + at, c * es));
-            in[i] = i == me ? own : to;
-        }
-        dt_reduce(dst, in[0], in[1], c, op->dtype, op->redop);
-        for (int i = 2; i < n; i++) {
-            const char *x = own;
-            if (i != me) {
-                DT_CHECK(pull(d, i, stage, peer_addr(d, i, 0) + at, c * es));
-                x = stage;
-            }
-            dt_reduce(dst, dst, x, c, op->dtype, op->redop);
-        }
+        DT_CHECK(reduce_piece(d, (char *)recv + at, (const char *)send + at, at, c, stage,
+                              send != recv));
         atomic_store_explicit(d->pi[me].progress, tag | k, memory_order_release);
     }
     for (int i = 0; i < n; i++)
@@ -389,7 +403,7 @@ dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, 
  * combination before it is read (in place on 3+ ranks uses the window). */
 static dt_status reduce_scatter_cma(dctx *d, const void *send, char *out, size_t count) {
     dt__op *op = d->op;
-    int n = d->t->n, me = d->t->me;
+    int me = d->t->me;
     size_t es = dt_dtype_size(op->dtype), piece = CMA_PIECE / es;
     char *stage;
     DT_CHECK(dt__scratch(op->g, 2 * piece * es, (void **)&stage));
@@ -397,23 +411,7 @@ static dt_status reduce_scatter_cma(dctx *d, const void *send, char *out, size_t
     DT_CHECK(barrier(d));
     for (size_t b = 0; b < count; b += piece) {
         size_t c = count - b < piece ? count - b : piece, at = ((size_t)me * count + b) * es;
-        char *dst = out + b * es;
-        const char *own = (const char *)send + at, *in[2];
-        for (int i = 0; i < 2; i++) {
-            char *to = stage + (size_t)i * piece * es;
-            if (i != me)
-                DT_CHECK(pull(d, i, to, peer_addr(d, i, 0) + at, c * es));
-            in[i] = i == me ? own : to;
-        }
-        dt_reduce(dst, in[0], in[1], c, op->dtype, op->redop);
-        for (int i = 2; i < n; i++) {
-            const char *x = own;
-            if (i != me) {
-                DT_CHECK(pull(d, i, stage, peer_addr(d, i, 0) + at, c * es));
-                x = stage;
-            }
-            dt_reduce(dst, dst, x, c, op->dtype, op->redop);
-        }
+        DT_CHECK(reduce_piece(d, out + b * es, (const char *)send + at, at, c, stage, false));
     }
     return barrier(d);
 }
