@@ -84,24 +84,36 @@ static void expect_mismatch(dt_group *g, dt_status st, int rank, const char *sce
     printf("%s: rank %d: %s\n", scenario, rank, dt_last_error());
 }
 
+/* Rank 1 passes one more element (count); rank 2 broadcasts while the
+ * others allreduce (op): n floats, each on a fresh sub-group. */
+static void count_op_mismatch(dt_group *w, int rank, size_t n, const char *prefix) {
+    float buf[1024] = {0};
+    char what[32];
+    dt_group *g;
+    ASSERT_OK(dt_group_split(w, 0, rank, &g));
+    dt_status st = dt_group_allreduce(g, buf, buf, rank == 1 ? n + 1 : n, DT_F32, DT_SUM);
+    snprintf(what, sizeof what, "%scount", prefix);
+    expect_mismatch(g, st, rank, what);
+    dt_group_destroy(g);
+
+    ASSERT_OK(dt_group_split(w, 0, rank, &g));
+    if (rank == 2)
+        st = dt_group_broadcast(g, buf, n, DT_F32, 0);
+    else
+        st = dt_group_allreduce(g, buf, buf, n, DT_F32, DT_SUM);
+    snprintf(what, sizeof what, "%sop", prefix);
+    expect_mismatch(g, st, rank, what);
+    dt_group_destroy(g);
+}
+
 static void mismatch_case(int rank, int size) {
     (void)size;
     dt_group *w = init_world();
     float buf[2048] = {0};
     dt_group *g;
+    dt_status st;
 
-    ASSERT_OK(dt_group_split(w, 0, rank, &g));
-    dt_status st = dt_group_allreduce(g, buf, buf, rank == 1 ? 1001 : 1000, DT_F32, DT_SUM);
-    expect_mismatch(g, st, rank, "count");
-    dt_group_destroy(g);
-
-    ASSERT_OK(dt_group_split(w, 0, rank, &g));
-    if (rank == 2)
-        st = dt_group_broadcast(g, buf, 1000, DT_F32, 0);
-    else
-        st = dt_group_allreduce(g, buf, buf, 1000, DT_F32, DT_SUM);
-    expect_mismatch(g, st, rank, "op");
-    dt_group_destroy(g);
+    count_op_mismatch(w, rank, 1000, "");
 
     ASSERT_OK(dt_group_split(w, 0, rank, &g));
     st = dt_group_allreduce(g, buf, buf, 512, rank == 0 ? DT_I32 : DT_F32, DT_SUM);
@@ -127,18 +139,7 @@ static void mismatch_case(int rank, int size) {
     dt_group_destroy(g);
 
     /* the same on tiny messages (shm: the one-cache-line path) */
-    ASSERT_OK(dt_group_split(w, 0, rank, &g));
-    st = dt_group_allreduce(g, buf, buf, rank == 1 ? 3 : 2, DT_F32, DT_SUM);
-    expect_mismatch(g, st, rank, "small count");
-    dt_group_destroy(g);
-
-    ASSERT_OK(dt_group_split(w, 0, rank, &g));
-    if (rank == 2)
-        st = dt_group_broadcast(g, buf, 4, DT_F32, 0);
-    else
-        st = dt_group_allreduce(g, buf, buf, 4, DT_F32, DT_SUM);
-    expect_mismatch(g, st, rank, "small op");
-    dt_group_destroy(g);
+    count_op_mismatch(w, rank, 2, "small ");
 
     ASSERT_OK(dt_group_split(w, 0, rank, &g));
     if (rank == 0) {
