@@ -60,34 +60,21 @@ static void train(const char *name, int steps, const char *extra, double *loss) 
     train_to(name, steps, steps, extra, loss);
 }
 
-/* bytes_sent of the last line of NAME's metrics. */
-static uint64_t bytes_sent(const char *name) {
-    char p[192], line[2048], last[2048] = "";
-    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
-    FILE *f = fopen(p, "r");
-    ASSERT_TRUE(f != NULL);
-    while (fgets(line, sizeof line, f))
-        snprintf(last, sizeof last, "%s", line);
-    fclose(f);
-    const char *b = strstr(last, "\"bytes_sent\":");
-    ASSERT_TRUE(b != NULL);
-    return strtoull(b + 13, NULL, 10);
-}
-
 /* bytes_sent of every step of NAME's metrics into b[1..]; returns the count. */
 static int step_bytes(const char *name, uint64_t *b, int max) {
-    char p[192], line[2048];
-    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
-    FILE *f = fopen(p, "r");
-    ASSERT_TRUE(f != NULL);
-    int n = 0;
-    while (fgets(line, sizeof line, f) && n < max) {
-        const char *x = strstr(line, "\"bytes_sent\":");
-        ASSERT_TRUE(x != NULL);
-        b[++n] = strtoull(x + 13, NULL, 10);
-    }
-    fclose(f);
+    char text[64][64];
+    int n = tu_metric_text(name, "bytes_sent", text, max < 64 ? max : 64);
+    for (int i = 0; i < n; i++)
+        b[i + 1] = strtoull(text[i] + strlen("\"bytes_sent\":"), NULL, 10);
     return n;
+}
+
+/* bytes_sent of the last line of NAME's metrics. */
+static uint64_t bytes_sent(const char *name) {
+    uint64_t b[64];
+    int n = step_bytes(name, b, 63);
+    ASSERT_TRUE(n >= 1 && n < 63); /* the last line, not the 63rd */
+    return b[n];
 }
 
 /* Parameters in the newest checkpoint of NAME. */
@@ -173,15 +160,7 @@ static void test_warmup(void) {
 static float *second_moment(const char *name, size_t *n) {
     char p[192];
     snprintf(p, sizeof p, "%s/%s/ck", tu_dir, name);
-    dt_ckpt *ck;
-    ASSERT_OK(dt_ckpt_open_latest(&ck, p));
-    dt_ckpt_info info;
-    ASSERT_OK(dt_ckpt_find(ck, "adamw.v", &info));
-    float *v = malloc(info.bytes);
-    memcpy(v, info.data, info.bytes);
-    *n = info.count;
-    dt_ckpt_close(ck);
-    return v;
+    return tu_section(p, "adamw.v", n);
 }
 
 static void test_freeze(void) {

@@ -144,22 +144,9 @@ static void test_accum(void) {
 /* The "loss_scale" and "skipped_steps" of every step of two runs agree. */
 static void compare_scales(const char *a, const char *b, int steps) {
     char la[64][64], lb[64][64];
-    const char *names[2] = {a, b};
-    for (int r = 0; r < 2; r++) {
-        char path[192], line[2048];
-        snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tu_dir, names[r]);
-        FILE *f = fopen(path, "r");
-        ASSERT_TRUE(f != NULL);
-        int n = 0;
-        while (fgets(line, sizeof line, f) && n < steps) {
-            const char *p = strstr(line, "\"loss_scale\":");
-            ASSERT_TRUE(p != NULL);
-            snprintf(r ? lb[n] : la[n], 64, "%s", p);
-            n++;
-        }
-        fclose(f);
-        ASSERT_EQ(n, steps);
-    }
+    ASSERT_TRUE(steps <= 64);
+    ASSERT_EQ(tu_metric_text(a, "loss_scale", la, steps), steps);
+    ASSERT_EQ(tu_metric_text(b, "loss_scale", lb, steps), steps);
     for (int i = 0; i < steps; i++)
         if (strcmp(la[i], lb[i]) != 0)
             TEST_FAILF("step %d: %.60s uninterrupted, %.60s interrupted", i + 1, la[i], lb[i]);

@@ -129,17 +129,40 @@ static int64_t tu_losses(const char *path, double *loss, int64_t max_step) {
     return hi;
 }
 
-/* The parameters of the newest checkpoint in dir (caller frees). */
-static float *tu_params(const char *dir, size_t *n) {
+/* Section `name` of the newest checkpoint in dir, as floats (caller frees). */
+static float *tu_section(const char *dir, const char *name, size_t *n) {
     dt_ckpt *ck;
     ASSERT_OK(dt_ckpt_open_latest(&ck, dir));
     dt_ckpt_info info;
-    ASSERT_OK(dt_ckpt_find(ck, "params", &info));
+    ASSERT_OK(dt_ckpt_find(ck, name, &info));
     float *p = malloc(info.bytes);
     memcpy(p, info.data, info.bytes);
     *n = info.count;
     dt_ckpt_close(ck);
     return p;
+}
+
+/* The parameters of the newest checkpoint in dir (caller frees). */
+static float *tu_params(const char *dir, size_t *n) { return tu_section(dir, "params", n); }
+
+/* For each of the first `max` lines of run NAME's metrics.jsonl (NAME under
+ * tu_dir), the text from `"KEY":` on, cut to 63 bytes, into out[i]; every
+ * line must have KEY. Returns the number of lines read. */
+static int tu_metric_text(const char *name, const char *key, char (*out)[64], int max) {
+    char path[192], line[2048], quoted[64];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tu_dir, name);
+    snprintf(quoted, sizeof quoted, "\"%s\":", key);
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    int n = 0;
+    while (n < max && fgets(line, sizeof line, f)) {
+        const char *at = strstr(line, quoted);
+        if (!at)
+            TEST_FAILF("%s: no %s in line %d: %.200s", path, quoted, n + 1, line);
+        snprintf(out[n++], 64, "%s", at);
+    }
+    fclose(f);
+    return n;
 }
 
 /* Start `dtrain train ARGS... --ckpt-dir DIR --run-dir DIR/run` in the
