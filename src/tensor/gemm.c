@@ -21,8 +21,8 @@
  * deterministic for a fixed call: one thread, fixed blocking. oneDNN's ISA
  * cap can be set only once per process, before its first use: onednn.c
  * fixes it from DT_ISA at the first dt__onednn_available() call, which
- * sgemm1 makes before its first dnnl_sgemm; where oneDNN is unavailable
- * (built without libdnnl-dev, DT_ISA lowered below the cap) sgemm1 stays on
+ * sgemm1 makes before every dnnl_sgemm; where oneDNN is unavailable (built
+ * without libdnnl-dev, DT_ISA lowered below the cap) sgemm1 stays on
  * OpenBLAS.
  */
 #include "tensor_internal.h"
@@ -32,7 +32,6 @@
 #include <xmmintrin.h>
 #endif
 #include <omp.h>
-#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -107,18 +106,6 @@ static void split_range(int len, int nt, int t, int *lo, int *hi) {
 /* Below this many multiply-adds an sgemm runs on one thread. */
 #define GEMM_SPLIT_MIN (1u << 21)
 
-#ifdef DT_HAVE_DNNL
-static bool dnnl_ok; /* set once by dnnl_init */
-static pthread_once_t dnnl_once = PTHREAD_ONCE_INIT;
-
-static void dnnl_init(void) {
-    char why[160];
-    dnnl_ok = dt__onednn_available(why, sizeof why);
-    if (!dnnl_ok)
-        DT_DEBUG("tensor", "sgemm: OpenBLAS only: %s", why);
-}
-#endif
-
 /* C = alpha op(A) op(B) + beta C on the calling thread only; oneDNN when
  * op(A) is not transposed or dnnl_ta is set (see the file comment). */
 static void sgemm1_on(bool dnnl_ta, bool ta, bool tb, int M, int N, int K, float alpha,
@@ -128,10 +115,10 @@ static void sgemm1_on(bool dnnl_ta, bool ta, bool tb, int M, int N, int K, float
     /* dnnl_sgemm sizes its own OpenMP team: it runs on this thread only
      * inside a parallel region or when the pool is one thread. */
     if ((!ta || dnnl_ta) && (omp_in_parallel() || omp_get_max_threads() == 1)) {
-        pthread_once(&dnnl_once, dnnl_init);
         /* A failing dnnl_sgemm (only bad arguments) fails before writing C. */
-        if (dnnl_ok && dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb,
-                                  beta, C, ldc) == dnnl_success)
+        if (dt__onednn_available(NULL, 0) &&
+            dnnl_sgemm(ta ? 'T' : 'N', tb ? 'T' : 'N', M, N, K, alpha, A, lda, B, ldb, beta, C,
+                       ldc) == dnnl_success)
             return;
     }
 #else
