@@ -38,7 +38,6 @@
  * Layout: qkv (B,T,3C) = [q | k | v], each C = NH * HS with heads
  * contiguous, exactly what one linear layer of width 3C produces.
  */
-#include "dtrain/tensor.h"
 #include "tensor_internal.h"
 
 #include "simd.h"
@@ -155,7 +154,10 @@ static void attn_backward_head(float *dqkv, const float *dout, const float *qkv,
                 dt__exp_shift_sum(prow, prow, lrow[t], (size_t)nv);
                 for (int c = nv; c < nk; c++)
                     prow[c] = 0.0f;
-                // dS = P * (dP - D) * scale, written over dP
+                // dS = P * (dP - D) * scale, written over dP. D is recomputed
+                // for each key block: keeping it needs T floats of scratch per
+                // thread, and the dot (2 HS flops) is 1/(5 BLK) of the row's
+                // tile products.
                 const float Dt = dt__dot(dob + (size_t)t * C, ob + (size_t)t * C, (size_t)HS);
                 for (int c = 0; c < nk; c++)
                     dsrow[c] = prow[c] * (dsrow[c] - Dt) * scale;
