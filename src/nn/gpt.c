@@ -716,31 +716,16 @@ static dt_status block_forward(dt_gpt *m, int l, const float *x, bool full) {
  * cost ~N·V exponentials per pass, small next to the GEMMs' 2·N·V·C FLOPs.
  */
 
-/* The chunk [v0, v0+w) of the logits of all N rows, into out (N,w). */
-static dt_status head_gemm(dt_gpt *m, float *out, int N, int v0, int w) {
+/* The chunk [v0, v0+w) of the logits of the N ln_f rows `in` (m->lnf, or
+ * the last positions' rows), into out (N,w). */
+static dt_status head_gemm(dt_gpt *m, float *out, const void *in, int N, int v0, int w) {
     const int C = m->cfg.dim;
     size_t off = m->info[0].offset + (size_t)v0 * C;
     if (m->opt.precision == DT_PRECISION_FP32) {
-        dt_matmul_forward(out, m->lnf, m->params + off, NULL, N, C, w);
+        dt_matmul_forward(out, in, m->params + off, NULL, N, C, w);
         return DT_OK;
     }
-    return dt_linear16_forward(m->opt.precision, out, true, m->lnf, m->w16 + off, NULL, N, C, w);
-}
-
-/* log-sum-exp of one chunk row (as the cross-entropy kernel computes it). */
-static float chunk_lse(const float *x, int w) {
-    float mx = dt__max(x, (size_t)w), s = 0.0f;
-    int j = 0;
-#ifdef __AVX512F__
-    __m512 vm = _mm512_set1_ps(mx), acc = _mm512_setzero_ps();
-    for (; j + 16 <= w; j += 16)
-        acc = _mm512_add_ps(acc, dt__exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm)));
-    s = _mm512_reduce_add_ps(acc);
-#endif
-    for (; j < w; j++)
-        s += expf(x[j] - mx);
-    // cppcheck-suppress invalidFunctionArg ; s >= 1: the maximum itself adds exp(0) (w >= 1)
-    return mx + logf(s);
+    return dt_linear16_forward(m->opt.precision, out, true, in, m->w16 + off, NULL, N, C, w);
 }
 
 /* Forward of the head: logits chunk by chunk; with targets the loss rows
@@ -750,7 +735,7 @@ static dt_status head_forward(dt_gpt *m, bool targets, float *mean_loss) {
     const int B = m->B, T = m->T, N = B * T, V = m->cfg.vocab, hc = m->head_cols;
     *mean_loss = 0.0f;
     if (hc >= V) { /* one chunk: the unchunked computation */
-        DT_CHECK(head_gemm(m, m->chunk, N, 0, V));
+        DT_CHECK(head_gemm(m, m->chunk, m->lnf, N, 0, V));
         if (targets)
             *mean_loss = dt_crossentropy_forward(m->losses, m->ce_lse, m->chunk, m->targets, N, V);
         for (int b = 0; m->last && b < B; b++)
@@ -761,7 +746,7 @@ static dt_status head_forward(dt_gpt *m, bool targets, float *mean_loss) {
     for (int v0 = 0; v0 < V; v0 += hc) {
         const int w = V - v0 < hc ? V - v0 : hc;
         const float *x = m->chunk;
-        DT_CHECK(head_gemm(m, m->chunk, N, v0, w));
+        DT_CHECK(head_gemm(m, m->chunk, m->lnf, N, v0, w));
         if (m->logits) {
             for (int i = 0; i < N; i++)
                 memcpy(m->logits + (size_t)i * V + v0, x + (size_t)i * w, sizeof(float) * w);
@@ -773,7 +758,7 @@ static dt_status head_forward(dt_gpt *m, bool targets, float *mean_loss) {
             continue;
         /* ce_lse: the running log-sum-exp; losses: the target's logit. */
         for (int i = 0; i < N; i++) {
-            float l = chunk_lse(x + (size_t)i * w, w);
+            float l = dt__lse(x + (size_t)i * w, (size_t)w);
             if (v0 == 0) {
                 m->ce_lse[i] = l;
             } else {
@@ -842,12 +827,7 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
         for (int b = 0; b < B; b++)
             memcpy((char *)m->lnf_last + (size_t)b * row,
                    (const char *)m->lnf + ((size_t)b * T + (size_t)T - 1) * row, row);
-        if (pr == DT_PRECISION_FP32)
-            dt_matmul_forward(m->last, m->lnf_last, p + m->info[0].offset, NULL, B, C, V);
-        else
-            DT_CHECK(dt_linear16_forward(pr, m->last, true, m->lnf_last, m->w16 + m->info[0].offset,
-                                         NULL, B, C, V));
-        return DT_OK;
+        return head_gemm(m, m->last, m->lnf_last, B, 0, V);
     }
     if (targets)
         memcpy(m->targets, targets, sizeof(int32_t) * N);
@@ -885,19 +865,11 @@ static const uint16_t *head_dout16(dt_gpt *m, float *buf, size_t N, size_t V) {
 }
 
 /* dlogits of chunk x (N,w) = columns [v0, v0+w), in place: scale *
- * (softmax - onehot), elementwise as dt_crossentropy_backward computes it. */
+ * (softmax - onehot), with dt_crossentropy_backward's row kernel. */
 static void chunk_dlogits(dt_gpt *m, float *x, int N, int v0, int w, float scale) {
     for (int i = 0; i < N; i++) {
-        float *d = x + (size_t)i * w, l = m->ce_lse[i];
-        int j = 0;
-#ifdef __AVX512F__
-        __m512 vl = _mm512_set1_ps(l), vs = _mm512_set1_ps(scale);
-        for (; j + 16 <= w; j += 16)
-            _mm512_storeu_ps(
-                d + j, _mm512_mul_ps(vs, dt__exp16(_mm512_sub_ps(_mm512_loadu_ps(d + j), vl))));
-#endif
-        for (; j < w; j++)
-            d[j] = scale * expf(d[j] - l);
+        float *d = x + (size_t)i * w;
+        dt__exp_shift_scale(d, d, m->ce_lse[i], scale, (size_t)w);
         int t = m->targets[i] - v0;
         if (t >= 0 && t < w)
             d[t] -= scale;
@@ -916,7 +888,7 @@ static dt_status head_backward(dt_gpt *m, float scale) {
         const int w = V - v0 < hc ? V - v0 : hc;
         float *x = m->chunk, *dst = v0 == 0 ? m->dbuf : m->dfch;
         if (!m->logits)
-            DT_CHECK(head_gemm(m, x, N, v0, w));
+            DT_CHECK(head_gemm(m, x, m->lnf, N, v0, w));
         else if (x != m->logits)
             for (int i = 0; i < N; i++)
                 memcpy(x + (size_t)i * w, m->logits + (size_t)i * V + v0, sizeof(float) * w);

@@ -286,33 +286,13 @@ void dt_softmax_forward(float *probs, const float *logits, int N, int V) {
     }
 }
 
-/* log sum exp of one row without storing the exponentials. */
-static float row_lse(const float *x, int V) {
-    float m = dt__max(x, (size_t)V);
-#ifdef __AVX512F__
-    __m512 vm = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
-    int j = 0;
-    for (; j + 16 <= V; j += 16)
-        acc = _mm512_add_ps(acc, dt__exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm)));
-    float s = _mm512_reduce_add_ps(acc);
-    for (; j < V; j++)
-        s += expf(x[j] - m);
-#else
-    float s = 0.0f;
-    for (int j = 0; j < V; j++)
-        s += expf(x[j] - m);
-#endif
-    // cppcheck-suppress invalidFunctionArg ; s >= exp(0) = 1: the max term is included
-    return m + logf(s);
-}
-
 float dt_crossentropy_forward(float *losses, float *lse, const float *logits,
                               const int32_t *targets, int N, int V) {
     double total = 0.0;
 #pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(dynamic, 16) reduction(+ : total)
     for (int i = 0; i < N; i++) {
         const float *x = logits + (size_t)i * V; // (V)
-        float l = row_lse(x, V);
+        float l = dt__lse(x, (size_t)V);
         lse[i] = l;
         losses[i] = l - x[targets[i]];
         total += losses[i];
@@ -327,19 +307,7 @@ void dt_crossentropy_backward(float *dlogits, const float *logits, const float *
     for (int i = 0; i < N; i++) {
         const float *x = logits + (size_t)i * V;
         float *d = dlogits + (size_t)i * V;
-        float l = lse[i];
-#ifdef __AVX512F__
-        __m512 vl = _mm512_set1_ps(l), vs = _mm512_set1_ps(scale);
-        int j = 0;
-        for (; j + 16 <= V; j += 16)
-            _mm512_storeu_ps(
-                d + j, _mm512_mul_ps(vs, dt__exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vl))));
-        for (; j < V; j++)
-            d[j] = scale * expf(x[j] - l);
-#else
-        for (int j = 0; j < V; j++)
-            d[j] = scale * expf(x[j] - l);
-#endif
+        dt__exp_shift_scale(d, x, lse[i], scale, (size_t)V);
         d[targets[i]] -= scale;
     }
 }

@@ -137,4 +137,37 @@ static inline void dt__scal(float *y, float a, size_t n) {
         y[i] *= a;
 }
 
+/* log sum exp of x[0..n), n >= 1, without storing the exponentials. The
+ * cross-entropy kernels and the GPT's chunked LM head both use this one
+ * summation order, so their losses agree bit for bit. */
+static inline float dt__lse(const float *x, size_t n) {
+    float m = dt__max(x, n), s = 0.0f;
+    size_t j = 0;
+#ifdef __AVX512F__
+    __m512 vm = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
+    for (; j + 16 <= n; j += 16)
+        acc = _mm512_add_ps(acc, dt__exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vm)));
+    s = _mm512_reduce_add_ps(acc);
+#endif
+    for (; j < n; j++)
+        s += expf(x[j] - m);
+    // cppcheck-suppress invalidFunctionArg ; s >= exp(0) = 1: the max term is included
+    return m + logf(s);
+}
+
+/* d[j] = scale * exp(x[j] - l) for j < n (d may be x): softmax times scale
+ * given the row's log-sum-exp l, the cross-entropy gradient before the
+ * one-hot is subtracted. */
+static inline void dt__exp_shift_scale(float *d, const float *x, float l, float scale, size_t n) {
+    size_t j = 0;
+#ifdef __AVX512F__
+    __m512 vl = _mm512_set1_ps(l), vs = _mm512_set1_ps(scale);
+    for (; j + 16 <= n; j += 16)
+        _mm512_storeu_ps(d + j,
+                         _mm512_mul_ps(vs, dt__exp16(_mm512_sub_ps(_mm512_loadu_ps(x + j), vl))));
+#endif
+    for (; j < n; j++)
+        d[j] = scale * expf(x[j] - l);
+}
+
 #endif /* DT_TENSOR_SIMD_H */
