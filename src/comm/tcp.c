@@ -175,9 +175,8 @@ static bool recorded(tcp_t *t, tpeer *p) {
     size_t len = 0;
     if (dt__store_get_within(st, key, &v, &len, ABORT_STORE_SECONDS) != DT_OK)
         return false;
-    /* a store value is bytes: a NUL-terminated decimal rank, or no answer */
-    char *end = v;
-    long root = len > 0 && ((char *)v)[len - 1] == 0 ? strtol(v, &end, 10) : -1;
+    char *end; /* the store NUL-terminates every value it returns */
+    long root = strtol(v, &end, 10);
     bool ok = end != (char *)v && *end == 0 && root >= 0 && root < t->g->size;
     dt_free(v);
     if (!ok)
