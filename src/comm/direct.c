@@ -241,6 +241,15 @@ static dt_status small_exchange(dctx *d, const void *payload, size_t len,
     return DT_OK;
 }
 
+/* out = the count elements at byte `at` of every rank's line, combined in
+ * rank order (n >= 2). */
+static void reduce_lines(const dt__op *op, void *out, const dt__small_line *const *l, int n,
+                         size_t at, size_t count) {
+    dt_reduce(out, l[0]->data + at, l[1]->data + at, count, op->dtype, op->redop);
+    for (int i = 2; i < n; i++)
+        dt_reduce(out, out, l[i]->data + at, count, op->dtype, op->redop);
+}
+
 static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t count) {
     dt__op *op = d->op;
     int me = d->t->me;
@@ -363,9 +372,7 @@ dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, 
     if (count * es <= DT__SMALL_BYTES) {
         const dt__small_line *l[MAX_LOCAL];
         DT_CHECK(small_exchange(&d, send, count * es, l));
-        dt_reduce(recv, l[0]->data, l[1]->data, count, op->dtype, op->redop);
-        for (int i = 2; i < n; i++)
-            dt_reduce(recv, recv, l[i]->data, count, op->dtype, op->redop);
+        reduce_lines(op, recv, l, n, 0, count);
         return DT_OK;
     }
     if (count * es <= SMALL_BYTES && count * es <= d.pi[me].window_size)
@@ -432,9 +439,7 @@ dt_status dt__direct_reduce_scatter(dt__op *op, const dt__team *t, const void *s
         const dt__small_line *l[MAX_LOCAL];
         size_t at = (size_t)me * count * es;
         DT_CHECK(small_exchange(&d, send, (size_t)n * count * es, l));
-        dt_reduce(out, l[0]->data + at, l[1]->data + at, count, op->dtype, op->redop);
-        for (int i = 2; i < n; i++)
-            dt_reduce(out, out, l[i]->data + at, count, op->dtype, op->redop);
+        reduce_lines(op, out, l, n, at, count);
         return DT_OK;
     }
     for (size_t base = 0; base < count; base += cap) {
