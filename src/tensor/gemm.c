@@ -250,8 +250,17 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
         split_range(OC, nt, t, &lo, &hi);
     else
         split_range(IC, nt, t, &lo, &hi);
-    /* The sum over tokens runs in chunks of TN_CHUNK, each added into dweight
-     * in order (so the result is still fixed for a fixed thread count). */
+    /* The AVX-512 kernel (gemm_tn.c) where it runs, else OpenBLAS with the
+     * sum over tokens in chunks of TN_CHUNK, each added into dweight in
+     * order. Either way the order is fixed for a fixed thread count. */
+    if (lo < hi) {
+        bool done =
+            OC >= IC ? dt__sgemm_tn_acc(hi - lo, IC, N, dout + lo, OC, inp, IC,
+                                        dweight + (size_t)lo * IC, IC)
+                     : dt__sgemm_tn_acc(OC, hi - lo, N, dout, OC, inp + lo, IC, dweight + lo, IC);
+        if (done)
+            lo = hi;
+    }
     for (int k0 = 0; lo < hi && k0 < N; k0 += TN_CHUNK) {
         int kk = N - k0 < TN_CHUNK ? N - k0 : TN_CHUNK;
         const float *dk = dout + (size_t)k0 * OC, *xk = inp + (size_t)k0 * IC;
