@@ -74,20 +74,27 @@ static bool ensure_packs(void) {
 }
 
 /* ap[p][t][r] = A[k0 + t][MR p + r] for the rows of this call, 0 past M: one
- * masked load and store per (t, p). Row t of A is read front to back, so
- * the hardware prefetcher streams A; reading it panel by panel instead (a
- * column of 6 floats at stride lda) spent most of the packing time waiting
- * for those rows. */
-AVX512_TARGET static void pack_a_chunk(float *ap, const float *A, int lda, int M, int kc) {
+ * masked load and store per (t, p). With colsum, also colsum[i] += the sum
+ * of this chunk's column i of A, in token order (the bias gradient comes
+ * free with the pack, which reads every element of A exactly once). */
+AVX512_TARGET static void pack_a_chunk(float *ap, float *colsum, const float *A, int lda, int M,
+                                       int kc) {
     int panels = (M + MR - 1) / MR;
     for (int p = 0; p < panels; p++) {
         int rows = M - p * MR < MR ? M - p * MR : MR;
         __mmask16 m = (__mmask16)((1u << rows) - 1);
         float *dst = ap + (size_t)p * kc * MR;
         const float *src = A + (size_t)p * MR;
-        for (int t = 0; t < kc; t++)
-            _mm512_mask_storeu_ps(dst + t * MR, (__mmask16)((1u << MR) - 1),
-                                  _mm512_maskz_loadu_ps(m, src + (size_t)t * lda));
+        __m512 sum = _mm512_setzero_ps();
+        for (int t = 0; t < kc; t++) {
+            __m512 v = _mm512_maskz_loadu_ps(m, src + (size_t)t * lda);
+            sum = _mm512_add_ps(sum, v);
+            _mm512_mask_storeu_ps(dst + t * MR, (__mmask16)((1u << MR) - 1), v);
+        }
+        if (colsum) {
+            float *c = colsum + p * MR;
+            _mm512_mask_storeu_ps(c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), sum));
+        }
     }
 }
 
@@ -177,12 +184,13 @@ AVX512_TARGET static void kernel_tile(int kc, const float *restrict ap, const fl
 }
 
 static void sgemm_tn_avx512(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                            float *C, int ldc) {
+                            float *C, int ldc, float *colsum) {
     for (int m0 = 0; m0 < M; m0 += MC) {
         int mc = M - m0 < MC ? M - m0 : MC, panels = (mc + MR - 1) / MR;
         for (int k0 = 0; k0 < K; k0 += KC) {
             int kc = K - k0 < KC ? K - k0 : KC;
-            pack_a_chunk(pack_a, A + (size_t)k0 * lda + m0, lda, mc, kc);
+            pack_a_chunk(pack_a, colsum ? colsum + m0 : NULL, A + (size_t)k0 * lda + m0, lda, mc,
+                         kc);
             for (int n0 = 0; n0 < N; n0 += NR) {
                 int nv = N - n0 < NR ? N - n0 : NR;
                 pack_b_panel(pack_b, B + (size_t)k0 * ldb + n0, ldb, nv, kc);
@@ -199,18 +207,19 @@ static void sgemm_tn_avx512(int M, int N, int K, const float *A, int lda, const 
 #endif /* HAVE_TN_AVX512 */
 
 bool dt__sgemm_tn_acc(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                      float *C, int ldc) {
+                      float *C, int ldc, float *colsum) {
 #if HAVE_TN_AVX512
     if (dt_isa() < DT_ISA_AVX512)
         return false;
-    if (M <= 0 || N <= 0 || K <= 0)
-        return true;
+    if (M <= 0 || K <= 0)
+        return true; /* N == 0 still runs: colsum needs the packs */
     if (!ensure_packs())
         return false;
-    sgemm_tn_avx512(M, N, K, A, lda, B, ldb, C, ldc);
+    sgemm_tn_avx512(M, N, K, A, lda, B, ldb, C, ldc, colsum);
     return true;
 #else
-    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc;
+    (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc,
+        (void)colsum;
     return false;
 #endif
 }

@@ -9,9 +9,10 @@
  * the kernel must match the float64 reference EXACTLY: a skipped or doubled
  * tile, row, column or token chunk changes some element. Elements outside
  * C's M x N view (the leading-dimension gap and a guard row) must stay
- * untouched. Also: Gaussian inputs within rounding, the same bits when the
- * caller splits the rows or columns (as the 2-thread path does) and a
- * refusal that touches nothing when AVX-512 is not the active level.
+ * untouched. The fused column sums of A (the bias gradient) likewise,
+ * exactly, with a guard element on either side. Also: Gaussian inputs within rounding, the same
+ * bits when the caller splits the rows or columns (as the 2-thread path does) and a refusal that
+ * touches nothing when AVX-512 is not the active level.
  */
 #include "dtrain/tensor.h"
 #include "tensor/tensor_internal.h"
@@ -25,6 +26,8 @@ typedef struct mats {
     int M, N, K, lda, ldb, ldc;
     float *A, *B, *C; /* C has M + 1 rows: the last is a guard row */
     double *ref;      /* (M,N): C0 + A^T B in float64 */
+    float *colsum;    /* M + 2: a guard element on each side of the M sums */
+    double *colref;   /* (M): colsum0 + column sums of A in float64 */
 } mats;
 
 static void fill(float *p, size_t n, bool integer) {
@@ -33,15 +36,24 @@ static void fill(float *p, size_t n, bool integer) {
 }
 
 static mats make(int M, int N, int K, int pad, bool integer) {
-    mats m = {M, N, K, M + pad, N + 2 * pad, N + pad, NULL, NULL, NULL, NULL};
+    mats m = {M, N, K, M + pad, N + 2 * pad, N + pad, NULL, NULL, NULL, NULL, NULL, NULL};
     m.A = malloc(sizeof(float) * (size_t)K * m.lda);
     m.B = malloc(sizeof(float) * (size_t)K * m.ldb);
     m.C = malloc(sizeof(float) * (size_t)(M + 1) * m.ldc);
     m.ref = malloc(sizeof(double) * (size_t)M * N);
-    ASSERT_TRUE(m.A && m.B && m.C && m.ref);
+    m.colsum = malloc(sizeof(float) * (size_t)(M + 2));
+    m.colref = malloc(sizeof(double) * (size_t)M);
+    ASSERT_TRUE(m.A && m.B && m.C && m.ref && m.colsum && m.colref);
     fill(m.A, (size_t)K * m.lda, integer);
     fill(m.B, (size_t)K * m.ldb, integer);
     fill(m.C, (size_t)(M + 1) * m.ldc, integer);
+    fill(m.colsum, (size_t)M + 2, integer);
+    for (int i = 0; i < M; i++) {
+        double acc = m.colsum[i + 1];
+        for (int k = 0; k < K; k++)
+            acc += m.A[(size_t)k * m.lda + i];
+        m.colref[i] = acc;
+    }
     for (int i = 0; i < M; i++)
         for (int j = 0; j < N; j++) {
             double acc = m.C[(size_t)i * m.ldc + j];
@@ -61,8 +73,25 @@ static void check(mats *m, bool integer, double tol) {
     float *before = malloc(sizeof(float) * nc);
     ASSERT_TRUE(before != NULL);
     memcpy(before, m->C, sizeof(float) * nc);
-    ASSERT_TRUE(dt__sgemm_tn_acc(m->M, m->N, m->K, m->A, m->lda, m->B, m->ldb, m->C, m->ldc));
+    float guard[2] = {m->colsum[0], m->colsum[m->M + 1]};
+    ASSERT_TRUE(dt__sgemm_tn_acc(m->M, m->N, m->K, m->A, m->lda, m->B, m->ldb, m->C, m->ldc,
+                                 m->colsum + 1));
     int bad = 0;
+    ASSERT_TRUE(memcmp(guard, m->colsum, sizeof(float)) == 0);
+    ASSERT_TRUE(memcmp(guard + 1, m->colsum + m->M + 1, sizeof(float)) == 0);
+    for (int i = 0; i < m->M && bad < 5; i++) {
+        double bound = 0.0;
+        if (!integer) {
+            for (int k = 0; k < m->K; k++)
+                bound += fabs(m->A[(size_t)k * m->lda + i]);
+            bound = tol * (bound + fabs(m->colref[i]));
+        }
+        if (!(fabs(m->colsum[i + 1] - m->colref[i]) <= bound)) {
+            fprintf(stderr, "  M=%d N=%d K=%d: colsum[%d] = %.9g, float64 reference %.9g\n", m->M,
+                    m->N, m->K, i, m->colsum[i + 1], m->colref[i]);
+            bad++;
+        }
+    }
     for (int i = 0; i <= m->M && bad < 5; i++)
         for (int j = 0; j < m->ldc && bad < 5; j++) {
             size_t at = (size_t)i * m->ldc + j;
@@ -140,15 +169,20 @@ static void test_split_bits(void) {
     ASSERT_TRUE(rows && cols);
     memcpy(rows, m.C, sizeof(float) * nc);
     memcpy(cols, m.C, sizeof(float) * nc);
-    ASSERT_TRUE(dt__sgemm_tn_acc(M, N, K, m.A, M, m.B, N, m.C, N));
+    float *sum_one = calloc((size_t)M, sizeof(float)), *sum_two = calloc((size_t)M, sizeof(float));
+    ASSERT_TRUE(sum_one && sum_two);
+    ASSERT_TRUE(dt__sgemm_tn_acc(M, N, K, m.A, M, m.B, N, m.C, N, sum_one));
     int r = 100; /* not a multiple of the 6-row tile */
-    ASSERT_TRUE(dt__sgemm_tn_acc(r, N, K, m.A, M, m.B, N, rows, N));
-    ASSERT_TRUE(dt__sgemm_tn_acc(M - r, N, K, m.A + r, M, m.B, N, rows + (size_t)r * N, N));
+    ASSERT_TRUE(dt__sgemm_tn_acc(r, N, K, m.A, M, m.B, N, rows, N, sum_two));
+    ASSERT_TRUE(
+        dt__sgemm_tn_acc(M - r, N, K, m.A + r, M, m.B, N, rows + (size_t)r * N, N, sum_two + r));
     int c = 37; /* not a multiple of the 64-column tile */
-    ASSERT_TRUE(dt__sgemm_tn_acc(M, c, K, m.A, M, m.B, N, cols, N));
-    ASSERT_TRUE(dt__sgemm_tn_acc(M, N - c, K, m.A, M, m.B + c, N, cols + c, N));
+    ASSERT_TRUE(dt__sgemm_tn_acc(M, c, K, m.A, M, m.B, N, cols, N, NULL));
+    ASSERT_TRUE(dt__sgemm_tn_acc(M, N - c, K, m.A, M, m.B + c, N, cols + c, N, NULL));
     ASSERT_TRUE(memcmp(rows, m.C, sizeof(float) * nc) == 0);
     ASSERT_TRUE(memcmp(cols, m.C, sizeof(float) * nc) == 0);
+    ASSERT_TRUE(memcmp(sum_one, sum_two, sizeof(float) * M) == 0);
+    free(sum_one), free(sum_two);
     free(rows), free(cols);
     drop(&m);
 }
@@ -158,7 +192,9 @@ static void test_refuses_below_avx512(void) {
     dt_isa_level was = dt_isa();
     ASSERT_OK(dt_isa_set(DT_ISA_AVX2));
     float A[4] = {1, 2, 3, 4}, B[4] = {1, 1, 1, 1}, C[4] = {5, 6, 7, 8};
-    ASSERT_TRUE(!dt__sgemm_tn_acc(2, 2, 2, A, 2, B, 2, C, 2));
+    float S[2] = {9, 9};
+    ASSERT_TRUE(!dt__sgemm_tn_acc(2, 2, 2, A, 2, B, 2, C, 2, S));
+    ASSERT_EQ(S[1], 9.0f);
     ASSERT_EQ(C[0], 5.0f);
     ASSERT_EQ(C[3], 8.0f);
     ASSERT_OK(dt_isa_set(was));
