@@ -64,7 +64,9 @@ static mats make(int M, int N, int K, int pad, bool integer) {
     return m;
 }
 
-static void drop(mats *m) { free(m->A), free(m->B), free(m->C), free(m->ref); }
+static void drop(mats *m) {
+    free(m->A), free(m->B), free(m->C), free(m->ref), free(m->colsum), free(m->colref);
+}
 
 /* Runs the kernel on m and checks C against the reference (exactly when
  * integer, else within tol of the sum of |terms|) and the untouched gap. */
