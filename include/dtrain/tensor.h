@@ -102,11 +102,19 @@ void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
 /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
  * out (n) =; inp (n). */
 void dt_gelu_forward(float *out, const float *inp, size_t n);
+/* The linear layer's bias added in the GELU pass: inp (N,C) += bias (C)
+ * (kept: backward reads it), then out (N,C) = gelu(inp). With a product
+ * computed without bias this replaces seeding its output with the bias. */
+void dt_gelu_bias_forward(float *out, float *inp, const float *bias, int N, int C);
 /* dinp (n) = dout * gelu'(inp); may alias dout. */
 void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 
 /* out (n) = a + b. Its backward is the identity: both inputs receive dout. */
 void dt_residual_forward(float *out, const float *a, const float *b, size_t n);
+/* out (N,C) = a + (b + bias): a residual add that also applies the bias
+ * (C) of the linear layer whose output is b, computed without bias. */
+void dt_residual_bias_forward(float *out, const float *a, const float *b, const float *bias, int N,
+                              int C);
 /* da (n) += dout; db (n) += dout (either may be NULL). */
 void dt_residual_backward(float *da, float *db, const float *dout, size_t n);
 

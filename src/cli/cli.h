@@ -111,6 +111,7 @@ extern const cli_cmd cli_cmd_data;
 extern const cli_cmd cli_bench_optim;
 extern const cli_cmd cli_bench_compress;
 extern const cli_cmd cli_bench_gemm_bf16;   /* bench_gemm_bf16.c */
+extern const cli_cmd cli_bench_gemm_tn;     /* bench_gemm_tn.c */
 extern const cli_cmd cli_bench_amp_convert; /* bench_amp_convert.c */
 extern const cli_cmd cli_bench_act16;       /* bench_act16.c */
 extern const cli_cmd cli_cmd_launch;

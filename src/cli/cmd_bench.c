@@ -51,6 +51,7 @@ static const cli_cmd *const benches[] = {
     &cli_bench_optim,
     &cli_bench_compress,
     &cli_bench_gemm_bf16,
+    &cli_bench_gemm_tn,
     &cli_bench_amp_convert,
     &cli_bench_act16,
     &cli_bench_memcpy,
@@ -70,6 +71,7 @@ static const char bench_description[] =
     "  optim        optimizer kernels (AdamW, SGD, clipping)\n"
     "  compress     gradient codecs: GB/s, bytes, error\n"
     "  gemm-bf16    bf16 GEMM backends vs fp32 sgemm\n"
+    "  gemm-tn      weight-gradient product: OpenBLAS vs the AVX-512 kernel\n"
     "  amp-convert  16-bit conversions per ISA level\n"
     "  act16        16-bit activation kernels vs fp32, per GPT step\n"
     "Run 'dtrain bench WHAT --help' for a benchmark's options.";

@@ -9,11 +9,32 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
+
+/* From this size on a buffer starts on a 2 MiB boundary and asks for
+ * transparent huge pages (where THP is in "madvise" mode, as on Debian's
+ * default kernels, nothing else gets them). The model's parameters,
+ * gradients, optimizer state and activation arena are read in long strided
+ * passes (weight-gradient packs at 1.5-6 KiB row strides, elementwise
+ * kernels over (B,T,4C) tensors); with 4 KiB pages nearly every row of such
+ * a pass is a different page, and the TLB misses show up as stalls. */
+#define HUGE_FROM ((size_t)8 << 20)
+#define HUGE_PAGE ((size_t)2 << 20)
 
 void *dt_alloc(size_t bytes) {
     void *p = NULL;
     size_t rounded = dt_align_up(bytes ? bytes : 1, DT_ALIGN);
+    if (rounded >= HUGE_FROM && rounded >= bytes) {
+        rounded = dt_align_up(rounded, HUGE_PAGE);
+        if (posix_memalign(&p, HUGE_PAGE, rounded) == 0) {
+#ifdef MADV_HUGEPAGE
+            (void)madvise(p, rounded, MADV_HUGEPAGE); /* advice only: failure is harmless */
+#endif
+            return p;
+        }
+        p = NULL;
+    }
     if (rounded < bytes || posix_memalign(&p, DT_ALIGN, rounded) != 0) {
         char buf[32];
         dt_error_set(DT_ERR_NOMEM, "cannot allocate %s (%zu bytes)",

@@ -651,18 +651,19 @@ static dt_status block_forward(dt_gpt *m, int l, const float *x, bool full) {
                              bt(m, p, l, P_LN1B), N, C);
         dt_matmul_forward(a->qkv, a->ln1, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * C);
         dt_attention_forward(a->atty, a->att_lse, a->qkv, B, T, C, NH);
-        dt_matmul_forward(m->dbuf, a->atty, bt(m, p, l, P_ATTPROJW), bt(m, p, l, P_ATTPROJB), N, C,
-                          C);
-        dt_residual_forward(a->res2, x, m->dbuf, (size_t)N * C);
+        /* The biases of c_proj and c_fc are added by the pass that reads
+         * the product next (residual add, GELU), not seeded into the
+         * product's output: one write and one read of that output fewer. */
+        dt_matmul_forward(m->dbuf, a->atty, bt(m, p, l, P_ATTPROJW), NULL, N, C, C);
+        dt_residual_bias_forward(a->res2, x, m->dbuf, bt(m, p, l, P_ATTPROJB), N, C);
         dt_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, bt(m, p, l, P_LN2W),
                              bt(m, p, l, P_LN2B), N, C);
-        dt_matmul_forward(a->fch, a->ln2, bt(m, p, l, P_FCW), bt(m, p, l, P_FCB), N, C, 4 * C);
-        dt_gelu_forward(a->fch_gelu, a->fch, (size_t)N * 4 * C);
+        dt_matmul_forward(a->fch, a->ln2, bt(m, p, l, P_FCW), NULL, N, C, 4 * C);
+        dt_gelu_bias_forward(a->fch_gelu, a->fch, bt(m, p, l, P_FCB), N, 4 * C);
         if (!full)
             return DT_OK;
-        dt_matmul_forward(m->dbuf, a->fch_gelu, bt(m, p, l, P_FCPROJW), bt(m, p, l, P_FCPROJB), N,
-                          4 * C, C);
-        dt_residual_forward(a->res3, a->res2, m->dbuf, (size_t)N * C);
+        dt_matmul_forward(m->dbuf, a->fch_gelu, bt(m, p, l, P_FCPROJW), NULL, N, 4 * C, C);
+        dt_residual_bias_forward(a->res3, a->res2, m->dbuf, bt(m, p, l, P_FCPROJB), N, C);
         return DT_OK;
     }
     /* bf16/fp16: a16 activations, fp32 residual stream and statistics; the

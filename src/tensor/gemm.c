@@ -232,8 +232,10 @@ void dt_matmul_forward(float *out, const float *inp, const float *weight, const 
 
 /* Part t of nt of a linear backward: a block of dinp rows, a block of
  * dweight, a slice of dbias. The three are independent, so one region
- * without inner barriers does all of them. dbias sums rows in order for a
- * fixed slice, so it does not depend on the thread count. */
+ * without inner barriers does all of them. dbias sums rows in a fixed
+ * order: per 256-token chunk inside the AVX-512 weight-gradient kernel when
+ * it runs and owns the slice, else all rows per 64-column block here; which
+ * one is used depends only on the shape, the ISA and the thread count. */
 static void matmul_backward_part(float *dinp, float *dweight, float *dbias, const float *dout,
                                  const float *inp, const float *weight, int N, int IC, int OC,
                                  int nt, int t) {
@@ -250,8 +252,25 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
         split_range(OC, nt, t, &lo, &hi);
     else
         split_range(IC, nt, t, &lo, &hi);
-    /* The sum over tokens runs in chunks of TN_CHUNK, each added into dweight
-     * in order (so the result is still fixed for a fixed thread count). */
+    /* The AVX-512 kernel (gemm_tn.c) where it runs, else OpenBLAS with the
+     * sum over tokens in chunks of TN_CHUNK, each added into dweight in
+     * order. Either way the order is fixed for a fixed thread count. The
+     * kernel also sums dbias while it packs dout, when this part's rows of
+     * dweight are exactly its slice of dbias (split by OC, or one part). */
+    bool fused_dbias = false;
+    if (lo < hi) {
+        bool by_rows = OC >= IC;
+        fused_dbias = dbias && (by_rows || nt == 1);
+        bool done = by_rows ? dt__sgemm_tn_acc(hi - lo, IC, N, dout + lo, OC, inp, IC,
+                                               dweight + (size_t)lo * IC, IC,
+                                               fused_dbias ? dbias + lo : NULL)
+                            : dt__sgemm_tn_acc(OC, hi - lo, N, dout, OC, inp + lo, IC, dweight + lo,
+                                               IC, fused_dbias ? dbias : NULL);
+        if (done)
+            lo = hi;
+        else
+            fused_dbias = false;
+    }
     for (int k0 = 0; lo < hi && k0 < N; k0 += TN_CHUNK) {
         int kk = N - k0 < TN_CHUNK ? N - k0 : TN_CHUNK;
         const float *dk = dout + (size_t)k0 * OC, *xk = inp + (size_t)k0 * IC;
@@ -261,7 +280,7 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
         else
             sgemm1(true, false, OC, hi - lo, kk, 1.0f, dk, OC, xk + lo, IC, 1.0f, dweight + lo, IC);
     }
-    if (dbias) {
+    if (dbias && !fused_dbias) {
         split_range(OC, nt, t, &lo, &hi);
         for (int o0 = lo; o0 < hi; o0 += 64) {
             int o1 = o0 + 64 < hi ? o0 + 64 : hi;

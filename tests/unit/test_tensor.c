@@ -181,6 +181,38 @@ static void test_gelu(void) {
     free(dinp), free(c.out), free(c.inp), free(c.dout);
 }
 
+/* The bias folds of the GPT forward: gelu(inp + bias) with inp updated in
+ * place, and a + (b + bias), against float64, with a row width that leaves
+ * a scalar tail (37) and one of whole vectors (64). */
+static void test_bias_folds(void) {
+    const int widths[] = {37, 64};
+    for (int w = 0; w < 2; w++) {
+        int N = 9, C = widths[w];
+        size_t n = (size_t)N * C;
+        float *x = randv(n, 2.0f), *x0 = malloc(n * sizeof(float)), *bias = randv((size_t)C, 1.0f);
+        float *out = zerov(n), *a = randv(n, 1.0f);
+        ASSERT_TRUE(x0 != NULL);
+        memcpy(x0, x, n * sizeof(float));
+        dt_gelu_bias_forward(out, x, bias, N, C);
+        for (size_t i = 0; i < n; i++) {
+            float v = x0[i] + bias[i % (size_t)C];
+            if (x[i] != v)
+                TEST_FAILF("gelu_bias: inp[%zu] = %.9g, expected inp + bias = %.9g", i, x[i], v);
+            double y =
+                0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * (double)v * v * v)));
+            if (!(fabs(out[i] - y) / (fabs(y) + 1.0) <= 2e-6))
+                TEST_FAILF("gelu_bias: out[%zu] = %.9g, expected %.9g", i, out[i], y);
+        }
+        dt_residual_bias_forward(out, a, x0, bias, N, C);
+        for (size_t i = 0; i < n; i++) {
+            float want = a[i] + (x0[i] + bias[i % (size_t)C]);
+            if (out[i] != want)
+                TEST_FAILF("residual_bias: out[%zu] = %.9g, expected %.9g", i, out[i], want);
+        }
+        free(x), free(x0), free(bias), free(out), free(a);
+    }
+}
+
 /* ------------------------------------------------------------------- matmul */
 
 typedef struct mm_ctx {
@@ -474,6 +506,7 @@ int main(void) {
     printf("# AVX-512 kernels: %s\n", dt_tensor_have_avx512() ? "yes" : "no (scalar fallback)");
     RUN(test_layernorm);
     RUN(test_gelu);
+    RUN(test_bias_folds);
     RUN(test_matmul);
     RUN(test_sgemm_split);
     RUN(test_matmul_split);
