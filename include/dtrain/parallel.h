@@ -117,11 +117,12 @@ typedef struct dt_ddp_options {
      * needs them. */
     const dt_powersgd_tensor *tensors;
     size_t ntensors;
-    /* With a codec: tensors of fewer than dense_below values (biases,
-     * LayerNorm gains, small embeddings) are averaged exactly, as fp32.
-     * PowerSGD sends them uncompressed in its P buffer (min_compress); the
-     * other codecs see zeros there (their residual stays zero) and each
-     * bucket's such values follow in one plain f32 allreduce. 0: off. */
+    /* With a codec or a 16-bit grad_dtype: tensors of fewer than
+     * dense_below values (biases, LayerNorm gains, small embeddings) are
+     * averaged exactly, as fp32. PowerSGD sends them uncompressed in its P
+     * buffer (min_compress); the other codecs see zeros there (their
+     * residual stays zero) and each bucket's such values follow in one
+     * plain f32 allreduce. No effect on a plain fp32 allreduce. 0: off. */
     size_t dense_below;
 } dt_ddp_options;
 

@@ -334,7 +334,8 @@ typedef struct dt_train_config {
     int64_t compress_ramp;
     /* Tensors of fewer values than this (biases, LayerNorm gains, small
      * embeddings) are averaged exactly, as fp32, whatever the codec
-     * (dt_ddp_options.dense_below). 0: off. */
+     * (dt_ddp_options.dense_below); with grad_dtype bf16/fp16 they stay
+     * fp32. No effect on a plain fp32 allreduce. 0: off. */
     int64_t compress_dense_below;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be

@@ -263,9 +263,6 @@ static dt_status check_config(const dt_train_config *c) {
     if (c->compress_dense_below < 0)
         return bad("--compress-dense-below %" PRId64 ": must be 0 or more",
                    c->compress_dense_below);
-    if (c->compress_dense_below > 0 && c->compress.kind == DT_CODEC_NONE)
-        return bad("--compress-dense-below %" PRId64 " needs a --compress codec",
-                   c->compress_dense_below);
     if (c->grad_dtype != DT_F32 && c->compress.kind != DT_CODEC_NONE)
         return bad("--grad-dtype %s with --compress: choose one (the codec defines the wire "
                    "format)",
