@@ -380,16 +380,22 @@ static dt_status run_coded(dt_ddp *d, bucket *b, float *p, uint64_t step) {
             for (size_t r = 0; r < b->nr; r++)
                 memset(p + b->lo[r], 0, (b->hi[r] - b->lo[r]) * sizeof(float));
     }
-    DT_CHECK(dt_callreduce_run(b->cc, p, step));
+    dt_status st = dt_callreduce_run(b->cc, p, step);
     if (stage) {
-        DT_CHECK(dt_group_allreduce(d->g, b->stage, b->stage, b->nd, DT_F32, DT_AVG));
+        /* Issued even after a failed run, as the later buckets' runs are:
+         * no rank may skip a collective another rank makes. */
+        dt_status st2 = dt_group_allreduce(d->g, b->stage, b->stage, b->nd, DT_F32, DT_AVG);
+        if (st == DT_OK)
+            st = st2;
+        if (st != DT_OK)
+            return st;
         const float *s = b->stage;
         for (size_t r = 0; r < b->nr; r++) {
             memcpy(p + b->lo[r], s, (b->hi[r] - b->lo[r]) * sizeof(float));
             s += b->hi[r] - b->lo[r];
         }
     }
-    return DT_OK;
+    return st;
 }
 
 /* The worker: runs queued buckets' compressed allreduces in order. A
