@@ -206,6 +206,12 @@ size_t dt_compressor_encoded_bytes(const dt_compressor *c);
 size_t dt_compressor_count(const dt_compressor *c);
 bool dt_compressor_error_feedback(const dt_compressor *c);
 
+/* topk: keep k values per encoding from now on (1 <= k <= n; the size of
+ * the encodings, dt_compressor_encoded_bytes, follows). For a density that
+ * changes over the run (dt_callreduce_set_fraction). DT_ERR_INVALID for
+ * another codec or k out of range. */
+dt_status dt_compressor_set_k(dt_compressor *c, size_t k);
+
 /* Encode grad[0..n) (plus the residual when error feedback is on) into
  * out[0..cap); *used receives the exact byte count. With error feedback the
  * residual becomes (grad + residual) - decode(out). `step` (< 2^36) keys the
@@ -360,6 +366,13 @@ void dt_callreduce_destroy(dt_callreduce *c);
 /* data[0..n) = the average over the group of every rank's decoded encoding
  * of its data (plus residual). `step` (< 2^36) keys the random numbers. */
 dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step);
+
+/* topk: keep `fraction` of the values, in (0, 1], from the next run on (k
+ * as dt_codec_k); 0 goes back to the spec's k. Grows the encoding buffers
+ * when needed (call it between runs, not in a hot loop); wire bytes
+ * follow. DT_ERR_INVALID for another codec (unless fraction is 0) or a
+ * fraction outside [0, 1]. */
+dt_status dt_callreduce_set_fraction(dt_callreduce *c, double fraction);
 
 /* Bytes this rank sends per run (encoded payload; see collective.c). */
 uint64_t dt_callreduce_wire_bytes(const dt_callreduce *c);

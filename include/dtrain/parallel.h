@@ -111,11 +111,19 @@ typedef struct dt_ddp_options {
     dt_codec_spec codec; /* DT_CODEC_NONE: no compression; otherwise grad_dtype must be f32 */
     dt_ef_mode ef;       /* error feedback of the codec */
     uint64_t seed;       /* keys the codecs' random numbers (same on every rank) */
-    /* PowerSGD: the matrices of the gradient buffer, (offset, rows, cols)
-     * in buffer coordinates (borrowed during create only). NULL: each
-     * bucket is viewed as one matrix. Ignored by the other codecs. */
+    /* The tensors of the gradient buffer, (offset, rows, cols) in buffer
+     * coordinates (borrowed during create only). PowerSGD compresses their
+     * matrices (NULL: each bucket is viewed as one matrix); dense_below
+     * needs them. */
     const dt_powersgd_tensor *tensors;
     size_t ntensors;
+    /* With a codec or a 16-bit grad_dtype: tensors of fewer than
+     * dense_below values (biases, LayerNorm gains, small embeddings) are
+     * averaged exactly, as fp32. PowerSGD sends them uncompressed in its P
+     * buffer (min_compress); the other codecs see zeros there (their
+     * residual stays zero) and each bucket's such values follow in one
+     * plain f32 allreduce. No effect on a plain fp32 allreduce. 0: off. */
+    size_t dense_below;
 } dt_ddp_options;
 
 /* bucket_bytes DT_DDP_DEFAULT_BUCKET_BYTES, f32, no codec, EF auto, seed 0. */
@@ -149,6 +157,12 @@ void dt_ddp_scale_state(dt_ddp *d, float factor);
  * trainer sets it for its first --compress-start steps. No effect without
  * a codec. */
 void dt_ddp_set_dense(dt_ddp *d, bool dense);
+/* Top-k density ramp (Deep Gradient Compression's exponentially increasing
+ * sparsity): from the next step on, every bucket keeps this fraction of its
+ * values, in (0, 1]; 0 goes back to the codec's own k. Set between steps;
+ * encodings and bytes_sent follow. No effect without a codec or in a
+ * world of one; DT_ERR_INVALID for a codec other than topk. */
+dt_status dt_ddp_set_fraction(dt_ddp *d, double fraction);
 void dt_ddp_destroy(dt_ddp *d);
 
 size_t dt_ddp_num_buckets(const dt_ddp *d);

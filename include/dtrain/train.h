@@ -268,6 +268,9 @@ extern const char *const dt_train_ident_names[DT_TRAIN_IDENT_COUNT];
 
 /* Everything a run needs; `dtrain train` fills it from flags, env and
  * --config. Strings are borrowed. 0 / NULL means "not given" where noted. */
+/* Top-k density at the first step of --compress-ramp (DGC's first stage). */
+#define DT_TRAIN_RAMP_START 0.25
+
 typedef struct dt_train_config {
     const char *model;      /* preset name ("tiny", "shakespeare-char", ...) */
     int layers, dim, heads; /* override the preset when > 0 */
@@ -324,6 +327,16 @@ typedef struct dt_train_config {
      * so what error feedback delivers late moves the weights as much as if
      * it had come on time. Needs AdamW and compress_start > 0. */
     bool compress_freeze_v;
+    /* Top-k density ramp (Deep Gradient Compression): for compress_ramp
+     * steps after the dense warm-up, top-k keeps an exponentially falling
+     * fraction, DT_TRAIN_RAMP_START (25%) down to the codec's own. Needs
+     * topk:F. 0: off. */
+    int64_t compress_ramp;
+    /* Tensors of fewer values than this (biases, LayerNorm gains, small
+     * embeddings) are averaged exactly, as fp32, whatever the codec
+     * (dt_ddp_options.dense_below); with grad_dtype bf16/fp16 they stay
+     * fp32. No effect on a plain fp32 allreduce. 0: off. */
+    int64_t compress_dense_below;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. */

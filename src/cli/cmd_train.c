@@ -86,6 +86,8 @@ static const cli_opt train_opts[] = {
     {"compress-ef", 0, CLI_STRING, "MODE", "auto", "DT_COMPRESS_EF", "error feedback: auto (on for sign, topk, powersgd), on, off", NULL, 0, 0},
     {"compress-freeze-v", 0, CLI_FLAG, NULL, NULL, "DT_COMPRESS_FREEZE_V", "freeze AdamW's second moment when compression starts (1-bit Adam)", NULL, 0, 0},
     {"compress-start", 0, CLI_INT, "N", "0", "DT_COMPRESS_START", "dense warm-up: the first N steps send uncompressed fp32 gradients", NULL, 0, 1e15},
+    {"compress-ramp", 0, CLI_INT, "N", "0", "DT_COMPRESS_RAMP", "topk density ramp: the N steps after the warm-up keep 25% falling exponentially to F", NULL, 0, 1e15},
+    {"compress-dense-below", 0, CLI_INT, "N", "0", "DT_COMPRESS_DENSE_BELOW", "tensors of fewer than N values (biases, LayerNorm) are averaged exactly (fp32)", NULL, 0, 1e15},
     {0},
 };
 /* clang-format on */
@@ -196,6 +198,8 @@ static int run_train(cli_args *a) {
         cli_usage_error(a->cmd, "%s", dt_last_error());
     c.compress_start = cli_int(a, "compress-start");
     c.compress_freeze_v = cli_bool(a, "compress-freeze-v");
+    c.compress_ramp = cli_int(a, "compress-ramp");
+    c.compress_dense_below = cli_int(a, "compress-dense-below");
     if (!c.data)
         cli_usage_error(a->cmd, "--data FILE is required (a .txt corpus or a .tok file)");
     if (c.min_lr > c.lr)

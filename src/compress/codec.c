@@ -497,6 +497,18 @@ fail:
 }
 
 size_t dt_compressor_encoded_bytes(const dt_compressor *c) { return c->encoded_bytes; }
+
+dt_status dt_compressor_set_k(dt_compressor *c, size_t k) {
+    if (c->spec.kind != DT_CODEC_TOPK)
+        return dt_error_set(DT_ERR_INVALID, "%s: k can be set for topk only", c->ops->info.name);
+    if (k < 1 || k > c->n)
+        return dt_error_set(DT_ERR_INVALID, "topk: k = %zu is not in [1, %zu]", k, c->n);
+    c->hdr.k = k;
+    size_t payload;
+    DT_ASSERT(c->ops->payload_bytes(&c->hdr, &payload));
+    c->encoded_bytes = DT_COMPRESS_HEADER_BYTES + payload;
+    return DT_OK;
+}
 size_t dt_compressor_count(const dt_compressor *c) { return c->n; }
 bool dt_compressor_error_feedback(const dt_compressor *c) { return c->ef; }
 

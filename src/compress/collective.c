@@ -110,6 +110,7 @@ struct dt_callreduce {
     dt_powersgd_bucket *psgd; /* powersgd */
     uint8_t *enc;             /* allgather: world * ebytes; cast16/values: ebytes */
     size_t ebytes;            /* one rank's encoding, header included */
+    size_t enc_cap;           /* bytes allocated at enc (topk's k may change) */
     uint64_t wire;            /* bytes this rank sends per run */
     bool ef;                  /* error feedback on */
     uint8_t *backup;          /* (state bytes) the state before the run, or NULL */
@@ -258,6 +259,7 @@ dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_
             goto fail;
         }
         c->enc = dt_alloc(total ? total : 1);
+        c->enc_cap = total;
         if (!c->enc) {
             st = dt_error_set(DT_ERR_NOMEM, "compressed allreduce: cannot allocate %zu bytes",
                               total);
@@ -284,6 +286,37 @@ fail:
 }
 
 uint64_t dt_callreduce_wire_bytes(const dt_callreduce *c) { return c->wire; }
+
+dt_status dt_callreduce_set_fraction(dt_callreduce *c, double fraction) {
+    if (fraction == 0 && c->spec.kind != DT_CODEC_TOPK)
+        return DT_OK; /* the codec's own: nothing changes */
+    if (c->spec.kind != DT_CODEC_TOPK)
+        return dt_error_set(DT_ERR_INVALID,
+                            "compressed allreduce: a density is for topk only, not %s",
+                            dt_codec_get_info(c->spec.kind)->name);
+    if (!(fraction >= 0 && fraction <= 1))
+        return dt_error_set(DT_ERR_INVALID, "topk density %g: must be in (0, 1], or 0", fraction);
+    dt_codec_spec s = c->spec;
+    if (fraction > 0)
+        s = (dt_codec_spec){.kind = DT_CODEC_TOPK, .fraction = fraction};
+    DT_ASSERT(c->algo == CC_ALLGATHER);
+    if (c->n == 0)
+        return DT_OK;
+    DT_CHECK(dt_compressor_set_k(c->comp, dt_codec_k(&s, c->n)));
+    size_t e = dt_compressor_encoded_bytes(c->comp), total = e * (size_t)c->world;
+    if (total > c->enc_cap) {
+        uint8_t *p = dt_alloc(total);
+        if (!p)
+            return dt_error_set(DT_ERR_NOMEM, "compressed allreduce: cannot allocate %zu bytes",
+                                total);
+        dt_free(c->enc);
+        c->enc = p;
+        c->enc_cap = total;
+    }
+    c->ebytes = e;
+    c->wire = (uint64_t)(c->world - 1) * e;
+    return DT_OK;
+}
 
 const char *dt_callreduce_algo(const dt_callreduce *c) { return algo_names[c->algo]; }
 

@@ -16,6 +16,9 @@
  *     finish has seen every queued bucket complete. w_queued/w_done (under
  *     mu) are the only fields both threads touch; a bucket's status and
  *     t_done are written by the worker before it advances w_done.
+ *   - dense_below ranges (codecs other than PowerSGD) are zero in what the
+ *     codec sees, so its residual there stays zero; their values travel in
+ *     a plain f32 allreduce right after the codec's run, on the worker.
  */
 #include "dtrain/parallel.h"
 
@@ -27,9 +30,14 @@
 #include <string.h>
 
 typedef struct bucket {
-    size_t begin, end;   /* range of the gradient buffer */
-    dt_work *work;       /* in-flight allreduce, NULL when not started or done */
-    dt_callreduce *cc;   /* coded: the bucket's compressed allreduce */
+    size_t begin, end; /* range of the gradient buffer */
+    dt_work *work;     /* in-flight allreduce, NULL when not started or done */
+    dt_callreduce *cc; /* coded: the bucket's compressed allreduce */
+    /* dense_below (not PowerSGD): the small tensors' values in the bucket,
+     * nr ranges [lo, hi) in bucket coordinates, nd values, staged in
+     * `stage` for their own f32 allreduce after the codec's run. */
+    size_t *lo, *hi, nr, nd;
+    float *stage;
     dt_status st;        /* coded: status of this step's run */
     char msg[256];       /* coded: its error message */
     double t_launch;     /* when it was started */
@@ -108,6 +116,34 @@ static size_t bucket_tensors(const dt_ddp_options *o, size_t begin, size_t end,
     return k;
 }
 
+/* The ranges of bucket b that hold tensors of fewer than o->dense_below
+ * values (adjacent ones merged), and their staging buffer. */
+static dt_status dense_ranges(bucket *b, const dt_ddp_options *o) {
+    size_t cap = o->ntensors ? o->ntensors : 1;
+    b->lo = dt_calloc(cap, sizeof *b->lo);
+    b->hi = dt_calloc(cap, sizeof *b->hi);
+    if (!b->lo || !b->hi)
+        return DT_ERR_NOMEM;
+    for (size_t i = 0; i < o->ntensors; i++) {
+        const dt_powersgd_tensor *t = &o->tensors[i];
+        size_t m = t->rows * t->cols, t_end = t->offset + m;
+        if (m == 0 || m >= o->dense_below || t_end <= b->begin || t->offset >= b->end)
+            continue;
+        size_t lo = (t->offset > b->begin ? t->offset : b->begin) - b->begin;
+        size_t hi = (t_end < b->end ? t_end : b->end) - b->begin;
+        if (b->nr > 0 && b->hi[b->nr - 1] == lo) {
+            b->hi[b->nr - 1] = hi;
+        } else {
+            b->lo[b->nr] = lo;
+            b->hi[b->nr++] = hi;
+        }
+        b->nd += hi - lo;
+    }
+    if (b->nd && !(b->stage = dt_alloc(b->nd * sizeof(float))))
+        return DT_ERR_NOMEM;
+    return DT_OK;
+}
+
 static dt_status make_codecs(dt_ddp *d, const dt_ddp_options *o) {
     dt_codec_spec spec = o->codec;
     dt_ef_mode ef = o->ef;
@@ -131,6 +167,11 @@ static dt_status make_codecs(dt_ddp *d, const dt_ddp_options *o) {
         if (t) {
             cfg.tensors = t;
             cfg.ntensors = bucket_tensors(o, d->b[i].begin, d->b[i].end, t);
+            cfg.min_compress = o->dense_below;
+        } else if (o->dense_below > 0 && spec.kind != DT_CODEC_NONE) {
+            st = dense_ranges(&d->b[i], o);
+            if (st != DT_OK)
+                break;
         }
         st = dt_callreduce_create(&d->b[i].cc, d->g, &spec, d->b[i].end - d->b[i].begin, &cfg);
         if (st != DT_OK)
@@ -155,6 +196,10 @@ dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *gr
                             dt_dtype_name(o.grad_dtype));
     if ((unsigned)o.codec.kind >= DT_CODEC_COUNT)
         return dt_error_set(DT_ERR_INVALID, "gradient codec %d is not a codec", (int)o.codec.kind);
+    if (o.dense_below > 0 && !o.tensors)
+        return dt_error_set(DT_ERR_INVALID,
+                            "dense_below %zu needs the tensor shapes (options.tensors)",
+                            o.dense_below);
     if (o.grad_dtype != DT_F32 && o.codec.kind != DT_CODEC_NONE) {
         char cb[64];
         return dt_error_set(DT_ERR_INVALID,
@@ -229,8 +274,12 @@ void dt_ddp_destroy(dt_ddp *d) {
         pthread_mutex_destroy(&d->mu);
         pthread_cond_destroy(&d->cv);
     }
-    for (size_t i = 0; i < d->nb; i++)
+    for (size_t i = 0; i < d->nb; i++) {
         dt_callreduce_destroy(d->b[i].cc);
+        dt_free(d->b[i].lo);
+        dt_free(d->b[i].hi);
+        dt_free(d->b[i].stage);
+    }
     dt_free(d->b);
     dt_free(d);
 }
@@ -244,6 +293,11 @@ void dt_ddp_bucket(const dt_ddp *d, size_t i, size_t *begin, size_t *end) {
 }
 
 static bool communicates(const dt_ddp *d) { return d->g && d->world > 1; }
+
+/* Ring volume of an f32 allreduce of `count` values: 2 (W-1)/W of its bytes. */
+static uint64_t ring_bytes(const dt_ddp *d, size_t count) {
+    return (uint64_t)(2.0 * (d->world - 1) / d->world * (double)(count * sizeof(float)));
+}
 
 dt_status dt_ddp_broadcast(dt_ddp *d, void *buf, size_t count, dt_dtype dtype) {
     if (!communicates(d) || count == 0)
@@ -300,6 +354,50 @@ void dt_ddp_begin(dt_ddp *d, bool sync) {
     }
 }
 
+static bool all_finite(const float *x, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
+}
+
+/* One bucket through its codec; the dense_below values (if any) around it.
+ * Staged values that are not finite stay in place, so that the codec sees
+ * them and handles the overflow as usual (every rank's output non-finite,
+ * its state untouched); the f32 allreduce then carries them too. */
+static dt_status run_coded(dt_ddp *d, bucket *b, float *p, uint64_t step) {
+    bool stage = b->nd > 0;
+    if (stage) {
+        float *s = b->stage;
+        for (size_t r = 0; r < b->nr; r++) {
+            memcpy(s, p + b->lo[r], (b->hi[r] - b->lo[r]) * sizeof(float));
+            s += b->hi[r] - b->lo[r];
+        }
+        if (all_finite(b->stage, b->nd))
+            for (size_t r = 0; r < b->nr; r++)
+                memset(p + b->lo[r], 0, (b->hi[r] - b->lo[r]) * sizeof(float));
+    }
+    dt_status st = dt_callreduce_run(b->cc, p, step);
+    if (stage) {
+        /* Issued even after a failed run, as the later buckets' runs are:
+         * no rank may skip a collective another rank makes. */
+        dt_status st2 = dt_group_allreduce(d->g, b->stage, b->stage, b->nd, DT_F32, DT_AVG);
+        if (st == DT_OK)
+            st = st2;
+        if (st != DT_OK)
+            return st;
+        const float *s = b->stage;
+        for (size_t r = 0; r < b->nr; r++) {
+            memcpy(p + b->lo[r], s, (b->hi[r] - b->lo[r]) * sizeof(float));
+            s += b->hi[r] - b->lo[r];
+        }
+    }
+    return st;
+}
+
 /* The worker: runs queued buckets' compressed allreduces in order. A
  * failed run does not stop the queue: the later buckets still issue their
  * collectives (failing fast on a failed group), so no rank is left waiting
@@ -319,7 +417,7 @@ static void *worker_main(void *arg) {
         bucket *b = &d->b[i];
         float *p = d->grads + b->begin;
         dt_status st = dense ? dt_group_allreduce(d->g, p, p, b->end - b->begin, DT_F32, DT_AVG)
-                             : dt_callreduce_run(b->cc, p, step);
+                             : run_coded(d, b, p, step);
         if (st != DT_OK && !dense) {
             snprintf(b->msg, sizeof b->msg, "bucket %zu: %s", i, dt_last_error());
             dt_callreduce_reset(b->cc);
@@ -456,9 +554,8 @@ dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
         if (communicates(d)) {
             s.comm_ms += (b->t_done > start ? b->t_done - start : 0) * 1e3;
             s.bytes_sent += b->cc && !d->dense
-                                ? dt_callreduce_wire_bytes(b->cc)
-                                : (uint64_t)(2.0 * (d->world - 1) / d->world *
-                                             (double)((b->end - b->begin) * sizeof(float)));
+                                ? dt_callreduce_wire_bytes(b->cc) + ring_bytes(d, b->nd)
+                                : ring_bytes(d, b->end - b->begin);
         }
         prev_done = b->t_done;
         if (fn)
@@ -566,6 +663,15 @@ void dt_ddp_set_dense(dt_ddp *d, bool dense) {
     } else {
         d->dense = dense;
     }
+}
+
+dt_status dt_ddp_set_fraction(dt_ddp *d, double fraction) {
+    DT_ASSERT(!d->sync); /* between steps, as set_dense */
+    if (!d->coded)
+        return DT_OK; /* nothing is encoded */
+    for (size_t i = 0; i < d->nb; i++)
+        DT_CHECK(dt_callreduce_set_fraction(d->b[i].cc, fraction));
+    return DT_OK;
 }
 
 void dt_ddp_reset_state(dt_ddp *d) {

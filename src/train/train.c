@@ -168,6 +168,20 @@ static void update_range(trainer *t, size_t begin, size_t end) {
     }
 }
 
+/* --compress-ramp: the top-k fraction of the step after `done` steps, 0
+ * outside the ramp (the codec's own). Exponential from DT_TRAIN_RAMP_START
+ * at the first compressed step towards the codec's fraction, which the
+ * step after the ramp reaches (Deep Gradient Compression's 25%, 6.25%,
+ * 1.56%, ... per stage, made continuous). A function of the step, so a
+ * resume agrees. */
+static double ramp_fraction(const dt_train_config *c, int64_t done) {
+    int64_t s = done - c->compress_start;
+    if (c->compress_ramp <= 0 || s < 0 || s >= c->compress_ramp)
+        return 0;
+    double u = (double)s / (double)c->compress_ramp;
+    return pow(DT_TRAIN_RAMP_START, 1 - u) * pow(c->compress.fraction, u);
+}
+
 /* --compress-freeze-v, before the first compressed step: v becomes the
  * bias-corrected second moment of the dense steps, v / (1 - beta2^s), which
  * the frozen updates use as is. A function of the step, so a resume from
@@ -236,6 +250,19 @@ static dt_status check_config(const dt_train_config *c) {
                    "got %s, %s, %" PRId64,
                    dt_train_optimizer_names[c->optimizer],
                    c->compress.kind == DT_CODEC_NONE ? "no codec" : "a codec", c->compress_start);
+    if (c->compress_ramp < 0)
+        return bad("--compress-ramp %" PRId64 ": must be 0 or more", c->compress_ramp);
+    if (c->compress_ramp > 0 && (c->compress.kind != DT_CODEC_TOPK || c->compress.count != 0 ||
+                                 !(c->compress.fraction < DT_TRAIN_RAMP_START))) {
+        char cb[64];
+        return bad("--compress-ramp %" PRId64 " needs --compress topk:F with a fraction F below "
+                   "%g (the ramp starts there); got %s",
+                   c->compress_ramp, DT_TRAIN_RAMP_START,
+                   dt_codec_format(&c->compress, cb, sizeof cb));
+    }
+    if (c->compress_dense_below < 0)
+        return bad("--compress-dense-below %" PRId64 ": must be 0 or more",
+                   c->compress_dense_below);
     if (c->grad_dtype != DT_F32 && c->compress.kind != DT_CODEC_NONE)
         return bad("--grad-dtype %s with --compress: choose one (the codec defines the wire "
                    "format)",
@@ -339,15 +366,20 @@ static dt_status create_ddp(trainer *t) {
     }
     o.tensors = shapes;
     o.ntensors = t->ntens;
+    o.dense_below = (size_t)c->compress_dense_below;
     dt_status st =
         dt_ddp_create_with(&t->ddp, t->g, dt_gpt_params(t->m), dt_gpt_grads(t->m), t->n, &o);
     dt_free(shapes);
     DT_CHECK(st);
     static const char *const ef_names[] = {"auto", "on", "off"};
     char cb[64];
-    snprintf(t->ddp_ident, sizeof t->ddp_ident, "%s ef=%s grad_dtype=%s buckets=%zu",
-             dt_codec_format(&c->compress, cb, sizeof cb), ef_names[c->compress_ef],
-             dt_dtype_name(c->grad_dtype), dt_ddp_num_buckets(t->ddp));
+    int w = snprintf(t->ddp_ident, sizeof t->ddp_ident, "%s ef=%s grad_dtype=%s buckets=%zu",
+                     dt_codec_format(&c->compress, cb, sizeof cb), ef_names[c->compress_ef],
+                     dt_dtype_name(c->grad_dtype), dt_ddp_num_buckets(t->ddp));
+    /* Exact tensors keep zero residuals: part of what the state means. */
+    if (c->compress_dense_below > 0 && w > 0 && (size_t)w < sizeof t->ddp_ident)
+        snprintf(t->ddp_ident + w, sizeof t->ddp_ident - (size_t)w, " dense_below=%" PRId64,
+                 c->compress_dense_below);
     t->ddp_state_bytes = dt_ddp_state_bytes(t->ddp);
     if (t->ddp_state_bytes) {
         size_t copies = t->rank == 0 ? (size_t)t->world : 1;
@@ -471,6 +503,8 @@ static void build_config_json(trainer *t) {
     dt_json_str(j, "compress", dt_codec_format(&c->compress, cb, sizeof cb));
     dt_json_int(j, "compress_start", c->compress_start);
     dt_json_bool(j, "compress_freeze_v", c->compress_freeze_v);
+    dt_json_int(j, "compress_ramp", c->compress_ramp);
+    dt_json_int(j, "compress_dense_below", c->compress_dense_below);
     dt_json_str(j, "compress_ef",
                 c->compress_ef == DT_EF_ON    ? "on"
                 : c->compress_ef == DT_EF_OFF ? "off"
@@ -1129,6 +1163,12 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             fprintf(stderr, "  gradients: %s", t->ddp_ident);
             if (c->compress.kind != DT_CODEC_NONE && c->compress_start > 0)
                 fprintf(stderr, ", dense (fp32) for steps 1-%" PRId64, c->compress_start);
+            if (c->compress_ramp > 0)
+                fprintf(stderr, ", density %g%% -> %g%% over steps %" PRId64 "-%" PRId64,
+                        100 * DT_TRAIN_RAMP_START, 100 * c->compress.fraction,
+                        c->compress_start + 1, c->compress_start + c->compress_ramp);
+            if (c->compress_dense_below > 0)
+                fprintf(stderr, ", tensors < %" PRId64 " values exact", c->compress_dense_below);
             fprintf(stderr, "\n");
         }
         if (resumed[0]) {
@@ -1167,6 +1207,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         /* Dense warm-up: the codec (and its residuals) start at step
          * compress_start + 1; a function of the step, so resume agrees. */
         dt_ddp_set_dense(t->ddp, t->step < c->compress_start);
+        DT_CHECK_GOTO(dt_ddp_set_fraction(t->ddp, ramp_fraction(c, t->step)), st, fail);
         if (c->compress_freeze_v && t->step == c->compress_start)
             freeze_second_moment(t);
         dt_gpt_zero_grads(t->m);

@@ -28,11 +28,22 @@
  *   config     the config file keys compress / compress-ef work like the
  *              flags; every other codec and --grad-dtype fp16 train 5 steps
  *              in sync; --grad-dtype with --compress is refused.
+ *   dense      --compress-dense-below 200 (the tiny model's vectors): after
+ *              one step (no clipping) every vector parameter equals the
+ *              plain fp32 run's bit for bit and some matrix parameter does
+ *              not; without the flag some vector differs; each step sends
+ *              top-k's bytes plus 4 per vector value; without a codec
+ *              the flag changes nothing (same bytes and parameters).
+ *   ramp       --compress-start 2 --compress-ramp 3: steps 1-2 send the
+ *              fp32 bytes, steps 3-5 top-k's at the falling density
+ *              (25% -> 1%, per bucket 32 + 8 ceil(f m) bytes), then top-k
+ *              1%'s; ramps that cannot ramp are refused.
  * Run one case per process: test_train_compress CASE.
  */
 #include "train_util.h"
 
 #include "dtrain/compress.h"
+#include "dtrain/nn.h"
 
 #include <math.h>
 
@@ -191,6 +202,114 @@ static void test_freeze(void) {
                "--compress-start >= 1");
 }
 
+/* The tiny model of TINY over the corpus's vocabulary: its tensor table
+ * (the vocabulary is found from the parameter count of a checkpoint). */
+static dt_gpt *tiny_model(size_t n) {
+    dt_gpt_config cfg = {.layers = 2, .dim = 32, .heads = 2, .max_seq = 32, .vocab = 1};
+    while (cfg.vocab < 512 && dt_gpt_config_num_params(&cfg) != n)
+        cfg.vocab++;
+    ASSERT_EQ(dt_gpt_config_num_params(&cfg), n);
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create(&m, &cfg, 1, 32));
+    return m;
+}
+
+/* Parameters of NAME's checkpoint that differ from REF's, counted in
+ * vectors (rows == 1) and in matrices. */
+static void count_diffs(const char *ref, const char *name, const dt_gpt *m, size_t *vec,
+                        size_t *mat) {
+    char pa[192], pb[192];
+    size_t na, nb;
+    snprintf(pa, sizeof pa, "%s/%s/ck", tu_dir, ref);
+    snprintf(pb, sizeof pb, "%s/%s/ck", tu_dir, name);
+    float *a = tu_params(pa, &na), *b = tu_params(pb, &nb);
+    ASSERT_EQ(na, nb);
+    *vec = *mat = 0;
+    for (size_t i = 0; i < dt_gpt_num_tensors(m); i++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(m, i, &pi);
+        for (size_t j = pi.offset; j < pi.offset + pi.rows * pi.cols; j++)
+            if (memcmp(&a[j], &b[j], sizeof *a) != 0)
+                ++*(pi.rows == 1 ? vec : mat);
+    }
+    free(a);
+    free(b);
+}
+
+static void test_dense(void) {
+    double l[64];
+    const char *one = "--clip 0 --warmup 0";
+    char flags[160];
+    train("plain", 1, one, l);
+    snprintf(flags, sizeof flags, "%s --compress topk:0.01", one);
+    train("topk", 1, flags, l);
+    snprintf(flags, sizeof flags, "%s --compress topk:0.01 --compress-dense-below 200", one);
+    train("dense", 1, flags, l);
+    EXPECT_OUT(" dense_below=200, tensors < 200 values exact");
+    size_t n = nparams("plain"), vec, mat, nvec = 0;
+    dt_gpt *m = tiny_model(n);
+    for (size_t i = 0; i < dt_gpt_num_tensors(m); i++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(m, i, &pi);
+        nvec += pi.rows == 1 ? pi.cols : 0;
+        /* The threshold splits this model's tensors into vectors and matrices. */
+        ASSERT_TRUE((pi.rows == 1) == (pi.rows * pi.cols < 200));
+    }
+    count_diffs("plain", "dense", m, &vec, &mat);
+    printf("  dense_below: %zu vector values (%zu differ from fp32), %zu matrix values differ\n",
+           nvec, vec, mat);
+    ASSERT_EQ(vec, 0);
+    ASSERT_TRUE(mat > 0);
+    count_diffs("plain", "topk", m, &vec, &mat);
+    printf("  top-k alone: %zu vector values differ from fp32\n", vec);
+    ASSERT_TRUE(vec > 0);
+    /* W = 2: the vectors' f32 allreduce sends 4 bytes per value. */
+    ASSERT_EQ(bytes_sent("dense"), bytes_sent("topk") + 4 * nvec);
+    /* Without a codec everything is exact already: accepted, the same bytes. */
+    snprintf(flags, sizeof flags, "%s --compress-dense-below 200", one);
+    train("plain_d", 1, flags, l);
+    ASSERT_EQ(bytes_sent("plain_d"), bytes_sent("plain"));
+    count_diffs("plain", "plain_d", m, &vec, &mat);
+    ASSERT_EQ(vec + mat, 0);
+    dt_gpt_destroy(m);
+}
+
+static void test_ramp(void) {
+    enum { N = 7, START = 2, RAMP = 3 };
+    double l[64];
+    uint64_t b[64];
+    train("ramp", N, "--compress topk:0.01 --compress-start 2 --compress-ramp 3", l);
+    EXPECT_OUT(", density 25% -> 1% over steps 3-5");
+    ASSERT_EQ(step_bytes("ramp", b, 63), N);
+    size_t n = nparams("ramp"), per = 4096;
+    for (int s = 1; s <= N; s++) {
+        uint64_t want = 0;
+        int r = s - 1 - START; /* steps into the ramp */
+        double f = r >= 0 && r < RAMP
+                       ? pow(0.25, 1 - (double)r / RAMP) * pow(0.01, (double)r / RAMP)
+                       : 0.01;
+        for (size_t end = n; end > 0; end = end > per ? end - per : 0) {
+            size_t m = end > per ? per : end;
+            dt_codec_spec spec = {.kind = DT_CODEC_TOPK, .fraction = f};
+            want += s <= START ? 4 * m : 32 + 8 * dt_codec_k(&spec, m);
+        }
+        printf("  step %d: density %.4f, %llu bytes\n", s, s <= START ? 1.0 : f,
+               (unsigned long long)b[s]);
+        ASSERT_EQ(b[s], want);
+    }
+    ASSERT_TRUE(b[3] > b[4] && b[4] > b[5] && b[5] > b[6] && b[6] == b[7]);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --compress powersgd:2 "
+                     "--compress-ramp 2",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--compress-ramp 2 needs --compress topk:F with a fraction F below 0.25");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --compress topk:0.5 "
+                     "--compress-ramp 2",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("got topk:0.5");
+}
+
 static void test_bf16(void) {
     double l32[64], l16[64];
     train("f32", 20, "", l32);
@@ -230,6 +349,8 @@ static void test_resume(void) {
     resume_case("powersgd:2 --compress-start 2", "psgd_w2");
     resume_case("topk:0.05 --compress-start 5 --compress-freeze-v", "topk_fv5");
     resume_case("topk:0.05 --compress-start 2 --compress-freeze-v", "topk_fv2");
+    /* Stopped inside a density ramp, with exact vectors. */
+    resume_case("topk:0.05 --compress-ramp 6 --compress-dense-below 200", "topk_rd");
     /* Another codec on resume: allowed, the state starts from zero. */
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 12 --ckpt-dir %s/cut_topk/ck "
                      "--run-dir %s/cut_topk --compress sign --resume",
@@ -281,7 +402,7 @@ static void test_config(void) {
 static const test_case cases[] = {
     {"topk", test_topk},     {"powersgd", test_powersgd}, {"bf16", test_bf16},
     {"resume", test_resume}, {"config", test_config},     {"warmup", test_warmup},
-    {"freeze", test_freeze},
+    {"freeze", test_freeze}, {"dense", test_dense},       {"ramp", test_ramp},
 };
 
 int main(int argc, char **argv) {

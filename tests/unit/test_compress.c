@@ -1608,6 +1608,74 @@ static void test_decode_add(void) {
 }
 
 /* Every codec encodes and decodes to the same bytes with or without SIMD. */
+/* dt_compressor_set_k: after it, top-k encodes exactly as a compressor
+ * created with that k and given the same residual (bit for bit), and the
+ * encoded size follows; other codecs and k out of [1, n] are refused;
+ * dt_callreduce_set_fraction does the same for a run and its wire bytes. */
+static void test_topk_set_k(void) {
+    enum { NV = 3000 };
+    float g[NV];
+    dt_codec_spec a = spec_of("topk:10"), b = spec_of("topk:25");
+    dt_compressor *ca, *cb;
+    ASSERT_OK(dt_compressor_create(&ca, &a, NV, NULL));
+    ASSERT_OK(dt_compressor_create(&cb, &b, NV, NULL));
+    uint8_t ea[32 + 8 * 300], eb[32 + 8 * 300];
+    size_t ua, ub;
+    for (int step = 0; step < 6; step++) {
+        for (int i = 0; i < NV; i++)
+            g[i] = (float)(((i * 7919 + step * 104729) % 2001) - 1000);
+        if (step == 2) { /* from here on, ca is cb */
+            ASSERT_OK(dt_compressor_set_k(ca, 25));
+            ASSERT_OK(
+                dt_compressor_set_residual(cb, dt_compressor_residual(ca), NV * sizeof(float)));
+        }
+        if (step == 4) {
+            ASSERT_OK(dt_compressor_set_k(ca, 300));
+            ASSERT_OK(dt_compressor_set_k(cb, 300));
+        }
+        ASSERT_OK(dt_compressor_compress(ca, g, (uint64_t)step, ea, sizeof ea, &ua));
+        ASSERT_OK(dt_compressor_compress(cb, g, (uint64_t)step, eb, sizeof eb, &ub));
+        size_t k = step < 2 ? 10 : step < 4 ? 25 : 300;
+        ASSERT_EQ(ua, 32 + 8 * k);
+        ASSERT_EQ(dt_compressor_encoded_bytes(ca), ua);
+        if (step >= 2) {
+            ASSERT_EQ(ua, ub);
+            ASSERT_EQ(memcmp(ea, eb, ua), 0);
+            ASSERT_EQ(
+                memcmp(dt_compressor_residual(ca), dt_compressor_residual(cb), NV * sizeof(float)),
+                0);
+        }
+    }
+    ASSERT_EQ(dt_compressor_set_k(ca, 0), DT_ERR_INVALID);
+    ASSERT_EQ(dt_compressor_set_k(ca, NV + 1), DT_ERR_INVALID);
+    dt_compressor_destroy(ca);
+    dt_compressor_destroy(cb);
+    dt_codec_spec i8 = spec_of("int8");
+    ASSERT_OK(dt_compressor_create(&ca, &i8, NV, NULL));
+    ASSERT_EQ(dt_compressor_set_k(ca, 5), DT_ERR_INVALID);
+    dt_compressor_destroy(ca);
+
+    /* One-process compressed allreduce: a larger density grows the buffer. */
+    dt_callreduce *cc;
+    dt_codec_spec f = spec_of("topk:0.01");
+    ASSERT_OK(dt_callreduce_create(&cc, NULL, &f, NV, NULL));
+    ASSERT_OK(dt_callreduce_set_fraction(cc, 0.25));
+    for (int i = 0; i < NV; i++)
+        g[i] = (float)(i % 17) - 8.0f;
+    ASSERT_OK(dt_callreduce_run(cc, g, 0));
+    int kept = 0;
+    for (int i = 0; i < NV; i++)
+        kept += g[i] != 0.0f;
+    ASSERT_EQ(kept, 750);
+    ASSERT_OK(dt_callreduce_set_fraction(cc, 0)); /* back to the spec's k */
+    ASSERT_EQ(dt_callreduce_set_fraction(cc, 1.5), DT_ERR_INVALID);
+    dt_callreduce_destroy(cc);
+    ASSERT_OK(dt_callreduce_create(&cc, NULL, &i8, NV, NULL));
+    ASSERT_EQ(dt_callreduce_set_fraction(cc, 0.1), DT_ERR_INVALID);
+    ASSERT_OK(dt_callreduce_set_fraction(cc, 0)); /* "the codec's own k": fine for any */
+    dt_callreduce_destroy(cc);
+}
+
 static void test_simd_scalar_identical(void) {
     static const char *const specs[] = {"fp16", "bf16",      "int8",       "qsgd:3",
                                         "sign", "topk:0.02", "randk:0.02", "powersgd:2"};
@@ -1666,6 +1734,7 @@ int main(void) {
     RUN(test_qsgd_unbiased);
     RUN(test_sign);
     RUN(test_topk_matches_sort);
+    RUN(test_topk_set_k);
     RUN(test_randk);
     RUN(test_error_feedback_conserves_mass);
     RUN(test_fused_ef_matches_generic);
@@ -1690,6 +1759,7 @@ int main(void) {
     RUN(test_qsgd_unbiased);
     RUN(test_sign);
     RUN(test_topk_matches_sort);
+    RUN(test_topk_set_k);
     RUN(test_error_feedback_conserves_mass);
     RUN(test_pytorch_reference);
     RUN(test_corrupt_rejected);
