@@ -219,8 +219,13 @@ typedef struct dt__transport_ops {
     dt_status (*post_recv)(dt__transport *t, dt__xfer *x);
     /* Move whatever can move without blocking; *progressed if anything did. */
     dt_status (*progress)(dt__transport *t, bool *progressed);
-    /* A token read before checking for work; block() returns early if any
-     * event arrived after arm() (no lost wake-ups). */
+    /* Sleeping without lost wake-ups: arm() announces that the caller is
+     * about to sleep and returns a token; the caller then looks for work
+     * once more (progress + its predicate) and calls block(token, ms),
+     * which sleeps up to ms unless an event arrived after arm(). Every
+     * arm() is followed by one block(); ms == 0 withdraws without sleeping
+     * (the last look found work). Notifiers only pay for a wake-up when
+     * the peer has armed. */
     uint64_t (*arm)(dt__transport *t);
     void (*block)(dt__transport *t, uint64_t token, int ms);
     /* Liveness of every peer: DT_ERR_PEER naming a dead one. */

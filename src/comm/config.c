@@ -31,7 +31,8 @@ dt_status dt__config_read(dt__config *c) {
     c->yield = (int)v;
     DT_CHECK(dt_config_env_int("DT_TCP_SOCKS", 2, 1, DT__MAX_SOCKS, &v));
     c->tcp_socks = (int)v;
-    DT_CHECK(dt_config_env_size("DT_TCP_BUFFER", 4 << 20, 0, (size_t)1 << 30, &c->tcp_buffer));
+    /* unset: chosen per group from the rank and core counts (group.c) */
+    DT_CHECK(dt_config_env_size("DT_TCP_BUFFER", SIZE_MAX, 0, (size_t)1 << 30, &c->tcp_buffer));
     DT_CHECK(
         dt_config_env_size("DT_TCP_STRIPE_MIN", 1 << 20, 4096, (size_t)1 << 40, &c->tcp_stripe));
     return DT_OK;

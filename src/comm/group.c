@@ -295,6 +295,14 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
         g->cfg.spin = g->local_size <= dt_cpu_count() ? 50 : 0;
     if (g->cfg.yield < 0)
         g->cfg.yield = 1000;
+    /* TCP socket buffers: 4 MiB lets a sender with a core of its own stream
+     * a whole piece without waiting for its receiver. When ranks share
+     * cores the receiver is often not running, and a smaller window (1 MiB)
+     * hands the core over sooner and keeps the bytes in flight in cache
+     * (4 ranks on 2 cores, 16 MiB allgather: 12.6 -> 10.9 ms; 2 ranks on 2
+     * cores, 8 MiB reduce-scatter: 2.3 ms with 4 MiB, 4.4 ms with 1 MiB). */
+    if (g->cfg.tcp_buffer == SIZE_MAX)
+        g->cfg.tcp_buffer = g->local_size <= dt_cpu_count() ? 4 << 20 : 1 << 20;
 
     /* Transports: shared memory inside a host, TCP between hosts. */
     int *shm_peers = malloc((size_t)size * sizeof(int)), nshm = 0;

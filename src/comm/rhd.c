@@ -182,26 +182,173 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
     return DT_OK;
 }
 
+/* Pipelined recursive-doubling allgather. Step k (d = 2^k) pairs rank r
+ * with r ^ d, and r sends the d blocks it holds in the order
+ *
+ *   seq(r, 0) = [r]
+ *   seq(r, k) = [r] ++ seq(r^1, 0) ++ seq(r^2, 1) ++ ... ++ seq(r^(d/2), k-1)
+ *
+ * (its own block, then what it received at steps 0, 1, ..., each in the
+ * order its sender sent it), so the receiver knows which block each piece
+ * is. Every receive is posted at the start, and a send is posted as soon as
+ * the piece it forwards has arrived: own blocks leave at once for every
+ * step, and a block received at step j is passed on at later steps piece by
+ * piece instead of after the whole step. The steps overlap (no barrier
+ * between them) and a forwarded piece is sent while it is still in cache.
+ * Per pair there is one step's traffic only, posted in the same order on
+ * both sides, which is all a transport's FIFO matching needs. */
+#define AG_MAX_XFERS 1024 /* bounds the pieces per block on large teams */
+
+typedef struct ag_send {
+    int step, block, part;
+} ag_send;
+
+typedef struct ag_state {
+    dt__op *op;
+    const dt__team *t;
+    int steps, nparts;
+    size_t block, piece;
+    const char *mine;
+    char *buf;
+    dt__xfer *x;    /* receives, then sends as they are posted */
+    int nx;         /* xfers posted */
+    int *recv_of;   /* [block * nparts + part] -> receive xfer, -1: my own block */
+    ag_send *sends; /* each step's sends in posting order, step after step */
+    int *first;     /* [steps + 1] index of each step's first send */
+    int *cursor;    /* [steps] next send of the step to post */
+} ag_state;
+
+/* out[] = seq(r, k), 2^k block indices; returns how many. */
+static int ag_seq(int r, int k, int *out) {
+    int n = 0;
+    out[n++] = r;
+    for (int j = 0; j < k; j++)
+        n += ag_seq(r ^ (1 << j), j, out + n);
+    return n;
+}
+
+static size_t ag_len(const ag_state *s, int part) {
+    size_t off = (size_t)part * s->piece;
+    return s->block - off < s->piece ? s->block - off : s->piece;
+}
+
+static bool ag_here(const ag_state *s, const ag_send *a) {
+    int r = s->recv_of[a->block * s->nparts + a->part];
+    return r < 0 || s->x[r].done;
+}
+
+/* Something to post, or everything done. */
+static bool ag_wake(void *arg) {
+    ag_state *s = arg;
+    bool all = true;
+    for (int k = 0; k < s->steps; k++)
+        if (s->cursor[k] < s->first[k + 1]) {
+            if (ag_here(s, &s->sends[s->cursor[k]]))
+                return true;
+            all = false;
+        }
+    for (int i = 0; all && i < s->nx; i++)
+        all = s->x[i].done;
+    return all;
+}
+
+/* Post every send whose piece is here, each step in its order. */
+static dt_status ag_post(ag_state *s) {
+    for (int k = 0; k < s->steps; k++)
+        for (; s->cursor[k] < s->first[k + 1]; s->cursor[k]++) {
+            const ag_send *a = &s->sends[s->cursor[k]];
+            if (!ag_here(s, a))
+                break;
+            size_t off = (size_t)a->part * s->piece;
+            const char *src = a->block == s->t->me ? s->mine : s->buf + (size_t)a->block * s->block;
+            int peer = s->t->ranks[s->t->me ^ (1 << a->step)];
+            DT_CHECK(dt__post_send(s->op, &s->x[s->nx++], peer, src + off, ag_len(s, a->part)));
+        }
+    return DT_OK;
+}
+
+static bool ag_done(const ag_state *s) {
+    for (int k = 0; k < s->steps; k++)
+        if (s->cursor[k] < s->first[k + 1])
+            return false;
+    for (int i = 0; i < s->nx; i++)
+        if (!s->x[i].done)
+            return false;
+    return true;
+}
+
 dt_status dt__rhd_allgather(dt__op *op, const dt__team *t, const void *mine, void *buf,
                             size_t block) {
     int n = t->n, me = t->me;
     DT_ASSERT((n & (n - 1)) == 0);
-    char *b = buf;
-    const char *own = b + (size_t)me * block;
+    char *b = buf, *own = b + (size_t)me * block;
     if (n == 1) {
         if (mine != own)
-            memcpy(b, mine, block);
+            memcpy(own, mine, block);
         return DT_OK;
     }
-    for (int d = 1; d < n; d *= 2) {
-        int peer = me ^ d, lo = me & ~(d - 1), plo = peer & ~(d - 1);
-        size_t len = (size_t)d * block;
-        /* the first step sends my block straight from `mine` and copies it
-         * into place while the exchange runs */
-        bool first = d == 1 && mine != own;
-        DT_CHECK(exchange(op, t->ranks[peer], first ? mine : b + (size_t)lo * block, len,
-                          b + (size_t)plo * block, len, NULL, NULL, mine, (void *)own,
-                          first ? block : 0));
+    ag_state s = {.op = op, .t = t, .block = block, .mine = mine, .buf = b};
+    while ((1 << s.steps) < n)
+        s.steps++;
+    /* pieces of >= DT_CHUNK_SIZE, at most 16 a block and AG_MAX_XFERS in all
+     * (2 (n-1) transfers per piece index) */
+    size_t piece = op->g->cfg.chunk, most = AG_MAX_XFERS / (2 * (size_t)(n - 1));
+    if (most > 16)
+        most = 16;
+    if (most < 1)
+        most = 1;
+    if (piece * most < block)
+        piece = (block + most - 1) / most;
+    s.piece = piece;
+    s.nparts = (int)((block + piece - 1) / piece);
+    int total = 2 * (n - 1) * s.nparts;
+    s.x = malloc((size_t)total * sizeof *s.x);
+    s.recv_of = malloc((size_t)n * (size_t)s.nparts * sizeof *s.recv_of);
+    s.sends = malloc((size_t)(n - 1) * (size_t)s.nparts * sizeof *s.sends);
+    s.first = malloc((size_t)(s.steps + 1) * sizeof *s.first);
+    s.cursor = malloc((size_t)s.steps * sizeof *s.cursor);
+    int *seq = malloc((size_t)n * sizeof *seq);
+    dt_status st = DT_OK;
+    if (!s.x || !s.recv_of || !s.sends || !s.first || !s.cursor || !seq) {
+        st = dt_error_set(DT_ERR_NOMEM, "allgather: out of memory");
+        goto out;
     }
-    return DT_OK;
+    for (int i = 0; i < n * s.nparts; i++)
+        s.recv_of[i] = -1;
+    int ns = 0;
+    for (int k = 0; k < s.steps && st == DT_OK; k++) {
+        /* what the partner sends me at this step, in its order */
+        int peer = me ^ (1 << k), m = ag_seq(peer, k, seq);
+        for (int i = 0; i < m && st == DT_OK; i++)
+            for (int p = 0; p < s.nparts && st == DT_OK; p++) {
+                s.recv_of[seq[i] * s.nparts + p] = s.nx;
+                st = dt__post_recv(op, &s.x[s.nx++], t->ranks[peer],
+                                   b + (size_t)seq[i] * block + (size_t)p * piece, ag_len(&s, p));
+            }
+        /* what I send, in my order */
+        s.first[k] = ns;
+        s.cursor[k] = ns;
+        m = ag_seq(me, k, seq);
+        for (int i = 0; i < m; i++)
+            for (int p = 0; p < s.nparts; p++)
+                s.sends[ns++] = (ag_send){k, seq[i], p};
+    }
+    s.first[s.steps] = ns;
+    if (st == DT_OK)
+        st = ag_post(&s);
+    if (st == DT_OK && mine != own)
+        memcpy(own, mine, block); /* while the first pieces are on their way */
+    while (st == DT_OK && !ag_done(&s)) {
+        st = dt__wait_pred(op, ag_wake, &s);
+        if (st == DT_OK)
+            st = ag_post(&s);
+    }
+out:
+    free(s.x);
+    free(s.recv_of);
+    free(s.sends);
+    free(s.first);
+    free(s.cursor);
+    free(seq);
+    return st;
 }

@@ -18,10 +18,15 @@
  * A send copies fragments into the receiver's ring for this sender and
  * rings the receiver's doorbell; a receive copies (or reduces) them out
  * and rings the sender's doorbell to say space is free. Waiting is
- * spin-then-futex: a waiter publishes `sleeping`, re-checks the doorbell
- * and sleeps on it; a notifier bumps the doorbell and calls futex_wake only
- * if someone sleeps, so the fast path has no system call and an idle rank
- * uses no CPU.
+ * spin-then-futex: a waiter publishes `sleeping`, looks for work once
+ * more, and sleeps on the doorbell; a notifier, after publishing its data,
+ * reads `sleeping` and only if it is set bumps the doorbell and calls
+ * futex_wake. Both sides put a full fence between their store and their
+ * load, so either the waiter's last look sees the data or the notifier
+ * sees the waiter asleep (the store-load pattern of Dekker's algorithm).
+ * The fast path has no system call and, while the peer is awake, no
+ * read-modify-write of a line every peer writes; an idle rank uses no
+ * CPU.
  *
  * Invariants: every header copied out of a slot is decoded and matched
  * before its length is used; a peer's segment is checked to have the
@@ -119,10 +124,29 @@ static void futex_wake(_Atomic uint32_t *addr) {
     syscall(SYS_futex, addr, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
 }
 
+/* The full fence between a store and a later load that the wake-up
+ * protocol needs. ThreadSanitizer does not model fences (GCC refuses them
+ * under -Werror=tsan); it checks executions as if sequentially consistent,
+ * where this fence orders nothing, so a locked no-op on a thread's own word
+ * (a full barrier on x86, and no synchronisation TSan could mistake for
+ * real) takes its place there. */
+#if defined(__SANITIZE_THREAD__)
+static _Thread_local _Atomic int fence_word;
+#define store_load_fence() ((void)atomic_fetch_add(&fence_word, 0))
+#else
+#define store_load_fence() atomic_thread_fence(memory_order_seq_cst)
+#endif
+
+/* After publishing: wake the owner of c if it armed (see the top comment).
+ * Bumping the doorbell unconditionally cost every notification an atomic
+ * add on a line all peers write, and every waiter's loop a miss on it: a
+ * quarter of the cycles of an 8-byte allreduce on 4 ranks (perf). */
 static void ring_bell(shm_ctrl *c) {
-    atomic_fetch_add_explicit(&c->doorbell, 1, memory_order_seq_cst);
-    if (atomic_load_explicit(&c->sleeping, memory_order_seq_cst))
+    store_load_fence();
+    if (atomic_load_explicit(&c->sleeping, memory_order_relaxed)) {
+        atomic_fetch_add_explicit(&c->doorbell, 1, memory_order_seq_cst);
         futex_wake(&c->doorbell);
+    }
 }
 
 static speer *peer_of(shm_t *t, int rank) {
@@ -251,14 +275,16 @@ static dt_status shm_progress(dt__transport *tr, bool *progressed) {
 
 static uint64_t shm_arm(dt__transport *tr) {
     shm_t *t = (shm_t *)tr;
-    return atomic_load_explicit(&t->peers[t->me].ctrl->doorbell, memory_order_acquire);
+    shm_ctrl *c = t->peers[t->me].ctrl;
+    atomic_store_explicit(&c->sleeping, 1, memory_order_seq_cst);
+    store_load_fence();
+    return atomic_load_explicit(&c->doorbell, memory_order_acquire);
 }
 
 static void shm_block(dt__transport *tr, uint64_t tok, int ms) {
     shm_t *t = (shm_t *)tr;
     shm_ctrl *c = t->peers[t->me].ctrl;
-    atomic_store_explicit(&c->sleeping, 1, memory_order_seq_cst);
-    if (atomic_load_explicit(&c->doorbell, memory_order_seq_cst) == (uint32_t)tok) {
+    if (ms > 0 && atomic_load_explicit(&c->doorbell, memory_order_seq_cst) == (uint32_t)tok) {
         struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
         syscall(SYS_futex, &c->doorbell, FUTEX_WAIT, (uint32_t)tok, &ts, NULL, 0);
     }
