@@ -30,6 +30,26 @@ static void fill(float *in, float *out, size_t n, int rank) {
     }
 }
 
+#define FIRST_WARM_S 0.25
+
+/* One call of the collective; returns the busbw factor (nccl-tests). */
+static double run(const char *op, char *in, char *out, size_t cnt, int n) {
+    if (strcmp(op, "allreduce") == 0) {
+        MPI_Allreduce(in, out, (int)cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+        return 2.0 * (n - 1) / n;
+    } else if (strcmp(op, "reduce_scatter") == 0) {
+        MPI_Reduce_scatter_block(in, out, (int)cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+    } else if (strcmp(op, "allgather") == 0) {
+        MPI_Allgather(in, (int)cnt, MPI_FLOAT, out, (int)cnt, MPI_FLOAT, MPI_COMM_WORLD);
+    } else if (strcmp(op, "broadcast") == 0) {
+        MPI_Bcast(out, (int)cnt, MPI_FLOAT, 0, MPI_COMM_WORLD);
+        return 1;
+    } else if (strcmp(op, "alltoall") == 0) {
+        MPI_Alltoall(in, (int)cnt, MPI_FLOAT, out, (int)cnt, MPI_FLOAT, MPI_COMM_WORLD);
+    }
+    return (double)(n - 1) / n;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int n, me;
@@ -51,6 +71,7 @@ int main(int argc, char **argv) {
         printf("# %12s %12s %10s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
                "busbw(GB/s)");
     }
+    int first = 1;
     for (size_t bytes = lo; bytes <= hi; bytes *= 2) {
         size_t elems = bytes / es;
         int per = strcmp(op, "allreduce") == 0 || strcmp(op, "broadcast") == 0;
@@ -59,40 +80,29 @@ int main(int argc, char **argv) {
             continue;
         size_t it = ((size_t)256 << 20) / (bytes + 4096);
         int iters = it < 5 ? 5 : it > 2000 ? 2000 : (int)it;
-        double factor = 1;
-        for (int i = -3; i < iters; i++) {
-            if (i == 0) {
-                MPI_Barrier(MPI_COMM_WORLD);
-            }
-            static double t0;
-            if (i == 0)
-                t0 = MPI_Wtime();
-            if (strcmp(op, "allreduce") == 0) {
-                MPI_Allreduce(in, out, (int)cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-                factor = 2.0 * (n - 1) / n;
-            } else if (strcmp(op, "reduce_scatter") == 0) {
-                MPI_Reduce_scatter_block(in, out, (int)cnt, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
-                factor = (double)(n - 1) / n;
-            } else if (strcmp(op, "allgather") == 0) {
-                MPI_Allgather(in, (int)cnt, MPI_FLOAT, out, (int)cnt, MPI_FLOAT, MPI_COMM_WORLD);
-                factor = (double)(n - 1) / n;
-            } else if (strcmp(op, "broadcast") == 0) {
-                MPI_Bcast(out, (int)cnt, MPI_FLOAT, 0, MPI_COMM_WORLD);
-                factor = 1;
-            } else if (strcmp(op, "alltoall") == 0) {
-                MPI_Alltoall(in, (int)cnt, MPI_FLOAT, out, (int)cnt, MPI_FLOAT, MPI_COMM_WORLD);
-                factor = (double)(n - 1) / n;
-            }
-            if (i == iters - 1) {
-                double t = (MPI_Wtime() - t0) / iters, tmax;
-                MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
-                double algbw = (double)bytes / tmax * 1e-9;
-                if (me == 0)
-                    printf("  %12zu %12zu %10.2f %12.3f %12.3f\n", bytes, cnt, tmax * 1e6, algbw,
-                           algbw * factor);
-                fflush(stdout);
-            }
+        /* warm-up as in `dtrain bench comm`: 3 calls, the first size as
+         * many as it times and at least FIRST_WARM_S seconds (the ranks
+         * agree on the elapsed time so all make the same calls) */
+        for (int i = 0; i < (first ? iters : 3); i++)
+            run(op, in, out, cnt, n);
+        for (double t0 = MPI_Wtime(), el = 0; first && el < FIRST_WARM_S;) {
+            for (int i = 0; i < iters; i++)
+                run(op, in, out, cnt, n);
+            el = MPI_Wtime() - t0;
+            MPI_Allreduce(MPI_IN_PLACE, &el, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         }
+        first = 0;
+        MPI_Barrier(MPI_COMM_WORLD);
+        double t0 = MPI_Wtime(), factor = 1;
+        for (int i = 0; i < iters; i++)
+            factor = run(op, in, out, cnt, n);
+        double t = (MPI_Wtime() - t0) / iters, tmax;
+        MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+        double algbw = (double)bytes / tmax * 1e-9;
+        if (me == 0)
+            printf("  %12zu %12zu %10.2f %12.3f %12.3f\n", bytes, cnt, tmax * 1e6, algbw,
+                   algbw * factor);
+        fflush(stdout);
     }
     free(in);
     free(out);
