@@ -273,7 +273,7 @@ static dt_status reduce_piece(dctx *d, char *dst, const char *own, uint64_t at, 
     size_t es = dt_dtype_size(op->dtype), bytes = c * es;
     const char *in[2];
     for (int i = 0; i < 2; i++) {
-        char *to = !into_dst || (i == 1 && me > 1) ? stage + (size_t)i * bytes : dst;
+        char *to = !into_dst || (i == 1 && me > 1) ? stage + (size_t)i * CMA_PIECE : dst;
         if (i != me)
             DT_CHECK(pull(d, i, to, peer_addr(d, i, 0) + at, bytes));
         in[i] = i == me ? own : to;
@@ -317,18 +317,11 @@ static bool prog_reached(void *arg) {
     return atomic_load_explicit(w->word, memory_order_acquire) >= w->want;
 }
 
-/* Pieces of the single-copy allreduce: 1 MiB rather than reduce-scatter's
- * 256 KiB. Fewer pieces mean fewer progress steps to wait on, which is
- * what counts with more ranks than cores: 4 ranks on 2 cores ran 4-11%
- * faster at 1-16 MiB (3 interleaved runs), 2 ranks the same within noise
- * (0.98-1.10). */
-#define AR_PIECE (1 << 20)
-
 static dt_status allreduce_cma(dctx *d, const void *send, void *recv, size_t count) {
     dt__op *op = d->op;
     dt_group *g = op->g;
     int n = d->t->n, me = d->t->me;
-    size_t es = dt_dtype_size(op->dtype), piece = AR_PIECE / es;
+    size_t es = dt_dtype_size(op->dtype), piece = CMA_PIECE / es;
     char *stage;
     DT_CHECK(dt__scratch(g, 2 * piece * es, (void **)&stage));
     size_t so, sl;
