@@ -12,7 +12,7 @@
 #                    nine, and topk:0.01@20~40, powersgd:4+d30000); an entry
 #                    is SPEC[@N[~R][/v]][+dD], SPEC a --compress spec:
 #                      @N   dense warm-up, --compress-start N
-#                      ~R   top-k density ramp, --compress-ramp R
+#                      ~R   top-k density ramp, --compress-ramp R (alone: @0~R)
 #                      /v   freeze AdamW's v after the warm-up (--compress-freeze-v)
 #                      +dD  tensors below D values exact, --compress-dense-below D
 #                    e.g. topk:0.01@20~40, topk:0.01@40~80/v, powersgd:4+d30000.
