@@ -8,11 +8,17 @@
 #
 #   --dtrain PATH    the dtrain binary (default: BUILD/dtrain, built if missing)
 #   --build DIR      build directory (default: build)
-#   --codecs LIST    comma- or space-separated codec specs (default: all nine,
-#                    and topk:0.01@40, powersgd:4@10);
-#                    SPEC@N adds a dense warm-up: --compress-start N in the
-#                    quality run (the timed run measures the compressed step);
-#                    SPEC@N/v also freezes AdamW's v then (--compress-freeze-v)
+#   --codecs LIST    comma- or space-separated codec entries (default: all
+#                    nine, and topk:0.01@20~40, powersgd:4+d30000); an entry
+#                    is SPEC[@N[~R][/v]][+dD], SPEC a --compress spec:
+#                      @N   dense warm-up, --compress-start N
+#                      ~R   top-k density ramp, --compress-ramp R (alone: @0~R)
+#                      /v   freeze AdamW's v after the warm-up (--compress-freeze-v)
+#                      +dD  tensors below D values exact, --compress-dense-below D
+#                    e.g. topk:0.01@20~40, topk:0.01@40~80/v, powersgd:4+d30000.
+#                    Whole-run time: warm-up steps at none's step time, the
+#                    ramp's steps as timed in a run of their own, the rest at
+#                    the codec's step time (docs/compress.md, "Evaluation")
 #   --rates LIST     link rates for tc (default: 100mbit,1gbit; "unshaped": no tc)
 #   --delay D        one-way delay per host link (default 0.5ms; needs sch_netem)
 #   --steps N        timed steps per shaped run (default 20)
@@ -58,9 +64,9 @@ usage() {
 
 dtrain=""
 build=$root/build
-# The nine codecs, and top-k and PowerSGD with the dense warm-up that brings
-# them within 3% of none at 200 steps (docs/compress.md).
-codecs="none fp16 bf16 int8 qsgd:4 sign topk:0.01 randk:0.01 powersgd:4 topk:0.01@40 powersgd:4@10"
+# The nine codecs, and top-k and PowerSGD as recommended for 200 steps
+# (docs/compress.md, "Quality of the biased codecs"): within 3% of none.
+codecs="none fp16 bf16 int8 qsgd:4 sign topk:0.01 randk:0.01 powersgd:4 topk:0.01@20~40 powersgd:4+d30000"
 rates="100mbit 1gbit"
 delay=0.5ms
 steps=20
@@ -138,27 +144,52 @@ if [[ -z $dtrain ]]; then
 fi
 [[ -x $dtrain ]] || die "dtrain binary '$dtrain' not found or not executable"
 dtrain=$(cd "$(dirname "$dtrain")" && pwd)/$(basename "$dtrain")
-# quality_flags ENTRY: the warm-up flags of a codec entry (SPEC@N[/v]).
-quality_flags() {
-    [[ $1 == *@* ]] || return 0
-    local n=${1#*@}
-    echo "--compress-start ${n%/v}"
-    [[ $n != */v ]] || echo "--compress-freeze-v"
+# parse_entry ENTRY: split a codec entry SPEC[@N[~R][/v]][+dD] into e_spec,
+# e_start (N), e_ramp (R), e_v (1 with /v), e_dense (D) and e_key, the
+# spec of its timed run (SPEC[+dD]: the warm-up and ramp do not change the
+# compressed step). Dies with the entry and the expected form when it does
+# not parse.
+entry_re='^([^@+~/]+)(@([0-9]+)(~([0-9]+))?(/v)?)?(\+d([0-9]+))?$'
+parse_entry() {
+    [[ $1 =~ $entry_re ]] ||
+        die "codec entry '$1': write SPEC[@N[~R][/v]][+dD], N R D whole numbers (e.g. topk:0.01@20~40, powersgd:4+d30000)"
+    e_spec=${BASH_REMATCH[1]}
+    e_start=$((10#${BASH_REMATCH[3]:-0}))
+    e_ramp=$((10#${BASH_REMATCH[5]:-0}))
+    e_v=$([[ -n ${BASH_REMATCH[6]} ]] && echo 1 || echo 0)
+    e_dense=$((10#${BASH_REMATCH[8]:-0}))
+    e_key=$e_spec
+    ((e_dense == 0)) || e_key+=+d$e_dense
 }
+# entry_flags ENTRY: the `dtrain train` flags of a codec entry's quality
+# run, one word per flag.
+entry_flags() {
+    parse_entry "$1"
+    echo "--compress $e_spec"
+    ((e_start == 0)) || echo "--compress-start $e_start"
+    ((e_ramp == 0)) || echo "--compress-ramp $e_ramp"
+    ((e_v == 0)) || echo "--compress-freeze-v"
+    ((e_dense == 0)) || echo "--compress-dense-below $e_dense"
+}
+# dense_flags KEY: the --compress-dense-below of a timed run's key.
+dense_flags() {
+    parse_entry "$1"
+    ((e_dense == 0)) || echo "--compress-dense-below $e_dense"
+}
+# The ramp runs (below) start the ramp after min(N, --skip) dense steps.
+ramp_start() { echo $(($1 < skip ? $1 : skip)); }
 for c in $codecs; do
-    # Validate every spec before any namespace exists: a good one gets as
+    # Validate every entry before any namespace exists: a good one gets as
     # far as the missing --data.
-    start=0
-    if [[ $c == *@* ]]; then
-        start=${c#*@}
-        start=${start%/v}
-        [[ $start =~ ^[0-9]+$ ]] || die "codec '$c': write SPEC@N or SPEC@N/v, N a whole number"
-        ((quality == 0 || start < quality)) || die "codec '$c': warm-up $start >= --quality-steps $quality"
-        ((quality > 0)) || die "codec '$c': a warm-up needs --quality-steps > 0"
+    parse_entry "$c"
+    if ((e_start > 0 || e_ramp > 0)); then
+        ((quality > 0)) || die "codec '$c': a warm-up or ramp needs --quality-steps > 0"
+        ((e_start + e_ramp < quality)) ||
+            die "codec '$c': warm-up $e_start + ramp $e_ramp must be below --quality-steps $quality"
     fi
     # shellcheck disable=SC2046 # one word per flag
-    msg=$("$dtrain" train --compress "${c%@*}" $(quality_flags "$c") 2>&1 || true)
-    [[ $msg == *"--data FILE is required"* ]] || die "codec '$c': $(echo "$msg" | head -n 1)"
+    msg=$("$dtrain" train $(entry_flags "$c") --data /nonexistent/compeval-check.txt 2>&1 || true)
+    [[ $msg == *"/nonexistent/compeval-check.txt"* ]] || die "codec '$c': $(echo "$msg" | head -n 1)"
 done
 
 cluster=$root/scripts/netns-cluster.sh
@@ -173,12 +204,14 @@ mkdir -p "$out"
 out=$(cd "$out" && pwd)
 results=$out/results.tsv
 quality_tsv=$out/quality.tsv
+ramp_tsv=$out/ramp.tsv
 if ((append)); then
     [[ -n $keep_out && $keep_out == 1 ]] || die "--append needs --out DIR"
-    touch "$results" "$quality_tsv"
+    touch "$results" "$quality_tsv" "$ramp_tsv"
 else
     : >"$results"
     : >"$quality_tsv"
+    : >"$ramp_tsv"
 fi
 
 # Cleanup: the launchers we started (by PID; each stops its ranks, which
@@ -235,7 +268,7 @@ echo "compression-eval: logs and metrics in $out$( ((keep_out)) || echo ' (remov
 # run_pair DIR PORT ARGS...: one 2-host job (rank 0 writes DIR/metrics.jsonl);
 # non-zero when a launcher failed, after printing their last lines.
 # Runs of earlier pieces (--append) keep their ports' numbers apart.
-run=$(cat "$results" "$quality_tsv" | wc -l)
+run=$(cat "$results" "$quality_tsv" "$ramp_tsv" | wc -l)
 run_pair() {
     local dir=$1 port=$2 rc0=0 rc1=0 p0 p1
     shift 2
@@ -266,27 +299,37 @@ common=(train --model "$model" --data "$data" --batch "$batch" --seq "$seq" --st
 # after --steps steps of the quality run's schedule.
 stop=()
 ((quality == 0)) || stop=(--stop-after "$steps")
-# One timed run per codec spec: SPEC and SPEC@N[/v] share it.
+# One timed run per key SPEC[+dD]: SPEC, SPEC@N, SPEC@N~R/v ... share it.
 specs=""
+ramps=""
 for entry in $codecs; do
-    [[ " $specs " == *" ${entry%@*} "* ]] || specs+=" ${entry%@*}"
+    parse_entry "$entry"
+    [[ " $specs " == *" $e_key "* ]] || specs+=" $e_key"
+    ((e_ramp == 0)) || [[ " $ramps " == *" $entry "* ]] || ramps+=" $entry"
 done
+# time_run DIR PORT ARGS...: run_pair, then the seconds it took in $secs.
+time_run() {
+    local t0
+    t0=$(date +%s%N)
+    run_pair "$@" || return 1
+    secs=$((($(date +%s%N) - t0) / 1000000))
+}
 for rate in $rates; do
     shape=(--rate "$rate")
     [[ $rate != unshaped ]] || shape=()
     "$cluster" up 2 "${shape[@]}" ${use_delay:+--delay "$use_delay"} >/dev/null
     for ((rep = 1; rep <= repeat; rep++)); do for entry in $specs; do
         run=$((run + 1))
-        dir=$out/$rate/${entry//:/-}
+        dir=$out/$rate/${entry//[:+]/-}
         ((repeat == 1)) || dir+=/run$rep
-        t0=$(date +%s%N)
+        parse_entry "$entry"
         # A fresh port per run: the previous job's sockets may linger.
-        if ! run_pair "$dir" $((29500 + 2 * run)) "${common[@]}" "${stop[@]}" \
-            --compress "$entry" "${extra[@]}"; then
+        # shellcheck disable=SC2046 # one word per flag
+        if ! time_run "$dir" $((29500 + 2 * run)) "${common[@]}" "${stop[@]}" \
+            --compress "$e_spec" $(dense_flags "$entry") "${extra[@]}"; then
             printf '%s\t%s\tfailed\n' "$rate" "$entry" >>"$results"
             continue
         fi
-        secs=$((($(date +%s%N) - t0) / 1000000))
         python3 - "$dir/metrics.jsonl" "$skip" "$rate" "$entry" "$secs" >>"$results" <<'EOF'
 import json, statistics, sys
 path, skip, rate, codec, secs = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4], int(sys.argv[5]) / 1000
@@ -298,7 +341,38 @@ print("\t".join(map(str, [rate, codec, "ok", med("step_ms"), med("compute_ms"),
                           med("exposed_comm_ms"), med("comm_ms"), med("bytes_sent"),
                           val if val is not None else "nan", rows[-1]["step"], round(secs, 1)])))
 EOF
-        tail -n 1 "$results" | awk -F'\t' '{printf "compression-eval: %-8s %-14s step %8.1f ms  (%s s)\n", $1, $2, $4, $11}'
+        tail -n 1 "$results" | awk -F'\t' '{printf "compression-eval: %-8s %-18s step %8.1f ms  (%s s)\n", $1, $2, $4, $11}'
+    done; done
+    # Ramp runs, one per entry with a ramp ~R: the ramp's R steps on this
+    # link, after S = min(N, --skip) dense steps (so the first, slower
+    # steps of a run are not among them; with N <= --skip this is the
+    # entry's own schedule), stopped after S + R steps. The table charges
+    # the sum of their step_ms for the ramp.
+    for ((rep = 1; rep <= repeat; rep++)); do for entry in $ramps; do
+        run=$((run + 1))
+        parse_entry "$entry"
+        s0=$(ramp_start "$e_start")
+        dir=$out/$rate/ramp-${entry//[:@~\/+]/-}
+        ((repeat == 1)) || dir+=/run$rep
+        freeze=()
+        ((e_v == 0 || s0 == 0)) || freeze=(--compress-freeze-v)
+        # shellcheck disable=SC2046 # one word per flag
+        if ! time_run "$dir" $((29500 + 2 * run)) "${common[@]}" --stop-after $((s0 + e_ramp)) \
+            --compress "$e_spec" --compress-start "$s0" --compress-ramp "$e_ramp" "${freeze[@]}" \
+            $(dense_flags "$entry") "${extra[@]}"; then
+            printf '%s\t%s\tfailed\n' "$rate" "$entry" >>"$ramp_tsv"
+            continue
+        fi
+        python3 - "$dir/metrics.jsonl" "$s0" "$e_ramp" "$rate" "$entry" "$secs" >>"$ramp_tsv" <<'EOF'
+import json, sys
+path, s0, ramp, rate, entry, secs = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5], int(sys.argv[6]) / 1000
+rows = [json.loads(l) for l in open(path)]
+rs = [r for r in rows if s0 < r["step"] <= s0 + ramp]
+assert len(rs) == ramp, f"{path}: {len(rs)} ramp steps, expected {ramp}"
+print("\t".join(map(str, [rate, entry, "ok", sum(r["step_ms"] for r in rs),
+                          sum(r["bytes_sent"] for r in rs), s0, round(secs, 1)])))
+EOF
+        tail -n 1 "$ramp_tsv" | awk -F'\t' '{printf "compression-eval: %-8s %-18s ramp steps %d.. sum %8.1f ms  (%s s)\n", $1, $2, $6 + 1, $4, $7}'
     done; done
     "$cluster" down 2 >/dev/null
 done
@@ -309,18 +383,15 @@ if ((quality > 0 && !skip_quality)); then
     "$cluster" up 2 >/dev/null
     for entry in $codecs; do
         run=$((run + 1))
-        start=0
-        [[ $entry != *@* ]] || start=$(quality_flags "$entry" | awk 'NR == 1 {print $2}')
-        dir=$out/quality/${entry//[:@\/]/-}
-        t0=$(date +%s%N)
+        parse_entry "$entry"
+        dir=$out/quality/${entry//[:@~\/+]/-}
         # shellcheck disable=SC2046 # one word per flag
-        if ! run_pair "$dir" $((29500 + 2 * run)) "${common[@]}" --compress "${entry%@*}" \
-            $(quality_flags "$entry") "${extra[@]}"; then
+        if ! time_run "$dir" $((29500 + 2 * run)) "${common[@]}" $(entry_flags "$entry") \
+            "${extra[@]}"; then
             printf '%s\tfailed\n' "$entry" >>"$quality_tsv"
             continue
         fi
-        secs=$((($(date +%s%N) - t0) / 1000000))
-        python3 - "$dir/metrics.jsonl" "$entry" "$start" "$secs" >>"$quality_tsv" <<'EOF'
+        python3 - "$dir/metrics.jsonl" "$entry" "$e_start" "$secs" >>"$quality_tsv" <<'EOF'
 import json, sys
 path, codec, start, secs = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]) / 1000
 rows = [json.loads(l) for l in open(path)]
@@ -328,23 +399,32 @@ val = rows[-1]["val_loss"]
 print("\t".join(map(str, [codec, "ok", val if val is not None else "nan", rows[-1]["step"], start,
                           round(secs, 1)])))
 EOF
-        tail -n 1 "$quality_tsv" | awk -F'\t' '{printf "compression-eval: quality  %-14s val %s after %s steps  (%s s)\n", $1, $3, $4, $6}'
+        tail -n 1 "$quality_tsv" | awk -F'\t' '{printf "compression-eval: quality  %-18s val %s after %s steps  (%s s)\n", $1, $3, $4, $6}'
     done
     "$cluster" down 2 >/dev/null
 fi
 
-python3 - "$results" "$quality_tsv" "$out" "$steps" "$skip" "$repeat" "$quality" <<'EOF'
-import json, os, statistics, sys
-path, qpath, out = sys.argv[1], sys.argv[2], sys.argv[3]
-steps, skip, repeat, quality = (int(x) for x in sys.argv[4:8])
+python3 - "$results" "$quality_tsv" "$ramp_tsv" "$out" "$steps" "$skip" "$repeat" "$quality" <<'EOF'
+import json, os, re, statistics, sys
+path, qpath, rpath, out = sys.argv[1:5]
+steps, skip, repeat, quality = (int(x) for x in sys.argv[5:9])
+# A codec entry SPEC[@N[~R][/v]][+dD] (the script's parse_entry).
+ENTRY = re.compile(r"^([^@+~/]+)(@([0-9]+)(~([0-9]+))?(/v)?)?(\+d([0-9]+))?$")
+def parse(entry):
+    m = ENTRY.match(entry)
+    key = m[1] + (f"+d{int(m[8])}" if m[8] and int(m[8]) else "")
+    return {"key": key, "start": int(m[3] or 0), "ramp": int(m[5] or 0), "v": bool(m[6])}
 runs = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
-qual = {}  # entry (SPEC or SPEC@N[/v]) -> its quality run; later pieces win
+qual = {}  # entry -> its quality run; later pieces win
 for l in open(qpath):
     f = l.rstrip("\n").split("\t")
-    start = int(f[0].split("@")[1].split("/")[0]) if "@" in f[0] else 0
-    qual[f[0]] = {"val": float(f[2]) if f[1] == "ok" else float("nan"), "start": start}
-# One row per (link, codec): the median of its runs' figures (a failed run
-# fails the row).
+    qual[f[0]] = dict(parse(f[0]), val=float(f[2]) if f[1] == "ok" else float("nan"))
+ramps = {}  # (link, entry) -> its ramp runs: [ok, sum step_ms, bytes, S]
+for l in open(rpath):
+    f = l.rstrip("\n").split("\t")
+    ramps.setdefault((f[0], f[1]), []).append(f[2:])
+# One row per (link, timed key): the median of its runs' figures (a failed
+# run fails the row).
 rows, by = [], {}
 for r in runs:
     key = (r[0], r[1])
@@ -374,41 +454,50 @@ def val_of(r, entry):
         return float(r[8])
     q = qual.get(entry)
     return q["val"] if q else float("nan")
-# Table rows: every timed (link, spec) row once per quality entry of that
-# spec (SPEC, SPEC@N, ...), or once if it has none.
-by_spec = {}
+# Table rows: every timed (link, key) row once per quality entry of that
+# key (SPEC, SPEC@N~R, ...), or once if it has none.
+by_key = {}
 for e in qual:
-    by_spec.setdefault(e.split("@")[0], []).append(e)
-table = [(r, e) for r in rows for e in (by_spec.get(r[1]) if quality and r[1] in by_spec else [r[1]])]
+    by_key.setdefault(qual[e]["key"], []).append(e)
+table = [(r, e) for r in rows for e in (by_key.get(r[1]) if quality and r[1] in by_key else [r[1]])]
 def slug(entry):
-    return entry.replace(":", "-").replace("@", "-").replace("/", "-")
+    return re.sub(r"[:@~/+]", "-", entry)
 def losses(p):
     return {j["step"]: j["loss"] for j in map(json.loads, open(p))}
+def subdirs(d):
+    return [d] if repeat == 1 else [os.path.join(d, f"run{i}") for i in range(1, repeat + 1)]
 
-# Determinism check: the timed (shaped) runs and the quality (unshaped) run
-# of the same flags must give the same training losses over the timed
-# steps. Checked for every codec without a warm-up (with one, the timed run
-# compresses from step 1 and the quality run does not).
+# Determinism check: a shaped run and the unshaped quality run of the same
+# flags must give the same training losses over the shaped run's steps.
+# Checked for every timed run whose key is an entry of its own (no warm-up
+# or ramp: otherwise the timed run compresses from step 1 and the quality
+# run does not), and for every ramp run that follows its entry's schedule
+# (warm-up N <= --skip).
 checked, bad = [], []
+def check(label, run_dir, entry):
+    qp = os.path.join(out, "quality", slug(entry), "metrics.jsonl")
+    if not os.path.exists(qp):
+        return
+    ql = losses(qp)
+    for sub in subdirs(run_dir):
+        if not os.path.exists(os.path.join(sub, "metrics.jsonl")):
+            continue
+        tl = losses(os.path.join(sub, "metrics.jsonl"))
+        diff = [s for s in sorted(tl) if tl[s] != ql.get(s)]
+        if diff:
+            bad.append(f"{label} step {diff[0]}: {tl[diff[0]]} vs {ql.get(diff[0])}")
+        else:
+            checked.append(label)
+            break
 if quality:
     for (rate, entry), rs in by.items():
         q = qual.get(entry)
-        if not q or q["start"] != 0 or any(r[2] != "ok" for r in rs):
-            continue
-        qp = os.path.join(out, "quality", slug(entry), "metrics.jsonl")
-        if not os.path.exists(qp):
-            continue
-        ql = losses(qp)
-        d = os.path.join(out, rate, slug(entry))
-        for sub in [d] if repeat == 1 else [os.path.join(d, f"run{i}") for i in range(1, repeat + 1)]:
-            if not os.path.exists(os.path.join(sub, "metrics.jsonl")):
-                continue
-            tl = losses(os.path.join(sub, "metrics.jsonl"))
-            diff = [s for s in sorted(tl) if tl[s] != ql.get(s)]
-            if diff:
-                bad.append(f"{rate}/{entry} step {diff[0]}: {tl[diff[0]]} vs {ql.get(diff[0])}")
-            else:
-                checked.append(f"{rate}/{entry}")
+        if q and q["start"] == 0 and q["ramp"] == 0 and all(r[2] == "ok" for r in rs):
+            check(f"{rate}/{entry}", os.path.join(out, rate, slug(entry)), entry)
+    for (rate, entry), rs in ramps.items():
+        q = qual.get(entry)
+        if q and all(r[0] == "ok" for r in rs) and int(rs[0][3]) == q["start"]:
+            check(f"{rate}/{entry}(ramp)", os.path.join(out, rate, "ramp-" + slug(entry)), entry)
 
 total = quality or steps
 print()
@@ -418,14 +507,16 @@ print("; MB/step: what rank 0 sent per compressed step")
 if repeat > 1:
     print("speed-up: the median over the rounds of none's step time over the codec's in that round")
 if quality:
-    print(f"run s: {total} steps at this link = warm-up steps (codec@N) x none's step ms + the rest x"
-          f" the codec's; val loss: after {total} steps, from the unshaped run")
+    print(f"run s: {total} steps at this link = N warm-up steps (@N) x none's step ms + the R ramp"
+          f" steps (~R) as timed in their own run + the rest x step ms; val loss: after {total}"
+          " steps, from the unshaped run")
 else:
     print(f"run s: {total} steps x step ms; val loss: after the {total} timed steps")
 hdr = ("link", "codec", "step ms", "compute", "exposed", "MB/step", "speed-up", "run s", "run x",
        "val loss", "val vs none")
-fmt = "{:<8} {:<14} {:>9} {:>8} {:>8} {:>9} {:>9} {:>8} {:>7} {:>9} {:>11}"
+fmt = "{:<8} {:<20} {:>9} {:>8} {:>8} {:>9} {:>9} {:>8} {:>7} {:>9} {:>11}"
 print(fmt.format(*hdr))
+notes = []
 for r, entry in table:
     if r[2] != "ok":
         print(fmt.format(r[0], entry, "failed", *[""] * 8))
@@ -434,20 +525,35 @@ for r, entry in table:
     val = val_of(r, entry)
     n = none.get(r[0])
     su = speedup(r)
-    start = qual.get(entry, {}).get("start", 0)
+    q = qual.get(entry, {"start": 0, "ramp": 0})
+    start, ramp = q["start"], q["ramp"]
+    ramp_s = 0.0
+    if ramp:
+        rr = ramps.get((r[0], entry), [])
+        if rr and all(x[0] == "ok" for x in rr):
+            ramp_s = statistics.median(float(x[1]) for x in rr) / 1e3
+            mb = statistics.median(float(x[2]) for x in rr) / 1e6
+            notes.append(f"{r[0]} {entry}: the {ramp} ramp steps {ramp_s:.3f} s, {mb:.1f} MB"
+                         f" (steps {int(rr[0][3]) + 1}..{int(rr[0][3]) + ramp} of their run)")
+        else:
+            ramp_s = float("nan")
+    rest = (total - start - ramp) * step / 1e3 + ramp_s
     if n:
-        run_s = (start * float(n[3]) + (total - start) * step) / 1e3
+        run_s = start * float(n[3]) / 1e3 + rest
         run_x = f"{total * float(n[3]) / 1e3 / run_s:.2f}x"
         nv = val_of(n, "none")
         dv = f"{100 * (val / nv - 1):+.2f}%"
     else:
-        run_s, run_x, dv = (total - start) * step / 1e3 if start == 0 else float("nan"), "-", "-"
+        run_s, run_x, dv = rest if start == 0 else float("nan"), "-", "-"
     print(fmt.format(r[0], entry, f"{step:.1f}", f"{comp:.1f}", f"{exp:.1f}", f"{byts / 1e6:.3f}",
                      f"{su:.2f}x" if su else "-", f"{run_s:.1f}", run_x, f"{val:.4f}", dv))
+for line in notes:
+    print("ramp:", line)
 if quality:
     print()
     if checked:
-        print(f"loss check: shaped and unshaped runs agree bit for bit over steps 1..{steps}:",
+        print(f"loss check: shaped and unshaped runs agree bit for bit over steps 1..{steps}"
+              " (a ramp run: over its S + R steps):",
               " ".join(checked))
     if bad:
         print("loss check: MISMATCH between shaped and unshaped runs:", "; ".join(bad))

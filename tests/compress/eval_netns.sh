@@ -4,9 +4,10 @@
 # the given codecs) on a corpus made of the repository's docs: the table
 # must have one sane row per codec (positive times, none at 1.00x and
 # +0.00%, a compressed codec sending fewer bytes than none, the whole-run
-# time charging warm-up steps at none's step time, finite validation
-# losses), the shaped and unshaped runs of none must have trained the same
-# losses (the script's loss check), and nothing may be left
+# time charging warm-up steps at none's step time and a ramp's steps at
+# their timed sum, finite validation losses), the shaped and unshaped runs
+# of none (and the ramp run of an entry whose warm-up is <= --skip) must
+# have trained the same losses (the script's loss check), and nothing may be left
 # behind: no namespaces, no processes; then the same run is interrupted
 # with SIGINT while training and must clean up as well and exit 130.
 # Exits 77 (ctest SKIP_RETURN_CODE) when not root or a tool is missing.
@@ -79,13 +80,27 @@ if "none" in rows:
     for c, f in rows.items():
         if c.split("@")[0] not in ("none", "fp16", "bf16"):
             assert float(f[5]) < float(n[5]) / 2, f"{c} sends {f[5]} MB/step, none {n[5]}"
-        # Whole run: warm-up steps at none's step time, the rest at the codec's.
-        w = int(c.split("@")[1].split("/")[0]) if "@" in c else 0
-        want = (w * float(n[2]) + (12 - w) * float(f[2])) / 1e3
-        assert abs(float(f[7]) - want) < 0.06, f"{c}: run s {f[7]}, expected {want:.2f}"
-    # The shaped run and the unshaped one of none trained identically.
+        # Whole run: warm-up steps at none's step time, the ramp's steps at
+        # their timed sum (the script's "ramp:" line), the rest at the codec's.
+        m = re.match(r"^[^@+]+(?:@(\d+)(?:~(\d+))?(/v)?)?(?:\+d\d+)?$", c)
+        assert m, f"entry {c} does not parse"
+        w, ramp = int(m[1] or 0), int(m[2] or 0)
+        ramp_s, tol = 0.0, 0.06
+        if ramp:
+            rl = [l for l in lines if l.startswith(f"ramp: 100mbit {c}: the {ramp} ramp steps ")]
+            assert len(rl) == 1, f"{c}: no ramp line"
+            ramp_s, tol = float(rl[0].split(" ramp steps ")[1].split(" s,")[0]), 0.06
+            assert ramp_s > 0, rl
+        want = (w * float(n[2]) + (12 - w - ramp) * float(f[2])) / 1e3 + ramp_s
+        assert abs(float(f[7]) - want) < tol, f"{c}: run s {f[7]}, expected {want:.2f}"
+    # The shaped run and the unshaped one of none trained identically, and
+    # so did the ramp run of an entry with a warm-up <= --skip 2.
     chk = [l for l in lines if l.startswith("loss check:")]
     assert len(chk) == 1 and "agree bit for bit over steps 1..8" in chk[0] and "100mbit/none" in chk[0], chk
+    for c in rows:
+        m = re.match(r"^[^@+]+@(\d+)~\d+", c)
+        if m and int(m[1]) <= 2:
+            assert f"100mbit/{c}(ramp)" in chk[0].split(), f"{c}: ramp run not checked: {chk}"
 print("ok: table has one sane row per codec:", " ".join(codecs))
 PY
 echo "ok: nothing left after a run"
