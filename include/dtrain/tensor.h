@@ -102,10 +102,14 @@ void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
 /* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
  * out (n) =; inp (n). */
 void dt_gelu_forward(float *out, const float *inp, size_t n);
-/* The linear layer's bias added in the GELU pass: inp (N,C) += bias (C)
- * (kept: backward reads it), then out (N,C) = gelu(inp). With a product
- * computed without bias this replaces seeding its output with the bias. */
-void dt_gelu_bias_forward(float *out, float *inp, const float *bias, int N, int C);
+/* The linear layer's bias added in the GELU pass: out (N,C) = gelu(inp +
+ * bias (C)); inp is left as it is (dt_gelu_bias_backward adds the bias
+ * again). With a product computed without bias this replaces seeding its
+ * output with the bias. */
+void dt_gelu_bias_forward(float *out, const float *inp, const float *bias, int N, int C);
+/* dinp (N,C) = dout * gelu'(inp + bias); may alias dout. */
+void dt_gelu_bias_backward(float *dinp, const float *inp, const float *bias, const float *dout,
+                           int N, int C);
 /* dinp (n) = dout * gelu'(inp); may alias dout. */
 void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 

@@ -73,7 +73,7 @@ typedef struct block_acts {
     void *ln2;       // (B,T,C)
     float *ln2_mean; // (B,T)
     float *ln2_rstd; // (B,T)
-    void *fch;       // (B,T,4C)  c_fc output (pre-GELU)
+    void *fch;       // (B,T,4C)  c_fc output (pre-GELU; fp32: without its bias)
     void *fch_gelu;  // (B,T,4C)
     float *res3;     // (B,T,C)   block output = the next block's input (always kept)
 } block_acts;
@@ -923,7 +923,7 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x) {
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))). */
         dt_matmul_backward(m->dfch, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB), m->dres,
                            a->fch_gelu, bt(m, p, l, P_FCPROJW), N, 4 * C, C);
-        dt_gelu_backward(m->dfch, a->fch, m->dfch, (size_t)N * 4 * C);
+        dt_gelu_bias_backward(m->dfch, a->fch, bt(m, p, l, P_FCB), m->dfch, N, 4 * C);
         dt_matmul_backward(m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), m->dfch, a->ln2,
                            bt(m, p, l, P_FCW), N, C, 4 * C);
         dt_layernorm_backward(m->dres, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), m->dbuf, a->res2,

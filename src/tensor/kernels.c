@@ -15,6 +15,7 @@
 #include "simd.h"
 
 #include <math.h>
+#include <omp.h>
 #include <string.h>
 
 /* Below this many elements a kernel runs on the calling thread only: waking
@@ -61,9 +62,77 @@ void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
     }
 }
 
+/* dx of one row: with n = (x - mean) * rstd and g = weight * dout,
+ * dx += rstd * (g - mean(g) - n * mean(g * n)). */
+static inline void layernorm_backward_row(float *dx, const float *dy, const float *x,
+                                          const float *weight, float m, float r, int C) {
+    float sg = 0.0f, sgn = 0.0f;
+#pragma omp simd reduction(+ : sg, sgn)
+    for (int c = 0; c < C; c++) {
+        float g = weight[c] * dy[c];
+        sg += g;
+        sgn += g * (x[c] - m) * r;
+    }
+    sg /= (float)C;
+    sgn /= (float)C;
+#ifdef __AVX512F__
+    __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
+    __m512 vsg = _mm512_set1_ps(sg), vsgn = _mm512_set1_ps(sgn);
+    int c = 0;
+    for (; c + 16 <= C; c += 16) {
+        __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), vm), vr);
+        __m512 g = _mm512_mul_ps(_mm512_loadu_ps(weight + c), _mm512_loadu_ps(dy + c));
+        __m512 t = _mm512_fnmadd_ps(n, vsgn, _mm512_sub_ps(g, vsg));
+        _mm512_storeu_ps(dx + c, _mm512_fmadd_ps(t, vr, _mm512_loadu_ps(dx + c)));
+    }
+    for (; c < C; c++) {
+        float n = (x[c] - m) * r;
+        dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
+    }
+#else
+    for (int c = 0; c < C; c++) {
+        float n = (x[c] - m) * r;
+        dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
+    }
+#endif
+}
+
+/* One thread: every row once, dinp and the dweight/dbias sums together while
+ * the row is in L1 (the threaded path below reads x and dout twice). The
+ * column sums run over the rows in the same order from zero and are then
+ * added, as the column blocks do, so the results are the same bits. */
+enum { LN_ONE_PASS_MAX = 2048 };
+static void layernorm_backward_one_pass(float *dinp, float *dweight, float *dbias,
+                                        const float *dout, const float *inp, const float *weight,
+                                        const float *mean, const float *rstd, int N, int C) {
+    float dw[LN_ONE_PASS_MAX], db[LN_ONE_PASS_MAX];
+    memset(dw, 0, (size_t)C * sizeof(float));
+    memset(db, 0, (size_t)C * sizeof(float));
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C;
+        const float *dy = dout + (size_t)i * C;
+        float m = mean[i], r = rstd[i];
+        layernorm_backward_row(dinp + (size_t)i * C, dy, x, weight, m, r, C);
+#pragma omp simd
+        for (int c = 0; c < C; c++) {
+            dw[c] += (x[c] - m) * r * dy[c];
+            db[c] += dy[c];
+        }
+    }
+    for (int c = 0; c < C; c++) {
+        dweight[c] += dw[c];
+        dbias[c] += db[c];
+    }
+}
+
 void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, const float *mean,
                            const float *rstd, int N, int C) {
+    if (!((size_t)N * C > PAR_MIN && omp_get_max_threads() > 1 && !omp_in_parallel()) &&
+        C <= LN_ONE_PASS_MAX) {
+        layernorm_backward_one_pass(dinp, dweight, dbias, dout, inp, weight, mean, rstd, N, C);
+        return;
+    }
     /* One parallel region, two independent loops (no barrier between
      * them): rows for dinp, column blocks for dweight and dbias. */
     enum { CB = 64 };
@@ -73,42 +142,10 @@ void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
         /* dinp: with n = (x - mean) * rstd and g = weight * dout,
          * dx = rstd * (g - mean(g) - n * mean(g * n)). Rows are independent. */
 #pragma omp for schedule(dynamic, 16) nowait
-        for (int i = 0; i < N; i++) {
-            const float *x = inp + (size_t)i * C;
-            const float *dy = dout + (size_t)i * C;
-            float *dx = dinp + (size_t)i * C;
-            float m = mean[i], r = rstd[i];
-            float sg = 0.0f, sgn = 0.0f;
-#pragma omp simd reduction(+ : sg, sgn)
-            for (int c = 0; c < C; c++) {
-                float g = weight[c] * dy[c];
-                sg += g;
-                sgn += g * (x[c] - m) * r;
-            }
-            sg /= (float)C;
-            sgn /= (float)C;
-#ifdef __AVX512F__
-            __m512 vm = _mm512_set1_ps(m), vr = _mm512_set1_ps(r);
-            __m512 vsg = _mm512_set1_ps(sg), vsgn = _mm512_set1_ps(sgn);
-            int c = 0;
-            for (; c + 16 <= C; c += 16) {
-                __m512 n = _mm512_mul_ps(_mm512_sub_ps(_mm512_loadu_ps(x + c), vm), vr);
-                __m512 g = _mm512_mul_ps(_mm512_loadu_ps(weight + c), _mm512_loadu_ps(dy + c));
-                __m512 t = _mm512_fnmadd_ps(n, vsgn, _mm512_sub_ps(g, vsg));
-                _mm512_storeu_ps(dx + c, _mm512_fmadd_ps(t, vr, _mm512_loadu_ps(dx + c)));
-            }
-            for (; c < C; c++) {
-                float n = (x[c] - m) * r;
-                dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
-            }
-#else
-            for (int c = 0; c < C; c++) {
-                float n = (x[c] - m) * r;
-                dx[c] += (weight[c] * dy[c] - sg - n * sgn) * r;
-            }
-#endif
-        }
-        /* dweight += sum_rows n * dout, dbias += sum_rows dout: column blocks. */
+        for (int i = 0; i < N; i++)
+            layernorm_backward_row(dinp + (size_t)i * C, dout + (size_t)i * C, inp + (size_t)i * C,
+                                   weight, mean[i], rstd[i], C);
+            /* dweight += sum_rows n * dout, dbias += sum_rows dout: column blocks. */
 #pragma omp for schedule(dynamic, 1)
         for (int cb = 0; cb < nb; cb++) {
             int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
@@ -175,19 +212,20 @@ void dt_gelu_forward(float *out, const float *inp, size_t n) {
     }
 }
 
-void dt_gelu_bias_forward(float *out, float *inp, const float *bias, int N, int C) {
-    // inp (N,C) += bias; out = gelu(inp): the linear layer's bias added in
-    // the GELU pass instead of seeding the product's output with it
+void dt_gelu_bias_forward(float *out, const float *inp, const float *bias, int N, int C) {
+    // out (N,C) = gelu(inp + bias): the linear layer's bias added in the GELU
+    // pass instead of seeding the product's output with it. inp is not
+    // written back (backward adds the bias again): one stream of (N,C) fewer
 #pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 4)
     for (int i = 0; i < N; i++) {
-        float *x = inp + (size_t)i * C, *y = out + (size_t)i * C;
+        const float *x = inp + (size_t)i * C;
+        float *y = out + (size_t)i * C;
         int c = 0;
 #ifdef __AVX512F__
         const __m512 k = _mm512_set1_ps(GELU_K), a = _mm512_set1_ps(GELU_A);
         const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
         for (; c + 16 <= C; c += 16) {
             __m512 v = _mm512_add_ps(_mm512_loadu_ps(x + c), _mm512_loadu_ps(bias + c));
-            _mm512_storeu_ps(x + c, v);
             __m512 v3 = _mm512_mul_ps(_mm512_mul_ps(v, v), v);
             __m512 t = tanh16(_mm512_mul_ps(k, _mm512_fmadd_ps(a, v3, v)));
             _mm512_storeu_ps(y + c, _mm512_mul_ps(_mm512_mul_ps(half, v), _mm512_add_ps(one, t)));
@@ -195,9 +233,41 @@ void dt_gelu_bias_forward(float *out, float *inp, const float *bias, int N, int 
 #endif
         for (; c < C; c++) {
             float v = x[c] + bias[c];
-            x[c] = v;
             float t = tanh_scalar(GELU_K * (v + GELU_A * v * v * v));
             y[c] = 0.5f * v * (1.0f + t);
+        }
+    }
+}
+
+void dt_gelu_bias_backward(float *dinp, const float *inp, const float *bias, const float *dout,
+                           int N, int C) {
+    // dinp (N,C) = dout * gelu'(inp + bias), the same sum as the forward's
+#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 4)
+    for (int i = 0; i < N; i++) {
+        const float *x = inp + (size_t)i * C, *dy = dout + (size_t)i * C;
+        float *dx = dinp + (size_t)i * C;
+        int c = 0;
+#ifdef __AVX512F__
+        const __m512 k = _mm512_set1_ps(GELU_K), a = _mm512_set1_ps(GELU_A);
+        const __m512 a3 = _mm512_set1_ps(3.0f * GELU_A);
+        const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+        for (; c + 16 <= C; c += 16) {
+            __m512 v = _mm512_add_ps(_mm512_loadu_ps(x + c), _mm512_loadu_ps(bias + c));
+            __m512 v2 = _mm512_mul_ps(v, v);
+            __m512 t = tanh16(_mm512_mul_ps(k, _mm512_fmadd_ps(_mm512_mul_ps(a, v2), v, v)));
+            __m512 sech2 = _mm512_fnmadd_ps(t, t, one);
+            __m512 du = _mm512_mul_ps(k, _mm512_fmadd_ps(a3, v2, one));
+            __m512 g = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, v), sech2), du,
+                                       _mm512_mul_ps(half, _mm512_add_ps(one, t)));
+            _mm512_storeu_ps(dx + c, _mm512_mul_ps(g, _mm512_loadu_ps(dy + c)));
+        }
+#endif
+        for (; c < C; c++) {
+            float v = x[c] + bias[c];
+            float t = tanh_scalar(GELU_K * (v + GELU_A * v * v * v));
+            float g = 0.5f * (1.0f + t) +
+                      0.5f * v * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
+            dx[c] = g * dy[c];
         }
     }
 }

@@ -181,9 +181,9 @@ static void test_gelu(void) {
     free(dinp), free(c.out), free(c.inp), free(c.dout);
 }
 
-/* The bias folds of the GPT forward: gelu(inp + bias) with inp updated in
- * place, and a + (b + bias), against float64, with a row width that leaves
- * a scalar tail (37) and one of whole vectors (64). */
+/* The bias folds of the GPT forward: gelu(inp + bias) with inp left as it
+ * is, its backward against the unfused dt_gelu_backward (bit-equal), and a + (b + bias), against
+ * float64, with a row width that leaves a scalar tail (37) and one of whole vectors (64). */
 static void test_bias_folds(void) {
     const int widths[] = {37, 64};
     for (int w = 0; w < 2; w++) {
@@ -196,13 +196,26 @@ static void test_bias_folds(void) {
         dt_gelu_bias_forward(out, x, bias, N, C);
         for (size_t i = 0; i < n; i++) {
             float v = x0[i] + bias[i % (size_t)C];
-            if (x[i] != v)
-                TEST_FAILF("gelu_bias: inp[%zu] = %.9g, expected inp + bias = %.9g", i, x[i], v);
+            if (x[i] != x0[i])
+                TEST_FAILF("gelu_bias: inp[%zu] = %.9g, expected unchanged %.9g", i, x[i], x0[i]);
             double y =
                 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * (double)v * v * v)));
             if (!(fabs(out[i] - y) / (fabs(y) + 1.0) <= 2e-6))
                 TEST_FAILF("gelu_bias: out[%zu] = %.9g, expected %.9g", i, out[i], y);
         }
+        /* backward: x + bias formed as the forward forms it, so the result
+         * equals dt_gelu_backward on the biased input (bit for bit where both
+         * take the same vector or scalar path; a row's tail may be scalar
+         * here and vector there); in place (dinp == dout) as the GPT calls it. */
+        float *xb = zerov(n), *ref = zerov(n), *dy = randv(n, 1.0f);
+        for (size_t i = 0; i < n; i++)
+            xb[i] = x0[i] + bias[i % (size_t)C];
+        dt_gelu_backward(ref, xb, dy, n);
+        dt_gelu_bias_backward(dy, x0, bias, dy, N, C);
+        for (size_t i = 0; i < n; i++)
+            if (!(fabs(dy[i] - ref[i]) <= 2e-6 * (fabs(ref[i]) + 1.0)))
+                TEST_FAILF("gelu_bias_backward: dinp[%zu] = %.9g, expected %.9g", i, dy[i], ref[i]);
+        free(xb), free(ref), free(dy);
         dt_residual_bias_forward(out, a, x0, bias, N, C);
         for (size_t i = 0; i < n; i++) {
             float want = a[i] + (x0[i] + bias[i % (size_t)C]);
@@ -493,6 +506,28 @@ static void test_thread_invariance(void) {
     }
     ASSERT_TRUE(memcmp(o[0], o[1], BTC * sizeof(float)) == 0);
     ASSERT_TRUE(memcmp(d[0], d[1], 3 * BTC * sizeof(float)) == 0);
+    /* layernorm backward: one pass on one thread, rows and column blocks
+     * on two; the same bits (N*C above the kernels' threading threshold) */
+    {
+        int N = B * T, LC = 200;
+        size_t NC = (size_t)N * LC;
+        float *x = randv(NC, 1.0f), *dy = randv(NC, 1.0f), *w = randv(LC, 1.0f);
+        float *mean = zerov(N), *rstd = zerov(N), *y = zerov(NC);
+        float *dx0 = randv(NC, 1.0f), *dx[2], *dw[2], *db[2]; /* dinp accumulates into dx0 */
+        dt_layernorm_forward(y, mean, rstd, x, w, w, N, LC);
+        for (int k = 0; k < 2; k++) {
+            dt_tensor_set_threads(k + 1);
+            dx[k] = zerov(NC), dw[k] = zerov(LC), db[k] = zerov(LC);
+            memcpy(dx[k], dx0, NC * sizeof(float));
+            dt_layernorm_backward(dx[k], dw[k], db[k], dy, x, w, mean, rstd, N, LC);
+        }
+        ASSERT_TRUE(memcmp(dx[0], dx[1], NC * sizeof(float)) == 0);
+        ASSERT_TRUE(memcmp(dw[0], dw[1], LC * sizeof(float)) == 0);
+        ASSERT_TRUE(memcmp(db[0], db[1], LC * sizeof(float)) == 0);
+        for (int k = 0; k < 2; k++)
+            free(dx[k]), free(dw[k]), free(db[k]);
+        free(x), free(dy), free(w), free(mean), free(rstd), free(y), free(dx0);
+    }
     for (int k = 0; k < 2; k++)
         free(o[k]), free(l[k]), free(d[k]);
     free(qkv), free(dout);
