@@ -220,7 +220,13 @@ static int tu_interrupt(const char *dir, int sig, const char *const *args, int64
     ASSERT_OK(dt_ckpt_open_latest(&ck, dir));
     ASSERT_OK(dt_ckpt_read(ck, "step", DT_CKPT_I64, ckpt_step, 1));
     dt_ckpt_close(ck);
-    ASSERT_TRUE(WIFEXITED(status));
+    if (!WIFEXITED(status)) {
+        char cmd[200];
+        snprintf(cmd, sizeof cmd, "tail -n 5 '%s' >&2", log);
+        (void)system(cmd);
+        TEST_FAILF("dtrain train was killed by signal %d after signal %d",
+                   WIFSIGNALED(status) ? WTERMSIG(status) : -1, sig);
+    }
     return WEXITSTATUS(status);
 }
 
