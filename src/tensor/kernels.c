@@ -187,6 +187,27 @@ static inline __m512 tanh16(__m512 u) {
 }
 #endif
 
+/* gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2), t = tanh(k (x + a x^3));
+ * one scalar and one 16-lane form, shared by both backward kernels. */
+static inline float gelu_grad(float x) {
+    float t = tanh_scalar(GELU_K * (x + GELU_A * x * x * x));
+    return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
+}
+
+#ifdef __AVX512F__
+static inline __m512 gelu_grad16(__m512 x) {
+    const __m512 k = _mm512_set1_ps(GELU_K), a = _mm512_set1_ps(GELU_A);
+    const __m512 a3 = _mm512_set1_ps(3.0f * GELU_A);
+    const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    __m512 x2 = _mm512_mul_ps(x, x);
+    __m512 t = tanh16(_mm512_mul_ps(k, _mm512_fmadd_ps(_mm512_mul_ps(a, x2), x, x)));
+    __m512 sech2 = _mm512_fnmadd_ps(t, t, one);
+    __m512 du = _mm512_mul_ps(k, _mm512_fmadd_ps(a3, x2, one));
+    return _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), sech2), du,
+                           _mm512_mul_ps(half, _mm512_add_ps(one, t)));
+}
+#endif
+
 void dt_gelu_forward(float *out, const float *inp, size_t n) {
     // out (n) = 0.5 x (1 + tanh(k (x + a x^3)))
     const size_t chunk = 4096;
@@ -248,60 +269,40 @@ void dt_gelu_bias_backward(float *dinp, const float *inp, const float *bias, con
         float *dx = dinp + (size_t)i * C;
         int c = 0;
 #ifdef __AVX512F__
-        const __m512 k = _mm512_set1_ps(GELU_K), a = _mm512_set1_ps(GELU_A);
-        const __m512 a3 = _mm512_set1_ps(3.0f * GELU_A);
-        const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
         for (; c + 16 <= C; c += 16) {
             __m512 v = _mm512_add_ps(_mm512_loadu_ps(x + c), _mm512_loadu_ps(bias + c));
-            __m512 v2 = _mm512_mul_ps(v, v);
-            __m512 t = tanh16(_mm512_mul_ps(k, _mm512_fmadd_ps(_mm512_mul_ps(a, v2), v, v)));
-            __m512 sech2 = _mm512_fnmadd_ps(t, t, one);
-            __m512 du = _mm512_mul_ps(k, _mm512_fmadd_ps(a3, v2, one));
-            __m512 g = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, v), sech2), du,
-                                       _mm512_mul_ps(half, _mm512_add_ps(one, t)));
-            _mm512_storeu_ps(dx + c, _mm512_mul_ps(g, _mm512_loadu_ps(dy + c)));
+            _mm512_storeu_ps(dx + c, _mm512_mul_ps(gelu_grad16(v), _mm512_loadu_ps(dy + c)));
         }
 #endif
-        for (; c < C; c++) {
-            float v = x[c] + bias[c];
-            float t = tanh_scalar(GELU_K * (v + GELU_A * v * v * v));
-            float g = 0.5f * (1.0f + t) +
-                      0.5f * v * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * v * v);
-            dx[c] = g * dy[c];
-        }
+        for (; c < C; c++)
+            dx[c] = gelu_grad(x[c] + bias[c]) * dy[c];
     }
 }
 
 void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-    // gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) k (1 + 3 a x^2), t = tanh(k (x + a x^3))
     const size_t chunk = 4096;
     size_t nchunks = (n + chunk - 1) / chunk;
 #pragma omp parallel for if (n > PAR_MIN) schedule(dynamic, 16)
     for (size_t ch = 0; ch < nchunks; ch++) {
         size_t i = ch * chunk, end = i + chunk < n ? i + chunk : n;
 #ifdef __AVX512F__
-        const __m512 k = _mm512_set1_ps(GELU_K), a = _mm512_set1_ps(GELU_A);
-        const __m512 a3 = _mm512_set1_ps(3.0f * GELU_A);
-        const __m512 half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
-        for (; i + 16 <= end; i += 16) {
-            __m512 x = _mm512_loadu_ps(inp + i);
-            __m512 x2 = _mm512_mul_ps(x, x);
-            __m512 t = tanh16(_mm512_mul_ps(k, _mm512_fmadd_ps(_mm512_mul_ps(a, x2), x, x)));
-            __m512 sech2 = _mm512_fnmadd_ps(t, t, one);
-            __m512 du = _mm512_mul_ps(k, _mm512_fmadd_ps(a3, x2, one));
-            __m512 g = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_mul_ps(half, x), sech2), du,
-                                       _mm512_mul_ps(half, _mm512_add_ps(one, t)));
-            _mm512_storeu_ps(dinp + i, _mm512_mul_ps(g, _mm512_loadu_ps(dout + i)));
-        }
+        for (; i + 16 <= end; i += 16)
+            _mm512_storeu_ps(dinp + i, _mm512_mul_ps(gelu_grad16(_mm512_loadu_ps(inp + i)),
+                                                     _mm512_loadu_ps(dout + i)));
 #endif
-        for (; i < end; i++) {
-            float x = inp[i];
-            float t = tanh_scalar(GELU_K * (x + GELU_A * x * x * x));
-            float g = 0.5f * (1.0f + t) +
-                      0.5f * x * (1.0f - t * t) * GELU_K * (1.0f + 3.0f * GELU_A * x * x);
-            dinp[i] = g * dout[i];
-        }
+        for (; i < end; i++)
+            dinp[i] = gelu_grad(inp[i]) * dout[i];
     }
+}
+
+bool dt_all_finite(const float *x, size_t n) {
+    uint32_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        uint32_t u;
+        memcpy(&u, &x[i], 4);
+        bad |= (u & 0x7f800000u) == 0x7f800000u;
+    }
+    return !bad;
 }
 
 /* ------------------------------------------------------------------------ */
