@@ -113,6 +113,10 @@ void dt_gelu_bias_backward(float *dinp, const float *inp, const float *bias, con
 /* dinp (n) = dout * gelu'(inp); may alias dout. */
 void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n);
 
+/* No inf or NaN among x[0..n) (exponent bits all ones); integer tests, so
+ * it vectorises and no floating-point exception is raised. */
+bool dt_all_finite(const float *x, size_t n);
+
 /* out (n) = a + b. Its backward is the identity: both inputs receive dout. */
 void dt_residual_forward(float *out, const float *a, const float *b, size_t n);
 /* out (N,C) = a + (b + bias): a residual add that also applies the bias

@@ -75,6 +75,7 @@
 #include "internal.h"
 
 #include "dtrain/comm.h"
+#include "dtrain/tensor.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -324,17 +325,6 @@ bool dt_callreduce_error_feedback(const dt_callreduce *c) { return c->ef; }
 
 static bool communicates(const dt_callreduce *c) { return c->g && c->world > 1; }
 
-/* No inf or NaN in x (exponent bits all ones); integer ops vectorise. */
-static bool all_finite(const float *x, size_t n) {
-    uint32_t bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], 4);
-        bad |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    return !bad;
-}
-
 static void fill_nan(float *x, size_t n) {
     for (size_t i = 0; i < n; i++)
         x[i] = NAN;
@@ -535,11 +525,11 @@ static dt_status run_algo(dt_callreduce *c, float *data, uint64_t step, bool fin
 dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step) {
     if (c->n > 0 && !data)
         return dt_error_set(DT_ERR_INVALID, "compressed allreduce: data is NULL");
-    bool finite = all_finite(data, c->n);
+    bool finite = dt_all_finite(data, c->n);
     if (c->backup)
         DT_CHECK(dt_callreduce_get_state(c, c->backup, c->state_bytes));
     DT_CHECK(run_algo(c, data, step, finite));
-    if (c->backup && (!finite || !all_finite(data, c->n))) {
+    if (c->backup && (!finite || !dt_all_finite(data, c->n))) {
         /* A step nobody will apply: forget what it did to the state. The
          * backup is finite (states always are), so this cannot fail. */
         DT_CHECK(dt_callreduce_set_state(c, c->backup, c->state_bytes));

@@ -21,6 +21,7 @@
  *     a plain f32 allreduce right after the codec's run, on the worker.
  */
 #include "dtrain/parallel.h"
+#include "dtrain/tensor.h"
 
 #include <inttypes.h>
 #include <math.h>
@@ -354,16 +355,6 @@ void dt_ddp_begin(dt_ddp *d, bool sync) {
     }
 }
 
-static bool all_finite(const float *x, size_t n) {
-    uint32_t bad = 0;
-    for (size_t i = 0; i < n; i++) {
-        uint32_t u;
-        memcpy(&u, &x[i], 4);
-        bad |= (u & 0x7f800000u) == 0x7f800000u;
-    }
-    return !bad;
-}
-
 /* One bucket through its codec; the dense_below values (if any) around it.
  * Staged values that are not finite stay in place, so that the codec sees
  * them and handles the overflow as usual (every rank's output non-finite,
@@ -376,7 +367,7 @@ static dt_status run_coded(dt_ddp *d, bucket *b, float *p, uint64_t step) {
             memcpy(s, p + b->lo[r], (b->hi[r] - b->lo[r]) * sizeof(float));
             s += b->hi[r] - b->lo[r];
         }
-        if (all_finite(b->stage, b->nd))
+        if (dt_all_finite(b->stage, b->nd))
             for (size_t r = 0; r < b->nr; r++)
                 memset(p + b->lo[r], 0, (b->hi[r] - b->lo[r]) * sizeof(float));
     }
