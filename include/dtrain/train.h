@@ -57,7 +57,7 @@
 #include "dtrain/compress.h"
 #include "dtrain/core.h"
 
-#include <signal.h>
+#include <stdatomic.h>
 #include <stdio.h>
 
 #ifdef __cplusplus
@@ -339,8 +339,9 @@ typedef struct dt_train_config {
     int64_t compress_dense_below;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
-     * NULL. dt_train_run then returns DT_ERR_ABORTED. */
-    volatile sig_atomic_t *stop;
+     * NULL. dt_train_run then returns DT_ERR_ABORTED. Set from any thread
+     * (the CLI's signal thread); the loop only reads it. */
+    const atomic_int *stop;
 } dt_train_config;
 
 /* Defaults of `dtrain train`. */

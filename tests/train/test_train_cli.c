@@ -296,6 +296,34 @@ static void test_sigint_saves(void) {
     ASSERT_EQ(saved, last);
 }
 
+/* A second signal ends the run at once, by that signal, as Ctrl-C twice
+ * should (the first has asked for a clean stop). */
+static void test_second_signal_ends(void) {
+    char dir[128], latest[160], target[64];
+    snprintf(dir, sizeof dir, "%s/int2", tu_dir);
+    snprintf(latest, sizeof latest, "%s/latest", dir);
+    pid_t pid = fork();
+    ASSERT_TRUE(pid >= 0);
+    if (pid == 0) {
+        FILE *f = freopen("/dev/null", "w", stderr);
+        (void)f;
+        execl(DT_CLI_PATH, DT_CLI_PATH, "train", "--data", corpus, "--batch", "2", "--steps",
+              "1000000", "--ckpt-every", "5", "--model", "tiny", "--layers", "2", "--dim", "32",
+              "--heads", "2", "--seq", "32", "--threads", "1", "--peak-gflops", "1", "--val-split",
+              "0", "--progress", "plain", "--ckpt-dir", dir, (char *)NULL);
+        _exit(127);
+    }
+    double t0 = dt_now();
+    while (readlink(latest, target, sizeof target) <= 0 && dt_now() - t0 < 30)
+        dt_sleep_ms(5);
+    kill(pid, SIGINT);
+    kill(pid, SIGTERM);
+    int status;
+    ASSERT_EQ(waitpid(pid, &status, 0), pid);
+    ASSERT_TRUE(WIFSIGNALED(status)); /* by whichever of the two was taken second */
+    ASSERT_TRUE(WTERMSIG(status) == SIGINT || WTERMSIG(status) == SIGTERM);
+}
+
 int main(void) {
     tu_setup();
     snprintf(corpus, sizeof corpus, "%s/corpus.txt", tu_dir);
@@ -313,6 +341,7 @@ int main(void) {
     RUN(test_resume_bit_identical);
     RUN(test_sigkill_resume);
     RUN(test_sigint_saves);
+    RUN(test_second_signal_ends);
     tu_cleanup();
     return TEST_SUMMARY();
 }
