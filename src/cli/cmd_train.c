@@ -151,12 +151,11 @@ static void catch_stop_signals(void) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     pthread_sigmask(SIG_BLOCK, &stop_signals, NULL);
-    dt_thread *th;
-    if (dt_thread_create(&th, "dt-signals", stop_signal_main, NULL) != DT_OK) {
+    static dt_thread *thread; /* lives until the process exits, never joined */
+    if (dt_thread_create(&thread, "dt-signals", stop_signal_main, NULL) != DT_OK) {
         pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL); /* the handler alone, then */
         DT_WARN("%s; stop signals are taken by a handler", dt_last_error());
     }
-    /* The thread lives until the process exits; it is never joined. */
 }
 
 static int run_train(cli_args *a) {
