@@ -125,7 +125,8 @@ void dt_layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const
                                 const float *inp, const float *weight, const float *mean,
                                 const float *rstd, int N, int C, dt_grad_mode mode);
 
-/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+ * computed as x / (1 + exp(-2 sqrt(2/pi) (x + 0.044715 x^3))) (the same function).
  * out (n) =; inp (n). */
 void dt_gelu_forward(float *out, const float *inp, size_t n);
 /* The linear layer's bias added in the GELU pass: out (N,C) = gelu(inp +
