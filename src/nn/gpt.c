@@ -992,6 +992,9 @@ dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, vo
 
 dt_status dt_gpt_backward_mode(dt_gpt *m, float grad_scale, dt_grad_mode mode,
                                dt_grad_ready_fn hook, void *user) {
+    if ((unsigned)mode > DT_GRAD_OVERWRITE)
+        return dt_error_set(DT_ERR_INVALID, "backward: grad mode %d is not a dt_grad_mode",
+                            (int)mode);
     if (!m->have_targets)
         return dt_error_set(DT_ERR_INVALID,
                             "backward needs a preceding forward with targets (and only one "
@@ -1003,9 +1006,6 @@ dt_status dt_gpt_backward_mode(dt_gpt *m, float grad_scale, dt_grad_mode mode,
     const dt_param_info *wte = &m->info[0], *wpe = &m->info[1];
     const dt_param_info *lnw = &m->info[m->ntensors - 2], *lnb = &m->info[m->ntensors - 1];
 
-    if ((unsigned)mode > DT_GRAD_OVERWRITE)
-        return dt_error_set(DT_ERR_INVALID, "backward: grad mode %d is not a dt_grad_mode",
-                            (int)mode);
     DT_CHECK(head_backward(m, grad_scale / (float)N, mode));
     const float *xL = L > 0 ? m->acts[L - 1].res3 : m->encoded;
     memset(m->dres, 0, sizeof(float) * (size_t)N * C);
