@@ -203,6 +203,11 @@ dt_status dt_linear16_forward(dt_precision p, void *out, bool out_f32, const uin
 dt_status dt_linear16_backward(dt_precision p, float *dinp, float *dw, float *dbias,
                                const uint16_t *dout, const uint16_t *inp, const uint16_t *w, int N,
                                int C, int OC);
+/* The same with dw and dbias written per mode (tensor.h): DT_GRAD_OVERWRITE
+ * gives the bits of zeroing them and accumulating. */
+dt_status dt_linear16_backward_mode(dt_precision p, float *dinp, float *dw, float *dbias,
+                                    const uint16_t *dout, const uint16_t *inp, const uint16_t *w,
+                                    int N, int C, int OC, dt_grad_mode mode);
 
 /* LayerNorm (eps 1e-5) of the fp32 residual stream into a16: out (N,C) a16 =;
  * mean, rstd (N) fp32 =; inp (N,C), weight, bias (C) fp32. The backward is

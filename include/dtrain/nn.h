@@ -42,9 +42,9 @@
  *     dt_gpt_init_params(m, seed);
  *     for (step...) {
  *         float loss;
- *         dt_gpt_zero_grads(m);
  *         DT_CHECK(dt_gpt_forward(m, inputs, targets, B, T, &loss));
- *         DT_CHECK(dt_gpt_backward(m, 1.0f, NULL, NULL));
+ *         // the first (here: only) micro-batch overwrites: no zero_grads
+ *         DT_CHECK(dt_gpt_backward_mode(m, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
  *         dt_adamw_step(dt_gpt_params(m), dt_gpt_grads(m), ...);
  *     }
  *     dt_gpt_destroy(m);
@@ -184,6 +184,15 @@ void dt_gpt_zero_grads(dt_gpt *m);
  * their backward; the result is bit-identical to no recomputation. An error
  * (only possible from a 16-bit multiply) leaves the gradients partial. */
 dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, void *user);
+/* dt_gpt_backward with the gradient buffer written per mode:
+ * DT_GRAD_ACCUMULATE is dt_gpt_backward; DT_GRAD_OVERWRITE writes every
+ * gradient, never reading the buffer's old contents (which may be garbage,
+ * even NaN), with the same bits as dt_gpt_zero_grads() followed by an
+ * accumulating backward. A step of K micro-batches runs its first backward
+ * with DT_GRAD_OVERWRITE and the others with DT_GRAD_ACCUMULATE instead of
+ * zeroing the buffer (a 4 bytes/param write) first. */
+dt_status dt_gpt_backward_mode(dt_gpt *m, float grad_scale, dt_grad_mode mode,
+                               dt_grad_ready_fn hook, void *user);
 /* The last forward's logits, fp32, valid until the next backward:
  *  - recompute_every == 0: all of them, (B,T,V);
  *  - recompute_every > 0: only the last position of each sequence, (B,V)

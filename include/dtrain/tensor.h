@@ -17,8 +17,11 @@
  *     (-march=native on an AVX-512 machine) with a scalar fallback that
  *     computes the same thing.
  *   - Backward kernels say per argument whether they overwrite (=) or
- *     accumulate (+=). Parameter gradients always accumulate, so several
- *     micro-batches can add into one gradient buffer.
+ *     accumulate (+=). Parameter gradients accumulate, so several
+ *     micro-batches can add into one gradient buffer; the *_mode variants
+ *     take a dt_grad_mode and can overwrite them instead (the first
+ *     micro-batch of a step then needs no zeroed buffer). Overwriting
+ *     writes 0 + g, the very bits zero-then-accumulate writes.
  *   - Threads: one OpenMP pool, sized by dt_tensor_set_threads() (--threads /
  *     DT_THREADS). OpenBLAS runs single-threaded; dt_sgemm splits a large
  *     product into one block of C per thread.
@@ -50,6 +53,13 @@ extern "C" {
 
 /* Keys (and queries) processed per block by the flash attention kernels. */
 #define DT_ATTN_BLOCK 64
+
+/* How a backward kernel writes a parameter gradient. */
+typedef enum dt_grad_mode {
+    DT_GRAD_ACCUMULATE = 0, /* grad += g (the plain kernels' behaviour) */
+    DT_GRAD_OVERWRITE = 1   /* grad = 0 + g: the old contents are never read,
+                               so they may be garbage (even NaN) */
+} dt_grad_mode;
 
 /* ------------------------------------------------------------------------ */
 /* Threads                                                                  */
@@ -84,6 +94,10 @@ void dt_matmul_forward(float *out, const float *inp, const float *weight, const 
  * if NULL); dout (N,OC); inp (N,IC); weight (OC,IC). */
 void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int N, int IC, int OC);
+/* The same with dweight and dbias written per mode. */
+void dt_matmul_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, int N, int IC, int OC,
+                             dt_grad_mode mode);
 
 /* ------------------------------------------------------------------------ */
 /* Elementwise and normalisation                                            */
@@ -93,13 +107,26 @@ void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *
  * out (N,C) =; mean, rstd (N) = (saved for backward); inp (N,C); weight, bias (C). */
 void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
                           const float *weight, const float *bias, int N, int C);
+/* A residual add and the LayerNorm that reads its sum, in one pass over
+ * the rows: res (N,C) = a + (b + bias) (bias (C) may be NULL: a + b), then
+ * out, mean, rstd = dt_layernorm_forward(res, weight, lnbias). The same bits
+ * as dt_residual_bias_forward (dt_residual_forward without bias) followed
+ * by dt_layernorm_forward. res may not alias a, b or out. */
+void dt_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
+                                   const float *b, const float *bias, const float *weight,
+                                   const float *lnbias, int N, int C);
 /* dinp (N,C) +=; dweight, dbias (C) +=; dout (N,C); inp (N,C); weight (C);
  * mean, rstd (N) from forward. */
 void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, const float *mean,
                            const float *rstd, int N, int C);
+/* The same with dweight and dbias written per mode (dinp still +=). */
+void dt_layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout,
+                                const float *inp, const float *weight, const float *mean,
+                                const float *rstd, int N, int C, dt_grad_mode mode);
 
-/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+/* GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
+ * computed as x / (1 + exp(-2 sqrt(2/pi) (x + 0.044715 x^3))) (the same function).
  * out (n) =; inp (n). */
 void dt_gelu_forward(float *out, const float *inp, size_t n);
 /* The linear layer's bias added in the GELU pass: out (N,C) = gelu(inp +
@@ -137,6 +164,11 @@ void dt_embedding_forward(float *out, const int32_t *tokens, const float *wte, c
 /* dwte (V,C) +=; dwpe (>=T,C) +=; dout (B,T,C); tokens (B,T). */
 void dt_embedding_backward(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
                            int B, int T, int C);
+/* The same with rows [0,T) of dwpe written per wpe_mode (rows >= T are not
+ * touched). dwte always accumulates: only the rows of tokens present get a
+ * gradient (the tied LM head writes all of them first). */
+void dt_embedding_backward_mode(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                int B, int T, int C, dt_grad_mode wpe_mode);
 
 /* ------------------------------------------------------------------------ */
 /* Softmax and cross-entropy                                                */

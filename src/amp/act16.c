@@ -191,7 +191,8 @@ dt_status dt_linear16_forward(dt_precision p, void *out, bool out_f32, const uin
 
 /* dbias (OC) += column sums of dout (N,OC) a16: threads own column blocks
  * and walk the rows in order (the same sums for any thread count). */
-static void bias_grad16(dt_precision p, float *dbias, const uint16_t *dout, int N, int OC) {
+static void bias_grad16(dt_precision p, float *dbias, const uint16_t *dout, int N, int OC,
+                        bool accumulate) {
     enum { CB = 256 };
     int nb = (OC + CB - 1) / CB;
 #pragma omp parallel for if ((size_t)N * OC > PAR_MIN) schedule(dynamic, 1)
@@ -205,13 +206,21 @@ static void bias_grad16(dt_precision p, float *dbias, const uint16_t *dout, int 
                 acc[c] += row[c];
         }
         for (int c = 0; c < len; c++)
-            dbias[c0 + c] += acc[c];
+            dbias[c0 + c] = (accumulate ? dbias[c0 + c] : 0.0f) + acc[c];
     }
 }
 
 dt_status dt_linear16_backward(dt_precision p, float *dinp, float *dw, float *dbias,
                                const uint16_t *dout, const uint16_t *inp, const uint16_t *w, int N,
                                int C, int OC) {
+    return dt_linear16_backward_mode(p, dinp, dw, dbias, dout, inp, w, N, C, OC,
+                                     DT_GRAD_ACCUMULATE);
+}
+
+dt_status dt_linear16_backward_mode(dt_precision p, float *dinp, float *dw, float *dbias,
+                                    const uint16_t *dout, const uint16_t *inp, const uint16_t *w,
+                                    int N, int C, int OC, dt_grad_mode mode) {
+    const bool acc = mode == DT_GRAD_ACCUMULATE;
     DT_CHECK(check_linear("dt_linear16_backward", p, dw, dout, inp, N, C, OC));
     if (dinp && !w)
         return dt_error_set(DT_ERR_INVALID, "dt_linear16_backward: dinp given but w is NULL");
@@ -224,18 +233,22 @@ dt_status dt_linear16_backward(dt_precision p, float *dinp, float *dw, float *db
         dt_act16_to_f32(p, inp32, inp, ninp);
         if (dinp)
             dt_act16_to_f32(p, w32, w, nw);
-        dt_matmul_backward(dinp, dw, dbias, dout32, inp32, w32, N, C, OC);
+        dt_matmul_backward_mode(dinp, dw, dbias, dout32, inp32, w32, N, C, OC, mode);
         scratch_put();
         return DT_OK;
     }
     // dinp (N,C) = dout (N,OC) W (OC,C)
     if (dinp)
         DT_CHECK(dt_gemm_bf16(DT_GEMM_NN, N, C, OC, dout, w, dinp, DT_GEMM_OUT_F32, false));
-    // dW (OC,C) += dout^T (OC,N) inp (N,C)
+    // dW (OC,C) += dout^T (OC,N) inp (N,C). Overwriting clears dW first
+    // and accumulates: the bits of zero-then-accumulate on every backend
+    // (a product with beta = 0 may leave -0 where that leaves +0).
+    if (!acc)
+        memset(dw, 0, nw * sizeof(float));
     DT_CHECK(dt_gemm_bf16_with(dt__gemm_backend_for_op(DT_GEMM_TN), DT_GEMM_TN, OC, C, N, dout, inp,
                                dw, DT_GEMM_OUT_F32, true));
     if (dbias)
-        bias_grad16(p, dbias, dout, N, OC);
+        bias_grad16(p, dbias, dout, N, OC, acc);
     return DT_OK;
 }
 

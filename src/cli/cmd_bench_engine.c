@@ -4,8 +4,9 @@
  * gemm measures OpenBLAS sgemm on square matrices with the chosen thread
  * count; its best figure is the peak that `bench train` reports MFU
  * against (measured again in the same process, so both see the same
- * machine state). train times whole training steps (zero grads, forward,
- * backward, AdamW over the flat buffer) after warm-up and reports medians.
+ * machine state). train times whole training steps (forward, a backward
+ * that overwrites the gradients (no zeroing pass, as dtrain train does), AdamW
+ * over the flat buffer) after warm-up and reports medians.
  * FLOPs per step = 3 x forward FLOPs (dt_gpt_flops_per_token), the usual
  * convention; the optimizer and the elementwise kernels count as zero.
  * train runs every combination of the --precision and --recompute lists
@@ -217,10 +218,10 @@ static dt_status run_mode(bench_mode *bm, const dt_gpt_config *cfg, int B, int T
     float loss = 0.0f;
     for (int s = 0; s < warmup + steps; s++) {
         double t0 = dt_now();
-        dt_gpt_zero_grads(m);
+        /* No zero_grads: the step's one backward overwrites the gradients. */
         DT_CHECK_GOTO(dt_gpt_forward(m, in, tg, B, T, &loss), st, done);
         double t1 = dt_now();
-        DT_CHECK_GOTO(dt_gpt_backward(m, 1.0f, NULL, NULL), st, done);
+        DT_CHECK_GOTO(dt_gpt_backward_mode(m, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL), st, done);
         double t2 = dt_now();
         /* AdamW over the flat buffer in ONE parallel region: pieces taken
          * dynamically, each a single-threaded range update (the nested
@@ -375,8 +376,9 @@ const cli_cmd cli_bench_train = {
     .summary = "GPT training step: ms/step, tokens/s, GFLOP/s, MFU, activation memory",
     .usage = "dtrain bench train [--model PRESET] [--batch B] [--seq T] [--threads N] "
              "[--precision fp32,bf16] [--recompute none,blocks] [--rounds R] [--steps N] [--json]",
-    .description = "Times zero_grads + forward + backward + AdamW (flat buffer) per step on a\n"
-                   "fixed random batch; MFU is against the sgemm peak measured in the same run\n"
+    .description = "Times forward + backward (overwriting the gradients: no zeroing pass) +\n"
+                   "AdamW (flat buffer) per step on a fixed random batch; MFU is against the sgemm "
+                   "peak measured in the same run\n"
                    "(n = 1536, see 'dtrain bench gemm'). Every combination of --precision and\n"
                    "--recompute runs in the same process, one fresh model each, alternating per\n"
                    "round; the table shows tokens/s and the activation arena side by side, with\n"

@@ -9,7 +9,11 @@
  *    (max_batch, max_seq, precision, recompute_every), in bytes; a pass with
  *    smaller B, T uses the front of each region with compact strides.
  *    forward/backward do not allocate, so the arena is the peak.
- *  - Backward accumulates into grads; scratch regions are overwritten.
+ *  - Backward accumulates into grads, or overwrites them (DT_GRAD_OVERWRITE:
+ *    every parameter gradient is written, each by the first kernel that
+ *    produces it, as 0 + g, so the bits equal zeroing then accumulating;
+ *    wte's token-embedding part then adds to what the tied head wrote);
+ *    scratch regions are overwritten.
  *  - bf16/fp16: params/grads stay fp32; w16 is the 16-bit copy of ALL params,
  *    rewritten by every forward; the residual stream, statistics, logits and
  *    losses are fp32 (the dt_gpt struct comments say which pointer is which).
@@ -640,30 +644,46 @@ static void cast_weights(dt_gpt *m) {
  * With `full` false it stops once everything backward reads is there: a
  * recomputation skips the MLP's c_proj and res3 (already kept). The calls
  * and their arguments are the same in both cases, so a recomputed
- * activation is bit-identical to the one forward produced. */
-static dt_status block_forward(dt_gpt *m, int l, const float *x, bool full) {
+ * activation is bit-identical to the one forward produced.
+ * fp32: each residual add also runs the LayerNorm that reads its sum next
+ * (dt_residual_layernorm_forward): res2 with ln_2, and res3 with the next
+ * block's ln_1 (or ln_f after the last block), so a full forward of block
+ * l + 1 finds its ln_1 done (ln1_done). A recomputation computes ln_1 from
+ * the kept input with dt_layernorm_forward: the same bits. */
+static dt_status block_forward(dt_gpt *m, int l, const float *x, bool full, bool ln1_done) {
     const int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, N = B * T;
     const dt_precision pr = m->opt.precision;
     float *p = m->params;
     const block_acts *a = &m->acts[l];
     if (pr == DT_PRECISION_FP32) {
-        dt_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
-                             bt(m, p, l, P_LN1B), N, C);
+        if (!ln1_done)
+            dt_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
+                                 bt(m, p, l, P_LN1B), N, C);
         dt_matmul_forward(a->qkv, a->ln1, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * C);
         dt_attention_forward(a->atty, a->att_lse, a->qkv, B, T, C, NH);
         /* The biases of c_proj and c_fc are added by the pass that reads
          * the product next (residual add, GELU), not seeded into the
          * product's output: one write and one read of that output fewer. */
         dt_matmul_forward(m->dbuf, a->atty, bt(m, p, l, P_ATTPROJW), NULL, N, C, C);
-        dt_residual_bias_forward(a->res2, x, m->dbuf, bt(m, p, l, P_ATTPROJB), N, C);
-        dt_layernorm_forward(a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, bt(m, p, l, P_LN2W),
-                             bt(m, p, l, P_LN2B), N, C);
+        dt_residual_layernorm_forward(a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, m->dbuf,
+                                      bt(m, p, l, P_ATTPROJB), bt(m, p, l, P_LN2W),
+                                      bt(m, p, l, P_LN2B), N, C);
         dt_matmul_forward(a->fch, a->ln2, bt(m, p, l, P_FCW), NULL, N, C, 4 * C);
         dt_gelu_bias_forward(a->fch_gelu, a->fch, bt(m, p, l, P_FCB), N, 4 * C);
         if (!full)
             return DT_OK;
         dt_matmul_forward(m->dbuf, a->fch_gelu, bt(m, p, l, P_FCPROJW), NULL, N, 4 * C, C);
-        dt_residual_bias_forward(a->res3, a->res2, m->dbuf, bt(m, p, l, P_FCPROJB), N, C);
+        if (l + 1 < m->cfg.layers) {
+            const block_acts *nx = &m->acts[l + 1];
+            dt_residual_layernorm_forward(a->res3, nx->ln1, nx->ln1_mean, nx->ln1_rstd, a->res2,
+                                          m->dbuf, bt(m, p, l, P_FCPROJB), bt(m, p, l + 1, P_LN1W),
+                                          bt(m, p, l + 1, P_LN1B), N, C);
+        } else {
+            const size_t lnw = m->info[m->ntensors - 2].offset,
+                         lnb = m->info[m->ntensors - 1].offset;
+            dt_residual_layernorm_forward(a->res3, m->lnf, m->lnf_mean, m->lnf_rstd, a->res2,
+                                          m->dbuf, bt(m, p, l, P_FCPROJB), p + lnw, p + lnb, N, C);
+        }
         return DT_OK;
     }
     /* bf16/fp16: a16 activations, fp32 residual stream and statistics; the
@@ -812,14 +832,12 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
                          C);
     const float *x = m->encoded; // (B,T,C) residual stream entering the block
     for (int l = 0; l < L; l++) {
-        DT_CHECK(block_forward(m, l, x, true));
+        /* fp32: block l - 1 wrote block l's ln_1 (and the last block ln_f). */
+        DT_CHECK(block_forward(m, l, x, true, pr == DT_PRECISION_FP32 && l > 0));
         x = m->acts[l].res3;
     }
     const dt_param_info *lnw = &m->info[m->ntensors - 2], *lnb = &m->info[m->ntensors - 1];
-    if (pr == DT_PRECISION_FP32)
-        dt_layernorm_forward(m->lnf, m->lnf_mean, m->lnf_rstd, x, p + lnw->offset, p + lnb->offset,
-                             N, C);
-    else
+    if (pr != DT_PRECISION_FP32)
         dt_layernorm16_forward(pr, m->lnf, m->lnf_mean, m->lnf_rstd, x, p + lnw->offset,
                                p + lnb->offset, N, C);
     if (!targets && !m->logits) {
@@ -881,7 +899,7 @@ static void chunk_dlogits(dt_gpt *m, float *x, int N, int v0, int w, float scale
  * dwte accumulates. A chunk's logits come from the full logits (no
  * recomputation) or are recomputed by the forward's GEMM call. dfch, idle
  * until the blocks' backward, holds one chunk's part of dlnf. */
-static dt_status head_backward(dt_gpt *m, float scale) {
+static dt_status head_backward(dt_gpt *m, float scale, dt_grad_mode mode) {
     const int N = m->B * m->T, V = m->cfg.vocab, C = m->cfg.dim, hc = m->head_cols;
     const dt_precision pr = m->opt.precision;
     const size_t wte = m->info[0].offset;
@@ -899,12 +917,12 @@ static dt_status head_backward(dt_gpt *m, float scale) {
             chunk_dlogits(m, x, N, v0, w, scale);
         /* dlnf (N,C) (+)= dchunk @ wte[v0:v0+w); dwte[v0:v0+w) += dchunk^T @ lnf. */
         if (pr == DT_PRECISION_FP32)
-            dt_matmul_backward(dst, m->grads + wte + (size_t)v0 * C, NULL, x, m->lnf,
-                               m->params + wte + (size_t)v0 * C, N, C, w);
+            dt_matmul_backward_mode(dst, m->grads + wte + (size_t)v0 * C, NULL, x, m->lnf,
+                                    m->params + wte + (size_t)v0 * C, N, C, w, mode);
         else
-            DT_CHECK(dt_linear16_backward(pr, dst, m->grads + wte + (size_t)v0 * C, NULL,
-                                          head_dout16(m, x, (size_t)N, (size_t)w), m->lnf,
-                                          m->w16 + wte + (size_t)v0 * C, N, C, w));
+            DT_CHECK(dt_linear16_backward_mode(pr, dst, m->grads + wte + (size_t)v0 * C, NULL,
+                                               head_dout16(m, x, (size_t)N, (size_t)w), m->lnf,
+                                               m->w16 + wte + (size_t)v0 * C, N, C, w, mode));
         if (v0 > 0)
             for (size_t k = 0; k < (size_t)N * C; k++)
                 m->dbuf[k] += dst[k];
@@ -913,29 +931,30 @@ static dt_status head_backward(dt_gpt *m, float scale) {
 }
 
 /* Block l's backward: m->dres holds d(res3) on entry and d(x) on return;
- * parameter gradients accumulate into m->grads. */
-static dt_status block_backward(dt_gpt *m, int l, const float *x) {
+ * parameter gradients are written into m->grads per mode. */
+static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode mode) {
     const int B = m->B, T = m->T, C = m->cfg.dim, NH = m->cfg.heads, N = B * T;
     const dt_precision pr = m->opt.precision;
     float *p = m->params, *g = m->grads;
     const block_acts *a = &m->acts[l];
     if (pr == DT_PRECISION_FP32) {
         /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))). */
-        dt_matmul_backward(m->dfch, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB), m->dres,
-                           a->fch_gelu, bt(m, p, l, P_FCPROJW), N, 4 * C, C);
+        dt_matmul_backward_mode(m->dfch, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB), m->dres,
+                                a->fch_gelu, bt(m, p, l, P_FCPROJW), N, 4 * C, C, mode);
         dt_gelu_bias_backward(m->dfch, a->fch, bt(m, p, l, P_FCB), m->dfch, N, 4 * C);
-        dt_matmul_backward(m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), m->dfch, a->ln2,
-                           bt(m, p, l, P_FCW), N, C, 4 * C);
-        dt_layernorm_backward(m->dres, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), m->dbuf, a->res2,
-                              bt(m, p, l, P_LN2W), a->ln2_mean, a->ln2_rstd, N, C);
+        dt_matmul_backward_mode(m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), m->dfch, a->ln2,
+                                bt(m, p, l, P_FCW), N, C, 4 * C, mode);
+        dt_layernorm_backward_mode(m->dres, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), m->dbuf,
+                                   a->res2, bt(m, p, l, P_LN2W), a->ln2_mean, a->ln2_rstd, N, C,
+                                   mode);
         /* m->dres now holds d(res2). Attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))). */
-        dt_matmul_backward(m->dbuf, bt(m, g, l, P_ATTPROJW), bt(m, g, l, P_ATTPROJB), m->dres,
-                           a->atty, bt(m, p, l, P_ATTPROJW), N, C, C);
+        dt_matmul_backward_mode(m->dbuf, bt(m, g, l, P_ATTPROJW), bt(m, g, l, P_ATTPROJB), m->dres,
+                                a->atty, bt(m, p, l, P_ATTPROJW), N, C, C, mode);
         dt_attention_backward(m->dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, C, NH);
-        dt_matmul_backward(m->dbuf, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), m->dqkv, a->ln1,
-                           bt(m, p, l, P_QKVW), N, C, 3 * C);
-        dt_layernorm_backward(m->dres, bt(m, g, l, P_LN1W), bt(m, g, l, P_LN1B), m->dbuf, x,
-                              bt(m, p, l, P_LN1W), a->ln1_mean, a->ln1_rstd, N, C);
+        dt_matmul_backward_mode(m->dbuf, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), m->dqkv, a->ln1,
+                                bt(m, p, l, P_QKVW), N, C, 3 * C, mode);
+        dt_layernorm_backward_mode(m->dres, bt(m, g, l, P_LN1W), bt(m, g, l, P_LN1B), m->dbuf, x,
+                                   bt(m, p, l, P_LN1W), a->ln1_mean, a->ln1_rstd, N, C, mode);
         return DT_OK;
     }
     /* bf16/fp16: the same steps; a gradient entering a 16-bit multiply is
@@ -943,29 +962,39 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x) {
      * runs once per forward, so a saved activation that is dead may be
      * overwritten. */
     dt_act16_from_f32(pr, m->dres16, m->dres, (size_t)N * C);
-    DT_CHECK(dt_linear16_backward(pr, m->dfch, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB),
-                                  m->dres16, a->fch_gelu, wt(m, l, P_FCPROJW), N, 4 * C, C));
+    DT_CHECK(dt_linear16_backward_mode(pr, m->dfch, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB),
+                                       m->dres16, a->fch_gelu, wt(m, l, P_FCPROJW), N, 4 * C, C,
+                                       mode));
     /* The GELU output was only needed for c_proj's weight gradient: its
      * memory now takes the rounded gradient of the c_fc output. */
     uint16_t *dfch16 = a->fch_gelu;
     dt_gelu16_backward(pr, dfch16, a->fch, m->dfch, (size_t)N * 4 * C);
-    DT_CHECK(dt_linear16_backward(pr, m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), dfch16,
-                                  a->ln2, wt(m, l, P_FCW), N, C, 4 * C));
-    dt_layernorm_backward(m->dres, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), m->dbuf, a->res2,
-                          bt(m, p, l, P_LN2W), a->ln2_mean, a->ln2_rstd, N, C);
+    DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), dfch16,
+                                       a->ln2, wt(m, l, P_FCW), N, C, 4 * C, mode));
+    dt_layernorm_backward_mode(m->dres, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), m->dbuf, a->res2,
+                               bt(m, p, l, P_LN2W), a->ln2_mean, a->ln2_rstd, N, C, mode);
     dt_act16_from_f32(pr, m->dres16, m->dres, (size_t)N * C);
-    DT_CHECK(dt_linear16_backward(pr, m->dbuf, bt(m, g, l, P_ATTPROJW), bt(m, g, l, P_ATTPROJB),
-                                  m->dres16, a->atty, wt(m, l, P_ATTPROJW), N, C, C));
+    DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, bt(m, g, l, P_ATTPROJW),
+                                       bt(m, g, l, P_ATTPROJB), m->dres16, a->atty,
+                                       wt(m, l, P_ATTPROJW), N, C, C, mode));
     dt_attention16_backward(pr, m->dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, C, NH,
                             m->attn_work);
-    DT_CHECK(dt_linear16_backward(pr, m->dbuf, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), m->dqkv,
-                                  a->ln1, wt(m, l, P_QKVW), N, C, 3 * C));
-    dt_layernorm_backward(m->dres, bt(m, g, l, P_LN1W), bt(m, g, l, P_LN1B), m->dbuf, x,
-                          bt(m, p, l, P_LN1W), a->ln1_mean, a->ln1_rstd, N, C);
+    DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB),
+                                       m->dqkv, a->ln1, wt(m, l, P_QKVW), N, C, 3 * C, mode));
+    dt_layernorm_backward_mode(m->dres, bt(m, g, l, P_LN1W), bt(m, g, l, P_LN1B), m->dbuf, x,
+                               bt(m, p, l, P_LN1W), a->ln1_mean, a->ln1_rstd, N, C, mode);
     return DT_OK;
 }
 
 dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, void *user) {
+    return dt_gpt_backward_mode(m, grad_scale, DT_GRAD_ACCUMULATE, hook, user);
+}
+
+dt_status dt_gpt_backward_mode(dt_gpt *m, float grad_scale, dt_grad_mode mode,
+                               dt_grad_ready_fn hook, void *user) {
+    if ((unsigned)mode > DT_GRAD_OVERWRITE)
+        return dt_error_set(DT_ERR_INVALID, "backward: grad mode %d is not a dt_grad_mode",
+                            (int)mode);
     if (!m->have_targets)
         return dt_error_set(DT_ERR_INVALID,
                             "backward needs a preceding forward with targets (and only one "
@@ -977,23 +1006,29 @@ dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, vo
     const dt_param_info *wte = &m->info[0], *wpe = &m->info[1];
     const dt_param_info *lnw = &m->info[m->ntensors - 2], *lnb = &m->info[m->ntensors - 1];
 
-    DT_CHECK(head_backward(m, grad_scale / (float)N));
+    DT_CHECK(head_backward(m, grad_scale / (float)N, mode));
     const float *xL = L > 0 ? m->acts[L - 1].res3 : m->encoded;
     memset(m->dres, 0, sizeof(float) * (size_t)N * C);
-    dt_layernorm_backward(m->dres, g + lnw->offset, g + lnb->offset, m->dbuf, xL, p + lnw->offset,
-                          m->lnf_mean, m->lnf_rstd, N, C);
+    dt_layernorm_backward_mode(m->dres, g + lnw->offset, g + lnb->offset, m->dbuf, xL,
+                               p + lnw->offset, m->lnf_mean, m->lnf_rstd, N, C, mode);
 
     for (int l = L - 1; l >= 0; l--) {
         const float *x = l > 0 ? m->acts[l - 1].res3 : m->encoded;
         /* A recomputed block refills the shared set from its kept input. */
         if (recomputed(m->opt.recompute_every, l))
-            DT_CHECK(block_forward(m, l, x, false));
-        DT_CHECK(block_backward(m, l, x));
+            DT_CHECK(block_forward(m, l, x, false, false));
+        DT_CHECK(block_backward(m, l, x, mode));
         /* m->dres holds d(x); every gradient from block l onwards is final. */
         if (hook)
             hook(user, block_offset(m, l));
     }
-    dt_embedding_backward(g + wte->offset, g + wpe->offset, m->dres, m->tokens, B, T, C);
+    /* wte: the head wrote it (per mode), the token embedding adds to it. wpe:
+     * rows [0,T) per mode; overwriting, the rows past T get their zero
+     * gradient here (no kernel writes them). */
+    dt_embedding_backward_mode(g + wte->offset, g + wpe->offset, m->dres, m->tokens, B, T, C, mode);
+    if (mode == DT_GRAD_OVERWRITE)
+        memset(g + wpe->offset + (size_t)T * C, 0,
+               sizeof(float) * ((size_t)m->cfg.max_seq - (size_t)T) * C);
     if (hook)
         hook(user, 0);
     return DT_OK;

@@ -238,7 +238,7 @@ void dt_matmul_forward(float *out, const float *inp, const float *weight, const 
  * one is used depends only on the shape, the ISA and the thread count. */
 static void matmul_backward_part(float *dinp, float *dweight, float *dbias, const float *dout,
                                  const float *inp, const float *weight, int N, int IC, int OC,
-                                 int nt, int t) {
+                                 int nt, int t, bool acc) {
     int lo, hi;
     if (dinp) {
         // dinp[lo:hi, :] = dout[lo:hi, :] (.,OC) @ weight (OC,IC)
@@ -261,15 +261,24 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
     if (lo < hi) {
         bool by_rows = OC >= IC;
         fused_dbias = dbias && (by_rows || nt == 1);
-        bool done = by_rows ? dt__sgemm_tn_acc(hi - lo, IC, N, dout + lo, OC, inp, IC,
-                                               dweight + (size_t)lo * IC, IC,
-                                               fused_dbias ? dbias + lo : NULL)
-                            : dt__sgemm_tn_acc(OC, hi - lo, N, dout, OC, inp + lo, IC, dweight + lo,
-                                               IC, fused_dbias ? dbias : NULL);
+        bool done = by_rows ? dt__sgemm_tn(hi - lo, IC, N, dout + lo, OC, inp, IC,
+                                           dweight + (size_t)lo * IC, IC,
+                                           fused_dbias ? dbias + lo : NULL, acc)
+                            : dt__sgemm_tn(OC, hi - lo, N, dout, OC, inp + lo, IC, dweight + lo, IC,
+                                           fused_dbias ? dbias : NULL, acc);
         if (done)
             lo = hi;
         else
             fused_dbias = false;
+    }
+    /* Overwriting on this path: clear the block, then accumulate (the same
+     * bits; the AVX-512 kernel above is the fast path). */
+    if (!acc && lo < hi) {
+        bool by_rows = OC >= IC;
+        int rows = by_rows ? hi - lo : OC, cols = by_rows ? IC : hi - lo;
+        float *d0 = by_rows ? dweight + (size_t)lo * IC : dweight + lo;
+        for (int i = 0; i < rows; i++)
+            memset(d0 + (size_t)i * IC, 0, sizeof(float) * (size_t)cols);
     }
     for (int k0 = 0; lo < hi && k0 < N; k0 += TN_CHUNK) {
         int kk = N - k0 < TN_CHUNK ? N - k0 : TN_CHUNK;
@@ -284,27 +293,34 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
         split_range(OC, nt, t, &lo, &hi);
         for (int o0 = lo; o0 < hi; o0 += 64) {
             int o1 = o0 + 64 < hi ? o0 + 64 : hi;
-            float acc[64] = {0};
+            float sum[64] = {0};
             for (int i = 0; i < N; i++) {
                 const float *row = dout + (size_t)i * OC;
                 for (int o = o0; o < o1; o++)
-                    acc[o - o0] += row[o];
+                    sum[o - o0] += row[o];
             }
             for (int o = o0; o < o1; o++)
-                dbias[o] += acc[o - o0];
+                dbias[o] = (acc ? dbias[o] : 0.0f) + sum[o - o0];
         }
     }
 }
 
-void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
-                        const float *inp, const float *weight, int N, int IC, int OC) {
+void dt_matmul_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout,
+                             const float *inp, const float *weight, int N, int IC, int OC,
+                             dt_grad_mode mode) {
+    bool acc = mode == DT_GRAD_ACCUMULATE;
     int nt = pool_size((double)N * IC * OC);
     if (nt <= 1) {
-        matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, 1, 0);
+        matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, 1, 0, acc);
         return;
     }
     int np = nt * PARTS_PER_THREAD;
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
     for (int p = 0; p < np; p++)
-        matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, np, p);
+        matmul_backward_part(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, np, p, acc);
+}
+
+void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
+                        const float *inp, const float *weight, int N, int IC, int OC) {
+    dt_matmul_backward_mode(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, DT_GRAD_ACCUMULATE);
 }

@@ -19,7 +19,9 @@
  * order, one sum over that chunk's tokens in increasing order; the order
  * depends only on K and KC, so the result is fixed for a fixed call
  * (deterministic, independent of the thread that runs it and of where the
- * caller splits M or N).
+ * caller splits M or N). Overwriting (dt__sgemm_tn with accumulate false)
+ * adds the first chunk's sums to 0 instead of to C, so it writes the bits
+ * zeroing C and accumulating would, without reading or clearing C first.
  * Pack buffers are per thread, grown on first use and then kept; when
  * allocation fails or AVX-512 is not active (dt_isa() below DT_ISA_AVX512)
  * dt__sgemm_tn_acc returns false and the caller uses its fallback.
@@ -77,8 +79,8 @@ static bool ensure_packs(void) {
  * masked load and store per (t, p). With colsum, also colsum[i] += the sum
  * of this chunk's column i of A, in token order (the bias gradient comes
  * free with the pack, which reads every element of A exactly once). */
-AVX512_TARGET static void pack_a_chunk(float *ap, float *colsum, const float *A, int lda, int M,
-                                       int kc) {
+AVX512_TARGET static void pack_a_chunk(float *ap, float *colsum, bool first, const float *A,
+                                       int lda, int M, int kc) {
     int panels = (M + MR - 1) / MR;
     for (int p = 0; p < panels; p++) {
         int rows = M - p * MR < MR ? M - p * MR : MR;
@@ -93,7 +95,8 @@ AVX512_TARGET static void pack_a_chunk(float *ap, float *colsum, const float *A,
         }
         if (colsum) {
             float *c = colsum + p * MR;
-            _mm512_mask_storeu_ps(c, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, c), sum));
+            __m512 old = first ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(m, c);
+            _mm512_mask_storeu_ps(c, m, _mm512_add_ps(old, sum));
         }
     }
 }
@@ -124,13 +127,14 @@ AVX512_TARGET static void pack_b_panel(float *bp, const float *B, int ldb, int n
     }
 }
 
-/* The MR x NR tile: C[r][0..nv) += sum_t ap[t][r] bp[t][.] for r < rows.
+/* The MR x NR tile: C[r][0..nv) += sum_t ap[t][r] bp[t][.] for r < rows
+ * (with `first`: C[r][.] = 0 + the sums, C not read).
  * Written with constant-size arrays that the compiler fully unrolls into
  * MR * NV accumulator registers (checked in the disassembly: no spills). */
 #define NV (NR / 16)
 AVX512_TARGET static void kernel_tile(int kc, const float *restrict ap, const float *restrict bp,
-                                      float *C, int ldc, int rows, int nv) {
-    for (int r = 0; r < rows; r++)
+                                      float *C, int ldc, int rows, int nv, bool first) {
+    for (int r = 0; !first && r < rows; r++)
         for (int j = 0; j < nv; j += 16)
             _mm_prefetch((const char *)(C + (size_t)r * ldc + j), _MM_HINT_T0);
     __m512 acc[MR][NV];
@@ -154,6 +158,7 @@ AVX512_TARGET static void kernel_tile(int kc, const float *restrict ap, const fl
         ap += MR;
         bp += NR;
     }
+    const __m512 zero = _mm512_setzero_ps();
     if (nv == NR) {
 #pragma GCC unroll 16
         for (int r = 0; r < MR; r++) {
@@ -162,7 +167,9 @@ AVX512_TARGET static void kernel_tile(int kc, const float *restrict ap, const fl
             float *c = C + (size_t)r * ldc;
 #pragma GCC unroll 16
             for (int j = 0; j < NV; j++)
-                _mm512_storeu_ps(c + 16 * j, _mm512_add_ps(_mm512_loadu_ps(c + 16 * j), acc[r][j]));
+                _mm512_storeu_ps(
+                    c + 16 * j,
+                    _mm512_add_ps(first ? zero : _mm512_loadu_ps(c + 16 * j), acc[r][j]));
         }
         return;
     }
@@ -179,25 +186,26 @@ AVX512_TARGET static void kernel_tile(int kc, const float *restrict ap, const fl
         for (int j = 0; j < NV; j++)
             _mm512_mask_storeu_ps(
                 c + 16 * j, m[j],
-                _mm512_add_ps(_mm512_maskz_loadu_ps(m[j], c + 16 * j), acc[r][j]));
+                _mm512_add_ps(first ? zero : _mm512_maskz_loadu_ps(m[j], c + 16 * j), acc[r][j]));
     }
 }
 
 static void sgemm_tn_avx512(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                            float *C, int ldc, float *colsum) {
+                            float *C, int ldc, float *colsum, bool accumulate) {
     for (int m0 = 0; m0 < M; m0 += MC) {
         int mc = M - m0 < MC ? M - m0 : MC, panels = (mc + MR - 1) / MR;
         for (int k0 = 0; k0 < K; k0 += KC) {
             int kc = K - k0 < KC ? K - k0 : KC;
-            pack_a_chunk(pack_a, colsum ? colsum + m0 : NULL, A + (size_t)k0 * lda + m0, lda, mc,
-                         kc);
+            bool first = !accumulate && k0 == 0;
+            pack_a_chunk(pack_a, colsum ? colsum + m0 : NULL, first, A + (size_t)k0 * lda + m0, lda,
+                         mc, kc);
             for (int n0 = 0; n0 < N; n0 += NR) {
                 int nv = N - n0 < NR ? N - n0 : NR;
                 pack_b_panel(pack_b, B + (size_t)k0 * ldb + n0, ldb, nv, kc);
                 for (int p = 0; p < panels; p++) {
                     int rows = mc - p * MR < MR ? mc - p * MR : MR;
                     kernel_tile(kc, pack_a + (size_t)p * kc * MR, pack_b,
-                                C + (size_t)(m0 + p * MR) * ldc + n0, ldc, rows, nv);
+                                C + (size_t)(m0 + p * MR) * ldc + n0, ldc, rows, nv, first);
                 }
             }
         }
@@ -206,20 +214,34 @@ static void sgemm_tn_avx512(int M, int N, int K, const float *A, int lda, const 
 
 #endif /* HAVE_TN_AVX512 */
 
-bool dt__sgemm_tn_acc(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                      float *C, int ldc, float *colsum) {
+bool dt__sgemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
+                  int ldc, float *colsum, bool accumulate) {
 #if HAVE_TN_AVX512
     if (dt_isa() < DT_ISA_AVX512)
         return false;
-    if (M <= 0 || K <= 0)
-        return true; /* N == 0 still runs: colsum needs the packs */
+    if (M <= 0)
+        return true;
+    if (K <= 0) { /* an empty sum: overwriting still writes its zeros */
+        for (int i = 0; !accumulate && i < M; i++) {
+            for (int j = 0; j < N; j++)
+                C[(size_t)i * ldc + j] = 0.0f;
+            if (colsum)
+                colsum[i] = 0.0f;
+        }
+        return true;
+    }
     if (!ensure_packs())
         return false;
-    sgemm_tn_avx512(M, N, K, A, lda, B, ldb, C, ldc, colsum);
+    sgemm_tn_avx512(M, N, K, A, lda, B, ldb, C, ldc, colsum, accumulate);
     return true;
 #else
     (void)M, (void)N, (void)K, (void)A, (void)lda, (void)B, (void)ldb, (void)C, (void)ldc,
-        (void)colsum;
+        (void)colsum, (void)accumulate;
     return false;
 #endif
+}
+
+bool dt__sgemm_tn_acc(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
+                      float *C, int ldc, float *colsum) {
+    return dt__sgemm_tn(M, N, K, A, lda, B, ldb, C, ldc, colsum, true);
 }

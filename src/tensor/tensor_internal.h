@@ -31,5 +31,10 @@ void dt__sgemm_tile(bool ta, bool tb, int M, int N, int K, float alpha, const fl
  * caller then uses sgemm. Deterministic for a fixed call. */
 bool dt__sgemm_tn_acc(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
                       float *C, int ldc, float *colsum);
+/* The same with C and colsum overwritten (= 0 + sum, the bits of zeroing
+ * then accumulating) when accumulate is false: their old contents are not
+ * read. */
+bool dt__sgemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
+                  int ldc, float *colsum, bool accumulate);
 
 #endif /* DTRAIN_TENSOR_INTERNAL_H */

@@ -4,9 +4,9 @@
  *
  * One optimizer step:
  *
- *     zero grads
- *     K times: next batch -> forward -> backward(S/K)      (the last backward
- *              feeds the DDP hook, which starts bucket allreduces early;
+ *     K times: next batch -> forward -> backward(S/K)      (the first backward
+ *              overwrites the gradients, so nothing zeroes them; the last
+ *              one feeds the DDP hook, which starts bucket allreduces early;
  *              S is the loss scale with loss scaling on, else 1)
  *     finish DDP: per averaged bucket, unscale by 1/S noting inf/nan (loss
  *              scaling), sum of squares (and, without clipping or
@@ -1210,7 +1210,6 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         DT_CHECK_GOTO(dt_ddp_set_fraction(t->ddp, ramp_fraction(c, t->step)), st, fail);
         if (c->compress_freeze_v && t->step == c->compress_start)
             freeze_second_moment(t);
-        dt_gpt_zero_grads(t->m);
         double loss = 0;
         for (int k = 0; k < t->K; k++) {
             float l;
@@ -1219,8 +1218,12 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             loss += l;
             bool last = k == t->K - 1;
             dt_ddp_begin(t->ddp, last);
-            DT_CHECK_GOTO(dt_gpt_backward(t->m, scale / (float)t->K, dt_ddp_grad_ready, t->ddp), st,
-                          fail);
+            /* The first micro-batch overwrites the gradients (no zeroing
+             * pass; the same bits), the others add to them. */
+            DT_CHECK_GOTO(dt_gpt_backward_mode(t->m, scale / (float)t->K,
+                                               k == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE,
+                                               dt_ddp_grad_ready, t->ddp),
+                          st, fail);
         }
         t->sumsq = 0;
         DT_CHECK_GOTO(dt_ddp_finish(t->ddp, on_bucket, t), st, fail);

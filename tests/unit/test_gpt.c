@@ -1,9 +1,9 @@
 /*
  * test_gpt.c — the GPT object's contracts: presets and validation, the
  * layer-major tensor table, deterministic init, accumulating backward with
- * grad_scale, the ready-hook order, attention memory linear in T, bad input
- * rejected, and the weights file (round trip, truncation, corruption).
- * Numerical agreement with PyTorch is test_gpt_reference.
+ * grad_scale, overwriting backward (bit-identical to zero + accumulate), the ready-hook order,
+ * attention memory linear in T, bad input rejected, and the weights file (round trip, truncation,
+ * corruption). Numerical agreement with PyTorch is test_gpt_reference.
  */
 #include "dtrain/nn.h"
 #include "test.h"
@@ -154,6 +154,124 @@ static void test_backward_accumulates_and_hook(void) {
     dt_gpt_destroy(m);
 }
 
+/* The first bit of grads a and b that differ, reported with the tensor name. */
+static void assert_same_bits(dt_gpt *m, const float *a, const float *b, const char *what) {
+    size_t n = dt_gpt_num_params(m);
+    for (size_t i = 0; i < n; i++) {
+        uint32_t ua, ub;
+        memcpy(&ua, &a[i], 4);
+        memcpy(&ub, &b[i], 4);
+        if (ua == ub)
+            continue;
+        const char *name = "?";
+        for (size_t t = 0; t < dt_gpt_num_tensors(m); t++) {
+            dt_param_info p;
+            dt_gpt_tensor_info(m, t, &p);
+            if (i >= p.offset && i < p.offset + p.rows * p.cols)
+                name = p.name;
+        }
+        TEST_FAILF("%s: grad[%zu] (%s) overwrite %.9g (0x%08x), zero+accumulate %.9g (0x%08x)",
+                   what, i, name, a[i], ua, b[i], ub);
+    }
+}
+
+/* DT_GRAD_OVERWRITE on a buffer of NaN (a gradient no kernel writes stays
+ * NaN) or of garbage equals zero_grads + accumulate bit for bit, alone and
+ * as the first of two half-scaled micro-batches, in every code path that
+ * writes a parameter gradient: fp32 with 1 and 2 threads (one-pass and
+ * column-block LayerNorm, split products), the sgemm fallback of the
+ * weight gradient (DT_ISA avx2), a chunked LM head, recomputation, bf16,
+ * and B, T below the planned sizes (wpe rows past T). */
+static void test_backward_overwrite(void) {
+    dt_gpt_config tiny, wide = {2, 192, 4, 64, 97};
+    ASSERT_OK(dt_gpt_preset("tiny", &tiny));
+    /* wide: B=4 T=64 gives N*C above the kernels' threading threshold and
+     * products above dt_sgemm's split size */
+    int32_t in[256], tg[256];
+    fill_tokens(in, 256, tiny.vocab, 3);
+    fill_tokens(tg, 256, tiny.vocab, 4);
+    const int threads0 = dt_tensor_threads();
+    const dt_isa_level isa0 = dt_isa();
+    struct {
+        const char *name;
+        dt_precision pr;
+        int recompute, threads, head_cols, B, T, b, t;
+        bool avx2, wide;
+    } cases[] = {
+        {"fp32 1 thread", DT_PRECISION_FP32, 0, 1, 0, 2, 20, 2, 20, false, false},
+        {"fp32 wide 1 thread", DT_PRECISION_FP32, 0, 1, 0, 4, 64, 4, 64, false, true},
+        {"fp32 wide 2 threads", DT_PRECISION_FP32, 0, 2, 0, 4, 64, 4, 64, false, true},
+        {"fp32 avx2 (sgemm weight gradients)", DT_PRECISION_FP32, 0, 1, 0, 2, 20, 2, 20, true,
+         false},
+        {"fp32 head in chunks of 32", DT_PRECISION_FP32, 0, 2, 32, 2, 20, 2, 20, false, false},
+        {"fp32 recompute blocks", DT_PRECISION_FP32, 1, 1, 0, 2, 20, 2, 20, false, false},
+        {"fp32 B=1 T=7 of B=2 T=20", DT_PRECISION_FP32, 0, 1, 0, 2, 20, 1, 7, false, false},
+        {"bf16", DT_PRECISION_BF16, 0, 1, 0, 2, 20, 2, 20, false, false},
+    };
+    for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
+        dt_tensor_set_threads(cases[k].threads);
+        if (cases[k].avx2 && dt_isa_set(isa0 < DT_ISA_AVX2 ? isa0 : DT_ISA_AVX2) != DT_OK)
+            continue;
+        dt__gpt_head_cols_override(cases[k].head_cols);
+        dt_gpt_options o = {cases[k].pr, cases[k].recompute};
+        dt_gpt *m;
+        dt_status st =
+            dt_gpt_create_with(&m, cases[k].wide ? &wide : &tiny, cases[k].B, cases[k].T, &o);
+        dt__gpt_head_cols_override(0);
+        if (st == DT_ERR_UNSUPPORTED) {
+            printf("  %s: not supported here, skipped\n", cases[k].name);
+            continue;
+        }
+        ASSERT_OK(st);
+        dt_gpt_init_params(m, 5);
+        size_t n = dt_gpt_num_params(m);
+        float *ref = malloc(n * sizeof(float)), *g = dt_gpt_grads(m);
+        const int b = cases[k].b, t = cases[k].t;
+        /* the reference: zero, then accumulate */
+        dt_gpt_zero_grads(m);
+        ASSERT_OK(dt_gpt_forward(m, in, tg, b, t, NULL));
+        ASSERT_OK(dt_gpt_backward(m, 1.0f, NULL, NULL));
+        memcpy(ref, g, n * sizeof(float));
+        for (int fill = 0; fill < 2; fill++) {
+            dt_rng r;
+            dt_rng_init(&r, 9, dt_rng_stream_id(0, (uint64_t)fill, DT_RNG_TEST));
+            for (size_t i = 0; i < n; i++)
+                g[i] = fill == 0 ? NAN : 1e3f * dt_rng_normal(&r);
+            ASSERT_OK(dt_gpt_forward(m, in, tg, b, t, NULL));
+            ASSERT_OK(dt_gpt_backward_mode(m, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
+            assert_same_bits(m, g, ref, cases[k].name);
+        }
+        /* two micro-batches: overwrite then accumulate == zero then two accumulates */
+        dt_gpt_zero_grads(m);
+        for (int j = 0; j < 2; j++) {
+            ASSERT_OK(dt_gpt_forward(m, in, tg, b, t, NULL));
+            ASSERT_OK(dt_gpt_backward(m, 0.5f, NULL, NULL));
+        }
+        memcpy(ref, g, n * sizeof(float));
+        for (size_t i = 0; i < n; i++)
+            g[i] = NAN;
+        for (int j = 0; j < 2; j++) {
+            ASSERT_OK(dt_gpt_forward(m, in, tg, b, t, NULL));
+            ASSERT_OK(dt_gpt_backward_mode(m, 0.5f, j == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE,
+                                           NULL, NULL));
+        }
+        assert_same_bits(m, g, ref, cases[k].name);
+        free(ref);
+        dt_gpt_destroy(m);
+        if (cases[k].avx2)
+            ASSERT_OK(dt_isa_set(isa0));
+    }
+    dt_tensor_set_threads(threads0);
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create(&m, &tiny, 1, 8));
+    ASSERT_OK(dt_gpt_forward(m, in, tg, 1, 8, NULL));
+    ASSERT_STATUS(dt_gpt_backward_mode(m, 1.0f, (dt_grad_mode)7, NULL, NULL), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "7");
+    /* a rejected mode does not consume the forward */
+    ASSERT_OK(dt_gpt_backward_mode(m, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
+    dt_gpt_destroy(m);
+}
+
 static void test_bad_input(void) {
     dt_gpt_config c;
     ASSERT_OK(dt_gpt_preset("tiny", &c));
@@ -250,6 +368,7 @@ int main(void) {
     RUN(test_layout);
     RUN(test_init_deterministic);
     RUN(test_backward_accumulates_and_hook);
+    RUN(test_backward_overwrite);
     RUN(test_bad_input);
     RUN(test_attention_memory_linear);
     RUN(test_weights_file);

@@ -348,6 +348,115 @@ static void test_matmul_dweight_chunks(void) {
     }
 }
 
+static float *nanv(size_t n) {
+    float *x = malloc(n * sizeof(float));
+    for (size_t i = 0; i < n; i++)
+        x[i] = NAN;
+    return x;
+}
+
+static void assert_bits(const char *what, const float *got, const float *ref, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        uint32_t a, b;
+        memcpy(&a, &got[i], 4);
+        memcpy(&b, &ref[i], 4);
+        if (a != b)
+            TEST_FAILF("%s[%zu]: %.9g (0x%08x), expected %.9g (0x%08x)", what, i, got[i], a, ref[i],
+                       b);
+    }
+}
+
+/* The _mode kernels with DT_GRAD_OVERWRITE on NaN-filled gradients write
+ * the bits of zero + DT_GRAD_ACCUMULATE: linear layers split by output and
+ * by input channels, over several token chunks, on 1 and 2 threads, with
+ * the AVX-512 weight-gradient kernel and with sgemm (DT_ISA avx2);
+ * LayerNorm on its one-pass and column-block paths; wpe's rows. */
+static void test_grad_overwrite(void) {
+    const dt_isa_level isa0 = dt_isa();
+    const int threads0 = dt_tensor_threads();
+    int shapes[][3] = {{1100, 24, 40}, {1100, 40, 24}, {130, 64, 300}, {300, 80, 100}};
+    for (int iso = 0; iso < 2; iso++) {
+        if (iso == 1 && dt_isa_set(isa0 < DT_ISA_AVX2 ? isa0 : DT_ISA_AVX2) != DT_OK)
+            break;
+        for (int th = 1; th <= 2; th++) {
+            dt_tensor_set_threads(th);
+            for (int s = 0; s < 4; s++) {
+                int N = shapes[s][0], IC = shapes[s][1], OC = shapes[s][2];
+                float *inp = randv((size_t)N * IC, 1.0f), *w = randv((size_t)OC * IC, 0.2f);
+                float *dout = randv((size_t)N * OC, 1.0f);
+                float *dw0 = zerov((size_t)OC * IC), *db0 = zerov(OC);
+                float *dw1 = nanv((size_t)OC * IC), *db1 = nanv(OC);
+                dt_matmul_backward(NULL, dw0, db0, dout, inp, w, N, IC, OC);
+                dt_matmul_backward_mode(NULL, dw1, db1, dout, inp, w, N, IC, OC, DT_GRAD_OVERWRITE);
+                assert_bits("overwritten dweight", dw1, dw0, (size_t)OC * IC);
+                assert_bits("overwritten dbias", db1, db0, OC);
+                free(inp), free(w), free(dout), free(dw0), free(db0), free(dw1), free(db1);
+            }
+            /* LayerNorm: N*C above the threading threshold (2 threads: column blocks) */
+            int N = 300, C = 200;
+            float *x = randv((size_t)N * C, 1.0f), *dy = randv((size_t)N * C, 1.0f);
+            float *wt = randv(C, 1.0f), *bs = randv(C, 1.0f), *y = zerov((size_t)N * C);
+            float *mean = zerov(N), *rstd = zerov(N), *dx = zerov((size_t)N * C);
+            float *gw0 = zerov(C), *gb0 = zerov(C), *gw1 = nanv(C), *gb1 = nanv(C);
+            dt_layernorm_forward(y, mean, rstd, x, wt, bs, N, C);
+            dt_layernorm_backward(dx, gw0, gb0, dy, x, wt, mean, rstd, N, C);
+            dt_layernorm_backward_mode(dx, gw1, gb1, dy, x, wt, mean, rstd, N, C,
+                                       DT_GRAD_OVERWRITE);
+            assert_bits("overwritten ln dweight", gw1, gw0, C);
+            assert_bits("overwritten ln dbias", gb1, gb0, C);
+            free(x), free(dy), free(wt), free(bs), free(y), free(mean), free(rstd), free(dx);
+            free(gw0), free(gb0), free(gw1), free(gb1);
+        }
+        /* Embedding: wpe rows [0,T) overwritten, rows past T untouched, wte added to. */
+        int B = 3, T = 50, Tmax = 64, V = 11, C = 96;
+        int32_t tok[150];
+        for (int i = 0; i < B * T; i++)
+            tok[i] = (int32_t)dt_rng_below(&g_rng, (uint32_t)V);
+        float *dout = randv((size_t)B * T * C, 1.0f), *wte0 = randv((size_t)V * C, 1.0f);
+        float *wte1 = malloc((size_t)V * C * sizeof(float));
+        memcpy(wte1, wte0, (size_t)V * C * sizeof(float));
+        float *wpe0 = zerov((size_t)Tmax * C), *wpe1 = nanv((size_t)Tmax * C);
+        dt_embedding_backward(wte0, wpe0, dout, tok, B, T, C);
+        dt_embedding_backward_mode(wte1, wpe1, dout, tok, B, T, C, DT_GRAD_OVERWRITE);
+        assert_bits("embedding dwte", wte1, wte0, (size_t)V * C);
+        assert_bits("overwritten dwpe", wpe1, wpe0, (size_t)T * C);
+        for (size_t i = (size_t)T * C; i < (size_t)Tmax * C; i++)
+            ASSERT_TRUE(isnan(wpe1[i]));
+        free(dout), free(wte0), free(wte1), free(wpe0), free(wpe1);
+    }
+    ASSERT_OK(dt_isa_set(isa0));
+    dt_tensor_set_threads(threads0);
+}
+
+/* dt_residual_layernorm_forward = the residual kernel + dt_layernorm_forward,
+ * bit for bit, with and without the bias, on 1 and 2 threads. */
+static void test_residual_layernorm(void) {
+    const int threads0 = dt_tensor_threads();
+    int N = 300, C = 200;
+    float *a = randv((size_t)N * C, 1.0f), *b = randv((size_t)N * C, 1.0f);
+    float *bias = randv(C, 1.0f), *w = randv(C, 1.0f), *lb = randv(C, 1.0f);
+    float *r0 = zerov((size_t)N * C), *y0 = zerov((size_t)N * C), *m0 = zerov(N), *s0 = zerov(N);
+    float *r1 = nanv((size_t)N * C), *y1 = nanv((size_t)N * C), *m1 = nanv(N), *s1 = nanv(N);
+    for (int th = 1; th <= 2; th++) {
+        dt_tensor_set_threads(th);
+        for (int withb = 0; withb < 2; withb++) {
+            if (withb)
+                dt_residual_bias_forward(r0, a, b, bias, N, C);
+            else
+                dt_residual_forward(r0, a, b, (size_t)N * C);
+            dt_layernorm_forward(y0, m0, s0, r0, w, lb, N, C);
+            dt_residual_layernorm_forward(r1, y1, m1, s1, a, b, withb ? bias : NULL, w, lb, N, C);
+            assert_bits("fused residual", r1, r0, (size_t)N * C);
+            assert_bits("fused layernorm out", y1, y0, (size_t)N * C);
+            assert_bits("fused layernorm mean", m1, m0, N);
+            assert_bits("fused layernorm rstd", s1, s0, N);
+        }
+    }
+    free(a), free(b), free(bias), free(w), free(lb);
+    free(r0), free(y0), free(m0), free(s0), free(r1), free(y1), free(m1), free(s1);
+    dt_tensor_set_threads(threads0);
+}
+
 /* ------------------------------------------------------------ cross-entropy */
 
 typedef struct ce_ctx {
@@ -546,6 +655,8 @@ int main(void) {
     RUN(test_sgemm_split);
     RUN(test_matmul_split);
     RUN(test_matmul_dweight_chunks);
+    RUN(test_grad_overwrite);
+    RUN(test_residual_layernorm);
     RUN(test_crossentropy);
     RUN(test_embedding);
     RUN(test_attention_fd);
