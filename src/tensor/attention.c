@@ -38,6 +38,7 @@
  * Layout: qkv (B,T,3C) = [q | k | v], each C = NH * HS with heads
  * contiguous, exactly what one linear layer of width 3C produces.
  */
+#include "attention_internal.h"
 #include "tensor_internal.h"
 
 #include "simd.h"
@@ -110,7 +111,8 @@ static void attn_forward_block(float *out, float *lse, const float *qkv, int b, 
     }
 }
 
-void dt_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+void dt__attention_forward_tiles(float *out, float *lse, const float *qkv, int B, int T, int C,
+                                 int NH) {
     DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS);
     int nblk = (T + BLK - 1) / BLK;
     /* Later query blocks see more keys; dynamic scheduling evens that out. */
@@ -173,13 +175,27 @@ static void attn_backward_head(float *dqkv, const float *dout, const float *qkv,
     }
 }
 
-void dt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                           const float *lse, int B, int T, int C, int NH) {
+void dt__attention_backward_tiles(float *dqkv, const float *dout, const float *qkv,
+                                  const float *out, const float *lse, int B, int T, int C, int NH) {
     DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS);
 #pragma omp parallel for collapse(2) schedule(dynamic, 1) if (B * NH > 1)
     for (int b = 0; b < B; b++)
         for (int h = 0; h < NH; h++)
             attn_backward_head(dqkv, dout, qkv, out, lse, b, h, T, C, NH);
+}
+
+/* The register-tile kernels where they run (attention_avx512.c), the tiles
+ * otherwise; the choice depends only on the head size and dt_isa(), never on
+ * the thread count. */
+void dt_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+    if (!dt__attention_forward_avx512(out, lse, qkv, B, T, C, NH))
+        dt__attention_forward_tiles(out, lse, qkv, B, T, C, NH);
+}
+
+void dt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                           const float *lse, int B, int T, int C, int NH) {
+    if (!dt__attention_backward_avx512(dqkv, dout, qkv, out, lse, B, T, C, NH))
+        dt__attention_backward_tiles(dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
 
 /* ------------------------------------------------------------------------ */
