@@ -164,12 +164,14 @@ AVX512_TARGET static void tile(float *c, int nv, int n, const float *const a[MR]
     }
 }
 
-/* dst[c][r] = src[r][c] for a 16 x 16 block; source rows >= rows read as 0. */
+/* dst[c][r] = s src[r][c] for a 16 x 16 block; source rows >= rows read as 0. */
 AVX512_TARGET static void transpose16(float *dst, size_t ldd, const float *src, size_t lds,
-                                      int rows) {
+                                      int rows, float s) {
     __m512 r[16], t[16];
+    const __m512 vs = _mm512_set1_ps(s);
     for (int i = 0; i < 16; i++)
-        r[i] = i < rows ? _mm512_loadu_ps(src + (size_t)i * lds) : _mm512_setzero_ps();
+        r[i] = i < rows ? _mm512_mul_ps(_mm512_loadu_ps(src + (size_t)i * lds), vs)
+                        : _mm512_setzero_ps();
     for (int i = 0; i < 16; i += 2) {
         t[i] = _mm512_unpacklo_ps(r[i], r[i + 1]);
         t[i + 1] = _mm512_unpackhi_ps(r[i], r[i + 1]);
@@ -200,24 +202,43 @@ AVX512_TARGET static void transpose16(float *dst, size_t ldd, const float *src, 
     }
 }
 
-/* dst (HS, ldd) = the transpose of rows 0..n-1 of src (stride lds), columns
- * n..ncols-1 of dst (ncols a multiple of 16) zero. */
+/* dst (HS, ldd) = s times the transpose of rows 0..n-1 of src (stride lds),
+ * columns n..ncols-1 of dst (ncols a multiple of 16) zero. */
 AVX512_TARGET static void pack_t(float *dst, size_t ldd, const float *src, size_t lds, int n,
-                                 int ncols, int HS) {
+                                 int ncols, int HS, float s) {
     for (int c = 0; c < ncols; c += 16) {
         int rows = n - c < 16 ? (n - c > 0 ? n - c : 0) : 16;
         for (int d = 0; d < HS; d += 16)
-            transpose16(dst + (size_t)d * ldd + c, ldd, src + (size_t)c * lds + d, lds, rows);
+            transpose16(dst + (size_t)d * ldd + c, ldd, src + (size_t)c * lds + d, lds, rows, s);
     }
 }
 
-/* Lanes q0 + 16 v + lane that a key j sees: q >= j and q < qend. */
-INLINE __mmask16 causal_mask(int q0, int j, int qend) {
-    __m512i q =
-        _mm512_add_epi32(_mm512_set1_epi32(q0),
-                         _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
-    return _mm512_cmp_epi32_mask(q, _mm512_set1_epi32(j), _MM_CMPINT_NLT) &
-           _mm512_cmp_epi32_mask(q, _mm512_set1_epi32(qend), _MM_CMPINT_LT);
+/* Lanes >= lo of a 16-lane mask. */
+static inline __mmask16 lanes_from(int lo) {
+    return lo <= 0 ? (__mmask16)0xFFFF : lo >= 16 ? (__mmask16)0 : (__mmask16)(0xFFFFu << lo);
+}
+
+/* Lanes of queries q0..q0+15 that key j is visible to: q >= j and q < qend. */
+static inline __mmask16 causal_mask(int q0, int j, int qend) {
+    return (__mmask16)(lanes_from(j - q0) & ~lanes_from(qend - q0));
+}
+
+/* ln x for normal x > 0: x = 2^e m with m in [0.75, 1.5) (vgetmant, vgetexp),
+ * ln m = 2 atanh(t) with t = (m - 1) / (m + 1), |t| <= 0.2, by its odd series
+ * to t^9 (the next term is below 4e-9). Used for lse = max + ln l, l >= 1. */
+INLINE __m512 log16(__m512 x) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    __m512 m = _mm512_getmant_ps(x, _MM_MANT_NORM_p75_1p5, _MM_MANT_SIGN_src);
+    __m512 e = _mm512_getexp_ps(x);
+    e = _mm512_mask_add_ps(e, _mm512_cmp_ps_mask(m, one, _CMP_LT_OQ), e, one);
+    __m512 t = _mm512_div_ps(_mm512_sub_ps(m, one), _mm512_add_ps(m, one)),
+           t2 = _mm512_mul_ps(t, t);
+    __m512 p = _mm512_set1_ps(2.0f / 9.0f);
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(2.0f / 7.0f));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(2.0f / 5.0f));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(2.0f / 3.0f));
+    p = _mm512_fmadd_ps(p, t2, _mm512_set1_ps(2.0f));
+    return _mm512_fmadd_ps(e, _mm512_set1_ps(0.693147180559945f), _mm512_mul_ps(p, t));
 }
 
 /* ------------------------------------------------------------------------ */
@@ -246,10 +267,10 @@ static void tile_rows(const float *a[MR], const float *base, size_t stride, int 
 
 AVX512_TARGET static void fwd_block(const fwd_ctx *f) {
     const int i0 = f->i0, i1 = f->i1, nvh = f->HS / 16;
-    const __m512 vscale = _mm512_set1_ps(f->scale), ninf = _mm512_set1_ps(-INFINITY);
+    const __m512 ninf = _mm512_set1_ps(-INFINITY);
     float c[MR * TL] __attribute__((aligned(64)));
     const float *a[MR];
-    pack_t(f->qt, QB, f->qb + (size_t)i0 * f->C3, f->C3, i1 - i0, QB, f->HS);
+    pack_t(f->qt, QB, f->qb + (size_t)i0 * f->C3, f->C3, i1 - i0, QB, f->HS, f->scale);
     for (int q = 0; q < QB; q += 16)
         _mm512_store_ps(f->mx + q, ninf);
     /* Step 1: S^T by 6-key groups; query vectors below vs (queries < jg) skipped. */
@@ -261,45 +282,54 @@ AVX512_TARGET static void fwd_block(const fwd_ctx *f) {
             float *srow = f->st + (size_t)(jg + i) * QB;
             for (int v = vs; v < QB / 16; v++) {
                 __mmask16 m = causal_mask(i0 + 16 * v, jg + i, i1);
-                __m512 x = _mm512_mul_ps(_mm512_load_ps(c + i * TL + 16 * (v - vs)), vscale);
-                x = _mm512_mask_blend_ps(m, ninf, x);
+                __m512 x = _mm512_load_ps(c + i * TL + 16 * (v - vs));
+                if (m != 0xFFFF)
+                    x = _mm512_mask_blend_ps(m, ninf, x);
                 _mm512_store_ps(srow + 16 * v, x);
                 _mm512_store_ps(f->mx + 16 * v, _mm512_max_ps(_mm512_load_ps(f->mx + 16 * v), x));
             }
         }
     }
-    /* Step 2: P^T = exp(S^T - max) with the masked and skipped entries 0. */
-    __m512 l[QB / 16];
-    for (int v = 0; v < QB / 16; v++)
+    /* Step 2: P^T = exp(S^T - max) with the masked and skipped entries 0;
+     * the four column sums stay in registers (the v loop is unrolled). */
+    __m512 l[QB / 16], mv[QB / 16];
+#pragma GCC unroll 4
+    for (int v = 0; v < QB / 16; v++) {
         l[v] = _mm512_setzero_ps();
+        mv[v] = _mm512_load_ps(f->mx + 16 * v);
+    }
     for (int j = 0; j < i1; j++) {
         int jg = j - j % MR, vs = jg > i0 ? (jg - i0) / 16 : 0;
         float *srow = f->st + (size_t)j * QB;
-        for (int v = 0; v < vs; v++)
-            _mm512_store_ps(srow + 16 * v, _mm512_setzero_ps());
-        for (int v = vs; v < QB / 16; v++) {
-            __mmask16 m = causal_mask(i0 + 16 * v, j, i1);
-            __m512 x = _mm512_sub_ps(_mm512_load_ps(srow + 16 * v), _mm512_load_ps(f->mx + 16 * v));
-            __m512 p = _mm512_maskz_mov_ps(m, exp16(x));
+#pragma GCC unroll 4
+        for (int v = 0; v < QB / 16; v++) {
+            __m512 p = _mm512_setzero_ps(); /* never written in step 1: queries < jg */
+            if (v >= vs) {
+                __mmask16 m = causal_mask(i0 + 16 * v, j, i1);
+                p = exp16(_mm512_sub_ps(_mm512_load_ps(srow + 16 * v), mv[v]));
+                if (m != 0xFFFF)
+                    p = _mm512_maskz_mov_ps(m, p);
+                l[v] = _mm512_add_ps(l[v], p);
+            }
             _mm512_store_ps(srow + 16 * v, p);
-            l[v] = _mm512_add_ps(l[v], p);
         }
     }
-    float lsum[QB] __attribute__((aligned(64)));
-    for (int v = 0; v < QB / 16; v++)
-        _mm512_store_ps(lsum + 16 * v, l[v]);
+    float linv[QB] __attribute__((aligned(64)));
+    for (int v = 0; v < QB / 16; v++) {
+        _mm512_store_ps(linv + 16 * v, _mm512_div_ps(_mm512_set1_ps(1.0f), l[v]));
+        __m512 lse = _mm512_add_ps(_mm512_load_ps(f->mx + 16 * v), log16(l[v]));
+        _mm512_mask_storeu_ps(f->lrow + i0 + 16 * v, causal_mask(i0 + 16 * v, 0, i1), lse);
+    }
     /* Step 3: O = P V for 6 queries at a time over the keys they see. */
     for (int r0 = i0; r0 < i1; r0 += MR) {
         int rows = i1 - r0 < MR ? i1 - r0 : MR;
         tile_rows(a, f->st + (r0 - i0), 1, rows);
         tile(c, nvh, r0 + rows, a, QB, f->vb, f->C3);
         for (int i = 0; i < rows; i++) {
-            int q = r0 - i0 + i;
-            __m512 inv = _mm512_set1_ps(1.0f / lsum[q]);
+            __m512 inv = _mm512_set1_ps(linv[r0 - i0 + i]);
             for (int v = 0; v < nvh; v++)
                 _mm512_storeu_ps(f->ob + (size_t)(r0 + i) * f->ldo + 16 * v,
                                  _mm512_mul_ps(_mm512_load_ps(c + i * TL + 16 * v), inv));
-            f->lrow[r0 + i] = f->mx[q] + logf(lsum[q]);
         }
     }
 }
@@ -331,9 +361,10 @@ AVX512_TARGET static void bwd_scores(const bwd_ctx *g, int j0, int jg, int rows,
         float *prow = g->pt + (size_t)(jg + i - j0) * g->Tp + q0;
         for (int v = 0; v < nv; v++) {
             __mmask16 m = causal_mask(q0 + 16 * v, jg + i, g->T);
-            __m512 x = _mm512_fmsub_ps(_mm512_load_ps(c + i * TL + 16 * v), vscale,
-                                       _mm512_load_ps(g->lp + q0 + 16 * v));
-            _mm512_store_ps(prow + 16 * v, _mm512_maskz_mov_ps(m, exp16(x)));
+            __m512 x = _mm512_sub_ps(_mm512_load_ps(c + i * TL + 16 * v),
+                                     _mm512_load_ps(g->lp + q0 + 16 * v));
+            x = exp16(x);
+            _mm512_store_ps(prow + 16 * v, m == 0xFFFF ? x : _mm512_maskz_mov_ps(m, x));
         }
     }
     tile_rows(a, g->vb + (size_t)jg * g->C3, g->C3, rows);
@@ -364,8 +395,8 @@ AVX512_TARGET static void bwd_head(const bwd_ctx *g) {
     const int T = g->T, Tp = g->Tp, HS = g->HS, nvh = HS / 16;
     float c[MR * TL] __attribute__((aligned(64)));
     const float *a[MR];
-    pack_t(g->qt, (size_t)Tp, g->qb, g->C3, T, Tp, HS);
-    pack_t(g->dot, (size_t)Tp, g->dob, g->C, T, Tp, HS);
+    pack_t(g->qt, (size_t)Tp, g->qb, g->C3, T, Tp, HS, g->scale);
+    pack_t(g->dot, (size_t)Tp, g->dob, g->C, T, Tp, HS, 1.0f);
     for (int t = 0; t < Tp; t++) {
         float d = 0.0f;
         if (t < T) {
@@ -379,10 +410,17 @@ AVX512_TARGET static void bwd_head(const bwd_ctx *g) {
     }
     for (int j0 = 0; j0 < T; j0 += KB) {
         const int j1 = j0 + KB < T ? j0 + KB : T;
+        /* Query chunk outer, key group inner: the chunk's Q^T and dO^T
+         * columns (2 x 16 KiB at HS = 64) stay in L1 across the block's
+         * key groups. A group starts at its first 16-aligned query. */
+        for (int q0 = j0; q0 < Tp; q0 += 64)
+            for (int jg = j0; jg < j1; jg += MR) {
+                int lo = jg / 16 * 16 > q0 ? jg / 16 * 16 : q0, hi = q0 + 64 < Tp ? q0 + 64 : Tp;
+                if (lo < hi)
+                    bwd_scores(g, j0, jg, j1 - jg < MR ? j1 - jg : MR, lo, (hi - lo) / 16);
+            }
         for (int jg = j0; jg < j1; jg += MR) {
             int rows = j1 - jg < MR ? j1 - jg : MR;
-            for (int q0 = jg / 16 * 16; q0 < Tp; q0 += 64)
-                bwd_scores(g, j0, jg, rows, q0, (Tp - q0) / 16 < 4 ? (Tp - q0) / 16 : 4);
             /* dK = dS^T Q and dV = P^T dO over queries jg..T-1 (the queries
              * in [jg, key) have P = dS = 0), each row written once. */
             size_t off = (size_t)(jg - j0) * Tp + jg;
