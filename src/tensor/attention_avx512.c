@@ -55,7 +55,7 @@
 
 #define MR     6  /* rows of a register tile (keys or queries) */
 #define QB     64 /* queries per forward block: 4 vectors */
-#define KB     64 /* keys per backward block (the dQ product's inner length) */
+#define KB     96 /* keys per backward block (the dQ product's inner length) */
 #define MAX_NV 4  /* head size <= 64 */
 
 bool dt__attention_avx512_ok(int C, int NH) {
