@@ -37,10 +37,10 @@
  * stride T a transposed one, so no product needs more than the Q^T / dO^T
  * packs. Measured with `dtrain bench attention` (median of 3 runs, one
  * thread, shared 2-core Sapphire Rapids VM, causal FLOPs only):
- *     B=8 T=256 C=384 NH=6:  forward 3.65 ms vs 4.66 (tiles),
- *                            backward 8.36 ms vs 11.04: 1.31x together
- *     B=4 T=64 C=768 NH=12:  forward 0.31 vs 0.56, backward 0.83 vs 1.21:
- *                            1.56x (2 threads: 1.71x; shakespeare 1.20x)
+ *     B=8 T=256 C=384 NH=6:  forward 3.45 ms vs 4.52 (tiles), backward
+ *                            7.85 vs 9.75: 1.26x (1.26-1.35x over runs)
+ *     B=4 T=64 C=768 NH=12:  forward 0.31 vs 0.53, backward 0.80 vs 1.17:
+ *                            1.53x (2 threads: 1.49x; shakespeare 1.22x)
  *
  * The tiles path, as measured before the avx512 kernels existed:
  * Forward tiles are DT_ATTN_BLOCK queries by up to KCH keys: while T <= KCH

@@ -11,26 +11,30 @@
  * length) without any packing. Score tiles are kept transposed, keys down
  * and queries across the 16 lanes (S^T = K Q^T): the per-query softmax
  * statistics (running max, lse, D = dO . O) are then plain vertical vector
- * operations, and the causal mask is one compare per key row. The only
+ * operations, and the causal mask is one 16-bit mask per key row. The only
  * packing is Q^T (forward: one 64-query block; backward: the whole head)
  * and dO^T (backward), by 16 x 16 in-register transposes.
  *
  * Forward, per (sequence, head, 64-query block), keys 0..i1-1:
- *   1. S^T (keys, 64) = scale K Q_blk^T in 6-key groups; query vectors
+ *   1. S^T (keys, 64) = K (scale Q_blk)^T in 6-key groups; query vectors
  *      wholly above the diagonal are skipped; masked entries are -inf; the
  *      max per query is kept as 4 vectors.
  *   2. P^T = exp(S^T - max) in place, the sums l per query alongside.
  *   3. O = P V in 6-query groups over exactly the keys they see; out = O / l,
  *      lse = max + log l.
- * Backward, per (sequence, head): Q^T, dO^T, lse and D = rowsum(dO * O)
- * packed once; then for each block of 64 keys:
- *   1. per 6-key group, for all queries from the group's first 16-aligned
- *      one: P^T = exp(scale K Q^T - lse) (masked), dP^T = V dO^T,
- *      dS^T = P^T (dP^T - D) scale, both stored (64 x T scratch each);
- *      then dK = dS^T Q and dV = P^T dO for the group's keys, summed over
- *      all their queries in registers and stored once.
+ * Backward, per (sequence, head): Q^T (scaled), dO^T, lse and
+ * D = rowsum(dO * O) packed once; then for each block of KB = 96 keys
+ * (16 whole 6-key groups, 16-aligned):
+ *   1. for each 64-query chunk from the block on (its Q^T and dO^T columns
+ *      stay in L1) and each 6-key group, from the group's first 16-aligned
+ *      query: P^T = exp(K Q^T - lse) (masked), dP^T = V dO^T,
+ *      dS^T = P^T (dP^T - D) scale, both stored (KB x T scratch each);
+ *      then dK = dS^T Q and dV = P^T dO per group, summed over all its
+ *      queries in registers and stored once (no zeroing pass).
  *   2. dQ (+)= dS K over the block's keys, 6 queries at a time (stored at
  *      the first block, added after).
+ * Work done beyond the causal triangle: about 6 % (scores of a 6-key group
+ * start at a 16-aligned query; partial 6-row groups are computed whole).
  * Invariants: the result depends only on (T, HS) and the data, not on the
  * strides (C, NH), the thread or the thread count: threads own whole
  * (sequence, head) pairs (backward) or query blocks (forward), and every
