@@ -54,6 +54,7 @@ static const cli_cmd *const benches[] = {
     &cli_bench_gemm_tn,
     &cli_bench_amp_convert,
     &cli_bench_act16,
+    &cli_bench_attention,
     &cli_bench_memcpy,
 };
 /* clang-format on */
@@ -74,6 +75,7 @@ static const char bench_description[] =
     "  gemm-tn      weight-gradient product: OpenBLAS vs the AVX-512 kernel\n"
     "  amp-convert  16-bit conversions per ISA level\n"
     "  act16        16-bit activation kernels vs fp32, per GPT step\n"
+    "  attention    causal attention fwd/bwd: AVX-512 register tiles vs tile sgemm\n"
     "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {
