@@ -1233,7 +1233,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
          * fourth "some rank found an inf/nan gradient": riding on this one
          * small allreduce (an average > 0 is a MAX of the flags) makes every
          * rank stop after, or skip, the same step. */
-        double avg[4] = {loss / t->K, sqrt(t->sumsq), c->stop && atomic_load_explicit(c->stop, memory_order_relaxed) ? 1.0 : 0.0,
+        double avg[4] = {loss / t->K, sqrt(t->sumsq),
+                         c->stop && atomic_load_explicit(c->stop, memory_order_relaxed) ? 1.0 : 0.0,
                          t->found_inf ? 1.0 : 0.0};
         DT_CHECK_GOTO(dt_ddp_average(t->ddp, avg, 4), st, fail);
         bool skip = t->scaling && avg[3] > 0;
