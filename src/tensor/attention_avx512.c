@@ -50,8 +50,8 @@
 
 #if defined(__x86_64__) && defined(__GNUC__)
 #define HAVE_ATT_AVX512 1
-#include <immintrin.h>
-#define AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
+#include "simd.h"
+#define AVX512_TARGET DT__AVX512_TARGET
 #define INLINE        static inline __attribute__((always_inline)) AVX512_TARGET
 #else
 #define HAVE_ATT_AVX512 0
@@ -94,27 +94,6 @@ static float *get_scratch(size_t n) {
         scratch_len = scratch ? n : 0;
     }
     return scratch;
-}
-
-/* e^x as simd.h's dt__exp16 (degree-7 polynomial on x - n ln2, scaled by
- * 2^n with vscalefps), here with its own target attribute so that a
- * portable build (no -mavx512f) still gets it. */
-INLINE __m512 exp16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-104.0f));
-    x = _mm512_min_ps(x, _mm512_set1_ps(89.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 5040.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 720.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* acc[i][v] = sum_{k < n} a[i][k * sk] * b[k * ldb + 16 v], i < MR, v < NV.
@@ -319,7 +298,7 @@ AVX512_TARGET static void fwd_block(const fwd_ctx *f) {
             __m512 p = _mm512_setzero_ps(); /* never written in step 1: queries < jg */
             if (v >= vs) {
                 __mmask16 m = causal_mask(i0 + 16 * v, j, i1);
-                p = exp16(_mm512_sub_ps(_mm512_load_ps(srow + 16 * v), mv[v]));
+                p = dt__exp16(_mm512_sub_ps(_mm512_load_ps(srow + 16 * v), mv[v]));
                 if (m != 0xFFFF)
                     p = _mm512_maskz_mov_ps(m, p);
                 l[v] = _mm512_add_ps(l[v], p);
@@ -376,7 +355,7 @@ AVX512_TARGET static void bwd_scores(const bwd_ctx *g, int j0, int jg, int rows,
             __mmask16 m = causal_mask(q0 + 16 * v, jg + i, g->T);
             __m512 x = _mm512_sub_ps(_mm512_load_ps(c + i * TL + 16 * v),
                                      _mm512_load_ps(g->lp + q0 + 16 * v));
-            x = exp16(x);
+            x = dt__exp16(x);
             _mm512_store_ps(prow + 16 * v, m == 0xFFFF ? x : _mm512_maskz_mov_ps(m, x));
         }
     }

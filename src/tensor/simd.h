@@ -12,13 +12,18 @@
 #include <math.h>
 #include <stddef.h>
 
-#ifdef __AVX512F__
+#if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
+
+/* The AVX-512 feature set of the hand-written kernels: a function with this
+ * attribute compiles in a portable build too (its callers choose at run time
+ * with dt_isa()), and inlines into any caller that has these features. */
+#define DT__AVX512_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma")))
 
 /* e^x: x = n ln2 + r with |r| <= ln2/2, e^r by a degree-7 Taylor polynomial
  * (truncation error < 1e-8 relative), then scaled by 2^n with vscalefps,
  * which handles overflow to +inf and underflow to 0 without bit tricks. */
-static inline __m512 dt__exp16(__m512 x) {
+DT__AVX512_TARGET static inline __attribute__((always_inline)) __m512 dt__exp16(__m512 x) {
     const __m512 log2e = _mm512_set1_ps(1.44269504088896341f);
     const __m512 ln2_hi = _mm512_set1_ps(0.693359375f);
     const __m512 ln2_lo = _mm512_set1_ps(-2.12194440e-4f);
@@ -39,6 +44,9 @@ static inline __m512 dt__exp16(__m512 x) {
     return _mm512_scalef_ps(p, n);
 }
 
+#endif
+
+#ifdef __AVX512F__
 /* Mask selecting the first n (< 16) lanes. */
 static inline __mmask16 dt__tail_mask(size_t n) { return (__mmask16)((1u << n) - 1u); }
 #endif
