@@ -12,37 +12,7 @@
  * Skips the avx512 parts (saying so) where the CPU lacks AVX-512.
  */
 #include "tensor/attention_internal.h"
-#include "test.h"
-
-static dt_rng g_rng;
-
-static float *randv(size_t n, float scale) {
-    float *p = malloc((n ? n : 1) * sizeof(float));
-    ASSERT_TRUE(p != NULL);
-    for (size_t i = 0; i < n; i++)
-        p[i] = scale * dt_rng_normal(&g_rng);
-    return p;
-}
-
-static float *zerov(size_t n) {
-    float *p = calloc(n ? n : 1, sizeof(float));
-    ASSERT_TRUE(p != NULL);
-    return p;
-}
-
-static void check_close(const char *what, const float *got, const float *ref, size_t n,
-                        double tol) {
-    double r = 0.0;
-    for (size_t i = 0; i < n; i++)
-        r += (double)ref[i] * ref[i];
-    r = n ? sqrt(r / (double)n) : 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double err = fabs((double)got[i] - ref[i]) / (fabs((double)ref[i]) + r + 1e-30);
-        if (!(err <= tol))
-            TEST_FAILF("%s: element %zu of %zu: got %.9g, expected %.9g (rel err %.3g > %.1g)",
-                       what, i, n, got[i], ref[i], err, tol);
-    }
-}
+#include "tensor_check.h"
 
 static bool have_avx512(void) { return dt__attention_avx512_ok(64, 1); }
 
