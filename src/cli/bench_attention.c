@@ -41,19 +41,22 @@ typedef struct att_buf {
     float *qkv, *dout, *out[NMETHODS], *lse[NMETHODS], *dqkv[NMETHODS];
 } att_buf;
 
+/* "avx512" is the public entry point (the kernels where they take the head
+ * size, else the tiles); "tiles" always the tile path. */
 static void forward(int m, att_buf *u) {
-    if (m == M_AVX512 &&
-        dt__attention_forward_avx512(u->out[m], u->lse[m], u->qkv, u->B, u->T, u->C, u->NH))
-        return;
-    dt__attention_forward_tiles(u->out[m], u->lse[m], u->qkv, u->B, u->T, u->C, u->NH);
+    if (m == M_AVX512)
+        dt_attention_forward(u->out[m], u->lse[m], u->qkv, u->B, u->T, u->C, u->NH);
+    else
+        dt__attention_forward_tiles(u->out[m], u->lse[m], u->qkv, u->B, u->T, u->C, u->NH);
 }
 
 static void backward(int m, att_buf *u) {
-    if (m == M_AVX512 && dt__attention_backward_avx512(u->dqkv[m], u->dout, u->qkv, u->out[m],
-                                                       u->lse[m], u->B, u->T, u->C, u->NH))
-        return;
-    dt__attention_backward_tiles(u->dqkv[m], u->dout, u->qkv, u->out[m], u->lse[m], u->B, u->T,
-                                 u->C, u->NH);
+    if (m == M_AVX512)
+        dt_attention_backward(u->dqkv[m], u->dout, u->qkv, u->out[m], u->lse[m], u->B, u->T, u->C,
+                              u->NH);
+    else
+        dt__attention_backward_tiles(u->dqkv[m], u->dout, u->qkv, u->out[m], u->lse[m], u->B, u->T,
+                                     u->C, u->NH);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -86,15 +89,10 @@ static double time_run(int m, int pass, att_buf *u, double min_time) {
 }
 
 static int run_att(cli_args *a) {
-    att_buf u = {(int)cli_int(a, "batch"),
-                 (int)cli_int(a, "seq"),
-                 (int)cli_int(a, "dim"),
-                 (int)cli_int(a, "heads"),
-                 NULL,
-                 NULL,
-                 {0},
-                 {0},
-                 {0}};
+    att_buf u = {.B = (int)cli_int(a, "batch"),
+                 .T = (int)cli_int(a, "seq"),
+                 .C = (int)cli_int(a, "dim"),
+                 .NH = (int)cli_int(a, "heads")};
     int runs = (int)cli_int(a, "runs");
     double min_time = cli_double(a, "min-time");
     if (u.C % u.NH != 0 || u.C / u.NH > 256) {
