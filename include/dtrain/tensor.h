@@ -110,8 +110,8 @@ void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
 /* A residual add and the LayerNorm that reads its sum, in one pass over
  * the rows: res (N,C) = a + (b + bias) (bias (C) may be NULL: a + b), then
  * out, mean, rstd = dt_layernorm_forward(res, weight, lnbias). The same bits
- * as dt_residual_bias_forward (dt_residual_forward without bias) followed
- * by dt_layernorm_forward. res may not alias a, b or out. */
+ * as that add (dt_residual_forward without bias) followed by
+ * dt_layernorm_forward. res may not alias a, b or out. */
 void dt_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
                                    const float *b, const float *bias, const float *weight,
                                    const float *lnbias, int N, int C);
@@ -146,10 +146,6 @@ bool dt_all_finite(const float *x, size_t n);
 
 /* out (n) = a + b. Its backward is the identity: both inputs receive dout. */
 void dt_residual_forward(float *out, const float *a, const float *b, size_t n);
-/* out (N,C) = a + (b + bias): a residual add that also applies the bias
- * (C) of the linear layer whose output is b, computed without bias. */
-void dt_residual_bias_forward(float *out, const float *a, const float *b, const float *bias, int N,
-                              int C);
 /* da (n) += dout; db (n) += dout (either may be NULL). */
 void dt_residual_backward(float *da, float *db, const float *dout, size_t n);
 

@@ -181,13 +181,13 @@ void dt_layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const
     int nb = (C + CB - 1) / CB;
 #pragma omp parallel if ((size_t)N * C > PAR_MIN)
     {
-        /* dinp: with n = (x - mean) * rstd and g = weight * dout,
-         * dx = rstd * (g - mean(g) - n * mean(g * n)). Rows are independent. */
+        /* dinp: rows are independent. */
 #pragma omp for schedule(dynamic, 16) nowait
-        for (int i = 0; i < N; i++)
+        for (int i = 0; i < N; i++) {
             layernorm_backward_row(dinp + (size_t)i * C, dout + (size_t)i * C, inp + (size_t)i * C,
                                    weight, mean[i], rstd[i], C);
-            /* dweight += sum_rows n * dout, dbias += sum_rows dout: column blocks. */
+        }
+        /* dweight += sum_rows n * dout, dbias += sum_rows dout: column blocks. */
 #pragma omp for schedule(dynamic, 1)
         for (int cb = 0; cb < nb; cb++) {
             int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
@@ -354,18 +354,6 @@ void dt_residual_forward(float *out, const float *a, const float *b, size_t n) {
 #pragma omp simd
         for (size_t i = i0; i < i1; i++)
             out[i] = a[i] + b[i];
-    }
-}
-
-void dt_residual_bias_forward(float *out, const float *a, const float *b, const float *bias, int N,
-                              int C) {
-#pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 16)
-    for (int i = 0; i < N; i++) {
-        const float *ai = a + (size_t)i * C, *bi = b + (size_t)i * C;
-        float *oi = out + (size_t)i * C;
-#pragma omp simd
-        for (int c = 0; c < C; c++)
-            oi[c] = ai[c] + (bi[c] + bias[c]);
     }
 }
 
