@@ -115,27 +115,28 @@ static const char train_description[] =
 static atomic_int stop_signal; /* the signal that asked to stop, or 0 */
 static sigset_t stop_signals;
 
-static void on_stop_signal(int sig) {
-    if (atomic_load(&stop_signal)) { /* the second: default action, now */
-        signal(sig, SIG_DFL);
-        raise(sig); /* blocked in the handler; delivered when it returns */
-        return;
+/* The first stop signal is recorded; a second gets its default action
+ * (ends the process), raised here and delivered as soon as the signal is
+ * not blocked in this thread: when the handler returns, or in the waiting
+ * thread once it unblocks it. Returns whether it was the second. */
+static bool stop_requested(int sig) {
+    if (!atomic_load(&stop_signal)) {
+        atomic_store(&stop_signal, sig);
+        return false;
     }
-    atomic_store(&stop_signal, sig);
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return true;
 }
+
+static void on_stop_signal(int sig) { (void)stop_requested(sig); }
 
 static void *stop_signal_main(void *arg) {
     (void)arg;
     for (;;) {
         int sig;
-        if (sigwait(&stop_signals, &sig) != 0)
-            continue;
-        if (atomic_load(&stop_signal)) {
-            signal(sig, SIG_DFL);
+        if (sigwait(&stop_signals, &sig) == 0 && stop_requested(sig))
             pthread_sigmask(SIG_UNBLOCK, &stop_signals, NULL);
-            raise(sig);
-        }
-        atomic_store(&stop_signal, sig);
     }
     return NULL;
 }
