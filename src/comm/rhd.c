@@ -237,19 +237,23 @@ static bool ag_here(const ag_state *s, const ag_send *a) {
     return r < 0 || s->x[r].done;
 }
 
+static bool ag_done(const ag_state *s) {
+    for (int k = 0; k < s->steps; k++)
+        if (s->cursor[k] < s->first[k + 1])
+            return false;
+    for (int i = 0; i < s->nx; i++)
+        if (!s->x[i].done)
+            return false;
+    return true;
+}
+
 /* Something to post, or everything done. */
 static bool ag_wake(void *arg) {
     ag_state *s = arg;
-    bool all = true;
     for (int k = 0; k < s->steps; k++)
-        if (s->cursor[k] < s->first[k + 1]) {
-            if (ag_here(s, &s->sends[s->cursor[k]]))
-                return true;
-            all = false;
-        }
-    for (int i = 0; all && i < s->nx; i++)
-        all = s->x[i].done;
-    return all;
+        if (s->cursor[k] < s->first[k + 1] && ag_here(s, &s->sends[s->cursor[k]]))
+            return true;
+    return ag_done(s);
 }
 
 /* Post every send whose piece is here, each step in its order. */
@@ -265,16 +269,6 @@ static dt_status ag_post(ag_state *s) {
             DT_CHECK(dt__post_send(s->op, &s->x[s->nx++], peer, src + off, ag_len(s, a->part)));
         }
     return DT_OK;
-}
-
-static bool ag_done(const ag_state *s) {
-    for (int k = 0; k < s->steps; k++)
-        if (s->cursor[k] < s->first[k + 1])
-            return false;
-    for (int i = 0; i < s->nx; i++)
-        if (!s->x[i].done)
-            return false;
-    return true;
 }
 
 dt_status dt__rhd_allgather(dt__op *op, const dt__team *t, const void *mine, void *buf,
