@@ -377,12 +377,12 @@ const cli_cmd cli_bench_train = {
     .usage = "dtrain bench train [--model PRESET] [--batch B] [--seq T] [--threads N] "
              "[--precision fp32,bf16] [--recompute none,blocks] [--rounds R] [--steps N] [--json]",
     .description = "Times forward + backward (overwriting the gradients: no zeroing pass) +\n"
-                   "AdamW (flat buffer) per step on a fixed random batch; MFU is against the sgemm "
-                   "peak measured in the same run\n"
-                   "(n = 1536, see 'dtrain bench gemm'). Every combination of --precision and\n"
-                   "--recompute runs in the same process, one fresh model each, alternating per\n"
-                   "round; the table shows tokens/s and the activation arena side by side, with\n"
-                   "the ratio of tokens/s to the first mode. --json prints one line per mode.",
+                   "AdamW (flat buffer) per step on a fixed random batch; MFU is against the\n"
+                   "sgemm peak measured in the same run (n = 1536, see 'dtrain bench gemm').\n"
+                   "Every combination of --precision and --recompute runs in the same process,\n"
+                   "one fresh model each, alternating per round; the table shows tokens/s and\n"
+                   "the activation arena side by side, with the ratio of tokens/s to the first\n"
+                   "mode. --json prints one line per mode.",
     .opts = train_opts,
     .run = run_train,
 };
