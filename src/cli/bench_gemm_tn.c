@@ -42,7 +42,7 @@ static void run_method(int m, int M, int N, int K, const float *A, const float *
         }
         break;
     default:
-        if (!dt__sgemm_tn_acc(M, N, K, A, M, B, N, C, N, NULL))
+        if (!dt__sgemm_tn(M, N, K, A, M, B, N, C, N, NULL, true))
             dt_sgemm(true, false, M, N, K, 1.0f, A, M, B, N, 1.0f, C, N);
         break;
     }

@@ -24,7 +24,7 @@
  * zeroing C and accumulating would, without reading or clearing C first.
  * Pack buffers are per thread, grown on first use and then kept; when
  * allocation fails or AVX-512 is not active (dt_isa() below DT_ISA_AVX512)
- * dt__sgemm_tn_acc returns false and the caller uses its fallback.
+ * dt__sgemm_tn returns false and the caller uses its fallback.
  */
 #include "tensor_internal.h"
 
@@ -239,9 +239,4 @@ bool dt__sgemm_tn(int M, int N, int K, const float *A, int lda, const float *B, 
         (void)colsum, (void)accumulate;
     return false;
 #endif
-}
-
-bool dt__sgemm_tn_acc(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                      float *C, int ldc, float *colsum) {
-    return dt__sgemm_tn(M, N, K, A, lda, B, ldb, C, ldc, colsum, true);
 }

@@ -25,15 +25,12 @@ void dt__sgemm_tile(bool ta, bool tb, int M, int N, int K, float alpha, const fl
 /* C (M,N) += A^T B with A (K,M) lda, B (K,N) ldb, row-major, on the calling
  * thread: the hand-written AVX-512 weight-gradient kernel (gemm_tn.c).
  * colsum (M) may be NULL; if not, colsum[i] += sum_k A[k][i] (a linear
- * layer's bias gradient, read from the packs).
+ * layer's bias gradient, read from the packs). With accumulate false, C and
+ * colsum are overwritten instead (= 0 + sum, the bits of zeroing then
+ * accumulating) and their old contents are not read.
  * Returns false, touching nothing, when it cannot run (dt_isa() below
  * DT_ISA_AVX512, not built for x86-64, pack buffers not allocatable); the
  * caller then uses sgemm. Deterministic for a fixed call. */
-bool dt__sgemm_tn_acc(int M, int N, int K, const float *A, int lda, const float *B, int ldb,
-                      float *C, int ldc, float *colsum);
-/* The same with C and colsum overwritten (= 0 + sum, the bits of zeroing
- * then accumulating) when accumulate is false: their old contents are not
- * read. */
 bool dt__sgemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
                   int ldc, float *colsum, bool accumulate);
 

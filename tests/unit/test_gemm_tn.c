@@ -76,8 +76,8 @@ static void check(mats *m, bool integer, double tol) {
     ASSERT_TRUE(before != NULL);
     memcpy(before, m->C, sizeof(float) * nc);
     float guard[2] = {m->colsum[0], m->colsum[m->M + 1]};
-    ASSERT_TRUE(dt__sgemm_tn_acc(m->M, m->N, m->K, m->A, m->lda, m->B, m->ldb, m->C, m->ldc,
-                                 m->colsum + 1));
+    ASSERT_TRUE(dt__sgemm_tn(m->M, m->N, m->K, m->A, m->lda, m->B, m->ldb, m->C, m->ldc,
+                             m->colsum + 1, true));
     int bad = 0;
     ASSERT_TRUE(memcmp(guard, m->colsum, sizeof(float)) == 0);
     ASSERT_TRUE(memcmp(guard + 1, m->colsum + m->M + 1, sizeof(float)) == 0);
@@ -173,14 +173,14 @@ static void test_split_bits(void) {
     memcpy(cols, m.C, sizeof(float) * nc);
     float *sum_one = calloc((size_t)M, sizeof(float)), *sum_two = calloc((size_t)M, sizeof(float));
     ASSERT_TRUE(sum_one && sum_two);
-    ASSERT_TRUE(dt__sgemm_tn_acc(M, N, K, m.A, M, m.B, N, m.C, N, sum_one));
+    ASSERT_TRUE(dt__sgemm_tn(M, N, K, m.A, M, m.B, N, m.C, N, sum_one, true));
     int r = 100; /* not a multiple of the 6-row tile */
-    ASSERT_TRUE(dt__sgemm_tn_acc(r, N, K, m.A, M, m.B, N, rows, N, sum_two));
+    ASSERT_TRUE(dt__sgemm_tn(r, N, K, m.A, M, m.B, N, rows, N, sum_two, true));
     ASSERT_TRUE(
-        dt__sgemm_tn_acc(M - r, N, K, m.A + r, M, m.B, N, rows + (size_t)r * N, N, sum_two + r));
+        dt__sgemm_tn(M - r, N, K, m.A + r, M, m.B, N, rows + (size_t)r * N, N, sum_two + r, true));
     int c = 37; /* not a multiple of the 64-column tile */
-    ASSERT_TRUE(dt__sgemm_tn_acc(M, c, K, m.A, M, m.B, N, cols, N, NULL));
-    ASSERT_TRUE(dt__sgemm_tn_acc(M, N - c, K, m.A, M, m.B + c, N, cols + c, N, NULL));
+    ASSERT_TRUE(dt__sgemm_tn(M, c, K, m.A, M, m.B, N, cols, N, NULL, true));
+    ASSERT_TRUE(dt__sgemm_tn(M, N - c, K, m.A, M, m.B + c, N, cols + c, N, NULL, true));
     ASSERT_TRUE(memcmp(rows, m.C, sizeof(float) * nc) == 0);
     ASSERT_TRUE(memcmp(cols, m.C, sizeof(float) * nc) == 0);
     ASSERT_TRUE(memcmp(sum_one, sum_two, sizeof(float) * M) == 0);
@@ -195,7 +195,7 @@ static void test_refuses_below_avx512(void) {
     ASSERT_OK(dt_isa_set(DT_ISA_AVX2));
     float A[4] = {1, 2, 3, 4}, B[4] = {1, 1, 1, 1}, C[4] = {5, 6, 7, 8};
     float S[2] = {9, 9};
-    ASSERT_TRUE(!dt__sgemm_tn_acc(2, 2, 2, A, 2, B, 2, C, 2, S));
+    ASSERT_TRUE(!dt__sgemm_tn(2, 2, 2, A, 2, B, 2, C, 2, S, true));
     ASSERT_EQ(S[1], 9.0f);
     ASSERT_EQ(C[0], 5.0f);
     ASSERT_EQ(C[3], 8.0f);
