@@ -136,11 +136,6 @@ static void run_kernel(bufs *u, kernel k, bool half) {
                                oc);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double cpu_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -168,8 +163,8 @@ static void time_kernel(bufs *u, kernel k, int runs, double min_time, double out
             c[h][r] = (cpu_now() - c0) / calls;
         }
     for (int h = 0; h < 2; h++) {
-        qsort(t[h], (size_t)runs, sizeof(double), cmp_double);
-        qsort(c[h], (size_t)runs, sizeof(double), cmp_double);
+        cli_sort_doubles(t[h], (size_t)runs);
+        cli_sort_doubles(c[h], (size_t)runs);
         out[h] = t[h][runs / 2];
         cpu[h] = c[h][runs / 2];
         free(t[h]);

@@ -20,11 +20,6 @@ static const char *const op_names[OP_COUNT] = {"f32->bf16", "bf16->f32",     "f3
                                                "f16->f32",  "inf/nan check", "unscale"};
 static const int op_bytes[OP_COUNT] = {6, 6, 6, 6, 4, 8}; /* per element, read + written */
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static int run_convert(cli_args *a) {
     dt_status st = dt_isa_init();
     if (st != DT_OK)
@@ -64,7 +59,7 @@ static int run_convert(cli_args *a) {
                 if (rep > 0)
                     t[rep - 1] = dt_now() - t0;
             }
-            qsort(t, (size_t)runs, sizeof *t, cmp_double);
+            cli_sort_doubles(t, (size_t)runs);
             printf(" %11.2f", (double)n * op_bytes[op] / t[runs / 2] * 1e-9);
             fflush(stdout);
         }

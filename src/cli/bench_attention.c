@@ -59,11 +59,6 @@ static void backward(int m, att_buf *u) {
                                      u->C, u->NH);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static double rel_diff(const float *x, const float *ref, size_t n) {
     double mx = 0.0, d = 0.0;
     for (size_t i = 0; i < n; i++) {
@@ -149,7 +144,7 @@ static int run_att(cli_args *a) {
                 ts[m * runs + rd] = time_run(m, pass, &u, min_time);
         for (int m = 0; m < NMETHODS; m++) {
             double *t = ts + m * runs;
-            qsort(t, runs, sizeof *t, cmp_double);
+            cli_sort_doubles(t, runs);
             med[pass][m] = t[runs / 2];
             double err = pass == 0 ? rel_diff(u.out[m], u.out[M_TILES], n)
                                    : rel_diff(u.dqkv[m], u.dqkv[M_TILES], 3 * n);

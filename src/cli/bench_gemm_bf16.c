@@ -79,11 +79,6 @@ static dt_status run_once(const gemm_case *c, int be) {
                              false);
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 static double cpu_seconds(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
@@ -248,8 +243,8 @@ static int run_gemm_bf16(cli_args *a) {
             double base = 0;
             for (int b = 0; b < nbe; b++) {
                 double *gb = g + b * runs;
-                qsort(gb, (size_t)runs, sizeof *gb, cmp_double);
-                qsort(gc + b * runs, (size_t)runs, sizeof *gc, cmp_double);
+                cli_sort_doubles(gb, (size_t)runs);
+                cli_sort_doubles(gc + b * runs, (size_t)runs);
                 double cmed = gc[b * runs + runs / 2];
                 double med = gb[runs / 2];
                 if (b == 0)

@@ -48,11 +48,6 @@ static void run_method(int m, int M, int N, int K, const float *A, const float *
     }
 }
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 static int run_tn(cli_args *a) {
     dt_tensor_set_threads(1);
     int runs = (int)cli_int(a, "runs");
@@ -114,7 +109,7 @@ static int run_tn(cli_args *a) {
             }
         for (int m = 0; m < NMETHODS; m++) {
             double *g = gf + m * runs;
-            qsort(g, runs, sizeof *g, cmp_double);
+            cli_sort_doubles(g, runs);
             printf("%6d %6d %6d  %-13s %9.1f %9.1f %9.1f %9.1e\n", M, N, K, method_names[m],
                    g[runs / 2], g[0], g[runs - 1], err[m]);
         }

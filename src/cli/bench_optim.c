@@ -27,11 +27,6 @@ static const cli_opt optim_opts[] = {
     {0},
 };
 
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
 enum { K_ADAMW, K_SGD, K_SUMSQ, K_SCALE, K_COUNT };
 static const char *const kernel_names[K_COUNT] = {"adamw", "sgd-nesterov", "grad-sumsq", "scale"};
 static const int kernel_bytes[K_COUNT] = {28, 20, 4, 8};
@@ -78,7 +73,7 @@ static int run_optim(cli_args *a) {
             if (s >= 0)
                 times[s] = dt_now() - t0;
         }
-        qsort(times, (size_t)steps, sizeof *times, cmp_double);
+        cli_sort_doubles(times, (size_t)steps);
         double med = times[steps / 2];
         double gbs = (double)n * kernel_bytes[k] / med * 1e-9;
         if (json)

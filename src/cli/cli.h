@@ -107,6 +107,9 @@ extern const cli_cmd cli_cmd_ckpt;
 extern const cli_cmd cli_cmd_sample;
 extern const cli_cmd cli_bench_gemm, cli_bench_train; /* cmd_bench_engine.c */
 extern const cli_cmd cli_cmd_data;
+/* Sorts n timings ascending (median at n / 2): the benchmarks' one helper
+ * for medians, minima and maxima (cmd_bench.c). */
+void cli_sort_doubles(double *v, size_t n);
 /* Benchmarks listed in cmd_bench.c, each defined in its own file. */
 extern const cli_cmd cli_bench_optim;
 extern const cli_cmd cli_bench_compress;

@@ -7,6 +7,7 @@
 #include "cli.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 /* `dtrain bench rng`: Philox throughput, the cost of our random numbers. */
@@ -41,6 +42,13 @@ static const cli_cmd bench_rng = {
     .opts = rng_opts,
     .run = run_rng,
 };
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+void cli_sort_doubles(double *v, size_t n) { qsort(v, n, sizeof *v, cmp_double); }
 
 /* clang-format off */
 static const cli_cmd *const benches[] = {
