@@ -17,6 +17,9 @@
  *           (Open MPI's two_procs allgather over vader's CMA)
  *   push    process_vm_writev of the own block into the peer's output, then
  *           the own memcpy, PIECE by PIECE
+ *   floor   memcpy of the own block into both halves of the output, PIECE by
+ *           PIECE: the allgather's footprint and bytes with nothing read
+ *           across processes, so no 2-rank allgather can take less time
  * and prints the best and the median call time of each process.
  */
 #define _GNU_SOURCE
@@ -74,7 +77,7 @@ static int cmp(const void *a, const void *b) {
 
 int main(int argc, char **argv) {
     if (argc != 5) {
-        fprintf(stderr, "usage: %s memcpy|pull|both|serial|push BLOCK_KIB PIECE_KIB ITERS\n",
+        fprintf(stderr, "usage: %s memcpy|pull|both|serial|push|floor BLOCK_KIB PIECE_KIB ITERS\n",
                 argv[0]);
         return 2;
     }
@@ -121,6 +124,8 @@ int main(int argc, char **argv) {
                             : cma(1, in + off, c->out[!me] + (size_t)me * block + off, len);
                     else if (own && strcmp(mode, "pull") != 0)
                         memcpy(mine + off, in + off, len);
+                    else if (strcmp(mode, "floor") == 0)
+                        memcpy(theirs + off, in + off, len);
                     else if (!own && strcmp(mode, "memcpy") != 0)
                         cma(0, theirs + off, c->in[!me] + off, len);
                 }

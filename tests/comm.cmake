@@ -21,7 +21,7 @@ set_tests_properties(comm_fail PROPERTIES TIMEOUT 300 LABELS "comm;tsan")
 # A small sweep for `make tsan` (shared memory, TCP, progress thread).
 add_test(NAME comm_sweep_small COMMAND test_comm_sweep shm_3 tcp_3)
 set_tests_properties(comm_sweep_small PROPERTIES TIMEOUT 300 LABELS "comm;tsan")
-# The single-copy (process_vm_readv) path forced on for every size, so the
+# The single-copy (process_vm_readv / _writev) path forced on for every size, so the
 # whole shm sweep at 2, 3 and 4 ranks runs through it where it applies.
 add_test(NAME comm_sweep_cma COMMAND test_comm_sweep shm_2 shm_3 shm_4)
 set_tests_properties(comm_sweep_cma PROPERTIES TIMEOUT 300 LABELS "comm;tsan"

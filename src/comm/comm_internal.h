@@ -210,6 +210,10 @@ typedef struct dt__peer_info {
      * slice finished in the current op, tagged with the op's epoch (direct.c). */
     _Atomic uint64_t *progress;
     dt__small_line *small; /* peer's small-message lines [2], by epoch parity */
+    /* Push allgather (direct.c): the epoch whose writes the peer accepts
+     * into its output (0: closed), and which rank + 1 it is writing into. */
+    _Atomic uint64_t *gate;
+    _Atomic int32_t *pushing;
 } dt__peer_info;
 
 /* The transport interface. Algorithms never call it: engine.c does. */
@@ -238,6 +242,12 @@ typedef struct dt__transport_ops {
      * copy, process_vm_readv). Only when peer_info says cma. A failure is
      * DT_ERR_PEER naming the peer. */
     dt_status (*read_peer)(dt__transport *t, int peer, void *dst, uint64_t addr, size_t len);
+    /* The other direction (process_vm_writev): len bytes of src to address
+     * addr of peer's process, which the peer published for this purpose. */
+    dt_status (*write_peer)(dt__transport *t, int peer, uint64_t addr, const void *src,
+                            size_t len);
+    /* Has peer's process exited? Sets no error. */
+    bool (*peer_dead)(dt__transport *t, int peer);
     /* Tell every peer this rank gives up (best effort, never blocks). With
      * owner = false it is called from a thread that does not drive the
      * transport and must only touch thread-safe state. */
@@ -397,6 +407,10 @@ dt_status dt__sendrecv(dt__op *op, int to, const void *sbuf, size_t slen, int fr
                        size_t rlen);
 /* Wait until pred(arg) is true, driving every transport meanwhile. */
 dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg);
+/* Prefix the current error with the call it happened in ("allreduce #7
+ * (count ...) on rank 2: ..."); returns st. Waits do it themselves; an
+ * algorithm calls it for a failure outside a wait. */
+dt_status dt__op_error(dt__op *op, dt_status st);
 /* Record a failure on the group and tell the peers. */
 void dt__op_fail(dt__op *op, dt_status st);
 

@@ -25,19 +25,21 @@
  * barrier and compared after it: ranks in different operations get
  * DT_ERR_MISMATCH, exactly as with messages.
  *
- * Single copy (when the transport says every member may read every other's
- * memory, and the message is at least DT_SHM_CMA_MIN): instead of copying
+ * Single copy (when the transport says every member may read and write every
+ * other's memory, and the message is at least DT_SHM_CMA_MIN): instead of copying
  * into its window, a rank publishes its buffer addresses (same parity slot
- * as the descriptor) and peers pull straight into their destination with
- * the transport's read_peer. Allgather: publish, barrier, pull, barrier.
+ * as the descriptor) and peers copy straight between their buffers with
+ * the transport's read_peer / write_peer. Allgather: publish recv, barrier,
+ * push my block into every peer's recv, barrier.
  * Allreduce (two ranks, out of place): publish send and recv, barrier,
  * pull the peer's half of my slice into recv and reduce it with my send,
  * barrier, pull the peer's reduced slice from its recv, barrier. The last
- * barrier of each is what lets a rank return: after it no peer reads its
+ * barrier of each is what lets a rank return: after it no peer touches its
  * buffers. Each byte crosses once instead of twice.
  */
 #include "comm_internal.h"
 
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -113,7 +115,8 @@ static dt_status barrier(dctx *d) {
  * are agreed at creation and bytes is in the (checked) descriptor. */
 static bool use_cma(const dctx *d, size_t bytes) {
     const dt__peer_info *me = &d->pi[d->t->me];
-    return me->cma && bytes >= me->cma_min && d->op->g->shm->ops->read_peer;
+    const dt__transport_ops *ops = d->op->g->shm->ops;
+    return me->cma && bytes >= me->cma_min && ops->read_peer && ops->write_peer;
 }
 
 /* Publish my buffer addresses for the coming first barrier of this op (the
@@ -134,7 +137,8 @@ static dt_status pull(dctx *d, int i, void *dst, uint64_t addr, size_t len) {
     if (!len)
         return DT_OK;
     dt__transport *tr = d->op->g->shm;
-    return tr->ops->read_peer(tr, d->t->ranks[i], dst, addr, len);
+    dt_status st = tr->ops->read_peer(tr, d->t->ranks[i], dst, addr, len);
+    return st == DT_OK ? st : dt__op_error(d->op, st);
 }
 
 static char *win(dctx *d, int i, unsigned half) {
@@ -170,7 +174,7 @@ static void slice(size_t c, size_t es, int n, int i, size_t *off, size_t *len) {
  * rank, which dominates latency when ranks share cores. */
 #define SMALL_BYTES (16 << 10)
 #define CMA_PIECE   (256 << 10)
-#define AG_PIECE    (256 << 10)
+#define AG_PIECE    (512 << 10)
 
 /* Tiny messages (<= DT__SMALL_BYTES of payload per rank): no window and
  * no separate flag. Each rank writes its payload, the op's identity and
@@ -456,6 +460,51 @@ dt_status dt__direct_reduce_scatter(dt__op *op, const dt__team *t, const void *s
     return DT_OK;
 }
 
+/* Push allgather: peers write into my output, so I must not return while
+ * one may still be writing (my caller may free or reuse the buffer at
+ * once), not even after a failure. Each rank's gate holds the epoch whose
+ * writes it accepts. A writer announces which rank it is writing into,
+ * then reads that rank's gate; a failing rank closes its gate, then waits
+ * until no live peer announces a write into it. Both sides store, then
+ * load (seq_cst), so every write either sees the gate closed or is waited
+ * for. A closed gate means its owner failed: the writer stops pushing and
+ * waits to hear why (the owner's abort), so that it fails too instead of
+ * leaving its other peers with a partial output. */
+static bool push(dctx *d, int i, uint64_t addr, const void *src, size_t len, uint64_t epoch,
+                 dt_status *st) {
+    dt__transport *tr = d->op->g->shm;
+    _Atomic int32_t *mine = d->pi[d->t->me].pushing;
+    atomic_store(mine, d->t->ranks[i] + 1);
+    bool open = atomic_load(d->pi[i].gate) == epoch;
+    if (open)
+        *st = tr->ops->write_peer(tr, d->t->ranks[i], addr, src, len);
+    atomic_store_explicit(mine, 0, memory_order_release);
+    if (*st != DT_OK)
+        dt__op_error(d->op, *st);
+    return open;
+}
+
+static bool never(void *arg) {
+    (void)arg;
+    return false;
+}
+
+static dt_status close_gate(dctx *d, dt_status st) {
+    dt_group *g = d->op->g;
+    int me = d->t->me, self = d->t->ranks[me] + 1;
+    atomic_store(d->pi[me].gate, 0);
+    double until = dt_now() + g->cfg.timeout;
+    for (int i = 0; i < d->t->n; i++) {
+        if (i == me)
+            continue;
+        for (int spins = 0; atomic_load(d->pi[i].pushing) == self &&
+                            !g->shm->ops->peer_dead(g->shm, d->t->ranks[i]) && dt_now() < until;
+             spins++)
+            spins < 1000 ? (void)sched_yield() : dt_sleep_ms(1);
+    }
+    return st;
+}
+
 dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, void *recv,
                                size_t count) {
     dctx d;
@@ -473,26 +522,35 @@ dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, 
         return DT_OK;
     }
     if (use_cma(&d, count * es)) {
-        /* Pieces interleaved: my own copy and the pulls from each peer
-         * alternate, in an order rotated by rank, instead of one long memcpy
-         * followed by one long pull (measured 1.3x faster for 2 x 8 MiB: the
-         * two ranks' copies no longer run in lockstep through the same
-         * phases, and each piece's destination is written while hot). */
+        /* Push: each rank writes its own block into every member's output,
+         * its own by memcpy and its peers' with the transport's write_peer,
+         * piece by piece in an order rotated by rank. Each piece of the input
+         * is read from memory once and stays hot for the n-1 remote copies;
+         * pulling reads every peer's block cold instead (measured 1.0-1.4x
+         * slower, docs/comm.md). After the last barrier no peer writes into
+         * my output, so I may return; on failure, close_gate. */
         size_t bytes = count * es;
-        publish(&d, mine, NULL);
-        DT_CHECK(barrier(&d));
-        for (size_t off = 0; off < bytes; off += AG_PIECE) {
+        uint64_t epoch = g->direct_epoch + 1; /* the target of the first barrier */
+        atomic_store(d.pi[me].gate, epoch);
+        publish(&d, recv, NULL);
+        dt_status st = barrier(&d);
+        bool open = true;
+        for (size_t off = 0; off < bytes && st == DT_OK && open; off += AG_PIECE) {
             size_t len = bytes - off < AG_PIECE ? bytes - off : AG_PIECE;
-            for (int k = 0; k < n; k++) {
+            for (int k = 0; k < n && st == DT_OK && open; k++) {
                 int i = (me + k) % n;
-                char *dst = (char *)recv + (size_t)i * bytes + off;
+                size_t at = (size_t)me * bytes + off;
                 if (i != me)
-                    DT_CHECK(pull(&d, i, dst, peer_addr(&d, i, 0) + off, len));
+                    open = push(&d, i, peer_addr(&d, i, 0) + at, mine + off, len, epoch, &st);
                 else if (send != recv)
-                    memcpy(dst, mine + off, len);
+                    memcpy((char *)recv + at, mine + off, len);
             }
         }
-        return barrier(&d);
+        if (st == DT_OK && !open) /* that peer failed: wait to hear why */
+            st = dt__wait_pred(op, never, NULL);
+        if (st == DT_OK)
+            st = barrier(&d);
+        return st == DT_OK ? DT_OK : close_gate(&d, st);
     }
     for (size_t base = 0; base < count; base += cap) {
         size_t c = count - base < cap ? count - base : cap;

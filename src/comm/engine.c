@@ -95,7 +95,7 @@ static dt_status check_all(dt__op *op) {
 
 /* Transports describe what broke; say in which call it happened. A
  * mismatch message already names both calls. */
-static dt_status name_op(dt__op *op, dt_status st) {
+dt_status dt__op_error(dt__op *op, dt_status st) {
     if (st != DT_ERR_MISMATCH) {
         char d[160];
         dt__desc_format(&op->desc, d, sizeof d);
@@ -128,7 +128,7 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
         if (st != DT_OK || done || progressed)
             disarm(g, &armed, tok);
         if (st != DT_OK)
-            return name_op(op, st);
+            return dt__op_error(op, st);
         if (done)
             return DT_OK;
         if (atomic_load_explicit(&g->aborted, memory_order_relaxed)) {
@@ -185,7 +185,7 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
         if (now >= next_check) {
             st = check_all(op);
             if (st != DT_OK)
-                return name_op(op, st);
+                return dt__op_error(op, st);
             next_check = now + 0.05;
         }
         if (now > deadline) {

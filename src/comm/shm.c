@@ -69,6 +69,8 @@ typedef struct shm_ctrl {
     _Atomic int32_t cma_ok;                 /* owner can read every peer (process_vm_readv) */
     _Alignas(64) _Atomic uint64_t progress; /* direct single copy: pieces ready (epoch-tagged) */
     dt__small_line small[2];                /* direct small messages, by epoch parity */
+    _Alignas(64) _Atomic uint64_t gate;     /* direct push allgather: epoch it accepts writes for */
+    _Atomic int32_t pushing;                /* direct push allgather: writing into rank - 1 */
     _Alignas(64) _Atomic int32_t departed;
     _Atomic int32_t abort_status;
     _Atomic int32_t abort_lost;
@@ -336,6 +338,16 @@ static dt_status shm_check(dt__transport *tr, const dt__wire_hdr *cur) {
     return DT_OK;
 }
 
+/* Has peer's process exited? Never blocks and sets no error: a failing op
+ * asks this while its own error stands. */
+static bool shm_peer_dead(dt__transport *tr, int peer) {
+    shm_t *t = (shm_t *)tr;
+    if (peer < 0 || peer >= t->g->size || t->idx[peer] < 0)
+        return true;
+    struct pollfd f = {.fd = t->peers[t->idx[peer]].pidfd, .events = POLLIN};
+    return poll(&f, 1, 0) > 0;
+}
+
 static void shm_peer_info(dt__transport *tr, int peer, dt__peer_info *out) {
     shm_t *t = (shm_t *)tr;
     memset(out, 0, sizeof *out);
@@ -351,40 +363,56 @@ static void shm_peer_info(dt__transport *tr, int peer, dt__peer_info *out) {
     out->cma_min = t->cma_min;
     out->addr = &p->ctrl->cma_addr[0][0];
     out->progress = &p->ctrl->progress;
+    out->gate = &p->ctrl->gate;
+    out->pushing = &p->ctrl->pushing;
     out->small = p->ctrl->small;
 }
 
-/* One process_vm_readv loop. The address came from shared memory: it is
- * only ever used as a remote address, so the kernel validates it against
- * the peer's mappings (EFAULT), never dereferenced here. */
-static dt_status shm_read_peer(dt__transport *tr, int peer, void *dst, uint64_t addr, size_t len) {
+/* One process_vm_readv (or _writev) loop. The address came from shared
+ * memory: it is only ever used as a remote address, so the kernel validates
+ * it against the peer's mappings (EFAULT), never dereferenced here. */
+static dt_status cma_copy(dt__transport *tr, int peer, bool write, void *local, uint64_t addr,
+                          size_t len) {
     shm_t *t = (shm_t *)tr;
+    const char *call = write ? "process_vm_writev" : "process_vm_readv";
     if (peer < 0 || peer >= t->g->size || t->idx[peer] < 0 || !t->cma)
         return dt_error_set(DT_ERR_INVALID, "shm: no single-copy path to rank %d", peer);
     speer *p = &t->peers[t->idx[peer]];
     if (addr == 0 || addr + len < addr)
         return dt_error_set(DT_ERR_PEER, "shm: rank %d published a bad address 0x%llx (+%zu)",
                             p->rank, (unsigned long long)addr, len);
-    char *d = dst;
+    char *d = local;
     while (len > 0) {
         struct iovec l = {d, len}, r = {(void *)(uintptr_t)addr, len};
-        ssize_t got = process_vm_readv(p->pid, &l, 1, &r, 1, 0);
+        ssize_t got = write ? process_vm_writev(p->pid, &l, 1, &r, 1, 0)
+                            : process_vm_readv(p->pid, &l, 1, &r, 1, 0);
         if (got < 0 && errno == EINTR)
             continue;
         if (got <= 0) {
             int e = got < 0 ? errno : EFAULT;
-            if (e == ESRCH)
+            if (e == ESRCH) {
                 atomic_store(&t->g->lost, p->rank);
-            return dt_error_set(DT_ERR_PEER,
-                                "shm: process_vm_readv of %zu bytes at 0x%llx from rank %d "
-                                "(pid %d): %s",
-                                len, (unsigned long long)addr, p->rank, p->pid, strerror(e));
+                return dt_error_set(DT_ERR_PEER, "rank %d (pid %d) died during a %s: rank %d is lost",
+                                    p->rank, p->pid, call, p->rank);
+            }
+            return dt_error_set(DT_ERR_PEER, "shm: %s of %zu bytes at 0x%llx %s rank %d (pid %d): %s",
+                                call, len, (unsigned long long)addr, write ? "to" : "from",
+                                p->rank, p->pid, strerror(e));
         }
         d += got;
         addr += (uint64_t)got;
         len -= (size_t)got;
     }
     return DT_OK;
+}
+
+static dt_status shm_read_peer(dt__transport *tr, int peer, void *dst, uint64_t addr, size_t len) {
+    return cma_copy(tr, peer, false, dst, addr, len);
+}
+
+static dt_status shm_write_peer(dt__transport *tr, int peer, uint64_t addr, const void *src,
+                                size_t len) {
+    return cma_copy(tr, peer, true, (void *)src, addr, len);
 }
 
 /* Can I read peer p's memory? Read its pid from its ctrl in its own
@@ -458,6 +486,8 @@ static const dt__transport_ops shm_ops = {
     .check = shm_check,
     .peer_info = shm_peer_info,
     .read_peer = shm_read_peer,
+    .write_peer = shm_write_peer,
+    .peer_dead = shm_peer_dead,
     .abort = shm_abort,
     .reset = shm_reset,
     .notify = shm_notify,

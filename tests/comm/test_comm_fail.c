@@ -3,7 +3,7 @@
  *   - a rank is SIGKILLed in the middle of a collective: every survivor gets
  *     DT_ERR_PEER within 10 s, with a message naming the operation, its
  *     sequence number and the lost rank (ring and rhd allreduce, the
- *     recursive-doubling allgather);
+ *     recursive-doubling allgather, the single-copy shared-memory allgather);
  *   - ranks call different operations (count, op, dtype, root, order):
  *     every rank gets DT_ERR_MISMATCH;
  *   - a process with the wrong job token is refused by the store.
@@ -65,6 +65,13 @@ static void kill_run(int rank, int size, bool gather) {
     ASSERT_CONTAINS(dt_last_error(), "rank 2 is lost");
     /* later calls fail at once with the same status */
     ASSERT_STATUS(dt_group_barrier(w), DT_ERR_PEER);
+    /* the failed call is over: no peer writes into my buffer any more */
+    for (size_t i = 0; i < n; i++)
+        v[i] = -1;
+    dt_sleep_ms(200);
+    for (size_t i = 0; i < n; i++)
+        if (v[i] != -1)
+            TEST_FAILF("rank %d: element %zu written after the failed call returned", rank, i);
     free(v);
     dt_group_destroy(w);
 }
@@ -193,6 +200,9 @@ static void bad_env_case(int rank, int size) {
 static const hcase cases[] = {
     C("kill_shm_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", NULL),
     C("kill_tcp_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", "DT_TRANSPORT=tcp", NULL),
+    /* the single-copy allgather: survivors write into the victim's memory */
+    C("kill_shm_allgather_4", 4, kill_gather_case, VICTIM, "DT_TIMEOUT=30", "DT_SHM_CMA=on",
+      NULL),
     /* the recursive-doubling paths over TCP: a survivor's neighbour gives up
      * mid-frame on every socket, so its ABORT frame cannot be read in band */
     C("kill_tcp_rhd_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", "DT_TRANSPORT=tcp", "DT_ALGO=rhd",
