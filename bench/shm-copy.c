@@ -4,6 +4,8 @@
  *
  *   cc -O2 -o shm-copy bench/shm-copy.c
  *   ./shm-copy MODE BLOCK_KIB PIECE_KIB ITERS      e.g. ./shm-copy both 8192 256 100
+ *   BLOCKS=4 ./shm-copy floor ...                  output of 4 blocks (the floor of a
+ *                                                  4-rank allgather; run two at once)
  *   HUGE=1 ./shm-copy ...                          buffers on transparent huge pages
  *
  * Two processes (fork) each own an input block of BLOCK bytes, written with
@@ -17,9 +19,9 @@
  *           (Open MPI's two_procs allgather over vader's CMA)
  *   push    process_vm_writev of the own block into the peer's output, then
  *           the own memcpy, PIECE by PIECE
- *   floor   memcpy of the own block into both halves of the output, PIECE by
+ *   floor   memcpy of the own block into every block of the output, PIECE by
  *           PIECE: the allgather's footprint and bytes with nothing read
- *           across processes, so no 2-rank allgather can take less time
+ *           across processes, so no allgather can take less time
  * and prints the best and the median call time of each process.
  */
 #define _GNU_SOURCE
@@ -93,17 +95,20 @@ int main(int argc, char **argv) {
     me = kid == 0;
     c->pid[me] = getpid();
     size_t align = 2 << 20, inb = (block + align - 1) / align * align;
-    char *in = aligned_alloc(align, inb), *out = aligned_alloc(align, 2 * inb);
+    int blocks = getenv("BLOCKS") ? atoi(getenv("BLOCKS")) : 2;
+    if (blocks < 2 || blocks > 64 || (blocks != 2 && strcmp(mode, "floor") != 0))
+        return 2;
+    char *in = aligned_alloc(align, inb), *out = aligned_alloc(align, (size_t)blocks * inb);
     double *t = malloc(sizeof *t * (size_t)iters);
     if (!in || !out || !t)
         return 1;
     if (getenv("HUGE")) {
         madvise(in, inb, MADV_HUGEPAGE);
-        madvise(out, 2 * inb, MADV_HUGEPAGE);
+        madvise(out, (size_t)blocks * inb, MADV_HUGEPAGE);
     }
     for (size_t i = 0; i < block; i++)
         in[i] = (char)(i * 7 + (size_t)me * 3);
-    memset(out, 1, 2 * block);
+    memset(out, 1, (size_t)blocks * inb);
     c->in[me] = (uintptr_t)in;
     c->out[me] = (uintptr_t)out;
     barrier();
@@ -124,9 +129,11 @@ int main(int argc, char **argv) {
                             : cma(1, in + off, c->out[!me] + (size_t)me * block + off, len);
                     else if (own && strcmp(mode, "pull") != 0)
                         memcpy(mine + off, in + off, len);
-                    else if (strcmp(mode, "floor") == 0)
-                        memcpy(theirs + off, in + off, len);
-                    else if (!own && strcmp(mode, "memcpy") != 0)
+                    else if (strcmp(mode, "floor") == 0) {
+                        for (int b = 0; b < blocks; b++)
+                            if (out + (size_t)b * block != mine)
+                                memcpy(out + (size_t)b * block + off, in + off, len);
+                    } else if (!own && strcmp(mode, "memcpy") != 0)
                         cma(0, theirs + off, c->in[!me] + off, len);
                 }
             }
