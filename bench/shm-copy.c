@@ -7,6 +7,8 @@
  *   BLOCKS=4 ./shm-copy floor ...                  output of 4 blocks (the floor of a
  *                                                  4-rank allgather; run two at once)
  *   HUGE=1 ./shm-copy ...                          buffers on transparent huge pages
+ *   READ=1 ./shm-copy ...                          each call also reads its whole output
+ *                                                  (the consumer), inside the timing
  *
  * Two processes (fork) each own an input block of BLOCK bytes, written with
  * data (never the zero page), and an output of 2 x BLOCK. Per call, between
@@ -70,6 +72,17 @@ static void cma(int write, void *local, uintptr_t remote, size_t len) {
         perror(write ? "process_vm_writev" : "process_vm_readv");
         exit(1);
     }
+}
+
+static volatile uint64_t sink;
+
+static uint64_t sum64(const char *p, size_t n) {
+    uint64_t s = 0, w;
+    for (size_t i = 0; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        s += w;
+    }
+    return s;
 }
 
 static int cmp(const void *a, const void *b) {
@@ -139,6 +152,8 @@ int main(int argc, char **argv) {
             }
         }
         barrier();
+        if (getenv("READ")) /* the consumer: read the whole output once */
+            sink += sum64(out, (size_t)blocks * block);
         if (it >= 0)
             t[it] = now() - t0;
     }
