@@ -244,8 +244,7 @@ typedef struct dt__transport_ops {
     dt_status (*read_peer)(dt__transport *t, int peer, void *dst, uint64_t addr, size_t len);
     /* The other direction (process_vm_writev): len bytes of src to address
      * addr of peer's process, which the peer published for this purpose. */
-    dt_status (*write_peer)(dt__transport *t, int peer, uint64_t addr, const void *src,
-                            size_t len);
+    dt_status (*write_peer)(dt__transport *t, int peer, uint64_t addr, const void *src, size_t len);
     /* Has peer's process exited? Sets no error. */
     bool (*peer_dead)(dt__transport *t, int peer);
     /* Tell every peer this rank gives up (best effort, never blocks). With

@@ -392,12 +392,13 @@ static dt_status cma_copy(dt__transport *tr, int peer, bool write, void *local, 
             int e = got < 0 ? errno : EFAULT;
             if (e == ESRCH) {
                 atomic_store(&t->g->lost, p->rank);
-                return dt_error_set(DT_ERR_PEER, "rank %d (pid %d) died during a %s: rank %d is lost",
-                                    p->rank, p->pid, call, p->rank);
+                return dt_error_set(DT_ERR_PEER,
+                                    "rank %d (pid %d) died during a %s: rank %d is lost", p->rank,
+                                    p->pid, call, p->rank);
             }
-            return dt_error_set(DT_ERR_PEER, "shm: %s of %zu bytes at 0x%llx %s rank %d (pid %d): %s",
-                                call, len, (unsigned long long)addr, write ? "to" : "from",
-                                p->rank, p->pid, strerror(e));
+            return dt_error_set(
+                DT_ERR_PEER, "shm: %s of %zu bytes at 0x%llx %s rank %d (pid %d): %s", call, len,
+                (unsigned long long)addr, write ? "to" : "from", p->rank, p->pid, strerror(e));
         }
         d += got;
         addr += (uint64_t)got;

@@ -201,8 +201,7 @@ static const hcase cases[] = {
     C("kill_shm_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", NULL),
     C("kill_tcp_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", "DT_TRANSPORT=tcp", NULL),
     /* the single-copy allgather: survivors write into the victim's memory */
-    C("kill_shm_allgather_4", 4, kill_gather_case, VICTIM, "DT_TIMEOUT=30", "DT_SHM_CMA=on",
-      NULL),
+    C("kill_shm_allgather_4", 4, kill_gather_case, VICTIM, "DT_TIMEOUT=30", "DT_SHM_CMA=on", NULL),
     /* the recursive-doubling paths over TCP: a survivor's neighbour gives up
      * mid-frame on every socket, so its ABORT frame cannot be read in band */
     C("kill_tcp_rhd_4", 4, kill_case, VICTIM, "DT_TIMEOUT=30", "DT_TRANSPORT=tcp", "DT_ALGO=rhd",
