@@ -26,11 +26,13 @@
  * DT_ERR_MISMATCH, exactly as with messages.
  *
  * Single copy (when the transport says every member may read and write every
- * other's memory, and the message is at least DT_SHM_CMA_MIN): instead of copying
- * into its window, a rank publishes its buffer addresses (same parity slot
- * as the descriptor) and peers copy straight between their buffers with
- * the transport's read_peer / write_peer. Allgather: publish recv, barrier,
- * push my block into every peer's recv, barrier.
+ * other's memory, and the message is at least DT_SHM_CMA_MIN, or for the
+ * allgather ag_use_cma's smaller threshold): instead of copying into its
+ * window, a rank publishes its buffer addresses (same parity slot as the
+ * descriptor) and peers copy straight between their buffers with the
+ * transport's read_peer / write_peer. Allgather: publish my block, barrier,
+ * pull every peer's block, barrier; from AG_PUSH_MIN of output, publish my
+ * recv, barrier, push my block into every peer's recv, barrier.
  * Allreduce (two ranks, out of place): publish send and recv, barrier,
  * pull the peer's half of my slice into recv and reduce it with my send,
  * barrier, pull the peer's reduced slice from its recv, barrier. The last
