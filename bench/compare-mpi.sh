@@ -5,6 +5,8 @@
 #   bench/compare-mpi.sh [BUILD_DIR] [OPS] [NPS] [SIZES] [REPEATS]
 #   bench/compare-mpi.sh build "allreduce reduce_scatter allgather" "2 4" 8:64M 3
 #   TRANSPORTS=shm bench/compare-mpi.sh ...   (only one of shm, tcp)
+#   READ=1 bench/compare-mpi.sh ...           every call's output is read by its
+#                                             rank inside the timing (a consumer), both sides
 #
 # For each (transport, np, op) it runs our `dtrain bench comm` and our
 # Open MPI benchmark (bench/mpi_bench.c, built here with mpicc) REPEATS
@@ -42,9 +44,9 @@ for tp in ${TRANSPORTS:-shm tcp}; do
     for op in $OPS; do
       for r in $(seq 1 "$REPS"); do
         "$DTRAIN" bench comm --np "$np" --op "$op" --sizes "$lo:$hi" --transport "$tp" \
-            --warmup 3 | grep -v '^#' | awk -v r="$r" '{print r, $1, $3, $5, $6}' >> "$tmp/ours.$tp.$np.$op"
+            --warmup 3 ${READ:+--read} | grep -v '^#' | awk -v r="$r" '{print r, $1, $3, $5, $6}' >> "$tmp/ours.$tp.$np.$op"
         if [ "$tp" = tcp ]; then mca=(--mca btl tcp,self); else mca=(); fi
-        "${MPIRUN[@]}" -np "$np" "${mca[@]}" "$tmp/mpi_bench" "$op" "$lo" "$hi" 2>/dev/null \
+        "${MPIRUN[@]}" -np "$np" "${mca[@]}" -x READ="${READ:-0}" "$tmp/mpi_bench" "$op" "$lo" "$hi" 2>/dev/null \
             | grep -v '^#' | awk -v r="$r" '{print r, $1, $3, $5}' >> "$tmp/mpi.$tp.$np.$op"
       done
       echo

@@ -20,8 +20,10 @@
  *
  *   mpicc -O2 -o mpi_bench bench/mpi_bench.c
  *   mpirun -np 4 ./mpi_bench allreduce 8 268435456
+ *   mpirun -np 4 -x READ=1 ./mpi_bench ...    each call's output read (--read)
  */
 #include <mpi.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -71,12 +73,38 @@ static double run(const char *op, char *in, char *out, size_t cnt, int n) {
     return (double)(n - 1) / n;
 }
 
+/* READ=1: after every call each rank reads its whole output, inside the
+ * timing, as `dtrain bench comm --read` does. */
+static void read_all(const void *p, size_t bytes) {
+    static volatile uint64_t sink;
+    const unsigned char *b = p;
+    uint64_t s = 0, w;
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+        memcpy(&w, b + i, 8);
+        s += w;
+    }
+    sink += s;
+}
+
+static int reading;
+
+/* One timed call: the collective, then with READ=1 its consumer. */
+static double call(const char *op, char *in, char *out, size_t cnt, int n) {
+    double factor = run(op, in, out, cnt, n);
+    if (reading) {
+        int whole = strcmp(op, "allgather") == 0 || strcmp(op, "alltoall") == 0;
+        read_all(out, cnt * sizeof(float) * (whole ? (size_t)n : 1));
+    }
+    return factor;
+}
+
 int main(int argc, char **argv) {
     MPI_Init(&argc, &argv);
     int n, me;
     MPI_Comm_size(MPI_COMM_WORLD, &n);
     MPI_Comm_rank(MPI_COMM_WORLD, &me);
     const char *op = argc > 1 ? argv[1] : "allreduce";
+    reading = getenv("READ") && strcmp(getenv("READ"), "1") == 0;
     size_t lo = argc > 2 ? strtoull(argv[2], NULL, 10) : 8;
     size_t hi = argc > 3 ? strtoull(argv[3], NULL, 10) : (size_t)256 << 20;
     size_t es = sizeof(float);
@@ -88,7 +116,8 @@ int main(int argc, char **argv) {
     }
     fill((float *)in, (float *)out, cap / sizeof(float), me);
     if (me == 0) {
-        printf("# Open MPI bench: %s f32 sum, %d ranks\n", op, n);
+        printf("# Open MPI bench: %s f32 sum, %d ranks%s\n", op, n,
+               reading ? ", every call's output read" : "");
         printf("# %12s %12s %10s %12s %12s\n", "size(B)", "count", "time(us)", "algbw(GB/s)",
                "busbw(GB/s)");
     }
@@ -105,10 +134,10 @@ int main(int argc, char **argv) {
          * many as it times and at least FIRST_WARM_S seconds (the ranks
          * agree on the elapsed time so all make the same calls) */
         for (int i = 0; i < (first ? iters : 3); i++)
-            run(op, in, out, cnt, n);
+            call(op, in, out, cnt, n);
         for (double t0 = MPI_Wtime(), el = 0; first && el < FIRST_WARM_S;) {
             for (int i = 0; i < iters; i++)
-                run(op, in, out, cnt, n);
+                call(op, in, out, cnt, n);
             el = MPI_Wtime() - t0;
             MPI_Allreduce(MPI_IN_PLACE, &el, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         }
@@ -116,7 +145,7 @@ int main(int argc, char **argv) {
         MPI_Barrier(MPI_COMM_WORLD);
         double t0 = MPI_Wtime(), factor = 1;
         for (int i = 0; i < iters; i++)
-            factor = run(op, in, out, cnt, n);
+            factor = call(op, in, out, cnt, n);
         double t = (MPI_Wtime() - t0) / iters, tmax;
         MPI_Allreduce(&t, &tmax, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
         double algbw = (double)bytes / tmax * 1e-9;

@@ -26,3 +26,8 @@ set_tests_properties(comm_sweep_small PROPERTIES TIMEOUT 300 LABELS "comm;tsan")
 add_test(NAME comm_sweep_cma COMMAND test_comm_sweep shm_2 shm_3 shm_4)
 set_tests_properties(comm_sweep_cma PROPERTIES TIMEOUT 300 LABELS "comm;tsan"
                      ENVIRONMENT "DT_SHM_CMA=on;DT_SHM_CMA_MIN=1")
+# The same with every single-copy allgather pushing (process_vm_writev into
+# the peers' outputs) instead of only those of 4 MiB and more.
+add_test(NAME comm_sweep_push COMMAND test_comm_sweep shm_2 shm_3 shm_4)
+set_tests_properties(comm_sweep_push PROPERTIES TIMEOUT 300 LABELS "comm;tsan"
+                     ENVIRONMENT "DT_SHM_CMA=on;DT_SHM_CMA_MIN=1;DT_SHM_PUSH_MIN=1")

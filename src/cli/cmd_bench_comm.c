@@ -52,6 +52,9 @@ static const cli_opt comm_opts[] = {
     {"iters", 0, CLI_INT, "N", "0", NULL, "timed iterations per size (0: by size)", NULL, 0, 1e6},
     {"warmup", 0, CLI_INT, "N", "3", NULL, "untimed iterations per size", NULL, 0, 1e6},
     {"check", 0, CLI_BOOL, "BOOL", "true", NULL, "verify every row", NULL, 0, 0},
+    {"read", 0, CLI_FLAG, NULL, NULL, NULL,
+     "after every call each rank reads its whole output, inside the timing (a consumer)", NULL, 0,
+     0},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "one JSON object per row instead of the table", NULL, 0,
      0},
     {0},
@@ -144,6 +147,34 @@ static dt_status run_op(dt_group *g, dt_coll c, void *in, void *out, size_t cnt,
     }
 }
 
+/* Bytes of output a call leaves on each rank. */
+static size_t out_bytes(dt_coll c, size_t cnt, size_t es, int n) {
+    return c == DT_COLL_ALLGATHER || c == DT_COLL_ALLTOALL ? cnt * es * (size_t)n : cnt * es;
+}
+
+/* The consumer of --read: every byte of the output is loaded once, as the
+ * code that uses a collective's result would (where the bytes sit after
+ * the call, in whose cache, is part of what a collective costs). */
+static void read_all(const void *p, size_t bytes) {
+    static volatile uint64_t sink;
+    const unsigned char *b = p;
+    uint64_t s = 0, w;
+    for (size_t i = 0; i + 8 <= bytes; i += 8) {
+        memcpy(&w, b + i, 8);
+        s += w;
+    }
+    sink += s;
+}
+
+/* One timed call: the collective, then with --read its consumer. */
+static dt_status call(dt_group *g, dt_coll c, void *in, void *out, size_t cnt, dt_dtype dt,
+                      dt_redop op, bool read) {
+    dt_status st = run_op(g, c, in, out, cnt, dt, op);
+    if (st == DT_OK && read)
+        read_all(out, out_bytes(c, cnt, dt_dtype_size(dt), dt_group_size(g)));
+    return st;
+}
+
 /* small integers, exact in every dtype for any reduction we check */
 static void put(void *p, dt_dtype d, size_t i, int v) {
     switch (d) {
@@ -173,7 +204,7 @@ static long check_row(dt_group *g, dt_coll c, char *in, char *out, size_t cnt, d
     int n = dt_group_size(g), me = dt_group_rank(g);
     size_t es = dt_dtype_size(dt);
     size_t nin = c == DT_COLL_ALLREDUCE || c == DT_COLL_ALLGATHER ? cnt : cnt * (size_t)n;
-    size_t nout = c == DT_COLL_ALLGATHER || c == DT_COLL_ALLTOALL ? cnt * (size_t)n : cnt;
+    size_t nout = out_bytes(c, cnt, es, n) / es;
     if (c == DT_COLL_BROADCAST) {
         for (size_t i = 0; i < cnt; i++)
             put(out, dt, i, me == 0 ? value(0, i) : 9);
@@ -257,7 +288,7 @@ static int run_comm(cli_args *a) {
         return cli_fail(st);
     int n = dt_group_size(g), me = dt_group_rank(g);
     size_t es = dt_dtype_size(dt);
-    bool json = cli_bool(a, "json"), check = cli_bool(a, "check");
+    bool json = cli_bool(a, "json"), check = cli_bool(a, "check"), read = cli_bool(a, "read");
     size_t maxbytes = hi + (size_t)n * es + 64;
     char *in = dt_alloc(maxbytes), *out = dt_alloc(maxbytes);
     if (!in || !out) {
@@ -267,9 +298,9 @@ static int run_comm(cli_args *a) {
     memset(in, 0, maxbytes);
     memset(out, 0, maxbytes);
     if (me == 0 && !json) {
-        printf("# dtrain bench comm: %s %s %s, %d ranks, transport %s, algo %s\n",
+        printf("# dtrain bench comm: %s %s %s, %d ranks, transport %s, algo %s%s\n",
                dt_coll_name(coll), dt_dtype_name(dt), dt_redop_name(redop), n,
-               dt_group_transport(g), cli_str(a, "algo"));
+               dt_group_transport(g), cli_str(a, "algo"), read ? ", every call's output read" : "");
         printf("# %12s %12s %10s %12s %12s %8s %7s\n", "size(B)", "count", "time(us)",
                "algbw(GB/s)", "busbw(GB/s)", "algo", "#wrong");
     }
@@ -296,7 +327,7 @@ static int run_comm(cli_args *a) {
         if (first && warm < iters)
             warm = iters;
         for (int i = 0; i < warm && st == DT_OK; i++)
-            st = run_op(g, coll, in, out, cnt, dt, redop);
+            st = call(g, coll, in, out, cnt, dt, redop, read);
         /* Counting calls is not enough at the sizes where a call is short
          * but not tiny: a 1 MiB 2-rank allgather as the first row took
          * 91-206 us per call after its 255 warm-up calls (~20 ms) and 42-45
@@ -306,7 +337,7 @@ static int run_comm(cli_args *a) {
          * all make the same calls. */
         for (double t0 = dt_now(), el = 0; first && by_size && st == DT_OK && el < FIRST_WARM_S;) {
             for (int i = 0; i < iters && st == DT_OK; i++)
-                st = run_op(g, coll, in, out, cnt, dt, redop);
+                st = call(g, coll, in, out, cnt, dt, redop, read);
             el = dt_now() - t0;
             if (st == DT_OK)
                 st = dt_group_allreduce(g, &el, &el, 1, DT_F64, DT_MAX);
@@ -316,7 +347,7 @@ static int run_comm(cli_args *a) {
             st = dt_group_barrier(g);
         double t0 = dt_now();
         for (int i = 0; i < iters && st == DT_OK; i++)
-            st = run_op(g, coll, in, out, cnt, dt, redop);
+            st = call(g, coll, in, out, cnt, dt, redop, read);
         double t = (dt_now() - t0) / iters;
         const char *algo = dt_algo_name(dt_group_last_algo(g));
         if (st != DT_OK)

@@ -202,9 +202,11 @@ typedef struct dt__peer_info {
     /* Single copy (cross-memory attach): when cma is set on every member,
      * a rank may publish buffer addresses in addr[parity][0..1] and peers
      * pull from them with ops->read_peer. cma_min is the group-wide
-     * threshold in bytes. Same for every member (agreed at creation). */
+     * threshold in bytes, push_min the allgather output from which peers
+     * write instead (write_peer). Same for every member (agreed at
+     * creation). */
     bool cma;
-    size_t cma_min;
+    size_t cma_min, push_min;
     uint64_t *addr; /* peer's published addresses [2][2] */
     /* Peer's progress word for the single-copy pipelines: pieces of its
      * slice finished in the current op, tagged with the op's epoch (direct.c). */
@@ -288,20 +290,21 @@ typedef struct dt__job {
 
 /* Settings read once per group from DT_* variables. */
 typedef struct dt__config {
-    double timeout;     /* DT_TIMEOUT seconds */
-    int transport;      /* 0 auto, 1 shm, 2 tcp */
-    dt_algo algo;       /* DT_ALGO */
-    size_t chunk;       /* DT_CHUNK_SIZE: ring pipeline chunk */
-    size_t shm_slot;    /* DT_SHM_SLOT */
-    int shm_slots;      /* DT_SHM_SLOTS */
-    size_t shm_window;  /* DT_SHM_WINDOW (bytes per half) */
-    int shm_cma;        /* DT_SHM_CMA: 0 auto, 1 on, 2 off */
-    size_t shm_cma_min; /* DT_SHM_CMA_MIN bytes */
-    int spin;           /* DT_SPIN microseconds of polling before sleeping */
-    int yield;          /* DT_YIELD sched_yield()s before sleeping */
-    int tcp_socks;      /* DT_TCP_SOCKS */
-    size_t tcp_buffer;  /* DT_TCP_BUFFER */
-    size_t tcp_stripe;  /* DT_TCP_STRIPE_MIN */
+    double timeout;      /* DT_TIMEOUT seconds */
+    int transport;       /* 0 auto, 1 shm, 2 tcp */
+    dt_algo algo;        /* DT_ALGO */
+    size_t chunk;        /* DT_CHUNK_SIZE: ring pipeline chunk */
+    size_t shm_slot;     /* DT_SHM_SLOT */
+    int shm_slots;       /* DT_SHM_SLOTS */
+    size_t shm_window;   /* DT_SHM_WINDOW (bytes per half) */
+    int shm_cma;         /* DT_SHM_CMA: 0 auto, 1 on, 2 off */
+    size_t shm_cma_min;  /* DT_SHM_CMA_MIN bytes */
+    size_t shm_push_min; /* DT_SHM_PUSH_MIN bytes (allgather output) */
+    int spin;            /* DT_SPIN microseconds of polling before sleeping */
+    int yield;           /* DT_YIELD sched_yield()s before sleeping */
+    int tcp_socks;       /* DT_TCP_SOCKS */
+    size_t tcp_buffer;   /* DT_TCP_BUFFER */
+    size_t tcp_stripe;   /* DT_TCP_STRIPE_MIN */
 } dt__config;
 
 dt_status dt__config_read(dt__config *c);

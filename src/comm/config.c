@@ -25,6 +25,7 @@ dt_status dt__config_read(dt__config *c) {
         dt_config_env_size("DT_SHM_WINDOW", 1 << 20, 64 << 10, (size_t)1 << 30, &c->shm_window));
     DT_CHECK(dt_config_env_enum("DT_SHM_CMA", 0, cma_names, 3, &c->shm_cma));
     DT_CHECK(dt_config_env_size("DT_SHM_CMA_MIN", 256 << 10, 1, (size_t)1 << 40, &c->shm_cma_min));
+    DT_CHECK(dt_config_env_size("DT_SHM_PUSH_MIN", 4 << 20, 1, (size_t)1 << 40, &c->shm_push_min));
     DT_CHECK(dt_config_env_int("DT_SPIN", -1, -1, 1 << 30, &v));
     c->spin = (int)v;
     DT_CHECK(dt_config_env_int("DT_YIELD", -1, -1, 1 << 30, &v));

@@ -31,8 +31,16 @@
  * window, a rank publishes its buffer addresses (same parity slot as the
  * descriptor) and peers copy straight between their buffers with the
  * transport's read_peer / write_peer. Allgather: publish my block, barrier,
- * pull every peer's block, barrier; from AG_PUSH_MIN of output, publish my
- * recv, barrier, push my block into every peer's recv, barrier.
+ * pull every peer's block, barrier; from DT_SHM_PUSH_MIN of output, publish
+ * my recv, barrier, push my block into every peer's recv, barrier.
+ *
+ * Why push only large outputs: pushing reads each block once, while it is
+ * hot, instead of every rank reading every peer's block cold; but pushed
+ * lines arrive in the writer's cache, so the owner's first read of them
+ * misses. Measured with a consumer that reads the whole output after each
+ * call (2 cores, docs/comm.md): push/pull 0.5-0.6x at 256 KiB-1 MiB of
+ * output, 0.84-0.96x at 2 MiB, 0.99-1.11x at 4 MiB, 1.03-1.13x at 8-16 MiB;
+ * hence DT_SHM_PUSH_MIN = 4 MiB by default.
  * Allreduce (two ranks, out of place): publish send and recv, barrier,
  * pull the peer's half of my slice into recv and reduce it with my send,
  * barrier, pull the peer's reduced slice from its recv, barrier. The last
@@ -177,15 +185,6 @@ static void slice(size_t c, size_t es, int n, int i, size_t *off, size_t *len) {
 #define SMALL_BYTES (16 << 10)
 #define CMA_PIECE   (256 << 10)
 #define AG_PIECE    (512 << 10)
-/* The allgather's outputs from this size on are pushed: each rank writes
- * its own block into every peer's output (process_vm_writev) while the
- * piece is hot, instead of every rank reading every peer's block cold.
- * Below it pulling is faster for whoever reads the result: pushed lines
- * arrive in the writer's cache, so the owner's first read of them misses.
- * Measured with a consumer that reads the whole output after each call
- * (2 cores, docs/comm.md): push/pull 0.5-0.6x at 256 KiB-1 MiB, 0.84-0.96x
- * at 2 MiB, 0.99-1.11x at 4 MiB, 1.03-1.13x at 8-16 MiB. */
-#define AG_PUSH_MIN ((size_t)4 << 20)
 
 /* Tiny messages (<= DT__SMALL_BYTES of payload per rank): no window and
  * no separate flag. Each rank writes its payload, the op's identity and
@@ -549,11 +548,11 @@ dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, 
          * memcpy followed by one long transfer (measured 1.3x faster for
          * 2 x 8 MiB: the ranks no longer run in lockstep through the same
          * phases, and each piece's destination is written while hot).
-         * Small outputs are pulled, large ones pushed (see AG_PUSH_MIN);
+         * Small outputs are pulled, large ones pushed (DT_SHM_PUSH_MIN);
          * after the last barrier no peer touches my buffers, and a failed
          * push allgather closes its gate before it returns. */
         size_t bytes = count * es;
-        bool pushing = bytes * (size_t)n >= AG_PUSH_MIN;
+        bool pushing = bytes * (size_t)n >= d.pi[me].push_min;
         uint64_t epoch = g->direct_epoch + 1; /* the target of the first barrier */
         atomic_store(d.pi[me].gate, epoch);
         publish(&d, pushing ? recv : (void *)mine, NULL);

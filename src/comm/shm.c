@@ -66,6 +66,7 @@ typedef struct shm_ctrl {
     uint64_t cma_addr[2][2];                /* direct: buffer addresses, by flag parity */
     uint64_t self_addr;                     /* where this ctrl lives in its owner (probe) */
     uint64_t cma_min;                       /* owner's DT_SHM_CMA_MIN */
+    uint64_t push_min;                      /* owner's DT_SHM_PUSH_MIN */
     _Atomic int32_t cma_ok;                 /* owner can read every peer (process_vm_readv) */
     _Alignas(64) _Atomic uint64_t progress; /* direct single copy: pieces ready (epoch-tagged) */
     dt__small_line small[2];                /* direct small messages, by epoch parity */
@@ -104,8 +105,9 @@ typedef struct shm_t {
     char *mine;   /* my segment */
     size_t seg_size, ring_off, ring_size, win_off;
     size_t slot, nslots, window;
-    bool cma;       /* every member can process_vm_readv every other */
-    size_t cma_min; /* largest DT_SHM_CMA_MIN among members */
+    bool cma;        /* every member can process_vm_readv every other */
+    size_t cma_min;  /* largest DT_SHM_CMA_MIN among members */
+    size_t push_min; /* largest DT_SHM_PUSH_MIN among members */
     struct pollfd *pfd;
 } shm_t;
 
@@ -361,6 +363,7 @@ static void shm_peer_info(dt__transport *tr, int peer, dt__peer_info *out) {
     out->desc = p->ctrl->desc;
     out->cma = t->cma;
     out->cma_min = t->cma_min;
+    out->push_min = t->push_min;
     out->addr = &p->ctrl->cma_addr[0][0];
     out->progress = &p->ctrl->progress;
     out->gate = &p->ctrl->gate;
@@ -586,6 +589,7 @@ dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transpor
     ((shm_ctrl *)t->mine)->pid = getpid();
     ((shm_ctrl *)t->mine)->self_addr = (uint64_t)(uintptr_t)t->mine;
     ((shm_ctrl *)t->mine)->cma_min = g->cfg.shm_cma_min;
+    ((shm_ctrl *)t->mine)->push_min = g->cfg.shm_push_min;
     atomic_store(&((shm_ctrl *)t->mine)->abort_lost, -1);
     t->peers[t->me].base = t->mine;
     t->peers[t->me].ctrl = (shm_ctrl *)t->mine;
@@ -641,11 +645,13 @@ dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transpor
     }
     shm_unlink(name);
     t->cma = true;
-    t->cma_min = 0;
+    t->cma_min = t->push_min = 0;
     for (int i = 0; i < t->n; i++) {
         t->cma = t->cma && atomic_load(&t->peers[i].ctrl->cma_ok) == 1;
         if (t->peers[i].ctrl->cma_min > t->cma_min)
             t->cma_min = (size_t)t->peers[i].ctrl->cma_min;
+        if (t->peers[i].ctrl->push_min > t->push_min)
+            t->push_min = (size_t)t->peers[i].ctrl->push_min;
     }
     if (g->cfg.shm_cma == 1 && !t->cma && t->n > 1) {
         st = dt_error_set(DT_ERR_UNSUPPORTED,
