@@ -239,6 +239,7 @@ void dt_matmul_forward(float *out, const float *inp, const float *weight, const 
 static void matmul_backward_part(float *dinp, float *dweight, float *dbias, const float *dout,
                                  const float *inp, const float *weight, int N, int IC, int OC,
                                  int nt, int t, bool acc) {
+    const bool by_rows = OC >= IC; /* dweight split by rows (OC) or by columns (IC) */
     int lo, hi;
     if (dinp) {
         // dinp[lo:hi, :] = dout[lo:hi, :] (.,OC) @ weight (OC,IC)
@@ -248,10 +249,7 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
                    0.0f, dinp + (size_t)lo * IC, IC);
     }
     // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC), split by the longer side
-    if (OC >= IC)
-        split_range(OC, nt, t, &lo, &hi);
-    else
-        split_range(IC, nt, t, &lo, &hi);
+    split_range(by_rows ? OC : IC, nt, t, &lo, &hi);
     /* The AVX-512 kernel (gemm_tn.c) where it runs, else OpenBLAS with the
      * sum over tokens in chunks of TN_CHUNK, each added into dweight in
      * order. Either way the order is fixed for a fixed thread count. The
@@ -259,7 +257,6 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
      * dweight are exactly its slice of dbias (split by OC, or one part). */
     bool fused_dbias = false;
     if (lo < hi) {
-        bool by_rows = OC >= IC;
         fused_dbias = dbias && (by_rows || nt == 1);
         bool done = by_rows ? dt__sgemm_tn(hi - lo, IC, N, dout + lo, OC, inp, IC,
                                            dweight + (size_t)lo * IC, IC,
@@ -274,7 +271,6 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
     /* Overwriting on this path: clear the block, then accumulate (the same
      * bits; the AVX-512 kernel above is the fast path). */
     if (!acc && lo < hi) {
-        bool by_rows = OC >= IC;
         int rows = by_rows ? hi - lo : OC, cols = by_rows ? IC : hi - lo;
         float *d0 = by_rows ? dweight + (size_t)lo * IC : dweight + lo;
         for (int i = 0; i < rows; i++)
@@ -283,7 +279,7 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
     for (int k0 = 0; lo < hi && k0 < N; k0 += TN_CHUNK) {
         int kk = N - k0 < TN_CHUNK ? N - k0 : TN_CHUNK;
         const float *dk = dout + (size_t)k0 * OC, *xk = inp + (size_t)k0 * IC;
-        if (OC >= IC)
+        if (by_rows)
             sgemm1(true, false, hi - lo, IC, kk, 1.0f, dk + lo, OC, xk, IC, 1.0f,
                    dweight + (size_t)lo * IC, IC);
         else
