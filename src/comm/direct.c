@@ -554,7 +554,8 @@ dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, 
         size_t bytes = count * es;
         bool pushing = bytes * (size_t)n >= d.pi[me].push_min;
         uint64_t epoch = g->direct_epoch + 1; /* the target of the first barrier */
-        atomic_store(d.pi[me].gate, epoch);
+        if (pushing)
+            atomic_store(d.pi[me].gate, epoch);
         publish(&d, pushing ? recv : (void *)mine, NULL);
         dt_status st = barrier(&d);
         bool open = true;
