@@ -22,6 +22,8 @@
  *   mpirun -np 4 ./mpi_bench allreduce 8 268435456
  *   mpirun -np 4 -x READ=1 ./mpi_bench ...    each call's output read (--read)
  */
+#include "read_all.h"
+
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -75,17 +77,6 @@ static double run(const char *op, char *in, char *out, size_t cnt, int n) {
 
 /* READ=1: after every call each rank reads its whole output, inside the
  * timing, as `dtrain bench comm --read` does. */
-static void read_all(const void *p, size_t bytes) {
-    static volatile uint64_t sink;
-    const unsigned char *b = p;
-    uint64_t s = 0, w;
-    for (size_t i = 0; i + 8 <= bytes; i += 8) {
-        memcpy(&w, b + i, 8);
-        s += w;
-    }
-    sink += s;
-}
-
 static int reading;
 
 /* One timed call: the collective, then with READ=1 its consumer. */
