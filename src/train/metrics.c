@@ -196,7 +196,7 @@ static dt_status keep_steps_upto(const char *path, int64_t upto) {
 
 dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, int64_t resume_step) {
     *out = NULL;
-    DT_CHECK(dt__mkdir_p(run_dir));
+    DT_CHECK(dt_mkdir_p(run_dir));
     dt_metrics *m = dt_calloc(1, sizeof *m);
     if (!m)
         return DT_ERR_NOMEM;
@@ -240,7 +240,7 @@ void dt_metrics_destroy(dt_metrics *m) {
 }
 
 dt_status dt_metrics_write_config(const char *run_dir, const char *json) {
-    DT_CHECK(dt__mkdir_p(run_dir));
+    DT_CHECK(dt_mkdir_p(run_dir));
     char path[4096];
     if (snprintf(path, sizeof path, "%s/config.json", run_dir) >= (int)sizeof path)
         return dt_error_set(DT_ERR_INVALID, "run directory name too long: %s", run_dir);

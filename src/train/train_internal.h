@@ -6,7 +6,4 @@
 
 #include "dtrain/train.h"
 
-/* mkdir -p: create `dir` and its parents; an existing directory is fine. */
-dt_status dt__mkdir_p(const char *dir);
-
 #endif

@@ -1,5 +1,5 @@
 /*
- * checkpoint.c — the checkpoint container: named, typed sections in one file
+ * container.c — the checkpoint container: named, typed sections in one file
  * with a whole-file XXH3 checksum, written atomically, rotated, and resumed
  * from the newest file that validates.
  *
@@ -16,7 +16,7 @@
  *     file-provided size (sections are read through a read-only mmap).
  * The format is little-endian (checked at compile time below).
  */
-#include "train_internal.h"
+#include "dtrain/ckpt.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -342,26 +342,6 @@ static void remove_stale_temps(const char *dir) {
     closedir(d);
 }
 
-dt_status dt__mkdir_p(const char *dir) {
-    char p[4096];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
-        return dt_error_set(DT_ERR_INVALID, "directory name too long: %s", dir);
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            return io_error("cannot create directory", p);
-        *s = '/';
-    }
-    if (mkdir(p, 0755) != 0 && errno != EEXIST)
-        return io_error("cannot create directory", p);
-    struct stat sb;
-    if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return dt_error_set(DT_ERR_IO, "%s exists and is not a directory", p);
-    return DT_OK;
-}
-
 /* Point dir/latest at `name`: a symlink made under a temp name and renamed
  * over the old one, which is atomic. */
 static dt_status set_latest(const char *dir, const char *name) {
@@ -385,7 +365,7 @@ dt_status dt_ckpt_save(const char *dir, int64_t step, const dt_ckpt_section *sec
         return dt_error_set(DT_ERR_INVALID, "checkpoint keep count %d must be >= 1", keep);
     if (step < 0)
         return dt_error_set(DT_ERR_INVALID, "checkpoint step %" PRId64 " must be >= 0", step);
-    DT_CHECK(dt__mkdir_p(dir));
+    DT_CHECK(dt_mkdir_p(dir));
     remove_stale_temps(dir);
     char path[4096 + 32];
     dt_ckpt_path(path, sizeof path, dir, step);
