@@ -80,6 +80,75 @@
 extern "C" {
 #endif
 
+/* ------------------------------------------------------------------------ */
+/* Device mesh: the dp x tp x pp x cp layout of the world                   */
+/* ------------------------------------------------------------------------ */
+/*
+ * The world's ranks form a grid with one axis per kind of parallelism:
+ * dp (data), tp (tensor), pp (pipeline), cp (context). A rank's coordinate
+ * on each axis follows from its world rank by one formula; with the axes
+ * listed fastest-varying first in `order` (default tp, cp, dp, pp, as in
+ * Megatron-LM), and d(a) the degree of axis a:
+ *
+ *     rank = c(order[0]) + d(order[0]) * (c(order[1]) + d(order[1]) *
+ *            (c(order[2]) + d(order[2]) * c(order[3])))
+ *
+ * so with the default order tp is fastest: the ranks of one tp group are
+ * consecutive and, launched host by host, stay on one host (the mesh warns
+ * when they do not). For every axis a rank belongs to one group: the ranks
+ * that share all its other coordinates, ordered by their coordinate on the
+ * axis (group rank == coordinate). An axis of degree 1 gives a group of one.
+ *
+ *     dp 2 x tp 2, order tp-cp-dp-pp:   world rank  0   1   2   3
+ *                                       tp coord    0   1   0   1
+ *                                       dp coord    0   0   1   1
+ *     tp groups {0,1} {2,3}; dp groups {0,2} {1,3}.
+ *
+ * The mesh is the only code that knows the rank order. Ownership: the mesh
+ * borrows the world group (which must outlive it) and owns its axis groups.
+ */
+
+typedef enum dt_axis { DT_AXIS_DP, DT_AXIS_TP, DT_AXIS_PP, DT_AXIS_CP, DT_AXIS_COUNT } dt_axis;
+
+/* "dp", "tp", "pp", "cp" (indexable by dt_axis). */
+extern const char *const dt_axis_names[DT_AXIS_COUNT];
+
+typedef struct dt_mesh_shape {
+    int degree[DT_AXIS_COUNT];    /* ranks along each axis, >= 1 */
+    dt_axis order[DT_AXIS_COUNT]; /* a permutation of the axes, fastest-varying first */
+} dt_mesh_shape;
+
+/* Every degree 1, order tp-cp-dp-pp. */
+dt_mesh_shape dt_mesh_shape_default(void);
+/* Parse an order "tp-cp-dp-pp" (each axis once); DT_ERR_INVALID names knob and text. */
+dt_status dt_mesh_order_parse(const char *knob, const char *text, dt_axis order[DT_AXIS_COUNT]);
+/* Degrees >= 1 whose product is `world`, order a permutation; DT_ERR_INVALID
+ * names the axes and the numbers otherwise. */
+dt_status dt_mesh_shape_validate(const dt_mesh_shape *s, int world);
+/* The formula above, and its inverse. */
+int dt_mesh_rank_of(const dt_mesh_shape *s, const int coord[DT_AXIS_COUNT]);
+void dt_mesh_coords_of(const dt_mesh_shape *s, int rank, int coord[DT_AXIS_COUNT]);
+/* "dp 2 x tp 2" (axes of degree > 1 in the order dp, tp, pp, cp; "1 rank"
+ * when there are none); returns buf. */
+char *dt_mesh_format(const dt_mesh_shape *s, char *buf, size_t len);
+
+typedef struct dt_mesh dt_mesh;
+
+/* Collective over `world` (every rank calls it with the same shape): split
+ * the world into one group per axis. world may be NULL for a single
+ * process (every degree 1; the axis groups are then NULL too). */
+dt_status dt_mesh_create(dt_mesh **out, dt_group *world, const dt_mesh_shape *s);
+void dt_mesh_destroy(dt_mesh *m);
+
+const dt_mesh_shape *dt_mesh_get_shape(const dt_mesh *m);
+dt_group *dt_mesh_world(const dt_mesh *m);
+/* This rank's group along axis a (NULL in a single process). */
+dt_group *dt_mesh_group(const dt_mesh *m, dt_axis a);
+int dt_mesh_coord(const dt_mesh *m, dt_axis a);
+int dt_mesh_degree(const dt_mesh *m, dt_axis a);
+int dt_mesh_rank(const dt_mesh *m);
+int dt_mesh_size(const dt_mesh *m);
+
 #define DT_DDP_DEFAULT_BUCKET_BYTES (25u << 20)
 
 typedef struct dt_ddp dt_ddp;

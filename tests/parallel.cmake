@@ -1,0 +1,13 @@
+# Multi-process tests of the parallel layer (tests/parallel/*.c, each its own
+# program that fork/execs its ranks on loopback through comm/harness.h).
+function(dt_parallel_test_exe name)
+  add_executable(${name} ${CMAKE_CURRENT_SOURCE_DIR}/parallel/${name}.c)
+  target_include_directories(${name} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
+  target_compile_definitions(${name} PRIVATE _GNU_SOURCE)
+  target_link_libraries(${name} PRIVATE dtrain)
+endfunction()
+
+# The device mesh: the formula for every axis order, and 8 real ranks.
+dt_parallel_test_exe(test_mesh)
+add_test(NAME test_mesh COMMAND test_mesh)
+set_tests_properties(test_mesh PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess")
