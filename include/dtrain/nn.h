@@ -82,7 +82,8 @@ dt_status dt_gpt_config_validate(const dt_gpt_config *cfg);
 /* Parameter count for a configuration (no allocation). */
 size_t dt_gpt_config_num_params(const dt_gpt_config *cfg);
 
-/* One parameter tensor as a view of the flat buffers. */
+/* One parameter tensor as a view of the flat buffers, and the part of the
+ * model's global tensor it holds. */
 typedef struct dt_param_info {
     const char *name; /* "h.3.attn.c_attn.weight" (valid while the model lives) */
     size_t offset;    /* first float in dt_gpt_params()/dt_gpt_grads() */
@@ -90,6 +91,13 @@ typedef struct dt_param_info {
     size_t cols;
     bool decay; /* true for 2-D matrices (weights, embeddings); false for
                    biases and LayerNorm parameters */
+    /* The global tensor, as one unsharded model holds it: up to 3
+     * dimensions (c_attn's weight is (3, C, C): q, k, v), unused ones 1.
+     * This model's part is the box [begin, begin + extent), stored
+     * row-major from `offset` (the whole tensor without sharding). */
+    int ndim;
+    size_t shape[3];
+    size_t begin[3], extent[3];
 } dt_param_info;
 
 /* Called by backward when grads[ready_from .. num_params) are final for this

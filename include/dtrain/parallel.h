@@ -75,6 +75,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/compress.h"
 #include "dtrain/core.h"
+#include "dtrain/optim.h"
 
 #ifdef __cplusplus
 extern "C" {
@@ -148,6 +149,10 @@ int dt_mesh_coord(const dt_mesh *m, dt_axis a);
 int dt_mesh_degree(const dt_mesh *m, dt_axis a);
 int dt_mesh_rank(const dt_mesh *m);
 int dt_mesh_size(const dt_mesh *m);
+
+/* ------------------------------------------------------------------------ */
+/* Data parallelism: the bucket engine (see the overview)                   */
+/* ------------------------------------------------------------------------ */
 
 #define DT_DDP_DEFAULT_BUCKET_BYTES (25u << 20)
 
@@ -235,6 +240,9 @@ dt_status dt_ddp_set_fraction(dt_ddp *d, double fraction);
 void dt_ddp_destroy(dt_ddp *d);
 
 size_t dt_ddp_num_buckets(const dt_ddp *d);
+/* Bytes this rank sends in one communicating step with the current
+ * settings (codec, density, dense warm-up): what bytes_sent will say. */
+uint64_t dt_ddp_step_bytes(const dt_ddp *d);
 /* Bucket i's range [*begin, *end) (i = 0 is the tail of the buffer). */
 void dt_ddp_bucket(const dt_ddp *d, size_t i, size_t *begin, size_t *end);
 
@@ -264,6 +272,142 @@ const dt_ddp_stats *dt_ddp_last_stats(const dt_ddp *d);
 
 /* Average `count` doubles over the ranks in place (losses, metrics). */
 dt_status dt_ddp_average(dt_ddp *d, double *values, size_t count);
+
+/* ------------------------------------------------------------------------ */
+/* Gradient synchronisation: the one interface the training loop calls      */
+/* ------------------------------------------------------------------------ */
+/*
+ * Every strategy that turns this rank's gradients into an optimizer update
+ * (DDP today; ZeRO, local SGD, a parameter server later) implements this
+ * interface, and the loop calls nothing else of it:
+ *
+ *     dt_optimizer_begin(opt, step, lr);
+ *     dt_grad_sync_begin_step(s, &(dt_sync_step){step, lr, scaling, scale, early});
+ *     for (k = 0; k < K; k++) {
+ *         forward(...);
+ *         dt_grad_sync_begin_backward(s, k == K - 1);
+ *         backward(..., dt_grad_sync_ready, s);     // the model's hook
+ *     }
+ *     dt_grad_sync_finish(s, &res);                 // final gradients, local sums
+ *     allreduce res.sumsq, res.found_inf over the world; decide skip and clip
+ *     dt_grad_sync_apply(s, skip, clip_scale);
+ *     dt_optimizer_end(opt, !skip);
+ *
+ * finish() leaves the gradients this rank's optimizer needs final: averaged
+ * (and unscaled, when the loss was scaled) over the replicas. Compression,
+ * 16-bit gradients and the unscaling stay inside the implementation. With
+ * update_early (no clipping and no loss scaling, so nothing global decides
+ * the update) an implementation may step the optimizer on each range as it
+ * becomes final, overlapping the update with the remaining communication;
+ * apply() then does nothing. res.sumsq covers the final gradient elements
+ * this rank counts: every element of the model is counted by exactly one
+ * rank of the world, so the SUM over the world is the global squared norm
+ * (replicated tensors are counted once).
+ *
+ * Ownership: an implementation borrows the parameter and gradient buffers,
+ * the groups and the optimizer it was created with; they must outlive it.
+ */
+
+typedef struct dt_grad_sync dt_grad_sync;
+
+/* What the loop tells a strategy at the start of an optimizer step. */
+typedef struct dt_sync_step {
+    int64_t step;      /* 0-based index of this optimizer step */
+    float lr;          /* its learning rate (already given to the optimizer) */
+    bool loss_scaling; /* the loss was scaled: unscale, and report inf/nan gradients */
+    float loss_scale;  /* backward multiplied the loss by this (1 without scaling) */
+    bool update_early; /* no clipping, no loss scaling: ranges may be updated as they arrive */
+} dt_sync_step;
+
+/* What finish() reports. */
+typedef struct dt_sync_result {
+    double sumsq;             /* squared norm of the gradient elements this rank counts */
+    bool found_inf;           /* a final gradient of this rank is inf or nan */
+    bool updated;             /* the optimizer already stepped (update_early) */
+    double comm_ms;           /* time gradient communication was in flight */
+    double exposed_comm_ms;   /* time the caller blocked on it after backward */
+    uint64_t bytes_sent;      /* gradient bytes this rank sent */
+    int collectives;          /* gradient collectives of the step (DDP: buckets) */
+    int launched_in_backward; /* of which started before backward ended */
+} dt_sync_result;
+
+/* What one step of a strategy costs on the wire, for the planner: the
+ * collective it runs, over how many ranks, how many bytes each rank
+ * sends per step, in how many pieces, and whether it overlaps backward. */
+typedef struct dt_sync_cost {
+    dt_coll coll;          /* the dominant collective (DDP: allreduce) */
+    int ranks;             /* size of the group it runs on */
+    double bytes_per_step; /* bytes one rank sends per optimizer step */
+    int pieces;            /* collectives per step */
+    bool overlapped;       /* started during backward */
+    size_t state_bytes;    /* memory the strategy keeps per rank (codec state) */
+} dt_sync_cost;
+
+/* Dispatch to the implementation (see the overview). */
+dt_status dt_grad_sync_begin_step(dt_grad_sync *s, const dt_sync_step *step);
+void dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch);
+/* The model's backward hook (dt_grad_ready_fn): grads[ready_from, n) are final. */
+void dt_grad_sync_ready(void *s, size_t ready_from);
+dt_status dt_grad_sync_finish(dt_grad_sync *s, dt_sync_result *out);
+/* Scale the gradients by clip_scale and step the optimizer over what this
+ * rank owns (unless finish already did). A skipped step (an inf/nan
+ * gradient on some rank) leaves parameters and optimizer state alone. */
+dt_status dt_grad_sync_apply(dt_grad_sync *s, bool skip, float clip_scale);
+/* Make the replicas' parameters identical (from the first replica): at the
+ * start and after a resume. */
+dt_status dt_grad_sync_replicate(dt_grad_sync *s);
+/* Compare the replicas' parameters: DT_ERR_MISMATCH naming the step and
+ * the first replica that differs. */
+dt_status dt_grad_sync_check(dt_grad_sync *s, int64_t step);
+const char *dt_grad_sync_name(const dt_grad_sync *s);
+
+/* What the replicas of the data-parallel group hold alike: DDP keeps the
+ * same parameters and optimizer state on every replica (a checkpoint
+ * writes them from the first); ZeRO shards the optimizer state. */
+typedef struct dt_sync_layout {
+    bool params_replicated; /* every replica holds the same parameters */
+    bool optim_replicated;  /* ... and the same optimizer state */
+} dt_sync_layout;
+void dt_grad_sync_layout(const dt_grad_sync *s, dt_sync_layout *out);
+void dt_grad_sync_cost(const dt_grad_sync *s, dt_sync_cost *out);
+/* This rank's own state (DDP: codec residuals), in the units of the loss
+ * scale `unit` it was saved at, and a text naming what it belongs to
+ * (codec, buckets, ranks): set_state requires the same ident and bytes. */
+size_t dt_grad_sync_state_bytes(const dt_grad_sync *s);
+const char *dt_grad_sync_state_ident(const dt_grad_sync *s);
+dt_status dt_grad_sync_get_state(const dt_grad_sync *s, void *buf, size_t len, float *unit);
+dt_status dt_grad_sync_set_state(dt_grad_sync *s, const void *buf, size_t len, float unit);
+/* Forget the state (zero residuals, fresh PowerSGD factors). */
+void dt_grad_sync_reset_state(dt_grad_sync *s);
+void dt_grad_sync_destroy(dt_grad_sync *s);
+
+/* --- DDP as a gradient synchronisation ---------------------------------- */
+
+typedef struct dt_ddp_sync_config {
+    dt_group *group;    /* the data-parallel group (NULL or size 1: nothing to reduce) */
+    float *params;      /* (n) */
+    float *grads;       /* (n) */
+    size_t n;           /* floats */
+    dt_optimizer *opt;  /* steps over [0, n) */
+    dt_ddp_options ddp; /* buckets, wire dtype, codec (see dt_ddp_options) */
+    /* Dense warm-up: steps < compress_start average plain fp32 (codec
+     * state untouched); compress_ramp steps after it ramp top-k's density
+     * down from ramp_start to the codec's own fraction (Deep Gradient
+     * Compression). Both 0: off. */
+    int64_t compress_start, compress_ramp;
+    double ramp_start;
+    /* The ranges of the flat buffer this rank counts in the norm (those
+     * holding tensors replicated over other model-parallel ranks are
+     * counted by one of them); NULL: all of [0, n). Copied. Among the
+     * data-parallel replicas, bucket i is counted by replica i % dp. */
+    const dt_range *norm_ranges;
+    size_t nnorm;
+} dt_ddp_sync_config;
+
+/* DDP's dt_grad_sync: bucketed, overlapped allreduce over the dp group;
+ * per averaged bucket the unscaling (inf/nan check), the counted sum of
+ * squares and, with update_early, the optimizer's update of that range. */
+dt_status dt_ddp_sync_create(dt_grad_sync **out, const dt_ddp_sync_config *c);
 
 #ifdef __cplusplus
 }

@@ -23,6 +23,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/compress.h"
 #include "dtrain/core.h"
+#include "dtrain/optim.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -119,15 +120,6 @@ char *dt_sparkline(char *buf, size_t len, const double *values, size_t n);
 /* The training loop                                                        */
 /* ------------------------------------------------------------------------ */
 
-typedef enum dt_train_optimizer {
-    DT_TRAIN_ADAMW,
-    DT_TRAIN_SGD,
-    DT_TRAIN_OPTIMIZER_COUNT
-} dt_train_optimizer;
-
-/* "adamw", "sgd" (indexable by dt_train_optimizer). */
-extern const char *const dt_train_optimizer_names[DT_TRAIN_OPTIMIZER_COUNT];
-
 /* The configuration a checkpoint's "ident" section records (i64 each, in
  * this order) and a resuming run must match: "layers", "dim", "heads",
  * "seq", "vocab", "optimizer", "global batch", "accum", "seed". */
@@ -152,7 +144,7 @@ typedef struct dt_train_config {
     int global_batch;       /* world * B (0: batch * world); must divide by world */
     int accum;              /* K micro-batches per optimizer step */
     int64_t steps;          /* optimizer steps of the whole run */
-    dt_train_optimizer optimizer;
+    dt_optim_kind optimizer;
     double lr, min_lr, weight_decay, momentum, clip;
     double beta1, beta2, eps; /* AdamW */
     int schedule;             /* dt_schedule_kind */

@@ -99,10 +99,10 @@ static int run_info(cli_args *a) {
         memcpy(v, s.data, sizeof v);
         printf("run:      ");
         for (int i = 0; i < DT_TRAIN_IDENT_COUNT; i++) {
-            bool opt = i == 5 && v[i] >= 0 && v[i] < DT_TRAIN_OPTIMIZER_COUNT;
+            bool opt = i == 5 && v[i] >= 0 && v[i] < DT_OPTIM_COUNT;
             printf("%s %s", i ? "," : "", dt_train_ident_names[i]);
             if (opt)
-                printf(" %s", dt_train_optimizer_names[v[i]]);
+                printf(" %s", dt_optim_names[v[i]]);
             else
                 printf(" %" PRId64, v[i]);
         }

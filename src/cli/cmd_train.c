@@ -202,7 +202,7 @@ static int run_train(cli_args *a) {
     c.batch = c.global_batch && !cli_is_set(a, "batch") ? 0 : (int)cli_int(a, "batch");
     c.steps = cli_int(a, "steps");
     c.accum = (int)cli_int(a, "accum");
-    c.optimizer = (dt_train_optimizer)cli_enum(a, "optimizer");
+    c.optimizer = (dt_optim_kind)cli_enum(a, "optimizer");
     c.lr = cli_double(a, "lr");
     c.min_lr = cli_double(a, "min-lr");
     c.weight_decay = cli_double(a, "weight-decay");

@@ -189,6 +189,30 @@ static void block_shape(int k, size_t C, size_t *rows, size_t *cols) {
     *cols = cm[k] * C;
 }
 
+/* The global shape of block tensor k: vectors 1-D, matrices 2-D (out,
+ * in), and c_attn split into its q, k and v parts, (3, C, C) and (3, C),
+ * so that a tensor-parallel shard (some heads of each) is one box.
+ * Returns the dimensions. */
+static int block_global_shape(int k, size_t C, size_t shape[3]) {
+    size_t r, c;
+    block_shape(k, C, &r, &c);
+    shape[1] = shape[2] = 1;
+    if (k == P_QKVW) {
+        shape[0] = 3, shape[1] = C, shape[2] = C;
+        return 3;
+    }
+    if (k == P_QKVB) {
+        shape[0] = 3, shape[1] = C;
+        return 2;
+    }
+    if (r > 1) {
+        shape[0] = r, shape[1] = c;
+        return 2;
+    }
+    shape[0] = c;
+    return 1;
+}
+
 static size_t block_params(size_t C) {
     size_t n = 0;
     for (int k = 0; k < P_BLOCK_COUNT; k++) {
@@ -521,28 +545,37 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
     carve(m, cfg, max_batch, max_seq, &o);
     m->head_cols = head_cols(cfg->vocab, (size_t)max_batch * max_seq);
 
-    /* The tensor table, in buffer order. */
+    /* The tensor table, in buffer order: each tensor's flat view (rows,
+     * cols) and its global shape (the box is the whole tensor). */
     size_t off = 0, t = 0;
-#define ADD(nm, r, c, dec)                                                                         \
+#define ADD(nm, r, c, dec, nd, d0, d1, d2)                                                         \
     do {                                                                                           \
         char *s = m->names + t * 48;                                                               \
         snprintf(s, 48, "%s", nm);                                                                 \
-        m->info[t] = (dt_param_info){s, off, (r), (c), (dec)};                                     \
+        m->info[t] = (dt_param_info){.name = s,                                                    \
+                                     .offset = off,                                                \
+                                     .rows = (r),                                                  \
+                                     .cols = (c),                                                  \
+                                     .decay = (dec),                                               \
+                                     .ndim = (nd),                                                 \
+                                     .shape = {(d0), (d1), (d2)},                                  \
+                                     .extent = {(d0), (d1), (d2)}};                                \
         off += (size_t)(r) * (c);                                                                  \
         t++;                                                                                       \
     } while (0)
-    ADD("wte", (size_t)cfg->vocab, C, true);
-    ADD("wpe", (size_t)cfg->max_seq, C, true);
+    ADD("wte", (size_t)cfg->vocab, C, true, 2, (size_t)cfg->vocab, C, 1);
+    ADD("wpe", (size_t)cfg->max_seq, C, true, 2, (size_t)cfg->max_seq, C, 1);
     for (int l = 0; l < L; l++)
         for (int k = 0; k < P_BLOCK_COUNT; k++) {
-            size_t r, c;
+            size_t r, c, shape[3];
+            int nd = block_global_shape(k, C, shape);
             char nm[48];
             block_shape(k, C, &r, &c);
             snprintf(nm, sizeof nm, "h.%d.%s", l, block_names[k]);
-            ADD(nm, r, c, r > 1);
+            ADD(nm, r, c, r > 1, nd, shape[0], shape[1], shape[2]);
         }
-    ADD("ln_f.weight", 1, C, false);
-    ADD("ln_f.bias", 1, C, false);
+    ADD("ln_f.weight", 1, C, false, 1, C, 1, 1);
+    ADD("ln_f.bias", 1, C, false, 1, C, 1, 1);
 #undef ADD
     DT_ASSERT(off == m->nparams && t == m->ntensors);
     *out = m;
