@@ -11,3 +11,11 @@ endfunction()
 dt_parallel_test_exe(test_mesh)
 add_test(NAME test_mesh COMMAND test_mesh)
 set_tests_properties(test_mesh PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess")
+
+# A tensor-parallel shard of the GPT (with and without sequence parallelism,
+# fp32 and bf16, recomputation) against the whole model, 2 and 4 ranks.
+dt_parallel_test_exe(test_gpt_tp)
+foreach(n 2 4)
+  add_test(NAME test_gpt_tp_${n} COMMAND test_gpt_tp tp_${n})
+  set_tests_properties(test_gpt_tp_${n} PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess")
+endforeach()

@@ -75,6 +75,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/compress.h"
 #include "dtrain/core.h"
+#include "dtrain/nn.h"
 #include "dtrain/optim.h"
 
 #ifdef __cplusplus
@@ -272,6 +273,31 @@ const dt_ddp_stats *dt_ddp_last_stats(const dt_ddp *d);
 
 /* Average `count` doubles over the ranks in place (losses, metrics). */
 dt_status dt_ddp_average(dt_ddp *d, double *values, size_t count);
+
+/* ------------------------------------------------------------------------ */
+/* Tensor parallelism: the model's communication points over the tp group   */
+/* ------------------------------------------------------------------------ */
+/*
+ * dt_tp implements nn's dt_tp_regions (Megatron's copy-to / reduce-from /
+ * gather-from / scatter-to region operators, nn.h) over one tensor-parallel
+ * group: every allreduce, all-gather and reduce-scatter a shard of the
+ * model needs. The sums give the same bits on every rank of the group (a
+ * property of dtrain's collectives), so activations that every rank holds
+ * whole stay identical. Ownership: borrows the group.
+ *
+ *     dt_tp *tp;
+ *     DT_CHECK(dt_tp_create(&tp, dt_mesh_group(mesh, DT_AXIS_TP)));
+ *     opt.part = (dt_gpt_part){.tp_rank = r, .tp_size = n, .sequence_parallel = sp,
+ *                              .regions = dt_tp_regions_of(tp)};
+ *     DT_CHECK(dt_gpt_create_with(&model, &cfg, B, T, &opt));
+ */
+typedef struct dt_tp dt_tp;
+
+dt_status dt_tp_create(dt_tp **out, dt_group *group);
+void dt_tp_destroy(dt_tp *t);
+const dt_tp_regions *dt_tp_regions_of(const dt_tp *t);
+/* Bytes this rank sent through the regions since the last call; resets. */
+uint64_t dt_tp_take_bytes(dt_tp *t);
 
 /* ------------------------------------------------------------------------ */
 /* Gradient synchronisation: the one interface the training loop calls      */

@@ -213,7 +213,7 @@ static void test_backward_overwrite(void) {
         if (cases[k].avx2 && dt_isa_set(isa0 < DT_ISA_AVX2 ? isa0 : DT_ISA_AVX2) != DT_OK)
             continue;
         dt__gpt_head_cols_override(cases[k].head_cols);
-        dt_gpt_options o = {cases[k].pr, cases[k].recompute};
+        dt_gpt_options o = {.precision = cases[k].pr, .recompute_every = cases[k].recompute};
         dt_gpt *m;
         dt_status st =
             dt_gpt_create_with(&m, cases[k].wide ? &wide : &tiny, cases[k].B, cases[k].T, &o);
