@@ -246,6 +246,14 @@ uint64_t dt_ckpt_box_volume(const dt_ckpt_box *b);
 size_t dt_ckpt_boxes_in_range(const dt_ckpt_box *whole, uint64_t lo, uint64_t hi,
                               dt_ckpt_box out[5]);
 
+/* For every box of `want` (in dst), copy what the boxes `have` (in src)
+ * hold of the same tensor; tensor indices of both refer to one table.
+ * Returns the elements copied: the volume of `want` when `have` covers it
+ * and its boxes are disjoint. Reshards in memory what a checkpoint
+ * reshards from files. */
+uint64_t dt_ckpt_copy_boxes(const dt_ckpt_box *have, size_t nhave, const float *src,
+                            const dt_ckpt_box *want, size_t nwant, float *dst);
+
 /* An open checkpoint: the manifest and the shard files it lists. */
 typedef struct dt_ckpt_set dt_ckpt_set;
 
@@ -266,6 +274,7 @@ const dt_ckpt *dt_ckpt_set_manifest(const dt_ckpt_set *s);
 const dt_ckpt *dt_ckpt_set_file_of(const dt_ckpt_set *s, int rank);
 size_t dt_ckpt_set_num_files(const dt_ckpt_set *s); /* manifest included */
 const dt_ckpt *dt_ckpt_set_file(const dt_ckpt_set *s, size_t i);
+int dt_ckpt_set_file_rank(const dt_ckpt_set *s, size_t i); /* the world rank that wrote file i */
 /* The global tensors (empty for a format-1 checkpoint, which has none). */
 size_t dt_ckpt_set_num_tensors(const dt_ckpt_set *s);
 const dt_ckpt_tensor *dt_ckpt_set_tensor(const dt_ckpt_set *s, size_t i);

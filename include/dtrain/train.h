@@ -47,9 +47,11 @@ typedef struct dt_step_metrics {
     double grad_norm;       /* global gradient norm before clipping */
     double tokens_per_s;    /* tokens of all ranks per second of this step */
     double step_ms;         /* wall time of the step */
-    double compute_ms;      /* forward + backward + optimizer */
+    double compute_ms;      /* forward + backward + optimizer (step minus exposed comm) */
     double comm_ms;         /* time gradient communication was in flight */
     double exposed_comm_ms; /* communication not hidden behind compute */
+    double tp_comm_ms;      /* time in the model's tensor-parallel communication (exposed:
+                               a shard waits for it); NaN without tensor parallelism */
     double mfu;             /* model FLOPs utilisation in [0, 1], NaN if unknown */
     uint64_t bytes_sent;    /* gradient bytes this rank sent in the step */
     int64_t tokens;         /* tokens processed so far (all ranks) */
@@ -197,6 +199,12 @@ typedef struct dt_train_config {
      * (dt_ddp_options.dense_below); with grad_dtype bf16/fp16 they stay
      * fp32. No effect on a plain fp32 allreduce. 0: off. */
     int64_t compress_dense_below;
+    /* The layout (docs/parallel.md): degrees of the mesh axes (dp 0: the
+     * ranks left over by tp x pp x cp), Megatron sequence parallelism with
+     * tp, and the rank order of the axes (NULL: tp-cp-dp-pp). */
+    int dp, tp, pp, cp;
+    bool sp;
+    const char *mesh_order;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. Set from any thread

@@ -316,6 +316,11 @@ const dt_ckpt *dt_ckpt_set_file(const dt_ckpt_set *s, size_t i) {
     return s->files[i];
 }
 
+int dt_ckpt_set_file_rank(const dt_ckpt_set *s, size_t i) {
+    DT_ASSERT(i < s->nfiles);
+    return s->ranks[i];
+}
+
 const dt_ckpt *dt_ckpt_set_file_of(const dt_ckpt_set *s, int rank) {
     for (size_t i = 0; i < s->nfiles; i++)
         if (s->ranks[i] == rank)
@@ -366,6 +371,16 @@ static uint64_t copy_overlap(const dt_ckpt_box *b, const float *src, const dt_ck
             memcpy(dst + t, src + s, run * sizeof(float));
         }
     return (hi[0] - lo[0]) * (hi[1] - lo[1]) * run;
+}
+
+uint64_t dt_ckpt_copy_boxes(const dt_ckpt_box *have, size_t nhave, const float *src,
+                            const dt_ckpt_box *want, size_t nwant, float *dst) {
+    uint64_t n = 0;
+    for (size_t i = 0; i < nwant; i++)
+        for (size_t k = 0; k < nhave; k++)
+            if (have[k].tensor == want[i].tensor)
+                n += copy_overlap(&have[k], src, &want[i], dst);
+    return n;
 }
 
 /* Format 1: the state is one unsharded buffer in the order of `tensors`. */

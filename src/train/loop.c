@@ -211,9 +211,10 @@ static void record(display *d, const dt_step_metrics *sm) {
     d->exposed[i] = sm->exposed_comm_ms;
 }
 
-/* The summary line and where the results went. */
+/* The summary line and where the results went (rank 0, with the whole
+ * model: the weights file and the sample). */
 static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int64_t run_steps,
-                               const step_stats *last) {
+                               const step_stats *last, dt_gpt *whole) {
     const dt_train_config *c = t->c;
     size_t n = d->nrec < MEDIAN_WINDOW ? d->nrec : MEDIAN_WINDOW;
     res->tokens_per_s = dt__median(d->tps, n);
@@ -246,17 +247,17 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
     }
     if (res->checkpoint[0])
         fprintf(stderr, "checkpoint: %s\n", res->checkpoint);
-    if (c->run_dir) {
+    if (whole && c->run_dir) {
         /* The final weights in the engine's plain format, for `dtrain
          * sample` (the checkpoint holds the optimizer state too). */
         char wpath[4096];
         snprintf(wpath, sizeof wpath, "%s/model.dtgw", c->run_dir);
-        DT_CHECK(dt_gpt_save_weights(t->m, wpath, t->tok->id_to_byte, t->tok->vocab_size));
+        DT_CHECK(dt_gpt_save_weights(whole, wpath, t->tok->id_to_byte, t->tok->vocab_size));
         fprintf(stderr, "metrics:    %s/metrics.jsonl\n", c->run_dir);
         fprintf(stderr, "weights:    %s (dtrain sample --ckpt %s)\n", wpath, wpath);
     }
-    if (c->sample_tokens > 0 && t->step == c->steps)
-        DT_CHECK(dt__train_generate(t, stdout));
+    if (whole && c->sample_tokens > 0 && t->step == c->steps)
+        DT_CHECK(dt__train_generate(t, whole, stdout));
     fflush(stdout);
     return DT_OK;
 }
@@ -298,6 +299,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     res->first_step = t->step + 1;
     double loop_t0 = dt_now();
     step_stats s = {0};
+    bool split = dt_gpt_get_part(t->m)->tp_size > 1;
+    (void)dt_gpt_take_comm_ms(t->m); /* count from the first step */
     while (t->step < c->steps) {
         double t0 = dt_now();
         float lr = dt_schedule_lr(&t->sched, t->step);
@@ -316,13 +319,14 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             .step_ms = (t1 - t0) * 1e3,
             .comm_ms = s.r.comm_ms,
             .exposed_comm_ms = s.r.exposed_comm_ms,
+            .tp_comm_ms = split ? dt_gpt_take_comm_ms(t->m) : NAN,
             .bytes_sent = s.r.bytes_sent,
             .tokens = t->tokens,
             .loss_scale = t->scaling ? (double)s.scale : NAN,
             .skipped_steps = t->skipped,
             .skipped = s.skip,
         };
-        sm.compute_ms = sm.step_ms - sm.exposed_comm_ms;
+        sm.compute_ms = sm.step_ms - sm.exposed_comm_ms - (split ? sm.tp_comm_ms : 0);
         sm.tokens_per_s = (double)tokens_per_step / (t1 - t0);
         sm.mfu = isfinite(peak) && peak > 0
                      ? flops_per_token * sm.tokens_per_s / (peak * 1e9 * t->size)
@@ -338,6 +342,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         if (t->val && ((c->eval_every > 0 && t->step % c->eval_every == 0) || last)) {
             DT_CHECK_GOTO(evaluate(t, &sm.val_loss), st, fail);
             res->val_loss = sm.val_loss;
+            (void)dt_gpt_take_comm_ms(t->m); /* not the next step's */
         }
         if (check_every > 0 && t->step % check_every == 0)
             DT_CHECK_GOTO(dt_grad_sync_check(t->sync, t->step), st, fail);
@@ -371,7 +376,15 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         snprintf(stop_msg, sizeof stop_msg, "%s", dt_last_error());
     res->last_step = t->step;
     res->seconds = dt_now() - loop_t0;
-    DT_CHECK_GOTO(finish_report(t, d, res, run_steps, &s), st, fail);
+    /* The weights file and the sample need the whole model on rank 0. */
+    dt_gpt *whole = NULL;
+    if (c->run_dir || (c->sample_tokens > 0 && t->step == c->steps))
+        DT_CHECK_GOTO(dt__train_whole_model(t, &whole), st, fail);
+    st = finish_report(t, d, res, run_steps, &s, whole);
+    if (whole != t->m)
+        dt_gpt_destroy(whole);
+    if (st != DT_OK)
+        goto fail;
     if (stop_st != DT_OK)
         st = dt_error_set(stop_st, "%s", stop_msg);
 

@@ -76,14 +76,20 @@ void dt__train_print_header(const trainer *t, double peak, FILE *f) {
     dt_grad_sync_cost(t->sync, &cost);
     int64_t tokens_per_step = (int64_t)t->dp * t->B * t->T * t->K;
     char pb[32], bb[32];
+    char layout[160] = "", mesh[64];
+    if (t->dp != t->size)
+        snprintf(layout, sizeof layout, " as %s%s (%zu parameters per rank); %d replica(s)",
+                 dt_mesh_format(dt_mesh_get_shape(t->mesh), mesh, sizeof mesh),
+                 c->sp ? " with sequence parallelism" : "", t->n, t->dp);
+    size_t total = dt_gpt_config_num_params(&t->mc);
     fprintf(f,
             "dtrain train: %s model, %zu parameters (%s), %d layers, dim %d, %d heads, "
             "seq %d, vocab %d\n"
-            "  %d rank(s) x batch %d x accum %d = %" PRId64 " tokens/step, %d bucket(s) of "
+            "  %d rank(s)%s x batch %d x accum %d = %" PRId64 " tokens/step, %d bucket(s) of "
             "<= %s, %d thread(s)/rank, transport %s\n"
             "  MFU relative to %.1f GFLOP/s per rank (%s)\n",
-            c->model, t->n, dt_format_bytes((double)t->n * 4, pb, sizeof pb), t->mc.layers,
-            t->mc.dim, t->mc.heads, t->T, t->mc.vocab, t->dp, t->B, t->K, tokens_per_step,
+            c->model, total, dt_format_bytes((double)total * 4, pb, sizeof pb), t->mc.layers,
+            t->mc.dim, t->mc.heads, t->T, t->mc.vocab, t->size, layout, t->B, t->K, tokens_per_step,
             cost.pieces, dt_format_bytes((double)c->bucket_bytes, bb, sizeof bb), t->threads,
             t->world ? dt_group_transport(t->world) : "self", peak,
             c->peak_gflops > 0 ? "--peak-gflops" : "measured sgemm 1024^3");
@@ -114,7 +120,7 @@ void dt__train_print_header(const trainer *t, double peak, FILE *f) {
 
 /* Rank 0: sample `ntok` tokens after a newline (or token 0) at temperature
  * 0.8 from the stream (seed, DT_RNG_SAMPLE) and print them. */
-dt_status dt__train_generate(trainer *t, FILE *out) {
+dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out) {
     int ntok = t->c->sample_tokens, V = t->mc.vocab, Vd = t->tok->vocab_size, T = t->T;
     int32_t *ids = dt_alloc((size_t)(ntok + 1) * sizeof *ids);
     char *text = dt_alloc((size_t)ntok + 1);
@@ -129,8 +135,8 @@ dt_status dt__train_generate(trainer *t, FILE *out) {
     dt_rng_init(&rng, t->c->seed, dt_rng_stream_id(0, 0, DT_RNG_SAMPLE));
     for (int i = 0; i < ntok; i++) {
         int len = i + 1, Tc = len < T ? len : T;
-        DT_CHECK_GOTO(dt_gpt_forward(t->m, ids + len - Tc, NULL, 1, Tc, NULL), st, done);
-        const float *logits = dt_gpt_last_logits(t->m, 0);
+        DT_CHECK_GOTO(dt_gpt_forward(m, ids + len - Tc, NULL, 1, Tc, NULL), st, done);
+        const float *logits = dt_gpt_last_logits(m, 0);
         float mx = -INFINITY;
         for (int v = 0; v < Vd; v++)
             mx = logits[v] > mx ? logits[v] : mx;
@@ -167,6 +173,71 @@ done:
 static int cmp_double(const void *a, const void *b) {
     double x = *(const double *)a, y = *(const double *)b;
     return x < y ? -1 : x > y;
+}
+
+/* The whole model from the shards of the first replica: each tensor-
+ * parallel rank sends its parameters and the boxes it owns to rank 0,
+ * which copies them into an unsharded model. */
+dt_status dt__train_whole_model(trainer *t, dt_gpt **out) {
+    *out = NULL;
+    if (dt_gpt_get_part(t->m)->tp_size == 1) {
+        *out = t->rank == 0 ? t->m : NULL;
+        return DT_OK;
+    }
+    if (t->replica != 0)
+        return DT_OK;
+    dt_group *tp = dt_mesh_group(t->mesh, DT_AXIS_TP);
+    int ntp = dt_group_size(tp), me = dt_group_rank(tp);
+    shards sh;
+    DT_CHECK(dt__shards_make(t, &sh));
+    dt_status st = DT_OK;
+    float *params = me == 0 ? dt_alloc((size_t)ntp * t->n * sizeof(float)) : NULL;
+    dt_ckpt_box *boxes = dt_calloc((size_t)ntp * sh.nt, sizeof *boxes);
+    dt_gpt *whole = NULL;
+    if ((me == 0 && !params) || !boxes) {
+        st = dt_error_set(DT_ERR_NOMEM, "assembling the whole model on rank 0");
+        goto done;
+    }
+    /* A tensor part this rank does not own is sent as an empty box. */
+    dt_ckpt_box *mine = boxes + (size_t)me * sh.nt;
+    for (size_t i = 0; i < sh.nt; i++) {
+        mine[i] = sh.whole[i];
+        if (!sh.owned[i])
+            mine[i].tensor = UINT32_MAX;
+    }
+    DT_CHECK_GOTO(dt_group_gather(tp, dt_gpt_params(t->m), params, t->n, DT_F32, 0), st, done);
+    DT_CHECK_GOTO(dt_group_allgather(tp, mine, boxes, sh.nt * sizeof *boxes, DT_U8), st, done);
+    if (me != 0)
+        goto done;
+    dt_gpt_options o = dt_gpt_options_default();
+    DT_CHECK_GOTO(dt_gpt_create_with(&whole, &t->mc, 1, t->T, &o), st, done);
+    dt_ckpt_box *want = dt_calloc(sh.nt, sizeof *want);
+    if (!want) {
+        st = DT_ERR_NOMEM;
+        goto done;
+    }
+    uint64_t need = 0, got = 0;
+    for (size_t i = 0; i < sh.nt; i++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(whole, i, &pi);
+        want[i] = (dt_ckpt_box){.tensor = (uint32_t)i,
+                                .extent = {pi.extent[0], pi.extent[1], pi.extent[2]},
+                                .offset = pi.offset};
+        need += dt_ckpt_box_volume(&want[i]);
+    }
+    for (int r = 0; r < ntp; r++)
+        got += dt_ckpt_copy_boxes(boxes + (size_t)r * sh.nt, sh.nt, params + (size_t)r * t->n, want,
+                                  sh.nt, dt_gpt_params(whole));
+    dt_free(want);
+    DT_ASSERT(got == need); /* the shards tile the model: a bug otherwise */
+    *out = whole;
+    whole = NULL;
+done:
+    dt_gpt_destroy(whole);
+    dt_free(boxes);
+    dt_free(params);
+    dt__shards_free(&sh);
+    return st;
 }
 
 double dt__median(double *v, size_t n) {

@@ -34,8 +34,10 @@ static int64_t fault_step(const trainer *t, const char *var) {
     return s;
 }
 
-/* The job (or a single process) and its layout. */
+/* The job (or a single process) and its layout: the mesh from --tp, --pp,
+ * --cp and --dp (the ranks left over) in --mesh-order. */
 static dt_status join(trainer *t) {
+    const dt_train_config *c = t->c;
     if (dt_launch_in_job()) {
         DT_CHECK(dt_group_init_from_env(&t->world));
         t->rank = dt_group_rank(t->world);
@@ -43,10 +45,21 @@ static dt_status join(trainer *t) {
         dt_log_set_rank(t->rank);
     }
     dt_mesh_shape shape = dt_mesh_shape_default();
-    shape.degree[DT_AXIS_DP] = t->size;
+    if (c->mesh_order)
+        DT_CHECK(dt_mesh_order_parse("--mesh-order", c->mesh_order, shape.order));
+    int split = c->tp * c->pp * c->cp;
+    if (!c->dp && t->size % split != 0)
+        return bad("the job's %d rank(s) are not a multiple of --tp %d x --pp %d x --cp %d = %d",
+                   t->size, c->tp, c->pp, c->cp, split);
+    shape.degree[DT_AXIS_TP] = c->tp;
+    shape.degree[DT_AXIS_PP] = c->pp;
+    shape.degree[DT_AXIS_CP] = c->cp;
+    shape.degree[DT_AXIS_DP] = c->dp ? c->dp : t->size / split;
     DT_CHECK(dt_mesh_create(&t->mesh, t->world, &shape));
     t->replica = dt_mesh_coord(t->mesh, DT_AXIS_DP);
     t->dp = dt_mesh_degree(t->mesh, DT_AXIS_DP);
+    if (c->tp > 1)
+        DT_CHECK(dt_tp_create(&t->tp, dt_mesh_group(t->mesh, DT_AXIS_TP)));
     return DT_OK;
 }
 
@@ -157,11 +170,17 @@ static dt_status make_loaders(trainer *t) {
     return DT_OK;
 }
 
+/* This rank's part of the model: its tensor-parallel shard. */
 static dt_status make_model(trainer *t) {
     const dt_train_config *c = t->c;
     dt_gpt_options mo = dt_gpt_options_default();
     mo.precision = c->precision;
     mo.recompute_every = c->recompute_every;
+    if (t->tp)
+        mo.part = (dt_gpt_part){.tp_rank = dt_mesh_coord(t->mesh, DT_AXIS_TP),
+                                .tp_size = c->tp,
+                                .sequence_parallel = c->sp,
+                                .regions = dt_tp_regions_of(t->tp)};
     DT_CHECK(dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo));
     t->n = dt_gpt_num_params(t->m);
     dt_gpt_init_params(t->m, c->seed);
@@ -201,12 +220,25 @@ static dt_status make_sync(trainer *t) {
     const dt_train_config *c = t->c;
     size_t nt = dt_gpt_num_tensors(t->m);
     dt_powersgd_tensor *shapes = dt_calloc(nt + 1, sizeof *shapes);
-    if (!shapes)
+    dt_range *norm = dt_calloc(nt + 1, sizeof *norm);
+    if (!shapes || !norm) {
+        dt_free(shapes);
+        dt_free(norm);
         return DT_ERR_NOMEM;
+    }
+    /* The norm counts what this rank owns: tensors every tensor-parallel
+     * rank holds whole are counted by one of them. */
+    size_t nn = 0;
     for (size_t i = 0; i < nt; i++) {
         dt_param_info pi;
         dt_gpt_tensor_info(t->m, i, &pi);
         shapes[i] = (dt_powersgd_tensor){.offset = pi.offset, .rows = pi.rows, .cols = pi.cols};
+        if (!pi.owner)
+            continue;
+        if (nn > 0 && norm[nn - 1].end == pi.offset)
+            norm[nn - 1].end += pi.rows * pi.cols;
+        else
+            norm[nn++] = (dt_range){pi.offset, pi.offset + pi.rows * pi.cols};
     }
     dt_ddp_sync_config sc = {
         .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
@@ -218,6 +250,8 @@ static dt_status make_sync(trainer *t) {
         .compress_start = c->compress_start,
         .compress_ramp = c->compress_ramp,
         .ramp_start = DT_TRAIN_RAMP_START,
+        .norm_ranges = norm,
+        .nnorm = nn,
     };
     sc.ddp.bucket_bytes = c->bucket_bytes;
     sc.ddp.grad_dtype = c->grad_dtype;
@@ -229,6 +263,7 @@ static dt_status make_sync(trainer *t) {
     sc.ddp.dense_below = (size_t)c->compress_dense_below;
     dt_status st = dt_ddp_sync_create(&t->sync, &sc);
     dt_free(shapes);
+    dt_free(norm);
     return st;
 }
 
@@ -269,6 +304,10 @@ static void build_config_json(trainer *t) {
     dt_json_num(j, "val_split", c->val_split);
     dt_json_str(j, "tokenizer", dt_tokenizer_names[t->tok->kind]);
     dt_json_int(j, "nproc", t->size);
+    const dt_mesh_shape *ms = dt_mesh_get_shape(t->mesh);
+    for (int a = 0; a < DT_AXIS_COUNT; a++)
+        dt_json_int(j, dt_axis_names[a], ms->degree[a]);
+    dt_json_bool(j, "sp", c->sp);
     dt_json_int(j, "batch", t->B);
     dt_json_int(j, "global_batch", (int64_t)t->B * t->dp);
     dt_json_int(j, "accum", t->K);
@@ -355,6 +394,7 @@ void dt__train_free(trainer *t) {
     dt_free(t->inputs);
     dt_free(t->targets);
     dt_json_free(&t->cfg_json);
+    dt_tp_destroy(t->tp);
     dt_mesh_destroy(t->mesh);
     dt_group_destroy(t->world);
 }

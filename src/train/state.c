@@ -35,74 +35,6 @@
 #define TRAIN_STATE_VERSION 2
 
 /* ------------------------------------------------------------------------ */
-/* The model's tensors as the checkpoint sees them                          */
-/* ------------------------------------------------------------------------ */
-
-/* The global tensor table and, for this rank's flat buffer, the box of each
- * tensor it holds (tensor i of the model is entry i of both). */
-typedef struct shards {
-    dt_ckpt_tensor *tensors; /* (nt) */
-    dt_ckpt_box *whole;      /* (nt) the part of each tensor this rank holds */
-    bool *writes;            /* (nt) this rank writes that part (not a replica's copy) */
-    size_t nt;
-} shards;
-
-static void shards_free(shards *s) {
-    dt_free(s->tensors);
-    dt_free(s->whole);
-    dt_free(s->writes);
-}
-
-static dt_status shards_make(const trainer *t, shards *s) {
-    memset(s, 0, sizeof *s);
-    s->nt = dt_gpt_num_tensors(t->m);
-    s->tensors = dt_calloc(s->nt, sizeof *s->tensors);
-    s->whole = dt_calloc(s->nt, sizeof *s->whole);
-    s->writes = dt_calloc(s->nt, sizeof *s->writes);
-    if (!s->tensors || !s->whole || !s->writes) {
-        shards_free(s);
-        return DT_ERR_NOMEM;
-    }
-    for (size_t i = 0; i < s->nt; i++) {
-        dt_param_info pi;
-        dt_gpt_tensor_info(t->m, i, &pi);
-        dt_ckpt_tensor *g = &s->tensors[i];
-        snprintf(g->name, sizeof g->name, "%s", pi.name);
-        g->ndim = (uint32_t)pi.ndim;
-        dt_ckpt_box *b = &s->whole[i];
-        b->tensor = (uint32_t)i;
-        b->offset = pi.offset;
-        for (int d = 0; d < DT_CKPT_MAX_DIMS; d++) {
-            g->shape[d] = pi.shape[d];
-            b->begin[d] = pi.begin[d];
-            b->extent[d] = pi.extent[d];
-        }
-        s->writes[i] = true;
-    }
-    return DT_OK;
-}
-
-/* The boxes of this rank's tensors inside flat range r (those it writes,
- * or all), with offsets relative to r.begin: the map of a state buffer that
- * covers r. *out is freed by the caller. */
-static dt_status boxes_in(const shards *s, dt_range r, bool only_written, dt_ckpt_box **out,
-                          size_t *n) {
-    *out = dt_calloc(5 * s->nt + 1, sizeof **out);
-    if (!*out)
-        return DT_ERR_NOMEM;
-    *n = 0;
-    for (size_t i = 0; i < s->nt; i++) {
-        if (only_written && !s->writes[i])
-            continue;
-        size_t k = dt_ckpt_boxes_in_range(&s->whole[i], r.begin, r.end, *out + *n);
-        for (size_t j = 0; j < k; j++)
-            (*out)[*n + j].offset -= r.begin;
-        *n += k;
-    }
-    return DT_OK;
-}
-
-/* ------------------------------------------------------------------------ */
 /* Saving                                                                   */
 /* ------------------------------------------------------------------------ */
 
@@ -129,7 +61,7 @@ static dt_status add_state(sections *l, const shards *sh, const char *name, cons
                            dt_range r, char (*map_name)[DT_CKPT_NAME_MAX]) {
     dt_ckpt_box *boxes;
     size_t nb;
-    DT_CHECK(boxes_in(sh, r, true, &boxes, &nb));
+    DT_CHECK(dt__shards_boxes(sh, r, true, &boxes, &nb));
     DT_ASSERT(l->nowned < sizeof l->owned / sizeof l->owned[0]);
     l->owned[l->nowned++] = boxes;
     snprintf(*map_name, sizeof *map_name, "%s%s", name, DT_CKPT_MAP_SUFFIX);
@@ -252,7 +184,7 @@ dt_status dt__train_save(trainer *t, char *path, size_t len) {
     const dt_train_config *c = t->c;
     double t0 = dt_now();
     shards sh;
-    DT_CHECK(shards_make(t, &sh));
+    DT_CHECK(dt__shards_make(t, &sh));
     rank_part p = {0};
     report mine = {.status = DT_OK, .rec = {.rank = t->rank}}, *all = NULL;
     dt_status st = rank_part_make(t, &sh, &p);
@@ -316,7 +248,7 @@ done:
     dt_free(all);
     dt_free(p.sync_state);
     sections_free(&p.l);
-    shards_free(&sh);
+    dt__shards_free(&sh);
     return st;
 }
 
@@ -444,10 +376,10 @@ static dt_status restore_scaler(trainer *t, const header *h) {
  * parameters and of the optimizer state, in its own layout. */
 static dt_status read_shards(trainer *t, const dt_ckpt_set *set) {
     shards sh;
-    DT_CHECK(shards_make(t, &sh));
+    DT_CHECK(dt__shards_make(t, &sh));
     dt_ckpt_box *boxes = NULL;
     size_t nb;
-    dt_status st = boxes_in(&sh, (dt_range){0, t->n}, false, &boxes, &nb);
+    dt_status st = dt__shards_boxes(&sh, (dt_range){0, t->n}, false, &boxes, &nb);
     if (st == DT_OK)
         st = dt_ckpt_set_read_boxes(set, "params", sh.tensors, sh.nt, boxes, nb,
                                     dt_gpt_params(t->m));
@@ -462,13 +394,13 @@ static dt_status read_shards(trainer *t, const dt_ckpt_set *set) {
                     dt_ckpt_file(dt_ckpt_set_manifest(set)), name);
             continue;
         }
-        st = boxes_in(&sh, owned, false, &boxes, &nb);
+        st = dt__shards_boxes(&sh, owned, false, &boxes, &nb);
         if (st == DT_OK)
             st = dt_ckpt_set_read_boxes(set, name, sh.tensors, sh.nt, boxes, nb, buf);
         dt_free(boxes);
         boxes = NULL;
     }
-    shards_free(&sh);
+    dt__shards_free(&sh);
     return st;
 }
 

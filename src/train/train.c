@@ -44,6 +44,7 @@ void dt_train_config_init(dt_train_config *c) {
     c->bucket_bytes = DT_DDP_DEFAULT_BUCKET_BYTES;
     c->sample_tokens = 256;
     c->progress = -1;
+    c->tp = c->pp = c->cp = 1;
 }
 
 dt_status dt__train_check_config(const dt_train_config *c) {
@@ -100,6 +101,20 @@ dt_status dt__train_check_config(const dt_train_config *c) {
         return bad("--loss-scale-init %g: at most 2^126 (%g), the largest scale whose inverse is a "
                    "normal float",
                    c->scaler.init_scale, (double)DT__MAX_APPLIED_SCALE);
+    if (c->tp < 1 || c->pp < 1 || c->cp < 1 || c->dp < 0)
+        return bad("--tp %d, --pp %d, --cp %d must be at least 1 and --dp %d at least 0", c->tp,
+                   c->pp, c->cp, c->dp);
+    if (c->pp > 1)
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "--pp %d: pipeline-parallel training is not available yet (the mesh "
+                            "has the axis and the model can be built as a stage); use --pp 1",
+                            c->pp);
+    if (c->cp > 1)
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "--cp %d: context-parallel training is not available yet; use --cp 1",
+                            c->cp);
+    if (c->sp && c->tp < 2)
+        return bad("--sp (sequence parallelism) needs --tp 2 or more (got --tp %d)", c->tp);
     if (c->loss_scaling < -1 || c->loss_scaling > 1)
         return bad("--loss-scaling %d: must be -1 (auto), 0 (off) or 1 (on)", c->loss_scaling);
     return DT_OK;

@@ -32,6 +32,7 @@ typedef struct trainer {
     dt_mesh *mesh;   /* its layout; the groups the loop uses come from here */
     int rank, size;  /* in the world */
     int replica, dp; /* data-parallel coordinate and degree: the loader's share */
+    dt_tp *tp;       /* the model shard's communication points (NULL without --tp) */
     int threads;     /* per rank */
     /* Data. */
     dt_token_file *data, *val_data; /* val_data NULL: validation is a split of data */
@@ -70,6 +71,23 @@ dt_status dt__train_check_config(const dt_train_config *c);
 /* The loss scale the next step applies (loop.c). */
 float dt__train_applied_scale(const trainer *t);
 
+/* shards.c: the global tensor table and, for this rank's flat buffer, the
+ * box of each tensor it holds (tensor i of the model is entry i of both). */
+typedef struct shards {
+    dt_ckpt_tensor *tensors; /* (nt) */
+    dt_ckpt_box *whole;      /* (nt) the part of each tensor this rank holds */
+    bool *owned;             /* (nt) this rank owns that part (not a copy another rank holds) */
+    size_t nt;
+} shards;
+
+dt_status dt__shards_make(const trainer *t, shards *s);
+void dt__shards_free(shards *s);
+/* The boxes of this rank's tensors inside flat range r (those it owns, or
+ * all), with offsets relative to r.begin: the map of a state buffer that
+ * covers r. *out is freed by the caller. */
+dt_status dt__shards_boxes(const shards *s, dt_range r, bool only_owned, dt_ckpt_box **out,
+                           size_t *n);
+
 /* setup.c */
 dt_status dt__train_setup(trainer *t);
 void dt__train_free(trainer *t);
@@ -81,7 +99,11 @@ dt_status dt__train_resume(trainer *t);
 /* report.c (rank 0) */
 double dt__train_peak_gflops(void);
 void dt__train_print_header(const trainer *t, double peak, FILE *f);
-dt_status dt__train_generate(trainer *t, FILE *out);
+dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out);
+/* Collective over the first replica: the unsharded model on rank 0 (t->m
+ * itself when the model is not split; otherwise a new one the caller
+ * destroys), NULL elsewhere. */
+dt_status dt__train_whole_model(trainer *t, dt_gpt **out);
 double dt__median(double *v, size_t n);
 
 #endif
