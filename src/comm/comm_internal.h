@@ -355,6 +355,13 @@ struct dt_group {
 };
 
 /* The running operation: its descriptor and arguments. */
+/* A transfer of a batch and the per-(direction, peer) sequence number its
+ * messages carry. */
+typedef struct dt__p2p_item {
+    dt_p2p p;
+    uint64_t seq;
+} dt__p2p_item;
+
 typedef struct dt__op {
     dt_group *g;
     dt__wire_hdr desc; /* kind DATA, coll..count, src = my rank */
@@ -366,7 +373,8 @@ typedef struct dt__op {
     dt_redop redop;
     int root; /* root, or peer for send/recv */
     int tag;
-    dt_algo algo; /* what ran */
+    dt_algo algo;        /* what ran */
+    dt__p2p_item *items; /* DT_COLL_BATCH: the transfers (count of them) */
 } dt__op;
 
 struct dt_work {
@@ -397,6 +405,9 @@ void dt__team_all(dt_group *g, dt__team *t, int *buf);
 
 dt_status dt__post_send(dt__op *op, dt__xfer *x, int peer, const void *buf, size_t len);
 dt_status dt__post_recv(dt__op *op, dt__xfer *x, int peer, void *buf, size_t len);
+/* Post transfer `it` of a batch: its messages carry the item's own
+ * descriptor (send or recv, peer, tag, count, dtype, sequence). */
+dt_status dt__post_item(dt__op *op, dt__xfer *x, const dt__p2p_item *it);
 /* Receive len bytes from peer and, on completion, out = in op payload
  * (count = len / dtype size). tmp (len bytes) is used only by transports
  * that cannot reduce in place; out may equal in. */

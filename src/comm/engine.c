@@ -64,6 +64,20 @@ dt_status dt__post_recv(dt__op *op, dt__xfer *x, int peer, void *buf, size_t len
     return t->ops->post_recv(t, x);
 }
 
+dt_status dt__post_item(dt__op *op, dt__xfer *x, const dt__p2p_item *it) {
+    size_t len = it->p.count * dt_dtype_size(it->p.dtype);
+    xfer_init(op, x, it->p.peer, it->p.send, it->p.buf, len);
+    x->hdr.coll = (uint8_t)(it->p.send ? DT_COLL_SEND : DT_COLL_RECV);
+    x->hdr.dtype = (uint8_t)it->p.dtype;
+    x->hdr.redop = DT_SUM;
+    x->hdr.root = it->p.peer;
+    x->hdr.tag = it->p.tag;
+    x->hdr.seq = it->seq;
+    x->hdr.count = it->p.count;
+    dt__transport *t = tp_of(op, it->p.peer);
+    return it->p.send ? t->ops->post_send(t, x) : t->ops->post_recv(t, x);
+}
+
 dt_status dt__post_recv_reduce(dt__op *op, dt__xfer *x, int peer, void *tmp, size_t len, void *out,
                                const void *in) {
     xfer_init(op, x, peer, false, tmp, len);

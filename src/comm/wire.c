@@ -55,6 +55,9 @@ void dt__desc_format(const dt__wire_hdr *d, char *buf, size_t n) {
     dt_coll c = (dt_coll)d->coll;
     switch (c) {
     case DT_COLL_BARRIER: snprintf(buf, n, "barrier #%llu", (unsigned long long)d->seq); break;
+    case DT_COLL_BATCH:
+        snprintf(buf, n, "sendrecv_batch of %llu transfer(s)", (unsigned long long)d->count);
+        break;
     case DT_COLL_SEND:
     case DT_COLL_RECV:
         snprintf(buf, n, "%s #%llu (count %llu, %s, peer %d, tag %d)", dt_coll_name(c),
@@ -144,7 +147,9 @@ dt_status dt__wire_check(const dt__wire_hdr *got, const dt__wire_hdr *want, int 
     return DT_OK;
 }
 
-static bool is_p2p(unsigned c) { return c == DT_COLL_SEND || c == DT_COLL_RECV; }
+static bool is_p2p(unsigned c) {
+    return c == DT_COLL_SEND || c == DT_COLL_RECV || c == DT_COLL_BATCH;
+}
 
 dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int me, int from) {
     if (got->kind != DT__MSG_DATA || got->src != from)
