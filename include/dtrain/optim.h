@@ -169,14 +169,15 @@ float dt_clip_scale(double sumsq, float max_norm);
 /* ------------------------------------------------------------------------ */
 /*
  * An optimizer object owns its state (AdamW's m and v, SGD's momentum) for
- * the range of the flat parameter buffer this rank updates, `owned`: all of
- * it under data parallelism, a 1/dp share under ZeRO. Its state buffers are
- * aligned with that range (element j belongs to parameter owned.begin + j),
- * so a checkpoint writes them with the same shard map as the parameters.
+ * the ranges of the flat parameter buffer this rank updates, `owned`: all
+ * of it under data parallelism, a 1/dp share of every bucket under ZeRO.
+ * Its state buffers hold the owned ranges one after another (element j of
+ * range k's part belongs to parameter owned[k].begin + j), so a checkpoint
+ * writes them with the parameters' shard map of those ranges.
  * The caller drives one optimizer step as
  *
  *     dt_optimizer_begin(o, step, lr);            // every step, before backward
- *     dt_optimizer_update(o, p, g, begin, end);    // any split of `owned`, any order
+ *     dt_optimizer_update(o, p, g, begin, end);    // any split of each owned range, any order
  *     dt_optimizer_end(o, applied);                // applied = not skipped
  *
  * update() may be called per gradient bucket as buckets become final; since
@@ -221,25 +222,30 @@ typedef struct dt_optim_tensor {
 
 typedef struct dt_optimizer dt_optimizer;
 
-/* An optimizer for the parameters in `owned`, described by `tensors`
- * (sorted by offset, non-overlapping; parts outside `owned` are ignored).
- * State starts at zero. DT_ERR_INVALID names a bad field. */
+/* An optimizer for the parameters in the ranges owned[0..nowned) (sorted,
+ * disjoint, possibly empty), described by `tensors` (sorted by offset,
+ * non-overlapping; parts outside the owned ranges are ignored). State
+ * starts at zero. DT_ERR_INVALID names a bad field. */
 dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
-                              const dt_optim_tensor *tensors, size_t ntensors, dt_range owned);
+                              const dt_optim_tensor *tensors, size_t ntensors,
+                              const dt_range *owned, size_t nowned);
 void dt_optimizer_destroy(dt_optimizer *o);
 
 /* Start 0-based step `step` with learning rate lr (and, at freeze_v_from,
  * freeze the second moment). */
 void dt_optimizer_begin(dt_optimizer *o, int64_t step, float lr);
 /* Update params[begin, end) from grads[begin, end); [begin, end) must lie
- * in `owned`. */
+ * in one owned range. */
 void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, size_t begin,
                          size_t end);
 /* End the step; `applied` counts it as an update (false: it was skipped). */
 void dt_optimizer_end(dt_optimizer *o, bool applied);
 
 const dt_optim_config *dt_optimizer_config(const dt_optimizer *o);
-dt_range dt_optimizer_owned(const dt_optimizer *o);
+/* The owned ranges, and the parameters they hold in all. */
+size_t dt_optimizer_num_owned(const dt_optimizer *o);
+dt_range dt_optimizer_owned(const dt_optimizer *o, size_t i);
+size_t dt_optimizer_owned_count(const dt_optimizer *o);
 /* Updates applied so far; set on resume. */
 int64_t dt_optimizer_count(const dt_optimizer *o);
 dt_status dt_optimizer_set_count(dt_optimizer *o, int64_t count);
@@ -247,8 +253,8 @@ dt_status dt_optimizer_set_count(dt_optimizer *o, int64_t count);
 size_t dt_optimizer_state_bytes(const dt_optimizer *o);
 
 /* The state buffers (AdamW: "adamw.m", "adamw.v"; SGD: "sgd.momentum"),
- * each owned.end - owned.begin floats aligned with the owned parameters.
- * The checkpoint writes and reads them in place. */
+ * each dt_optimizer_owned_count() floats: the owned ranges one after
+ * another. The checkpoint writes and reads them in place. */
 size_t dt_optimizer_num_states(const dt_optimizer *o);
 float *dt_optimizer_state(dt_optimizer *o, size_t i, const char **name);
 

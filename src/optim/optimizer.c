@@ -3,11 +3,12 @@
  * owned range of the flat parameter buffer (see optim.h).
  *
  * Invariants:
- *   - state[k] holds owned.end - owned.begin floats; element j belongs to
- *     parameter owned.begin + j. Nothing else is kept per parameter.
+ *   - state[k] holds the owned ranges one after another: element
+ *     start[i] + j belongs to parameter owned[i].begin + j. Nothing else is
+ *     kept per parameter.
  *   - update() walks the tensors that intersect [begin, end) and calls the
  *     range kernels (adamw.c) on each intersection with that tensor's decay,
- *     so any split of the owned range into calls gives the same bits.
+ *     so any split of an owned range into calls gives the same bits.
  *   - count is the number of applied updates; AdamW's bias corrections use
  *     count + 1, the numbering PyTorch's `step` has.
  */
@@ -21,9 +22,11 @@ const char *const dt_optim_names[DT_OPTIM_COUNT] = {"adamw", "sgd"};
 
 struct dt_optimizer {
     dt_optim_config c;
-    dt_optim_tensor *tensors; /* sorted by offset, clipped to `owned` */
+    dt_optim_tensor *tensors; /* sorted by offset, clipped to the owned ranges */
     size_t ntensors;
-    dt_range owned;
+    dt_range *owned; /* (nowned) sorted, disjoint */
+    size_t *start;   /* (nowned + 1) where each range's state begins; start[nowned] = all */
+    size_t nowned;
     size_t nstates;  /* AdamW 2, SGD 1 with momentum, else 0 */
     float *state[2]; /* (owned size) each */
     int64_t count;   /* applied updates */
@@ -50,12 +53,16 @@ dt_optim_config dt_optim_config_default(void) {
 #define bad(...) dt_error_set(DT_ERR_INVALID, __VA_ARGS__)
 
 dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
-                              const dt_optim_tensor *tensors, size_t ntensors, dt_range owned) {
+                              const dt_optim_tensor *tensors, size_t ntensors,
+                              const dt_range *owned, size_t nowned) {
     *out = NULL;
     if ((unsigned)c->kind >= DT_OPTIM_COUNT)
         return bad("optimizer kind %d is not an optimizer", (int)c->kind);
-    if (owned.begin > owned.end)
-        return bad("optimizer: owned range [%zu, %zu) is reversed", owned.begin, owned.end);
+    for (size_t i = 0; i < nowned; i++)
+        if (owned[i].begin > owned[i].end || (i > 0 && owned[i].begin < owned[i - 1].end))
+            return bad("optimizer: owned range %zu [%zu, %zu) is reversed or overlaps the one "
+                       "before",
+                       i, owned[i].begin, owned[i].end);
     if (!(c->weight_decay >= 0) || !isfinite(c->weight_decay))
         return bad("optimizer: weight decay %g must be finite and >= 0", (double)c->weight_decay);
     if (c->kind == DT_OPTIM_ADAMW &&
@@ -73,20 +80,30 @@ dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
     if (!o)
         return DT_ERR_NOMEM;
     o->c = *c;
-    o->owned = owned;
     o->step = -1;
-    o->tensors = dt_calloc(ntensors ? ntensors : 1, sizeof *o->tensors);
-    if (!o->tensors)
+    o->nowned = nowned;
+    o->owned = dt_calloc(nowned + 1, sizeof *o->owned);
+    o->start = dt_calloc(nowned + 1, sizeof *o->start);
+    /* A tensor split by range boundaries becomes one entry per piece. */
+    o->tensors = dt_calloc(ntensors + nowned + 1, sizeof *o->tensors);
+    if (!o->owned || !o->start || !o->tensors)
         goto nomem;
-    for (size_t i = 0; i < ntensors; i++) {
-        size_t lo = tensors[i].offset > owned.begin ? tensors[i].offset : owned.begin;
-        size_t hi = tensors[i].offset + tensors[i].count;
-        hi = hi < owned.end ? hi : owned.end;
-        if (lo < hi)
-            o->tensors[o->ntensors++] = (dt_optim_tensor){lo, hi - lo, tensors[i].decay};
+    for (size_t k = 0; k < nowned; k++) {
+        o->owned[k] = owned[k];
+        o->start[k + 1] = o->start[k] + owned[k].end - owned[k].begin;
     }
+    for (size_t i = 0, k = 0; i < ntensors; i++)
+        for (; k < nowned; k++) {
+            size_t lo = tensors[i].offset > owned[k].begin ? tensors[i].offset : owned[k].begin;
+            size_t hi = tensors[i].offset + tensors[i].count;
+            hi = hi < owned[k].end ? hi : owned[k].end;
+            if (lo < hi)
+                o->tensors[o->ntensors++] = (dt_optim_tensor){lo, hi - lo, tensors[i].decay};
+            if (owned[k].end > tensors[i].offset + tensors[i].count)
+                break; /* the next tensor may still lie in range k */
+        }
     o->nstates = c->kind == DT_OPTIM_ADAMW ? 2 : c->momentum > 0 ? 1 : 0;
-    size_t n = owned.end - owned.begin;
+    size_t n = o->start[nowned];
     for (size_t k = 0; k < o->nstates; k++) {
         o->state[k] = dt_alloc((n ? n : 1) * sizeof(float));
         if (!o->state[k])
@@ -97,8 +114,7 @@ dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
     return DT_OK;
 nomem:
     dt_optimizer_destroy(o);
-    return dt_error_set(DT_ERR_NOMEM, "%s state for %zu parameters", dt_optim_names[c->kind],
-                        owned.end - owned.begin);
+    return dt_error_set(DT_ERR_NOMEM, "%s state for the owned parameters", dt_optim_names[c->kind]);
 }
 
 void dt_optimizer_destroy(dt_optimizer *o) {
@@ -107,6 +123,8 @@ void dt_optimizer_destroy(dt_optimizer *o) {
     for (size_t k = 0; k < 2; k++)
         dt_free(o->state[k]);
     dt_free(o->tensors);
+    dt_free(o->owned);
+    dt_free(o->start);
     dt_free(o);
 }
 
@@ -120,7 +138,7 @@ void dt_optimizer_begin(dt_optimizer *o, int64_t step, float lr) {
      * A function of the step, so a resume on either side agrees. */
     if (o->frozen && step == o->c.freeze_v_from && o->count > 0) {
         double bc2 = 1.0 - pow((double)o->c.adamw.beta2, (double)o->count);
-        dt_scale(o->state[1], o->owned.end - o->owned.begin, (float)(1.0 / bc2));
+        dt_scale(o->state[1], o->start[o->nowned], (float)(1.0 / bc2));
     }
 }
 
@@ -137,10 +155,27 @@ static size_t first_tensor(const dt_optimizer *o, size_t at) {
     return lo;
 }
 
+/* The owned range that holds [begin, end). */
+static size_t range_of(const dt_optimizer *o, size_t begin, size_t end) {
+    size_t lo = 0, hi = o->nowned;
+    while (lo < hi) {
+        size_t mid = lo + (hi - lo) / 2;
+        if (o->owned[mid].end <= begin)
+            lo = mid + 1;
+        else
+            hi = mid;
+    }
+    DT_ASSERT(lo < o->nowned && begin >= o->owned[lo].begin && end <= o->owned[lo].end);
+    return lo;
+}
+
 void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, size_t begin,
                          size_t end) {
     DT_ASSERT(o->step >= 0);
-    DT_ASSERT(begin >= o->owned.begin && end <= o->owned.end);
+    if (begin >= end)
+        return;
+    size_t k = range_of(o, begin, end);
+    const size_t base = o->start[k] - o->owned[k].begin; /* state index of parameter p: p + base */
     dt_adamw_config frozen = o->c.adamw;
     frozen.beta2 = 1.0f;
     const dt_adamw_config *ac = o->frozen ? &frozen : &o->c.adamw;
@@ -153,7 +188,7 @@ void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, siz
         if (lo >= hi)
             continue;
         float wd = t->decay ? o->c.weight_decay : 0.0f;
-        size_t s = lo - o->owned.begin;
+        size_t s = lo + base;
         if (o->c.kind == DT_OPTIM_ADAMW)
             dt_adamw_step(params + lo, grads + lo, o->state[0] + s, o->state[1] + s, hi - lo, o->lr,
                           ac, o->count + 1, wd);
@@ -169,7 +204,13 @@ void dt_optimizer_end(dt_optimizer *o, bool applied) {
 }
 
 const dt_optim_config *dt_optimizer_config(const dt_optimizer *o) { return &o->c; }
-dt_range dt_optimizer_owned(const dt_optimizer *o) { return o->owned; }
+size_t dt_optimizer_num_owned(const dt_optimizer *o) { return o->nowned; }
+size_t dt_optimizer_owned_count(const dt_optimizer *o) { return o->start[o->nowned]; }
+
+dt_range dt_optimizer_owned(const dt_optimizer *o, size_t i) {
+    DT_ASSERT(i < o->nowned);
+    return o->owned[i];
+}
 int64_t dt_optimizer_count(const dt_optimizer *o) { return o->count; }
 
 dt_status dt_optimizer_set_count(dt_optimizer *o, int64_t count) {
@@ -180,7 +221,7 @@ dt_status dt_optimizer_set_count(dt_optimizer *o, int64_t count) {
 }
 
 size_t dt_optimizer_state_bytes(const dt_optimizer *o) {
-    return o->nstates * (o->owned.end - o->owned.begin) * sizeof(float);
+    return o->nstates * o->start[o->nowned] * sizeof(float);
 }
 
 size_t dt_optimizer_num_states(const dt_optimizer *o) { return o->nstates; }

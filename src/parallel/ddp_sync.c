@@ -217,11 +217,12 @@ dt_status dt_ddp_sync_create(dt_grad_sync **out, const dt_ddp_sync_config *c) {
     *out = NULL;
     if (!c->opt || !c->params || !c->grads)
         return dt_error_set(DT_ERR_INVALID, "DDP sync: params, grads and optimizer are required");
-    dt_range owned = dt_optimizer_owned(c->opt);
-    if (owned.begin != 0 || owned.end != c->n)
+    if (dt_optimizer_num_owned(c->opt) != 1 || dt_optimizer_owned(c->opt, 0).begin != 0 ||
+        dt_optimizer_owned(c->opt, 0).end != c->n)
         return dt_error_set(DT_ERR_INVALID,
-                            "DDP sync: the optimizer owns [%zu, %zu), DDP updates all of [0, %zu)",
-                            owned.begin, owned.end, c->n);
+                            "DDP sync: the optimizer must own all of [0, %zu): DDP updates every "
+                            "parameter on every replica",
+                            c->n);
     if (c->compress_start < 0 || c->compress_ramp < 0)
         return dt_error_set(DT_ERR_INVALID,
                             "DDP sync: compress_start %" PRId64 " and compress_ramp %" PRId64

@@ -209,7 +209,8 @@ static dt_status make_optimizer(trainer *t) {
     oc.momentum = (float)c->momentum;
     /* --compress-freeze-v: beta2 = 1 from the first compressed step on. */
     oc.freeze_v_from = c->compress_freeze_v ? c->compress_start : -1;
-    dt_status st = dt_optimizer_create(&t->opt, &oc, tens, nt, (dt_range){0, t->n});
+    dt_range all = {0, t->n};
+    dt_status st = dt_optimizer_create(&t->opt, &oc, tens, nt, &all, 1);
     dt_free(tens);
     return st;
 }

@@ -43,19 +43,33 @@ dt_status dt__shards_make(const trainer *t, shards *s) {
     return DT_OK;
 }
 
-dt_status dt__shards_boxes(const shards *s, dt_range r, bool only_owned, dt_ckpt_box **out,
-                           size_t *n) {
-    *out = dt_calloc(5 * s->nt + 1, sizeof **out);
+dt_status dt__shards_boxes(const shards *s, const dt_range *r, size_t nr, bool only_owned,
+                           dt_ckpt_box **out, size_t *n) {
+    /* A tensor cut by k range boundaries is at most k + 1 pieces of at
+     * most 5 boxes each. */
+    *out = dt_calloc(5 * (s->nt + nr) + 1, sizeof **out);
     if (!*out)
         return DT_ERR_NOMEM;
     *n = 0;
-    for (size_t i = 0; i < s->nt; i++) {
-        if (only_owned && !s->owned[i])
-            continue;
-        size_t k = dt_ckpt_boxes_in_range(&s->whole[i], r.begin, r.end, *out + *n);
-        for (size_t j = 0; j < k; j++)
-            (*out)[*n + j].offset -= r.begin;
-        *n += k;
+    size_t start = 0; /* where range k begins in the concatenated buffer */
+    for (size_t k = 0; k < nr; k++) {
+        for (size_t i = 0; i < s->nt; i++) {
+            if (only_owned && !s->owned[i])
+                continue;
+            size_t m = dt_ckpt_boxes_in_range(&s->whole[i], r[k].begin, r[k].end, *out + *n);
+            for (size_t j = 0; j < m; j++)
+                (*out)[*n + j].offset = (*out)[*n + j].offset - r[k].begin + start;
+            *n += m;
+        }
+        start += r[k].end - r[k].begin;
     }
     return DT_OK;
+}
+
+dt_range *dt__owned_ranges(const dt_optimizer *o) {
+    size_t n = dt_optimizer_num_owned(o);
+    dt_range *r = dt_calloc(n + 1, sizeof *r);
+    for (size_t i = 0; r && i < n; i++)
+        r[i] = dt_optimizer_owned(o, i);
+    return r;
 }

@@ -56,16 +56,19 @@ static void sections_free(sections *l) {
         dt_free(l->owned[i]);
 }
 
-/* One sharded state: its buffer (covering flat range r) and its map. */
+/* One sharded state: its buffer (the flat ranges r one after another) and
+ * its map. */
 static dt_status add_state(sections *l, const shards *sh, const char *name, const float *buf,
-                           dt_range r, char (*map_name)[DT_CKPT_NAME_MAX]) {
+                           const dt_range *r, size_t nr, char (*map_name)[DT_CKPT_NAME_MAX]) {
     dt_ckpt_box *boxes;
-    size_t nb;
-    DT_CHECK(dt__shards_boxes(sh, r, true, &boxes, &nb));
+    size_t nb, count = 0;
+    DT_CHECK(dt__shards_boxes(sh, r, nr, true, &boxes, &nb));
+    for (size_t k = 0; k < nr; k++)
+        count += r[k].end - r[k].begin;
     DT_ASSERT(l->nowned < sizeof l->owned / sizeof l->owned[0]);
     l->owned[l->nowned++] = boxes;
     snprintf(*map_name, sizeof *map_name, "%s%s", name, DT_CKPT_MAP_SUFFIX);
-    add(l, name, DT_CKPT_F32, buf, r.end - r.begin);
+    add(l, name, DT_CKPT_F32, buf, count);
     add(l, *map_name, DT_CKPT_BYTES, boxes, nb * sizeof *boxes);
     return DT_OK;
 }
@@ -102,16 +105,22 @@ typedef struct rank_part {
 static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p) {
     dt_sync_layout sl;
     dt_grad_sync_layout(t->sync, &sl);
+    dt_range all = {0, t->n};
     if (!sl.params_replicated || t->replica == 0)
-        DT_CHECK(add_state(&p->l, sh, "params", dt_gpt_params(t->m), (dt_range){0, t->n},
-                           &p->map_names[0]));
-    dt_range owned = dt_optimizer_owned(t->opt);
-    for (size_t i = 0; i < dt_optimizer_num_states(t->opt); i++) {
+        DT_CHECK(add_state(&p->l, sh, "params", dt_gpt_params(t->m), &all, 1, &p->map_names[0]));
+    dt_range *owned = dt__owned_ranges(t->opt);
+    if (!owned)
+        return DT_ERR_NOMEM;
+    dt_status st = DT_OK;
+    for (size_t i = 0; st == DT_OK && i < dt_optimizer_num_states(t->opt); i++) {
         const char *name;
         float *buf = dt_optimizer_state(t->opt, i, &name);
         if (!sl.optim_replicated || t->replica == 0)
-            DT_CHECK(add_state(&p->l, sh, name, buf, owned, &p->map_names[1 + i]));
+            st = add_state(&p->l, sh, name, buf, owned, dt_optimizer_num_owned(t->opt),
+                           &p->map_names[1 + i]);
     }
+    dt_free(owned);
+    DT_CHECK(st);
     size_t bytes = dt_grad_sync_state_bytes(t->sync);
     if (bytes) {
         float unit;
@@ -379,13 +388,13 @@ static dt_status read_shards(trainer *t, const dt_ckpt_set *set) {
     DT_CHECK(dt__shards_make(t, &sh));
     dt_ckpt_box *boxes = NULL;
     size_t nb;
-    dt_status st = dt__shards_boxes(&sh, (dt_range){0, t->n}, false, &boxes, &nb);
+    dt_range all = {0, t->n}, *owned = dt__owned_ranges(t->opt);
+    dt_status st = owned ? dt__shards_boxes(&sh, &all, 1, false, &boxes, &nb) : DT_ERR_NOMEM;
     if (st == DT_OK)
         st = dt_ckpt_set_read_boxes(set, "params", sh.tensors, sh.nt, boxes, nb,
                                     dt_gpt_params(t->m));
     dt_free(boxes);
     boxes = NULL;
-    dt_range owned = dt_optimizer_owned(t->opt);
     for (size_t i = 0; st == DT_OK && i < dt_optimizer_num_states(t->opt); i++) {
         const char *name;
         float *buf = dt_optimizer_state(t->opt, i, &name);
@@ -394,12 +403,13 @@ static dt_status read_shards(trainer *t, const dt_ckpt_set *set) {
                     dt_ckpt_file(dt_ckpt_set_manifest(set)), name);
             continue;
         }
-        st = dt__shards_boxes(&sh, owned, false, &boxes, &nb);
+        st = dt__shards_boxes(&sh, owned, dt_optimizer_num_owned(t->opt), false, &boxes, &nb);
         if (st == DT_OK)
             st = dt_ckpt_set_read_boxes(set, name, sh.tensors, sh.nt, boxes, nb, buf);
         dt_free(boxes);
         boxes = NULL;
     }
+    dt_free(owned);
     dt__shards_free(&sh);
     return st;
 }
@@ -498,9 +508,8 @@ dt_status dt__train_resume(trainer *t) {
         DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
         dt_group *dp = dt_mesh_group(t->mesh, DT_AXIS_DP);
         for (size_t i = 0; dp && sl.optim_replicated && i < dt_optimizer_num_states(t->opt); i++) {
-            dt_range r = dt_optimizer_owned(t->opt);
             DT_CHECK_GOTO(dt_group_broadcast(dp, dt_optimizer_state(t->opt, i, NULL),
-                                             r.end - r.begin, DT_F32, 0),
+                                             dt_optimizer_owned_count(t->opt), DT_F32, 0),
                           st, fail);
         }
     }

@@ -82,11 +82,14 @@ typedef struct shards {
 
 dt_status dt__shards_make(const trainer *t, shards *s);
 void dt__shards_free(shards *s);
-/* The boxes of this rank's tensors inside flat range r (those it owns, or
- * all), with offsets relative to r.begin: the map of a state buffer that
- * covers r. *out is freed by the caller. */
-dt_status dt__shards_boxes(const shards *s, dt_range r, bool only_owned, dt_ckpt_box **out,
-                           size_t *n);
+/* The boxes of this rank's tensors inside the flat ranges r[0..nr) (those
+ * it owns, or all), with offsets into a buffer that holds the ranges one
+ * after another: the map of a state buffer over those ranges. *out is
+ * freed by the caller. */
+dt_status dt__shards_boxes(const shards *s, const dt_range *r, size_t nr, bool only_owned,
+                           dt_ckpt_box **out, size_t *n);
+/* The optimizer's owned ranges (caller frees). */
+dt_range *dt__owned_ranges(const dt_optimizer *o);
 
 /* setup.c */
 dt_status dt__train_setup(trainer *t);

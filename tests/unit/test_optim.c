@@ -364,13 +364,17 @@ static void test_optimizer_object(void) {
     c.weight_decay = 0.1f;
     c.freeze_v_from = 3;
     dt_optimizer *o, *share;
-    ASSERT_OK(dt_optimizer_create(&o, &c, tens, 3, (dt_range){0, NO}));
-    /* The share [300, 700) of a second object: splits two tensors. */
+    ASSERT_OK(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){0, NO}, 1));
+    /* The share [300, 500) + [550, 700) of a second object (a ZeRO rank's
+     * pieces of two buckets): splits two tensors, one of them twice. */
+    const dt_range pieces[] = {{300, 500}, {550, 700}};
     float *q = malloc(NO * sizeof(float));
     memcpy(q, p0, NO * sizeof(float));
-    ASSERT_OK(dt_optimizer_create(&share, &c, tens, 3, (dt_range){300, 700}));
+    ASSERT_OK(dt_optimizer_create(&share, &c, tens, 3, pieces, 2));
     ASSERT_EQ(dt_optimizer_num_states(o), 2);
-    ASSERT_EQ(dt_optimizer_state_bytes(share), 2 * 400 * sizeof(float));
+    ASSERT_EQ(dt_optimizer_state_bytes(share), 2 * 350 * sizeof(float));
+    ASSERT_EQ(dt_optimizer_owned_count(share), 350);
+    ASSERT_EQ(dt_optimizer_num_owned(share), 2);
     dt_adamw_config fz = c.adamw;
     fz.beta2 = 1.0f;
     int64_t count = 0;
@@ -388,8 +392,9 @@ static void test_optimizer_object(void) {
             dt_optimizer_update(o, p1, g, 640, NO);
             dt_optimizer_update(o, p1, g, 0, 77);
             dt_optimizer_update(o, p1, g, 77, 640);
-            dt_optimizer_update(share, q, g, 500, 700);
+            dt_optimizer_update(share, q, g, 600, 700);
             dt_optimizer_update(share, q, g, 300, 500);
+            dt_optimizer_update(share, q, g, 550, 600);
             for (size_t t = 0; t < 3; t++)
                 dt_adamw_step(p0 + tens[t].offset, g + tens[t].offset, m + tens[t].offset,
                               v + tens[t].offset, tens[t].count, 1e-2f, step >= 3 ? &fz : &c.adamw,
@@ -401,13 +406,17 @@ static void test_optimizer_object(void) {
     }
     ASSERT_EQ(dt_optimizer_count(o), count);
     ASSERT_EQ(memcmp(p0, p1, NO * sizeof(float)), 0);
-    ASSERT_EQ(memcmp(q + 300, p0 + 300, 400 * sizeof(float)), 0);
+    ASSERT_EQ(memcmp(q + 300, p0 + 300, 200 * sizeof(float)), 0);
+    ASSERT_EQ(memcmp(q + 550, p0 + 550, 150 * sizeof(float)), 0);
     ASSERT_EQ(memcmp(q, p1, 300 * sizeof(float)) == 0, false); /* outside the share: untouched */
+    ASSERT_EQ(memcmp(q + 500, p1 + 500, 50 * sizeof(float)) == 0, false);
     const char *name;
     float *sv = dt_optimizer_state(o, 1, &name);
     ASSERT_TRUE(strcmp(name, "adamw.v") == 0);
     ASSERT_EQ(memcmp(sv, v, NO * sizeof(float)), 0);
-    ASSERT_EQ(memcmp(dt_optimizer_state(share, 0, NULL), m + 300, 400 * sizeof(float)), 0);
+    const float *sm = dt_optimizer_state(share, 0, NULL);
+    ASSERT_EQ(memcmp(sm, m + 300, 200 * sizeof(float)), 0);
+    ASSERT_EQ(memcmp(sm + 200, m + 550, 150 * sizeof(float)), 0);
     dt_optimizer_destroy(o);
     dt_optimizer_destroy(share);
 
@@ -415,7 +424,7 @@ static void test_optimizer_object(void) {
     c = dt_optim_config_default();
     c.kind = DT_OPTIM_SGD;
     c.weight_decay = 1e-4f;
-    ASSERT_OK(dt_optimizer_create(&o, &c, tens, 3, (dt_range){0, NO}));
+    ASSERT_OK(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){0, NO}, 1));
     ASSERT_EQ(dt_optimizer_num_states(o), 0);
     memcpy(p1, p0, NO * sizeof(float));
     dt_optimizer_begin(o, 0, 0.1f);
@@ -427,20 +436,20 @@ static void test_optimizer_object(void) {
     ASSERT_EQ(memcmp(p0, p1, NO * sizeof(float)), 0);
     dt_optimizer_destroy(o);
     c.momentum = 0.9f;
-    ASSERT_OK(dt_optimizer_create(&o, &c, tens, 3, (dt_range){0, NO}));
+    ASSERT_OK(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){0, NO}, 1));
     dt_optimizer_state(o, 0, &name);
     ASSERT_TRUE(strcmp(name, "sgd.momentum") == 0);
     dt_optimizer_destroy(o);
 
     /* Bad input names the field. */
     c.momentum = 1.5f;
-    ASSERT_STATUS(dt_optimizer_create(&o, &c, tens, 3, (dt_range){0, NO}), DT_ERR_INVALID);
+    ASSERT_STATUS(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){0, NO}, 1), DT_ERR_INVALID);
     ASSERT_CONTAINS(dt_last_error(), "momentum 1.5");
     c = dt_optim_config_default();
     const dt_optim_tensor overlap[] = {{0, 10, true}, {5, 10, true}};
-    ASSERT_STATUS(dt_optimizer_create(&o, &c, overlap, 2, (dt_range){0, 15}), DT_ERR_INVALID);
+    ASSERT_STATUS(dt_optimizer_create(&o, &c, overlap, 2, &(dt_range){0, 15}, 1), DT_ERR_INVALID);
     ASSERT_CONTAINS(dt_last_error(), "overlaps");
-    ASSERT_STATUS(dt_optimizer_create(&o, &c, tens, 3, (dt_range){10, 5}), DT_ERR_INVALID);
+    ASSERT_STATUS(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){10, 5}, 1), DT_ERR_INVALID);
     free(p0), free(p1), free(q), free(g), free(m), free(v);
 }
 
