@@ -222,6 +222,7 @@ typedef struct dt_train_result {
     double val_loss;                 /* last validation loss, NaN if none */
     double tokens_per_s;             /* median over the steps after the first */
     double comm_ms, exposed_comm_ms; /* per step, medians */
+    double tp_comm_ms;               /* per step, median; NaN without tensor parallelism */
     double seconds;                  /* wall time of the loop */
     char checkpoint[4096];           /* last checkpoint written, "" if none */
 } dt_train_result;

@@ -174,7 +174,7 @@ typedef struct display {
     dt_metrics *metrics;
     dt_progress *prog;
     FILE *tty; /* /dev/tty when the live line cannot go to stderr */
-    double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW];
+    double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW];
     size_t nrec; /* records so far (the window holds the newest) */
 } display;
 
@@ -209,6 +209,7 @@ static void record(display *d, const dt_step_metrics *sm) {
     d->tps[i] = sm->tokens_per_s;
     d->comm[i] = sm->comm_ms;
     d->exposed[i] = sm->exposed_comm_ms;
+    d->tp[i] = sm->tp_comm_ms;
 }
 
 /* The summary line and where the results went (rank 0, with the whole
@@ -220,6 +221,7 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
     res->tokens_per_s = dt__median(d->tps, n);
     res->comm_ms = dt__median(d->comm, n);
     res->exposed_comm_ms = dt__median(d->exposed, n);
+    res->tp_comm_ms = dt__median(d->tp, n);
     if (t->rank != 0)
         return DT_OK;
     dt_progress_finish(d->prog);
@@ -233,6 +235,8 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
         if (t->scaling)
             fprintf(stderr, ", loss scale %g, %" PRId64 " step(s) skipped",
                     (double)dt__train_applied_scale(t), t->skipped);
+        if (isfinite(res->tp_comm_ms))
+            fprintf(stderr, ", tensor-parallel comm %.1f ms/step (exposed)", res->tp_comm_ms);
         if (t->dp > 1 && isfinite(res->comm_ms)) {
             char wb[32];
             fprintf(stderr,
