@@ -338,11 +338,13 @@ double dt_gpt_flops_per_token(const dt_gpt_config *cfg, int T);
  * Layout, little-endian:
  *   u32 magic "DTGW"   u32 version (1)
  *   i32 layers, dim, heads, max_seq, vocab
- *   u32 vocab_bytes_len (0 or vocab)   u8 vocab_bytes[vocab_bytes_len]
+ *   u32 vocab_bytes_len (<= vocab, <= 256)   u8 vocab_bytes[vocab_bytes_len]
  *   u64 num_params     f32 params[num_params]
  *   u64 XXH3-64 of everything before it
  * vocab_bytes maps a token id to the byte it stands for (char-level: the
- * corpus's byte values; byte-level: 0..255), so a sampler can decode.
+ * corpus's byte values; byte-level: 0..255), so a sampler can decode; a
+ * model trained with a vocabulary larger than its tokenizer's (--vocab)
+ * has ids past the table, which stand for no byte.
  */
 #define DT_GPT_WEIGHTS_MAGIC   0x57475444u /* "DTGW" */
 #define DT_GPT_WEIGHTS_VERSION 1u
