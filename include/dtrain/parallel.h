@@ -78,6 +78,8 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 
+#include <stdio.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -298,6 +300,141 @@ void dt_tp_destroy(dt_tp *t);
 const dt_tp_regions *dt_tp_regions_of(const dt_tp *t);
 /* Bytes this rank sent through the regions since the last call; resets. */
 uint64_t dt_tp_take_bytes(dt_tp *t);
+
+/* ------------------------------------------------------------------------ */
+/* Pipeline schedules: tables of actions, checked before they run           */
+/* ------------------------------------------------------------------------ */
+/*
+ * A pipeline schedule is data: for every pipeline rank, the ordered list of
+ * what it does. The model's layers are split into S = P x V consecutive
+ * virtual stages (P ranks, V chunks per rank; V > 1 only for interleaving);
+ * virtual stage s = chunk x P + rank (Megatron's interleaved placement), so
+ * s and s + 1 are always on different ranks when P > 1. Actions:
+ *
+ *   F(mb, c)          forward of micro-batch mb through this rank's chunk c
+ *   B(mb, c)          its backward: the input gradient (and, unless the
+ *                     schedule splits W off, the weight gradient)
+ *   W(mb, c)          the weight gradient alone (zero-bubble schedules)
+ *   send-act / recv-act (mb, c, peer)    the output of stage s to the rank of
+ *                     stage s + 1 / the input of stage s from the rank of s - 1
+ *   send-grad / recv-grad (mb, c, peer)  the input gradient of stage s to the
+ *                     rank of s - 1 / the output gradient from the rank of s + 1
+ *
+ * Consecutive transfers in a rank's list are posted together, without
+ * waiting: activations through one comm group, gradients through another
+ * (dt_group_isendrecv_batch on each), so a run is up to two batches. A group
+ * completes a rank's batches in order; a compute action waits for the batch
+ * that brings its input; the step ends when every batch is done. These are
+ * the semantics the checker simulates and the executor runs. Generators: GPipe
+ * (every forward, then every backward), 1F1B (PipeDream-flush: P - r - 1
+ * warm-up forwards on rank r, then one forward one backward), interleaved
+ * 1F1B (Megatron, V chunks per rank; M must be a multiple of P), zero-bubble
+ * ZB-H1 (Qi et al. 2023: B and W split, W placed in the bubbles 1F1B leaves,
+ * at most 1F1B's live activations per rank).
+ *
+ * dt_pp_check verifies a table before anything runs: every action well
+ * formed and each F, B (and W) once per micro-batch and chunk, in order;
+ * every transfer's peer the rank of the neighbouring stage; every send
+ * matched by exactly one receive (per pair of ranks, in order, same kind,
+ * micro-batch and stage); and, by simulating those semantics with the
+ * given durations, that it cannot deadlock. It reports each rank's peak
+ * live activations (micro-batch chunks forwarded and not yet finished
+ * backward), the timeline and the bubble fraction. A broken table is
+ * refused with DT_ERR_INVALID naming the first offending action.
+ */
+
+typedef enum dt_pp_kind {
+    DT_PP_GPIPE,
+    DT_PP_1F1B,
+    DT_PP_INTERLEAVED,
+    DT_PP_ZB,
+    DT_PP_KIND_COUNT
+} dt_pp_kind;
+
+/* "gpipe", "1f1b", "interleaved", "zb" (indexable by dt_pp_kind). */
+extern const char *const dt_pp_kind_names[DT_PP_KIND_COUNT];
+/* Parse "gpipe", "1f1b", "interleaved:V" (V >= 2) or "zb"; *chunks gets V
+ * (1 otherwise). DT_ERR_INVALID names the knob and the text. */
+dt_status dt_pp_kind_parse(const char *knob, const char *text, dt_pp_kind *kind, int *chunks);
+
+typedef enum dt_pp_op {
+    DT_PP_F,
+    DT_PP_B,
+    DT_PP_W,
+    DT_PP_SEND_ACT,
+    DT_PP_RECV_ACT,
+    DT_PP_SEND_GRAD,
+    DT_PP_RECV_GRAD,
+    DT_PP_OP_COUNT
+} dt_pp_op;
+
+/* "F", "B", "W", "send-act", "recv-act", "send-grad", "recv-grad". */
+extern const char *const dt_pp_op_names[DT_PP_OP_COUNT];
+
+typedef struct dt_pp_action {
+    uint8_t op;     /* dt_pp_op */
+    uint8_t pad;    /* zero */
+    uint16_t chunk; /* this rank's chunk, < V */
+    uint32_t mb;    /* micro-batch, < M */
+    int32_t peer;   /* transfers: the pipeline rank on the other side; else -1 */
+} dt_pp_action;
+
+typedef struct dt_pp_schedule {
+    dt_pp_kind kind;
+    int stages;    /* P ranks */
+    int chunks;    /* V chunks per rank */
+    int micro;     /* M micro-batches per optimizer step */
+    bool split_w;  /* B computes input gradients only; W actions follow */
+    size_t *start; /* (P + 1): rank r's actions are actions[start[r] .. start[r+1]) */
+    dt_pp_action *actions;
+} dt_pp_schedule;
+
+/* Generate a schedule. DT_ERR_INVALID names a combination the kind refuses
+ * (interleaved: V >= 2 and M a multiple of P; every kind: P, M >= 1). */
+dt_status dt_pp_schedule_create(dt_pp_schedule **out, dt_pp_kind kind, int stages, int chunks,
+                                int micro);
+/* A schedule from explicit per-rank lists (counts[r] actions of rank r, one
+ * after another in `actions`): hand-written or edited tables, for
+ * dt_pp_check. Copied. */
+dt_status dt_pp_schedule_from(dt_pp_schedule **out, dt_pp_kind kind, int stages, int chunks,
+                              int micro, bool split_w, const size_t *counts,
+                              const dt_pp_action *actions);
+void dt_pp_schedule_destroy(dt_pp_schedule *s);
+/* The virtual stage of chunk c on rank r, and the inverse. */
+int dt_pp_stage_of(const dt_pp_schedule *s, int rank, int chunk);
+void dt_pp_place(const dt_pp_schedule *s, int stage, int *rank, int *chunk);
+
+/* Durations for the simulation, relative, of one rank's whole share of the
+ * layers: a forward, an input-gradient backward, a weight-gradient pass (a
+ * B of a schedule without W costs b + w), and one batch of transfers; an
+ * action on one of V chunks takes 1/V of it. Defaults: 1, 1, 1, 0. */
+typedef struct dt_pp_costs {
+    double f, b, w, comm;
+} dt_pp_costs;
+dt_pp_costs dt_pp_costs_default(void);
+
+/* What the checker found. Arrays are sized by the schedule (P ranks, and
+ * one start/end time per action in the schedule's order). */
+typedef struct dt_pp_report {
+    int *peak_live;      /* (P) most micro-batch chunks alive at once on each rank */
+    double *start, *end; /* (actions) simulated times */
+    double makespan;     /* the step's simulated duration */
+    double *busy;        /* (P) compute time of each rank */
+    double bubble;       /* idle fraction: 1 - sum(busy) / (P x makespan) */
+} dt_pp_report;
+
+/* Check (see above); fills *out (free with dt_pp_report_free) on success. */
+dt_status dt_pp_check(const dt_pp_schedule *s, const dt_pp_costs *c, dt_pp_report *out);
+void dt_pp_report_free(dt_pp_report *r);
+/* The bubble fraction 1F1B and GPipe have in theory, (P - 1) / (M + P - 1),
+ * and interleaved 1F1B's, (P - 1) / (V M + P - 1) (equal F and B+W). */
+double dt_pp_theoretical_bubble(dt_pp_kind kind, int stages, int chunks, int micro);
+/* The simulated timeline: one row per rank, one column per `unit` of time
+ * ("F3" forward of micro-batch 3, "B", "W", ". " idle; chunks as letters
+ * a, b, ... with interleaving). */
+void dt_pp_timeline_text(const dt_pp_schedule *s, const dt_pp_report *r, double unit, FILE *f);
+/* The same as an SVG drawing. */
+dt_status dt_pp_timeline_svg(const dt_pp_schedule *s, const dt_pp_report *r, const char *path);
 
 /* ------------------------------------------------------------------------ */
 /* Gradient synchronisation: the one interface the training loop calls      */
