@@ -224,6 +224,10 @@ typedef struct dt_gpt_options {
     int recompute_every;
     /* Which part of the model this process holds (zeroed: all of it). */
     dt_gpt_part part;
+    /* Micro-batches whose activations the model keeps at once, each in its
+     * own slot (a pipeline stage runs several forwards before their
+     * backwards); the scratch is shared. 0 or 1: one. */
+    int slots;
 } dt_gpt_options;
 
 /* fp32, no recomputation. */
@@ -276,19 +280,23 @@ dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, vo
  * zeroing the buffer (a 4 bytes/param write) first. */
 dt_status dt_gpt_backward_mode(dt_gpt *m, float grad_scale, dt_grad_mode mode,
                                dt_grad_ready_fn hook, void *user);
-/* A pipeline stage's forward: the first stage embeds `inputs` (B,T); a
- * later one takes the residual stream x_in (Ns,C) (copied). The last
- * stage computes the loss when given targets; the others leave their
- * output in dt_gpt_stage_output(). dt_gpt_forward is this with x_in NULL. */
-dt_status dt_gpt_forward_stage(dt_gpt *m, const int32_t *inputs, const float *x_in,
+/* A pipeline stage's forward of the micro-batch in `slot` (< the model's
+ * slots; its activations stay there until its backward): the first stage
+ * embeds `inputs` (B,T); a later one takes the residual stream x_in (Ns,C)
+ * (copied). The last stage computes the loss when given targets; the others
+ * leave their output in dt_gpt_stage_output(slot). dt_gpt_forward is this
+ * with slot 0 and x_in NULL. */
+dt_status dt_gpt_forward_stage(dt_gpt *m, int slot, const int32_t *inputs, const float *x_in,
                                const int32_t *targets, int B, int T, float *mean_loss);
-/* A pipeline stage's backward: the last stage starts from its loss
- * (dx_out NULL), the others from the gradient of their output (Ns,C). The
- * gradient of the stage's input is then dt_gpt_stage_input_grad(). */
-dt_status dt_gpt_backward_stage(dt_gpt *m, const float *dx_out, float grad_scale, dt_grad_mode mode,
-                                dt_grad_ready_fn hook, void *user);
-/* (Ns,C): the last block's output after forward; d(input) after backward. */
-const float *dt_gpt_stage_output(const dt_gpt *m);
+/* A pipeline stage's backward of the micro-batch in `slot`: the last stage
+ * starts from its loss (dx_out NULL), the others from the gradient of their
+ * output (Ns,C). The gradient of the stage's input is then
+ * dt_gpt_stage_input_grad() (until the next backward). */
+dt_status dt_gpt_backward_stage(dt_gpt *m, int slot, const float *dx_out, float grad_scale,
+                                dt_grad_mode mode, dt_grad_ready_fn hook, void *user);
+/* (Ns,C): a slot's last block output after its forward; d(input) after the
+ * last backward. */
+const float *dt_gpt_stage_output(const dt_gpt *m, int slot);
 const float *dt_gpt_stage_input_grad(const dt_gpt *m);
 /* The part this model holds (normalised: layer_end set, tp_size >= 1). */
 const dt_gpt_part *dt_gpt_get_part(const dt_gpt *m);

@@ -285,8 +285,10 @@ static size_t take_block(char *base, size_t *off, block_acts *a, const sizes *z)
 
 /* Lay the activations out in m's arena, or, with m == NULL, only count the
  * bytes (every pointer is then NULL and written to a scratch model).
- * Order: per block its saved set (or only res3 when recomputed), the shared
- * scratch set, then the model's head and the backward scratch. */
+ * Order: per slot (a micro-batch in flight) its blocks' saved sets (or only
+ * res3 when recomputed), its stage input, ln_f output, logits and loss rows;
+ * then, once, the shared scratch set of recomputed blocks, the head's
+ * chunk and the backward scratch. */
 static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gpt_options *o) {
     gpt_dims d = dims_of(c, &o->part);
     sizes z = {.B = (size_t)B_,
@@ -300,61 +302,80 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     z.Ns = d.sp ? z.N / (size_t)d.tp : z.N;
     const size_t B = z.B, N = z.N, Ns = z.Ns, C = z.C, A = z.A, Vl = (size_t)d.Vl;
     const size_t tp = (size_t)d.tp;
+    const int nslots = o->slots > 1 ? o->slots : 1, nl = d.L1 - d.L0;
     bool low = o->precision != DT_PRECISION_FP32;
-    size_t off = 0;
-    plan p = {0};
-    dt_gpt scratch = {0};
-    block_acts one; /* every layer of the scratch model */
-    if (!m)
-        m = &scratch;
-    char *base = m->arena;
-    bool any = false;
-    for (int l = d.L0; l < d.L1; l++) {
-        // cppcheck-suppress uninitvar ; `one` is only written here (planning pass)
-        block_acts *a = m->acts ? &m->acts[l - d.L0] : &one;
-        size_t before = off;
-        if (dt__gpt_recomputed(o->recompute_every, l))
-            any = true;
-        else
-            p.attention += take_block(base, &off, a, &z);
-        a->res3 = take(base, &off, Ns * C * 4);
-        p.saved += off - before;
-    }
-    if (any) {
-        size_t before = off;
-        p.attention += take_block(base, &off, &m->shared, &z);
-        p.recompute = off - before;
-        for (int l = d.L0; m->acts && l < d.L1; l++)
-            if (dt__gpt_recomputed(o->recompute_every, l)) {
-                float *res3 = m->acts[l - d.L0].res3;
-                m->acts[l - d.L0] = m->shared;
-                m->acts[l - d.L0].res3 = res3;
-            }
-    }
-    {
-        size_t o2 = 0;
-        take_block(NULL, &o2, &one, &z);
-        p.block = o2 + dt_align_up(Ns * C * 4, 64);
-    }
-    m->encoded = take(base, &off, Ns * C * 4);
-    p.saved += dt_align_up(Ns * C * 4, 64);
-    m->gathered = d.sp ? take(base, &off, N * C * A) : NULL;
     /* The LM head: without recomputation the full (N,Vl) logits (the
      * contract of dt_gpt_logits); with it only the (N,Vb) chunk that
      * forward and backward (re)compute (and the last positions' logits,
      * in the scratch below). */
     bool chunked = o->recompute_every > 0;
     size_t Vb = (size_t)head_cols(d.Vl, N);
-    if (d.last) {
-        m->lnf_out = take(base, &off, Ns * C * A);
-        m->lnf_mean = take(base, &off, Ns * 4);
-        m->lnf_rstd = take(base, &off, Ns * 4);
+    bool own_chunk = chunked || Vb < Vl; /* else a slot's chunk is its logits */
+    size_t off = 0;
+    plan p = {0};
+    block_acts one; /* every layer of a plan */
+    gpt_slot none = {0};
+    char *base = m ? m->arena : NULL;
+    bool any = false;
+    for (int k = 0; k < nslots; k++) {
+        gpt_slot *sl = m ? &m->slots[k] : &none;
+        for (int l = d.L0; l < d.L1; l++) {
+            // cppcheck-suppress uninitvar ; `one` is only written here (planning pass)
+            block_acts *a = m ? &sl->acts[l - d.L0] : &one;
+            size_t before = off;
+            if (dt__gpt_recomputed(o->recompute_every, l))
+                any = true;
+            else
+                p.attention += take_block(base, &off, a, &z);
+            a->res3 = take(base, &off, Ns * C * 4);
+            p.saved += off - before;
+        }
+        sl->encoded = take(base, &off, Ns * C * 4);
+        p.saved += dt_align_up(Ns * C * 4, 64);
+        if (d.last) {
+            sl->lnf_out = take(base, &off, Ns * C * A);
+            sl->lnf_mean = take(base, &off, Ns * 4);
+            sl->lnf_rstd = take(base, &off, Ns * 4);
+            size_t before = off;
+            sl->logits = chunked ? NULL : take(base, &off, N * Vl * 4);
+            sl->chunk = sl->logits;
+            p.logits += off - before;
+            sl->ce_lse = take(base, &off, N * 4);
+            sl->losses = take(base, &off, N * 4);
+        }
+        sl->tokens = take(base, &off, N * 4);
+        sl->targets = take(base, &off, N * 4);
+    }
+    if (any) {
         size_t before = off;
-        m->logits = chunked ? NULL : take(base, &off, N * Vl * 4);
-        m->chunk = chunked || Vb < Vl ? take(base, &off, N * Vb * 4) : m->logits;
-        p.logits = off - before;
-        m->ce_lse = take(base, &off, N * 4);
-        m->losses = take(base, &off, N * 4);
+        p.attention += take_block(base, &off, m ? &m->shared : &one, &z);
+        p.recompute = off - before;
+        for (int k = 0; m && k < nslots; k++)
+            for (int l = d.L0; l < d.L1; l++)
+                if (dt__gpt_recomputed(o->recompute_every, l)) {
+                    block_acts *a = &m->slots[k].acts[l - d.L0];
+                    float *res3 = a->res3;
+                    *a = m->shared;
+                    a->res3 = res3;
+                }
+    }
+    {
+        size_t o2 = 0;
+        take_block(NULL, &o2, &one, &z);
+        p.block = o2 + dt_align_up(Ns * C * 4, 64);
+    }
+    dt_gpt scratch = {0};
+    if (!m)
+        m = &scratch;
+    m->gathered = d.sp ? take(base, &off, N * C * A) : NULL;
+    if (d.last) {
+        if (own_chunk) {
+            size_t before = off;
+            float *chunk = take(base, &off, N * Vb * 4);
+            p.logits += off - before;
+            for (int k = 0; m->slots && k < nslots; k++)
+                m->slots[k].chunk = chunk;
+        }
         if (tp > 1) {
             size_t all = tp * N * 2 > tp * B * Vl ? tp * N * 2 : tp * B * Vl;
             m->ce_stats = take(base, &off, N * 2 * 4);
@@ -386,8 +407,7 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     m->dres16 = low ? take(base, &off, N * C * 2) : NULL;
     m->row16 = low && d.last ? take(base, &off, Vb * 2) : NULL;
     m->gscratch = d.sp ? take(base, &off, (4 * C > z.T * C ? 4 * C : z.T * C) * 4) : NULL;
-    m->tokens = take(base, &off, N * 4);
-    m->targets = take(base, &off, N * 4);
+    (void)nl;
     p.total = off;
     return p;
 }
@@ -576,6 +596,8 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
     if (o.recompute_every > (1 << 20))
         return dt_error_set(DT_ERR_INVALID, "recompute_every %d must be <= 1048576",
                             o.recompute_every);
+    if (o.slots < 0 || o.slots > 4096)
+        return dt_error_set(DT_ERR_INVALID, "slots %d must be in [0, 4096]", o.slots);
     DT_CHECK(dt_gpt_config_validate(cfg));
     if (max_batch < 1 || max_batch > (1 << 20))
         return dt_error_set(DT_ERR_INVALID, "batch size %d must be in [1, 1048576]", max_batch);
@@ -601,7 +623,12 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
     m->info = dt_calloc(m->ntensors, sizeof *m->info);
     m->global = dt_calloc(m->ntensors, sizeof *m->global);
     m->names = dt_calloc(m->ntensors, 48);
-    m->acts = dt_calloc((size_t)nl, sizeof *m->acts);
+    m->nslots = o.slots > 1 ? o.slots : 1;
+    m->slots = dt_calloc((size_t)m->nslots, sizeof *m->slots);
+    block_acts *acts = dt_calloc((size_t)nl * m->nslots, sizeof *acts);
+    for (int k = 0; m->slots && acts && k < m->nslots; k++)
+        m->slots[k].acts = acts + (size_t)k * nl;
+    m->s = m->slots;
     m->params = dt_alloc(m->nparams * sizeof(float));
     m->grads = dt_alloc(m->nparams * sizeof(float));
     bool low = o.precision != DT_PRECISION_FP32;
@@ -609,8 +636,8 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
     plan p = carve(NULL, cfg, max_batch, max_seq, &m->opt);
     m->arena_bytes = p.total;
     m->arena = dt_alloc(p.total);
-    if (!m->info || !m->global || !m->names || !m->acts || !m->params || !m->grads || !m->arena ||
-        (low && !m->w16)) {
+    if (!m->info || !m->global || !m->names || !m->slots || !acts || !m->params || !m->grads ||
+        !m->arena || (low && !m->w16)) {
         char a[32];
         size_t np = m->nparams;
         dt_gpt_destroy(m);
@@ -635,7 +662,9 @@ void dt_gpt_destroy(dt_gpt *m) {
     dt_free(m->w16);
     dt_free(m->grads);
     dt_free(m->params);
-    dt_free(m->acts);
+    if (m->slots)
+        dt_free(m->slots[0].acts);
+    dt_free(m->slots);
     dt_free(m->names);
     dt_free(m->global);
     dt_free(m->info);
@@ -648,14 +677,15 @@ float *dt_gpt_params(dt_gpt *m) { return m->params; }
 float *dt_gpt_grads(dt_gpt *m) { return m->grads; }
 size_t dt_gpt_num_params(const dt_gpt *m) { return m->nparams; }
 size_t dt_gpt_num_tensors(const dt_gpt *m) { return m->ntensors; }
-const float *dt_gpt_logits(const dt_gpt *m) { return m->logits ? m->logits : m->last; }
+const float *dt_gpt_logits(const dt_gpt *m) { return m->s->logits ? m->s->logits : m->last; }
 
 const float *dt_gpt_last_logits(const dt_gpt *m, int b) {
-    DT_ASSERT(m->d.last && b >= 0 && b < m->B);
+    DT_ASSERT(m->d.last && b >= 0 && b < m->s->B);
     if (m->d.tp > 1)
         return m->last_all + (size_t)b * (size_t)m->d.Vp;
     size_t V = (size_t)m->cfg.vocab;
-    return m->logits ? m->logits + ((size_t)b * m->T + (size_t)m->T - 1) * V
+    const gpt_slot *s = m->s;
+    return s->logits ? s->logits + ((size_t)b * s->T + (size_t)s->T - 1) * V
                      : m->last + (size_t)b * V;
 }
 

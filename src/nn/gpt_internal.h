@@ -66,6 +66,26 @@ typedef struct gpt_dims {
     int V, Vp, Vl; /* vocabulary, padded to tp, rows here */
 } gpt_dims;
 
+/* What one micro-batch in flight keeps from its forward to its backward:
+ * a model holds `slots` of these (dt_gpt_options.slots: a pipeline stage
+ * keeps several micro-batches alive), the scratch once. */
+typedef struct gpt_slot {
+    block_acts *acts;  /* (L1 - L0) entries, indexed by l - L0 */
+    float *encoded;    // (Ns,C)    the first block's input: embeddings, or the stage input
+    void *lnf_out;     // (Ns,C)    compute type: ln_f output (the LM head's input)
+    float *lnf_mean;   // (Ns)
+    float *lnf_rstd;   // (Ns)
+    float *logits;     // (N,Vl)    without recomputation (NULL with); dlogits after backward
+    float *chunk;      // (N,Vb)    logits/dlogits of one vocabulary chunk (== logits when
+                       //           there is one chunk and no recomputation; else shared)
+    float *ce_lse;     // (N)
+    float *losses;     // (N)
+    int32_t *tokens;   // (N)       copy of the inputs
+    int32_t *targets;  // (N)       copy of the targets
+    int B, T;          /* sizes of its forward */
+    bool have_targets; /* its forward can be differentiated */
+} gpt_slot;
+
 struct dt_gpt {
     dt_gpt_config cfg;
     dt_gpt_options opt;    /* precision, recomputation, part */
@@ -83,22 +103,15 @@ struct dt_gpt {
     char *names;           /* storage of info[i].name */
     char *arena;           /* all activations */
     size_t arena_bytes;
-    block_acts *acts;  /* (L1 - L0) entries, indexed by l - L0 */
+    gpt_slot *slots; /* (nslots) micro-batches in flight */
+    int nslots;
+    gpt_slot *s;       /* the slot of the pass running (or that ran last) */
     block_acts shared; /* the scratch set of recomputed blocks (res3 unused) */
-    float *encoded;    // (Ns,C)    the first block's input: embeddings, or the stage input
-    void *lnf_out;     // (Ns,C)    compute type: ln_f output (the LM head's input)
-    float *lnf_mean;   // (Ns)
-    float *lnf_rstd;   // (Ns)
     void *gathered;    // (N,C)     sequence parallelism: an all-gathered ln output, compute type
     int head_cols;     /* Vb: vocabulary columns per LM-head chunk (== Vl: one chunk) */
-    float *logits;     // (N,Vl)    without recomputation (NULL with); dlogits after backward
-    float *chunk;      // (N,Vb)    logits/dlogits of one vocabulary chunk (== logits when
-                       //           there is one chunk and no recomputation)
     float *last;       // (B,Vl)    the last positions' logits (recomputation, or TP sampling)
     void *lnf_last;    // (B,C)     with recomputation: ln_f rows of the last positions
     float *last_all;   // (B,Vp)    tensor parallelism: the last positions' full logits
-    float *ce_lse;     // (N)
-    float *losses;     // (N)
     float *ce_stats;   // (N,2)     tensor parallelism: this rank's (lse, target logit) per row
     float *ce_all;     // (tp,N,2)  ... every rank's, for the merge (also the last logits)
     float *dres;       // (Ns,C)    backward: gradient of the residual stream
@@ -111,10 +124,6 @@ struct dt_gpt {
     float *attn_work;  // 16-bit: dt_attention16_workspace() floats
     float *gscratch;   // sequence parallelism: max(4C, T·C) floats, a replicated tensor's
                        // partial gradient on its way to the group sum
-    int32_t *tokens;   // (N)       copy of the last inputs
-    int32_t *targets;  // (N)       copy of the last targets
-    int B, T;          /* sizes of the last forward */
-    bool have_targets; /* the last forward can be differentiated */
     double comm_ms;    /* time spent in the tensor-parallel communication points */
 };
 
@@ -134,8 +143,8 @@ static inline size_t block_offset(const dt_gpt *m, int l) {
     return l < m->d.L1 ? m->info[m->blocks + (size_t)(l - m->d.L0) * P_BLOCK_COUNT].offset
                        : m->nparams;
 }
-/* The activations of block l. */
-static inline block_acts *acts_of(const dt_gpt *m, int l) { return &m->acts[l - m->d.L0]; }
+/* The activations of block l in the current slot. */
+static inline block_acts *acts_of(const dt_gpt *m, int l) { return &m->s->acts[l - m->d.L0]; }
 
 /* Bytes of one activation element: fp32, or 16 bits in bf16/fp16. */
 static inline size_t dt__act_size(dt_precision p) { return p == DT_PRECISION_FP32 ? 4 : 2; }

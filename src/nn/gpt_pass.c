@@ -44,7 +44,7 @@
 /* ------------------------------------------------------------------------ */
 
 static size_t rows_here(const dt_gpt *m) {
-    size_t N = (size_t)m->B * m->T;
+    size_t N = (size_t)m->s->B * m->s->T;
     return m->d.sp ? N / (size_t)m->d.tp : N;
 }
 
@@ -164,20 +164,20 @@ static void residual_bias(float *out, const float *a, const float *b, const floa
             out[i * C + j] = a[i * C + j] + (b[i * C + j] + bias[j]);
 }
 
-/* The embeddings of the tokens into m->encoded (Ns,C). Vocabulary-parallel:
+/* The embeddings of the tokens into m->s->encoded (Ns,C). Vocabulary-parallel:
  * each rank looks up the tokens of its wte rows (zeros elsewhere), the
  * partial sums are reduced (g), then wpe is added for this rank's rows. */
 static dt_status embed_forward(dt_gpt *m) {
-    const int B = m->B, T = m->T, C = m->d.C;
+    const int B = m->s->B, T = m->s->T, C = m->d.C;
     const float *wte = m->params + m->info[m->wte].offset,
                 *wpe = m->params + m->info[m->wpe].offset;
     if (m->d.tp == 1) {
-        dt_embedding_forward(m->encoded, m->tokens, wte, wpe, B, T, C);
+        dt_embedding_forward(m->s->encoded, m->s->tokens, wte, wpe, B, T, C);
         return DT_OK;
     }
     const size_t N = (size_t)B * T, v0 = (size_t)m->d.r * (size_t)m->d.Vl;
     for (size_t i = 0; i < N; i++) {
-        size_t v = (size_t)m->tokens[i] - v0; /* wraps for tokens below v0 */
+        size_t v = (size_t)m->s->tokens[i] - v0; /* wraps for tokens below v0 */
         if (v < (size_t)m->d.Vl)
             memcpy(m->dbuf + i * C, wte + v * C, sizeof(float) * C);
         else
@@ -189,7 +189,7 @@ static dt_status embed_forward(dt_gpt *m) {
     for (size_t i = 0; i < ns; i++) {
         const float *p = wpe + ((row0 + i) % (size_t)T) * C;
         for (int j = 0; j < C; j++)
-            m->encoded[i * C + j] = e[i * C + j] + p[j];
+            m->s->encoded[i * C + j] = e[i * C + j] + p[j];
     }
     return DT_OK;
 }
@@ -206,7 +206,7 @@ static dt_status embed_forward(dt_gpt *m) {
  * ln_1 from the kept input with dt_layernorm_forward: the same bits. */
 dt_status dt__gpt_block_forward(dt_gpt *m, int l, const float *x, bool full, bool ln1_done) {
     const gpt_dims *d = &m->d;
-    const int B = m->B, T = m->T, C = d->C, N = B * T, Ns = (int)rows_here(m);
+    const int B = m->s->B, T = m->s->T, C = d->C, N = B * T, Ns = (int)rows_here(m);
     const int Ct = d->Ct, NHt = d->NHt, Ft = d->Ft;
     const dt_precision pr = m->opt.precision;
     const bool sharded = d->tp > 1;
@@ -243,8 +243,9 @@ dt_status dt__gpt_block_forward(dt_gpt *m, int l, const float *x, bool full, boo
                                           bt(m, p, l + 1, P_LN1B), Ns, C);
         } else if (d->last) {
             const size_t lnw = m->info[m->lnf].offset, lnb = m->info[m->lnf + 1].offset;
-            dt_residual_layernorm_forward(a->res3, m->lnf_out, m->lnf_mean, m->lnf_rstd, a->res2, y,
-                                          bt(m, p, l, P_FCPROJB), p + lnw, p + lnb, Ns, C);
+            dt_residual_layernorm_forward(a->res3, m->s->lnf_out, m->s->lnf_mean, m->s->lnf_rstd,
+                                          a->res2, y, bt(m, p, l, P_FCPROJB), p + lnw, p + lnb, Ns,
+                                          C);
         } else { /* a pipeline stage's output: the next stage normalises it */
             residual_bias(a->res3, a->res2, y, bt(m, p, l, P_FCPROJB), (size_t)Ns, (size_t)C);
         }
@@ -353,17 +354,17 @@ static dt_status merge_ce(dt_gpt *m, int N) {
     const dt_tp_regions *g = m->opt.part.regions;
     const int tp = m->d.tp, Vl = m->d.Vl;
     for (int i = 0; i < N; i++) {
-        m->ce_stats[2 * i] = m->ce_lse[i];
-        m->ce_stats[2 * i + 1] = m->losses[i];
+        m->ce_stats[2 * i] = m->s->ce_lse[i];
+        m->ce_stats[2 * i + 1] = m->s->losses[i];
     }
     REGION(m, g->gather_stats(g->ctx, m->ce_stats, m->ce_all, 2 * (size_t)N));
     for (int i = 0; i < N; i++) {
         float lse = -INFINITY;
         for (int r = 0; r < tp; r++)
             lse = lse_merge(lse, m->ce_all[((size_t)r * N + i) * 2]);
-        int owner = m->targets[i] / Vl;
-        m->ce_lse[i] = lse;
-        m->losses[i] = m->ce_all[((size_t)owner * N + i) * 2 + 1];
+        int owner = m->s->targets[i] / Vl;
+        m->s->ce_lse[i] = lse;
+        m->s->losses[i] = m->ce_all[((size_t)owner * N + i) * 2 + 1];
     }
     return DT_OK;
 }
@@ -372,7 +373,7 @@ static dt_status merge_ce(dt_gpt *m, int N) {
  * into last_all (B,Vp), padding masked: what a sampler reads. */
 static dt_status gather_last(dt_gpt *m) {
     const dt_tp_regions *g = m->opt.part.regions;
-    const size_t B = (size_t)m->B, Vl = (size_t)m->d.Vl, Vp = (size_t)m->d.Vp;
+    const size_t B = (size_t)m->s->B, Vl = (size_t)m->d.Vl, Vp = (size_t)m->d.Vp;
     REGION(m, g->gather_stats(g->ctx, m->last, m->ce_all, B * Vl));
     for (size_t r = 0; r < (size_t)m->d.tp; r++)
         for (size_t b = 0; b < B; b++)
@@ -388,33 +389,34 @@ static dt_status gather_last(dt_gpt *m) {
  * Without recomputation the full logits are kept; with it (and with
  * tensor parallelism), the last positions' logits. */
 static dt_status head_forward(dt_gpt *m, const void *x, bool targets, float *mean_loss) {
-    const int B = m->B, T = m->T, N = B * T, Vl = m->d.Vl, hc = m->head_cols;
+    const int B = m->s->B, T = m->s->T, N = B * T, Vl = m->d.Vl, hc = m->head_cols;
     const bool tp1 = m->d.tp == 1;
     *mean_loss = 0.0f;
     if (tp1 && hc >= Vl) { /* one chunk: the unchunked computation */
-        DT_CHECK(head_gemm(m, m->chunk, x, N, 0, Vl));
+        DT_CHECK(head_gemm(m, m->s->chunk, x, N, 0, Vl));
         if (targets)
-            *mean_loss = dt_crossentropy_forward(m->losses, m->ce_lse, m->chunk, m->targets, N, Vl);
+            *mean_loss = dt_crossentropy_forward(m->s->losses, m->s->ce_lse, m->s->chunk,
+                                                 m->s->targets, N, Vl);
         for (int b = 0; m->last && b < B; b++)
-            memcpy(m->last + (size_t)b * Vl, m->chunk + ((size_t)b * T + T - 1) * Vl,
+            memcpy(m->last + (size_t)b * Vl, m->s->chunk + ((size_t)b * T + T - 1) * Vl,
                    sizeof(float) * Vl);
         return DT_OK;
     }
     const int vbase = m->d.r * Vl;
     for (int i = 0; targets && i < N; i++) {
-        m->ce_lse[i] = -INFINITY;
-        m->losses[i] = 0.0f; /* the target's logit, if this rank holds it */
+        m->s->ce_lse[i] = -INFINITY;
+        m->s->losses[i] = 0.0f; /* the target's logit, if this rank holds it */
     }
     for (int v0 = 0; v0 < Vl; v0 += hc) {
         const int w = Vl - v0 < hc ? Vl - v0 : hc, wv = valid_cols(m, v0, w);
-        float *c = m->chunk;
+        float *c = m->s->chunk;
         DT_CHECK(head_gemm(m, c, x, N, v0, w));
         for (int i = 0; wv < w && i < N; i++) /* mask the padding */
             for (int j = wv; j < w; j++)
                 c[(size_t)i * w + j] = -INFINITY;
-        if (m->logits)
+        if (m->s->logits)
             for (int i = 0; i < N; i++)
-                memcpy(m->logits + (size_t)i * Vl + v0, c + (size_t)i * w, sizeof(float) * w);
+                memcpy(m->s->logits + (size_t)i * Vl + v0, c + (size_t)i * w, sizeof(float) * w);
         for (int b = 0; m->last && b < B; b++)
             memcpy(m->last + (size_t)b * Vl + v0, c + ((size_t)b * T + T - 1) * w,
                    sizeof(float) * w);
@@ -423,10 +425,10 @@ static dt_status head_forward(dt_gpt *m, const void *x, bool targets, float *mea
         /* ce_lse: the running log-sum-exp; losses: the target's logit. */
         for (int i = 0; i < N; i++) {
             float l = dt__lse(c + (size_t)i * w, (size_t)wv);
-            m->ce_lse[i] = v0 == 0 ? l : lse_merge(m->ce_lse[i], l);
-            int t = m->targets[i] - vbase - v0;
+            m->s->ce_lse[i] = v0 == 0 ? l : lse_merge(m->s->ce_lse[i], l);
+            int t = m->s->targets[i] - vbase - v0;
             if (t >= 0 && t < wv)
-                m->losses[i] = c[(size_t)i * w + t];
+                m->s->losses[i] = c[(size_t)i * w + t];
         }
     }
     if (!targets)
@@ -435,8 +437,8 @@ static dt_status head_forward(dt_gpt *m, const void *x, bool targets, float *mea
         DT_CHECK(merge_ce(m, N));
     double total = 0.0;
     for (int i = 0; i < N; i++) {
-        m->losses[i] = m->ce_lse[i] - m->losses[i];
-        total += m->losses[i];
+        m->s->losses[i] = m->s->ce_lse[i] - m->s->losses[i];
+        total += m->s->losses[i];
     }
     *mean_loss = (float)(total / N);
     return DT_OK;
@@ -444,7 +446,16 @@ static dt_status head_forward(dt_gpt *m, const void *x, bool targets, float *mea
 
 dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                          float *mean_loss) {
-    return dt_gpt_forward_stage(m, inputs, NULL, targets, B, T, mean_loss);
+    return dt_gpt_forward_stage(m, 0, inputs, NULL, targets, B, T, mean_loss);
+}
+
+/* Make `slot` the current one. */
+static dt_status use_slot(dt_gpt *m, int slot) {
+    if (slot < 0 || slot >= m->nslots)
+        return dt_error_set(DT_ERR_INVALID, "slot %d: the model was created with %d slot(s)", slot,
+                            m->nslots);
+    m->s = &m->slots[slot];
+    return DT_OK;
 }
 
 /* Tokens must be in [0, V). */
@@ -456,9 +467,10 @@ static dt_status check_tokens(const int32_t *tok, int N, int V, const char *what
     return DT_OK;
 }
 
-dt_status dt_gpt_forward_stage(dt_gpt *m, const int32_t *inputs, const float *x_in,
+dt_status dt_gpt_forward_stage(dt_gpt *m, int slot, const int32_t *inputs, const float *x_in,
                                const int32_t *targets, int B, int T, float *mean_loss) {
     const gpt_dims *d = &m->d;
+    DT_CHECK(use_slot(m, slot));
     const int C = d->C, V = d->V;
     const dt_precision pr = m->opt.precision;
     if (B < 1 || B > m->max_B || T < 1 || T > m->max_T)
@@ -477,36 +489,36 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, const int32_t *inputs, const float *x_
     const int N = B * T;
     DT_CHECK(check_tokens(inputs, N, V, "input"));
     DT_CHECK(check_tokens(d->last ? targets : NULL, N, V, "target"));
-    m->B = B;
-    m->T = T;
-    m->have_targets = false;
+    m->s->B = B;
+    m->s->T = T;
+    m->s->have_targets = false;
     const size_t ns = rows_here(m);
     if (pr != DT_PRECISION_FP32)
         cast_weights(m);
     if (d->first) {
-        memcpy(m->tokens, inputs, sizeof(int32_t) * N);
+        memcpy(m->s->tokens, inputs, sizeof(int32_t) * N);
         DT_CHECK(embed_forward(m));
     } else {
-        memcpy(m->encoded, x_in, sizeof(float) * ns * C);
+        memcpy(m->s->encoded, x_in, sizeof(float) * ns * C);
     }
-    const float *x = m->encoded; // (Ns,C) residual stream entering the block
+    const float *x = m->s->encoded; // (Ns,C) residual stream entering the block
     for (int l = d->L0; l < d->L1; l++) {
         /* fp32: block l - 1 wrote block l's ln_1 (and the last block ln_f). */
         DT_CHECK(dt__gpt_block_forward(m, l, x, true, pr == DT_PRECISION_FP32 && l > d->L0));
         x = acts_of(m, l)->res3;
     }
     if (!d->last) {
-        m->have_targets = true; /* a stage without the head differentiates its output */
+        m->s->have_targets = true; /* a stage without the head differentiates its output */
         return DT_OK;
     }
     const float *p = m->params;
     const size_t lnw = m->info[m->lnf].offset, lnb = m->info[m->lnf + 1].offset;
     if (pr != DT_PRECISION_FP32)
-        dt_layernorm16_forward(pr, m->lnf_out, m->lnf_mean, m->lnf_rstd, x, p + lnw, p + lnb,
-                               (int)ns, C);
+        dt_layernorm16_forward(pr, m->s->lnf_out, m->s->lnf_mean, m->s->lnf_rstd, x, p + lnw,
+                               p + lnb, (int)ns, C);
     const void *xf;
-    DT_CHECK(region_in_forward(m, m->lnf_out, &xf, dt__act_size(pr)));
-    if (!targets && !m->logits) {
+    DT_CHECK(region_in_forward(m, m->s->lnf_out, &xf, dt__act_size(pr)));
+    if (!targets && !m->s->logits) {
         /* Recomputation, no loss: only the last positions' logits. */
         size_t row = (size_t)C * dt__act_size(pr);
         for (int b = 0; b < B; b++)
@@ -516,14 +528,14 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, const int32_t *inputs, const float *x_
         return d->tp > 1 ? gather_last(m) : DT_OK;
     }
     if (targets)
-        memcpy(m->targets, targets, sizeof(int32_t) * N);
+        memcpy(m->s->targets, targets, sizeof(int32_t) * N);
     float loss;
     DT_CHECK(head_forward(m, xf, targets != NULL, &loss));
     if (!targets)
         return d->tp > 1 ? gather_last(m) : DT_OK;
     if (mean_loss)
         *mean_loss = loss;
-    m->have_targets = true;
+    m->s->have_targets = true;
     return DT_OK;
 }
 
@@ -557,9 +569,9 @@ static void chunk_dlogits(dt_gpt *m, float *x, int N, int v0, int w, float scale
     const int wv = valid_cols(m, v0, w), vbase = m->d.r * m->d.Vl;
     for (int i = 0; i < N; i++) {
         float *d = x + (size_t)i * w;
-        dt__exp_shift_scale(d, d, m->ce_lse[i], scale, (size_t)wv);
+        dt__exp_shift_scale(d, d, m->s->ce_lse[i], scale, (size_t)wv);
         memset(d + wv, 0, sizeof(float) * (size_t)(w - wv));
-        int t = m->targets[i] - vbase - v0;
+        int t = m->s->targets[i] - vbase - v0;
         if (t >= 0 && t < wv)
             d[t] -= scale;
     }
@@ -571,19 +583,19 @@ static void chunk_dlogits(dt_gpt *m, float *x, int N, int v0, int w, float scale
  * by the forward's GEMM call. dfch, idle until the blocks' backward, holds
  * one chunk's part of dlnf. */
 static dt_status head_backward(dt_gpt *m, const void *x, float scale, dt_grad_mode mode) {
-    const int N = m->B * m->T, Vl = m->d.Vl, C = m->d.C, hc = m->head_cols;
+    const int N = m->s->B * m->s->T, Vl = m->d.Vl, C = m->d.C, hc = m->head_cols;
     const dt_precision pr = m->opt.precision;
     const size_t wte = m->info[m->wte].offset;
     for (int v0 = 0; v0 < Vl; v0 += hc) {
         const int w = Vl - v0 < hc ? Vl - v0 : hc;
-        float *c = m->chunk, *dst = v0 == 0 ? m->dbuf : m->dfch;
-        if (!m->logits)
+        float *c = m->s->chunk, *dst = v0 == 0 ? m->dbuf : m->dfch;
+        if (!m->s->logits)
             DT_CHECK(head_gemm(m, c, x, N, v0, w));
-        else if (c != m->logits)
+        else if (c != m->s->logits)
             for (int i = 0; i < N; i++)
-                memcpy(c + (size_t)i * w, m->logits + (size_t)i * Vl + v0, sizeof(float) * w);
+                memcpy(c + (size_t)i * w, m->s->logits + (size_t)i * Vl + v0, sizeof(float) * w);
         if (w == Vl && m->d.tp == 1)
-            dt_crossentropy_backward(c, c, m->ce_lse, m->targets, scale, N, Vl);
+            dt_crossentropy_backward(c, c, m->s->ce_lse, m->s->targets, scale, N, Vl);
         else
             chunk_dlogits(m, c, N, v0, w, scale);
         /* dlnf (N,C) (+)= dchunk @ wte[v0:v0+w); dwte[v0:v0+w) += dchunk^T @ lnf. */
@@ -638,7 +650,7 @@ static dt_status dout_rows(dt_gpt *m, const void **dout) {
  * parameter gradients are written into m->grads per mode. */
 static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode mode) {
     const gpt_dims *d = &m->d;
-    const int B = m->B, T = m->T, C = d->C, N = B * T;
+    const int B = m->s->B, T = m->s->T, C = d->C, N = B * T;
     const int Ct = d->Ct, NHt = d->NHt, Ft = d->Ft;
     const dt_precision pr = m->opt.precision;
     float *p = m->params, *g = m->grads, *dln, *stage = m->gscratch;
@@ -703,13 +715,13 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode m
  * lookup writes it per mode. wpe: rows [0,T) per mode, rows past T zero
  * when overwriting (no kernel writes them). */
 static dt_status embed_backward(dt_gpt *m, dt_grad_mode mode) {
-    const int B = m->B, T = m->T, C = m->d.C;
+    const int B = m->s->B, T = m->s->T, C = m->d.C;
     float *dwte = m->grads + m->info[m->wte].offset, *dwpe = m->grads + m->info[m->wpe].offset;
     const size_t rows = (size_t)m->d.Vl, tail = (size_t)m->cfg.max_seq - (size_t)T;
     if (!m->d.last && mode == DT_GRAD_OVERWRITE)
         memset(dwte, 0, rows * C * sizeof(float));
     if (m->d.tp == 1) {
-        dt_embedding_backward_mode(dwte, dwpe, m->dres, m->tokens, B, T, C, mode);
+        dt_embedding_backward_mode(dwte, dwpe, m->dres, m->s->tokens, B, T, C, mode);
     } else {
         /* wte: every token row of this rank's vocabulary, from all N rows
          * of the gradient (gathered under SP: g's backward). */
@@ -721,7 +733,7 @@ static dt_status embed_backward(dt_gpt *m, dt_grad_mode mode) {
             dfull = m->dbuf;
         }
         for (size_t i = 0; i < N; i++) {
-            size_t v = (size_t)m->tokens[i] - v0;
+            size_t v = (size_t)m->s->tokens[i] - v0;
             if (v < rows)
                 for (int j = 0; j < C; j++)
                     dwte[v * C + j] += dfull[i * C + j];
@@ -745,21 +757,22 @@ static dt_status embed_backward(dt_gpt *m, dt_grad_mode mode) {
 }
 
 dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, void *user) {
-    return dt_gpt_backward_stage(m, NULL, grad_scale, DT_GRAD_ACCUMULATE, hook, user);
+    return dt_gpt_backward_stage(m, 0, NULL, grad_scale, DT_GRAD_ACCUMULATE, hook, user);
 }
 
 dt_status dt_gpt_backward_mode(dt_gpt *m, float grad_scale, dt_grad_mode mode,
                                dt_grad_ready_fn hook, void *user) {
-    return dt_gpt_backward_stage(m, NULL, grad_scale, mode, hook, user);
+    return dt_gpt_backward_stage(m, 0, NULL, grad_scale, mode, hook, user);
 }
 
-dt_status dt_gpt_backward_stage(dt_gpt *m, const float *dx_out, float grad_scale, dt_grad_mode mode,
-                                dt_grad_ready_fn hook, void *user) {
+dt_status dt_gpt_backward_stage(dt_gpt *m, int slot, const float *dx_out, float grad_scale,
+                                dt_grad_mode mode, dt_grad_ready_fn hook, void *user) {
     const gpt_dims *d = &m->d;
+    DT_CHECK(use_slot(m, slot));
     if ((unsigned)mode > DT_GRAD_OVERWRITE)
         return dt_error_set(DT_ERR_INVALID, "backward: grad mode %d is not a dt_grad_mode",
                             (int)mode);
-    if (!m->have_targets)
+    if (!m->s->have_targets)
         return dt_error_set(DT_ERR_INVALID,
                             "backward needs a preceding forward with targets (and only one "
                             "backward per forward)");
@@ -767,7 +780,7 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, const float *dx_out, float grad_scale
         return dt_error_set(DT_ERR_INVALID,
                             "backward of a model part without the head needs the gradient of "
                             "its output (dx_out)");
-    m->have_targets = false; /* the logits are about to become dlogits */
+    m->s->have_targets = false; /* the logits are about to become dlogits */
     const int C = d->C, Ns = (int)rows_here(m);
     float *p = m->params, *g = m->grads;
     const float *xL = acts_of(m, d->L1 - 1)->res3;
@@ -775,19 +788,19 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, const float *dx_out, float grad_scale
         const dt_param_info *lnw = &m->info[m->lnf], *lnb = &m->info[m->lnf + 1];
         const void *x;
         float *dlnf;
-        DT_CHECK(region_in_forward(m, m->lnf_out, &x, dt__act_size(m->opt.precision)));
-        DT_CHECK(head_backward(m, x, grad_scale / (float)(m->B * m->T), mode));
+        DT_CHECK(region_in_forward(m, m->s->lnf_out, &x, dt__act_size(m->opt.precision)));
+        DT_CHECK(head_backward(m, x, grad_scale / (float)(m->s->B * m->s->T), mode));
         DT_CHECK(region_in_backward(m, m->dbuf, &dlnf));
         memset(m->dres, 0, sizeof(float) * (size_t)Ns * C);
         ln_backward(m, g + lnw->offset, g + lnb->offset, m->gscratch, dlnf, xL, p + lnw->offset,
-                    m->lnf_mean, m->lnf_rstd, mode);
+                    m->s->lnf_mean, m->s->lnf_rstd, mode);
         if (d->sp)
             DT_CHECK(sum_partial(m, g + lnw->offset, m->gscratch, 2 * (size_t)C, mode));
     } else {
         memcpy(m->dres, dx_out, sizeof(float) * (size_t)Ns * C);
     }
     for (int l = d->L1 - 1; l >= d->L0; l--) {
-        const float *x = l > d->L0 ? acts_of(m, l - 1)->res3 : m->encoded;
+        const float *x = l > d->L0 ? acts_of(m, l - 1)->res3 : m->s->encoded;
         /* A recomputed block refills the shared set from its kept input. */
         if (dt__gpt_recomputed(m->opt.recompute_every, l))
             DT_CHECK(dt__gpt_block_forward(m, l, x, false, false));
@@ -803,5 +816,8 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, const float *dx_out, float grad_scale
     return DT_OK;
 }
 
-const float *dt_gpt_stage_output(const dt_gpt *m) { return acts_of(m, m->d.L1 - 1)->res3; }
+const float *dt_gpt_stage_output(const dt_gpt *m, int slot) {
+    DT_ASSERT(slot >= 0 && slot < m->nslots);
+    return m->slots[slot].acts[m->d.L1 - 1 - m->d.L0].res3;
+}
 const float *dt_gpt_stage_input_grad(const dt_gpt *m) { return m->dres; }

@@ -399,16 +399,16 @@ static void test_pipeline_stages(void) {
         ASSERT_TRUE(strcmp(pb.name, "h.3.ln_1.weight") == 0 && pb.owner);
         float lw, lb;
         ASSERT_OK(dt_gpt_forward(whole, x, y, B, T, &lw));
-        ASSERT_STATUS(dt_gpt_forward_stage(b, NULL, NULL, y, B, T, &lb), DT_ERR_INVALID);
-        ASSERT_OK(dt_gpt_forward_stage(a, x, NULL, NULL, B, T, NULL));
-        ASSERT_OK(dt_gpt_forward_stage(b, NULL, dt_gpt_stage_output(a), y, B, T, &lb));
+        ASSERT_STATUS(dt_gpt_forward_stage(b, 0, NULL, NULL, y, B, T, &lb), DT_ERR_INVALID);
+        ASSERT_OK(dt_gpt_forward_stage(a, 0, x, NULL, NULL, B, T, NULL));
+        ASSERT_OK(dt_gpt_forward_stage(b, 0, NULL, dt_gpt_stage_output(a, 0), y, B, T, &lb));
         ASSERT_EQ(memcmp(&lw, &lb, sizeof lw), 0);
         ASSERT_OK(dt_gpt_backward_mode(whole, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
-        ASSERT_OK(dt_gpt_backward_stage(b, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
-        ASSERT_STATUS(dt_gpt_backward_stage(a, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL),
+        ASSERT_OK(dt_gpt_backward_stage(b, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
+        ASSERT_STATUS(dt_gpt_backward_stage(a, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL),
                       DT_ERR_INVALID);
-        ASSERT_OK(dt_gpt_forward_stage(a, x, NULL, NULL, B, T, NULL));
-        ASSERT_OK(dt_gpt_backward_stage(a, dt_gpt_stage_input_grad(b), 1.0f, DT_GRAD_OVERWRITE,
+        ASSERT_OK(dt_gpt_forward_stage(a, 0, x, NULL, NULL, B, T, NULL));
+        ASSERT_OK(dt_gpt_backward_stage(a, 0, dt_gpt_stage_input_grad(b), 1.0f, DT_GRAD_OVERWRITE,
                                         NULL, NULL));
         /* Every tensor of a part equals the whole model's of the same name. */
         dt_gpt *parts[2] = {a, b};
@@ -471,6 +471,52 @@ static void test_shard_memory(void) {
     }
 }
 
+/* Activation slots: three micro-batches forwarded into three slots, then
+ * their backwards in another order, accumulate the same gradients (bit for
+ * bit) as one slot doing forward + backward per micro-batch in that order;
+ * with and without recomputation, fp32 and bf16. */
+static void test_slots(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    const int B = 2, T = 16, K = 3;
+    int32_t x[3][2 * 16], y[3][2 * 16];
+    for (int k = 0; k < K; k++) {
+        fill_tokens(x[k], B * T, c.vocab, 10 + (uint64_t)k);
+        fill_tokens(y[k], B * T, c.vocab, 20 + (uint64_t)k);
+    }
+    static const int order[3] = {1, 0, 2};
+    for (int v = 0; v < 4; v++) {
+        dt_gpt_options o = {.precision = v & 1 ? DT_PRECISION_BF16 : DT_PRECISION_FP32,
+                            .recompute_every = v & 2 ? 1 : 0};
+        dt_gpt *one, *many;
+        ASSERT_OK(dt_gpt_create_with(&one, &c, B, T, &o));
+        o.slots = K;
+        ASSERT_OK(dt_gpt_create_with(&many, &c, B, T, &o));
+        dt_gpt_init_params(one, 5);
+        dt_gpt_init_params(many, 5);
+        float l1[3], lk[3];
+        for (int k = 0; k < K; k++)
+            ASSERT_OK(dt_gpt_forward_stage(many, k, x[k], NULL, y[k], B, T, &lk[k]));
+        for (int i = 0; i < K; i++) {
+            int k = order[i];
+            dt_grad_mode mode = i == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE;
+            ASSERT_OK(dt_gpt_forward(one, x[k], y[k], B, T, &l1[k]));
+            ASSERT_OK(dt_gpt_backward_mode(one, 1.0f, mode, NULL, NULL));
+            ASSERT_OK(dt_gpt_backward_stage(many, k, NULL, 1.0f, mode, NULL, NULL));
+            ASSERT_EQ(memcmp(&l1[k], &lk[k], sizeof l1[k]), 0);
+        }
+        assert_same_bits(one, dt_gpt_grads(one), dt_gpt_grads(many), "slots");
+        ASSERT_STATUS(dt_gpt_forward_stage(many, K, x[0], NULL, y[0], B, T, NULL), DT_ERR_INVALID);
+        ASSERT_CONTAINS(dt_last_error(), "created with 3 slot(s)");
+        dt_memory_report r1, rk;
+        dt_gpt_memory(one, &r1);
+        dt_gpt_memory(many, &rk);
+        ASSERT_TRUE(rk.activations > r1.activations && rk.saved == 3 * r1.saved);
+        dt_gpt_destroy(one);
+        dt_gpt_destroy(many);
+    }
+}
+
 int main(void) {
     dt_tensor_set_threads(2);
     RUN(test_presets);
@@ -483,5 +529,6 @@ int main(void) {
     RUN(test_weights_file);
     RUN(test_pipeline_stages);
     RUN(test_shard_memory);
+    RUN(test_slots);
     return TEST_SUMMARY();
 }
