@@ -19,3 +19,15 @@ foreach(n 2 4)
   add_test(NAME test_gpt_tp_${n} COMMAND test_gpt_tp tp_${n})
   set_tests_properties(test_gpt_tp_${n} PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess")
 endforeach()
+
+# Pipeline schedules planned from the command line: a checked table, the
+# simulated bubble against the theory, and a refused combination.
+add_test(NAME cli_plan_pipeline
+         COMMAND dtrain_cli plan pipeline --stages 4 --micro-batches 8 --schedule interleaved:2
+                 --model shakespeare-char --layers 8 --table --svg plan_pipeline.svg)
+set_tests_properties(cli_plan_pipeline PROPERTIES TIMEOUT 60 LABELS "parallel"
+                     PASS_REGULAR_EXPRESSION "check:    ok(.|\n)*bubble:   15.8% simulated(.|\n)*theory 15.8%(.|\n)*rank 0   live micro-batches 11 (.|\n)*svg:      plan_pipeline.svg")
+add_test(NAME cli_plan_pipeline_refused
+         COMMAND dtrain_cli plan pipeline --stages 4 --micro-batches 6 --schedule interleaved:2)
+set_tests_properties(cli_plan_pipeline_refused PROPERTIES TIMEOUT 60 LABELS "parallel"
+                     WILL_FAIL TRUE)

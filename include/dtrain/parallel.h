@@ -417,6 +417,7 @@ dt_pp_costs dt_pp_costs_default(void);
  * one start/end time per action in the schedule's order). */
 typedef struct dt_pp_report {
     int *peak_live;      /* (P) most micro-batch chunks alive at once on each rank */
+    int *chunk_live;     /* (P x V) the same per chunk: the slots each chunk's model needs */
     double *start, *end; /* (actions) simulated times */
     double makespan;     /* the step's simulated duration */
     double *busy;        /* (P) compute time of each rank */

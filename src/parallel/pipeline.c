@@ -397,11 +397,13 @@ dt_status dt_pp_check(const dt_pp_schedule *s, const dt_pp_costs *costs, dt_pp_r
     double *qlast = calloc(2 * (size_t)P, sizeof *qlast); /* ... when its last batch completed */
     double *clock = calloc((size_t)P, sizeof *clock);
     out->peak_live = dt_calloc((size_t)P, sizeof *out->peak_live);
+    out->chunk_live = dt_calloc((size_t)P * V, sizeof *out->chunk_live);
+    int *live_c = calloc((size_t)V, sizeof *live_c);
     out->busy = dt_calloc((size_t)P, sizeof *out->busy);
     out->start = dt_calloc(n ? n : 1, sizeof *out->start);
     out->end = dt_calloc(n ? n : 1, sizeof *out->end);
     if (!slot || !match || !posted || !done_at || !pc || !qhead || !qlast || !clock ||
-        !out->peak_live || !out->busy || !out->start || !out->end) {
+        !out->peak_live || !out->chunk_live || !live_c || !out->busy || !out->start || !out->end) {
         st = DT_ERR_NOMEM;
         goto out;
     }
@@ -409,6 +411,7 @@ dt_status dt_pp_check(const dt_pp_schedule *s, const dt_pp_costs *costs, dt_pp_r
     /* 1. Every action well formed, once, in order, framed by its transfers. */
     for (int r = 0; r < P; r++) {
         int live = 0;
+        memset(live_c, 0, (size_t)V * sizeof *live_c);
         for (size_t i = s->start[r]; i < s->start[r + 1]; i++) {
             const dt_pp_action *a = &s->actions[i];
             if (a->op >= DT_PP_OP_COUNT || a->chunk >= V || a->mb >= (uint32_t)M)
@@ -448,11 +451,12 @@ dt_status dt_pp_check(const dt_pp_schedule *s, const dt_pp_costs *costs, dt_pp_r
                        : k == DT_PP_SEND_ACT ? "F"
                                              : "B");
             sl[k] = i + 1;
-            if (k == DT_PP_F)
-                live++;
-            if (k == (s->split_w ? DT_PP_W : DT_PP_B))
-                live--;
+            int delta = k == DT_PP_F ? 1 : k == (s->split_w ? DT_PP_W : DT_PP_B) ? -1 : 0;
+            live += delta;
+            live_c[a->chunk] += delta;
             out->peak_live[r] = live > out->peak_live[r] ? live : out->peak_live[r];
+            int *cl = &out->chunk_live[(size_t)r * V + a->chunk];
+            *cl = live_c[a->chunk] > *cl ? live_c[a->chunk] : *cl;
         }
         /* Nothing missing. */
         for (int ch = 0; ch < V; ch++)
@@ -616,6 +620,7 @@ dt_status dt_pp_check(const dt_pp_schedule *s, const dt_pp_costs *costs, dt_pp_r
 #undef flow
 out:
     free(slot);
+    free(live_c);
     free(match);
     free(posted);
     free(done_at);
@@ -630,6 +635,7 @@ out:
 
 void dt_pp_report_free(dt_pp_report *r) {
     dt_free(r->peak_live);
+    dt_free(r->chunk_live);
     dt_free(r->busy);
     dt_free(r->start);
     dt_free(r->end);
