@@ -198,7 +198,9 @@ void dt_act16_to_f32(dt_precision p, float *out, const uint16_t *in, size_t n);
 dt_status dt_linear16_forward(dt_precision p, void *out, bool out_f32, const uint16_t *inp,
                               const uint16_t *w, const float *bias, int N, int C, int OC);
 /* dinp (N,C) fp32 = dout W (overwritten; may be NULL); dw (OC,C) fp32 +=
- * dout^T inp; dbias (OC) fp32 += column sums of dout (may be NULL).
+ * dout^T inp (may be NULL when dinp is not: then dbias and inp are not
+ * used); dbias (OC) fp32 += column sums of dout (may be NULL). The parts
+ * are independent (two calls give the bits of one).
  * dout (N,OC), inp (N,C), w (OC,C) a16. */
 dt_status dt_linear16_backward(dt_precision p, float *dinp, float *dw, float *dbias,
                                const uint16_t *dout, const uint16_t *inp, const uint16_t *w, int N,

@@ -103,7 +103,17 @@ typedef struct dt_param_info {
      * every tensor-parallel rank holds whole, owned by tp rank 0; the last
      * pipeline stage's copy of the tied embedding). */
     bool owner;
+    /* Its index in the whole model's table (dt_gpt_config_tensors), the
+     * same on every rank whatever the part. */
+    int global;
 } dt_param_info;
+
+/* The whole model's tensor table (wte, wpe, the blocks' tensors, ln_f), as
+ * an unsharded model in one process holds it: what checkpoints name,
+ * whatever the layout that writes them. *out (dt_gpt_config_num_tensors
+ * entries, names included) is freed with dt_free. */
+size_t dt_gpt_config_num_tensors(const dt_gpt_config *cfg);
+dt_status dt_gpt_config_tensors(const dt_gpt_config *cfg, dt_param_info **out);
 
 /* Called by backward when grads[ready_from .. num_params) are final for this
  * backward call: after each block (ready_from = the block's first float) and
@@ -126,6 +136,8 @@ typedef struct dt_memory_report {
     size_t block;           /* one block's full set of activations (not a part: a unit) */
     size_t attention;       /* part of activations held for attention: qkv, out, lse */
     size_t attention_naive; /* what a naive attention would add: (B,NH,T,T) probs/layer */
+    size_t wgrad;           /* part of activations: with split_weight_grads, what each
+                               slot keeps from a block's backward to its weight gradients */
     size_t logits;          /* part of activations: the LM head's fp32 logits: (B,T,V)
                                without recomputation (+ one (B·T, Vb) vocabulary chunk
                                when V > Vb); with recomputation only the chunk (the
@@ -148,9 +160,12 @@ void dt_gpt_destroy(dt_gpt *m);
 /* The model as a part: pipeline stages and tensor-parallel shards          */
 /* ------------------------------------------------------------------------ */
 /*
- * A model part holds a range of blocks [layer_begin, layer_end) (a pipeline
- * stage: the first also holds the embeddings, the last ln_f and the LM
- * head with a copy of the tied embedding) and, with tp_size > 1, one
+ * A model part holds one or more ranges of blocks, its chunks (a pipeline
+ * stage; several with interleaving, Megatron's virtual stages): the part
+ * holding block 0 also holds the embeddings, the part holding the last
+ * block ln_f and the LM head with a copy of the tied embedding. Its buffers
+ * lay out [wte?, wpe?, chunk 0's blocks, chunk 1's blocks, ..., ln_f?];
+ * each stage call names the chunk it runs. With tp_size > 1 it is one
  * tensor-parallel shard of them (Megatron-LM): attention split by heads,
  * the MLP's first linear by output rows and both c_proj by input columns,
  * the embedding and the LM head by vocabulary rows (V padded to a multiple
@@ -200,8 +215,16 @@ typedef struct dt_tp_regions {
     dt_status (*sum_partial_grads)(void *ctx, float *g, size_t count);
 } dt_tp_regions;
 
+#define DT_GPT_MAX_CHUNKS 64
+
+typedef struct dt_layer_range {
+    int begin, end; /* blocks [begin, end) */
+} dt_layer_range;
+
 typedef struct dt_gpt_part {
-    int layer_begin, layer_end;   /* blocks [begin, end); {0, 0}: all of them */
+    int chunks; /* layer ranges held; 0: the whole model as one chunk */
+    /* chunk c's blocks: non-empty, increasing, disjoint */
+    dt_layer_range layers[DT_GPT_MAX_CHUNKS];
     int tp_rank, tp_size;         /* this shard; tp_size 0 or 1: unsharded */
     bool sequence_parallel;       /* Megatron sequence parallelism (tp_size > 1) */
     const dt_tp_regions *regions; /* required when tp_size > 1; borrowed */
@@ -224,10 +247,16 @@ typedef struct dt_gpt_options {
     int recompute_every;
     /* Which part of the model this process holds (zeroed: all of it). */
     dt_gpt_part part;
-    /* Micro-batches whose activations the model keeps at once, each in its
-     * own slot (a pipeline stage runs several forwards before their
+    /* Micro-batches whose activations each chunk keeps at once, each in
+     * its own slot (a pipeline stage runs several forwards before their
      * backwards); the scratch is shared. 0 or 1: one. */
     int slots;
+    /* Zero-bubble pipelines: dt_gpt_backward_stage computes the input
+     * gradient (and the gradients of the embeddings, ln_f and the head)
+     * and keeps in the slot what the blocks' weight gradients are made of;
+     * dt_gpt_weight_stage computes those later. The two give the bits of
+     * one backward. */
+    bool split_weight_grads;
 } dt_gpt_options;
 
 /* fp32, no recomputation. */
@@ -280,25 +309,38 @@ dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, vo
  * zeroing the buffer (a 4 bytes/param write) first. */
 dt_status dt_gpt_backward_mode(dt_gpt *m, float grad_scale, dt_grad_mode mode,
                                dt_grad_ready_fn hook, void *user);
-/* A pipeline stage's forward of the micro-batch in `slot` (< the model's
- * slots; its activations stay there until its backward): the first stage
- * embeds `inputs` (B,T); a later one takes the residual stream x_in (Ns,C)
- * (copied). The last stage computes the loss when given targets; the others
- * leave their output in dt_gpt_stage_output(slot). dt_gpt_forward is this
- * with slot 0 and x_in NULL. */
-dt_status dt_gpt_forward_stage(dt_gpt *m, int slot, const int32_t *inputs, const float *x_in,
-                               const int32_t *targets, int B, int T, float *mean_loss);
-/* A pipeline stage's backward of the micro-batch in `slot`: the last stage
- * starts from its loss (dx_out NULL), the others from the gradient of their
- * output (Ns,C). The gradient of the stage's input is then
- * dt_gpt_stage_input_grad() (until the next backward). */
-dt_status dt_gpt_backward_stage(dt_gpt *m, int slot, const float *dx_out, float grad_scale,
-                                dt_grad_mode mode, dt_grad_ready_fn hook, void *user);
+/* A pipeline stage's forward of a micro-batch through `chunk` (< the
+ * part's chunks) into `slot` (< the model's slots; its activations stay
+ * there until its backward): the chunk holding block 0 embeds `inputs`
+ * (B,T); another takes the residual stream x_in (Ns,C) (copied). The chunk
+ * with the head computes the loss when given targets; the others leave
+ * their output in dt_gpt_stage_output(chunk, slot). dt_gpt_forward is this
+ * with chunk 0, slot 0 and x_in NULL. */
+dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *inputs,
+                               const float *x_in, const int32_t *targets, int B, int T,
+                               float *mean_loss);
+/* Its backward: the chunk with the head starts from its loss (dx_out
+ * NULL), the others from the gradient of their output (Ns,C). The gradient
+ * of the chunk's input is then dt_gpt_stage_input_grad() (until the next
+ * backward). The hook sees each block's gradients final and, at the end of
+ * chunk 0, ready_from 0: with several chunks the caller passes it only
+ * when the later chunks' gradients are final already (the last backward of
+ * each chunk, in descending chunk order, as every pipeline schedule runs
+ * them). With split_weight_grads the blocks' weight gradients wait for
+ * dt_gpt_weight_stage and this calls no hook. */
+dt_status dt_gpt_backward_stage(dt_gpt *m, int chunk, int slot, const float *dx_out,
+                                float grad_scale, dt_grad_mode mode, dt_grad_ready_fn hook,
+                                void *user);
+/* split_weight_grads: the weight gradients of the chunk's blocks for the
+ * micro-batch in `slot`, written per mode, after its backward_stage; frees
+ * the slot. The hook as for backward_stage. */
+dt_status dt_gpt_weight_stage(dt_gpt *m, int chunk, int slot, dt_grad_mode mode,
+                              dt_grad_ready_fn hook, void *user);
 /* (Ns,C): a slot's last block output after its forward; d(input) after the
  * last backward. */
-const float *dt_gpt_stage_output(const dt_gpt *m, int slot);
+const float *dt_gpt_stage_output(const dt_gpt *m, int chunk, int slot);
 const float *dt_gpt_stage_input_grad(const dt_gpt *m);
-/* The part this model holds (normalised: layer_end set, tp_size >= 1). */
+/* The part this model holds (normalised: chunks >= 1, tp_size >= 1). */
 const dt_gpt_part *dt_gpt_get_part(const dt_gpt *m);
 /* Milliseconds spent in the tensor-parallel communication points since
  * the last call (all of it exposed: a shard waits for them); resets. */

@@ -404,6 +404,13 @@ void dt_pp_schedule_destroy(dt_pp_schedule *s);
 int dt_pp_stage_of(const dt_pp_schedule *s, int rank, int chunk);
 void dt_pp_place(const dt_pp_schedule *s, int stage, int *rank, int *chunk);
 
+/* The model part pipeline rank `rank` holds: the layer ranges of its
+ * chunks, virtual stage s taking blocks [L s / S, L (s + 1) / S) of the
+ * model's L (S = stages x chunks). Only part->chunks and part->layers are
+ * written (the tensor-parallel fields are the caller's). DT_ERR_INVALID
+ * when L < S. */
+dt_status dt_pp_model_part(const dt_pp_schedule *s, int layers, int rank, dt_gpt_part *part);
+
 /* Durations for the simulation, relative, of one rank's whole share of the
  * layers: a forward, an input-gradient backward, a weight-gradient pass (a
  * B of a schedule without W costs b + w), and one batch of transfers; an
@@ -427,6 +434,10 @@ typedef struct dt_pp_report {
 /* Check (see above); fills *out (free with dt_pp_report_free) on success. */
 dt_status dt_pp_check(const dt_pp_schedule *s, const dt_pp_costs *c, dt_pp_report *out);
 void dt_pp_report_free(dt_pp_report *r);
+/* The activation slots rank `rank`'s model needs (dt_gpt_options.slots,
+ * the same for each chunk): the most micro-batches any of its chunks keeps
+ * alive (report->chunk_live). The executor runs in exactly these. */
+int dt_pp_slots(const dt_pp_schedule *s, const dt_pp_report *r, int rank);
 /* The bubble fraction 1F1B and GPipe have in theory, (P - 1) / (M + P - 1),
  * and interleaved 1F1B's, (P - 1) / (V M + P - 1) (equal F and B+W). */
 double dt_pp_theoretical_bubble(dt_pp_kind kind, int stages, int chunks, int micro);

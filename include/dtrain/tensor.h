@@ -90,8 +90,10 @@ void dt_sgemm(bool trans_a, bool trans_b, int M, int N, int K, float alpha, cons
  * out (N,OC) =; inp (N,IC); weight (OC,IC); bias (OC). */
 void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                        int IC, int OC);
-/* dinp (N,IC) = (skipped if NULL); dweight (OC,IC) +=; dbias (OC) += (skipped
- * if NULL); dout (N,OC); inp (N,IC); weight (OC,IC). */
+/* dinp (N,IC) = (skipped if NULL); dweight (OC,IC) += (skipped if NULL, and
+ * dbias with it); dbias (OC) += (skipped if NULL); dout (N,OC); inp (N,IC);
+ * weight (OC,IC). The parts are independent: computing dinp in one call and
+ * dweight, dbias in another gives the bits of one call doing both. */
 void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                         const float *inp, const float *weight, int N, int IC, int OC);
 /* The same with dweight and dbias written per mode. */
@@ -115,8 +117,9 @@ void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
 void dt_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
                                    const float *b, const float *bias, const float *weight,
                                    const float *lnbias, int N, int C);
-/* dinp (N,C) +=; dweight, dbias (C) +=; dout (N,C); inp (N,C); weight (C);
- * mean, rstd (N) from forward. */
+/* dinp (N,C) += (skipped if NULL); dweight, dbias (C) += (both skipped if
+ * dweight is NULL); dout (N,C); inp (N,C); weight (C); mean, rstd (N) from
+ * forward. Split into two calls, the parts have the bits of one call. */
 void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dout,
                            const float *inp, const float *weight, const float *mean,
                            const float *rstd, int N, int C);

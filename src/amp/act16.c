@@ -221,16 +221,20 @@ dt_status dt_linear16_backward_mode(dt_precision p, float *dinp, float *dw, floa
                                     const uint16_t *dout, const uint16_t *inp, const uint16_t *w,
                                     int N, int C, int OC, dt_grad_mode mode) {
     const bool acc = mode == DT_GRAD_ACCUMULATE;
-    DT_CHECK(check_linear("dt_linear16_backward", p, dw, dout, inp, N, C, OC));
+    if (!dw && !dinp)
+        return dt_error_set(DT_ERR_INVALID, "dt_linear16_backward: neither dinp nor dw");
+    DT_CHECK(check_linear("dt_linear16_backward", p, dw ? (const void *)dw : (const void *)dinp,
+                          dout, dw ? inp : dout, N, C, OC));
     if (dinp && !w)
         return dt_error_set(DT_ERR_INVALID, "dt_linear16_backward: dinp given but w is NULL");
-    size_t nout = (size_t)N * OC, ninp = (size_t)N * C, nw = (size_t)OC * C;
+    size_t nout = (size_t)N * OC, ninp = dw ? (size_t)N * C : 0, nw = (size_t)OC * C;
     if (p == DT_PRECISION_FP16) {
         float *s = NULL;
         DT_CHECK(scratch_get(nout + ninp + (dinp ? nw : 0), &s));
-        float *dout32 = s, *inp32 = s + nout, *w32 = dinp ? s + nout + ninp : NULL;
+        float *dout32 = s, *inp32 = dw ? s + nout : NULL, *w32 = dinp ? s + nout + ninp : NULL;
         dt_act16_to_f32(p, dout32, dout, nout);
-        dt_act16_to_f32(p, inp32, inp, ninp);
+        if (dw)
+            dt_act16_to_f32(p, inp32, inp, ninp);
         if (dinp)
             dt_act16_to_f32(p, w32, w, nw);
         dt_matmul_backward_mode(dinp, dw, dbias, dout32, inp32, w32, N, C, OC, mode);
@@ -240,6 +244,8 @@ dt_status dt_linear16_backward_mode(dt_precision p, float *dinp, float *dw, floa
     // dinp (N,C) = dout (N,OC) W (OC,C)
     if (dinp)
         DT_CHECK(dt_gemm_bf16(DT_GEMM_NN, N, C, OC, dout, w, dinp, DT_GEMM_OUT_F32, false));
+    if (!dw)
+        return DT_OK;
     // dW (OC,C) += dout^T (OC,N) inp (N,C). Overwriting clears dW first
     // and accumulates: the bits of zero-then-accumulate on every backend
     // (a product with beta = 0 may leave -0 where that leaves +0).

@@ -106,28 +106,31 @@ static int run_pipeline(cli_args *a) {
     printf("memory per rank (%s, recompute %s; layers split evenly over the %d stages):\n",
            dt_precision_name(mo.precision), cli_str(a, "recompute"), S);
     for (int rank = 0; rank < P; rank++) {
-        size_t params = 0, act = 0, w16 = 0;
-        for (int c = 0; c < V; c++) {
-            int stg = dt_pp_stage_of(s, rank, c);
-            dt_gpt_options o = mo;
-            o.part.layer_begin = (int)((long)cfg.layers * stg / S);
-            o.part.layer_end = (int)((long)cfg.layers * (stg + 1) / S);
-            o.slots = r.chunk_live[(size_t)rank * V + c];
-            dt_memory_report mr;
-            dt_gpt_memory_plan_with(&cfg, B, cfg.max_seq, &o, &mr);
-            params += mr.params;
-            act += mr.activations;
-            w16 += mr.weights16;
-        }
-        char pb[32], gb[32], ob[32], ab[32], tb[32];
-        size_t total = 2 * params + 2 * params + w16 + act; /* params, grads, AdamW m and v */
+        /* The model part and slots the run builds (dt_pp_model_part, dt_pp_slots). */
+        dt_gpt_options o = mo;
+        o.slots = dt_pp_slots(s, &r, rank);
+        o.split_weight_grads = s->split_w;
+        dt_memory_report mr;
+        st = dt_pp_model_part(s, cfg.layers, rank, &o.part);
+        if (st != DT_OK)
+            break;
+        dt_gpt_memory_plan_with(&cfg, B, cfg.max_seq, &o, &mr);
+        char pb[32], gb[32], ob[32], ab[32], tb[32], wb[32];
+        size_t total = 4 * mr.params + mr.weights16 + mr.activations; /* + grads, AdamW m, v */
         printf("  rank %-3d live micro-batches %-3d params %s, grads %s, AdamW %s, activations "
-               "%s: %s\n",
-               rank, r.peak_live[rank], dt_format_bytes((double)params, pb, sizeof pb),
-               dt_format_bytes((double)params, gb, sizeof gb),
-               dt_format_bytes(2.0 * params, ob, sizeof ob),
-               dt_format_bytes((double)act, ab, sizeof ab),
-               dt_format_bytes((double)total, tb, sizeof tb));
+               "%s%s%s%s: %s\n",
+               rank, r.peak_live[rank], dt_format_bytes((double)mr.params, pb, sizeof pb),
+               dt_format_bytes((double)mr.grads, gb, sizeof gb),
+               dt_format_bytes(2.0 * mr.params, ob, sizeof ob),
+               dt_format_bytes((double)mr.activations, ab, sizeof ab),
+               mr.wgrad ? " (of which kept for W " : "",
+               mr.wgrad ? dt_format_bytes((double)mr.wgrad, wb, sizeof wb) : "",
+               mr.wgrad ? ")" : "", dt_format_bytes((double)total, tb, sizeof tb));
+    }
+    if (st != DT_OK) {
+        dt_pp_report_free(&r);
+        dt_pp_schedule_destroy(s);
+        return cli_fail(st);
     }
     if (cli_bool(a, "table")) {
         printf("table:\n");

@@ -90,23 +90,33 @@ dt_status dt_gpt_config_validate(const dt_gpt_config *c) {
     return DT_OK;
 }
 
-/* The part, normalised: {0, 0} layers mean all of them, tp_size 0 means 1. */
+/* The part, normalised: 0 chunks means one chunk of all the blocks,
+ * tp_size 0 means 1. */
 static dt_gpt_part part_of(const dt_gpt_config *c, const dt_gpt_part *p) {
     dt_gpt_part q = *p;
-    if (q.layer_begin == 0 && q.layer_end == 0)
-        q.layer_end = c->layers;
+    if (q.chunks == 0) {
+        q.chunks = 1;
+        q.layers[0] = (dt_layer_range){0, c->layers};
+    }
     if (q.tp_size == 0)
         q.tp_size = 1;
     return q;
 }
 
 dt_status dt_gpt_part_validate(const dt_gpt_config *c, const dt_gpt_part *part, int max_seq) {
+    if (part->chunks < 0 || part->chunks > DT_GPT_MAX_CHUNKS)
+        return dt_error_set(DT_ERR_INVALID, "model part: %d chunks (at most %d)", part->chunks,
+                            DT_GPT_MAX_CHUNKS);
     dt_gpt_part p = part_of(c, part);
-    if (p.layer_begin < 0 || p.layer_end > c->layers || p.layer_begin >= p.layer_end)
-        return dt_error_set(DT_ERR_INVALID,
-                            "model part: layers [%d, %d) are not a non-empty range of the "
-                            "model's %d",
-                            p.layer_begin, p.layer_end, c->layers);
+    for (int k = 0; k < p.chunks; k++) {
+        dt_layer_range r = p.layers[k];
+        int floor = k > 0 ? p.layers[k - 1].end : 0;
+        if (r.begin < floor || r.end > c->layers || r.begin >= r.end)
+            return dt_error_set(DT_ERR_INVALID,
+                                "model part: chunk %d's layers [%d, %d) are not a non-empty range "
+                                "of the model's %d after block %d",
+                                k, r.begin, r.end, c->layers, floor);
+    }
     if (p.tp_size < 1 || p.tp_rank < 0 || p.tp_rank >= p.tp_size)
         return dt_error_set(DT_ERR_INVALID, "model part: tensor-parallel rank %d of %d", p.tp_rank,
                             p.tp_size);
@@ -134,10 +144,15 @@ dt_status dt_gpt_part_validate(const dt_gpt_config *c, const dt_gpt_part *part, 
 static gpt_dims dims_of(const dt_gpt_config *c, const dt_gpt_part *part) {
     dt_gpt_part p = part_of(c, part);
     gpt_dims d;
-    d.L0 = p.layer_begin;
-    d.L1 = p.layer_end;
-    d.first = d.L0 == 0;
-    d.last = d.L1 == c->layers;
+    memset(&d, 0, sizeof d);
+    d.nch = p.chunks;
+    for (int k = 0; k < p.chunks; k++) {
+        d.ch[k] = p.layers[k];
+        d.base[k] = d.nl;
+        d.nl += p.layers[k].end - p.layers[k].begin;
+    }
+    d.first = d.ch[0].begin == 0;
+    d.last = d.ch[d.nch - 1].end == c->layers;
     d.tp = p.tp_size;
     d.r = p.tp_rank;
     d.sp = p.sequence_parallel;
@@ -202,7 +217,7 @@ static size_t block_params(const gpt_dims *d) {
 /* Parameters of a part: wte on the first stage and (a tied copy) on the
  * last, wpe on the first, its blocks, ln_f on the last. */
 static size_t part_params(const dt_gpt_config *c, const gpt_dims *d) {
-    size_t C = (size_t)c->dim, n = (size_t)(d->L1 - d->L0) * block_params(d);
+    size_t C = (size_t)c->dim, n = (size_t)d->nl * block_params(d);
     if (d->first || d->last)
         n += (size_t)d->Vl * C;
     if (d->first)
@@ -228,6 +243,7 @@ typedef struct plan {
     size_t attention; /* bytes held for attention (qkv, out, lse) */
     size_t logits;    /* bytes of the logits */
     size_t saved;     /* bytes of block activations kept from forward to backward */
+    size_t wgrad;     /* bytes kept from backward to the weight gradients (split) */
     size_t recompute; /* bytes of the shared scratch set of recomputed blocks */
     size_t block;     /* bytes of one block's full set of activations */
 } plan;
@@ -302,7 +318,7 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     z.Ns = d.sp ? z.N / (size_t)d.tp : z.N;
     const size_t B = z.B, N = z.N, Ns = z.Ns, C = z.C, A = z.A, Vl = (size_t)d.Vl;
     const size_t tp = (size_t)d.tp;
-    const int nslots = o->slots > 1 ? o->slots : 1, nl = d.L1 - d.L0;
+    const int nslots = o->slots > 1 ? o->slots : 1;
     bool low = o->precision != DT_PRECISION_FP32;
     /* The LM head: without recomputation the full (N,Vl) logits (the
      * contract of dt_gpt_logits); with it only the (N,Vb) chunk that
@@ -314,50 +330,68 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     size_t off = 0;
     plan p = {0};
     block_acts one; /* every layer of a plan */
+    block_wgrad wone;
     gpt_slot none = {0};
     char *base = m ? m->arena : NULL;
     bool any = false;
-    for (int k = 0; k < nslots; k++) {
-        gpt_slot *sl = m ? &m->slots[k] : &none;
-        for (int l = d.L0; l < d.L1; l++) {
-            // cppcheck-suppress uninitvar ; `one` is only written here (planning pass)
-            block_acts *a = m ? &sl->acts[l - d.L0] : &one;
-            size_t before = off;
-            if (dt__gpt_recomputed(o->recompute_every, l))
-                any = true;
-            else
-                p.attention += take_block(base, &off, a, &z);
-            a->res3 = take(base, &off, Ns * C * 4);
-            p.saved += off - before;
+    for (int h = 0; h < d.nch; h++) {
+        bool embeds = h == 0 && d.first, head = h == d.nch - 1 && d.last;
+        for (int k = 0; k < nslots; k++) {
+            gpt_slot *sl = m ? &m->slots[h * nslots + k] : &none;
+            for (int l = d.ch[h].begin; l < d.ch[h].end; l++) {
+                int i = l - d.ch[h].begin;
+                // cppcheck-suppress uninitvar ; `one` is only written here (planning pass)
+                block_acts *a = m ? &sl->acts[i] : &one;
+                size_t before = off;
+                if (dt__gpt_recomputed(o->recompute_every, l))
+                    any = true;
+                else
+                    p.attention += take_block(base, &off, a, &z);
+                a->res3 = take(base, &off, Ns * C * 4);
+                p.saved += off - before;
+                if (o->split_weight_grads) {
+                    block_wgrad *w = m ? &sl->wg[i] : &wone;
+                    before = off;
+                    w->d_fcproj = take(base, &off, N * C * A);
+                    w->d_fc = take(base, &off, N * z.Ft * A);
+                    w->d_ln2 = take(base, &off, Ns * C * 4);
+                    w->d_attproj = take(base, &off, N * C * A);
+                    w->d_qkv = take(base, &off, N * 3 * z.Ct * A);
+                    w->d_ln1 = take(base, &off, Ns * C * 4);
+                    p.wgrad += off - before;
+                }
+            }
+            sl->encoded = take(base, &off, Ns * C * 4);
+            p.saved += dt_align_up(Ns * C * 4, 64);
+            if (head) {
+                sl->lnf_out = take(base, &off, Ns * C * A);
+                sl->lnf_mean = take(base, &off, Ns * 4);
+                sl->lnf_rstd = take(base, &off, Ns * 4);
+                size_t before = off;
+                sl->logits = chunked ? NULL : take(base, &off, N * Vl * 4);
+                sl->chunk = sl->logits;
+                p.logits += off - before;
+                sl->ce_lse = take(base, &off, N * 4);
+                sl->losses = take(base, &off, N * 4);
+                sl->targets = take(base, &off, N * 4);
+            }
+            if (embeds)
+                sl->tokens = take(base, &off, N * 4);
         }
-        sl->encoded = take(base, &off, Ns * C * 4);
-        p.saved += dt_align_up(Ns * C * 4, 64);
-        if (d.last) {
-            sl->lnf_out = take(base, &off, Ns * C * A);
-            sl->lnf_mean = take(base, &off, Ns * 4);
-            sl->lnf_rstd = take(base, &off, Ns * 4);
-            size_t before = off;
-            sl->logits = chunked ? NULL : take(base, &off, N * Vl * 4);
-            sl->chunk = sl->logits;
-            p.logits += off - before;
-            sl->ce_lse = take(base, &off, N * 4);
-            sl->losses = take(base, &off, N * 4);
-        }
-        sl->tokens = take(base, &off, N * 4);
-        sl->targets = take(base, &off, N * 4);
     }
     if (any) {
         size_t before = off;
         p.attention += take_block(base, &off, m ? &m->shared : &one, &z);
         p.recompute = off - before;
-        for (int k = 0; m && k < nslots; k++)
-            for (int l = d.L0; l < d.L1; l++)
-                if (dt__gpt_recomputed(o->recompute_every, l)) {
-                    block_acts *a = &m->slots[k].acts[l - d.L0];
-                    float *res3 = a->res3;
-                    *a = m->shared;
-                    a->res3 = res3;
-                }
+        for (int h = 0; m && h < d.nch; h++)
+            for (int k = 0; k < nslots; k++)
+                for (int l = d.ch[h].begin; l < d.ch[h].end; l++)
+                    if (dt__gpt_recomputed(o->recompute_every, l)) {
+                        block_acts *a = &m->slots[h * nslots + k].acts[l - d.ch[h].begin];
+                        float *res3 = a->res3;
+                        *a = m->shared;
+                        a->res3 = res3;
+                    }
     }
     {
         size_t o2 = 0;
@@ -374,7 +408,7 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
             float *chunk = take(base, &off, N * Vb * 4);
             p.logits += off - before;
             for (int k = 0; m->slots && k < nslots; k++)
-                m->slots[k].chunk = chunk;
+                m->slots[(d.nch - 1) * nslots + k].chunk = chunk;
         }
         if (tp > 1) {
             size_t all = tp * N * 2 > tp * B * Vl ? tp * N * 2 : tp * B * Vl;
@@ -407,7 +441,6 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     m->dres16 = low ? take(base, &off, N * C * 2) : NULL;
     m->row16 = low && d.last ? take(base, &off, Vb * 2) : NULL;
     m->gscratch = d.sp ? take(base, &off, (4 * C > z.T * C ? 4 * C : z.T * C) * 4) : NULL;
-    (void)nl;
     p.total = off;
     return p;
 }
@@ -424,14 +457,15 @@ void dt_gpt_memory_plan_with(const dt_gpt_config *c, int batch, int seq, const d
     r->activations = p.total;
     r->attention = p.attention;
     r->attention_naive =
-        (size_t)(d.L1 - d.L0) * batch * d.NHt * (size_t)seq * seq * dt__act_size(o.precision);
+        (size_t)d.nl * batch * d.NHt * (size_t)seq * seq * dt__act_size(o.precision);
     r->logits = p.logits;
+    r->wgrad = p.wgrad;
     r->saved = p.saved;
     r->recompute = p.recompute;
     r->block = p.block;
     r->precision = o.precision;
     r->recompute_every = o.recompute_every;
-    r->layers = d.L1 - d.L0;
+    r->layers = d.nl;
     r->batch = batch;
     r->seq = seq;
 }
@@ -519,32 +553,39 @@ dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, i
     return dt_gpt_create_with(out, cfg, max_batch, max_seq, NULL);
 }
 
-/* The tensor table of m's part, in buffer order: each tensor's flat view,
+/* Where a table puts things: the tensors (`info`, `names`, 48 bytes
+ * each) and the indices of wte, wpe, the first block and ln_f in it. */
+typedef struct table {
+    dt_param_info *info;
+    char *names;
+    size_t wte, wpe, blocks, lnf;
+} table;
+
+/* The tensor table of a part, in buffer order: each tensor's flat view,
  * its global shape and box, whether this rank owns it (the copy a
- * checkpoint writes) and its index in the unsharded model's table. */
-static void build_table(dt_gpt *m) {
-    const dt_gpt_config *cfg = &m->cfg;
-    const gpt_dims *d = &m->d;
+ * checkpoint writes) and its index in the unsharded model's table.
+ * Returns the number of floats. */
+static size_t build_table(const dt_gpt_config *cfg, const gpt_dims *d, table *tb) {
     const size_t C = (size_t)cfg->dim, L = (size_t)cfg->layers;
     size_t off = 0, t = 0;
-    m->wte = m->wpe = m->lnf = SIZE_MAX;
+    tb->wte = tb->wpe = tb->lnf = SIZE_MAX;
 /* global index: wte 0, wpe 1, block l tensor k 2 + 12 l + k, ln_f 2 + 12 L */
 #define ADD(nm, glob, own, pl, dec)                                                                \
     do {                                                                                           \
-        char *s_ = m->names + t * 48;                                                              \
+        char *s_ = tb->names + t * 48;                                                             \
         snprintf(s_, 48, "%s", nm);                                                                \
         tensor_place p_ = (pl);                                                                    \
-        m->info[t] = (dt_param_info){.name = s_,                                                   \
-                                     .offset = off,                                                \
-                                     .rows = p_.rows,                                              \
-                                     .cols = p_.cols,                                              \
-                                     .decay = (dec),                                               \
-                                     .ndim = p_.ndim,                                              \
-                                     .owner = (own)};                                              \
-        memcpy(m->info[t].shape, p_.shape, sizeof p_.shape);                                       \
-        memcpy(m->info[t].begin, p_.begin, sizeof p_.begin);                                       \
-        memcpy(m->info[t].extent, p_.extent, sizeof p_.extent);                                    \
-        m->global[t] = (glob);                                                                     \
+        tb->info[t] = (dt_param_info){.name = s_,                                                  \
+                                      .offset = off,                                               \
+                                      .rows = p_.rows,                                             \
+                                      .cols = p_.cols,                                             \
+                                      .decay = (dec),                                              \
+                                      .ndim = p_.ndim,                                             \
+                                      .owner = (own),                                              \
+                                      .global = (glob)};                                           \
+        memcpy(tb->info[t].shape, p_.shape, sizeof p_.shape);                                      \
+        memcpy(tb->info[t].begin, p_.begin, sizeof p_.begin);                                      \
+        memcpy(tb->info[t].extent, p_.extent, sizeof p_.extent);                                   \
         off += p_.rows * p_.cols;                                                                  \
         t++;                                                                                       \
     } while (0)
@@ -559,30 +600,59 @@ static void build_table(dt_gpt *m) {
                              {(size_t)cfg->max_seq, C, 1}, {0, 0, 0}, {(size_t)cfg->max_seq, C, 1}};
     tensor_place vec = {1, C, 1, {C, 1, 1}, {0, 0, 0}, {C, 1, 1}};
     if (d->first || d->last) {
-        m->wte = t;
+        tb->wte = t;
         /* The last stage's copy of the tied embedding is the first stage's
          * to write; a shard with only padding rows writes nothing. */
         ADD("wte", 0, d->first && vrows > 0, wte, true);
     }
     if (d->first) {
-        m->wpe = t;
+        tb->wpe = t;
         ADD("wpe", 1, d->r == 0, whole_2d, true);
     }
-    m->blocks = t;
-    for (int l = d->L0; l < d->L1; l++)
-        for (int k = 0; k < P_BLOCK_COUNT; k++) {
-            char nm[48];
-            snprintf(nm, sizeof nm, "h.%d.%s", l, block_names[k]);
-            tensor_place p = block_tensor(k, d);
-            ADD(nm, 2 + P_BLOCK_COUNT * l + k, !block_replicated(k) || d->r == 0, p, p.rows > 1);
-        }
+    tb->blocks = t;
+    for (int c = 0; c < d->nch; c++)
+        for (int l = d->ch[c].begin; l < d->ch[c].end; l++)
+            for (int k = 0; k < P_BLOCK_COUNT; k++) {
+                char nm[48];
+                snprintf(nm, sizeof nm, "h.%d.%s", l, block_names[k]);
+                tensor_place p = block_tensor(k, d);
+                ADD(nm, 2 + P_BLOCK_COUNT * l + k, !block_replicated(k) || d->r == 0, p,
+                    p.rows > 1);
+            }
     if (d->last) {
-        m->lnf = t;
+        tb->lnf = t;
         ADD("ln_f.weight", (int)(2 + P_BLOCK_COUNT * L), d->r == 0, vec, false);
         ADD("ln_f.bias", (int)(3 + P_BLOCK_COUNT * L), d->r == 0, vec, false);
     }
 #undef ADD
-    DT_ASSERT(off == m->nparams && t == m->ntensors);
+    return off;
+}
+
+/* Tensors of a part. */
+static size_t part_tensors(const gpt_dims *d) {
+    return (size_t)P_BLOCK_COUNT * d->nl + (d->first || d->last) + d->first + 2 * d->last;
+}
+
+size_t dt_gpt_config_num_tensors(const dt_gpt_config *cfg) {
+    dt_gpt_part whole = {0};
+    gpt_dims d = dims_of(cfg, &whole);
+    return part_tensors(&d);
+}
+
+dt_status dt_gpt_config_tensors(const dt_gpt_config *cfg, dt_param_info **out) {
+    *out = NULL;
+    DT_CHECK(dt_gpt_config_validate(cfg));
+    dt_gpt_part whole = {0};
+    gpt_dims d = dims_of(cfg, &whole);
+    size_t n = part_tensors(&d);
+    /* One block: the entries, then their names. */
+    char *mem = dt_calloc(1, n * (sizeof(dt_param_info) + 48));
+    if (!mem)
+        return DT_ERR_NOMEM;
+    table tb = {.info = (dt_param_info *)(void *)mem, .names = mem + n * sizeof(dt_param_info)};
+    build_table(cfg, &d, &tb);
+    *out = tb.info;
+    return DT_OK;
 }
 
 dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, int max_seq,
@@ -616,18 +686,36 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
     m->d = dims_of(cfg, &o.part);
     m->max_B = max_batch;
     m->max_T = max_seq;
-    int nl = m->d.L1 - m->d.L0;
-    m->nparams = part_params(cfg, &m->d);
-    m->ntensors =
-        (size_t)P_BLOCK_COUNT * nl + (m->d.first || m->d.last) + m->d.first + 2 * m->d.last;
+    const gpt_dims *d = &m->d;
+    m->nparams = part_params(cfg, d);
+    m->ntensors = part_tensors(d);
     m->info = dt_calloc(m->ntensors, sizeof *m->info);
-    m->global = dt_calloc(m->ntensors, sizeof *m->global);
     m->names = dt_calloc(m->ntensors, 48);
+    m->lidx = dt_calloc((size_t)cfg->layers, sizeof *m->lidx);
     m->nslots = o.slots > 1 ? o.slots : 1;
-    m->slots = dt_calloc((size_t)m->nslots, sizeof *m->slots);
-    block_acts *acts = dt_calloc((size_t)nl * m->nslots, sizeof *acts);
-    for (int k = 0; m->slots && acts && k < m->nslots; k++)
-        m->slots[k].acts = acts + (size_t)k * nl;
+    size_t nslot = (size_t)d->nch * m->nslots, nacts = (size_t)d->nl * m->nslots;
+    m->slots = dt_calloc(nslot, sizeof *m->slots);
+    block_acts *acts = dt_calloc(nacts, sizeof *acts);
+    block_wgrad *wg = o.split_weight_grads ? dt_calloc(nacts, sizeof *wg) : NULL;
+    for (int l = 0; m->lidx && l < cfg->layers; l++)
+        m->lidx[l] = -1;
+    /* Chunk c's slots take their blocks' entries one after another. */
+    for (int c = 0; m->slots && m->lidx && acts && c < d->nch; c++) {
+        int L0 = d->ch[c].begin, L1 = d->ch[c].end;
+        for (int l = L0; l < L1; l++)
+            m->lidx[l] = d->base[c] + (l - L0);
+        for (int k = 0; k < m->nslots; k++) {
+            gpt_slot *sl = &m->slots[(size_t)c * m->nslots + k];
+            size_t first = (size_t)m->nslots * d->base[c] + (size_t)k * (L1 - L0);
+            *sl = (gpt_slot){.part_chunk = c,
+                             .L0 = L0,
+                             .L1 = L1,
+                             .embeds = c == 0 && d->first,
+                             .head = c == d->nch - 1 && d->last,
+                             .acts = acts + first,
+                             .wg = wg ? wg + first : NULL};
+        }
+    }
     m->s = m->slots;
     m->params = dt_alloc(m->nparams * sizeof(float));
     m->grads = dt_alloc(m->nparams * sizeof(float));
@@ -636,8 +724,9 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
     plan p = carve(NULL, cfg, max_batch, max_seq, &m->opt);
     m->arena_bytes = p.total;
     m->arena = dt_alloc(p.total);
-    if (!m->info || !m->global || !m->names || !m->slots || !acts || !m->params || !m->grads ||
-        !m->arena || (low && !m->w16)) {
+    if (!m->info || !m->names || !m->lidx || !m->slots || !acts ||
+        (o.split_weight_grads && !wg) || !m->params || !m->grads || !m->arena ||
+        (low && !m->w16)) {
         char a[32];
         size_t np = m->nparams;
         dt_gpt_destroy(m);
@@ -650,7 +739,12 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
     memset(m->grads, 0, m->nparams * sizeof(float));
     carve(m, cfg, max_batch, max_seq, &m->opt);
     m->head_cols = head_cols(m->d.Vl, (size_t)max_batch * max_seq);
-    build_table(m);
+    table tb = {.info = m->info, .names = m->names};
+    DT_ASSERT(build_table(cfg, d, &tb) == m->nparams);
+    m->wte = tb.wte;
+    m->wpe = tb.wpe;
+    m->blocks = tb.blocks;
+    m->lnf = tb.lnf;
     *out = m;
     return DT_OK;
 }
@@ -662,11 +756,13 @@ void dt_gpt_destroy(dt_gpt *m) {
     dt_free(m->w16);
     dt_free(m->grads);
     dt_free(m->params);
-    if (m->slots)
+    if (m->slots) {
         dt_free(m->slots[0].acts);
+        dt_free(m->slots[0].wg);
+    }
     dt_free(m->slots);
     dt_free(m->names);
-    dt_free(m->global);
+    dt_free(m->lidx);
     dt_free(m->info);
     dt_free(m);
 }
@@ -725,7 +821,7 @@ static void init_tensor(dt_gpt *m, size_t i, uint64_t seed) {
     }
     float s = strstr(nm, "c_proj") ? proj_std : std;
     dt_rng r;
-    dt_rng_init(&r, seed, dt_rng_stream_id(0, (uint64_t)m->global[i], DT_RNG_INIT));
+    dt_rng_init(&r, seed, dt_rng_stream_id(0, (uint64_t)p->global, DT_RNG_INIT));
     /* The box, one run along the last dimension at a time. */
     for (size_t i0 = 0; i0 < p->extent[0]; i0++)
         for (size_t i1 = 0; i1 < p->extent[1]; i1++) {

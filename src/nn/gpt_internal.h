@@ -54,11 +54,27 @@ typedef struct block_acts {
     float *res3;     // (Ns,C)    block output = the next block's input (always kept)
 } block_acts;
 
+/* What a block's backward hands its weight gradients when they are split
+ * off (dt_gpt_options.split_weight_grads): the gradients of the outputs of
+ * its linear layers and LayerNorms, per slot and block. void * fields hold
+ * the compute type (what the linear backward reads), the LayerNorms' fp32. */
+typedef struct block_wgrad {
+    void *d_fcproj;  // (N,C)     gradient of the MLP's c_proj output (all N rows)
+    void *d_fc;      // (N,Ft)    of c_fc's output (after GELU's backward)
+    float *d_ln2;    // (Ns,C)    of ln_2's output
+    void *d_attproj; // (N,C)     of attention's c_proj output
+    void *d_qkv;     // (N,3Ct)   of c_attn's output
+    float *d_ln1;    // (Ns,C)    of ln_1's output
+} block_wgrad;
+
 /* The shape of a model part, derived once from config and part. */
 typedef struct gpt_dims {
-    int L0, L1;    /* blocks [L0, L1) of the model live here */
-    bool first;    /* holds the embeddings (L0 == 0) */
-    bool last;     /* holds ln_f and the LM head (L1 == layers) */
+    int nch;                              /* chunks */
+    dt_layer_range ch[DT_GPT_MAX_CHUNKS]; /* their blocks */
+    int base[DT_GPT_MAX_CHUNKS];          /* blocks held before chunk c */
+    int nl;                               /* blocks held */
+    bool first;    /* holds the embeddings (chunk 0 begins at block 0) */
+    bool last;     /* holds ln_f and the LM head (the last chunk ends the model) */
     int tp, r;     /* tensor-parallel size and this rank */
     bool sp;       /* sequence parallelism */
     int C, NH, Ct; /* channels, heads; channels of q/k/v here */
@@ -70,7 +86,11 @@ typedef struct gpt_dims {
  * a model holds `slots` of these (dt_gpt_options.slots: a pipeline stage
  * keeps several micro-batches alive), the scratch once. */
 typedef struct gpt_slot {
+    int part_chunk, L0, L1; /* the part's chunk it belongs to, and its blocks [L0, L1) */
+    bool embeds;       /* the chunk holds block 0: its input is the embedding */
+    bool head;         /* the chunk holds the last block: ln_f and the LM head follow */
     block_acts *acts;  /* (L1 - L0) entries, indexed by l - L0 */
+    block_wgrad *wg;   /* (L1 - L0) with split_weight_grads, else NULL */
     float *encoded;    // (Ns,C)    the first block's input: embeddings, or the stage input
     void *lnf_out;     // (Ns,C)    compute type: ln_f output (the LM head's input)
     float *lnf_mean;   // (Ns)
@@ -84,6 +104,7 @@ typedef struct gpt_slot {
     int32_t *targets;  // (N)       copy of the targets
     int B, T;          /* sizes of its forward */
     bool have_targets; /* its forward can be differentiated */
+    bool pending_w;    /* split: backward ran, the weight gradients have not */
 } gpt_slot;
 
 struct dt_gpt {
@@ -96,15 +117,15 @@ struct dt_gpt {
     uint16_t *w16;         /* bf16/fp16: params cast once per forward (NULL in fp32) */
     size_t ntensors;       /* entries of info */
     dt_param_info *info;   /* the tensors, in buffer order */
-    int *global;           /* (ntensors) index of each in the unsharded model's table */
     size_t wte, wpe;       /* info index of wte / wpe (SIZE_MAX: not here) */
-    size_t blocks;         /* info index of block L0's first tensor */
+    size_t blocks;         /* info index of the first block's first tensor */
+    int *lidx;             /* (layers) local index of each block held, -1 elsewhere */
     size_t lnf;            /* info index of ln_f.weight (SIZE_MAX: not here) */
     char *names;           /* storage of info[i].name */
     char *arena;           /* all activations */
     size_t arena_bytes;
-    gpt_slot *slots; /* (nslots) micro-batches in flight */
-    int nslots;
+    gpt_slot *slots; /* (nch x nslots) micro-batches in flight: chunk c's are c*nslots.. */
+    int nslots;      /* per chunk */
     gpt_slot *s;       /* the slot of the pass running (or that ran last) */
     block_acts shared; /* the scratch set of recomputed blocks (res3 unused) */
     void *gathered;    // (N,C)     sequence parallelism: an all-gathered ln output, compute type
@@ -130,21 +151,20 @@ struct dt_gpt {
 /* Whether block l drops its activations in forward and recomputes them. */
 static inline bool dt__gpt_recomputed(int every, int l) { return every > 0 && l % every == 0; }
 
-/* Block tensor k of layer l (a global layer index in [L0, L1)) in buffer
- * `buf` (params or grads), and its 16-bit copy. */
+/* Block tensor k of layer l (a global layer index of a block held) in
+ * buffer `buf` (params or grads), and its 16-bit copy. */
 static inline float *bt(const dt_gpt *m, float *buf, int l, int k) {
-    return buf + m->info[m->blocks + (size_t)(l - m->d.L0) * P_BLOCK_COUNT + k].offset;
+    return buf + m->info[m->blocks + (size_t)m->lidx[l] * P_BLOCK_COUNT + k].offset;
 }
 static inline const uint16_t *wt(const dt_gpt *m, int l, int k) {
-    return m->w16 + m->info[m->blocks + (size_t)(l - m->d.L0) * P_BLOCK_COUNT + k].offset;
+    return m->w16 + m->info[m->blocks + (size_t)m->lidx[l] * P_BLOCK_COUNT + k].offset;
 }
-/* First float of block l, or of what follows the last block. */
+/* First float of block l. */
 static inline size_t block_offset(const dt_gpt *m, int l) {
-    return l < m->d.L1 ? m->info[m->blocks + (size_t)(l - m->d.L0) * P_BLOCK_COUNT].offset
-                       : m->nparams;
+    return m->info[m->blocks + (size_t)m->lidx[l] * P_BLOCK_COUNT].offset;
 }
-/* The activations of block l in the current slot. */
-static inline block_acts *acts_of(const dt_gpt *m, int l) { return &m->s->acts[l - m->d.L0]; }
+/* The activations of block l in the current slot (l in the slot's chunk). */
+static inline block_acts *acts_of(const dt_gpt *m, int l) { return &m->s->acts[l - m->s->L0]; }
 
 /* Bytes of one activation element: fp32, or 16 bits in bf16/fp16. */
 static inline size_t dt__act_size(dt_precision p) { return p == DT_PRECISION_FP32 ? 4 : 2; }

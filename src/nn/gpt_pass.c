@@ -236,12 +236,12 @@ dt_status dt__gpt_block_forward(dt_gpt *m, int l, const float *x, bool full, boo
             return DT_OK;
         dt_matmul_forward(m->dbuf, a->fch_gelu, bt(m, p, l, P_FCPROJW), NULL, N, Ft, C);
         DT_CHECK(region_out_forward(m, m->dbuf, &y));
-        if (l + 1 < d->L1) {
+        if (l + 1 < m->s->L1) {
             const block_acts *nx = acts_of(m, l + 1);
             dt_residual_layernorm_forward(a->res3, nx->ln1, nx->ln1_mean, nx->ln1_rstd, a->res2, y,
                                           bt(m, p, l, P_FCPROJB), bt(m, p, l + 1, P_LN1W),
                                           bt(m, p, l + 1, P_LN1B), Ns, C);
-        } else if (d->last) {
+        } else if (m->s->head) {
             const size_t lnw = m->info[m->lnf].offset, lnb = m->info[m->lnf + 1].offset;
             dt_residual_layernorm_forward(a->res3, m->s->lnf_out, m->s->lnf_mean, m->s->lnf_rstd,
                                           a->res2, y, bt(m, p, l, P_FCPROJB), p + lnw, p + lnb, Ns,
@@ -446,15 +446,18 @@ static dt_status head_forward(dt_gpt *m, const void *x, bool targets, float *mea
 
 dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *targets, int B, int T,
                          float *mean_loss) {
-    return dt_gpt_forward_stage(m, 0, inputs, NULL, targets, B, T, mean_loss);
+    return dt_gpt_forward_stage(m, 0, 0, inputs, NULL, targets, B, T, mean_loss);
 }
 
-/* Make `slot` the current one. */
-static dt_status use_slot(dt_gpt *m, int slot) {
+/* Make chunk's `slot` the current one. */
+static dt_status use_slot(dt_gpt *m, int chunk, int slot) {
+    if (chunk < 0 || chunk >= m->d.nch)
+        return dt_error_set(DT_ERR_INVALID, "chunk %d: the model part has %d chunk(s)", chunk,
+                            m->d.nch);
     if (slot < 0 || slot >= m->nslots)
         return dt_error_set(DT_ERR_INVALID, "slot %d: the model was created with %d slot(s)", slot,
                             m->nslots);
-    m->s = &m->slots[slot];
+    m->s = &m->slots[(size_t)chunk * m->nslots + slot];
     return DT_OK;
 }
 
@@ -467,10 +470,17 @@ static dt_status check_tokens(const int32_t *tok, int N, int V, const char *what
     return DT_OK;
 }
 
-dt_status dt_gpt_forward_stage(dt_gpt *m, int slot, const int32_t *inputs, const float *x_in,
-                               const int32_t *targets, int B, int T, float *mean_loss) {
+dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *inputs,
+                               const float *x_in, const int32_t *targets, int B, int T,
+                               float *mean_loss) {
     const gpt_dims *d = &m->d;
-    DT_CHECK(use_slot(m, slot));
+    DT_CHECK(use_slot(m, chunk, slot));
+    gpt_slot *s = m->s;
+    if (s->pending_w)
+        return dt_error_set(DT_ERR_INVALID,
+                            "forward into chunk %d's slot %d, whose weight gradients are pending "
+                            "(dt_gpt_weight_stage)",
+                            chunk, slot);
     const int C = d->C, V = d->V;
     const dt_precision pr = m->opt.precision;
     if (B < 1 || B > m->max_B || T < 1 || T > m->max_T)
@@ -482,33 +492,33 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int slot, const int32_t *inputs, const
         return dt_error_set(DT_ERR_INVALID,
                             "forward with T=%d: sequence parallelism needs a multiple of tp %d", T,
                             d->tp);
-    if (d->first ? !inputs : !x_in)
+    if (s->embeds ? !inputs : !x_in)
         return dt_error_set(DT_ERR_INVALID, "forward of a model part: %s",
-                            d->first ? "the first stage embeds tokens (inputs is NULL)"
-                                     : "a later stage takes the residual stream (x_in is NULL)");
+                            s->embeds ? "the first stage embeds tokens (inputs is NULL)"
+                                      : "a later stage takes the residual stream (x_in is NULL)");
     const int N = B * T;
-    DT_CHECK(check_tokens(inputs, N, V, "input"));
-    DT_CHECK(check_tokens(d->last ? targets : NULL, N, V, "target"));
-    m->s->B = B;
-    m->s->T = T;
-    m->s->have_targets = false;
+    DT_CHECK(check_tokens(s->embeds ? inputs : NULL, N, V, "input"));
+    DT_CHECK(check_tokens(s->head ? targets : NULL, N, V, "target"));
+    s->B = B;
+    s->T = T;
+    s->have_targets = false;
     const size_t ns = rows_here(m);
     if (pr != DT_PRECISION_FP32)
         cast_weights(m);
-    if (d->first) {
-        memcpy(m->s->tokens, inputs, sizeof(int32_t) * N);
+    if (s->embeds) {
+        memcpy(s->tokens, inputs, sizeof(int32_t) * N);
         DT_CHECK(embed_forward(m));
-    } else {
-        memcpy(m->s->encoded, x_in, sizeof(float) * ns * C);
+    } else if (x_in != s->encoded) {
+        memcpy(s->encoded, x_in, sizeof(float) * ns * C);
     }
-    const float *x = m->s->encoded; // (Ns,C) residual stream entering the block
-    for (int l = d->L0; l < d->L1; l++) {
+    const float *x = s->encoded; // (Ns,C) residual stream entering the block
+    for (int l = s->L0; l < s->L1; l++) {
         /* fp32: block l - 1 wrote block l's ln_1 (and the last block ln_f). */
-        DT_CHECK(dt__gpt_block_forward(m, l, x, true, pr == DT_PRECISION_FP32 && l > d->L0));
+        DT_CHECK(dt__gpt_block_forward(m, l, x, true, pr == DT_PRECISION_FP32 && l > s->L0));
         x = acts_of(m, l)->res3;
     }
-    if (!d->last) {
-        m->s->have_targets = true; /* a stage without the head differentiates its output */
+    if (!s->head) {
+        s->have_targets = true; /* a stage without the head differentiates its output */
         return DT_OK;
     }
     const float *p = m->params;
@@ -613,18 +623,21 @@ static dt_status head_backward(dt_gpt *m, const void *x, float scale, dt_grad_mo
     return DT_OK;
 }
 
-/* A LayerNorm's backward into dres (+=). Its weight and bias gradients go
- * to gw, gb per mode; under sequence parallelism to `stage` (2C, OVERWRITE)
- * instead, to be summed over the group by the caller. */
-static void ln_backward(dt_gpt *m, float *gw, float *gb, float *stage, const float *dout,
-                        const float *inp, const float *w, const float *mean, const float *rstd,
-                        dt_grad_mode mode) {
+/* A LayerNorm's backward: dinp (+=; NULL: skip) and, with `weights`, its
+ * weight and bias gradients into gw, gb per mode (under sequence
+ * parallelism into `stage` (2C, OVERWRITE) instead, to be summed over the
+ * group by the caller). */
+static void ln_backward(dt_gpt *m, float *dinp, bool weights, float *gw, float *gb, float *stage,
+                        const float *dout, const float *inp, const float *w, const float *mean,
+                        const float *rstd, dt_grad_mode mode) {
     const int C = m->d.C, Ns = (int)rows_here(m);
-    if (m->d.sp)
-        dt_layernorm_backward_mode(m->dres, stage, stage + C, dout, inp, w, mean, rstd, Ns, C,
+    if (!weights)
+        dt_layernorm_backward_mode(dinp, NULL, NULL, dout, inp, w, mean, rstd, Ns, C, mode);
+    else if (m->d.sp)
+        dt_layernorm_backward_mode(dinp, stage, stage + C, dout, inp, w, mean, rstd, Ns, C,
                                    DT_GRAD_OVERWRITE);
     else
-        dt_layernorm_backward_mode(m->dres, gw, gb, dout, inp, w, mean, rstd, Ns, C, mode);
+        dt_layernorm_backward_mode(dinp, gw, gb, dout, inp, w, mean, rstd, Ns, C, mode);
 }
 
 /* The gradient of this block's output, as the row-parallel c_proj layers
@@ -646,63 +659,136 @@ static dt_status dout_rows(dt_gpt *m, const void **dout) {
     return region_out_backward(m, m->dres16, 2);
 }
 
-/* Block l's backward: m->dres holds d(res3) on entry and d(x) on return;
- * parameter gradients are written into m->grads per mode. */
-static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode mode) {
+/* Block l's backward: m->dres holds d(res3) on entry and d(x) on return.
+ * With `weights` the parameter gradients are written into m->grads per
+ * mode as they go; without (a zero-bubble B) the gradients they are made
+ * of are kept in the slot's block_wgrad for block_weights instead. */
+static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode mode,
+                                bool weights) {
     const gpt_dims *d = &m->d;
-    const int B = m->s->B, T = m->s->T, C = d->C, N = B * T;
+    const int B = m->s->B, T = m->s->T, C = d->C, N = B * T, Ns = (int)rows_here(m);
     const int Ct = d->Ct, NHt = d->NHt, Ft = d->Ft;
     const dt_precision pr = m->opt.precision;
+    const size_t A = dt__act_size(pr);
     float *p = m->params, *g = m->grads, *dln, *stage = m->gscratch;
-    const void *dout, *in;
+    const void *dout, *in = NULL;
     const block_acts *a = acts_of(m, l);
+    const block_wgrad *w = weights ? NULL : &m->s->wg[l - m->s->L0];
+#define G(k) (weights ? bt(m, g, l, (k)) : NULL)
     /* MLP: res3 = res2 + c_proj(gelu(c_fc(ln_2(res2)))). */
     DT_CHECK(dout_rows(m, &dout));
+    if (w)
+        memcpy(w->d_fcproj, dout, (size_t)N * C * A);
     if (pr == DT_PRECISION_FP32) {
-        dt_matmul_backward_mode(m->dfch, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB), dout,
-                                a->fch_gelu, bt(m, p, l, P_FCPROJW), N, Ft, C, mode);
-        dt_gelu_bias_backward(m->dfch, a->fch, bt(m, p, l, P_FCB), m->dfch, N, Ft);
-        DT_CHECK(region_in_forward(m, a->ln2, &in, 4)); /* SP: gathered again */
-        dt_matmul_backward_mode(m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), m->dfch, in,
-                                bt(m, p, l, P_FCW), N, C, Ft, mode);
+        float *dfc = w ? (float *)w->d_fc : m->dfch;
+        dt_matmul_backward_mode(m->dfch, G(P_FCPROJW), G(P_FCPROJB), dout, a->fch_gelu,
+                                bt(m, p, l, P_FCPROJW), N, Ft, C, mode);
+        dt_gelu_bias_backward(dfc, a->fch, bt(m, p, l, P_FCB), m->dfch, N, Ft);
+        if (weights)
+            DT_CHECK(region_in_forward(m, a->ln2, &in, 4)); /* SP: gathered again */
+        dt_matmul_backward_mode(m->dbuf, G(P_FCW), G(P_FCB), dfc, in, bt(m, p, l, P_FCW), N, C,
+                                Ft, mode);
     } else {
-        DT_CHECK(dt_linear16_backward_mode(pr, m->dfch, bt(m, g, l, P_FCPROJW),
-                                           bt(m, g, l, P_FCPROJB), dout, a->fch_gelu,
-                                           wt(m, l, P_FCPROJW), N, Ft, C, mode));
+        DT_CHECK(dt_linear16_backward_mode(pr, m->dfch, G(P_FCPROJW), G(P_FCPROJB), dout,
+                                           a->fch_gelu, wt(m, l, P_FCPROJW), N, Ft, C, mode));
         /* The GELU output was only needed for c_proj's weight gradient: its
-         * memory now takes the rounded gradient of the c_fc output. */
-        uint16_t *dfch16 = a->fch_gelu;
+         * memory now takes the rounded gradient of the c_fc output (split:
+         * the slot keeps it, the weight gradient still needs the output). */
+        uint16_t *dfch16 = w ? w->d_fc : a->fch_gelu;
         dt_gelu16_backward(pr, dfch16, a->fch, m->dfch, (size_t)N * Ft);
-        DT_CHECK(region_in_forward(m, a->ln2, &in, 2));
-        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB),
-                                           dfch16, in, wt(m, l, P_FCW), N, C, Ft, mode));
+        if (weights)
+            DT_CHECK(region_in_forward(m, a->ln2, &in, 2));
+        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_FCW), G(P_FCB), dfch16, in,
+                                           wt(m, l, P_FCW), N, C, Ft, mode));
     }
     DT_CHECK(region_in_backward(m, m->dbuf, &dln));
-    ln_backward(m, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), stage + 2 * C, dln, a->res2,
+    if (w)
+        memcpy(w->d_ln2, dln, (size_t)Ns * C * sizeof(float));
+    ln_backward(m, m->dres, weights, G(P_LN2W), G(P_LN2B), stage + 2 * C, dln, a->res2,
                 bt(m, p, l, P_LN2W), a->ln2_mean, a->ln2_rstd, mode);
     /* m->dres now holds d(res2). Attention: res2 = x + c_proj(attn(c_attn(ln_1(x)))). */
     DT_CHECK(dout_rows(m, &dout));
+    if (w)
+        memcpy(w->d_attproj, dout, (size_t)N * C * A);
     if (pr == DT_PRECISION_FP32) {
-        dt_matmul_backward_mode(m->dbuf, bt(m, g, l, P_ATTPROJW), bt(m, g, l, P_ATTPROJB), dout,
-                                a->atty, bt(m, p, l, P_ATTPROJW), N, Ct, C, mode);
-        dt_attention_backward(m->dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt);
-        DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
-        dt_matmul_backward_mode(m->dbuf, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), m->dqkv, in,
-                                bt(m, p, l, P_QKVW), N, C, 3 * Ct, mode);
+        float *dqkv = w ? (float *)w->d_qkv : m->dqkv;
+        dt_matmul_backward_mode(m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout, a->atty,
+                                bt(m, p, l, P_ATTPROJW), N, Ct, C, mode);
+        dt_attention_backward(dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt);
+        if (weights)
+            DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
+        dt_matmul_backward_mode(m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in, bt(m, p, l, P_QKVW), N,
+                                C, 3 * Ct, mode);
     } else {
-        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, bt(m, g, l, P_ATTPROJW),
-                                           bt(m, g, l, P_ATTPROJB), dout, a->atty,
-                                           wt(m, l, P_ATTPROJW), N, Ct, C, mode));
-        dt_attention16_backward(pr, m->dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt,
+        uint16_t *dqkv = w ? w->d_qkv : m->dqkv;
+        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout,
+                                           a->atty, wt(m, l, P_ATTPROJW), N, Ct, C, mode));
+        dt_attention16_backward(pr, dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt,
                                 m->attn_work);
-        DT_CHECK(region_in_forward(m, a->ln1, &in, 2));
-        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB),
-                                           m->dqkv, in, wt(m, l, P_QKVW), N, C, 3 * Ct, mode));
+        if (weights)
+            DT_CHECK(region_in_forward(m, a->ln1, &in, 2));
+        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in,
+                                           wt(m, l, P_QKVW), N, C, 3 * Ct, mode));
     }
     DT_CHECK(region_in_backward(m, m->dbuf, &dln));
-    ln_backward(m, bt(m, g, l, P_LN1W), bt(m, g, l, P_LN1B), stage, dln, x, bt(m, p, l, P_LN1W),
+    if (w)
+        memcpy(w->d_ln1, dln, (size_t)Ns * C * sizeof(float));
+    ln_backward(m, m->dres, weights, G(P_LN1W), G(P_LN1B), stage, dln, x, bt(m, p, l, P_LN1W),
                 a->ln1_mean, a->ln1_rstd, mode);
-    if (d->sp) { /* ln_1 and ln_2 (adjacent in the buffer) summed over the group */
+    if (weights && d->sp) { /* ln_1 and ln_2 (adjacent in the buffer) summed over the group */
+        DT_CHECK(sum_partial(m, bt(m, g, l, P_LN1W), stage, 2 * (size_t)C, mode));
+        DT_CHECK(sum_partial(m, bt(m, g, l, P_LN2W), stage + 2 * C, 2 * (size_t)C, mode));
+    }
+#undef G
+    return DT_OK;
+}
+
+/* Block l's weight gradients from what its split backward kept: the calls
+ * block_backward makes with `weights`, in its order, without the input
+ * gradients (the kernels compute the two parts independently, so these
+ * are the bits of one backward). */
+static dt_status block_weights(dt_gpt *m, int l, const float *x, dt_grad_mode mode) {
+    const gpt_dims *d = &m->d;
+    const int N = m->s->B * m->s->T, C = d->C, Ct = d->Ct, Ft = d->Ft;
+    const dt_precision pr = m->opt.precision;
+    float *p = m->params, *g = m->grads, *stage = m->gscratch;
+    const void *in;
+    const block_acts *a = acts_of(m, l);
+    const block_wgrad *w = &m->s->wg[l - m->s->L0];
+    const size_t A = dt__act_size(pr);
+    if (pr == DT_PRECISION_FP32) {
+        dt_matmul_backward_mode(NULL, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB),
+                                w->d_fcproj, a->fch_gelu, NULL, N, Ft, C, mode);
+        DT_CHECK(region_in_forward(m, a->ln2, &in, 4));
+        dt_matmul_backward_mode(NULL, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), w->d_fc, in, NULL,
+                                N, C, Ft, mode);
+    } else {
+        DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_FCPROJW),
+                                           bt(m, g, l, P_FCPROJB), w->d_fcproj, a->fch_gelu,
+                                           NULL, N, Ft, C, mode));
+        DT_CHECK(region_in_forward(m, a->ln2, &in, A));
+        DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB),
+                                           w->d_fc, in, NULL, N, C, Ft, mode));
+    }
+    ln_backward(m, NULL, true, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), stage + 2 * C, w->d_ln2,
+                a->res2, bt(m, p, l, P_LN2W), a->ln2_mean, a->ln2_rstd, mode);
+    if (pr == DT_PRECISION_FP32) {
+        dt_matmul_backward_mode(NULL, bt(m, g, l, P_ATTPROJW), bt(m, g, l, P_ATTPROJB),
+                                w->d_attproj, a->atty, NULL, N, Ct, C, mode);
+        DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
+        dt_matmul_backward_mode(NULL, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), w->d_qkv, in,
+                                NULL, N, C, 3 * Ct, mode);
+    } else {
+        DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_ATTPROJW),
+                                           bt(m, g, l, P_ATTPROJB), w->d_attproj, a->atty, NULL,
+                                           N, Ct, C, mode));
+        DT_CHECK(region_in_forward(m, a->ln1, &in, A));
+        DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB),
+                                           w->d_qkv, in, NULL, N, C, 3 * Ct, mode));
+    }
+    ln_backward(m, NULL, true, bt(m, g, l, P_LN1W), bt(m, g, l, P_LN1B), stage, w->d_ln1, x,
+                bt(m, p, l, P_LN1W), a->ln1_mean, a->ln1_rstd, mode);
+    if (d->sp) {
         DT_CHECK(sum_partial(m, bt(m, g, l, P_LN1W), stage, 2 * (size_t)C, mode));
         DT_CHECK(sum_partial(m, bt(m, g, l, P_LN2W), stage + 2 * C, 2 * (size_t)C, mode));
     }
@@ -757,67 +843,107 @@ static dt_status embed_backward(dt_gpt *m, dt_grad_mode mode) {
 }
 
 dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, void *user) {
-    return dt_gpt_backward_stage(m, 0, NULL, grad_scale, DT_GRAD_ACCUMULATE, hook, user);
+    return dt_gpt_backward_stage(m, 0, 0, NULL, grad_scale, DT_GRAD_ACCUMULATE, hook, user);
 }
 
 dt_status dt_gpt_backward_mode(dt_gpt *m, float grad_scale, dt_grad_mode mode,
                                dt_grad_ready_fn hook, void *user) {
-    return dt_gpt_backward_stage(m, 0, NULL, grad_scale, mode, hook, user);
+    return dt_gpt_backward_stage(m, 0, 0, NULL, grad_scale, mode, hook, user);
 }
 
-dt_status dt_gpt_backward_stage(dt_gpt *m, int slot, const float *dx_out, float grad_scale,
-                                dt_grad_mode mode, dt_grad_ready_fn hook, void *user) {
+/* The input of block l of the current slot: the previous block's output,
+ * or the chunk's input. */
+static const float *block_input(const dt_gpt *m, int l) {
+    return l > m->s->L0 ? acts_of(m, l - 1)->res3 : m->s->encoded;
+}
+
+dt_status dt_gpt_backward_stage(dt_gpt *m, int chunk, int slot, const float *dx_out,
+                                float grad_scale, dt_grad_mode mode, dt_grad_ready_fn hook,
+                                void *user) {
     const gpt_dims *d = &m->d;
-    DT_CHECK(use_slot(m, slot));
+    DT_CHECK(use_slot(m, chunk, slot));
+    gpt_slot *s = m->s;
     if ((unsigned)mode > DT_GRAD_OVERWRITE)
         return dt_error_set(DT_ERR_INVALID, "backward: grad mode %d is not a dt_grad_mode",
                             (int)mode);
-    if (!m->s->have_targets)
+    if (!s->have_targets)
         return dt_error_set(DT_ERR_INVALID,
                             "backward needs a preceding forward with targets (and only one "
                             "backward per forward)");
-    if (!d->last && !dx_out)
+    if (!s->head && !dx_out)
         return dt_error_set(DT_ERR_INVALID,
                             "backward of a model part without the head needs the gradient of "
                             "its output (dx_out)");
-    m->s->have_targets = false; /* the logits are about to become dlogits */
+    s->have_targets = false; /* the logits are about to become dlogits */
+    const bool split = m->opt.split_weight_grads;
     const int C = d->C, Ns = (int)rows_here(m);
     float *p = m->params, *g = m->grads;
-    const float *xL = acts_of(m, d->L1 - 1)->res3;
-    if (d->last) {
+    const float *xL = acts_of(m, s->L1 - 1)->res3;
+    if (s->head) {
         const dt_param_info *lnw = &m->info[m->lnf], *lnb = &m->info[m->lnf + 1];
         const void *x;
         float *dlnf;
-        DT_CHECK(region_in_forward(m, m->s->lnf_out, &x, dt__act_size(m->opt.precision)));
-        DT_CHECK(head_backward(m, x, grad_scale / (float)(m->s->B * m->s->T), mode));
+        DT_CHECK(region_in_forward(m, s->lnf_out, &x, dt__act_size(m->opt.precision)));
+        DT_CHECK(head_backward(m, x, grad_scale / (float)(s->B * s->T), mode));
         DT_CHECK(region_in_backward(m, m->dbuf, &dlnf));
         memset(m->dres, 0, sizeof(float) * (size_t)Ns * C);
-        ln_backward(m, g + lnw->offset, g + lnb->offset, m->gscratch, dlnf, xL, p + lnw->offset,
-                    m->s->lnf_mean, m->s->lnf_rstd, mode);
+        ln_backward(m, m->dres, true, g + lnw->offset, g + lnb->offset, m->gscratch, dlnf, xL,
+                    p + lnw->offset, s->lnf_mean, s->lnf_rstd, mode);
         if (d->sp)
             DT_CHECK(sum_partial(m, g + lnw->offset, m->gscratch, 2 * (size_t)C, mode));
     } else {
         memcpy(m->dres, dx_out, sizeof(float) * (size_t)Ns * C);
     }
-    for (int l = d->L1 - 1; l >= d->L0; l--) {
-        const float *x = l > d->L0 ? acts_of(m, l - 1)->res3 : m->s->encoded;
+    for (int l = s->L1 - 1; l >= s->L0; l--) {
+        const float *x = block_input(m, l);
         /* A recomputed block refills the shared set from its kept input. */
         if (dt__gpt_recomputed(m->opt.recompute_every, l))
             DT_CHECK(dt__gpt_block_forward(m, l, x, false, false));
-        DT_CHECK(block_backward(m, l, x, mode));
+        DT_CHECK(block_backward(m, l, x, mode, !split));
         /* m->dres holds d(x); every gradient from block l onwards is final. */
-        if (hook)
+        if (hook && !split)
             hook(user, block_offset(m, l));
     }
-    if (d->first)
+    if (s->embeds)
         DT_CHECK(embed_backward(m, mode));
-    if (hook)
+    s->pending_w = split;
+    if (hook && !split && chunk == 0)
         hook(user, 0);
     return DT_OK;
 }
 
-const float *dt_gpt_stage_output(const dt_gpt *m, int slot) {
-    DT_ASSERT(slot >= 0 && slot < m->nslots);
-    return m->slots[slot].acts[m->d.L1 - 1 - m->d.L0].res3;
+dt_status dt_gpt_weight_stage(dt_gpt *m, int chunk, int slot, dt_grad_mode mode,
+                              dt_grad_ready_fn hook, void *user) {
+    DT_CHECK(use_slot(m, chunk, slot));
+    gpt_slot *s = m->s;
+    if (!s->pending_w)
+        return dt_error_set(DT_ERR_INVALID,
+                            "weight gradients of chunk %d's slot %d: %s", chunk, slot,
+                            m->opt.split_weight_grads
+                                ? "no backward is pending there"
+                                : "the model was created without split_weight_grads");
+    if ((unsigned)mode > DT_GRAD_OVERWRITE)
+        return dt_error_set(DT_ERR_INVALID, "weight gradients: grad mode %d is not a dt_grad_mode",
+                            (int)mode);
+    /* A recomputation reads the 16-bit weights the last forward cast (the
+     * parameters do not change within a step). */
+    for (int l = s->L1 - 1; l >= s->L0; l--) {
+        const float *x = block_input(m, l);
+        if (dt__gpt_recomputed(m->opt.recompute_every, l))
+            DT_CHECK(dt__gpt_block_forward(m, l, x, false, false));
+        DT_CHECK(block_weights(m, l, x, mode));
+        if (hook)
+            hook(user, block_offset(m, l));
+    }
+    s->pending_w = false;
+    if (hook && chunk == 0)
+        hook(user, 0);
+    return DT_OK;
+}
+
+const float *dt_gpt_stage_output(const dt_gpt *m, int chunk, int slot) {
+    DT_ASSERT(chunk >= 0 && chunk < m->d.nch && slot >= 0 && slot < m->nslots);
+    const gpt_slot *s = &m->slots[(size_t)chunk * m->nslots + slot];
+    return s->acts[s->L1 - 1 - s->L0].res3;
 }
 const float *dt_gpt_stage_input_grad(const dt_gpt *m) { return m->dres; }

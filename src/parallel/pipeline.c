@@ -309,6 +309,35 @@ void dt_pp_schedule_destroy(dt_pp_schedule *s) {
     dt_free(s);
 }
 
+dt_status dt_pp_model_part(const dt_pp_schedule *s, int layers, int rank, dt_gpt_part *part) {
+    const int S = s->stages * s->chunks;
+    if (layers < S)
+        return dt_error_set(DT_ERR_INVALID,
+                            "pipeline: %d stage(s) x %d chunk(s) = %d virtual stages, but the "
+                            "model has %d layers (every stage needs one)",
+                            s->stages, s->chunks, S, layers);
+    if (rank < 0 || rank >= s->stages)
+        return dt_error_set(DT_ERR_INVALID, "pipeline: rank %d of %d stages", rank, s->stages);
+    if (s->chunks > DT_GPT_MAX_CHUNKS)
+        return dt_error_set(DT_ERR_INVALID, "pipeline: %d chunks per rank (at most %d)", s->chunks,
+                            DT_GPT_MAX_CHUNKS);
+    part->chunks = s->chunks;
+    for (int c = 0; c < s->chunks; c++) {
+        long stg = dt_pp_stage_of(s, rank, c);
+        part->layers[c] = (dt_layer_range){(int)(layers * stg / S), (int)(layers * (stg + 1) / S)};
+    }
+    return DT_OK;
+}
+
+int dt_pp_slots(const dt_pp_schedule *s, const dt_pp_report *r, int rank) {
+    int n = 1;
+    for (int c = 0; c < s->chunks; c++) {
+        int k = r->chunk_live[(size_t)rank * s->chunks + c];
+        n = k > n ? k : n;
+    }
+    return n;
+}
+
 double dt_pp_theoretical_bubble(dt_pp_kind kind, int P, int V, int M) {
     if (kind == DT_PP_INTERLEAVED)
         return (double)(P - 1) / ((double)V * M + P - 1);

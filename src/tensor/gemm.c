@@ -248,6 +248,8 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
             sgemm1(false, false, hi - lo, IC, OC, 1.0f, dout + (size_t)lo * OC, OC, weight, IC,
                    0.0f, dinp + (size_t)lo * IC, IC);
     }
+    if (!dweight) /* the input gradient alone (a zero-bubble B) */
+        return;
     // dweight (OC,IC) += dout^T (OC,N) @ inp (N,IC), split by the longer side
     split_range(by_rows ? OC : IC, nt, t, &lo, &hi);
     /* The AVX-512 kernel (gemm_tn.c) where it runs, else OpenBLAS with the

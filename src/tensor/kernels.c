@@ -144,14 +144,17 @@ static void layernorm_backward_one_pass(float *dinp, float *dweight, float *dbia
         const float *x = inp + (size_t)i * C;
         const float *dy = dout + (size_t)i * C;
         float m = mean[i], r = rstd[i];
-        layernorm_backward_row(dinp + (size_t)i * C, dy, x, weight, m, r, C);
+        if (dinp)
+            layernorm_backward_row(dinp + (size_t)i * C, dy, x, weight, m, r, C);
+        if (!dweight)
+            continue;
 #pragma omp simd
         for (int c = 0; c < C; c++) {
             dw[c] += (x[c] - m) * r * dy[c];
             db[c] += dy[c];
         }
     }
-    for (int c = 0; c < C; c++) {
+    for (int c = 0; dweight && c < C; c++) {
         dweight[c] = (acc ? dweight[c] : 0.0f) + dw[c];
         dbias[c] = (acc ? dbias[c] : 0.0f) + db[c];
     }
@@ -183,13 +186,13 @@ void dt_layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const
     {
         /* dinp: rows are independent. */
 #pragma omp for schedule(dynamic, 16) nowait
-        for (int i = 0; i < N; i++) {
+        for (int i = 0; i < (dinp ? N : 0); i++) {
             layernorm_backward_row(dinp + (size_t)i * C, dout + (size_t)i * C, inp + (size_t)i * C,
                                    weight, mean[i], rstd[i], C);
         }
         /* dweight += sum_rows n * dout, dbias += sum_rows dout: column blocks. */
 #pragma omp for schedule(dynamic, 1)
-        for (int cb = 0; cb < nb; cb++) {
+        for (int cb = 0; cb < (dweight ? nb : 0); cb++) {
             int c0 = cb * CB, c1 = c0 + CB < C ? c0 + CB : C;
             float dw[CB] = {0}, db[CB] = {0};
             for (int i = 0; i < N; i++) {

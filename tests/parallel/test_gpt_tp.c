@@ -14,7 +14,8 @@
  *   - sampling: the gathered last-position logits equal the whole model's,
  *     the vocabulary padding is -inf;
  *   - the backward hook reports non-increasing offsets ending at 0, and the
- *     communication points were timed.
+ *     communication points were timed;
+ *   - backward split into B and W (zero-bubble) gives the bits of one.
  * The vocabulary (97) is not a multiple of tp, so padding is exercised.
  */
 #include "comm/harness.h"
@@ -107,11 +108,14 @@ static void run_variant(dt_tp *tp, int rank, int size, bool sp, dt_precision pr,
     dt_gpt_options so = wo;
     so.part = (dt_gpt_part){
         .tp_rank = rank, .tp_size = size, .sequence_parallel = sp, .regions = dt_tp_regions_of(tp)};
-    dt_gpt *whole, *shard;
+    dt_gpt *whole, *shard, *split;
     ASSERT_OK(dt_gpt_create_with(&whole, &cfg, B, T, &wo));
     ASSERT_OK(dt_gpt_create_with(&shard, &cfg, B, T, &so));
+    so.split_weight_grads = true;
+    ASSERT_OK(dt_gpt_create_with(&split, &cfg, B, T, &so));
     dt_gpt_init_params(whole, 7);
     dt_gpt_init_params(shard, 7);
+    dt_gpt_init_params(split, 7);
     compare_models(what, shard, dt_gpt_params(shard), whole, dt_gpt_params(whole), 0);
     double tol = pr == DT_PRECISION_FP32 ? 1e-4 : 4e-2;
     int32_t x[N], y[N];
@@ -128,8 +132,17 @@ static void run_variant(dt_tp *tp, int rank, int size, bool sp, dt_precision pr,
         ASSERT_OK(dt_gpt_backward_mode(shard, 0.5f, mode, on_ready, &h));
         ASSERT_EQ(h.last, 0);
         ASSERT_EQ(h.calls, cfg.layers + 1);
+        /* Zero-bubble's split (B then W, communicating in both) gives the
+         * shard's bits. */
+        ASSERT_OK(dt_gpt_forward(split, x, y, B, T, NULL));
+        ASSERT_OK(dt_gpt_backward_mode(split, 0.5f, mode, NULL, NULL));
+        ASSERT_OK(dt_gpt_weight_stage(split, 0, 0, mode, NULL, NULL));
     }
     compare_models(what, shard, dt_gpt_grads(shard), whole, dt_gpt_grads(whole), tol);
+    if (memcmp(dt_gpt_grads(shard), dt_gpt_grads(split),
+               dt_gpt_num_params(shard) * sizeof(float)) != 0)
+        TEST_FAILF("%s: the split backward's gradients differ from one backward's", what);
+    dt_gpt_destroy(split);
     ASSERT_TRUE(dt_gpt_take_comm_ms(shard) > 0);
     ASSERT_TRUE(dt_gpt_take_comm_ms(shard) == 0);
 

@@ -380,8 +380,8 @@ static void test_pipeline_stages(void) {
         dt_gpt_options o = {.precision = pr ? DT_PRECISION_BF16 : DT_PRECISION_FP32,
                             .recompute_every = 2};
         dt_gpt_options oa = o, ob = o;
-        oa.part = (dt_gpt_part){.layer_begin = 0, .layer_end = 3};
-        ob.part = (dt_gpt_part){.layer_begin = 3, .layer_end = 4};
+        oa.part = (dt_gpt_part){.chunks = 1, .layers = {{0, 3}}};
+        ob.part = (dt_gpt_part){.chunks = 1, .layers = {{3, 4}}};
         dt_gpt *whole, *a, *b;
         ASSERT_OK(dt_gpt_create_with(&whole, &c, B, T, &o));
         ASSERT_OK(dt_gpt_create_with(&a, &c, B, T, &oa));
@@ -399,16 +399,16 @@ static void test_pipeline_stages(void) {
         ASSERT_TRUE(strcmp(pb.name, "h.3.ln_1.weight") == 0 && pb.owner);
         float lw, lb;
         ASSERT_OK(dt_gpt_forward(whole, x, y, B, T, &lw));
-        ASSERT_STATUS(dt_gpt_forward_stage(b, 0, NULL, NULL, y, B, T, &lb), DT_ERR_INVALID);
-        ASSERT_OK(dt_gpt_forward_stage(a, 0, x, NULL, NULL, B, T, NULL));
-        ASSERT_OK(dt_gpt_forward_stage(b, 0, NULL, dt_gpt_stage_output(a, 0), y, B, T, &lb));
+        ASSERT_STATUS(dt_gpt_forward_stage(b, 0, 0, NULL, NULL, y, B, T, &lb), DT_ERR_INVALID);
+        ASSERT_OK(dt_gpt_forward_stage(a, 0, 0, x, NULL, NULL, B, T, NULL));
+        ASSERT_OK(dt_gpt_forward_stage(b, 0, 0, NULL, dt_gpt_stage_output(a, 0, 0), y, B, T, &lb));
         ASSERT_EQ(memcmp(&lw, &lb, sizeof lw), 0);
         ASSERT_OK(dt_gpt_backward_mode(whole, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
-        ASSERT_OK(dt_gpt_backward_stage(b, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
-        ASSERT_STATUS(dt_gpt_backward_stage(a, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL),
+        ASSERT_OK(dt_gpt_backward_stage(b, 0, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
+        ASSERT_STATUS(dt_gpt_backward_stage(a, 0, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL),
                       DT_ERR_INVALID);
-        ASSERT_OK(dt_gpt_forward_stage(a, 0, x, NULL, NULL, B, T, NULL));
-        ASSERT_OK(dt_gpt_backward_stage(a, 0, dt_gpt_stage_input_grad(b), 1.0f, DT_GRAD_OVERWRITE,
+        ASSERT_OK(dt_gpt_forward_stage(a, 0, 0, x, NULL, NULL, B, T, NULL));
+        ASSERT_OK(dt_gpt_backward_stage(a, 0, 0, dt_gpt_stage_input_grad(b), 1.0f, DT_GRAD_OVERWRITE,
                                         NULL, NULL));
         /* Every tensor of a part equals the whole model's of the same name. */
         dt_gpt *parts[2] = {a, b};
@@ -496,17 +496,17 @@ static void test_slots(void) {
         dt_gpt_init_params(many, 5);
         float l1[3], lk[3];
         for (int k = 0; k < K; k++)
-            ASSERT_OK(dt_gpt_forward_stage(many, k, x[k], NULL, y[k], B, T, &lk[k]));
+            ASSERT_OK(dt_gpt_forward_stage(many, 0, k, x[k], NULL, y[k], B, T, &lk[k]));
         for (int i = 0; i < K; i++) {
             int k = order[i];
             dt_grad_mode mode = i == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE;
             ASSERT_OK(dt_gpt_forward(one, x[k], y[k], B, T, &l1[k]));
             ASSERT_OK(dt_gpt_backward_mode(one, 1.0f, mode, NULL, NULL));
-            ASSERT_OK(dt_gpt_backward_stage(many, k, NULL, 1.0f, mode, NULL, NULL));
+            ASSERT_OK(dt_gpt_backward_stage(many, 0, k, NULL, 1.0f, mode, NULL, NULL));
             ASSERT_EQ(memcmp(&l1[k], &lk[k], sizeof l1[k]), 0);
         }
         assert_same_bits(one, dt_gpt_grads(one), dt_gpt_grads(many), "slots");
-        ASSERT_STATUS(dt_gpt_forward_stage(many, K, x[0], NULL, y[0], B, T, NULL), DT_ERR_INVALID);
+        ASSERT_STATUS(dt_gpt_forward_stage(many, 0, K, x[0], NULL, y[0], B, T, NULL), DT_ERR_INVALID);
         ASSERT_CONTAINS(dt_last_error(), "created with 3 slot(s)");
         dt_memory_report r1, rk;
         dt_gpt_memory(one, &r1);
@@ -514,6 +514,217 @@ static void test_slots(void) {
         ASSERT_TRUE(rk.activations > r1.activations && rk.saved == 3 * r1.saved);
         dt_gpt_destroy(one);
         dt_gpt_destroy(many);
+    }
+}
+
+/* A hook that checks that ready_from never grows. */
+typedef struct mono_log {
+    size_t last;
+    int calls;
+    bool bad;
+} mono_log;
+
+static void hook_monotone(void *user, size_t ready_from) {
+    mono_log *h = user;
+    h->bad |= ready_from > h->last;
+    h->last = ready_from;
+    h->calls++;
+}
+
+/* The gradient of every tensor of `part` equals the whole model's of the
+ * same name, bit for bit (wte skipped: see test_pipeline_stages). */
+static void assert_part_grads(dt_gpt *part, dt_gpt *whole, const char *what) {
+    for (size_t i = 0; i < dt_gpt_num_tensors(part); i++) {
+        dt_param_info p, w;
+        dt_gpt_tensor_info(part, i, &p);
+        if (strcmp(p.name, "wte") == 0)
+            continue;
+        dt_gpt_tensor_info(whole, (size_t)p.global, &w);
+        ASSERT_TRUE(strcmp(w.name, p.name) == 0);
+        size_t n = p.rows * p.cols;
+        if (memcmp(dt_gpt_grads(part) + p.offset, dt_gpt_grads(whole) + w.offset,
+                   n * sizeof(float)) != 0)
+            TEST_FAILF("%s: gradient of %s differs from the whole model's", what, p.name);
+    }
+}
+
+/* Interleaved placement: two parts of two chunks each (virtual stages 0, 2
+ * on the first, 1, 3 on the second), chained forward 0 -> 1 -> 2 -> 3 and
+ * backward 3 -> 2 -> 1 -> 0 over two micro-batches in two slots, give the
+ * whole model's loss and gradients; the hooks of the last backward of each
+ * chunk, descending, report monotonically from the end of the buffer to 0.
+ * Also: the whole tensor table by global index; refused parts. */
+static void test_chunks(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    c.layers = 5;
+    const int B = 2, T = 16, M = 2;
+    int32_t x[2][2 * 16], y[2][2 * 16];
+    for (int k = 0; k < M; k++) {
+        fill_tokens(x[k], B * T, c.vocab, 30 + (uint64_t)k);
+        fill_tokens(y[k], B * T, c.vocab, 40 + (uint64_t)k);
+    }
+    dt_param_info *all;
+    ASSERT_OK(dt_gpt_config_tensors(&c, &all));
+    ASSERT_EQ(dt_gpt_config_num_tensors(&c), 2 + 12 * 5 + 2);
+    ASSERT_TRUE(strcmp(all[2 + 12 * 3 + 4].name, "h.3.attn.c_proj.weight") == 0);
+    ASSERT_EQ(all[2 + 12 * 3 + 4].global, 2 + 12 * 3 + 4);
+    for (int pr = 0; pr < 2; pr++) {
+        dt_gpt_options o = {.precision = pr ? DT_PRECISION_BF16 : DT_PRECISION_FP32,
+                            .recompute_every = 2};
+        dt_gpt *whole, *p[2];
+        ASSERT_OK(dt_gpt_create_with(&whole, &c, B, T, &o));
+        o.slots = M;
+        dt_gpt_options o0 = o, o1 = o;
+        o0.part = (dt_gpt_part){.chunks = 2, .layers = {{0, 1}, {2, 4}}};
+        o1.part = (dt_gpt_part){.chunks = 2, .layers = {{1, 2}, {4, 5}}};
+        ASSERT_OK(dt_gpt_create_with(&p[0], &c, B, T, &o0));
+        ASSERT_OK(dt_gpt_create_with(&p[1], &c, B, T, &o1));
+        /* p0: wte, wpe, h.0, h.2, h.3; p1: wte copy, h.1, h.4, ln_f. */
+        ASSERT_EQ(dt_gpt_num_tensors(p[0]), 2 + 3 * 12);
+        ASSERT_EQ(dt_gpt_num_tensors(p[1]), 1 + 2 * 12 + 2);
+        dt_param_info pi;
+        dt_gpt_tensor_info(p[1], 13, &pi);
+        ASSERT_TRUE(strcmp(pi.name, "h.4.ln_1.weight") == 0 && pi.global == 2 + 12 * 4);
+        dt_gpt_init_params(whole, 3);
+        dt_gpt_init_params(p[0], 3);
+        dt_gpt_init_params(p[1], 3);
+        float lw[2], lp[2];
+        for (int k = 0; k < M; k++) {
+            ASSERT_OK(dt_gpt_forward(whole, x[k], y[k], B, T, &lw[k]));
+            ASSERT_OK(dt_gpt_backward_mode(whole, 1.0f, k ? DT_GRAD_ACCUMULATE : DT_GRAD_OVERWRITE,
+                                           NULL, NULL));
+        }
+        /* Virtual stage s = chunk * 2 + rank. */
+        for (int k = 0; k < M; k++) {
+            const float *h = NULL;
+            for (int st = 0; st < 4; st++) {
+                dt_gpt *m = p[st % 2];
+                ASSERT_OK(dt_gpt_forward_stage(m, st / 2, k, st ? NULL : x[k], h,
+                                               st == 3 ? y[k] : NULL, B, T,
+                                               st == 3 ? &lp[k] : NULL));
+                if (st < 3)
+                    h = dt_gpt_stage_output(m, st / 2, k);
+            }
+            ASSERT_EQ(memcmp(&lw[k], &lp[k], sizeof lw[k]), 0);
+        }
+        size_t last[2] = {SIZE_MAX, SIZE_MAX};
+        int calls[2] = {0, 0};
+        for (int k = 0; k < M; k++) {
+            const float *g = NULL;
+            for (int st = 3; st >= 0; st--) {
+                dt_gpt *m = p[st % 2];
+                /* The last micro-batch's backwards carry the hook. */
+                mono_log log = {.last = last[st % 2], .calls = calls[st % 2]};
+                ASSERT_OK(dt_gpt_backward_stage(m, st / 2, k, g, 1.0f,
+                                                k ? DT_GRAD_ACCUMULATE : DT_GRAD_OVERWRITE,
+                                                k == M - 1 ? hook_monotone : NULL, &log));
+                last[st % 2] = log.last;
+                calls[st % 2] = log.calls;
+                ASSERT_TRUE(!log.bad);
+                g = dt_gpt_stage_input_grad(m);
+            }
+        }
+        ASSERT_TRUE(last[0] == 0 && last[1] == 0 && calls[0] == 4 && calls[1] == 3);
+        assert_part_grads(p[0], whole, pr ? "chunks bf16" : "chunks fp32");
+        assert_part_grads(p[1], whole, pr ? "chunks bf16" : "chunks fp32");
+        dt_gpt_destroy(whole);
+        dt_gpt_destroy(p[0]);
+        dt_gpt_destroy(p[1]);
+    }
+    dt_free(all);
+    /* Refused: overlapping, out of order, empty, too many. */
+    dt_gpt *m;
+    dt_gpt_options o = dt_gpt_options_default();
+    o.part = (dt_gpt_part){.chunks = 2, .layers = {{0, 3}, {2, 4}}};
+    ASSERT_STATUS(dt_gpt_create_with(&m, &c, B, T, &o), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "chunk 1's layers [2, 4)");
+    o.part = (dt_gpt_part){.chunks = 1, .layers = {{2, 2}}};
+    ASSERT_STATUS(dt_gpt_create_with(&m, &c, B, T, &o), DT_ERR_INVALID);
+    o.part = (dt_gpt_part){.chunks = DT_GPT_MAX_CHUNKS + 1};
+    ASSERT_STATUS(dt_gpt_create_with(&m, &c, B, T, &o), DT_ERR_INVALID);
+    o.part = (dt_gpt_part){.chunks = 2, .layers = {{0, 1}, {3, 4}}};
+    ASSERT_OK(dt_gpt_create_with(&m, &c, B, T, &o));
+    ASSERT_STATUS(dt_gpt_forward_stage(m, 2, 0, x[0], NULL, NULL, B, T, NULL), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "chunk 2: the model part has 2 chunk(s)");
+    dt_gpt_destroy(m);
+}
+
+/* Zero-bubble's split: backward (input gradients) of three micro-batches,
+ * then their weight gradients later and in between, give the bits of the
+ * unsplit backwards, in fp32, bf16 and fp16, with and without
+ * recomputation, for a whole model and for a last stage; the hooks come
+ * from the weight passes. Memory: the split keeps its gradients per slot
+ * (wgrad), and a forward into a slot with pending weights is refused. */
+static void test_split_weights(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    c.layers = 3;
+    const int B = 2, T = 16, K = 3;
+    int32_t x[3][2 * 16], y[3][2 * 16];
+    for (int k = 0; k < K; k++) {
+        fill_tokens(x[k], B * T, c.vocab, 50 + (uint64_t)k);
+        fill_tokens(y[k], B * T, c.vocab, 60 + (uint64_t)k);
+    }
+    float dx[2 * 16 * 64];
+    for (size_t i = 0; i < sizeof dx / sizeof dx[0]; i++)
+        dx[i] = (float)((int)(i * 7919 % 23) - 11) * 1e-3f;
+    for (int v = 0; v < 12; v++) {
+        dt_precision prs[3] = {DT_PRECISION_FP32, DT_PRECISION_BF16, DT_PRECISION_FP16};
+        dt_gpt_options o = {.precision = prs[v % 3], .recompute_every = (v / 3) & 1 ? 1 : 0};
+        bool stage = v >= 6; /* a part without the embeddings: blocks 1-2 and the head */
+        if (stage)
+            o.part = (dt_gpt_part){.chunks = 1, .layers = {{1, 3}}};
+        (void)dx;
+        dt_gpt *one, *split;
+        ASSERT_OK(dt_gpt_create_with(&one, &c, B, T, &o));
+        o.slots = K;
+        o.split_weight_grads = true;
+        ASSERT_OK(dt_gpt_create_with(&split, &c, B, T, &o));
+        dt_gpt_init_params(one, 8);
+        dt_gpt_init_params(split, 8);
+        const float *h[3];
+        float hx[3][2 * 16 * 64];
+        for (int k = 0; k < K; k++) {
+            /* A later stage's input: any residual stream. */
+            for (size_t i = 0; i < (size_t)B * T * c.dim; i++)
+                hx[k][i] = dx[i] * (float)(k + 1) * 50.0f;
+            h[k] = stage ? hx[k] : NULL;
+        }
+        mono_log l1 = {.last = SIZE_MAX}, l2 = {.last = SIZE_MAX};
+        for (int k = 0; k < K; k++) {
+            dt_grad_mode mode = k ? DT_GRAD_ACCUMULATE : DT_GRAD_OVERWRITE;
+            float a, b;
+            ASSERT_OK(dt_gpt_forward_stage(one, 0, 0, stage ? NULL : x[k], h[k], y[k], B, T, &a));
+            ASSERT_OK(dt_gpt_backward_stage(one, 0, 0, NULL, 1.0f, mode,
+                                            k == K - 1 ? hook_monotone : NULL, &l1));
+            ASSERT_OK(dt_gpt_forward_stage(split, 0, k, stage ? NULL : x[k], h[k], y[k], B, T, &b));
+            ASSERT_EQ(memcmp(&a, &b, sizeof a), 0);
+        }
+        /* B0 B1 W0 B2 W1 W2 (a ZB-like interleaving). */
+        ASSERT_OK(dt_gpt_backward_stage(split, 0, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
+        ASSERT_STATUS(dt_gpt_forward_stage(split, 0, 0, stage ? NULL : x[0], h[0], y[0], B, T,
+                                           NULL),
+                      DT_ERR_INVALID);
+        ASSERT_CONTAINS(dt_last_error(), "pending");
+        ASSERT_OK(dt_gpt_backward_stage(split, 0, 1, NULL, 1.0f, DT_GRAD_ACCUMULATE, NULL, NULL));
+        ASSERT_OK(dt_gpt_weight_stage(split, 0, 0, DT_GRAD_OVERWRITE, NULL, NULL));
+        ASSERT_OK(dt_gpt_backward_stage(split, 0, 2, NULL, 1.0f, DT_GRAD_ACCUMULATE, NULL, NULL));
+        ASSERT_OK(dt_gpt_weight_stage(split, 0, 1, DT_GRAD_ACCUMULATE, NULL, NULL));
+        ASSERT_STATUS(dt_gpt_weight_stage(split, 0, 1, DT_GRAD_ACCUMULATE, NULL, NULL),
+                      DT_ERR_INVALID);
+        ASSERT_OK(dt_gpt_weight_stage(split, 0, 2, DT_GRAD_ACCUMULATE, hook_monotone, &l2));
+        ASSERT_TRUE(!l2.bad && l2.last == 0 && l2.calls == l1.calls);
+        char what[64];
+        snprintf(what, sizeof what, "split %s%s%s", dt_precision_name(o.precision),
+                 o.recompute_every ? " recompute" : "", stage ? " stage" : "");
+        assert_same_bits(one, dt_gpt_grads(one), dt_gpt_grads(split), what);
+        dt_memory_report r1, r2;
+        dt_gpt_memory(one, &r1);
+        dt_gpt_memory(split, &r2);
+        ASSERT_TRUE(r1.wgrad == 0 && r2.wgrad > 0 && r2.activations >= 3 * r1.saved + r2.wgrad);
+        dt_gpt_destroy(one);
+        dt_gpt_destroy(split);
     }
 }
 
@@ -530,5 +741,7 @@ int main(void) {
     RUN(test_pipeline_stages);
     RUN(test_shard_memory);
     RUN(test_slots);
+    RUN(test_chunks);
+    RUN(test_split_weights);
     return TEST_SUMMARY();
 }
