@@ -724,9 +724,8 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
     plan p = carve(NULL, cfg, max_batch, max_seq, &m->opt);
     m->arena_bytes = p.total;
     m->arena = dt_alloc(p.total);
-    if (!m->info || !m->names || !m->lidx || !m->slots || !acts ||
-        (o.split_weight_grads && !wg) || !m->params || !m->grads || !m->arena ||
-        (low && !m->w16)) {
+    if (!m->info || !m->names || !m->lidx || !m->slots || !acts || (o.split_weight_grads && !wg) ||
+        !m->params || !m->grads || !m->arena || (low && !m->w16)) {
         char a[32];
         size_t np = m->nparams;
         dt_gpt_destroy(m);

@@ -73,7 +73,7 @@ typedef struct gpt_dims {
     dt_layer_range ch[DT_GPT_MAX_CHUNKS]; /* their blocks */
     int base[DT_GPT_MAX_CHUNKS];          /* blocks held before chunk c */
     int nl;                               /* blocks held */
-    bool first;    /* holds the embeddings (chunk 0 begins at block 0) */
+    bool first;                           /* holds the embeddings (chunk 0 begins at block 0) */
     bool last;     /* holds ln_f and the LM head (the last chunk ends the model) */
     int tp, r;     /* tensor-parallel size and this rank */
     bool sp;       /* sequence parallelism */
@@ -87,24 +87,24 @@ typedef struct gpt_dims {
  * keeps several micro-batches alive), the scratch once. */
 typedef struct gpt_slot {
     int part_chunk, L0, L1; /* the part's chunk it belongs to, and its blocks [L0, L1) */
-    bool embeds;       /* the chunk holds block 0: its input is the embedding */
-    bool head;         /* the chunk holds the last block: ln_f and the LM head follow */
-    block_acts *acts;  /* (L1 - L0) entries, indexed by l - L0 */
-    block_wgrad *wg;   /* (L1 - L0) with split_weight_grads, else NULL */
-    float *encoded;    // (Ns,C)    the first block's input: embeddings, or the stage input
-    void *lnf_out;     // (Ns,C)    compute type: ln_f output (the LM head's input)
-    float *lnf_mean;   // (Ns)
-    float *lnf_rstd;   // (Ns)
-    float *logits;     // (N,Vl)    without recomputation (NULL with); dlogits after backward
-    float *chunk;      // (N,Vb)    logits/dlogits of one vocabulary chunk (== logits when
-                       //           there is one chunk and no recomputation; else shared)
-    float *ce_lse;     // (N)
-    float *losses;     // (N)
-    int32_t *tokens;   // (N)       copy of the inputs
-    int32_t *targets;  // (N)       copy of the targets
-    int B, T;          /* sizes of its forward */
-    bool have_targets; /* its forward can be differentiated */
-    bool pending_w;    /* split: backward ran, the weight gradients have not */
+    bool embeds;            /* the chunk holds block 0: its input is the embedding */
+    bool head;              /* the chunk holds the last block: ln_f and the LM head follow */
+    block_acts *acts;       /* (L1 - L0) entries, indexed by l - L0 */
+    block_wgrad *wg;        /* (L1 - L0) with split_weight_grads, else NULL */
+    float *encoded;         // (Ns,C)    the first block's input: embeddings, or the stage input
+    void *lnf_out;          // (Ns,C)    compute type: ln_f output (the LM head's input)
+    float *lnf_mean;        // (Ns)
+    float *lnf_rstd;        // (Ns)
+    float *logits;          // (N,Vl)    without recomputation (NULL with); dlogits after backward
+    float *chunk;           // (N,Vb)    logits/dlogits of one vocabulary chunk (== logits when
+                            //           there is one chunk and no recomputation; else shared)
+    float *ce_lse;          // (N)
+    float *losses;          // (N)
+    int32_t *tokens;        // (N)       copy of the inputs
+    int32_t *targets;       // (N)       copy of the targets
+    int B, T;               /* sizes of its forward */
+    bool have_targets;      /* its forward can be differentiated */
+    bool pending_w;         /* split: backward ran, the weight gradients have not */
 } gpt_slot;
 
 struct dt_gpt {
@@ -124,8 +124,8 @@ struct dt_gpt {
     char *names;           /* storage of info[i].name */
     char *arena;           /* all activations */
     size_t arena_bytes;
-    gpt_slot *slots; /* (nch x nslots) micro-batches in flight: chunk c's are c*nslots.. */
-    int nslots;      /* per chunk */
+    gpt_slot *slots;   /* (nch x nslots) micro-batches in flight: chunk c's are c*nslots.. */
+    int nslots;        /* per chunk */
     gpt_slot *s;       /* the slot of the pass running (or that ran last) */
     block_acts shared; /* the scratch set of recomputed blocks (res3 unused) */
     void *gathered;    // (N,C)     sequence parallelism: an all-gathered ln output, compute type

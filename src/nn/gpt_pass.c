@@ -663,8 +663,7 @@ static dt_status dout_rows(dt_gpt *m, const void **dout) {
  * With `weights` the parameter gradients are written into m->grads per
  * mode as they go; without (a zero-bubble B) the gradients they are made
  * of are kept in the slot's block_wgrad for block_weights instead. */
-static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode mode,
-                                bool weights) {
+static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode mode, bool weights) {
     const gpt_dims *d = &m->d;
     const int B = m->s->B, T = m->s->T, C = d->C, N = B * T, Ns = (int)rows_here(m);
     const int Ct = d->Ct, NHt = d->NHt, Ft = d->Ft;
@@ -686,8 +685,8 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode m
         dt_gelu_bias_backward(dfc, a->fch, bt(m, p, l, P_FCB), m->dfch, N, Ft);
         if (weights)
             DT_CHECK(region_in_forward(m, a->ln2, &in, 4)); /* SP: gathered again */
-        dt_matmul_backward_mode(m->dbuf, G(P_FCW), G(P_FCB), dfc, in, bt(m, p, l, P_FCW), N, C,
-                                Ft, mode);
+        dt_matmul_backward_mode(m->dbuf, G(P_FCW), G(P_FCB), dfc, in, bt(m, p, l, P_FCW), N, C, Ft,
+                                mode);
     } else {
         DT_CHECK(dt_linear16_backward_mode(pr, m->dfch, G(P_FCPROJW), G(P_FCPROJB), dout,
                                            a->fch_gelu, wt(m, l, P_FCPROJW), N, Ft, C, mode));
@@ -717,12 +716,12 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode m
         dt_attention_backward(dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt);
         if (weights)
             DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
-        dt_matmul_backward_mode(m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in, bt(m, p, l, P_QKVW), N,
-                                C, 3 * Ct, mode);
+        dt_matmul_backward_mode(m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in, bt(m, p, l, P_QKVW), N, C,
+                                3 * Ct, mode);
     } else {
         uint16_t *dqkv = w ? w->d_qkv : m->dqkv;
-        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout,
-                                           a->atty, wt(m, l, P_ATTPROJW), N, Ct, C, mode));
+        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout, a->atty,
+                                           wt(m, l, P_ATTPROJW), N, Ct, C, mode));
         dt_attention16_backward(pr, dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt,
                                 m->attn_work);
         if (weights)
@@ -757,15 +756,14 @@ static dt_status block_weights(dt_gpt *m, int l, const float *x, dt_grad_mode mo
     const block_wgrad *w = &m->s->wg[l - m->s->L0];
     const size_t A = dt__act_size(pr);
     if (pr == DT_PRECISION_FP32) {
-        dt_matmul_backward_mode(NULL, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB),
-                                w->d_fcproj, a->fch_gelu, NULL, N, Ft, C, mode);
+        dt_matmul_backward_mode(NULL, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB), w->d_fcproj,
+                                a->fch_gelu, NULL, N, Ft, C, mode);
         DT_CHECK(region_in_forward(m, a->ln2, &in, 4));
-        dt_matmul_backward_mode(NULL, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), w->d_fc, in, NULL,
-                                N, C, Ft, mode);
+        dt_matmul_backward_mode(NULL, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), w->d_fc, in, NULL, N,
+                                C, Ft, mode);
     } else {
-        DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_FCPROJW),
-                                           bt(m, g, l, P_FCPROJB), w->d_fcproj, a->fch_gelu,
-                                           NULL, N, Ft, C, mode));
+        DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB),
+                                           w->d_fcproj, a->fch_gelu, NULL, N, Ft, C, mode));
         DT_CHECK(region_in_forward(m, a->ln2, &in, A));
         DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB),
                                            w->d_fc, in, NULL, N, C, Ft, mode));
@@ -776,12 +774,12 @@ static dt_status block_weights(dt_gpt *m, int l, const float *x, dt_grad_mode mo
         dt_matmul_backward_mode(NULL, bt(m, g, l, P_ATTPROJW), bt(m, g, l, P_ATTPROJB),
                                 w->d_attproj, a->atty, NULL, N, Ct, C, mode);
         DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
-        dt_matmul_backward_mode(NULL, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), w->d_qkv, in,
-                                NULL, N, C, 3 * Ct, mode);
+        dt_matmul_backward_mode(NULL, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), w->d_qkv, in, NULL,
+                                N, C, 3 * Ct, mode);
     } else {
         DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_ATTPROJW),
-                                           bt(m, g, l, P_ATTPROJB), w->d_attproj, a->atty, NULL,
-                                           N, Ct, C, mode));
+                                           bt(m, g, l, P_ATTPROJB), w->d_attproj, a->atty, NULL, N,
+                                           Ct, C, mode));
         DT_CHECK(region_in_forward(m, a->ln1, &in, A));
         DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB),
                                            w->d_qkv, in, NULL, N, C, 3 * Ct, mode));
@@ -917,11 +915,10 @@ dt_status dt_gpt_weight_stage(dt_gpt *m, int chunk, int slot, dt_grad_mode mode,
     DT_CHECK(use_slot(m, chunk, slot));
     gpt_slot *s = m->s;
     if (!s->pending_w)
-        return dt_error_set(DT_ERR_INVALID,
-                            "weight gradients of chunk %d's slot %d: %s", chunk, slot,
-                            m->opt.split_weight_grads
-                                ? "no backward is pending there"
-                                : "the model was created without split_weight_grads");
+        return dt_error_set(
+            DT_ERR_INVALID, "weight gradients of chunk %d's slot %d: %s", chunk, slot,
+            m->opt.split_weight_grads ? "no backward is pending there"
+                                      : "the model was created without split_weight_grads");
     if ((unsigned)mode > DT_GRAD_OVERWRITE)
         return dt_error_set(DT_ERR_INVALID, "weight gradients: grad mode %d is not a dt_grad_mode",
                             (int)mode);

@@ -408,8 +408,8 @@ static void test_pipeline_stages(void) {
         ASSERT_STATUS(dt_gpt_backward_stage(a, 0, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL),
                       DT_ERR_INVALID);
         ASSERT_OK(dt_gpt_forward_stage(a, 0, 0, x, NULL, NULL, B, T, NULL));
-        ASSERT_OK(dt_gpt_backward_stage(a, 0, 0, dt_gpt_stage_input_grad(b), 1.0f, DT_GRAD_OVERWRITE,
-                                        NULL, NULL));
+        ASSERT_OK(dt_gpt_backward_stage(a, 0, 0, dt_gpt_stage_input_grad(b), 1.0f,
+                                        DT_GRAD_OVERWRITE, NULL, NULL));
         /* Every tensor of a part equals the whole model's of the same name. */
         dt_gpt *parts[2] = {a, b};
         for (int k = 0; k < 2; k++)
@@ -506,7 +506,8 @@ static void test_slots(void) {
             ASSERT_EQ(memcmp(&l1[k], &lk[k], sizeof l1[k]), 0);
         }
         assert_same_bits(one, dt_gpt_grads(one), dt_gpt_grads(many), "slots");
-        ASSERT_STATUS(dt_gpt_forward_stage(many, 0, K, x[0], NULL, y[0], B, T, NULL), DT_ERR_INVALID);
+        ASSERT_STATUS(dt_gpt_forward_stage(many, 0, K, x[0], NULL, y[0], B, T, NULL),
+                      DT_ERR_INVALID);
         ASSERT_CONTAINS(dt_last_error(), "created with 3 slot(s)");
         dt_memory_report r1, rk;
         dt_gpt_memory(one, &r1);
@@ -703,9 +704,9 @@ static void test_split_weights(void) {
         }
         /* B0 B1 W0 B2 W1 W2 (a ZB-like interleaving). */
         ASSERT_OK(dt_gpt_backward_stage(split, 0, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
-        ASSERT_STATUS(dt_gpt_forward_stage(split, 0, 0, stage ? NULL : x[0], h[0], y[0], B, T,
-                                           NULL),
-                      DT_ERR_INVALID);
+        ASSERT_STATUS(
+            dt_gpt_forward_stage(split, 0, 0, stage ? NULL : x[0], h[0], y[0], B, T, NULL),
+            DT_ERR_INVALID);
         ASSERT_CONTAINS(dt_last_error(), "pending");
         ASSERT_OK(dt_gpt_backward_stage(split, 0, 1, NULL, 1.0f, DT_GRAD_ACCUMULATE, NULL, NULL));
         ASSERT_OK(dt_gpt_weight_stage(split, 0, 0, DT_GRAD_OVERWRITE, NULL, NULL));
