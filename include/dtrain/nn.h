@@ -340,6 +340,8 @@ dt_status dt_gpt_weight_stage(dt_gpt *m, int chunk, int slot, dt_grad_mode mode,
  * last backward. */
 const float *dt_gpt_stage_output(const dt_gpt *m, int chunk, int slot);
 const float *dt_gpt_stage_input_grad(const dt_gpt *m);
+/* The options the model was created with (its part normalised). */
+const dt_gpt_options *dt_gpt_get_options(const dt_gpt *m);
 /* The part this model holds (normalised: chunks >= 1, tp_size >= 1). */
 const dt_gpt_part *dt_gpt_get_part(const dt_gpt *m);
 /* Milliseconds spent in the tensor-parallel communication points since

@@ -556,6 +556,104 @@ dt_status dt_grad_sync_set_state(dt_grad_sync *s, const void *buf, size_t len, f
 void dt_grad_sync_reset_state(dt_grad_sync *s);
 void dt_grad_sync_destroy(dt_grad_sync *s);
 
+/* ------------------------------------------------------------------------ */
+/* Runners: a step's forward and backward passes over its micro-batches     */
+/* ------------------------------------------------------------------------ */
+/*
+ * A runner executes one optimizer step's forwards and backwards of M
+ * micro-batches on this rank's model part and gives the gradient
+ * synchronisation its backward hooks; the loop calls it and nothing else
+ * for the passes:
+ *
+ *     dt_optimizer_begin(...); dt_grad_sync_begin_step(...);
+ *     DT_CHECK(dt_runner_step(runner, &batch, sync, &res));  // gradients accumulated
+ *     dt_grad_sync_finish(sync, ...); ...
+ *
+ * The sequential runner (one pipeline stage: the whole model or a
+ * tensor-parallel shard) runs forward, backward per micro-batch. The
+ * pipeline runner executes a checked schedule (above) on this rank's stage:
+ *
+ *   - activations go to the next stage and gradients to the previous one
+ *     point to point, non-blocking (dt_group_isendrecv_batch), a run of
+ *     consecutive transfers posted as one batch per flow: activations over
+ *     the pipeline group, gradients over a second group split from it, so
+ *     the two flows never queue behind each other; a compute action waits
+ *     only for the batch that brings its input;
+ *   - received activations and gradients land in buffers of one (Ns,C)
+ *     residual stream each (a pool that grows to what the schedule keeps
+ *     in flight, then stays); an input gradient is copied out of the
+ *     model's scratch into such a buffer before it is sent; an activation
+ *     is sent from the slot that holds it, which is reused only once that
+ *     send has completed (the next stage received it before it could send
+ *     the gradient that let the backward run, so this wait is short);
+ *   - the model has exactly dt_pp_slots() slots per chunk; the runner
+ *     counts the micro-batch chunks alive (forwarded, backward or W not
+ *     done) and reports the peak, which equals the checker's peak_live;
+ *   - each chunk's first backward (and W) overwrites its gradients, the
+ *     others accumulate, in micro-batch order, so every gradient but the
+ *     tied embedding's is summed in the order of one process;
+ *   - the last backward (or W) of each chunk carries the synchronisation's
+ *     hook (chunks finish in descending order, as the model's layout
+ *     requires); the tied embedding's gradient waits: after the schedule
+ *     ran, the first and last stages sum it over their own group
+ *     (Megatron's embedding allreduce) and only then report it ready;
+ *   - an error of any transfer (a stage died, a mismatched message) stops
+ *     the step on this rank with the stage, the world rank and the action,
+ *     aborts the pipeline's groups so that its neighbours fail at once,
+ *     and returns after every posted transfer has completed or failed.
+ * Ownership: a runner borrows the model, the schedule and the groups.
+ */
+
+typedef struct dt_runner dt_runner;
+
+/* One step's micro-batches: inputs and targets (micro, B, T) one after
+ * another; each micro-batch's backward scales its mean loss by grad_scale
+ * (the loss scale / micro). */
+typedef struct dt_run_batch {
+    const int32_t *inputs, *targets;
+    int micro, B, T;
+    float grad_scale;
+} dt_run_batch;
+
+/* What a step measured on this rank. */
+typedef struct dt_run_result {
+    double loss;          /* sum of the micro-batches' mean losses this rank computed */
+    bool has_loss;        /* this rank computes losses (it holds the LM head) */
+    double busy_ms;       /* time in forward, backward and W */
+    double wait_ms;       /* time blocked on pipeline transfers */
+    double bubble;        /* pipeline: 1 - sum(busy) / (P x span), over the pipeline's
+                             ranks (span: the step's start to the last compute); 0 else */
+    int peak_live;        /* most micro-batch chunks alive at once */
+    uint64_t bytes_sent;  /* pipeline transfers this rank sent */
+} dt_run_result;
+
+/* Run one step (every rank of the pipeline calls it; `sync` gets the
+ * hooks and begin_backward). */
+dt_status dt_runner_step(dt_runner *r, const dt_run_batch *b, dt_grad_sync *sync,
+                         dt_run_result *out);
+/* Forward only (no targets needed but on the stage with the head): the
+ * mean loss of one batch (B,T), on every rank of the pipeline. */
+dt_status dt_runner_eval(dt_runner *r, const int32_t *inputs, const int32_t *targets, int B, int T,
+                         double *loss);
+/* "sequential", "1f1b", ... */
+const char *dt_runner_name(const dt_runner *r);
+void dt_runner_destroy(dt_runner *r);
+
+/* The sequential runner over the whole model part m (borrowed). */
+dt_status dt_sequential_runner_create(dt_runner **out, dt_gpt *m);
+
+typedef struct dt_pp_runner_config {
+    dt_gpt *model;                /* this rank's part: dt_pp_model_part, dt_pp_slots slots per
+                                     chunk, split_weight_grads when the schedule splits W */
+    const dt_pp_schedule *sched;  /* checked (dt_pp_check) */
+    dt_group *group;              /* the pipeline group: rank = pipeline rank */
+} dt_pp_runner_config;
+
+/* Collective over the pipeline group: splits its gradient and embedding
+ * groups, and compares the schedule every rank was given (a different
+ * table, kind, or counts on some rank is DT_ERR_MISMATCH naming it). */
+dt_status dt_pp_runner_create(dt_runner **out, const dt_pp_runner_config *c);
+
 /* --- DDP as a gradient synchronisation ---------------------------------- */
 
 typedef struct dt_ddp_sync_config {

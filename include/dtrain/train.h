@@ -52,6 +52,10 @@ typedef struct dt_step_metrics {
     double exposed_comm_ms; /* communication not hidden behind compute */
     double tp_comm_ms;      /* time in the model's tensor-parallel communication (exposed:
                                a shard waits for it); NaN without tensor parallelism */
+    double pp_bubble;       /* pipeline: measured idle fraction of the stages in the step's
+                               forwards and backwards (parallel.h, dt_run_result); NaN
+                               without a pipeline */
+    int pp_peak_live;       /* pipeline: most micro-batches this rank kept alive; 0 without */
     double mfu;             /* model FLOPs utilisation in [0, 1], NaN if unknown */
     uint64_t bytes_sent;    /* gradient bytes this rank sent in the step */
     int64_t tokens;         /* tokens processed so far (all ranks) */
@@ -205,6 +209,10 @@ typedef struct dt_train_config {
     int dp, tp, pp, cp;
     bool sp;
     const char *mesh_order;
+    /* The pipeline schedule with pp > 1 (docs/pipeline.md): "gpipe",
+     * "1f1b", "interleaved:V" or "zb" (NULL: 1f1b); its micro-batches are
+     * the step's `accum`. */
+    const char *pp_schedule;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. Set from any thread
@@ -223,6 +231,7 @@ typedef struct dt_train_result {
     double tokens_per_s;             /* median over the steps after the first */
     double comm_ms, exposed_comm_ms; /* per step, medians */
     double tp_comm_ms;               /* per step, median; NaN without tensor parallelism */
+    double pp_bubble;                /* per step, median; NaN without a pipeline */
     double seconds;                  /* wall time of the loop */
     char checkpoint[4096];           /* last checkpoint written, "" if none */
 } dt_train_result;

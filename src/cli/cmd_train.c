@@ -91,7 +91,9 @@ static const cli_opt train_opts[] = {
     {"compress-ramp", 0, CLI_INT, "N", "0", "DT_COMPRESS_RAMP", "topk density ramp: the N steps after the warm-up keep 25% falling exponentially to F", NULL, 0, 1e15},
     {"tp", 0, CLI_INT, "N", "1", "DT_TP", "tensor-parallel degree: heads, MLP and vocabulary split over N ranks (Megatron)", NULL, 1, 4096},
     {"sp", 0, CLI_FLAG, NULL, NULL, "DT_SP", "sequence parallelism with --tp: LayerNorm, residual and their activations on 1/tp of the tokens", NULL, 0, 0},
-    {"pp", 0, CLI_INT, "N", "1", "DT_PP", "pipeline-parallel degree (the mesh axis; pipelined training is not available yet)", NULL, 1, 4096},
+    {"pp", 0, CLI_INT, "N", "1", "DT_PP", "pipeline-parallel degree: the layers split into N stages", NULL, 1, 4096},
+    {"pp-schedule", 0, CLI_STRING, "KIND", "1f1b", "DT_PP_SCHEDULE", "pipeline schedule: gpipe, 1f1b, interleaved:V or zb (dtrain plan pipeline draws it)", NULL, 0, 0},
+    {"micro-batches", 0, CLI_INT, "M", "1", "DT_MICRO_BATCHES", "micro-batches per optimizer step (the same as --accum)", NULL, 1, 1 << 20},
     {"cp", 0, CLI_INT, "N", "1", "DT_CP", "context-parallel degree (the mesh axis; not available yet)", NULL, 1, 4096},
     {"dp", 0, CLI_INT, "N", "0", "DT_DP", "data-parallel degree (0: ranks / (tp x pp x cp))", NULL, 0, 1 << 20},
     {"mesh-order", 0, CLI_STRING, "ORDER", "tp-cp-dp-pp", "DT_MESH_ORDER", "rank order of the mesh axes, fastest-varying first", NULL, 0, 0},
@@ -266,6 +268,16 @@ static int run_train(cli_args *a) {
     c.tp = (int)cli_int(a, "tp");
     c.sp = cli_bool(a, "sp");
     c.pp = (int)cli_int(a, "pp");
+    if (cli_is_set(a, "pp-schedule"))
+        c.pp_schedule = cli_str(a, "pp-schedule");
+    if (cli_is_set(a, "micro-batches")) {
+        int m = (int)cli_int(a, "micro-batches");
+        if (cli_is_set(a, "accum") && c.accum != m)
+            cli_usage_error(a->cmd, "--micro-batches %d and --accum %d: they are the same "
+                                    "setting (give one)",
+                            m, c.accum);
+        c.accum = m;
+    }
     c.cp = (int)cli_int(a, "cp");
     c.dp = (int)cli_int(a, "dp");
     c.mesh_order = cli_str(a, "mesh-order");

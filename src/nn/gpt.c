@@ -768,6 +768,7 @@ void dt_gpt_destroy(dt_gpt *m) {
 
 const dt_gpt_config *dt_gpt_get_config(const dt_gpt *m) { return &m->cfg; }
 const dt_gpt_part *dt_gpt_get_part(const dt_gpt *m) { return &m->opt.part; }
+const dt_gpt_options *dt_gpt_get_options(const dt_gpt *m) { return &m->opt; }
 float *dt_gpt_params(dt_gpt *m) { return m->params; }
 float *dt_gpt_grads(dt_gpt *m) { return m->grads; }
 size_t dt_gpt_num_params(const dt_gpt *m) { return m->nparams; }

@@ -52,9 +52,9 @@ static dt_status evaluate(trainer *t, double *out) {
     int n = (uint64_t)t->c->eval_batches < nb ? t->c->eval_batches : (int)nb;
     double sum = 0;
     for (int i = 0; i < n; i++) {
-        float loss;
+        double loss;
         DT_CHECK(dt_loader_next(t->val, t->inputs, t->targets));
-        DT_CHECK(dt_gpt_forward(t->m, t->inputs, t->targets, t->B, t->T, &loss));
+        DT_CHECK(dt_runner_eval(t->runner, t->inputs, t->targets, t->B, t->T, &loss));
         sum += loss;
     }
     double v = sum / n;
@@ -87,6 +87,7 @@ typedef struct step_stats {
     bool stop;        /* some rank was asked to stop */
     bool skip;        /* some rank found an inf/nan gradient (loss scaling) */
     dt_sync_result r; /* this rank's grad-sync report */
+    dt_run_result run; /* this rank's passes (pipeline: the bubble) */
     float scale;      /* the loss scale applied */
 } step_stats;
 
@@ -103,19 +104,20 @@ static dt_status step(trainer *t, step_stats *s) {
                                  .loss_scaling = t->scaling,
                                  .loss_scale = scale,
                                  .update_early = !(c->clip > 0) && !t->scaling}));
-    double loss = 0;
-    for (int k = 0; k < t->K; k++) {
-        float l;
-        DT_CHECK(dt_loader_next(t->train, t->inputs, t->targets));
-        DT_CHECK(dt_gpt_forward(t->m, t->inputs, t->targets, t->B, t->T, &l));
-        loss += l;
-        dt_grad_sync_begin_backward(t->sync, k == t->K - 1);
-        /* The first micro-batch overwrites the gradients (no zeroing pass;
-         * the same bits), the others add to them. */
-        DT_CHECK(dt_gpt_backward_mode(t->m, scale / (float)t->K,
-                                      k == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE,
-                                      dt_grad_sync_ready, t->sync));
-    }
+    /* Every rank reads the step's micro-batches (a pipeline's first stage
+     * needs the inputs, its last the targets; all keep the same position). */
+    size_t bt = (size_t)t->B * t->T;
+    for (int k = 0; k < t->K; k++)
+        DT_CHECK(dt_loader_next(t->train, t->inputs + k * bt, t->targets + k * bt));
+    DT_CHECK(dt_runner_step(t->runner,
+                            &(dt_run_batch){.inputs = t->inputs,
+                                            .targets = t->targets,
+                                            .micro = t->K,
+                                            .B = t->B,
+                                            .T = t->T,
+                                            .grad_scale = scale / (float)t->K},
+                            t->sync, &s->run));
+    double loss = s->run.loss;
     DT_CHECK(dt_grad_sync_finish(t->sync, &s->r));
     if (t->step + 1 == t->overflow_at) {
         /* DT_FAULT_OVERFLOW: after averaging, only this rank sees it. */
@@ -124,10 +126,11 @@ static dt_status step(trainer *t, step_stats *s) {
         s->r.sumsq = INFINITY;
     }
     /* One small allreduce makes every rank agree: the loss (counted once
-     * per replica: by its first tensor-parallel rank), the counted sums of
+     * per replica: by its first tensor-parallel rank of the stage with the
+     * head), the counted sums of
      * squares (each element once over the world), "a stop was requested
      * on some rank" and "some rank found an inf/nan gradient". */
-    bool counts_loss = dt_mesh_coord(t->mesh, DT_AXIS_TP) == 0;
+    bool counts_loss = dt_mesh_coord(t->mesh, DT_AXIS_TP) == 0 && s->run.has_loss;
     double v[4] = {counts_loss ? loss / t->K : 0.0, s->r.sumsq,
                    c->stop && atomic_load_explicit(c->stop, memory_order_relaxed) ? 1.0 : 0.0,
                    s->r.found_inf ? 1.0 : 0.0};
@@ -174,7 +177,9 @@ typedef struct display {
     dt_metrics *metrics;
     dt_progress *prog;
     FILE *tty; /* /dev/tty when the live line cannot go to stderr */
-    double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW];
+    double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW],
+        bubble[MEDIAN_WINDOW];
+    int peak_live; /* the most micro-batches this rank kept alive in a step */
     size_t nrec; /* records so far (the window holds the newest) */
 } display;
 
@@ -210,6 +215,8 @@ static void record(display *d, const dt_step_metrics *sm) {
     d->comm[i] = sm->comm_ms;
     d->exposed[i] = sm->exposed_comm_ms;
     d->tp[i] = sm->tp_comm_ms;
+    d->bubble[i] = sm->pp_bubble;
+    d->peak_live = sm->pp_peak_live > d->peak_live ? sm->pp_peak_live : d->peak_live;
 }
 
 /* The summary line and where the results went (rank 0, with the whole
@@ -222,6 +229,7 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
     res->comm_ms = dt__median(d->comm, n);
     res->exposed_comm_ms = dt__median(d->exposed, n);
     res->tp_comm_ms = dt__median(d->tp, n);
+    res->pp_bubble = dt__median(d->bubble, n);
     if (t->rank != 0)
         return DT_OK;
     dt_progress_finish(d->prog);
@@ -237,6 +245,13 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                     (double)dt__train_applied_scale(t), t->skipped);
         if (isfinite(res->tp_comm_ms))
             fprintf(stderr, ", tensor-parallel comm %.1f ms/step (exposed)", res->tp_comm_ms);
+        if (isfinite(res->pp_bubble))
+            fprintf(stderr, ", pipeline bubble %.1f%% (theory %.1f%%), %d micro-batch(es) alive "
+                            "at most",
+                    100 * res->pp_bubble,
+                    100 * dt_pp_theoretical_bubble(t->pipe->kind, t->pipe->stages,
+                                                   t->pipe->chunks, t->pipe->micro),
+                    d->peak_live);
         if (t->dp > 1 && isfinite(res->comm_ms)) {
             char wb[32];
             fprintf(stderr,
@@ -324,6 +339,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             .comm_ms = s.r.comm_ms,
             .exposed_comm_ms = s.r.exposed_comm_ms,
             .tp_comm_ms = split ? dt_gpt_take_comm_ms(t->m) : NAN,
+            .pp_bubble = t->pipe ? s.run.bubble : NAN,
+            .pp_peak_live = t->pipe ? s.run.peak_live : 0,
             .bytes_sent = s.r.bytes_sent,
             .tokens = t->tokens,
             .loss_scale = t->scaling ? (double)s.scale : NAN,

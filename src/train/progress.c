@@ -144,9 +144,12 @@ void dt_progress_update(dt_progress *p, const dt_step_metrics *s) {
             seq[i] = p->losses[(p->nloss - n + i) % SPARK_N];
         char spark[SPARK_N * 3 + 1];
         dt_sparkline(spark, sizeof spark, seq, n);
-        char head[64], tail[400], tpc[32] = "";
+        char head[64], tail[400], tpc[64] = "";
+        int o = 0;
         if (isfinite(s->tp_comm_ms))
-            snprintf(tpc, sizeof tpc, " + tp %.0f", s->tp_comm_ms);
+            o = snprintf(tpc, sizeof tpc, " + tp %.0f", s->tp_comm_ms);
+        if (isfinite(s->pp_bubble))
+            snprintf(tpc + o, sizeof tpc - (size_t)o, " | bubble %.0f%%", 100 * s->pp_bubble);
         int hl = snprintf(head, sizeof head, "step %lld/%lld | loss %.4f", (long long)s->step,
                           (long long)p->total, s->loss);
         int tl = snprintf(tail, sizeof tail,
@@ -179,9 +182,12 @@ void dt_progress_update(dt_progress *p, const dt_step_metrics *s) {
         snprintf(gn, sizeof gn, "%.3f", s->grad_norm);
     else
         snprintf(gn, sizeof gn, "%s", s->skipped ? "skip" : "nan");
-    char tpc[32] = "";
+    char tpc[64] = "";
+    int o = 0;
     if (isfinite(s->tp_comm_ms))
-        snprintf(tpc, sizeof tpc, ", tp %.1f", s->tp_comm_ms);
+        o = snprintf(tpc, sizeof tpc, ", tp %.1f", s->tp_comm_ms);
+    if (isfinite(s->pp_bubble))
+        snprintf(tpc + o, sizeof tpc - (size_t)o, ", bubble %.1f%%", 100 * s->pp_bubble);
     fprintf(p->f,
             "step %6lld/%lld  loss %.4f%s  lr %.3e  gnorm %s%s  %s tok/s%s  %.1f ms (compute "
             "%.1f, comm %.1f, exposed %.1f%s)  ETA %s\n",

@@ -10,6 +10,7 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 /* Achievable fp32 GFLOP/s of one rank: the best of 5 bursts of 1024^3
  * sgemm (about 0.05-0.1 s), i.e. what the BLAS reaches with this rank's
@@ -175,68 +176,83 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* The whole model from the shards of the first replica: each tensor-
- * parallel rank sends its parameters and the boxes it owns to rank 0,
- * which copies them into an unsharded model. */
+/* The whole model from the parts of the first replica (its tensor- and
+ * pipeline-parallel ranks): each sends its parameters and the boxes it
+ * owns to rank 0, which copies them into an unsharded model. */
 dt_status dt__train_whole_model(trainer *t, dt_gpt **out) {
     *out = NULL;
-    if (dt_gpt_get_part(t->m)->tp_size == 1) {
+    if (dt_gpt_get_part(t->m)->tp_size == 1 && !t->pipe) {
         *out = t->rank == 0 ? t->m : NULL;
         return DT_OK;
     }
-    if (t->replica != 0)
+    dt_group *mg = NULL; /* the first replica, ordered by world rank */
+    DT_CHECK(dt_group_split(t->world, t->replica == 0 ? 0 : DT_UNDEFINED, t->rank, &mg));
+    if (!mg)
         return DT_OK;
-    dt_group *tp = dt_mesh_group(t->mesh, DT_AXIS_TP);
-    int ntp = dt_group_size(tp), me = dt_group_rank(tp);
+    int nr = dt_group_size(mg), me = dt_group_rank(mg);
     shards sh;
-    DT_CHECK(dt__shards_make(t, &sh));
-    dt_status st = DT_OK;
-    float *params = me == 0 ? dt_alloc((size_t)ntp * t->n * sizeof(float)) : NULL;
-    dt_ckpt_box *boxes = dt_calloc((size_t)ntp * sh.nt, sizeof *boxes);
+    dt_status st = dt__shards_make(t, &sh);
+    if (st != DT_OK) {
+        dt_group_destroy(mg);
+        return st;
+    }
+    /* Parts differ in size (pipeline stages): every rank sends the largest. */
+    int64_t most[2] = {(int64_t)t->n, (int64_t)sh.nt};
+    float *mine_p = NULL, *params = NULL;
+    dt_ckpt_box *boxes = NULL, *mine = NULL, *want = NULL;
     dt_gpt *whole = NULL;
-    if ((me == 0 && !params) || !boxes) {
+    DT_CHECK_GOTO(dt_group_allreduce(mg, most, most, 2, DT_I64, DT_MAX), st, done);
+    size_t np = (size_t)most[0], nb = (size_t)most[1];
+    mine_p = dt_calloc(np, sizeof *mine_p);
+    mine = dt_calloc(nb, sizeof *mine);
+    boxes = dt_calloc((size_t)nr * nb, sizeof *boxes);
+    params = me == 0 ? dt_alloc((size_t)nr * np * sizeof(float)) : NULL;
+    if (!mine_p || !mine || !boxes || (me == 0 && !params)) {
         st = dt_error_set(DT_ERR_NOMEM, "assembling the whole model on rank 0");
         goto done;
     }
-    /* A tensor part this rank does not own is sent as an empty box. */
-    dt_ckpt_box *mine = boxes + (size_t)me * sh.nt;
-    for (size_t i = 0; i < sh.nt; i++) {
-        mine[i] = sh.whole[i];
-        if (!sh.owned[i])
-            mine[i].tensor = UINT32_MAX;
+    memcpy(mine_p, dt_gpt_params(t->m), t->n * sizeof(float));
+    /* A tensor part this rank does not own, and the padding, are empty boxes. */
+    for (size_t i = 0; i < nb; i++) {
+        mine[i].tensor = UINT32_MAX;
+        if (i < sh.nt && sh.owned[i])
+            mine[i] = sh.whole[i];
     }
-    DT_CHECK_GOTO(dt_group_gather(tp, dt_gpt_params(t->m), params, t->n, DT_F32, 0), st, done);
-    DT_CHECK_GOTO(dt_group_allgather(tp, mine, boxes, sh.nt * sizeof *boxes, DT_U8), st, done);
+    DT_CHECK_GOTO(dt_group_gather(mg, mine_p, params, np, DT_F32, 0), st, done);
+    DT_CHECK_GOTO(dt_group_allgather(mg, mine, boxes, nb * sizeof *boxes, DT_U8), st, done);
     if (me != 0)
         goto done;
     dt_gpt_options o = dt_gpt_options_default();
     DT_CHECK_GOTO(dt_gpt_create_with(&whole, &t->mc, 1, t->T, &o), st, done);
-    dt_ckpt_box *want = dt_calloc(sh.nt, sizeof *want);
-    if (!want) {
+    size_t nt = dt_gpt_num_tensors(whole);
+    if (!(want = dt_calloc(nt, sizeof *want))) {
         st = DT_ERR_NOMEM;
         goto done;
     }
     uint64_t need = 0, got = 0;
-    for (size_t i = 0; i < sh.nt; i++) {
+    for (size_t i = 0; i < nt; i++) {
         dt_param_info pi;
         dt_gpt_tensor_info(whole, i, &pi);
-        want[i] = (dt_ckpt_box){.tensor = (uint32_t)i,
+        want[i] = (dt_ckpt_box){.tensor = (uint32_t)pi.global,
                                 .extent = {pi.extent[0], pi.extent[1], pi.extent[2]},
                                 .offset = pi.offset};
         need += dt_ckpt_box_volume(&want[i]);
     }
-    for (int r = 0; r < ntp; r++)
-        got += dt_ckpt_copy_boxes(boxes + (size_t)r * sh.nt, sh.nt, params + (size_t)r * t->n, want,
-                                  sh.nt, dt_gpt_params(whole));
-    dt_free(want);
-    DT_ASSERT(got == need); /* the shards tile the model: a bug otherwise */
+    for (int r = 0; r < nr; r++)
+        got += dt_ckpt_copy_boxes(boxes + (size_t)r * nb, nb, params + (size_t)r * np, want, nt,
+                                  dt_gpt_params(whole));
+    DT_ASSERT(got == need); /* the parts tile the model: a bug otherwise */
     *out = whole;
     whole = NULL;
 done:
     dt_gpt_destroy(whole);
+    dt_free(want);
     dt_free(boxes);
     dt_free(params);
+    dt_free(mine);
+    dt_free(mine_p);
     dt__shards_free(&sh);
+    dt_group_destroy(mg);
     return st;
 }
 

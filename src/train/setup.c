@@ -163,14 +163,34 @@ static dt_status make_loaders(trainer *t) {
             return st;
         }
     }
-    t->inputs = dt_alloc((size_t)t->B * t->T * sizeof(int32_t));
-    t->targets = dt_alloc((size_t)t->B * t->T * sizeof(int32_t));
+    size_t tokens = (size_t)t->K * t->B * t->T;
+    t->inputs = dt_alloc(tokens * sizeof(int32_t));
+    t->targets = dt_alloc(tokens * sizeof(int32_t));
     if (!t->inputs || !t->targets)
-        return dt_error_set(DT_ERR_NOMEM, "batch buffers of %d x %d tokens", t->B, t->T);
+        return dt_error_set(DT_ERR_NOMEM, "batch buffers of %d x %d x %d tokens", t->K, t->B,
+                            t->T);
     return DT_OK;
 }
 
-/* This rank's part of the model: its tensor-parallel shard. */
+/* The pipeline's schedule (--pp-schedule over --pp stages and the step's
+ * micro-batches), checked before anything runs. */
+static dt_status make_schedule_pp(trainer *t, dt_pp_report *rep) {
+    const dt_train_config *c = t->c;
+    dt_pp_kind kind = DT_PP_1F1B;
+    int chunks = 1;
+    if (c->pp_schedule)
+        DT_CHECK(dt_pp_kind_parse("--pp-schedule", c->pp_schedule, &kind, &chunks));
+    dt_status st = dt_pp_schedule_create(&t->pipe, kind, c->pp, chunks, t->K);
+    if (st != DT_OK) {
+        dt_error_prefix("--pp %d --pp-schedule %s with %d micro-batch(es) (--micro-batches)",
+                        c->pp, c->pp_schedule ? c->pp_schedule : "1f1b", t->K);
+        return st;
+    }
+    return dt_pp_check(t->pipe, NULL, rep);
+}
+
+/* This rank's part of the model: its pipeline stage's layers (with the
+ * activation slots its schedule keeps alive) and its tensor-parallel shard. */
 static dt_status make_model(trainer *t) {
     const dt_train_config *c = t->c;
     dt_gpt_options mo = dt_gpt_options_default();
@@ -181,10 +201,25 @@ static dt_status make_model(trainer *t) {
                                 .tp_size = c->tp,
                                 .sequence_parallel = c->sp,
                                 .regions = dt_tp_regions_of(t->tp)};
+    if (c->pp > 1) {
+        dt_pp_report rep;
+        DT_CHECK(make_schedule_pp(t, &rep));
+        int r = dt_mesh_coord(t->mesh, DT_AXIS_PP);
+        mo.slots = dt_pp_slots(t->pipe, &rep, r);
+        mo.split_weight_grads = t->pipe->split_w;
+        dt_pp_report_free(&rep);
+        DT_CHECK(dt_pp_model_part(t->pipe, t->mc.layers, r, &mo.part));
+    }
     DT_CHECK(dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo));
     t->n = dt_gpt_num_params(t->m);
     dt_gpt_init_params(t->m, c->seed);
-    return DT_OK;
+    if (c->pp > 1)
+        return dt_pp_runner_create(&t->runner,
+                                   &(dt_pp_runner_config){.model = t->m,
+                                                          .sched = t->pipe,
+                                                          .group = dt_mesh_group(
+                                                              t->mesh, DT_AXIS_PP)});
+    return dt_sequential_runner_create(&t->runner, t->m);
 }
 
 /* The optimizer over this rank's parameters, tensor by tensor (decay
@@ -309,6 +344,9 @@ static void build_config_json(trainer *t) {
     for (int a = 0; a < DT_AXIS_COUNT; a++)
         dt_json_int(j, dt_axis_names[a], ms->degree[a]);
     dt_json_bool(j, "sp", c->sp);
+    dt_json_str(j, "pp_schedule", t->pipe ? dt_runner_name(t->runner) : NULL);
+    if (t->pipe)
+        dt_json_int(j, "pp_chunks", t->pipe->chunks);
     dt_json_int(j, "batch", t->B);
     dt_json_int(j, "global_batch", (int64_t)t->B * t->dp);
     dt_json_int(j, "accum", t->K);
@@ -385,6 +423,8 @@ dt_status dt__train_setup(trainer *t) {
 }
 
 void dt__train_free(trainer *t) {
+    dt_runner_destroy(t->runner);
+    dt_pp_schedule_destroy(t->pipe);
     dt_grad_sync_destroy(t->sync);
     dt_optimizer_destroy(t->opt);
     dt_gpt_destroy(t->m);

@@ -16,25 +16,35 @@ void dt__shards_free(shards *s) {
 
 dt_status dt__shards_make(const trainer *t, shards *s) {
     memset(s, 0, sizeof *s);
+    /* The global table: the whole model's tensors, whatever this rank holds. */
+    dt_param_info *all;
+    DT_CHECK(dt_gpt_config_tensors(&t->mc, &all));
+    size_t ng = dt_gpt_config_num_tensors(&t->mc);
     s->nt = dt_gpt_num_tensors(t->m);
-    s->tensors = dt_calloc(s->nt, sizeof *s->tensors);
+    s->ng = ng;
+    s->tensors = dt_calloc(ng, sizeof *s->tensors);
     s->whole = dt_calloc(s->nt, sizeof *s->whole);
     s->owned = dt_calloc(s->nt, sizeof *s->owned);
     if (!s->tensors || !s->whole || !s->owned) {
+        dt_free(all);
         dt__shards_free(s);
         return DT_ERR_NOMEM;
     }
+    for (size_t i = 0; i < ng; i++) {
+        dt_ckpt_tensor *g = &s->tensors[i];
+        snprintf(g->name, sizeof g->name, "%s", all[i].name);
+        g->ndim = (uint32_t)all[i].ndim;
+        for (int d = 0; d < DT_CKPT_MAX_DIMS; d++)
+            g->shape[d] = all[i].shape[d];
+    }
+    dt_free(all);
     for (size_t i = 0; i < s->nt; i++) {
         dt_param_info pi;
         dt_gpt_tensor_info(t->m, i, &pi);
-        dt_ckpt_tensor *g = &s->tensors[i];
-        snprintf(g->name, sizeof g->name, "%s", pi.name);
-        g->ndim = (uint32_t)pi.ndim;
         dt_ckpt_box *b = &s->whole[i];
-        b->tensor = (uint32_t)i;
+        b->tensor = (uint32_t)pi.global;
         b->offset = pi.offset;
         for (int d = 0; d < DT_CKPT_MAX_DIMS; d++) {
-            g->shape[d] = pi.shape[d];
             b->begin[d] = pi.begin[d];
             b->extent[d] = pi.extent[d];
         }

@@ -175,7 +175,7 @@ static dt_status write_manifest(trainer *t, const shards *sh, rank_part *p,
     if (t->scaling)
         add(&m, "scaler", DT_CKPT_F64, scaler, 4);
     add(&m, "config", DT_CKPT_TEXT, t->cfg_text, strlen(t->cfg_text));
-    add(&m, DT_CKPT_TENSORS_SECTION, DT_CKPT_BYTES, sh->tensors, sh->nt * sizeof *sh->tensors);
+    add(&m, DT_CKPT_TENSORS_SECTION, DT_CKPT_BYTES, sh->tensors, sh->ng * sizeof *sh->tensors);
     for (size_t i = 0; i < p->l.n; i++)
         add(&m, p->l.s[i].name, p->l.s[i].type, p->l.s[i].data, p->l.s[i].count);
     return dt_ckpt_save_set(c->ckpt_dir, t->step, m.s, m.n, files, nfiles, c->keep, path, len);
@@ -391,7 +391,7 @@ static dt_status read_shards(trainer *t, const dt_ckpt_set *set) {
     dt_range all = {0, t->n}, *owned = dt__owned_ranges(t->opt);
     dt_status st = owned ? dt__shards_boxes(&sh, &all, 1, false, &boxes, &nb) : DT_ERR_NOMEM;
     if (st == DT_OK)
-        st = dt_ckpt_set_read_boxes(set, "params", sh.tensors, sh.nt, boxes, nb,
+        st = dt_ckpt_set_read_boxes(set, "params", sh.tensors, sh.ng, boxes, nb,
                                     dt_gpt_params(t->m));
     dt_free(boxes);
     boxes = NULL;
@@ -405,7 +405,7 @@ static dt_status read_shards(trainer *t, const dt_ckpt_set *set) {
         }
         st = dt__shards_boxes(&sh, owned, dt_optimizer_num_owned(t->opt), false, &boxes, &nb);
         if (st == DT_OK)
-            st = dt_ckpt_set_read_boxes(set, name, sh.tensors, sh.nt, boxes, nb, buf);
+            st = dt_ckpt_set_read_boxes(set, name, sh.tensors, sh.ng, boxes, nb, buf);
         dt_free(boxes);
         boxes = NULL;
     }

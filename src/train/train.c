@@ -104,11 +104,14 @@ dt_status dt__train_check_config(const dt_train_config *c) {
     if (c->tp < 1 || c->pp < 1 || c->cp < 1 || c->dp < 0)
         return bad("--tp %d, --pp %d, --cp %d must be at least 1 and --dp %d at least 0", c->tp,
                    c->pp, c->cp, c->dp);
-    if (c->pp > 1)
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "--pp %d: pipeline-parallel training is not available yet (the mesh "
-                            "has the axis and the model can be built as a stage); use --pp 1",
-                            c->pp);
+    if (c->pp_schedule) {
+        dt_pp_kind kind;
+        int chunks;
+        DT_CHECK(dt_pp_kind_parse("--pp-schedule", c->pp_schedule, &kind, &chunks));
+        if (c->pp < 2)
+            return bad("--pp-schedule %s needs --pp 2 or more (got --pp %d)", c->pp_schedule,
+                       c->pp);
+    }
     if (c->cp > 1)
         return dt_error_set(DT_ERR_UNSUPPORTED,
                             "--cp %d: context-parallel training is not available yet; use --cp 1",

@@ -33,19 +33,21 @@ typedef struct trainer {
     int rank, size;  /* in the world */
     int replica, dp; /* data-parallel coordinate and degree: the loader's share */
     dt_tp *tp;       /* the model shard's communication points (NULL without --tp) */
+    dt_pp_schedule *pipe; /* the pipeline's schedule (NULL without --pp) */
     int threads;     /* per rank */
     /* Data. */
     dt_token_file *data, *val_data; /* val_data NULL: validation is a split of data */
     const dt_tokenizer *tok;
     dt_loader *train, *val;
     int B, T, K;               /* per-rank batch, sequence, micro-batches per step */
-    int32_t *inputs, *targets; /* (B,T) */
+    int32_t *inputs, *targets; /* (K,B,T): a step's micro-batches */
     /* Model and optimization. */
     dt_gpt_config mc;
     dt_gpt *m;
     size_t n; /* parameters of this rank's model */
     dt_optimizer *opt;
     dt_grad_sync *sync;
+    dt_runner *runner; /* the step's forwards and backwards (sequential or a pipeline) */
     dt_schedule sched;
     bool scaling; /* dynamic loss scaling (docs/amp.md) */
     dt_scaler scaler;
@@ -71,12 +73,14 @@ dt_status dt__train_check_config(const dt_train_config *c);
 /* The loss scale the next step applies (loop.c). */
 float dt__train_applied_scale(const trainer *t);
 
-/* shards.c: the global tensor table and, for this rank's flat buffer, the
- * box of each tensor it holds (tensor i of the model is entry i of both). */
+/* shards.c: the global tensor table (the whole model's, dt_gpt_config_tensors)
+ * and, for this rank's flat buffer, the box of each tensor it holds (tensor
+ * i of this rank's model is whole[i], naming its global entry). */
 typedef struct shards {
-    dt_ckpt_tensor *tensors; /* (nt) */
-    dt_ckpt_box *whole;      /* (nt) the part of each tensor this rank holds */
-    bool *owned;             /* (nt) this rank owns that part (not a copy another rank holds) */
+    dt_ckpt_tensor *tensors; /* (ng) the whole model's tensors */
+    size_t ng;
+    dt_ckpt_box *whole; /* (nt) the part of each tensor this rank holds */
+    bool *owned;        /* (nt) this rank owns that part (not a copy another rank holds) */
     size_t nt;
 } shards;
 
@@ -91,7 +95,9 @@ dt_status dt__shards_boxes(const shards *s, const dt_range *r, size_t nr, bool o
 /* The optimizer's owned ranges (caller frees). */
 dt_range *dt__owned_ranges(const dt_optimizer *o);
 
-/* setup.c */
+/* setup.c. dt__train_model_group: collective over the world, the ranks
+ * that hold the first replica's model parts (all of them when the model is
+ * not split; NULL elsewhere). */
 dt_status dt__train_setup(trainer *t);
 void dt__train_free(trainer *t);
 
