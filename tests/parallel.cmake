@@ -31,3 +31,13 @@ add_test(NAME cli_plan_pipeline_refused
          COMMAND dtrain_cli plan pipeline --stages 4 --micro-batches 6 --schedule interleaved:2)
 set_tests_properties(cli_plan_pipeline_refused PROPERTIES TIMEOUT 60 LABELS "parallel"
                      WILL_FAIL TRUE)
+
+# The pipeline executor: every schedule kind at 2, 3 and 4 stages against
+# the whole model in one process (losses and gradients bit for bit but the
+# tied embedding's, peak live micro-batches as predicted, evaluation), and
+# ranks given different schedules refused at start.
+dt_parallel_test_exe(test_pipeline_run)
+foreach(n 2 3 4)
+  add_test(NAME test_pipeline_run_${n} COMMAND test_pipeline_run pp_${n})
+  set_tests_properties(test_pipeline_run_${n} PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess")
+endforeach()

@@ -83,3 +83,13 @@ foreach(case equiv_tp2 equiv_tp4 equiv_dp2tp2 reshard format1 layouts info)
   add_test(NAME test_train_tp_${case} COMMAND test_train_tp ${case})
   set_tests_properties(test_train_tp_${case} PROPERTIES TIMEOUT 300 LABELS "train;multiprocess")
 endforeach()
+
+# Pipeline-parallel training against one rank: every schedule at 2, 3 and 4
+# stages, with dp, tp, bf16 and recomputation; resuming across layouts;
+# activation memory and live micro-batches of 1F1B against GPipe; a stage
+# killed mid-step; bad settings.
+dt_train_cli_test_exe(test_train_pp)
+foreach(case equiv_pp2 equiv_pp3 equiv_pp4 equiv_mixed reshard memory kill errors)
+  add_test(NAME test_train_pp_${case} COMMAND test_train_pp ${case})
+  set_tests_properties(test_train_pp_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
+endforeach()

@@ -229,7 +229,8 @@ static void begin_final(pp_runner *r) {
 static dt_status do_forward(pp_runner *r, const dt_pp_action *a) {
     const dt_run_batch *b = r->b;
     int c = a->chunk, e = idx(r, a->mb, c);
-    bool first = dt_pp_stage_of(r->s, r->rank, c) == 0, last = dt_pp_stage_of(r->s, r->rank, c) == r->S - 1;
+    bool first = dt_pp_stage_of(r->s, r->rank, c) == 0,
+         last = dt_pp_stage_of(r->s, r->rank, c) == r->S - 1;
     if (!first)
         DT_CHECK(flow_wait(r, FLOW_ACT, r->in_seq[e]));
     /* A slot of chunk c: a free one, else the one whose output send
@@ -291,10 +292,9 @@ static dt_status do_backward(pp_runner *r, const dt_pp_action *a) {
     if (final)
         begin_final(r);
     double t0 = dt_now();
-    DT_CHECK(dt_gpt_backward_stage(r->m, c, r->slot_of[e], last ? NULL : r->bufs[r->in_buf[e]].p,
-                                   r->b->grad_scale,
-                                   r->nb[c]++ == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE,
-                                   final ? ready : NULL, r));
+    DT_CHECK(dt_gpt_backward_stage(
+        r->m, c, r->slot_of[e], last ? NULL : r->bufs[r->in_buf[e]].p, r->b->grad_scale,
+        r->nb[c]++ == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE, final ? ready : NULL, r));
     if (st > 0) { /* the input gradient leaves the model's scratch for its send */
         DT_CHECK(buf_get(r, &r->out_buf[e]));
         memcpy(r->bufs[r->out_buf[e]].p, dt_gpt_stage_input_grad(r->m), r->ns * sizeof(float));
@@ -382,8 +382,9 @@ static dt_status pp_step(dt_runner *base, const dt_run_batch *b, dt_grad_sync *s
                          dt_run_result *out) {
     pp_runner *r = (pp_runner *)base;
     if (b->micro != r->M)
-        return dt_error_set(DT_ERR_INVALID, "pipeline: a step of %d micro-batches, the schedule "
-                                            "has %d",
+        return dt_error_set(DT_ERR_INVALID,
+                            "pipeline: a step of %d micro-batches, the schedule "
+                            "has %d",
                             b->micro, r->M);
     size_t ns = rows_for(r, b->B, b->T) * (size_t)dt_gpt_get_config(r->m)->dim;
     if (ns > r->buf_floats)
@@ -428,11 +429,10 @@ static dt_status pp_step(dt_runner *base, const dt_run_batch *b, dt_grad_sync *s
             snprintf(what, sizeof what, "%s of micro-batch %u chunk %u", dt_pp_op_names[a->op],
                      a->mb, a->chunk);
         }
-        return dt_error_set(st, "pipeline stage %d (world rank %d), at %s: %s",
-                            dt_pp_stage_of(r->s, r->rank, at < r->count
-                                                               ? r->s->actions[r->first + at].chunk
-                                                               : 0),
-                            dt_group_world_rank(r->fl[FLOW_ACT].g, r->rank), what, msg);
+        return dt_error_set(
+            st, "pipeline stage %d (world rank %d), at %s: %s",
+            dt_pp_stage_of(r->s, r->rank, at < r->count ? r->s->actions[r->first + at].chunk : 0),
+            dt_group_world_rank(r->fl[FLOW_ACT].g, r->rank), what, msg);
     }
     /* The bubble over the pipeline's ranks. */
     double mine[2] = {out->busy_ms, span}, *all = dt_calloc((size_t)r->P * 2, sizeof *all);
@@ -478,8 +478,8 @@ static dt_status pp_eval(dt_runner *base, const int32_t *inputs, const int32_t *
         l += lc;
         if (st == DT_OK && stg < r->S - 1) {
             dt_pp_place(r->s, stg + 1, &pr, &pc);
-            dt_p2p o = {true, (void *)dt_gpt_stage_output(r->m, c, 0), ns, DT_F32, pr,
-                        tag_of(r, 0, stg)};
+            dt_p2p o = {
+                true, (void *)dt_gpt_stage_output(r->m, c, 0), ns, DT_F32, pr, tag_of(r, 0, stg)};
             st = dt_group_sendrecv_batch(g, &o, 1);
         }
     }
@@ -607,8 +607,8 @@ dt_status dt_pp_runner_create(dt_runner **out, const dt_pp_runner_config *c) {
     for (int f = 0; f < FLOWS; f++)
         r->fl[f].works = dt_calloc(r->count + 1, sizeof *r->fl[f].works);
     r->fl[FLOW_ACT].g = c->group;
-    if (!r->slot_of || !r->in_buf || !r->in_seq || !r->out_buf || !r->slot_send ||
-        !r->slot_used || !r->nb || !r->nw || !r->ops || !r->fl[0].works || !r->fl[1].works) {
+    if (!r->slot_of || !r->in_buf || !r->in_seq || !r->out_buf || !r->slot_send || !r->slot_used ||
+        !r->nb || !r->nw || !r->ops || !r->fl[0].works || !r->fl[1].works) {
         pp_destroy(&r->base);
         return DT_ERR_NOMEM;
     }

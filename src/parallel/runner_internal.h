@@ -10,8 +10,7 @@
 #include <string.h>
 
 typedef struct dt__runner_ops {
-    dt_status (*step)(dt_runner *r, const dt_run_batch *b, dt_grad_sync *sync,
-                      dt_run_result *out);
+    dt_status (*step)(dt_runner *r, const dt_run_batch *b, dt_grad_sync *sync, dt_run_result *out);
     dt_status (*eval)(dt_runner *r, const int32_t *inputs, const int32_t *targets, int B, int T,
                       double *loss);
     const char *(*name)(const dt_runner *r);

@@ -155,11 +155,11 @@ int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
     int n = snprintf(buf, len,
                      "{\"step\":%" PRId64 ",\"loss\":%s,\"val_loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
                      "\"tokens_per_s\":%s,\"step_ms\":%s,\"compute_ms\":%s,\"comm_ms\":%s,"
-                     "\"exposed_comm_ms\":%s,\"tp_comm_ms\":%s,\"pp_bubble\":%s,\"mfu\":%s,"
-                     "\"bytes_sent\":%" PRIu64 ",\"tokens\":%" PRId64
+                     "\"exposed_comm_ms\":%s,\"tp_comm_ms\":%s,\"pp_bubble\":%s,"
+                     "\"pp_peak_live\":%d,\"mfu\":%s,\"bytes_sent\":%" PRIu64 ",\"tokens\":%" PRId64
                      ",\"loss_scale\":%s,\"skipped_steps\":%" PRId64 "}\n",
-                     s->step, loss, val, lr, gn, tps, step, comp, comm, exp, tpc, bub, mfu,
-                     s->bytes_sent, s->tokens, scale, s->skipped_steps);
+                     s->step, loss, val, lr, gn, tps, step, comp, comm, exp, tpc, bub,
+                     s->pp_peak_live, mfu, s->bytes_sent, s->tokens, scale, s->skipped_steps);
     return n < 0 || (size_t)n >= len ? -1 : n;
 }
 
