@@ -39,5 +39,5 @@ set_tests_properties(cli_plan_pipeline_refused PROPERTIES TIMEOUT 60 LABELS "par
 dt_parallel_test_exe(test_pipeline_run)
 foreach(n 2 3 4)
   add_test(NAME test_pipeline_run_${n} COMMAND test_pipeline_run pp_${n})
-  set_tests_properties(test_pipeline_run_${n} PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess")
+  set_tests_properties(test_pipeline_run_${n} PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess;tsan")
 endforeach()

@@ -95,6 +95,19 @@ void dt__train_print_header(const trainer *t, double peak, FILE *f) {
             t->world ? dt_group_transport(t->world) : "self", peak,
             c->peak_gflops > 0 ? "--peak-gflops" : "measured sgemm 1024^3");
     print_precision(t, f);
+    if (t->pipe) {
+        const dt_gpt_part *pt = dt_gpt_get_part(t->m);
+        const dt_pp_schedule *ps = t->pipe;
+        fprintf(f,
+                "  pipeline: %s over %d stages x %d chunk(s), %d micro-batches per step "
+                "(theoretical bubble %.1f%%); stage 0 holds blocks",
+                dt_runner_name(t->runner), ps->stages, ps->chunks, ps->micro,
+                100 * dt_pp_theoretical_bubble(ps->kind, ps->stages, ps->chunks, ps->micro));
+        for (int k = 0; k < pt->chunks; k++)
+            fprintf(f, "%s%d-%d", k ? ", " : " ", pt->layers[k].begin, pt->layers[k].end - 1);
+        fprintf(f, " and keeps up to %d micro-batch(es) per chunk\n",
+                dt_gpt_get_options(t->m)->slots);
+    }
     if (t->dp > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
         fprintf(f, "  gradients: %s", dt_grad_sync_state_ident(t->sync));
         if (c->compress.kind != DT_CODEC_NONE && c->compress_start > 0)
