@@ -617,14 +617,14 @@ typedef struct dt_run_batch {
 
 /* What a step measured on this rank. */
 typedef struct dt_run_result {
-    double loss;          /* sum of the micro-batches' mean losses this rank computed */
-    bool has_loss;        /* this rank computes losses (it holds the LM head) */
-    double busy_ms;       /* time in forward, backward and W */
-    double wait_ms;       /* time blocked on pipeline transfers */
-    double bubble;        /* pipeline: 1 - sum(busy) / (P x span), over the pipeline's
-                             ranks (span: the step's start to the last compute); 0 else */
-    int peak_live;        /* most micro-batch chunks alive at once */
-    uint64_t bytes_sent;  /* pipeline transfers this rank sent */
+    double loss;         /* sum of the micro-batches' mean losses this rank computed */
+    bool has_loss;       /* this rank computes losses (it holds the LM head) */
+    double busy_ms;      /* time in forward, backward and W */
+    double wait_ms;      /* time blocked on pipeline transfers */
+    double bubble;       /* pipeline: 1 - sum(busy) / (P x span), over the pipeline's
+                            ranks (span: the step's start to the last compute); 0 else */
+    int peak_live;       /* most micro-batch chunks alive at once */
+    uint64_t bytes_sent; /* pipeline transfers this rank sent */
 } dt_run_result;
 
 /* Run one step (every rank of the pipeline calls it; `sync` gets the
@@ -643,10 +643,10 @@ void dt_runner_destroy(dt_runner *r);
 dt_status dt_sequential_runner_create(dt_runner **out, dt_gpt *m);
 
 typedef struct dt_pp_runner_config {
-    dt_gpt *model;                /* this rank's part: dt_pp_model_part, dt_pp_slots slots per
-                                     chunk, split_weight_grads when the schedule splits W */
-    const dt_pp_schedule *sched;  /* checked (dt_pp_check) */
-    dt_group *group;              /* the pipeline group: rank = pipeline rank */
+    dt_gpt *model;               /* this rank's part: dt_pp_model_part, dt_pp_slots slots per
+                                    chunk, split_weight_grads when the schedule splits W */
+    const dt_pp_schedule *sched; /* checked (dt_pp_check) */
+    dt_group *group;             /* the pipeline group: rank = pipeline rank */
 } dt_pp_runner_config;
 
 /* Collective over the pipeline group: splits its gradient and embedding

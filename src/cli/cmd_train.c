@@ -273,8 +273,9 @@ static int run_train(cli_args *a) {
     if (cli_is_set(a, "micro-batches")) {
         int m = (int)cli_int(a, "micro-batches");
         if (cli_is_set(a, "accum") && c.accum != m)
-            cli_usage_error(a->cmd, "--micro-batches %d and --accum %d: they are the same "
-                                    "setting (give one)",
+            cli_usage_error(a->cmd,
+                            "--micro-batches %d and --accum %d: they are the same "
+                            "setting (give one)",
                             m, c.accum);
         c.accum = m;
     }

@@ -81,14 +81,14 @@ static void maybe_fault(trainer *t) {
 
 /* What one step agreed on over the world. */
 typedef struct step_stats {
-    double loss;      /* mean training loss over the replicas */
-    double sumsq;     /* global squared gradient norm */
-    double norm;      /* its square root */
-    bool stop;        /* some rank was asked to stop */
-    bool skip;        /* some rank found an inf/nan gradient (loss scaling) */
-    dt_sync_result r; /* this rank's grad-sync report */
+    double loss;       /* mean training loss over the replicas */
+    double sumsq;      /* global squared gradient norm */
+    double norm;       /* its square root */
+    bool stop;         /* some rank was asked to stop */
+    bool skip;         /* some rank found an inf/nan gradient (loss scaling) */
+    dt_sync_result r;  /* this rank's grad-sync report */
     dt_run_result run; /* this rank's passes (pipeline: the bubble) */
-    float scale;      /* the loss scale applied */
+    float scale;       /* the loss scale applied */
 } step_stats;
 
 /* One optimizer step (see the file comment). */
@@ -180,7 +180,7 @@ typedef struct display {
     double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW],
         bubble[MEDIAN_WINDOW];
     int peak_live; /* the most micro-batches this rank kept alive in a step */
-    size_t nrec; /* records so far (the window holds the newest) */
+    size_t nrec;   /* records so far (the window holds the newest) */
 } display;
 
 static dt_status display_open(trainer *t, display *d) {
@@ -246,11 +246,12 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
         if (isfinite(res->tp_comm_ms))
             fprintf(stderr, ", tensor-parallel comm %.1f ms/step (exposed)", res->tp_comm_ms);
         if (isfinite(res->pp_bubble))
-            fprintf(stderr, ", pipeline bubble %.1f%% (theory %.1f%%), %d micro-batch(es) alive "
-                            "at most",
+            fprintf(stderr,
+                    ", pipeline bubble %.1f%% (theory %.1f%%), %d micro-batch(es) alive "
+                    "at most",
                     100 * res->pp_bubble,
-                    100 * dt_pp_theoretical_bubble(t->pipe->kind, t->pipe->stages,
-                                                   t->pipe->chunks, t->pipe->micro),
+                    100 * dt_pp_theoretical_bubble(t->pipe->kind, t->pipe->stages, t->pipe->chunks,
+                                                   t->pipe->micro),
                     d->peak_live);
         if (t->dp > 1 && isfinite(res->comm_ms)) {
             char wb[32];

@@ -167,8 +167,7 @@ static dt_status make_loaders(trainer *t) {
     t->inputs = dt_alloc(tokens * sizeof(int32_t));
     t->targets = dt_alloc(tokens * sizeof(int32_t));
     if (!t->inputs || !t->targets)
-        return dt_error_set(DT_ERR_NOMEM, "batch buffers of %d x %d x %d tokens", t->K, t->B,
-                            t->T);
+        return dt_error_set(DT_ERR_NOMEM, "batch buffers of %d x %d x %d tokens", t->K, t->B, t->T);
     return DT_OK;
 }
 
@@ -182,8 +181,8 @@ static dt_status make_schedule_pp(trainer *t, dt_pp_report *rep) {
         DT_CHECK(dt_pp_kind_parse("--pp-schedule", c->pp_schedule, &kind, &chunks));
     dt_status st = dt_pp_schedule_create(&t->pipe, kind, c->pp, chunks, t->K);
     if (st != DT_OK) {
-        dt_error_prefix("--pp %d --pp-schedule %s with %d micro-batch(es) (--micro-batches)",
-                        c->pp, c->pp_schedule ? c->pp_schedule : "1f1b", t->K);
+        dt_error_prefix("--pp %d --pp-schedule %s with %d micro-batch(es) (--micro-batches)", c->pp,
+                        c->pp_schedule ? c->pp_schedule : "1f1b", t->K);
         return st;
     }
     return dt_pp_check(t->pipe, NULL, rep);
@@ -214,11 +213,10 @@ static dt_status make_model(trainer *t) {
     t->n = dt_gpt_num_params(t->m);
     dt_gpt_init_params(t->m, c->seed);
     if (c->pp > 1)
-        return dt_pp_runner_create(&t->runner,
-                                   &(dt_pp_runner_config){.model = t->m,
-                                                          .sched = t->pipe,
-                                                          .group = dt_mesh_group(
-                                                              t->mesh, DT_AXIS_PP)});
+        return dt_pp_runner_create(
+            &t->runner, &(dt_pp_runner_config){.model = t->m,
+                                               .sched = t->pipe,
+                                               .group = dt_mesh_group(t->mesh, DT_AXIS_PP)});
     return dt_sequential_runner_create(&t->runner, t->m);
 }
 

@@ -28,13 +28,13 @@
 
 typedef struct trainer {
     const dt_train_config *c;
-    dt_group *world; /* the job's group (owned); NULL for a single process */
-    dt_mesh *mesh;   /* its layout; the groups the loop uses come from here */
-    int rank, size;  /* in the world */
-    int replica, dp; /* data-parallel coordinate and degree: the loader's share */
-    dt_tp *tp;       /* the model shard's communication points (NULL without --tp) */
+    dt_group *world;      /* the job's group (owned); NULL for a single process */
+    dt_mesh *mesh;        /* its layout; the groups the loop uses come from here */
+    int rank, size;       /* in the world */
+    int replica, dp;      /* data-parallel coordinate and degree: the loader's share */
+    dt_tp *tp;            /* the model shard's communication points (NULL without --tp) */
     dt_pp_schedule *pipe; /* the pipeline's schedule (NULL without --pp) */
-    int threads;     /* per rank */
+    int threads;          /* per rank */
     /* Data. */
     dt_token_file *data, *val_data; /* val_data NULL: validation is a split of data */
     const dt_tokenizer *tok;
