@@ -329,7 +329,7 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     bool own_chunk = chunked || Vb < Vl; /* else a slot's chunk is its logits */
     size_t off = 0;
     plan p = {0};
-    block_acts one; /* every layer of a plan */
+    block_acts one;         /* every layer of a plan */
     block_wgrad wone = {0}; /* the same, for the wgrad sets */
     gpt_slot none = {0};
     char *base = m ? m->arena : NULL;
