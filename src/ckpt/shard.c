@@ -112,9 +112,11 @@ static dt_status load_tensors(dt_ckpt_set *s) {
         uint64_t vol = 1;
         bool ok = memchr(t->name, '\0', sizeof t->name) && t->name[0] && t->ndim >= 1 &&
                   t->ndim <= DT_CKPT_MAX_DIMS;
-        for (int d = 0; ok && d < DT_CKPT_MAX_DIMS; d++)
-            ok = t->shape[d] >= 1 && (d < (int)t->ndim || t->shape[d] == 1) &&
-                 !__builtin_mul_overflow(vol, t->shape[d], &vol) && vol < ((uint64_t)1 << 48);
+        for (int d = 0; ok && d < DT_CKPT_MAX_DIMS; d++) {
+            uint64_t extent = t->shape[d]; /* dimensions past ndim are 1 */
+            ok = extent >= 1 && (d < (int)t->ndim || extent == 1) &&
+                 !__builtin_mul_overflow(vol, extent, &vol) && vol < ((uint64_t)1 << 48);
+        }
         for (size_t j = 0; ok && j < i; j++)
             ok = strcmp(t->name, s->tensors[j].name) != 0;
         if (!ok) {
