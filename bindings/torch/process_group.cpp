@@ -44,8 +44,8 @@ dt_redop redop_of(const c10d::ReduceOp &op, const char *name) {
     case c10d::ReduceOp::MAX: return DT_MAX;
     default: break;
     }
-    static const char *const names[] = {"SUM", "AVG", "PRODUCT", "MIN", "MAX",
-                                        "BAND", "BOR", "BXOR", "PREMUL_SUM"};
+    static const char *const names[] = {"SUM",  "AVG", "PRODUCT", "MIN",       "MAX",
+                                        "BAND", "BOR", "BXOR",    "PREMUL_SUM"};
     unsigned v = static_cast<c10d::ReduceOp::RedOpType>(op);
     TORCH_CHECK(false, "dtrain ", name, ": ReduceOp.", v < 9 ? names[v] : "?",
                 " is not supported (SUM, AVG, PRODUCT, MIN and MAX are)");
@@ -55,8 +55,8 @@ void check_tensor(const at::Tensor &t, const char *op) {
     TORCH_CHECK(t.defined(), "dtrain ", op, ": undefined tensor");
     TORCH_CHECK(t.device().is_cpu(), "dtrain ", op, ": tensors must be on the CPU, got one on ",
                 t.device());
-    TORCH_CHECK(t.layout() == at::kStrided, "dtrain ", op, ": only dense tensors are supported, got ",
-                t.layout());
+    TORCH_CHECK(t.layout() == at::kStrided, "dtrain ", op,
+                ": only dense tensors are supported, got ", t.layout());
     dtype_of(t, op);
 }
 
@@ -69,13 +69,14 @@ const at::Tensor &single(const std::vector<at::Tensor> &ts, const char *op) {
 // Tensors that must all have `like`'s dtype and number of elements.
 void check_list(const std::vector<at::Tensor> &ts, size_t n, const at::Tensor &like,
                 const char *what, const char *op) {
-    TORCH_CHECK(ts.size() == n, "dtrain ", op, ": needs ", n, " ", what, " tensors (one per rank), got ",
-                ts.size());
+    TORCH_CHECK(ts.size() == n, "dtrain ", op, ": needs ", n, " ", what,
+                " tensors (one per rank), got ", ts.size());
     for (size_t i = 0; i < ts.size(); i++) {
         check_tensor(ts[i], op);
         TORCH_CHECK(ts[i].scalar_type() == like.scalar_type() && ts[i].numel() == like.numel(),
-                    "dtrain ", op, ": ", what, " tensor ", i, " has ", ts[i].numel(), " elements of ",
-                    ts[i].dtype(), ", expected ", like.numel(), " of ", like.dtype());
+                    "dtrain ", op, ": ", what, " tensor ", i, " has ", ts[i].numel(),
+                    " elements of ", ts[i].dtype(), ", expected ", like.numel(), " of ",
+                    like.dtype());
     }
 }
 
@@ -153,8 +154,8 @@ dt_status publish(void *arg, int port) {
         set_str(*m->store, m->key, c10::str(m->addr, " ", port, " ", m->token));
         return DT_OK;
     } catch (const std::exception &e) {
-        return dt_error_set(DT_ERR_IO, "cannot publish the dtrain store's address in the c10d store: %s",
-                            e.what());
+        return dt_error_set(
+            DT_ERR_IO, "cannot publish the dtrain store's address in the c10d store: %s", e.what());
     }
 }
 
@@ -212,8 +213,9 @@ DtWork::DtWork(std::shared_ptr<Comm> comm, std::weak_ptr<Completer> completer, i
                c10d::OpType type, const char *name, std::vector<at::Tensor> outputs)
     : c10d::Work(rank, type, name), comm_(std::move(comm)), completer_(std::move(completer)),
       name_(name), outputs_(std::move(outputs)),
-      future_(c10::make_intrusive<c10::ivalue::Future>(
-          c10::ListType::create(c10::TensorType::get()))) {}
+      future_(
+          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
+}
 
 DtWork::~DtWork() { complete(); }
 
@@ -383,9 +385,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDtrain::broadcast(std::vector<at::Ten
     auto w = make_work(c10d::OpType::BROADCAST, "dtrain:broadcast", tensors);
     at::Tensor buf = dense(t);
     dt_work *h;
-    check_issue(
-        dt_group_ibroadcast(comm_->g, buf.data_ptr(), count(buf), dtype_of(t, op), opts.rootRank, &h),
-        op);
+    check_issue(dt_group_ibroadcast(comm_->g, buf.data_ptr(), count(buf), dtype_of(t, op),
+                                    opts.rootRank, &h),
+                op);
     w->add(h);
     w->keep(buf);
     if (!buf.is_same(t) && rank_ != opts.rootRank)
@@ -508,9 +510,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDtrain::_allgather_base(at::Tensor &o
     if (!in_place && ibuf.is_alias_of(obuf))
         ibuf = ibuf.clone();
     dt_work *h;
-    check_issue(dt_group_iallgather(comm_->g, ibuf.data_ptr(), obuf.data_ptr(), k,
-                                    dtype_of(input, op), &h),
-                op);
+    check_issue(
+        dt_group_iallgather(comm_->g, ibuf.data_ptr(), obuf.data_ptr(), k, dtype_of(input, op), &h),
+        op);
     w->add(h);
     w->keep(ibuf);
     w->keep(obuf);
@@ -519,9 +521,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDtrain::_allgather_base(at::Tensor &o
     return w;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDtrain::gather(std::vector<std::vector<at::Tensor>> &outputs,
-                                                          std::vector<at::Tensor> &inputs,
-                                                          const c10d::GatherOptions &opts) {
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupDtrain::gather(std::vector<std::vector<at::Tensor>> &outputs,
+                           std::vector<at::Tensor> &inputs, const c10d::GatherOptions &opts) {
     static const char *op = "gather";
     const at::Tensor &in = single(inputs, op);
     check_root(opts.rootRank, size_, op);
@@ -554,9 +556,10 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDtrain::gather(std::vector<std::vecto
     return w;
 }
 
-c10::intrusive_ptr<c10d::Work> ProcessGroupDtrain::scatter(std::vector<at::Tensor> &outputs,
-                                                           std::vector<std::vector<at::Tensor>> &inputs,
-                                                           const c10d::ScatterOptions &opts) {
+c10::intrusive_ptr<c10d::Work>
+ProcessGroupDtrain::scatter(std::vector<at::Tensor> &outputs,
+                            std::vector<std::vector<at::Tensor>> &inputs,
+                            const c10d::ScatterOptions &opts) {
     static const char *op = "scatter";
     const at::Tensor &out = single(outputs, op);
     check_root(opts.rootRank, size_, op);
@@ -627,7 +630,8 @@ ProcessGroupDtrain::_reduce_scatter_base(at::Tensor &output, at::Tensor &input,
     dt_redop rop = redop_of(opts.reduceOp, op);
     std::lock_guard<std::mutex> lock(mu_);
     flush_p2p();
-    auto w = make_work(c10d::OpType::_REDUCE_SCATTER_BASE, "dtrain:reduce_scatter_tensor", {output});
+    auto w =
+        make_work(c10d::OpType::_REDUCE_SCATTER_BASE, "dtrain:reduce_scatter_tensor", {output});
     at::Tensor obuf = dense(output);
     at::Tensor ibuf = dense(input);
     if (ibuf.is_alias_of(obuf))
@@ -671,7 +675,8 @@ void ProcessGroupDtrain::alltoallv(DtWork &w, const at::Tensor &in,
     w.keep(recv);
     int n = size_;
     w.then([recv, out, out_counts, out_displs, block, n] {
-        at::Tensor dst = out.is_contiguous() ? out.view({-1}) : at::empty({out.numel()}, out.options());
+        at::Tensor dst =
+            out.is_contiguous() ? out.view({-1}) : at::empty({out.numel()}, out.options());
         for (int r = 0; r < n; r++)
             dst.narrow(0, out_displs[r], out_counts[r])
                 .copy_(recv.narrow(0, r * block, out_counts[r]));
@@ -680,10 +685,11 @@ void ProcessGroupDtrain::alltoallv(DtWork &w, const at::Tensor &in,
     });
 }
 
-c10::intrusive_ptr<c10d::Work>
-ProcessGroupDtrain::alltoall_base(at::Tensor &output, at::Tensor &input,
-                                  std::vector<int64_t> &outputSplits,
-                                  std::vector<int64_t> &inputSplits, const c10d::AllToAllOptions &) {
+c10::intrusive_ptr<c10d::Work> ProcessGroupDtrain::alltoall_base(at::Tensor &output,
+                                                                 at::Tensor &input,
+                                                                 std::vector<int64_t> &outputSplits,
+                                                                 std::vector<int64_t> &inputSplits,
+                                                                 const c10d::AllToAllOptions &) {
     static const char *op = "all_to_all_single";
     check_tensor(output, op);
     check_tensor(input, op);
@@ -716,8 +722,8 @@ ProcessGroupDtrain::alltoall_base(at::Tensor &output, at::Tensor &input,
         TORCH_CHECK(t.dim() >= 1, "dtrain ", op, ": the ", what, " needs a dimension to split");
         int64_t n = t.size(0), row = n ? t.numel() / n : 0;
         if (splits.empty()) {
-            TORCH_CHECK(n % size_ == 0, "dtrain ", op, ": ", n, " ", what, " rows do not split evenly over ",
-                        size_, " ranks");
+            TORCH_CHECK(n % size_ == 0, "dtrain ", op, ": ", n, " ", what,
+                        " rows do not split evenly over ", size_, " ranks");
             splits.assign(size_, n / size_);
         }
         TORCH_CHECK(static_cast<int>(splits.size()) == size_, "dtrain ", op, ": ", what,
@@ -821,11 +827,10 @@ void ProcessGroupDtrain::issue_p2p(const PendingP2P &p) {
     const char *op = p.is_send ? "send" : "recv";
     dt_work *h;
     dt_dtype dt = dtype_of(p.buf, op);
-    check_issue(p.is_send ? dt_group_isend(comm_->g, p.buf.data_ptr(), count(p.buf), dt, p.peer,
-                                           p.tag, &h)
-                          : dt_group_irecv(comm_->g, p.buf.data_ptr(), count(p.buf), dt, p.peer,
-                                           p.tag, &h),
-                op);
+    check_issue(
+        p.is_send ? dt_group_isend(comm_->g, p.buf.data_ptr(), count(p.buf), dt, p.peer, p.tag, &h)
+                  : dt_group_irecv(comm_->g, p.buf.data_ptr(), count(p.buf), dt, p.peer, p.tag, &h),
+        op);
     p.work->add(h);
     p.work->keep(p.buf);
 }

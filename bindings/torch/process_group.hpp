@@ -185,8 +185,7 @@ class ProcessGroupDtrain : public c10d::ProcessGroup {
     // `out` comes from rank i. mu_ held.
     void alltoallv(DtWork &w, const at::Tensor &in, const std::vector<int64_t> &in_counts,
                    const std::vector<int64_t> &in_displs, const at::Tensor &out,
-                   const std::vector<int64_t> &out_counts,
-                   const std::vector<int64_t> &out_displs);
+                   const std::vector<int64_t> &out_counts, const std::vector<int64_t> &out_displs);
 
     std::shared_ptr<Comm> comm_;
     std::shared_ptr<Completer> completer_;
