@@ -564,6 +564,24 @@ static dt_status work_finish(dt_work *w, bool free_it) {
     dt_group *g = w->op.g;
     dt_status st;
     pthread_mutex_lock(&g->mu);
+    if (!w->done && g->head == w && !g->busy) {
+        /* Nobody has started it: run it here, as a blocking call on an idle
+         * group does, rather than sleep until the progress thread wakes,
+         * runs it and wakes us (two hand-offs: most of the time of a small
+         * operation waited for right after it was issued). */
+        g->head = w->next;
+        if (!g->head)
+            g->tail = NULL;
+        g->busy = true;
+        pthread_mutex_unlock(&g->mu);
+        execute(g, w);
+        pthread_mutex_lock(&g->mu);
+        g->busy = false;
+        w->done = true;
+        g->last_progress = dt_now();
+        if (g->head)
+            pthread_cond_signal(&g->work_cv);
+    }
     while (!w->done) {
         /* Each operation bounds its own waits by DT_TIMEOUT; this only
          * guards against a progress thread that stopped making any. */
