@@ -14,9 +14,11 @@
    busbw over gloo's (for the smallest sizes read the times).
 2. DDP training step: the GPT of bench/compare-pytorch-ddp.py (pre-LN blocks,
    tied head), --layers x --dim, batch --batch x --seq, AdamW, 2 ranks x 1
-   thread, DistributedDataParallel over each backend in alternation; tokens/s
-   (all ranks) is the median over steps after 2 warm-up steps, then the
-   median of the repeats. One process without DDP gives the scaling baseline.
+   thread, DistributedDataParallel over each backend in alternation with the
+   same two ranks training without any gradient exchange (the bound a free
+   network would give); tokens/s (all ranks) is the median over steps after 2
+   warm-up steps, then the median of the repeats. One process without DDP
+   gives the scaling baseline.
 
 Ranks meet through a FileStore; gloo runs on loopback (GLOO_SOCKET_IFNAME=lo).
 Run it alone on the machine (flock -x /tmp/dtrain-cpu.lock ...).
@@ -115,12 +117,16 @@ def ddp(a, rank, n, pgs):
     from torch.nn.parallel import DistributedDataParallel as DDP
     GPT = gpt_class()
     V = 65
-    res = {name: [] for name in pgs}
+    # "none": the same ranks training without any gradient exchange, the
+    # bound DDP could reach with free communication.
+    runs = dict(pgs, none=None)
+    res = {name: [] for name in runs}
     for _ in range(a.repeats):
-        for name, pg in pgs.items():
+        for name, pg in runs.items():
             torch.manual_seed(1)
             model = GPT(a.layers, a.dim, a.heads, a.seq, V)
-            net = DDP(model, process_group=pg, bucket_cap_mb=a.bucket_mb)
+            net = model if pg is None else DDP(model, process_group=pg, bucket_cap_mb=a.bucket_mb)
+            pg = pg or pgs["gloo"]  # for the barrier and the timing exchange
             opt = torch.optim.AdamW(net.parameters(), lr=1e-4)
             g = torch.Generator().manual_seed(rank)
             times = []
@@ -195,10 +201,17 @@ def print_row(r, file=sys.stdout):
     file.flush()
 
 
+def rank_env():
+    # One thread per rank: Debian's torch multiplies through OpenBLAS, whose
+    # thread pool torch.set_num_threads() does not limit.
+    return dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1",
+                OPENBLAS_NUM_THREADS="1")
+
+
 def run_ranks(a, n, mode):
     with tempfile.TemporaryDirectory(prefix="dtrain-torch-bench-") as tmp:
         out = os.path.join(tmp, "out.json")
-        env = dict(os.environ, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        env = rank_env()
         args = [sys.executable, os.path.abspath(__file__), "--mode", mode, "--world", str(n),
                 "--store", os.path.join(tmp, "store"), "--out", out] + a.passthrough
         procs = [subprocess.Popen(args + ["--rank", str(r)], env=env) for r in range(n)]
@@ -240,6 +253,9 @@ def main():
     while s <= hi:  # x8 steps below 1 MiB, x4 from there
         a.sizes.append(s)
         s *= 8 if s < (1 << 20) // 8 else 4 if s >= 1 << 20 else (1 << 20) // s
+    if a.mode == "baseline":
+        print(json.dumps(baseline(a)))
+        return
     if a.mode:
         rank_main(a)
         return
@@ -261,16 +277,20 @@ def main():
             print_row(r)
         print()
     if not a.no_ddp:
-        base = baseline(a)
+        base = float(subprocess.run(
+            [sys.executable, os.path.abspath(__file__), "--mode", "baseline"] + a.passthrough,
+            env=rank_env(), check=True, capture_output=True, text=True).stdout)
         d = run_ranks(a, 2, "ddp")["ddp"]
         result["ddp"] = dict(d, baseline_1rank=base)
         print(f"DDP step, GPT {a.layers}x{a.dim}, batch {a.batch}x{a.seq}, 2 ranks x 1 thread:\n")
         print("| Run | tokens/s | |")
         print("| --- | --- | --- |")
         print(f"| 1 process, no DDP | {base:.0f} | |")
-        g, t = d["gloo"]["tokens_s"], d["dtrain"]["tokens_s"]
-        print(f"| DDP over gloo, 2 ranks | {g:.0f} | scaling {g / base:.2f}x |")
-        print(f"| DDP over dtrain, 2 ranks | {t:.0f} | scaling {t / base:.2f}x; {t / g:.2f}x gloo |")
+        g, t, f = (d[k]["tokens_s"] for k in ("gloo", "dtrain", "none"))
+        print(f"| 2 ranks, no gradient exchange (the bound) | {f:.0f} | {f / base:.2f}x 1 process |")
+        print(f"| DDP over gloo, 2 ranks | {g:.0f} | {g / base:.2f}x 1 process, {g / f:.0%} of the bound |")
+        print(f"| DDP over dtrain, 2 ranks | {t:.0f} | {t / base:.2f}x 1 process, {t / f:.0%} of the bound; "
+              f"**{t / g:.2f}x gloo** |")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1)

@@ -46,6 +46,7 @@ def child_env():
     gloo on loopback."""
     env = dict(os.environ)
     env.setdefault("OMP_NUM_THREADS", "1")
+    env.setdefault("OPENBLAS_NUM_THREADS", "1")  # torch's BLAS ignores set_num_threads
     env["GLOO_SOCKET_IFNAME"] = "lo"
     env.setdefault("DT_TIMEOUT", "60")
     return env
