@@ -229,11 +229,12 @@ void DtWork::complete() {
         if (done_)
             return;
         std::string why;
+        err = error_;
         for (dt_work *h : handles_)
             if (dt_work_wait(h) != DT_OK && why.empty())
                 why = dt_last_error();
         handles_.clear();
-        if (!why.empty())
+        if (!why.empty() && !err)
             err = std::make_exception_ptr(std::runtime_error(c10::str(name_, " failed: ", why)));
         for (auto &f : finishers_) {
             if (err)
@@ -358,9 +359,10 @@ ProcessGroupDtrain::ProcessGroupDtrain(const c10::intrusive_ptr<c10d::Store> &st
 }
 
 ProcessGroupDtrain::~ProcessGroupDtrain() {
-    {
+    try { // a batch never ended: issue it, its works are out there
         std::lock_guard<std::mutex> lock(mu_);
         flush_p2p();
+    } catch (const std::exception &) { // the works it could not issue fail
     }
     // Python may drop the last reference with the GIL held while a future
     // callback on the completer's thread waits for the GIL: let it go while
@@ -874,8 +876,22 @@ void ProcessGroupDtrain::flush_p2p() {
                      [&](const PendingP2P &a, const PendingP2P &b) { return key(a) < key(b); });
     std::vector<PendingP2P> batch;
     batch.swap(pending_);
-    for (const auto &p : batch)
-        issue_p2p(p);
+    // After a transfer cannot be issued, the rest of the batch is not
+    // issued either: their works fail with the same error.
+    std::exception_ptr first;
+    for (const auto &p : batch) {
+        if (!first) {
+            try {
+                issue_p2p(p);
+                continue;
+            } catch (...) {
+                first = std::current_exception();
+            }
+        }
+        p.work->fail(first);
+    }
+    if (first)
+        std::rethrow_exception(first);
 }
 
 void ProcessGroupDtrain::startCoalescing() {

@@ -82,6 +82,8 @@ class DtWork : public c10d::Work {
     void add(dt_work *h) { handles_.push_back(h); }
     // Keep t alive until the dtrain operations are done (they borrow it).
     void keep(const at::Tensor &t) { kept_.push_back(t); }
+    // Complete with this error (an operation of it could not be issued).
+    void fail(std::exception_ptr e) { error_ = std::move(e); }
     // Runs (in the order added) after the dtrain operations succeeded.
     void then(std::function<void()> f) { finishers_.push_back(std::move(f)); }
     const char *name() const { return name_; }
@@ -102,6 +104,7 @@ class DtWork : public c10d::Work {
     std::vector<dt_work *> handles_;
     std::vector<at::Tensor> kept_;
     std::vector<std::function<void()>> finishers_;
+    std::exception_ptr error_; // set by fail()
     std::vector<at::Tensor> outputs_;
     c10::intrusive_ptr<c10::ivalue::Future> future_;
     std::mutex run_mu_; // one thread completes; the others wait for it
