@@ -211,6 +211,31 @@ void Completer::push(c10::intrusive_ptr<DtWork> w) {
 }
 
 // ---------------------------------------------------------------------------
+// Handle
+// ---------------------------------------------------------------------------
+
+dt_status Handle::wait(std::string *why) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (h_) {
+        st_ = dt_work_wait(h_);
+        if (st_ != DT_OK)
+            why_ = dt_last_error();
+        h_ = nullptr;
+    }
+    if (why && st_ != DT_OK)
+        *why = why_;
+    return st_;
+}
+
+bool Handle::done() {
+    std::unique_lock<std::mutex> lock(mu_, std::try_to_lock);
+    if (!lock.owns_lock())
+        return false; // another thread is waiting for it
+    bool d = true;
+    return !h_ || (dt_work_test(h_, &d) == DT_OK && d);
+}
+
+// ---------------------------------------------------------------------------
 // DtWork
 // ---------------------------------------------------------------------------
 
@@ -230,9 +255,9 @@ void DtWork::complete() {
             return;
         std::string why;
         err = error_;
-        for (dt_work *h : handles_)
-            if (dt_work_wait(h) != DT_OK && why.empty())
-                why = dt_last_error();
+        for (auto &h : handles_)
+            if (h->wait(&why) != DT_OK)
+                break; // the group is failed: the later ones fail alike
         handles_.clear();
         if (!why.empty() && !err)
             err = std::make_exception_ptr(std::runtime_error(c10::str(name_, " failed: ", why)));
@@ -263,11 +288,9 @@ bool DtWork::isCompleted() {
         std::unique_lock<std::mutex> lock(run_mu_, std::try_to_lock);
         if (!lock.owns_lock())
             return false; // another thread is completing it
-        for (dt_work *h : handles_) {
-            bool done = false;
-            if (dt_work_test(h, &done) != DT_OK || !done)
+        for (auto &h : handles_)
+            if (!h->done())
                 return false;
-        }
     }
     complete(); // every handle is done: this does not block
     return true;
@@ -362,7 +385,7 @@ ProcessGroupDtrain::~ProcessGroupDtrain() {
     try { // a batch never ended: issue it, its works are out there
         std::lock_guard<std::mutex> lock(mu_);
         flush_p2p();
-    } catch (const std::exception &) { // the works it could not issue fail
+    } catch (const std::exception &) { // its works have failed with the error
     }
     // Python may drop the last reference with the GIL held while a future
     // callback on the completer's thread waits for the GIL: let it go while
@@ -825,10 +848,9 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDtrain::send(std::vector<at::Tensor> 
                 " is not another rank of a group of ", size_);
     std::lock_guard<std::mutex> lock(mu_);
     PendingP2P p{true, dense(t), dst, tag, make_work(c10d::OpType::SEND, "dtrain:send", tensors)};
-    if (coalescing_)
-        pending_.push_back(p);
-    else
-        issue_p2p(p);
+    pending_.push_back(p);
+    if (!coalescing_)
+        flush_p2p();
     return p.work;
 }
 
@@ -841,57 +863,40 @@ c10::intrusive_ptr<c10d::Work> ProcessGroupDtrain::recv(std::vector<at::Tensor> 
     PendingP2P p{false, dense(t), src, tag, make_work(c10d::OpType::RECV, "dtrain:recv", tensors)};
     if (!p.buf.is_same(t))
         p.work->then([t, buf = p.buf] { t.copy_(buf); });
-    if (coalescing_)
-        pending_.push_back(p);
-    else
-        issue_p2p(p);
+    pending_.push_back(p);
+    if (!coalescing_)
+        flush_p2p();
     return p.work;
 }
 
-void ProcessGroupDtrain::issue_p2p(const PendingP2P &p) {
-    const char *op = p.is_send ? "send" : "recv";
-    dt_work *h;
-    dt_dtype dt = dtype_of(p.buf, op);
-    check_issue(
-        p.is_send ? dt_group_isend(comm_->g, p.buf.data_ptr(), count(p.buf), dt, p.peer, p.tag, &h)
-                  : dt_group_irecv(comm_->g, p.buf.data_ptr(), count(p.buf), dt, p.peer, p.tag, &h),
-        op);
-    p.work->add(h);
-    p.work->keep(p.buf);
-}
-
 void ProcessGroupDtrain::flush_p2p() {
-    // dtrain runs a group's operations one at a time, and a send larger
-    // than the transport's buffers waits for its receive. Ordering every
-    // rank's transfers by (pair of ranks, direction) makes the globally
-    // first pending transfer the next one for both of its ranks, so the
-    // batch always progresses; the sort is stable, so transfers within one
-    // pair and direction keep the order both sides issued them in.
-    auto key = [this](const PendingP2P &p) {
-        int lo = std::min(rank_, p.peer), hi = std::max(rank_, p.peer);
-        int from = p.is_send ? rank_ : p.peer;
-        return std::make_tuple(lo, hi, from == lo ? 0 : 1);
-    };
-    std::stable_sort(pending_.begin(), pending_.end(),
-                     [&](const PendingP2P &a, const PendingP2P &b) { return key(a) < key(b); });
+    if (pending_.empty())
+        return;
     std::vector<PendingP2P> batch;
     batch.swap(pending_);
-    // After a transfer cannot be issued, the rest of the batch is not
-    // issued either: their works fail with the same error.
-    std::exception_ptr first;
-    for (const auto &p : batch) {
-        if (!first) {
-            try {
-                issue_p2p(p);
-                continue;
-            } catch (...) {
-                first = std::current_exception();
-            }
-        }
-        p.work->fail(first);
+    std::vector<dt_p2p> ops;
+    for (const auto &p : batch)
+        ops.push_back(dt_p2p{p.is_send, p.buf.data_ptr(), count(p.buf),
+                             dtype_of(p.buf, p.is_send ? "send" : "recv"), p.peer, p.tag});
+    dt_work *h = nullptr;
+    // One transfer alone is a plain send or receive (the same matching).
+    dt_status st = ops.size() > 1 ? dt_group_isendrecv_batch(comm_->g, ops.data(), ops.size(), &h)
+                   : ops[0].send  ? dt_group_isend(comm_->g, ops[0].buf, ops[0].count, ops[0].dtype,
+                                                   ops[0].peer, ops[0].tag, &h)
+                                  : dt_group_irecv(comm_->g, ops[0].buf, ops[0].count, ops[0].dtype,
+                                                   ops[0].peer, ops[0].tag, &h);
+    if (st != DT_OK) {
+        auto err = std::make_exception_ptr(
+            std::runtime_error(c10::str("dtrain send/recv: ", dt_last_error())));
+        for (const auto &p : batch)
+            p.work->fail(err);
+        std::rethrow_exception(err);
     }
-    if (first)
-        std::rethrow_exception(first);
+    auto shared = std::make_shared<Handle>(h);
+    for (const auto &p : batch) {
+        p.work->add(shared);
+        p.work->keep(p.buf);
+    }
 }
 
 void ProcessGroupDtrain::startCoalescing() {

@@ -51,6 +51,25 @@ struct Comm {
 
 class DtWork;
 
+// A dtrain operation some works wait for: one work usually, every
+// transfer's work for a batch of sends and receives (one dtrain operation).
+// Waited for once; its outcome is kept for the others.
+class Handle {
+  public:
+    explicit Handle(dt_work *h) : h_(h) {}
+    ~Handle() { wait(nullptr); }
+    // Wait for the operation; DT_OK, or its status with the message in *why.
+    dt_status wait(std::string *why);
+    // Whether it completed; never blocks.
+    bool done();
+
+  private:
+    std::mutex mu_;
+    dt_work *h_; // NULL once waited for
+    dt_status st_ = DT_OK;
+    std::string why_;
+};
+
 // Completes, in issue order, the works whose futures were asked for (DDP's
 // buckets, comm hooks): nothing else would complete a future nobody waits
 // on through its work. Its state is shared with its thread, so the last
@@ -79,7 +98,8 @@ class DtWork : public c10d::Work {
            c10d::OpType type, const char *name, std::vector<at::Tensor> outputs);
     ~DtWork() override;
 
-    void add(dt_work *h) { handles_.push_back(h); }
+    void add(dt_work *h) { handles_.push_back(std::make_shared<Handle>(h)); }
+    void add(std::shared_ptr<Handle> h) { handles_.push_back(std::move(h)); }
     // Keep t alive until the dtrain operations are done (they borrow it).
     void keep(const at::Tensor &t) { kept_.push_back(t); }
     // Complete with this error (an operation of it could not be issued).
@@ -101,7 +121,7 @@ class DtWork : public c10d::Work {
     std::shared_ptr<Comm> comm_;
     std::weak_ptr<Completer> completer_;
     const char *name_;
-    std::vector<dt_work *> handles_;
+    std::vector<std::shared_ptr<Handle>> handles_;
     std::vector<at::Tensor> kept_;
     std::vector<std::function<void()>> finishers_;
     std::exception_ptr error_; // set by fail()
@@ -164,9 +184,9 @@ class ProcessGroupDtrain : public c10d::ProcessGroup {
     c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions &opts) override;
 
     // batch_isend_irecv: sends and receives between the two calls are held
-    // back and issued at the end in one order every rank agrees on (see
-    // flush_p2p), so a batch where every rank sends before it receives
-    // cannot deadlock on messages too large for the transports' buffers.
+    // back and issued at the end as one dtrain batch (all posted at once),
+    // so a batch where every rank sends before it receives cannot deadlock
+    // on messages too large for the transports' buffers.
     void startCoalescing() override;
     void endCoalescing(std::vector<c10::intrusive_ptr<c10d::Work>> &reqs) override;
 
@@ -180,9 +200,8 @@ class ProcessGroupDtrain : public c10d::ProcessGroup {
 
     c10::intrusive_ptr<DtWork> make_work(c10d::OpType type, const char *name,
                                          std::vector<at::Tensor> outputs);
-    // Issue buffered point-to-point operations; mu_ held.
+    // Issue the held-back sends and receives as one batch; mu_ held.
     void flush_p2p();
-    void issue_p2p(const PendingP2P &p);
     // The uneven all-to-all both alltoall forms reduce to: block j of `in`
     // (in_counts[j] elements at in_displs[j]) goes to rank j, block i of
     // `out` comes from rank i. mu_ held.

@@ -238,6 +238,7 @@ def run(rank, size, store_path):
                     checked += 1
     async_and_futures(rank, size)
     empty_tensors(rank, size)
+    large_exchange(rank, size)
     dist.destroy_process_group()
     if rank == 0:
         print(f"{checked} op x dtype x shape x layout cases equal to gloo at {size} ranks")
@@ -261,6 +262,26 @@ def async_and_futures(rank, n):
     while not w.is_completed():
         pass
     w.wait()
+
+
+def large_exchange(rank, n):
+    """batch_isend_irecv where every rank sends 8 MiB to both neighbours
+    before receiving: far more than the transports buffer, so it completes
+    only because the batch is posted at once."""
+    import torch
+    import torch.distributed as dist
+    if n == 1:
+        return
+    k = 2 << 20
+    nxt, prv = (rank + 1) % n, (rank - 1) % n
+    a, b = torch.full((k,), float(rank)), torch.full((k,), float(rank) + 0.5)
+    ra, rb = torch.empty(k), torch.empty(k)
+    ops = [dist.P2POp(dist.isend, a, nxt), dist.P2POp(dist.isend, b, prv),
+           dist.P2POp(dist.irecv, ra, prv), dist.P2POp(dist.irecv, rb, nxt)]
+    for q in dist.batch_isend_irecv(ops):
+        q.wait()
+    assert torch.all(ra == prv), f"rank {rank}: received {ra[0]} from {prv}"
+    assert torch.all(rb == nxt + 0.5), f"rank {rank}: received {rb[0]} from {nxt}"
 
 
 def empty_tensors(rank, n):
