@@ -7,7 +7,8 @@
   mpirun     init_method="dtrain://" under mpirun -np 2 (DT_MPIRUN)
   subgroup   new_group([0, 2], backend="dtrain") beside a gloo default group
 
-Each rank then checks an allreduce, a broadcast and a barrier.
+Each rank then checks an allreduce, a broadcast, the object collectives
+(all_gather_object, broadcast_object_list) and a barrier.
 """
 import os
 import sys
@@ -29,6 +30,12 @@ def check(group=None, ranks=None):
     dist.broadcast(b, src=ranks[-1] if ranks else 0, group=group)
     want = torch.arange(5) * (n if ranks else 1)
     assert torch.equal(b, want), f"rank {me}: broadcast gave {b}"
+    objs = [None] * n  # pickled objects travel as uint8 all_gather / broadcast
+    dist.all_gather_object(objs, {"rank": me}, group=group)
+    assert objs == [{"rank": r} for r in range(n)], f"rank {me}: all_gather_object gave {objs}"
+    box = [f"from {me}"]
+    dist.broadcast_object_list(box, src=ranks[0] if ranks else 0, group=group)
+    assert box == ["from 0"], f"rank {me}: broadcast_object_list gave {box}"
     dist.barrier(group=group)
     print(f"rank {me} of {n}: ok over {dtrain_torch.transport(group or dist.group.WORLD)}")
 
