@@ -11,8 +11,11 @@
 //      list forms (all_gather into a list, reduce_scatter from a list, ...)
 //      are packed into one flat buffer.
 //   3. The non-blocking dtrain call (dt_group_iallreduce, ...) is issued on
-//      the caller's thread, so dtrain's progress thread starts it at once
-//      and operations keep the order torch issued them in.
+//      the caller's thread, so operations keep the order torch issued them
+//      in and dtrain's progress thread starts each at once (unless a thread
+//      waits for it first: dt_work_wait then runs it on that thread).
+//      Sends and receives between startCoalescing and endCoalescing
+//      (batch_isend_irecv) are issued together as one dtrain batch.
 //   4. A DtWork holds the dtrain handles, the borrowed buffers and a
 //      finisher that copies results back where torch wants them. Whoever
 //      first needs the result (wait(), is_completed(), the process group's
