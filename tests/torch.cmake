@@ -18,6 +18,7 @@ endmacro()
 foreach(n 1 2 3 4)                # every op x dtype x layout against gloo
   torch_test(ops_${n} 300 test_ops.py ops_${n})
 endforeach()
+torch_test(ops_3_tcp 300 test_ops.py ops_3)   # the same over TCP (as between hosts)
 foreach(n 2 4)                    # DDP, no_sync and PowerSGD losses against gloo
   torch_test(ddp_${n} 300 test_ddp.py ddp_${n})
 endforeach()
@@ -34,3 +35,4 @@ endif()
 
 set_tests_properties(${torch_tests} PROPERTIES LABELS "torch;noasan" SKIP_RETURN_CODE 77
   ENVIRONMENT "PYTHONPATH=${CMAKE_BINARY_DIR}/python;DT_TORCH_STATUS=${DT_TORCH_STATUS};DT_CLI=$<TARGET_FILE:dtrain_cli>;DT_MPIRUN=${DT_MPIRUN}")
+set_property(TEST torch_ops_3_tcp APPEND PROPERTY ENVIRONMENT DT_TRANSPORT=tcp)
