@@ -7,7 +7,7 @@ JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
 
-.PHONY: all build deps test demo asan tsan format lint clean
+.PHONY: all build deps test demo asan tsan format lint clean install-torch
 
 all: build
 
@@ -26,6 +26,12 @@ test: deps build
 demo: deps build
 	@scripts/demo.sh $(BUILD)
 
+# The PyTorch backend (bindings/torch, built by `make` when PyTorch is
+# installed: scripts/install-deps.sh --torch) into the interpreter's site
+# directory, so that `import dtrain_torch` works without PYTHONPATH.
+install-torch: build
+	cmake --install $(BUILD) --component torch
+
 asan: deps
 	cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 	      -DDT_SANITIZE=address,undefined $(CMAKE_ARGS)
@@ -41,7 +47,7 @@ tsan: deps
 	cd $(TSAN_BUILD) && TSAN_OPTIONS=halt_on_error=1 \
 	    ctest --output-on-failure -j $(JOBS) -L tsan $(CTEST_ARGS)
 
-SOURCES = $(shell git ls-files '*.c' '*.h' 2>/dev/null)
+SOURCES = $(shell git ls-files '*.c' '*.h' '*.cpp' '*.hpp' 2>/dev/null)
 
 format:
 	clang-format -i $(SOURCES)

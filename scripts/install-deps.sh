@@ -5,7 +5,12 @@
 # it installs with apt-get; otherwise it prints the exact command and exits 1.
 #
 #   scripts/install-deps.sh            build, test and demo dependencies
-#   scripts/install-deps.sh --bench    also the peers used by bench/ (PyTorch)
+#   scripts/install-deps.sh --torch    also PyTorch and what the PyTorch backend
+#                                      (bindings/torch) builds against; its tests run
+#   scripts/install-deps.sh --bench    the same, for the peers used by bench/
+#
+# Where python3-torch is already installed, the backend's headers come too:
+# its tests then run in `make test` and need the backend built.
 set -euo pipefail
 
 # Each package and why dtrain needs it (the README's dependency table).
@@ -21,20 +26,35 @@ PACKAGES=(
     iproute2          # ip netns / tc: the multi-host test bed
     fortunes          # an English text corpus for `make demo`
 )
-BENCH_PACKAGES=(
-    python3-torch     # PyTorch: numerical reference fixtures and the bench/ peer
+TORCH_PACKAGES=(
+    python3-torch     # PyTorch: the backend's host, test fixtures, the bench/ peer
     python3-numpy
 )
+TORCH_BUILD_PACKAGES=(
+    libtorch-dev      # c10d headers and libraries the PyTorch backend builds against
+    pybind11-dev      # the backend's Python module (the pybind11 torch was built with)
+)
+
+installed() {
+    [[ "$(dpkg-query -W -f='${Status}' "$1" 2>/dev/null || true)" == "install ok installed" ]]
+}
 
 want=("${PACKAGES[@]}")
-if [[ "${1:-}" == "--bench" ]]; then
-    want+=("${BENCH_PACKAGES[@]}")
+case "${1:-}" in
+    "") ;;
+    --torch | --bench) want+=("${TORCH_PACKAGES[@]}" "${TORCH_BUILD_PACKAGES[@]}") ;;
+    *)
+        echo "usage: $0 [--torch | --bench]" >&2
+        exit 2
+        ;;
+esac
+if installed python3-torch; then
+    want+=("${TORCH_BUILD_PACKAGES[@]}")
 fi
 
 missing=()
 for p in "${want[@]}"; do
-    status=$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null || true)
-    [[ "$status" == "install ok installed" ]] || missing+=("$p")
+    installed "$p" || missing+=("$p")
 done
 
 if [[ ${#missing[@]} -eq 0 ]]; then

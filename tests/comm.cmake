@@ -1,7 +1,7 @@
 # Multi-process tests of the comm layer (tests/comm/*.c, each its own
 # program that fork/execs its ranks on loopback). Labels: "comm"; the ones
 # that exercise shared memory and the progress thread also "tsan".
-foreach(prog test_comm_sweep test_comm_groups test_comm_fail)
+foreach(prog test_comm_sweep test_comm_groups test_comm_fail test_comm_init)
   add_executable(${prog} ${CMAKE_CURRENT_SOURCE_DIR}/comm/${prog}.c)
   target_include_directories(${prog} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(${prog} PRIVATE _GNU_SOURCE)
@@ -16,6 +16,8 @@ set_tests_properties(comm_sweep_shm comm_sweep_tcp comm_sweep_hier PROPERTIES TI
 target_link_libraries(test_comm_groups PRIVATE Threads::Threads)
 add_test(NAME comm_groups COMMAND test_comm_groups)
 set_tests_properties(comm_groups PROPERTIES TIMEOUT 300 LABELS "comm;tsan")
+add_test(NAME comm_init COMMAND test_comm_init)
+set_tests_properties(comm_init PROPERTIES TIMEOUT 120 LABELS "comm")
 add_test(NAME comm_fail COMMAND test_comm_fail)
 set_tests_properties(comm_fail PROPERTIES TIMEOUT 300 LABELS "comm;tsan")
 # A small sweep for `make tsan` (shared memory, TCP, progress thread).

@@ -155,6 +155,47 @@ typedef struct dt_work dt_work;
  * until every rank has joined (bounded by DT_TIMEOUT). */
 dt_status dt_group_init_from_env(dt_group **out);
 
+/* What dt_group_init_from_env() reads from the environment, given
+ * explicitly: for programs whose ranks meet through another runtime (the
+ * PyTorch backend in bindings/torch exchanges these through a c10d store). */
+typedef struct dt_group_options {
+    int rank, size;          /* 0 <= rank < size */
+    const char *master_addr; /* host or IPv4 where rank 0 serves the store; NULL: 127.0.0.1 */
+    int master_port;         /* 1..65535; 0 on rank 0: any free port (see on_listen) */
+    const char *token;       /* 32 hex digits, the same on every rank; NULL only if size == 1 */
+    const char *job_id;      /* part of shared-memory names; NULL: "dtrain" */
+    double timeout;          /* seconds, as DT_TIMEOUT; <= 0: DT_TIMEOUT (default 300) */
+    /* Rank 0 of a group of more than one rank: called once its store
+     * listens, with the bound port, before it waits for the others (with
+     * master_port 0, this is where rank 0 tells them the port). A status
+     * other than DT_OK ends dt_group_init with it. May be NULL. */
+    dt_status (*on_listen)(void *arg, int port);
+    void *on_listen_arg;
+} dt_group_options;
+
+/* Create a world group from explicit options (no environment variable is
+ * read for membership; DT_TRANSPORT, DT_ALGO and the other knobs still
+ * apply). Blocks until every rank has joined. */
+dt_status dt_group_init(dt_group **out, const dt_group_options *opt);
+
+/* Who this process is in its job and where the job's ranks meet, as
+ * dt_group_init_from_env() would read it: DT_*, then Open MPI, MPICH and
+ * Slurm variables (docs/launch.md). Under mpirun in a build with MPI, rank
+ * 0 picks the meeting place and broadcasts it, so every rank must call
+ * this; the answer is also exported as DT_MASTER_ADDR, DT_MASTER_PORT,
+ * DT_JOB_TOKEN and DT_JOB_ID. A process without any launcher is rank 0 of
+ * 1. For programs that start another runtime's rendezvous from dtrain's
+ * launch environment (the PyTorch backend's dtrain:// init method). */
+typedef struct dt_job_info {
+    int rank, size;
+    int local_rank, local_size; /* on this host; -1 when the launcher does not say */
+    char master_addr[256];      /* "" when unknown (no launcher) */
+    int master_port;            /* 0 when unknown */
+    char token[33];             /* 32 hex digits, or "" */
+    char job_id[128];           /* "" when unknown */
+} dt_job_info;
+dt_status dt_job_info_read(dt_job_info *out);
+
 /* Collective over g: ranks with the same color form a sub-group, ordered by
  * (key, rank in g). A color of DT_UNDEFINED gives *out = NULL. */
 dt_status dt_group_split(dt_group *g, int color, int key, dt_group **out);

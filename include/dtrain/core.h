@@ -131,7 +131,8 @@ void dt_error_clear(void);
     } while (0)
 
 /* Always-on assertion for programming errors (never for bad input). */
-_Noreturn void dt__assert_fail(const char *expr, const char *file, int line, const char *func);
+__attribute__((noreturn)) void dt__assert_fail(const char *expr, const char *file, int line,
+                                               const char *func);
 #define DT_ASSERT(expr) ((expr) ? (void)0 : dt__assert_fail(#expr, __FILE__, __LINE__, __func__))
 
 /* ------------------------------------------------------------------------ */

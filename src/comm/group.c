@@ -70,16 +70,6 @@ static void job_release(dt__job *job, bool clean) {
     free(job);
 }
 
-/* Rank and size from DT_*, Open MPI, MPICH/PMI or a Slurm step, in that
- * order (jobenv.c); a process without any of them is a world of one. */
-static dt_status env_rank_size(int *rank, int *size) {
-    dt__jobenv e;
-    DT_CHECK(dt__jobenv_read(&e));
-    *rank = e.rank;
-    *size = e.size;
-    return DT_OK;
-}
-
 static void host_key(char *out, size_t n) {
     char host[256] = "localhost", boot[64] = "";
     gethostname(host, sizeof host - 1);
@@ -96,7 +86,13 @@ static void host_key(char *out, size_t n) {
     snprintf(out, n, "%s|%s|%s", host, boot, node && *node ? node : "-");
 }
 
-static dt_status job_create(int rank, int size, dt__job **out) {
+static bool token_ok(const char *tok) {
+    return tok && strlen(tok) == DT__TOKEN_LEN &&
+           strspn(tok, "0123456789abcdefABCDEF") == DT__TOKEN_LEN;
+}
+
+static dt_status job_create(const dt_group_options *o, dt__job **out) {
+    int rank = o->rank, size = o->size;
     dt__job *job = calloc(1, sizeof *job);
     if (!job)
         return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
@@ -105,34 +101,17 @@ static dt_status job_create(int rank, int size, dt__job **out) {
     atomic_store(&job->refs, 1);
     job->world_rank = rank;
     job->world_size = size;
-    DT_CHECK_GOTO(dt_config_env_double("DT_TIMEOUT", 300, 0.1, 1e7, &job->timeout), st, fail);
-    const char *tok = getenv("DT_JOB_TOKEN");
-    if (tok && *tok) {
-        bool ok = strlen(tok) == DT__TOKEN_LEN;
-        for (int i = 0; ok && i < DT__TOKEN_LEN; i++)
-            ok = isxdigit((unsigned char)tok[i]);
-        if (!ok) {
-            st = dt_error_set(DT_ERR_INVALID, "DT_JOB_TOKEN must be %d hex digits, got \"%.40s\"",
-                              DT__TOKEN_LEN, tok);
-            goto fail;
-        }
-        memcpy(job->token, tok, DT__TOKEN_LEN);
-    } else if (size > 1) {
-        st = dt_error_set(DT_ERR_INVALID,
-                          "DT_JOB_TOKEN is not set (every rank of a job needs "
-                          "the same %d-hex-digit secret; `dtrain launch` sets it)",
-                          DT__TOKEN_LEN);
-        goto fail;
-    } else {
-        memset(job->token, '0', DT__TOKEN_LEN);
-    }
-    const char *jid = getenv("DT_JOB_ID");
-    snprintf(job->job_id, sizeof job->job_id, "%s", jid && *jid ? jid : "dtrain");
-    const char *ma = getenv("DT_MASTER_ADDR");
-    snprintf(job->master, sizeof job->master, "%s", ma && *ma ? ma : "127.0.0.1");
-    int64_t port;
-    DT_CHECK_GOTO(dt_config_env_int("DT_MASTER_PORT", 29500, 1, 65535, &port), st, fail);
-    job->master_port = (int)port;
+    job->timeout = o->timeout;
+    if (job->timeout <= 0)
+        DT_CHECK_GOTO(dt_config_env_double("DT_TIMEOUT", 300, 0.1, 1e7, &job->timeout), st, fail);
+    if (o->token)
+        memcpy(job->token, o->token, DT__TOKEN_LEN);
+    else
+        memset(job->token, '0', DT__TOKEN_LEN); /* a world of one talks to nobody */
+    snprintf(job->job_id, sizeof job->job_id, "%s", o->job_id && *o->job_id ? o->job_id : "dtrain");
+    snprintf(job->master, sizeof job->master, "%s",
+             o->master_addr && *o->master_addr ? o->master_addr : "127.0.0.1");
+    job->master_port = o->master_port;
     host_key(job->host, sizeof job->host);
     dt__net_local_addr(job->master, job->addr, sizeof job->addr);
     job->host_keys = calloc((size_t)size, sizeof *job->host_keys);
@@ -152,6 +131,9 @@ static dt_status job_create(int rank, int size, dt__job **out) {
         DT_CHECK_GOTO(
             dt__store_server_start(NULL, job->master_port, job->token, &job->server, &bound), st,
             fail);
+        job->master_port = bound;
+        if (o->on_listen)
+            DT_CHECK_GOTO(o->on_listen(o->on_listen_arg, bound), st, fail);
     }
     DT_CHECK_GOTO(
         dt__store_connect(job->master, job->master_port, job->token, job->timeout, &job->store), st,
@@ -245,6 +227,7 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     g->rank = rank;
     g->size = size;
     DT_CHECK_GOTO(dt__config_read(&g->cfg), st, fail);
+    g->cfg.timeout = job->timeout; /* DT_TIMEOUT, unless dt_group_init was given one */
     g->world = malloc((size_t)size * sizeof *g->world);
     g->host = malloc((size_t)size * sizeof *g->host);
     g->ident = malloc((size_t)size * sizeof *g->ident);
@@ -368,17 +351,25 @@ fail:
     return st;
 }
 
-dt_status dt_group_init_from_env(dt_group **out) {
-    if (!out)
-        return dt_error_set(DT_ERR_INVALID, "dt_group_init_from_env: out is NULL");
+dt_status dt_group_init(dt_group **out, const dt_group_options *o) {
+    if (!out || !o)
+        return dt_error_set(DT_ERR_INVALID, "dt_group_init: NULL argument");
     *out = NULL;
-    int rank = 0, size = 1;
-    /* Under mpirun/srun: the meeting place (MPI bootstrap when available). */
-    DT_CHECK(dt__jobenv_export());
-    DT_CHECK(env_rank_size(&rank, &size));
-    dt_log_set_rank(rank);
+    if (o->size < 1 || o->rank < 0 || o->rank >= o->size)
+        return dt_error_set(DT_ERR_INVALID, "dt_group_init: rank %d is not a rank of a group of %d",
+                            o->rank, o->size);
+    if (o->master_port < 0 || o->master_port > 65535 || (o->master_port == 0 && o->rank != 0))
+        return dt_error_set(DT_ERR_INVALID,
+                            "dt_group_init: master port %d (1..65535; 0 only on rank 0)",
+                            o->master_port);
+    if (o->token ? !token_ok(o->token) : o->size > 1)
+        return dt_error_set(DT_ERR_INVALID,
+                            "dt_group_init: the token must be %d hex digits, the same on every "
+                            "rank; got \"%.40s\"",
+                            DT__TOKEN_LEN, o->token ? o->token : "(null)");
+    int rank = o->rank, size = o->size;
     dt__job *job = NULL;
-    DT_CHECK(job_create(rank, size, &job));
+    DT_CHECK(job_create(o, &job));
     int *world = malloc((size_t)size * sizeof *world);
     if (!world) {
         job_release(job, false);
@@ -392,6 +383,37 @@ dt_status dt_group_init_from_env(dt_group **out) {
     if (st != DT_OK)
         dt_error_prefix("rank %d: creating the world group", rank);
     return st;
+}
+
+dt_status dt_group_init_from_env(dt_group **out) {
+    if (!out)
+        return dt_error_set(DT_ERR_INVALID, "dt_group_init_from_env: out is NULL");
+    *out = NULL;
+    /* Under mpirun/srun: the meeting place (MPI bootstrap when available). */
+    DT_CHECK(dt__jobenv_export());
+    /* Rank and size from DT_*, Open MPI, MPICH/PMI or a Slurm step, in that
+     * order (jobenv.c); a process without any of them is a world of one. */
+    dt__jobenv e;
+    DT_CHECK(dt__jobenv_read(&e));
+    dt_log_set_rank(e.rank);
+    int64_t port;
+    DT_CHECK(dt_config_env_int("DT_MASTER_PORT", 29500, 1, 65535, &port));
+    const char *tok = getenv("DT_JOB_TOKEN");
+    if (tok && *tok && !token_ok(tok))
+        return dt_error_set(DT_ERR_INVALID, "DT_JOB_TOKEN must be %d hex digits, got \"%.40s\"",
+                            DT__TOKEN_LEN, tok);
+    if (!(tok && *tok) && e.size > 1)
+        return dt_error_set(DT_ERR_INVALID,
+                            "DT_JOB_TOKEN is not set (every rank of a job needs "
+                            "the same %d-hex-digit secret; `dtrain launch` sets it)",
+                            DT__TOKEN_LEN);
+    dt_group_options o = {.rank = e.rank,
+                          .size = e.size,
+                          .master_addr = getenv("DT_MASTER_ADDR"),
+                          .master_port = (int)port,
+                          .token = tok && *tok ? tok : NULL,
+                          .job_id = getenv("DT_JOB_ID")};
+    return dt_group_init(out, &o);
 }
 
 void dt_group_destroy(dt_group *g) {
@@ -542,6 +564,24 @@ static dt_status work_finish(dt_work *w, bool free_it) {
     dt_group *g = w->op.g;
     dt_status st;
     pthread_mutex_lock(&g->mu);
+    if (!w->done && g->head == w && !g->busy) {
+        /* Nobody has started it: run it here, as a blocking call on an idle
+         * group does, rather than sleep until the progress thread wakes,
+         * runs it and wakes us (two hand-offs: most of the time of a small
+         * operation waited for right after it was issued). */
+        g->head = w->next;
+        if (!g->head)
+            g->tail = NULL;
+        g->busy = true;
+        pthread_mutex_unlock(&g->mu);
+        execute(g, w);
+        pthread_mutex_lock(&g->mu);
+        g->busy = false;
+        w->done = true;
+        g->last_progress = dt_now();
+        if (g->head)
+            pthread_cond_signal(&g->work_cv);
+    }
     while (!w->done) {
         /* Each operation bounds its own waits by DT_TIMEOUT; this only
          * guards against a progress thread that stopped making any. */

@@ -5,6 +5,8 @@
  */
 #include "jobenv.h"
 
+#include "dtrain/comm.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -293,5 +295,23 @@ dt_status dt__jobenv_export(void) {
         return dt_error_set_errno(DT_ERR_SYSTEM, "setenv");
     DT_DEBUG("comm", "started by %s: rank %d of %d, master %s:%d, job %s", who, e.rank, e.size,
              e.master_addr, e.master_port, e.job_id);
+    return DT_OK;
+}
+
+dt_status dt_job_info_read(dt_job_info *out) {
+    if (!out)
+        return dt_error_set(DT_ERR_INVALID, "dt_job_info_read: out is NULL");
+    DT_CHECK(dt__jobenv_export());
+    dt__jobenv e;
+    DT_CHECK(dt__jobenv_read(&e));
+    memset(out, 0, sizeof *out);
+    out->rank = e.rank;
+    out->size = e.size;
+    out->local_rank = e.local_rank;
+    out->local_size = e.local_size;
+    snprintf(out->master_addr, sizeof out->master_addr, "%s", e.master_addr);
+    out->master_port = e.master_port;
+    snprintf(out->token, sizeof out->token, "%s", e.token);
+    snprintf(out->job_id, sizeof out->job_id, "%s", e.job_id);
     return DT_OK;
 }
