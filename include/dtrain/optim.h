@@ -163,27 +163,54 @@ void dt_scale(float *g, size_t n, float s);
  * stop on non-finite gradients checks isfinite(sumsq) itself.
  */
 float dt_clip_scale(double sumsq, float max_norm);
-
 /* ------------------------------------------------------------------------ */
 /* Optimizer objects                                                        */
 /* ------------------------------------------------------------------------ */
 /*
- * An optimizer object owns its state (AdamW's m and v, SGD's momentum) for
- * the ranges of the flat parameter buffer this rank updates, `owned`: all
- * of it under data parallelism, a 1/dp share of every bucket under ZeRO.
- * Its state buffers hold the owned ranges one after another (element j of
- * range k's part belongs to parameter owned[k].begin + j), so a checkpoint
- * writes them with the parameters' shard map of those ranges.
+ * An optimizer object owns its state for the ranges of the flat parameter
+ * buffer this rank updates, `owned`: all of it under data parallelism, a
+ * 1/dp share of every bucket under ZeRO (a share cuts tensors anywhere).
  * The caller drives one optimizer step as
  *
  *     dt_optimizer_begin(o, step, lr);            // every step, before backward
- *     dt_optimizer_update(o, p, g, begin, end);    // any split of each owned range, any order
- *     dt_optimizer_end(o, applied);                // applied = not skipped
+ *     if (dt_optimizer_rangewise(o))              // elementwise this step:
+ *         dt_optimizer_update(o, p, g, b, e);     //   any split of each owned range, any order
+ *     else
+ *         dt_optimizer_step(o, p, g);             //   all owned ranges at once (collective)
+ *     dt_optimizer_end(o, applied);               // applied = not skipped
  *
- * update() may be called per gradient bucket as buckets become final; since
- * every element is updated independently, any split gives the same bits.
- * The object counts the updates it applied (AdamW's bias-correction step
- * is that count + 1), so a skipped step (loss scaling) leaves it alone.
+ * dt_optimizer_step works for every optimizer (for an elementwise one it
+ * is update() over each owned range). The object counts the updates it
+ * applied (bias corrections and Lookahead's k use that count), so a
+ * skipped step (loss scaling) leaves it alone.
+ *
+ * Kinds and what they need (docs/optim.md has the equations and memory):
+ *
+ *   kind          state per parameter             per-tensor statistics   rangewise
+ *   adamw         m, v (fp32)                     -                       yes
+ *   sgd           momentum (fp32) or none         -                       yes
+ *   radam         m, v                            -                       yes
+ *   adamw8bit     m, v as 1 byte each + block     - (blocks: see below)   no
+ *                 scales
+ *   lamb          m, v                            |p|, |update|           no
+ *   lars          momentum                        |p|, |g|                no
+ *   adafactor     (m,) v of vectors only          row/col sums of g^2,    no
+ *                 + row and column factors          |p|, |update|
+ *   onebit-adam   m, v                            -                       yes
+ *   onebit-lamb   m, v + frozen trust ratios      |p|, |update| (warm-up) warm-up: no
+ *   lookahead     the inner one's + slow weights  the inner one's         the inner one's
+ *   lbfgs         2*history + 3 vectors           dot products (all)      no
+ *   --grad-centralization (any kind): the row sums of every matrix's
+ *   gradient (the rows' means are subtracted first); never rangewise.
+ *
+ * Sharding. Per-tensor statistics are sums over a tensor's elements; a
+ * rank that owns only part of a tensor adds up its part, and the config's
+ * `reduce` function sums these partial sums over the ranks sharing the
+ * tensors (an allreduce over the dp group under ZeRO; NULL when one rank
+ * owns every parameter). The statistics are a vector of doubles laid out by
+ * the tensor table, the same on every rank, so the call is one allreduce
+ * of the same length everywhere; a step makes at most three. Every rank
+ * of the group must call dt_optimizer_step for every step.
  *
  * Ownership: params and grads are the caller's full flat buffers, indexed
  * by absolute offset, borrowed for the call; the tensors table is copied.
@@ -193,39 +220,112 @@ typedef struct dt_range {
     size_t begin, end; /* [begin, end) of a flat buffer */
 } dt_range;
 
-typedef enum dt_optim_kind { DT_OPTIM_ADAMW, DT_OPTIM_SGD, DT_OPTIM_COUNT } dt_optim_kind;
+/* Append only: a checkpoint records the kind as its number. */
+typedef enum dt_optim_kind {
+    DT_OPTIM_ADAMW,
+    DT_OPTIM_SGD,
+    DT_OPTIM_ADAFACTOR,
+    DT_OPTIM_ADAMW8BIT,
+    DT_OPTIM_LAMB,
+    DT_OPTIM_LARS,
+    DT_OPTIM_ONEBIT_ADAM,
+    DT_OPTIM_ONEBIT_LAMB,
+    DT_OPTIM_RADAM,
+    DT_OPTIM_LOOKAHEAD,
+    DT_OPTIM_LBFGS,
+    DT_OPTIM_COUNT
+} dt_optim_kind;
 
-/* "adamw", "sgd" (indexable by dt_optim_kind). */
+/* "adamw", "sgd", "adafactor", "adamw8bit", "lamb", "lars", "onebit-adam",
+ * "onebit-lamb", "radam", "lookahead", "lbfgs" (indexable by dt_optim_kind). */
 extern const char *const dt_optim_names[DT_OPTIM_COUNT];
+
+/* Adafactor (Shazeer & Stern 2018, as Hugging Face's transformers
+ * implements it). */
+typedef struct dt_adafactor_config {
+    float beta1;          /* first moment of the scaled update; 0: none (no m state) */
+    float decay_rate;     /* beta2 at step t is 1 - t^decay_rate; -0.8 */
+    float eps1;           /* added to g^2; 1e-30 */
+    float eps2;           /* floor of the parameter scale RMS(p); 1e-3 */
+    float clip_threshold; /* the update is scaled down to RMS <= this; 1.0 */
+    bool relative_step;   /* step size min(1e-2, 1/sqrt(t)) instead of the schedule's lr */
+    bool scale_parameter; /* multiply the step size by max(eps2, RMS(p)) */
+    bool warmup_init;     /* relative step min(1e-6 t, 1/sqrt(t)) */
+} dt_adafactor_config;
+
+/* L-BFGS (Nocedal & Wright, algorithm 7.4 and 3.5/3.6), as torch.optim.LBFGS. */
+typedef struct dt_lbfgs_config {
+    int history;            /* m: (s, y) pairs kept; 10 */
+    int max_iter;           /* iterations per optimizer step; 20 */
+    int max_eval;           /* function evaluations per step; max_iter * 5 / 4 */
+    float tolerance_grad;   /* stop when max |g| <= this; 1e-7 */
+    float tolerance_change; /* stop when a step or a loss change is below this; 1e-9 */
+    bool line_search;       /* strong-Wolfe line search; false: fixed steps of lr */
+} dt_lbfgs_config;
+
+/* Sums n doubles over the ranks that share the optimizer's tensors, in
+ * place (the same n on every rank). NULL in the config: this rank owns
+ * every parameter and nothing is summed. */
+typedef dt_status (*dt_optim_reduce_fn)(void *user, double *values, size_t n);
 
 typedef struct dt_optim_config {
     dt_optim_kind kind;
-    float weight_decay;    /* decoupled decay of the tensors marked `decay` */
-    dt_adamw_config adamw; /* AdamW: betas and eps (its weight_decay is ignored) */
-    float momentum;        /* SGD: 0 for none */
-    bool nesterov;         /* SGD */
+    float weight_decay; /* decay of the tensors marked `decay` (AdamW, RAdam, LAMB, Adafactor:
+                           decoupled; SGD, LARS: L2, added to the gradient) */
+    /* AdamW, RAdam, 8-bit AdamW, LAMB, 1-bit Adam/LAMB: betas and eps (its
+     * weight_decay is ignored). */
+    dt_adamw_config adamw;
+    float momentum; /* SGD, LARS: 0 for none */
+    bool nesterov;  /* SGD, LARS */
     /* AdamW: from this 0-based step on, beta2 = 1 (the second moment is
      * frozen, 1-bit Adam's compression stage). At that step's begin() v
      * becomes its bias-corrected value v / (1 - beta2^count), which the
-     * frozen updates use as it is. -1: never. */
+     * frozen updates use as it is. -1: never. 1-bit Adam and 1-bit LAMB:
+     * the first step of the compression stage (>= 1; required). */
     int64_t freeze_v_from;
+    float trust_coeff; /* LARS: eta, 1e-3 */
+    float trust_eps;   /* LARS: added to the trust ratio's denominator, 1e-8 */
+    dt_adafactor_config adafactor;
+    size_t block;          /* 8-bit AdamW: values per quantisation block, 16..65536,
+                              a multiple of 16; 2048 */
+    dt_optim_kind inner;   /* Lookahead: the optimizer it wraps (not lookahead or lbfgs) */
+    int lookahead_k;       /* Lookahead: fast steps per slow step; 5 */
+    float lookahead_alpha; /* Lookahead: slow step size in (0, 1]; 0.5 */
+    dt_lbfgs_config lbfgs;
+    bool centralize;           /* gradient centralisation: subtract each matrix row's mean from
+                                  its gradient before the update (Yong et al. 2020) */
+    dt_optim_reduce_fn reduce; /* see "Sharding" above; NULL: nothing to sum */
+    void *reduce_user;
 } dt_optim_config;
 
-/* AdamW with PyTorch's defaults (dt_adamw_config_default), no freeze. */
+/* AdamW with PyTorch's defaults (dt_adamw_config_default), no freeze, and
+ * every other kind's defaults as listed above. */
 dt_optim_config dt_optim_config_default(void);
+/* Adafactor's defaults: beta1 0 (none), decay -0.8, eps (1e-30, 1e-3), clip 1,
+ * relative step and parameter scaling on, no warm-up init. */
+dt_adafactor_config dt_adafactor_config_default(void);
+
+/* Check a config as dt_optimizer_create does (DT_ERR_INVALID naming the
+ * bad hyper-parameter and its value), without building anything. */
+dt_status dt_optim_config_validate(const dt_optim_config *c);
 
 /* A parameter tensor as the optimizer sees it. */
 typedef struct dt_optim_tensor {
     size_t offset, count; /* flat range [offset, offset + count) */
-    bool decay;           /* weight decay applies (matrices, not biases/norms) */
+    bool decay;           /* a matrix that weight decay applies to (LAMB and LARS adapt only
+                             these; biases and LayerNorm parameters are false) */
+    size_t rows, cols;    /* a matrix's shape, row-major (rows * cols == count): Adafactor
+                             factors it, gradient centralisation centres its rows. 0, 0:
+                             a vector */
 } dt_optim_tensor;
 
 typedef struct dt_optimizer dt_optimizer;
 
 /* An optimizer for the parameters in the ranges owned[0..nowned) (sorted,
  * disjoint, possibly empty), described by `tensors` (sorted by offset,
- * non-overlapping; parts outside the owned ranges are ignored). State
- * starts at zero. DT_ERR_INVALID names a bad field. */
+ * non-overlapping; the whole table on every rank that shares it, since
+ * per-tensor statistics are laid out by it; parts outside the owned ranges
+ * are ignored). State starts at zero. DT_ERR_INVALID names a bad field. */
 dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
                               const dt_optim_tensor *tensors, size_t ntensors,
                               const dt_range *owned, size_t nowned);
@@ -234,12 +334,57 @@ void dt_optimizer_destroy(dt_optimizer *o);
 /* Start 0-based step `step` with learning rate lr (and, at freeze_v_from,
  * freeze the second moment). */
 void dt_optimizer_begin(dt_optimizer *o, int64_t step, float lr);
+/* Whether this step's update is elementwise, so update() may be called on
+ * any piece of an owned range as soon as its gradient is final. */
+bool dt_optimizer_rangewise(const dt_optimizer *o);
 /* Update params[begin, end) from grads[begin, end); [begin, end) must lie
- * in one owned range. */
+ * in one owned range, and the step must be rangewise. */
 void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, size_t begin,
                          size_t end);
+/* Update every owned range. Calls the config's reduce function (when set)
+ * a fixed number of times, the same on every rank; its failure is returned
+ * with the parameters untouched when it fails before the first write.
+ * Gradient centralisation rewrites the owned part of grads. */
+dt_status dt_optimizer_step(dt_optimizer *o, float *params, float *grads);
 /* End the step; `applied` counts it as an update (false: it was skipped). */
 void dt_optimizer_end(dt_optimizer *o, bool applied);
+
+/*
+ * 1-bit Adam / 1-bit LAMB: in the compression stage (steps >=
+ * freeze_v_from) the ranks average their momentum rather than their
+ * gradients. The gradient synchronisation calls premix on each final
+ * gradient range before it is compressed, turning the local gradient g
+ * (carrying the loss scale) into x = g + scale * beta1 / (1 - beta1) * m;
+ * the averaged x gives the new momentum m = (1 - beta1) * avg(x) =
+ * beta1 * m + (1 - beta1) * avg(g). Since a scaled-sign codec is
+ * scale-equivariant, compressing x with error feedback is compressing the
+ * local momentum, as Tang et al. (2021) do. Outside the compression stage,
+ * or for other kinds, premixing() is false and premix does nothing.
+ */
+bool dt_optimizer_premixing(const dt_optimizer *o);
+void dt_optimizer_premix(const dt_optimizer *o, float *grads, size_t begin, size_t end,
+                         float scale);
+
+/*
+ * L-BFGS is driven by the loss: it evaluates the loss and gradient at
+ * points it chooses (a line search), so its step is a loop around the
+ * caller's evaluation:
+ *
+ *     dt_optimizer_begin(o, step, lr);
+ *     evaluate(params) -> loss, grads;              // the full (or fixed) batch
+ *     while (dt_lbfgs_next(o, params, grads, loss, &more) == DT_OK && more)
+ *         evaluate(params) -> loss, grads;          // params were moved
+ *     dt_optimizer_end(o, true);
+ *
+ * dt_lbfgs_next takes the loss and gradient at the current params and
+ * either moves params to the next point to evaluate (*more = true) or
+ * leaves them at the step's result (*more = false). Collective when reduce
+ * is set (dot products). dt_optimizer_step and update() are not used.
+ */
+dt_status dt_lbfgs_next(dt_optimizer *o, float *params, const float *grads, double loss,
+                        bool *more);
+/* Function evaluations of the current step so far. */
+int dt_lbfgs_evals(const dt_optimizer *o);
 
 const dt_optim_config *dt_optimizer_config(const dt_optimizer *o);
 /* The owned ranges, and the parameters they hold in all. */
@@ -249,14 +394,48 @@ size_t dt_optimizer_owned_count(const dt_optimizer *o);
 /* Updates applied so far; set on resume. */
 int64_t dt_optimizer_count(const dt_optimizer *o);
 dt_status dt_optimizer_set_count(dt_optimizer *o, int64_t count);
-/* Bytes of state (what a memory report calls "optimizer"). */
+/* Bytes of state (what a memory report calls "optimizer"), everything
+ * included (quantisation scales, factors, statistics). */
 size_t dt_optimizer_state_bytes(const dt_optimizer *o);
 
-/* The state buffers (AdamW: "adamw.m", "adamw.v"; SGD: "sgd.momentum"),
- * each dt_optimizer_owned_count() floats: the owned ranges one after
- * another. The checkpoint writes and reads them in place. */
+/*
+ * Per-parameter state, as a checkpoint sees it: named fp32 buffers ("adamw.m",
+ * "adamw.v", "sgd.momentum", "lookahead.slow", ...), each laid out as its
+ * ranges one after another (usually the owned ranges; Adafactor's "v" covers
+ * only the owned parts of vectors). dt_optimizer_state returns the buffer
+ * itself, or NULL when the state is stored another way (8-bit AdamW's
+ * bytes): then state_get / state_set convert (exactly: a get followed by a
+ * set restores the same bytes).
+ */
 size_t dt_optimizer_num_states(const dt_optimizer *o);
 float *dt_optimizer_state(dt_optimizer *o, size_t i, const char **name);
+/* State i's ranges (sorted, disjoint, inside the owned ranges) and their
+ * element total. The array is the object's. */
+const dt_range *dt_optimizer_state_ranges(const dt_optimizer *o, size_t i, size_t *nranges);
+size_t dt_optimizer_state_count(const dt_optimizer *o, size_t i);
+void dt_optimizer_state_get(const dt_optimizer *o, size_t i, float *dst);
+void dt_optimizer_state_set(dt_optimizer *o, size_t i, const float *src);
+
+/*
+ * Per-tensor state: what belongs to a whole tensor rather than to its
+ * parameters (Adafactor's row and column factors, 1-bit LAMB's frozen trust
+ * ratios). Each tensor of the table has `len` floats of it at `offset` of
+ * the buffer (len 0: none); every rank that shares the table holds all of
+ * it, with the same values, since it is computed from summed statistics.
+ * A checkpoint keys it by tensor.
+ */
+size_t dt_optimizer_num_tensor_states(const dt_optimizer *o);
+float *dt_optimizer_tensor_state(dt_optimizer *o, size_t k, const char **name, size_t *total);
+void dt_optimizer_tensor_state_at(const dt_optimizer *o, size_t k, size_t tensor, size_t *offset,
+                                  size_t *len);
+
+/* Scalars kept besides the per-parameter and per-tensor state, the same on
+ * every rank (L-BFGS: iteration and evaluation counts, pairs in the history,
+ * the last step size, the Hessian scale, the pairs' 1 / y.s). A checkpoint
+ * stores them once. set validates them (DT_ERR_CORRUPT). */
+size_t dt_optimizer_num_scalars(const dt_optimizer *o);
+void dt_optimizer_scalars_get(const dt_optimizer *o, double *dst);
+dt_status dt_optimizer_scalars_set(dt_optimizer *o, const double *src);
 
 #ifdef __cplusplus
 }

@@ -1,14 +1,19 @@
 /*
- * adamw.c — AdamW and SGD (momentum, Nesterov) on flat ranges.
+ * adamw.c — AdamW, RAdam and SGD (momentum, Nesterov) on flat ranges.
  *
- * Both follow PyTorch 1.13's single-tensor code operation by operation:
+ * All follow PyTorch 1.13's single-tensor code operation by operation:
  * the same multiplications and additions in the same order, the per-step
  * scalars computed in double and rounded to float once, as PyTorch does
  * with its Python-float arguments. Each step has a scalar form and an
  * AVX-512 form whose tail is handled with masked loads and stores rather
  * than a scalar loop; both give bit-identical results (see
  * optim_internal.h), so the way a buffer is split into ranges — by shard,
- * by tensor, by OpenMP chunk — never changes a parameter.
+ * by tensor, by OpenMP chunk — never changes a parameter. dt__optim_vec()
+ * picks the form at run time (DT_ISA=scalar runs the scalar one).
+ *
+ * RAdam's weight decay is decoupled (p *= 1 - lr * wd first, as AdamW and
+ * PyTorch 2's RAdam(decoupled_weight_decay=True)); 1.13's RAdam only has
+ * the L2 form, which the reference reproduces by decaying p itself.
  */
 #include "optim_internal.h"
 
@@ -64,7 +69,84 @@ void dt__sgd_range_scalar(float *p, const float *g, float *b, size_t n, float lr
     }
 }
 
+void dt__radam_k_init(dt__radam_k *k, float lr, const dt_adamw_config *c, int64_t step,
+                      float weight_decay) {
+    double b1 = c->beta1, b2 = c->beta2, t = (double)step;
+    double bc1 = 1.0 - pow(b1, t), bc2 = 1.0 - pow(b2, t);
+    k->decay = (float)(1.0 - (double)lr * (double)weight_decay);
+    k->b1 = c->beta1;
+    k->omb1 = (float)(1.0 - b1);
+    k->b2 = c->beta2;
+    k->omb2 = (float)(1.0 - b2);
+    k->bc1 = (float)bc1;
+    k->lr = lr;
+    k->sbc2 = (float)sqrt(bc2);
+    k->eps = c->eps;
+    /* The length of the approximated simple moving average and its
+     * maximum; the adaptive step once it exceeds 5 (Liu et al. 2020). */
+    double rho_inf = 2.0 / (1.0 - b2) - 1.0;
+    double rho_t = rho_inf - 2.0 * t * pow(b2, t) / bc2;
+    k->rectify = rho_t > 5.0;
+    k->rect = k->rectify ? (float)sqrt((rho_t - 4) * (rho_t - 2) * rho_inf /
+                                       ((rho_inf - 4) * (rho_inf - 2) * rho_t))
+                         : 1.0f;
+}
+
+void dt__radam_range_scalar(float *p, const float *g, float *m, float *v, size_t n,
+                            const dt__radam_k *k) {
+    for (size_t i = 0; i < n; i++) {
+        float pi = p[i] * k->decay;
+        float mi = m[i] * k->b1 + k->omb1 * g[i];
+        float vi = v[i] * k->b2 + k->omb2 * g[i] * g[i];
+        float t = (mi / k->bc1) * k->lr;
+        if (k->rectify)
+            t = (t * (k->sbc2 / (sqrtf(vi) + k->eps))) * k->rect;
+        p[i] = pi - t;
+        m[i] = mi;
+        v[i] = vi;
+    }
+}
+
 #ifdef __AVX512F__
+
+static inline void radam16(__m512 *pv, __m512 gv, __m512 *mv, __m512 *vv, const dt__radam_k *k) {
+    __m512 pi = _mm512_mul_ps(*pv, _mm512_set1_ps(k->decay));
+    __m512 mi = _mm512_add_ps(_mm512_mul_ps(*mv, _mm512_set1_ps(k->b1)),
+                              _mm512_mul_ps(_mm512_set1_ps(k->omb1), gv));
+    __m512 vi = _mm512_add_ps(_mm512_mul_ps(*vv, _mm512_set1_ps(k->b2)),
+                              _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(k->omb2), gv), gv));
+    __m512 t = _mm512_mul_ps(_mm512_div_ps(mi, _mm512_set1_ps(k->bc1)), _mm512_set1_ps(k->lr));
+    if (k->rectify) {
+        __m512 a = _mm512_div_ps(_mm512_set1_ps(k->sbc2),
+                                 _mm512_add_ps(_mm512_sqrt_ps(vi), _mm512_set1_ps(k->eps)));
+        t = _mm512_mul_ps(_mm512_mul_ps(t, a), _mm512_set1_ps(k->rect));
+    }
+    *pv = _mm512_sub_ps(pi, t);
+    *mv = mi;
+    *vv = vi;
+}
+
+void dt__radam_range_vec(float *p, const float *g, float *m, float *v, size_t n,
+                         const dt__radam_k *k) {
+    size_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m512 pv = _mm512_loadu_ps(p + i), mv = _mm512_loadu_ps(m + i);
+        __m512 vv = _mm512_loadu_ps(v + i);
+        radam16(&pv, _mm512_loadu_ps(g + i), &mv, &vv, k);
+        _mm512_storeu_ps(p + i, pv);
+        _mm512_storeu_ps(m + i, mv);
+        _mm512_storeu_ps(v + i, vv);
+    }
+    if (i < n) {
+        __mmask16 mask = (__mmask16)((1u << (n - i)) - 1u);
+        __m512 pv = _mm512_maskz_loadu_ps(mask, p + i), mv = _mm512_maskz_loadu_ps(mask, m + i);
+        __m512 vv = _mm512_maskz_loadu_ps(mask, v + i);
+        radam16(&pv, _mm512_maskz_loadu_ps(mask, g + i), &mv, &vv, k);
+        _mm512_mask_storeu_ps(p + i, mask, pv);
+        _mm512_mask_storeu_ps(m + i, mask, mv);
+        _mm512_mask_storeu_ps(v + i, mask, vv);
+    }
+}
 
 /* One AdamW update of 16 lanes; the same operations as the scalar loop. */
 static inline void adamw16(__m512 *pv, __m512 gv, __m512 *mv, __m512 *vv, const dt__adamw_k *k) {
@@ -141,6 +223,11 @@ void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n, float lr, f
 
 #else /* no AVX-512: the scalar loops are the vector forms (the compiler may vectorise them) */
 
+void dt__radam_range_vec(float *p, const float *g, float *m, float *v, size_t n,
+                         const dt__radam_k *k) {
+    dt__radam_range_scalar(p, g, m, v, n, k);
+}
+
 void dt__adamw_range_vec(float *p, const float *g, float *m, float *v, size_t n,
                          const dt__adamw_k *k) {
     dt__adamw_range_scalar(p, g, m, v, n, k);
@@ -158,8 +245,10 @@ void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t
     DT_ASSERT(c != NULL && step >= 1);
     dt__adamw_k k;
     dt__adamw_k_init(&k, lr, c, step, weight_decay);
+    void (*f)(float *, const float *, float *, float *, size_t, const dt__adamw_k *) =
+        dt__optim_vec() ? dt__adamw_range_vec : dt__adamw_range_scalar;
     if (n < DT__OPTIM_PAR_MIN) {
-        dt__adamw_range_vec(params, grads, m, v, n, &k);
+        f(params, grads, m, v, n, &k);
         return;
     }
     size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
@@ -167,15 +256,37 @@ void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t
     for (size_t ci = 0; ci < nchunks; ci++) {
         size_t off = ci * DT__OPTIM_CHUNK;
         size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
-        dt__adamw_range_vec(params + off, grads + off, m + off, v + off, len, &k);
+        f(params + off, grads + off, m + off, v + off, len, &k);
+    }
+}
+
+void dt__radam_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                    const dt_adamw_config *c, int64_t step, float weight_decay) {
+    DT_ASSERT(c != NULL && step >= 1);
+    dt__radam_k k;
+    dt__radam_k_init(&k, lr, c, step, weight_decay);
+    void (*f)(float *, const float *, float *, float *, size_t, const dt__radam_k *) =
+        dt__optim_vec() ? dt__radam_range_vec : dt__radam_range_scalar;
+    if (n < DT__OPTIM_PAR_MIN) {
+        f(params, grads, m, v, n, &k);
+        return;
+    }
+    size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
+#pragma omp parallel for schedule(static)
+    for (size_t ci = 0; ci < nchunks; ci++) {
+        size_t off = ci * DT__OPTIM_CHUNK;
+        size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
+        f(params + off, grads + off, m + off, v + off, len, &k);
     }
 }
 
 void dt_sgd_step(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
                  float momentum, bool nesterov, float weight_decay) {
     DT_ASSERT(momentum == 0.0f || momentum_buf != NULL);
+    void (*f)(float *, const float *, float *, size_t, float, float, bool, float) =
+        dt__optim_vec() ? dt__sgd_range_vec : dt__sgd_range_scalar;
     if (n < DT__OPTIM_PAR_MIN) {
-        dt__sgd_range_vec(params, grads, momentum_buf, n, lr, momentum, nesterov, weight_decay);
+        f(params, grads, momentum_buf, n, lr, momentum, nesterov, weight_decay);
         return;
     }
     size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
@@ -183,7 +294,7 @@ void dt_sgd_step(float *params, const float *grads, float *momentum_buf, size_t 
     for (size_t ci = 0; ci < nchunks; ci++) {
         size_t off = ci * DT__OPTIM_CHUNK;
         size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
-        dt__sgd_range_vec(params + off, grads + off, momentum_buf ? momentum_buf + off : NULL, len,
-                          lr, momentum, nesterov, weight_decay);
+        f(params + off, grads + off, momentum_buf ? momentum_buf + off : NULL, len, lr, momentum,
+          nesterov, weight_decay);
     }
 }

@@ -74,6 +74,7 @@ double dt_grad_sumsq(const float *g, size_t n) {
     enum { GROUP = 256 };
     double partial[GROUP];
     double total = 0.0;
+    bool vec = dt__optim_vec();
     size_t nblocks = (n + DT__SUMSQ_BLOCK - 1) / DT__SUMSQ_BLOCK;
     for (size_t b0 = 0; b0 < nblocks; b0 += GROUP) {
         size_t nb = nblocks - b0 < GROUP ? nblocks - b0 : GROUP;
@@ -81,7 +82,8 @@ double dt_grad_sumsq(const float *g, size_t n) {
         for (size_t b = 0; b < nb; b++) {
             size_t off = (b0 + b) * DT__SUMSQ_BLOCK;
             size_t len = n - off < DT__SUMSQ_BLOCK ? n - off : DT__SUMSQ_BLOCK;
-            partial[b] = dt__sumsq_block_vec(g + off, len);
+            partial[b] =
+                vec ? dt__sumsq_block_vec(g + off, len) : dt__sumsq_block_scalar(g + off, len);
         }
         for (size_t b = 0; b < nb; b++)
             total += partial[b];

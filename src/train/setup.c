@@ -231,7 +231,11 @@ static dt_status make_optimizer(trainer *t) {
     for (size_t i = 0; i < nt; i++) {
         dt_param_info pi;
         dt_gpt_tensor_info(t->m, i, &pi);
-        tens[i] = (dt_optim_tensor){pi.offset, pi.rows * pi.cols, pi.decay};
+        /* Matrices carry their shape (Adafactor factors them, gradient
+         * centralisation centres their rows); vectors are 1 x cols. */
+        bool mat = pi.rows > 1;
+        tens[i] = (dt_optim_tensor){pi.offset, pi.rows * pi.cols, pi.decay, mat ? pi.rows : 0,
+                                    mat ? pi.cols : 0};
     }
     dt_optim_config oc = dt_optim_config_default();
     oc.kind = c->optimizer;

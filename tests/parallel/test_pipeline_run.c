@@ -34,7 +34,7 @@ static void tokens(int32_t *x, size_t n, int V, uint64_t stream) {
  * replica): DDP over no group, with an optimizer it never steps here. */
 static dt_grad_sync *local_sync(dt_gpt *m, dt_optimizer **opt) {
     size_t n = dt_gpt_num_params(m);
-    dt_optim_tensor t = {0, n, true};
+    dt_optim_tensor t = {.offset = 0, .count = n, .decay = true};
     dt_optim_config oc = dt_optim_config_default();
     dt_range all = {0, n};
     ASSERT_OK(dt_optimizer_create(opt, &oc, &t, 1, &all, 1));
