@@ -93,3 +93,13 @@ foreach(case equiv_pp2 equiv_pp3 equiv_pp4 equiv_mixed reshard memory kill error
   add_test(NAME test_train_pp_${case} COMMAND test_train_pp ${case})
   set_tests_properties(test_train_pp_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
 endforeach()
+
+# The optimizers of docs/optim.md in `dtrain train`: bit-identical resume of
+# each, data-parallel against one rank, 1-bit Adam's compression stage, bad
+# combinations.
+dt_train_cli_test_exe(test_train_optim)
+foreach(case resume ddp onebit errors)
+  add_test(NAME test_train_optim_${case} COMMAND test_train_optim ${case})
+  set_tests_properties(test_train_optim_${case} PROPERTIES TIMEOUT 180
+                       LABELS "train;multiprocess")
+endforeach()

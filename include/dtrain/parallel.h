@@ -201,6 +201,12 @@ typedef struct dt_ddp_options {
      * residual stays zero) and each bucket's such values follow in one
      * plain f32 allreduce. No effect on a plain fp32 allreduce. 0: off. */
     size_t dense_below;
+    /* Called with each bucket's final gradients, [begin, end) of the
+     * buffer, just before its allreduce starts (in the thread running
+     * backward): 1-bit Adam turns them into its momentum mix there
+     * (dt_optimizer_premix). NULL: nothing. */
+    void (*prepare)(void *user, size_t begin, size_t end);
+    void *prepare_user;
 } dt_ddp_options;
 
 /* bucket_bytes DT_DDP_DEFAULT_BUCKET_BYTES, f32, no codec, EF auto, seed 0. */

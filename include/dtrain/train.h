@@ -152,7 +152,19 @@ typedef struct dt_train_config {
     int64_t steps;          /* optimizer steps of the whole run */
     dt_optim_kind optimizer;
     double lr, min_lr, weight_decay, momentum, clip;
-    double beta1, beta2, eps; /* AdamW */
+    double beta1, beta2, eps; /* AdamW and the Adam family (RAdam, 8-bit, LAMB, 1-bit) */
+    /* The other optimizers' hyper-parameters (docs/optim.md); defaults as
+     * dt_optim_config_default(). 1-bit Adam/LAMB take their warm-up from
+     * compress_start and compress with the codec (sign: 1 bit). */
+    bool nesterov;                 /* SGD, LARS */
+    double trust_coeff, trust_eps; /* LARS: eta and the denominator's epsilon */
+    dt_adafactor_config adafactor; /* Adafactor */
+    int quant_block;               /* 8-bit AdamW: values per quantisation block */
+    dt_optim_kind lookahead_inner; /* Lookahead: the wrapped optimizer, k, alpha */
+    int lookahead_k;
+    double lookahead_alpha;
+    dt_lbfgs_config lbfgs;    /* L-BFGS (max_eval 0: max_iter * 5 / 4) */
+    bool grad_centralization; /* subtract each matrix row's mean from its gradient */
     int schedule;             /* dt_schedule_kind */
     int64_t warmup;
     int64_t eval_every;   /* 0: only at the end */

@@ -39,7 +39,7 @@ typedef struct cli_opt {
     double min, max;            /* CLI_INT / CLI_SIZE / CLI_DOUBLE range */
 } cli_opt;
 
-#define CLI_MAX_OPTS 96
+#define CLI_MAX_OPTS 128
 
 typedef struct cli_value {
     bool set;         /* given by a flag, the environment or the --config file */

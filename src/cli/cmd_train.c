@@ -23,7 +23,13 @@
 #include <unistd.h>
 
 static const char *const tokenizers[] = {"char", "byte", NULL};
-static const char *const optimizers[] = {"adamw", "sgd", NULL};
+/* dt_optim_names, in dt_optim_kind order. */
+static const char *const optimizers[] = {"adamw", "sgd",       "adafactor",   "adamw8bit",
+                                         "lamb",  "lars",      "onebit-adam", "onebit-lamb",
+                                         "radam", "lookahead", "lbfgs",       NULL};
+_Static_assert(sizeof optimizers / sizeof optimizers[0] == DT_OPTIM_COUNT + 1,
+               "one name per optimizer kind");
+static const char *const on_off[] = {"on", "off", NULL};
 static const char *const schedules[] = {"constant", "linear", "cosine", "invsqrt", NULL};
 static const char *const progress_modes[] = {"auto", "plain", "live", NULL};
 static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
@@ -52,10 +58,32 @@ static const cli_opt train_opts[] = {
     {"lr", 0, CLI_DOUBLE, "X", "1e-3", "DT_LR", "peak learning rate", NULL, 1e-12, 1e6},
     {"min-lr", 0, CLI_DOUBLE, "X", "0", "DT_MIN_LR", "floor of the decay", NULL, 0, 100},
     {"weight-decay", 0, CLI_DOUBLE, "X", "0.1", "DT_WEIGHT_DECAY", "decoupled weight decay (matrices only)", NULL, 0, 10},
-    {"momentum", 0, CLI_DOUBLE, "X", "0.9", "DT_MOMENTUM", "SGD momentum", NULL, 0, 0.9999},
-    {"beta1", 0, CLI_DOUBLE, "X", "0.9", "DT_BETA1", "AdamW first-moment decay", NULL, 0, 0.99999},
-    {"beta2", 0, CLI_DOUBLE, "X", "0.95", "DT_BETA2", "AdamW second-moment decay", NULL, 0, 0.99999},
-    {"eps", 0, CLI_DOUBLE, "X", "1e-8", "DT_EPS", "AdamW epsilon", NULL, 1e-30, 1},
+    {"momentum", 0, CLI_DOUBLE, "X", "0.9", "DT_MOMENTUM", "SGD and LARS momentum", NULL, 0, 0.9999},
+    {"nesterov", 0, CLI_FLAG, NULL, NULL, "DT_NESTEROV", "Nesterov momentum (SGD, LARS)", NULL, 0, 0},
+    {"beta1", 0, CLI_DOUBLE, "X", "0.9", "DT_BETA1", "first-moment decay (AdamW, RAdam, adamw8bit, LAMB, 1-bit)", NULL, 0, 0.99999},
+    {"beta2", 0, CLI_DOUBLE, "X", "0.95", "DT_BETA2", "second-moment decay (AdamW, RAdam, adamw8bit, LAMB, 1-bit)", NULL, 0, 0.99999},
+    {"eps", 0, CLI_DOUBLE, "X", "1e-8", "DT_EPS", "epsilon of the Adam family", NULL, 1e-30, 1},
+    {"trust-coeff", 0, CLI_DOUBLE, "X", "0.001", "DT_TRUST_COEFF", "LARS trust coefficient (eta)", NULL, 1e-12, 1e6},
+    {"trust-eps", 0, CLI_DOUBLE, "X", "1e-8", "DT_TRUST_EPS", "LARS: added to the trust ratio's denominator", NULL, 0, 1},
+    {"adafactor-beta1", 0, CLI_DOUBLE, "X", "0", "DT_ADAFACTOR_BETA1", "Adafactor first moment of the update (0: none, no state)", NULL, 0, 0.99999},
+    {"adafactor-decay", 0, CLI_DOUBLE, "X", "-0.8", "DT_ADAFACTOR_DECAY", "Adafactor: beta2 at step t is 1 - t^X", NULL, -1, -1e-6},
+    {"adafactor-eps1", 0, CLI_DOUBLE, "X", "1e-30", "DT_ADAFACTOR_EPS1", "Adafactor: added to g^2", NULL, 1e-38, 1},
+    {"adafactor-eps2", 0, CLI_DOUBLE, "X", "1e-3", "DT_ADAFACTOR_EPS2", "Adafactor: floor of the parameter scale RMS(p)", NULL, 1e-38, 1},
+    {"adafactor-clip", 0, CLI_DOUBLE, "X", "1.0", "DT_ADAFACTOR_CLIP", "Adafactor: the update is scaled down to RMS <= X", NULL, 1e-6, 1e6},
+    {"adafactor-relative-step", 0, CLI_ENUM, "MODE", "on", "DT_ADAFACTOR_RELATIVE_STEP", "Adafactor step size min(1e-2, 1/sqrt(t)) (off: the --lr schedule)", on_off, 0, 0},
+    {"adafactor-scale-parameter", 0, CLI_ENUM, "MODE", "on", "DT_ADAFACTOR_SCALE_PARAMETER", "Adafactor: multiply the step size by max(eps2, RMS(p))", on_off, 0, 0},
+    {"adafactor-warmup-init", 0, CLI_FLAG, NULL, NULL, "DT_ADAFACTOR_WARMUP_INIT", "Adafactor relative step min(1e-6 t, 1/sqrt(t))", NULL, 0, 0},
+    {"adamw8bit-block", 0, CLI_INT, "N", "2048", "DT_ADAMW8BIT_BLOCK", "8-bit AdamW: values per quantisation block (a multiple of 16)", NULL, 16, 4096},
+    {"lookahead-inner", 0, CLI_ENUM, "NAME", "adamw", "DT_LOOKAHEAD_INNER", "the optimizer Lookahead wraps", optimizers, 0, 0},
+    {"lookahead-k", 0, CLI_INT, "K", "5", "DT_LOOKAHEAD_K", "Lookahead: fast steps per slow step", NULL, 1, 1e6},
+    {"lookahead-alpha", 0, CLI_DOUBLE, "X", "0.5", "DT_LOOKAHEAD_ALPHA", "Lookahead: slow step size", NULL, 1e-6, 1},
+    {"lbfgs-history", 0, CLI_INT, "M", "10", "DT_LBFGS_HISTORY", "L-BFGS: (s, y) pairs kept", NULL, 1, 16},
+    {"lbfgs-max-iter", 0, CLI_INT, "N", "20", "DT_LBFGS_MAX_ITER", "L-BFGS: iterations per step", NULL, 1, 1e6},
+    {"lbfgs-max-eval", 0, CLI_INT, "N", "0", "DT_LBFGS_MAX_EVAL", "L-BFGS: loss evaluations per step (0: max-iter * 5/4)", NULL, 0, 1e6},
+    {"lbfgs-tolerance-grad", 0, CLI_DOUBLE, "X", "1e-7", "DT_LBFGS_TOLERANCE_GRAD", "L-BFGS: stop when max |g| <= X", NULL, 0, 1e6},
+    {"lbfgs-tolerance-change", 0, CLI_DOUBLE, "X", "1e-9", "DT_LBFGS_TOLERANCE_CHANGE", "L-BFGS: stop when a step or loss change is below X", NULL, 0, 1e6},
+    {"lbfgs-line-search", 0, CLI_ENUM, "MODE", "on", "DT_LBFGS_LINE_SEARCH", "L-BFGS strong-Wolfe line search (off: fixed steps of --lr)", on_off, 0, 0},
+    {"grad-centralization", 0, CLI_FLAG, NULL, NULL, "DT_GRAD_CENTRALIZATION", "subtract each matrix row's mean from its gradient (with any optimizer)", NULL, 0, 0},
     {"schedule", 0, CLI_ENUM, "KIND", "cosine", "DT_SCHEDULE", "learning-rate schedule after warmup", schedules, 0, 0},
     {"warmup", 0, CLI_INT, "W", "0", "DT_WARMUP", "steps of linear warmup", NULL, 0, 1e15},
     {"clip", 0, CLI_DOUBLE, "C", "1.0", "DT_CLIP", "clip the global gradient norm to C (0: off)", NULL, 0, 1e9},
@@ -218,9 +246,31 @@ static int run_train(cli_args *a) {
     c.min_lr = cli_double(a, "min-lr");
     c.weight_decay = cli_double(a, "weight-decay");
     c.momentum = cli_double(a, "momentum");
+    c.nesterov = cli_bool(a, "nesterov");
     c.beta1 = cli_double(a, "beta1");
     c.beta2 = cli_double(a, "beta2");
     c.eps = cli_double(a, "eps");
+    c.trust_coeff = cli_double(a, "trust-coeff");
+    c.trust_eps = cli_double(a, "trust-eps");
+    c.adafactor.beta1 = (float)cli_double(a, "adafactor-beta1");
+    c.adafactor.decay_rate = (float)cli_double(a, "adafactor-decay");
+    c.adafactor.eps1 = (float)cli_double(a, "adafactor-eps1");
+    c.adafactor.eps2 = (float)cli_double(a, "adafactor-eps2");
+    c.adafactor.clip_threshold = (float)cli_double(a, "adafactor-clip");
+    c.adafactor.relative_step = cli_enum(a, "adafactor-relative-step") == 0;
+    c.adafactor.scale_parameter = cli_enum(a, "adafactor-scale-parameter") == 0;
+    c.adafactor.warmup_init = cli_bool(a, "adafactor-warmup-init");
+    c.quant_block = (int)cli_int(a, "adamw8bit-block");
+    c.lookahead_inner = (dt_optim_kind)cli_enum(a, "lookahead-inner");
+    c.lookahead_k = (int)cli_int(a, "lookahead-k");
+    c.lookahead_alpha = cli_double(a, "lookahead-alpha");
+    c.lbfgs.history = (int)cli_int(a, "lbfgs-history");
+    c.lbfgs.max_iter = (int)cli_int(a, "lbfgs-max-iter");
+    c.lbfgs.max_eval = (int)cli_int(a, "lbfgs-max-eval");
+    c.lbfgs.tolerance_grad = (float)cli_double(a, "lbfgs-tolerance-grad");
+    c.lbfgs.tolerance_change = (float)cli_double(a, "lbfgs-tolerance-change");
+    c.lbfgs.line_search = cli_enum(a, "lbfgs-line-search") == 0;
+    c.grad_centralization = cli_bool(a, "grad-centralization");
     c.schedule = cli_enum(a, "schedule");
     c.warmup = cli_int(a, "warmup");
     c.clip = cli_double(a, "clip");
@@ -258,7 +308,10 @@ static int run_train(cli_args *a) {
     c.scaler.growth_interval = cli_int(a, "loss-scale-interval");
     static const dt_dtype grad_types[] = {DT_F32, DT_BF16, DT_F16};
     c.grad_dtype = grad_types[cli_enum(a, "grad-dtype")];
-    if (dt_codec_parse("--compress", cli_str(a, "compress"), &c.compress) != DT_OK ||
+    /* 1-bit Adam/LAMB compress the momentum to signs unless told otherwise. */
+    bool onebit = c.optimizer == DT_OPTIM_ONEBIT_ADAM || c.optimizer == DT_OPTIM_ONEBIT_LAMB;
+    const char *codec = onebit && !cli_is_set(a, "compress") ? "sign" : cli_str(a, "compress");
+    if (dt_codec_parse("--compress", codec, &c.compress) != DT_OK ||
         dt_ef_parse("--compress-ef", cli_str(a, "compress-ef"), &c.compress_ef) != DT_OK)
         cli_usage_error(a->cmd, "%s", dt_last_error());
     c.compress_start = cli_int(a, "compress-start");

@@ -71,6 +71,8 @@ struct dt_ddp {
     bool sync_init; /* mu and cv exist */
     size_t w_queued, w_done;
     bool w_quit;
+    void (*prepare)(void *user, size_t begin, size_t end); /* dt_ddp_options.prepare */
+    void *prepare_user;
 };
 
 #define STATE_MAGIC 0x31534444u /* "DDS1" */
@@ -217,6 +219,8 @@ dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *gr
     d->params = params;
     d->grads = grads;
     d->n = n;
+    d->prepare = o.prepare;
+    d->prepare_user = o.prepare_user;
     size_t per = bucket_bytes / sizeof(float);
     d->nb = n == 0 ? 0 : (n + per - 1) / per;
     d->b = dt_calloc(d->nb ? d->nb : 1, sizeof *d->b);
@@ -444,6 +448,8 @@ static void *worker_main(void *arg) {
 static void launch(dt_ddp *d) {
     bucket *b = &d->b[d->next++];
     b->launched = true;
+    if (d->prepare)
+        d->prepare(d->prepare_user, b->begin, b->end);
     b->t_launch = dt_now();
     if (!communicates(d))
         return;

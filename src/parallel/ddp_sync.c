@@ -10,7 +10,12 @@
  *     to the norm ranges (tensors replicated over model-parallel ranks are
  *     counted by one of them);
  *   - with update_early, step the optimizer on that range at once, so the
- *     update of bucket k overlaps the allreduce of bucket k + 1.
+ *     update of bucket k overlaps the allreduce of bucket k + 1 (the loop
+ *     asks for it only when the optimizer is rangewise this step).
+ *
+ * Before a bucket is sent, the optimizer may premix it (1-bit Adam/LAMB's
+ * compression stage sends g + scale * beta1 / (1 - beta1) * m, so that the
+ * average is the new momentum; dt_optimizer_premix).
  *
  * The codec state (error-feedback residuals) is in the units of the loss
  * scale its gradients carried; begin_step rescales it when the scale
@@ -134,8 +139,14 @@ static dt_status sync_apply(dt_grad_sync *base, bool skip, float clip_scale) {
         return DT_OK;
     if (clip_scale != 1.0f)
         dt_scale(s->grads, s->n, clip_scale);
-    dt_optimizer_update(s->opt, s->params, s->grads, 0, s->n);
-    return DT_OK;
+    return dt_optimizer_step(s->opt, s->params, s->grads);
+}
+
+/* A bucket's final gradients, before they are sent: 1-bit Adam's
+ * compression stage sends the momentum mix instead (optim.h). */
+static void sync_prepare(void *user, size_t begin, size_t end) {
+    ddp_sync *s = user;
+    dt_optimizer_premix(s->opt, s->grads, begin, end, s->step.loss_scale);
 }
 
 static dt_status sync_replicate(dt_grad_sync *base) {
@@ -256,8 +267,10 @@ dt_status dt_ddp_sync_create(dt_grad_sync **out, const dt_ddp_sync_config *c) {
         memcpy(s->norm, c->norm_ranges, s->nnorm * sizeof *s->norm);
     else
         s->norm[0] = (dt_range){0, c->n};
-    DT_CHECK_GOTO(dt_ddp_create_with(&s->d, c->group, c->params, c->grads, c->n, &c->ddp), st,
-                  fail);
+    dt_ddp_options o = c->ddp;
+    o.prepare = sync_prepare;
+    o.prepare_user = s;
+    DT_CHECK_GOTO(dt_ddp_create_with(&s->d, c->group, c->params, c->grads, c->n, &o), st, fail);
     static const char *const ef_names[] = {"auto", "on", "off"};
     char cb[64];
     int w = snprintf(s->ident, sizeof s->ident, "%s ef=%s grad_dtype=%s buckets=%zu ranks=%d",

@@ -12,6 +12,8 @@
  *              inf/nan flag; a NaN/inf loss stops the run; an inf/nan
  *              gradient on any rank skips the step on every rank
  *     apply: clip by the global norm and update (unless skipped)
+ *     (L-BFGS instead repeats forward/backward/average on the same
+ *     micro-batches at the points its line search asks for)
  *     metrics, progress, evaluation, checkpoint
  *
  * The loop knows no strategy: it drives the dt_grad_sync and the optimizer
@@ -91,23 +93,23 @@ typedef struct step_stats {
     float scale;       /* the loss scale applied */
 } step_stats;
 
-/* One optimizer step (see the file comment). */
-static dt_status step(trainer *t, step_stats *s) {
+/* Forward, backward and the gradient synchronisation of the step's
+ * micro-batches (read first when `read`), then one small allreduce over
+ * the world that makes every rank agree on: the loss (counted once per
+ * replica: by its first tensor-parallel rank of the stage with the head),
+ * the counted sums of squares (each element once over the world), "a stop
+ * was requested on some rank" and "some rank found an inf/nan gradient". */
+static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bool read) {
     const dt_train_config *c = t->c;
-    float lr = dt_schedule_lr(&t->sched, t->step);
-    float scale = t->scaling ? dt__train_applied_scale(t) : 1.0f;
-    s->scale = scale;
-    dt_optimizer_begin(t->opt, t->step, lr);
-    DT_CHECK(dt_grad_sync_begin_step(
-        t->sync, &(dt_sync_step){.step = t->step,
-                                 .lr = lr,
-                                 .loss_scaling = t->scaling,
-                                 .loss_scale = scale,
-                                 .update_early = !(c->clip > 0) && !t->scaling}));
+    DT_CHECK(dt_grad_sync_begin_step(t->sync, &(dt_sync_step){.step = t->step,
+                                                              .lr = lr,
+                                                              .loss_scaling = t->scaling,
+                                                              .loss_scale = s->scale,
+                                                              .update_early = update_early}));
     /* Every rank reads the step's micro-batches (a pipeline's first stage
      * needs the inputs, its last the targets; all keep the same position). */
     size_t bt = (size_t)t->B * t->T;
-    for (int k = 0; k < t->K; k++)
+    for (int k = 0; read && k < t->K; k++)
         DT_CHECK(dt_loader_next(t->train, t->inputs + k * bt, t->targets + k * bt));
     DT_CHECK(dt_runner_step(t->runner,
                             &(dt_run_batch){.inputs = t->inputs,
@@ -115,7 +117,7 @@ static dt_status step(trainer *t, step_stats *s) {
                                             .micro = t->K,
                                             .B = t->B,
                                             .T = t->T,
-                                            .grad_scale = scale / (float)t->K},
+                                            .grad_scale = s->scale / (float)t->K},
                             t->sync, &s->run));
     double loss = s->run.loss;
     DT_CHECK(dt_grad_sync_finish(t->sync, &s->r));
@@ -125,11 +127,6 @@ static dt_status step(trainer *t, step_stats *s) {
         s->r.found_inf = true;
         s->r.sumsq = INFINITY;
     }
-    /* One small allreduce makes every rank agree: the loss (counted once
-     * per replica: by its first tensor-parallel rank of the stage with the
-     * head), the counted sums of
-     * squares (each element once over the world), "a stop was requested
-     * on some rank" and "some rank found an inf/nan gradient". */
     bool counts_loss = dt_mesh_coord(t->mesh, DT_AXIS_TP) == 0 && s->run.has_loss;
     double v[4] = {counts_loss ? loss / t->K : 0.0, s->r.sumsq,
                    c->stop && atomic_load_explicit(c->stop, memory_order_relaxed) ? 1.0 : 0.0,
@@ -141,20 +138,71 @@ static dt_status step(trainer *t, step_stats *s) {
     s->norm = sqrt(v[1]);
     s->stop = v[2] > 0;
     s->skip = t->scaling && v[3] > 0;
+    return DT_OK;
+}
+
+static dt_status numeric_error(const trainer *t, const step_stats *s, float lr) {
+    bool l = !isfinite(s->loss);
+    double bad_v = l ? s->loss : s->norm;
+    return dt_error_set(DT_ERR_NUMERIC, "%s is %s at step %" PRId64 " (lr %.3g); stopping%s",
+                        l ? "loss" : "gradient norm", isnan(bad_v) ? "NaN" : "infinite",
+                        t->step + 1, (double)lr,
+                        t->c->ckpt_dir ? "; the last good checkpoint is kept" : "");
+}
+
+/* One L-BFGS step: the step's micro-batches stay fixed while its line
+ * search evaluates the loss and the averaged gradient at the points it
+ * chooses (each evaluation a pass with no update; every rank gets the same
+ * loss and gradient, so all move the same way). The step's reported loss
+ * and norm are those of its first evaluation, at the starting point. */
+static dt_status step_lbfgs(trainer *t, step_stats *s, float lr) {
+    dt_optimizer_begin(t->opt, t->step, lr);
+    float *params = dt_gpt_params(t->m), *grads = dt_gpt_grads(t->m);
+    step_stats first = {0};
+    bool more = true;
+    for (int e = 0; more; e++) {
+        DT_CHECK(pass(t, s, lr, false, e == 0));
+        if (!isfinite(s->loss) || !isfinite(s->norm))
+            return numeric_error(t, s, lr);
+        DT_CHECK(dt_grad_sync_apply(t->sync, true, 1.0f)); /* no update: L-BFGS moves params */
+        if (e == 0)
+            first = *s;
+        DT_CHECK(dt_lbfgs_next(t->opt, params, grads, s->loss, &more));
+    }
+    dt_optimizer_end(t->opt, true);
+    step_stats last = *s;
+    *s = first;
+    s->stop = last.stop;
+    s->r.bytes_sent = last.r.bytes_sent;
+    DT_DEBUG("optim", "step %" PRId64 ": L-BFGS evaluated %d points", t->step + 1,
+             dt_lbfgs_evals(t->opt));
+    return DT_OK;
+}
+
+/* One optimizer step (see the file comment). */
+static dt_status step(trainer *t, step_stats *s) {
+    const dt_train_config *c = t->c;
+    float lr = dt_schedule_lr(&t->sched, t->step);
+    float scale = t->scaling ? dt__train_applied_scale(t) : 1.0f;
+    s->scale = scale;
+    if (c->optimizer == DT_OPTIM_LBFGS)
+        return step_lbfgs(t, s, lr);
+    dt_optimizer_begin(t->opt, t->step, lr);
+    /* Clipping and loss scaling decide the update from the whole gradient,
+     * and so do optimizers with per-tensor statistics: then the update
+     * waits for the last bucket. 1-bit Adam/LAMB's compression stage is
+     * not clipped: what the ranks average there is the momentum mix, not
+     * the gradient (its norm is what the metrics show). */
+    bool clip = c->clip > 0 && !dt_optimizer_premixing(t->opt);
+    DT_CHECK(pass(t, s, lr, !clip && !t->scaling && dt_optimizer_rangewise(t->opt), true));
     if (s->skip && scale <= FLT_MIN)
         return dt_error_set(DT_ERR_NUMERIC,
                             "gradients are inf/nan at step %" PRId64 " even at the smallest loss "
                             "scale (%g); stopping%s",
                             t->step + 1, (double)scale,
                             c->ckpt_dir ? "; the last good checkpoint is kept" : "");
-    if (!isfinite(s->loss) || (!s->skip && !isfinite(s->norm))) {
-        bool l = !isfinite(s->loss);
-        double bad_v = l ? s->loss : s->norm;
-        return dt_error_set(DT_ERR_NUMERIC, "%s is %s at step %" PRId64 " (lr %.3g); stopping%s",
-                            l ? "loss" : "gradient norm", isnan(bad_v) ? "NaN" : "infinite",
-                            t->step + 1, (double)lr,
-                            c->ckpt_dir ? "; the last good checkpoint is kept" : "");
-    }
+    if (!isfinite(s->loss) || (!s->skip && !isfinite(s->norm)))
+        return numeric_error(t, s, lr);
     /* A skipped step (PyTorch GradScaler.step) leaves parameters and
      * optimizer state alone; the schedule still advances (lr is a function
      * of the step), the optimizer's update count does not. */
@@ -167,7 +215,8 @@ static dt_status step(trainer *t, step_stats *s) {
                                 : "another rank found inf/nan gradients",
                  (double)scale, (double)dt__train_applied_scale(t));
     }
-    DT_CHECK(dt_grad_sync_apply(t->sync, s->skip, dt_clip_scale(s->sumsq, (float)c->clip)));
+    DT_CHECK(dt_grad_sync_apply(t->sync, s->skip,
+                                clip ? dt_clip_scale(s->sumsq, (float)c->clip) : 1.0f));
     dt_optimizer_end(t->opt, !s->skip);
     return DT_OK;
 }

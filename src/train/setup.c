@@ -239,17 +239,42 @@ static dt_status make_optimizer(trainer *t) {
     }
     dt_optim_config oc = dt_optim_config_default();
     oc.kind = c->optimizer;
-    oc.weight_decay = (float)c->weight_decay;
+    /* L-BFGS has no weight decay (it minimises the loss as given). */
+    oc.weight_decay = c->optimizer == DT_OPTIM_LBFGS ? 0.0f : (float)c->weight_decay;
     oc.adamw.beta1 = (float)c->beta1;
     oc.adamw.beta2 = (float)c->beta2;
     oc.adamw.eps = (float)c->eps;
     oc.momentum = (float)c->momentum;
-    /* --compress-freeze-v: beta2 = 1 from the first compressed step on. */
-    oc.freeze_v_from = c->compress_freeze_v ? c->compress_start : -1;
+    oc.nesterov = c->nesterov;
+    oc.trust_coeff = (float)c->trust_coeff;
+    oc.trust_eps = (float)c->trust_eps;
+    oc.adafactor = c->adafactor;
+    oc.block = (size_t)c->quant_block;
+    oc.inner = c->lookahead_inner;
+    oc.lookahead_k = c->lookahead_k;
+    oc.lookahead_alpha = (float)c->lookahead_alpha;
+    oc.lbfgs = c->lbfgs;
+    if (oc.lbfgs.max_eval == 0)
+        oc.lbfgs.max_eval = oc.lbfgs.max_iter * 5 / 4;
+    oc.centralize = c->grad_centralization;
+    /* --compress-freeze-v: beta2 = 1 from the first compressed step on;
+     * 1-bit Adam/LAMB: their compression stage starts there too. */
+    bool onebit = c->optimizer == DT_OPTIM_ONEBIT_ADAM || c->optimizer == DT_OPTIM_ONEBIT_LAMB;
+    oc.freeze_v_from = c->compress_freeze_v || onebit ? c->compress_start : -1;
+    /* Every data-parallel replica owns all of its parameters (DDP), so the
+     * per-tensor statistics need no sum: reduce stays NULL. An optimizer
+     * owning a share of them (ZeRO) sets oc.reduce = dt__train_optim_reduce
+     * with the trainer, which sums over the dp group. */
     dt_range all = {0, t->n};
     dt_status st = dt_optimizer_create(&t->opt, &oc, tens, nt, &all, 1);
     dt_free(tens);
     return st;
+}
+
+dt_status dt__train_optim_reduce(void *user, double *values, size_t n) {
+    trainer *t = user;
+    dt_group *dp = dt_mesh_group(t->mesh, DT_AXIS_DP);
+    return dp ? dt_group_allreduce(dp, values, values, n, DT_F64, DT_SUM) : DT_OK;
 }
 
 /* Data parallelism over the mesh's dp group, with the wire format of the
@@ -356,14 +381,51 @@ static void build_config_json(trainer *t) {
     dt_json_str(j, "optimizer", dt_optim_names[c->optimizer]);
     dt_json_num(j, "lr", c->lr);
     dt_json_num(j, "min_lr", c->min_lr);
-    dt_json_num(j, "weight_decay", c->weight_decay);
-    if (c->optimizer == DT_OPTIM_SGD) {
+    const dt_optim_config *oc = dt_optimizer_config(t->opt);
+    dt_json_num(j, "weight_decay", oc->weight_decay);
+    dt_optim_kind k = c->optimizer == DT_OPTIM_LOOKAHEAD ? c->lookahead_inner : c->optimizer;
+    if (c->optimizer == DT_OPTIM_LOOKAHEAD) {
+        dt_json_str(j, "lookahead_inner", dt_optim_names[k]);
+        dt_json_int(j, "lookahead_k", c->lookahead_k);
+        dt_json_num(j, "lookahead_alpha", c->lookahead_alpha);
+    }
+    if (k == DT_OPTIM_SGD || k == DT_OPTIM_LARS) {
         dt_json_num(j, "momentum", c->momentum);
-    } else {
+        dt_json_bool(j, "nesterov", c->nesterov);
+    }
+    if (k == DT_OPTIM_LARS) {
+        dt_json_num(j, "trust_coeff", c->trust_coeff);
+        dt_json_num(j, "trust_eps", c->trust_eps);
+    }
+    if (k == DT_OPTIM_ADAMW || k == DT_OPTIM_RADAM || k == DT_OPTIM_ADAMW8BIT ||
+        k == DT_OPTIM_LAMB || k == DT_OPTIM_ONEBIT_ADAM || k == DT_OPTIM_ONEBIT_LAMB) {
         dt_json_num(j, "beta1", c->beta1);
         dt_json_num(j, "beta2", c->beta2);
         dt_json_num(j, "eps", c->eps);
     }
+    if (k == DT_OPTIM_ADAMW8BIT)
+        dt_json_int(j, "adamw8bit_block", c->quant_block);
+    if (k == DT_OPTIM_ADAFACTOR) {
+        dt_json_num(j, "adafactor_beta1", c->adafactor.beta1);
+        dt_json_num(j, "adafactor_decay", c->adafactor.decay_rate);
+        dt_json_num(j, "adafactor_eps1", c->adafactor.eps1);
+        dt_json_num(j, "adafactor_eps2", c->adafactor.eps2);
+        dt_json_num(j, "adafactor_clip", c->adafactor.clip_threshold);
+        dt_json_bool(j, "adafactor_relative_step", c->adafactor.relative_step);
+        dt_json_bool(j, "adafactor_scale_parameter", c->adafactor.scale_parameter);
+        dt_json_bool(j, "adafactor_warmup_init", c->adafactor.warmup_init);
+    }
+    if (k == DT_OPTIM_LBFGS) {
+        dt_json_int(j, "lbfgs_history", oc->lbfgs.history);
+        dt_json_int(j, "lbfgs_max_iter", oc->lbfgs.max_iter);
+        dt_json_int(j, "lbfgs_max_eval", oc->lbfgs.max_eval);
+        dt_json_num(j, "lbfgs_tolerance_grad", oc->lbfgs.tolerance_grad);
+        dt_json_num(j, "lbfgs_tolerance_change", oc->lbfgs.tolerance_change);
+        dt_json_bool(j, "lbfgs_line_search", oc->lbfgs.line_search);
+    }
+    dt_json_bool(j, "grad_centralization", c->grad_centralization);
+    dt_json_num(j, "optimizer_state_bytes_per_param",
+                t->n ? (double)dt_optimizer_state_bytes(t->opt) / (double)t->n : 0.0);
     dt_json_str(j, "schedule", dt_schedule_names[c->schedule]);
     dt_json_int(j, "warmup", c->warmup);
     dt_json_num(j, "clip", c->clip);

@@ -40,11 +40,19 @@
 
 /* A growing list of sections and the buffers they point to. */
 typedef struct sections {
-    dt_ckpt_section s[64];
+    dt_ckpt_section s[160];
     size_t n;
-    void *owned[16]; /* freed with the list */
+    void *owned[96]; /* freed with the list */
     size_t nowned;
 } sections;
+
+/* A buffer the list frees. */
+static void *own(sections *l, void *p) {
+    DT_ASSERT(l->nowned < sizeof l->owned / sizeof l->owned[0]);
+    if (p)
+        l->owned[l->nowned++] = p;
+    return p;
+}
 
 static void add(sections *l, const char *name, dt_ckpt_type type, const void *data, size_t count) {
     DT_ASSERT(l->n < sizeof l->s / sizeof l->s[0]);
@@ -65,8 +73,7 @@ static dt_status add_state(sections *l, const shards *sh, const char *name, cons
     DT_CHECK(dt__shards_boxes(sh, r, nr, true, &boxes, &nb));
     for (size_t k = 0; k < nr; k++)
         count += r[k].end - r[k].begin;
-    DT_ASSERT(l->nowned < sizeof l->owned / sizeof l->owned[0]);
-    l->owned[l->nowned++] = boxes;
+    own(l, boxes);
     snprintf(*map_name, sizeof *map_name, "%s%s", name, DT_CKPT_MAP_SUFFIX);
     add(l, name, DT_CKPT_F32, buf, count);
     add(l, *map_name, DT_CKPT_BYTES, boxes, nb * sizeof *boxes);
@@ -95,12 +102,44 @@ static void layout(const trainer *t, int64_t v[LAYOUT_COUNT]) {
 }
 
 /* Everything this rank writes: its shards and its synchronisation state. */
+#define MAX_OPTIM_STATES 40
 typedef struct rank_part {
     sections l;
-    char map_names[4][DT_CKPT_NAME_MAX];
+    char map_names[1 + MAX_OPTIM_STATES][DT_CKPT_NAME_MAX];
+    char tix_name[DT_CKPT_NAME_MAX];
     uint8_t *sync_state;
     double sync_unit;
 } rank_part;
+
+/* The optimizer's per-tensor state: its buffer (the table's tensors one
+ * after another) and, in NAME.tix, a record (global tensor, offset, length)
+ * per tensor that has some, so that a reader in any layout finds each
+ * tensor's part by its global index. */
+static dt_status add_tensor_state(trainer *t, const shards *sh, rank_part *p) {
+    for (size_t k = 0; k < dt_optimizer_num_tensor_states(t->opt); k++) {
+        const char *name;
+        size_t total;
+        float *buf = dt_optimizer_tensor_state(t->opt, k, &name, &total);
+        int64_t *rec = own(&p->l, dt_calloc(3 * sh->nt + 1, sizeof *rec));
+        if (!rec)
+            return DT_ERR_NOMEM;
+        size_t nr = 0;
+        for (size_t i = 0; i < sh->nt; i++) {
+            size_t off, len;
+            dt_optimizer_tensor_state_at(t->opt, k, i, &off, &len);
+            if (len == 0)
+                continue;
+            rec[3 * nr] = sh->whole[i].tensor;
+            rec[3 * nr + 1] = (int64_t)off;
+            rec[3 * nr + 2] = (int64_t)len;
+            nr++;
+        }
+        snprintf(p->tix_name, sizeof p->tix_name, "%s.tix", name);
+        add(&p->l, name, DT_CKPT_F32, buf, total);
+        add(&p->l, p->tix_name, DT_CKPT_I64, rec, 3 * nr);
+    }
+    return DT_OK;
+}
 
 static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p) {
     dt_sync_layout sl;
@@ -108,19 +147,35 @@ static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p) {
     dt_range all = {0, t->n};
     if (!sl.params_replicated || t->replica == 0)
         DT_CHECK(add_state(&p->l, sh, "params", dt_gpt_params(t->m), &all, 1, &p->map_names[0]));
-    dt_range *owned = dt__owned_ranges(t->opt);
-    if (!owned)
-        return DT_ERR_NOMEM;
-    dt_status st = DT_OK;
-    for (size_t i = 0; st == DT_OK && i < dt_optimizer_num_states(t->opt); i++) {
+    /* Optimizer state: each per-parameter state over its own ranges (a
+     * state kept another way, 8-bit codes, is written as the fp32 values
+     * it holds), the per-tensor state keyed by tensor, the scalars once
+     * (rank 0, in the manifest). */
+    bool writes = !sl.optim_replicated || t->replica == 0;
+    size_t ns = dt_optimizer_num_states(t->opt);
+    DT_ASSERT(ns <= MAX_OPTIM_STATES);
+    for (size_t i = 0; writes && i < ns; i++) {
         const char *name;
         float *buf = dt_optimizer_state(t->opt, i, &name);
-        if (!sl.optim_replicated || t->replica == 0)
-            st = add_state(&p->l, sh, name, buf, owned, dt_optimizer_num_owned(t->opt),
-                           &p->map_names[1 + i]);
+        size_t count = dt_optimizer_state_count(t->opt, i), nr;
+        if (!buf) {
+            if (!(buf = own(&p->l, dt_alloc((count ? count : 1) * sizeof(float)))))
+                return dt_error_set(DT_ERR_NOMEM, "%s: %zu values for the checkpoint", name, count);
+            dt_optimizer_state_get(t->opt, i, buf);
+        }
+        const dt_range *r = dt_optimizer_state_ranges(t->opt, i, &nr);
+        DT_CHECK(add_state(&p->l, sh, name, buf, r, nr, &p->map_names[1 + i]));
     }
-    dt_free(owned);
-    DT_CHECK(st);
+    if (writes)
+        DT_CHECK(add_tensor_state(t, sh, p));
+    size_t nsc = dt_optimizer_num_scalars(t->opt);
+    if (t->rank == 0 && nsc > 0) {
+        double *sc = own(&p->l, dt_calloc(nsc, sizeof *sc));
+        if (!sc)
+            return DT_ERR_NOMEM;
+        dt_optimizer_scalars_get(t->opt, sc);
+        add(&p->l, "optim.scalars", DT_CKPT_F64, sc, nsc);
+    }
     size_t bytes = dt_grad_sync_state_bytes(t->sync);
     if (bytes) {
         float unit;
@@ -381,6 +436,70 @@ static dt_status restore_scaler(trainer *t, const header *h) {
     return st;
 }
 
+/* The optimizer's per-tensor state: each tensor's part from whichever file
+ * holds a record of its global tensor with the same length (the values
+ * are the same in every file that has one). */
+static dt_status read_tensor_state(trainer *t, const dt_ckpt_set *set, const shards *sh) {
+    for (size_t k = 0; k < dt_optimizer_num_tensor_states(t->opt); k++) {
+        const char *name;
+        size_t total, missing = 0;
+        float *buf = dt_optimizer_tensor_state(t->opt, k, &name, &total);
+        char tix[DT_CKPT_NAME_MAX];
+        snprintf(tix, sizeof tix, "%s.tix", name);
+        for (size_t i = 0; i < sh->nt; i++) {
+            size_t off, len;
+            bool found = false;
+            dt_optimizer_tensor_state_at(t->opt, k, i, &off, &len);
+            for (size_t f = 0; len > 0 && !found && f < dt_ckpt_set_num_files(set); f++) {
+                const dt_ckpt *ck = dt_ckpt_set_file(set, f);
+                dt_ckpt_info ri, vi;
+                if (dt_ckpt_find(ck, tix, &ri) != DT_OK || dt_ckpt_find(ck, name, &vi) != DT_OK)
+                    continue;
+                if (ri.type != DT_CKPT_I64 || ri.count % 3 != 0 || vi.type != DT_CKPT_F32)
+                    return dt_error_set(DT_ERR_CORRUPT, "%s: %s or %s has the wrong type",
+                                        dt_ckpt_file(ck), tix, name);
+                const int64_t *rec = ri.data;
+                for (size_t j = 0; j < ri.count / 3 && !found; j++) {
+                    if (rec[3 * j] != (int64_t)sh->whole[i].tensor ||
+                        rec[3 * j + 2] != (int64_t)len)
+                        continue;
+                    if (rec[3 * j + 1] < 0 || (uint64_t)rec[3 * j + 1] + len > vi.count)
+                        return dt_error_set(DT_ERR_CORRUPT,
+                                            "%s: %s names values %" PRId64 "..+%zu of %zu",
+                                            dt_ckpt_file(ck), tix, rec[3 * j + 1], len, vi.count);
+                    memcpy(buf + off, (const float *)vi.data + rec[3 * j + 1], len * sizeof(float));
+                    found = true;
+                }
+            }
+            missing += len > 0 && !found;
+        }
+        if (missing)
+            DT_WARN("--resume: %s holds no %s for %zu tensor(s): it starts from zero there",
+                    dt_ckpt_file(dt_ckpt_set_manifest(set)), name, missing);
+    }
+    return DT_OK;
+}
+
+/* The optimizer's scalars, from the manifest. */
+static dt_status read_scalars(trainer *t, const dt_ckpt_set *set) {
+    size_t n = dt_optimizer_num_scalars(t->opt);
+    if (n == 0)
+        return DT_OK;
+    double v[64];
+    DT_ASSERT(n <= 64);
+    const dt_ckpt *ck = dt_ckpt_set_manifest(set);
+    dt_ckpt_info info;
+    if (dt_ckpt_find(ck, "optim.scalars", &info) != DT_OK) {
+        DT_WARN("--resume: %s holds no optimizer scalars: they start afresh", dt_ckpt_file(ck));
+        return DT_OK;
+    }
+    DT_CHECK(dt_ckpt_read(ck, "optim.scalars", DT_CKPT_F64, v, n));
+    dt_status st = dt_optimizer_scalars_set(t->opt, v);
+    if (st != DT_OK)
+        dt_error_prefix("checkpoint %s", dt_ckpt_file(ck));
+    return st;
+}
+
 /* The first replica of each data-parallel group: this rank's boxes of the
  * parameters and of the optimizer state, in its own layout. */
 static dt_status read_shards(trainer *t, const dt_ckpt_set *set) {
@@ -388,8 +507,8 @@ static dt_status read_shards(trainer *t, const dt_ckpt_set *set) {
     DT_CHECK(dt__shards_make(t, &sh));
     dt_ckpt_box *boxes = NULL;
     size_t nb;
-    dt_range all = {0, t->n}, *owned = dt__owned_ranges(t->opt);
-    dt_status st = owned ? dt__shards_boxes(&sh, &all, 1, false, &boxes, &nb) : DT_ERR_NOMEM;
+    dt_range all = {0, t->n};
+    dt_status st = dt__shards_boxes(&sh, &all, 1, false, &boxes, &nb);
     if (st == DT_OK)
         st = dt_ckpt_set_read_boxes(set, "params", sh.tensors, sh.ng, boxes, nb,
                                     dt_gpt_params(t->m));
@@ -397,20 +516,35 @@ static dt_status read_shards(trainer *t, const dt_ckpt_set *set) {
     boxes = NULL;
     for (size_t i = 0; st == DT_OK && i < dt_optimizer_num_states(t->opt); i++) {
         const char *name;
-        float *buf = dt_optimizer_state(t->opt, i, &name);
+        float *buf = dt_optimizer_state(t->opt, i, &name), *tmp = NULL;
         if (!dt_ckpt_set_has_state(set, name)) {
             DT_WARN("--resume: %s holds no %s: it starts from zero",
                     dt_ckpt_file(dt_ckpt_set_manifest(set)), name);
             continue;
         }
-        st = dt__shards_boxes(&sh, owned, dt_optimizer_num_owned(t->opt), false, &boxes, &nb);
+        size_t nr, count = dt_optimizer_state_count(t->opt, i);
+        const dt_range *r = dt_optimizer_state_ranges(t->opt, i, &nr);
+        if (!buf) { /* kept another way: read as fp32, then converted */
+            if (!(buf = tmp = dt_alloc((count ? count : 1) * sizeof(float)))) {
+                st = DT_ERR_NOMEM;
+                break;
+            }
+            dt_optimizer_state_get(t->opt, i, tmp);
+        }
+        st = dt__shards_boxes(&sh, r, nr, false, &boxes, &nb);
         if (st == DT_OK)
             st = dt_ckpt_set_read_boxes(set, name, sh.tensors, sh.ng, boxes, nb, buf);
+        if (st == DT_OK && tmp)
+            dt_optimizer_state_set(t->opt, i, tmp);
+        dt_free(tmp);
         dt_free(boxes);
         boxes = NULL;
     }
-    dt_free(owned);
+    if (st == DT_OK)
+        st = read_tensor_state(t, set, &sh);
     dt__shards_free(&sh);
+    if (st == DT_OK)
+        st = read_scalars(t, set);
     return st;
 }
 
@@ -455,6 +589,41 @@ static dt_status agree(trainer *t, dt_status st, const char *what) {
         return dt_error_set(st, "--resume: %s: %s", what, msg);
     if (failed)
         return dt_error_set(DT_ERR_ABORTED, "--resume: another rank failed to read the %s", what);
+    return DT_OK;
+}
+
+/* The first replica's optimizer state to the others of its dp group. */
+static dt_status broadcast_optimizer(trainer *t, dt_group *dp) {
+    for (size_t i = 0; i < dt_optimizer_num_states(t->opt); i++) {
+        float *buf = dt_optimizer_state(t->opt, i, NULL);
+        size_t count = dt_optimizer_state_count(t->opt, i);
+        if (buf) {
+            DT_CHECK(dt_group_broadcast(dp, buf, count, DT_F32, 0));
+            continue;
+        }
+        float *tmp = dt_alloc((count ? count : 1) * sizeof(float));
+        if (!tmp)
+            return DT_ERR_NOMEM;
+        dt_optimizer_state_get(t->opt, i, tmp);
+        dt_status st = dt_group_broadcast(dp, tmp, count, DT_F32, 0);
+        if (st == DT_OK)
+            dt_optimizer_state_set(t->opt, i, tmp);
+        dt_free(tmp);
+        DT_CHECK(st);
+    }
+    for (size_t k = 0; k < dt_optimizer_num_tensor_states(t->opt); k++) {
+        size_t total;
+        float *buf = dt_optimizer_tensor_state(t->opt, k, NULL, &total);
+        DT_CHECK(dt_group_broadcast(dp, buf, total, DT_F32, 0));
+    }
+    size_t n = dt_optimizer_num_scalars(t->opt);
+    if (n > 0) {
+        double v[64];
+        DT_ASSERT(n <= 64);
+        dt_optimizer_scalars_get(t->opt, v);
+        DT_CHECK(dt_group_broadcast(dp, v, n, DT_F64, 0));
+        DT_CHECK(dt_optimizer_scalars_set(t->opt, v));
+    }
     return DT_OK;
 }
 
@@ -507,11 +676,8 @@ dt_status dt__train_resume(trainer *t) {
     if (sl.params_replicated) {
         DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
         dt_group *dp = dt_mesh_group(t->mesh, DT_AXIS_DP);
-        for (size_t i = 0; dp && sl.optim_replicated && i < dt_optimizer_num_states(t->opt); i++) {
-            DT_CHECK_GOTO(dt_group_broadcast(dp, dt_optimizer_state(t->opt, i, NULL),
-                                             dt_optimizer_owned_count(t->opt), DT_F32, 0),
-                          st, fail);
-        }
+        if (dp && sl.optim_replicated)
+            DT_CHECK_GOTO(broadcast_optimizer(t, dp), st, fail);
     }
     /* The synchronisation state: restored where the layout and settings
      * match, everywhere or nowhere. A rank that cannot see the checkpoint

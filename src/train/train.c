@@ -37,6 +37,16 @@ void dt_train_config_init(dt_train_config *c) {
     c->beta1 = 0.9;
     c->beta2 = 0.95;
     c->eps = 1e-8;
+    dt_optim_config oc = dt_optim_config_default();
+    c->trust_coeff = oc.trust_coeff;
+    c->trust_eps = oc.trust_eps;
+    c->adafactor = oc.adafactor;
+    c->quant_block = (int)oc.block;
+    c->lookahead_inner = DT_OPTIM_ADAMW;
+    c->lookahead_k = oc.lookahead_k;
+    c->lookahead_alpha = oc.lookahead_alpha;
+    c->lbfgs = oc.lbfgs;
+    c->lbfgs.max_eval = 0;
     c->schedule = DT_SCHED_COSINE;
     c->eval_batches = 8;
     c->keep = 3;
@@ -80,6 +90,45 @@ dt_status dt__train_check_config(const dt_train_config *c) {
                    "got %s, %s, %" PRId64,
                    dt_optim_names[c->optimizer],
                    c->compress.kind == DT_CODEC_NONE ? "no codec" : "a codec", c->compress_start);
+    bool onebit = c->optimizer == DT_OPTIM_ONEBIT_ADAM || c->optimizer == DT_OPTIM_ONEBIT_LAMB;
+    if (onebit && (c->compress_start < 1 || c->compress.kind == DT_CODEC_NONE))
+        return bad("--optimizer %s compresses the momentum after a dense warm-up: it needs "
+                   "--compress-start >= 1 and a --compress codec (sign for 1 bit); got %" PRId64
+                   " and %s",
+                   dt_optim_names[c->optimizer], c->compress_start,
+                   c->compress.kind == DT_CODEC_NONE ? "none" : "a codec");
+    if (onebit && c->compress_freeze_v)
+        return bad("--compress-freeze-v is part of --optimizer %s already (drop the flag)",
+                   dt_optim_names[c->optimizer]);
+    /* The per-tensor statistics of LAMB, LARS, Adafactor and centralisation
+     * are summed over ranks sharing a tensor's parameters; tensor-parallel
+     * shards of a tensor would need their sum over the tp group too. */
+    dt_optim_kind eff = c->optimizer == DT_OPTIM_LOOKAHEAD ? c->lookahead_inner : c->optimizer;
+    bool tensorwise = eff == DT_OPTIM_LAMB || eff == DT_OPTIM_LARS || eff == DT_OPTIM_ADAFACTOR ||
+                      eff == DT_OPTIM_ONEBIT_LAMB || c->grad_centralization;
+    if (tensorwise && c->tp > 1)
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "--optimizer %s%s with --tp %d: per-tensor statistics of "
+                            "tensor-parallel shards are not summed over the tp group yet; use "
+                            "--tp 1",
+                            dt_optim_names[c->optimizer],
+                            c->grad_centralization ? " --grad-centralization" : "", c->tp);
+    if (c->optimizer == DT_OPTIM_LBFGS) {
+        if (c->tp > 1 || c->pp > 1)
+            return dt_error_set(DT_ERR_UNSUPPORTED,
+                                "--optimizer lbfgs with --tp %d --pp %d: L-BFGS takes dot "
+                                "products over all parameters and runs with data parallelism "
+                                "only",
+                                c->tp, c->pp);
+        if (c->loss_scaling == 1 || (c->loss_scaling < 0 && c->precision == DT_PRECISION_FP16))
+            return bad("--optimizer lbfgs with loss scaling: its line search needs the loss "
+                       "and gradient of every evaluation (use --precision fp32 or bf16)");
+        if (c->compress.kind != DT_CODEC_NONE)
+            return bad("--optimizer lbfgs with --compress: its curvature pairs need exact "
+                       "gradients");
+        if (c->grad_centralization)
+            return bad("--grad-centralization is for first-order optimizers, not lbfgs");
+    }
     if (c->compress_ramp < 0)
         return bad("--compress-ramp %" PRId64 ": must be 0 or more", c->compress_ramp);
     if (c->compress_ramp > 0 && (c->compress.kind != DT_CODEC_TOPK || c->compress.count != 0 ||

@@ -100,6 +100,10 @@ dt_range *dt__owned_ranges(const dt_optimizer *o);
  * not split; NULL elsewhere). */
 dt_status dt__train_setup(trainer *t);
 void dt__train_free(trainer *t);
+/* The optimizer's reduce hook (dt_optim_reduce_fn, user = the trainer): a
+ * sum over the dp group, for an optimizer that owns a share of its
+ * replica's parameters (ZeRO). */
+dt_status dt__train_optim_reduce(void *user, double *values, size_t n);
 
 /* state.c: every rank calls both (collective over the world). */
 dt_status dt__train_save(trainer *t, char *path, size_t len);

@@ -1,0 +1,188 @@
+/*
+ * test_train_optim.c — `dtrain train --optimizer NAME` end to end, one case
+ * per process (test_train_optim CASE):
+ *   resume   every optimizer (and --grad-centralization) stopped after 3 of
+ *            6 steps and resumed: losses and parameters bit-identical to the
+ *            uninterrupted run (8-bit codes through their fp32 values,
+ *            Adafactor's factors keyed by tensor, L-BFGS's history and
+ *            scalars); 1-bit Adam/LAMB on 2 ranks past the warm-up, with
+ *            their codec residuals.
+ *   ddp      LAMB, Adafactor and centralised AdamW on 2 data-parallel ranks
+ *            against 1 rank with the same global batch: the per-tensor
+ *            statistics see the averaged gradient (the difference is the
+ *            allreduce's rounding).
+ *   onebit   1-bit Adam: 2 ranks learn; the warm-up steps send fp32, the
+ *            compression stage sign bits (about 28x fewer bytes); v stays
+ *            as the warm-up left it.
+ *   errors   bad combinations are refused naming the flags and values.
+ */
+#include "train_util.h"
+
+#define DTRAIN DT_CLI_PATH
+#define TINY                                                                                       \
+    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--sample-tokens 0 --progress plain --val-split 0 --warmup 2 --global-batch 8"
+
+static char corpus[128];
+
+static void train(const char *name, int steps, const char *extra, double *loss) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --ckpt-dir %s/%s/ck --run-dir %s/%s "
+                     "%s",
+                     DTRAIN, corpus, steps, tu_dir, name, tu_dir, name, extra),
+              0);
+    char p[192];
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
+    ASSERT_EQ(tu_losses(p, loss, 63), steps);
+}
+
+static float *params_of(const char *name, size_t *n) {
+    char p[192];
+    snprintf(p, sizeof p, "%s/%s/ck", tu_dir, name);
+    return tu_params(p, n);
+}
+
+/* 6 steps straight, and 3 + a resume to 6: the same bits. */
+static void resume_case(const char *tag, const char *flags) {
+    double a[64], b[64];
+    char straight[64], stopped[64];
+    snprintf(straight, sizeof straight, "%s_6", tag);
+    snprintf(stopped, sizeof stopped, "%s_3", tag);
+    train(straight, 6, flags, a);
+    char extra[512];
+    snprintf(extra, sizeof extra, "%s --stop-after 3", flags);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 6 --ckpt-dir %s/%s/ck --run-dir %s/%s "
+                     "%s",
+                     DTRAIN, corpus, tu_dir, stopped, tu_dir, stopped, extra),
+              0);
+    snprintf(extra, sizeof extra, "%s --resume", flags);
+    train(stopped, 6, extra, b);
+    EXPECT_OUT("resumed");
+    for (int s = 1; s <= 6; s++)
+        if (a[s] != b[s])
+            TEST_FAILF("%s: step %d loss %.9g straight, %.9g resumed", tag, s, a[s], b[s]);
+    size_t na, nb;
+    float *pa = params_of(straight, &na), *pb = params_of(stopped, &nb);
+    ASSERT_EQ(na, nb);
+    if (memcmp(pa, pb, na * sizeof *pa) != 0)
+        TEST_FAILF("%s: parameters after 6 steps differ between the straight and the resumed "
+                   "run",
+                   tag);
+    printf("  %-12s resume bit-identical (loss %.4f -> %.4f)\n", tag, a[1], a[6]);
+    free(pa);
+    free(pb);
+}
+
+static void test_resume(void) {
+    resume_case("adamw8bit", "--optimizer adamw8bit --adamw8bit-block 256");
+    resume_case("adafactor", "--optimizer adafactor --adafactor-beta1 0.9");
+    resume_case("lamb", "--optimizer lamb --lr 1e-2");
+    resume_case("lars", "--optimizer lars --lr 0.5 --nesterov");
+    resume_case("radam", "--optimizer radam");
+    resume_case("lookahead", "--optimizer lookahead --lookahead-inner lamb --lookahead-k 2");
+    resume_case("gc", "--optimizer adamw --grad-centralization");
+    resume_case("lbfgs", "--optimizer lbfgs --lr 1 --lbfgs-max-iter 3 --lbfgs-history 2");
+    resume_case("onebit_adam", "--nproc 2 --optimizer onebit-adam --compress-start 2");
+    resume_case("onebit_lamb", "--nproc 2 --optimizer onebit-lamb --compress-start 2 --lr 1e-2");
+}
+
+static void ddp_case(const char *tag, const char *flags) {
+    double a[64], b[64];
+    char one[64], two[64], extra[256];
+    snprintf(one, sizeof one, "%s_1", tag);
+    snprintf(two, sizeof two, "%s_2", tag);
+    train(one, 5, flags, a);
+    snprintf(extra, sizeof extra, "%s --nproc 2", flags);
+    train(two, 5, extra, b);
+    size_t na, nb;
+    float *pa = params_of(one, &na), *pb = params_of(two, &nb);
+    ASSERT_EQ(na, nb);
+    double worst = 0;
+    for (size_t i = 0; i < na; i++)
+        worst = fmax(worst, fabs((double)pa[i] - pb[i]) / fmax(fabs((double)pa[i]), 1e-2));
+    printf("  %-10s 2 ranks vs 1: loss %.6f vs %.6f at step 5, parameters within %.2g\n", tag, b[5],
+           a[5], worst);
+    ASSERT_TRUE(fabs(a[5] - b[5]) < 1e-4);
+    ASSERT_TRUE(worst < 1e-3);
+    free(pa);
+    free(pb);
+}
+
+/* Epsilons well above float rounding noise: gradients that are zero in
+ * exact arithmetic come out as ~1e-9 noise that depends on the summation
+ * order (1 rank or 2), and an epsilon of 1e-8 (on sqrt(v)) or 1e-30 (on
+ * g^2, Adafactor's) would turn that noise into whole steps
+ * (test_train_ddp.c explains the same for AdamW). */
+static void test_ddp(void) {
+    ddp_case("lamb", "--optimizer lamb --lr 1e-2 --eps 1e-4");
+    ddp_case("adafactor", "--optimizer adafactor --adafactor-eps1 1e-8");
+    ddp_case("gc", "--optimizer adamw --grad-centralization --eps 1e-4");
+}
+
+static void test_onebit(void) {
+    double l[64];
+#define ONEBIT "--nproc 2 --optimizer onebit-adam --compress-start 5 --lr 3e-3 --schedule constant"
+    train("ob", 30, ONEBIT, l);
+    EXPECT_OUT("gradients: sign");
+    printf("  onebit-adam, 2 ranks: loss %.4f -> %.4f\n", l[1], l[30]);
+    ASSERT_TRUE(l[30] < l[1] - 0.3);
+    char b[64][64];
+    ASSERT_EQ(tu_metric_text("ob", "bytes_sent", b, 30), 30);
+    unsigned long long dense = strtoull(b[0] + strlen("\"bytes_sent\":"), NULL, 10);
+    unsigned long long sign = strtoull(b[29] + strlen("\"bytes_sent\":"), NULL, 10);
+    printf("  bytes per step and rank: warm-up %llu, compression stage %llu\n", dense, sign);
+    ASSERT_TRUE(sign * 20 < dense);
+    /* v frozen from step 6 on: the same in checkpoints of step 10 and 30
+     * (a constant schedule: the dense steps 1-5 are the same in both). */
+    double m[64];
+    train("ob10", 10, ONEBIT, m);
+    char p[192];
+    size_t n1, n2;
+    snprintf(p, sizeof p, "%s/ob/ck", tu_dir);
+    float *v30 = tu_section(p, "onebit-adam.v", &n1);
+    snprintf(p, sizeof p, "%s/ob10/ck", tu_dir);
+    float *v10 = tu_section(p, "onebit-adam.v", &n2);
+    ASSERT_EQ(n1, n2);
+    ASSERT_TRUE(memcmp(v10, v30, n1 * sizeof *v10) == 0);
+    free(v10);
+    free(v30);
+}
+
+static void test_errors(void) {
+    EXPECT_RC(
+        tu_run("%s train --data %s " TINY " --steps 2 --optimizer onebit-adam", DTRAIN, corpus), 2);
+    EXPECT_OUT("--optimizer onebit-adam compresses the momentum after a dense warm-up: it needs "
+               "--compress-start >= 1");
+    EXPECT_RC(
+        tu_run("%s train --data %s " TINY " --steps 2 --optimizer lamb --tp 2", DTRAIN, corpus), 1);
+    EXPECT_OUT("per-tensor statistics of tensor-parallel shards are not summed");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --optimizer lbfgs --precision fp16",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--optimizer lbfgs with loss scaling");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --optimizer lookahead "
+                     "--lookahead-inner lbfgs",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("lookahead: inner optimizer lbfgs cannot be wrapped");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --optimizer adamw8bit "
+                     "--adamw8bit-block 100",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("adamw8bit: block 100 must be a multiple of 16");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --optimizer adafactor "
+                     "--adafactor-decay 0.5",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--adafactor-decay");
+}
+
+static const test_case cases[] = {
+    {"resume", test_resume},
+    {"ddp", test_ddp},
+    {"onebit", test_onebit},
+    {"errors", test_errors},
+};
+
+int main(int argc, char **argv) {
+    return tu_main(argc, argv, cases, sizeof cases / sizeof cases[0], corpus, sizeof corpus);
+}
