@@ -201,7 +201,21 @@ typedef struct dt_ddp_options {
      * residual stays zero) and each bucket's such values follow in one
      * plain f32 allreduce. No effect on a plain fp32 allreduce. 0: off. */
     size_t dense_below;
+    /* ZeRO: every bucket is reduce-scattered instead of allreduced: replica
+     * r receives the average of its piece only (dt_ddp_shard_ranges), and
+     * finish() hands fn that piece. The parameters are then made whole
+     * again by dt_ddp_gather. Plain f32 only (no codec, no 16-bit dtype). */
+    bool shard;
 } dt_ddp_options;
+
+/* Sharded buckets (dt_ddp_options.shard): the buckets of n floats cut by
+ * bucket_bytes (rounded down to a multiple of dp values), numbered from the
+ * end of the buffer, each cut into dp equal pieces; replica `rank` owns
+ * piece `rank` of each, the last replica also a bucket's remainder of
+ * fewer than dp values. Writes this rank's pieces to out (sorted by offset,
+ * one per bucket: at most dt_ddp_shard_count) and returns their number. */
+size_t dt_ddp_shard_count(size_t n, size_t bucket_bytes, int dp);
+size_t dt_ddp_shard_ranges(size_t n, size_t bucket_bytes, int dp, int rank, dt_range *out);
 
 /* bucket_bytes DT_DDP_DEFAULT_BUCKET_BYTES, f32, no codec, EF auto, seed 0. */
 dt_ddp_options dt_ddp_options_default(void);
@@ -272,6 +286,12 @@ void dt_ddp_grad_ready(void *user, size_t ready_from);
 dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user);
 
 const dt_ddp_stats *dt_ddp_last_stats(const dt_ddp *d);
+
+/* Sharded buckets, after finish: make bucket i's parameters whole again
+ * from every replica's updated piece (an in-place allgather, started at
+ * once), and wait for every gather started. */
+dt_status dt_ddp_gather(dt_ddp *d, size_t i);
+dt_status dt_ddp_gather_wait(dt_ddp *d);
 
 /* Average `count` doubles over the ranks in place (losses, metrics). */
 dt_status dt_ddp_average(dt_ddp *d, double *values, size_t count);
@@ -681,6 +701,32 @@ typedef struct dt_ddp_sync_config {
  * per averaged bucket the unscaling (inf/nan check), the counted sum of
  * squares and, with update_early, the optimizer's update of that range. */
 dt_status dt_ddp_sync_create(dt_grad_sync **out, const dt_ddp_sync_config *c);
+
+/* --- ZeRO as a gradient synchronisation --------------------------------- */
+/*
+ * ZeRO (Rajbhandari et al. 2020) on the data-parallel group, docs/zero.md:
+ * stage 1 shards the optimizer state: each replica owns one piece of every
+ * bucket (dt_ddp_shard_ranges), its optimizer keeps state for those pieces
+ * only; buckets are reduce-scattered during backward, each replica updates
+ * its pieces and the parameters are allgathered. The optimizer object must
+ * be created over exactly those owned ranges.
+ */
+typedef struct dt_zero_sync_config {
+    int stage;         /* 1 */
+    dt_group *group;   /* the data-parallel group (NULL or size 1: nothing to reduce) */
+    float *params;     /* (n) */
+    float *grads;      /* (n) */
+    size_t n;          /* floats */
+    dt_optimizer *opt; /* owns dt_ddp_shard_ranges(n, bucket_bytes, dp, replica) */
+    size_t bucket_bytes;
+    /* As dt_ddp_sync_config: the ranges this model-parallel rank counts in
+     * the norm (NULL: all); within them each element is counted by the
+     * replica that owns it. Copied. */
+    const dt_range *norm_ranges;
+    size_t nnorm;
+} dt_zero_sync_config;
+
+dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c);
 
 #ifdef __cplusplus
 }

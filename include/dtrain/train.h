@@ -213,6 +213,9 @@ typedef struct dt_train_config {
      * "1f1b", "interleaved:V" or "zb" (NULL: 1f1b); its micro-batches are
      * the step's `accum`. */
     const char *pp_schedule;
+    /* ZeRO stage on the dp axis (docs/zero.md): 0 (DDP: everything
+     * replicated) or 1 (the optimizer state sharded). */
+    int zero;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. Set from any thread

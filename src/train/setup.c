@@ -242,8 +242,20 @@ static dt_status make_optimizer(trainer *t) {
     oc.momentum = (float)c->momentum;
     /* --compress-freeze-v: beta2 = 1 from the first compressed step on. */
     oc.freeze_v_from = c->compress_freeze_v ? c->compress_start : -1;
-    dt_range all = {0, t->n};
-    dt_status st = dt_optimizer_create(&t->opt, &oc, tens, nt, &all, 1);
+    /* ZeRO: this replica's piece of every bucket; else all of it. */
+    size_t nr = 1;
+    dt_range all = {0, t->n}, *owned = &all;
+    if (c->zero) {
+        owned = dt_calloc(dt_ddp_shard_count(t->n, c->bucket_bytes, t->dp) + 1, sizeof *owned);
+        if (!owned) {
+            dt_free(tens);
+            return DT_ERR_NOMEM;
+        }
+        nr = dt_ddp_shard_ranges(t->n, c->bucket_bytes, t->dp, t->replica, owned);
+    }
+    dt_status st = dt_optimizer_create(&t->opt, &oc, tens, nt, owned, nr);
+    if (owned != &all)
+        dt_free(owned);
     dt_free(tens);
     return st;
 }
@@ -274,6 +286,22 @@ static dt_status make_sync(trainer *t) {
         else
             norm[nn++] = (dt_range){pi.offset, pi.offset + pi.rows * pi.cols};
     }
+    dt_status st;
+    if (c->zero) {
+        dt_zero_sync_config zc = {.stage = c->zero,
+                                  .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
+                                  .params = dt_gpt_params(t->m),
+                                  .grads = dt_gpt_grads(t->m),
+                                  .n = t->n,
+                                  .opt = t->opt,
+                                  .bucket_bytes = c->bucket_bytes,
+                                  .norm_ranges = norm,
+                                  .nnorm = nn};
+        st = dt_zero_sync_create(&t->sync, &zc);
+        dt_free(shapes);
+        dt_free(norm);
+        return st;
+    }
     dt_ddp_sync_config sc = {
         .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
         .params = dt_gpt_params(t->m),
@@ -295,7 +323,7 @@ static dt_status make_sync(trainer *t) {
     sc.ddp.tensors = shapes;
     sc.ddp.ntensors = nt;
     sc.ddp.dense_below = (size_t)c->compress_dense_below;
-    dt_status st = dt_ddp_sync_create(&t->sync, &sc);
+    st = dt_ddp_sync_create(&t->sync, &sc);
     dt_free(shapes);
     dt_free(norm);
     return st;
@@ -382,6 +410,7 @@ static void build_config_json(trainer *t) {
     dt_json_int(j, "seed", (int64_t)c->seed);
     dt_json_int(j, "threads", dt_tensor_threads());
     dt_json_str(j, "grad_sync", dt_grad_sync_name(t->sync));
+    dt_json_int(j, "zero", c->zero);
     dt_json_int(j, "bucket_bytes", (int64_t)c->bucket_bytes);
     dt_json_int(j, "buckets", cost.pieces);
     char cb[64];

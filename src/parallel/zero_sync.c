@@ -1,0 +1,267 @@
+/*
+ * zero_sync.c — ZeRO as a dt_grad_sync (docs/zero.md): the bucket engine
+ * (ddp.c) in its sharded mode, each bucket reduce-scattered so that every
+ * data-parallel replica gets the average of its piece only, and an
+ * optimizer that owns (and keeps state for) exactly those pieces.
+ *
+ * Per step:
+ *   backward      buckets are reduce-scattered as they become final
+ *                 (overlapping backward, as DDP's allreduces do);
+ *   finish        per piece, in bucket order: unscale (loss scaling, the
+ *                 inf/nan check), the sum of squares (every element is
+ *                 counted by its owner, restricted to the tensors this
+ *                 model-parallel rank owns), and with update_early the
+ *                 optimizer's update of the piece and the start of the
+ *                 bucket's parameter allgather;
+ *   apply         otherwise clip-scale and update every piece, then
+ *                 allgather every bucket; wait for the gathers, so that
+ *                 every replica holds the whole updated parameters again.
+ *
+ * Stage 1 shards the optimizer state; the gradient buffer stays whole.
+ */
+#include "dtrain/amp.h"
+#include "sync_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+typedef struct zero_sync {
+    dt_grad_sync base;
+    dt_ddp *d;
+    int stage;
+    int replica, dp; /* this rank in the dp group, and its size */
+    float *params;   /* (n) borrowed */
+    float *grads;    /* (n) borrowed */
+    size_t n;
+    dt_optimizer *opt; /* borrowed: owns this replica's pieces */
+    dt_range *norm;    /* ranges counted in the norm, sorted */
+    size_t nnorm;
+    char ident[96];
+    /* Per step. */
+    dt_sync_step step;
+    float inv_scale;
+    size_t bucket; /* pieces seen by on_piece this step */
+    double sumsq;
+    bool found_inf;
+    dt_status err; /* a gather that failed to start in on_piece */
+} zero_sync;
+
+/* Squares of grads[begin, end) inside the norm ranges. */
+static double counted_sumsq(const zero_sync *s, size_t begin, size_t end) {
+    double sum = 0;
+    for (size_t i = 0; i < s->nnorm; i++) {
+        size_t lo = s->norm[i].begin > begin ? s->norm[i].begin : begin;
+        size_t hi = s->norm[i].end < end ? s->norm[i].end : end;
+        if (lo < hi)
+            sum += dt_grad_sumsq(s->grads + lo, hi - lo);
+    }
+    return sum;
+}
+
+static dt_status zero_begin_step(dt_grad_sync *base, const dt_sync_step *st) {
+    zero_sync *s = (zero_sync *)base;
+    s->step = *st;
+    s->inv_scale = 1.0f / st->loss_scale;
+    s->sumsq = 0;
+    s->found_inf = false;
+    s->bucket = 0;
+    s->err = DT_OK;
+    return DT_OK;
+}
+
+static void zero_begin_backward(dt_grad_sync *base, bool last) {
+    dt_ddp_begin(((zero_sync *)base)->d, last);
+}
+
+static void zero_ready(dt_grad_sync *base, size_t ready_from) {
+    dt_ddp_grad_ready(((zero_sync *)base)->d, ready_from);
+}
+
+/* This replica's averaged piece of each bucket, in bucket order. */
+static void on_piece(void *user, size_t begin, size_t end) {
+    zero_sync *s = user;
+    size_t i = s->bucket++;
+    if (s->step.loss_scaling)
+        s->found_inf |= dt_unscale(s->grads + begin, end - begin, s->inv_scale);
+    s->sumsq += counted_sumsq(s, begin, end);
+    if (!s->step.update_early)
+        return;
+    dt_optimizer_update(s->opt, s->params, s->grads, begin, end);
+    dt_status st = dt_ddp_gather(s->d, i);
+    if (st != DT_OK && s->err == DT_OK)
+        s->err = st;
+}
+
+static dt_status zero_finish(dt_grad_sync *base, dt_sync_result *out) {
+    zero_sync *s = (zero_sync *)base;
+    DT_CHECK(dt_ddp_finish(s->d, on_piece, s));
+    DT_CHECK(s->err);
+    const dt_ddp_stats *ds = dt_ddp_last_stats(s->d);
+    out->sumsq = s->sumsq;
+    out->found_inf = s->found_inf;
+    out->updated = s->step.update_early;
+    out->comm_ms = ds->comm_ms;
+    out->exposed_comm_ms = ds->exposed_comm_ms;
+    /* The reduce-scatter's bytes, and as many again for the gather. */
+    out->bytes_sent = 2 * ds->bytes_sent;
+    out->collectives = 2 * ds->buckets;
+    out->launched_in_backward = ds->launched_in_backward;
+    return DT_OK;
+}
+
+static dt_status zero_apply(dt_grad_sync *base, bool skip, float clip_scale) {
+    zero_sync *s = (zero_sync *)base;
+    if (!skip && !s->step.update_early) {
+        /* Every piece, then every bucket's gather (in bucket order, the
+         * same on every replica). */
+        size_t nb = dt_optimizer_num_owned(s->opt);
+        for (size_t k = 0; k < nb; k++) {
+            dt_range r = dt_optimizer_owned(s->opt, k);
+            if (clip_scale != 1.0f)
+                dt_scale(s->grads + r.begin, r.end - r.begin, clip_scale);
+            dt_optimizer_update(s->opt, s->params, s->grads, r.begin, r.end);
+        }
+        for (size_t i = 0; i < dt_ddp_num_buckets(s->d); i++)
+            DT_CHECK(dt_ddp_gather(s->d, i));
+    }
+    /* A skipped step changed nothing: every replica still holds the same
+     * parameters. */
+    return dt_ddp_gather_wait(s->d);
+}
+
+static dt_status zero_replicate(dt_grad_sync *base) {
+    return dt_ddp_broadcast_params(((zero_sync *)base)->d);
+}
+
+static dt_status zero_check(dt_grad_sync *base, int64_t step) {
+    return dt_ddp_check_params(((zero_sync *)base)->d, step);
+}
+
+static void zero_cost(const dt_grad_sync *base, dt_sync_cost *out) {
+    const zero_sync *s = (const zero_sync *)base;
+    out->coll = DT_COLL_REDUCE_SCATTER;
+    out->ranks = s->dp;
+    out->bytes_per_step = 2.0 * (double)dt_ddp_step_bytes(s->d);
+    out->pieces = 2 * (int)dt_ddp_num_buckets(s->d);
+    out->overlapped = true;
+    out->state_bytes = 0;
+}
+
+static void zero_layout(const dt_grad_sync *base, dt_sync_layout *out) {
+    (void)base;
+    out->params_replicated = true;
+    out->optim_replicated = false;
+}
+
+static size_t zero_state_bytes(const dt_grad_sync *base) {
+    (void)base;
+    return 0;
+}
+
+static const char *zero_state_ident(const dt_grad_sync *base) {
+    return ((const zero_sync *)base)->ident;
+}
+
+static dt_status zero_get_state(const dt_grad_sync *base, void *buf, size_t len, float *unit) {
+    (void)base, (void)buf, (void)len;
+    *unit = 1.0f;
+    return DT_OK;
+}
+
+static dt_status zero_set_state(dt_grad_sync *base, const void *buf, size_t len, float unit) {
+    (void)base, (void)buf, (void)unit;
+    if (len != 0)
+        return dt_error_set(DT_ERR_INVALID, "ZeRO keeps no state of its own (%zu bytes given)",
+                            len);
+    return DT_OK;
+}
+
+static void zero_reset_state(dt_grad_sync *base) { (void)base; }
+
+static void zero_destroy(dt_grad_sync *base) {
+    zero_sync *s = (zero_sync *)base;
+    dt_ddp_destroy(s->d);
+    dt_free(s->norm);
+    dt_free(s);
+}
+
+static const dt__sync_ops zero_ops = {
+    .name = "zero",
+    .begin_step = zero_begin_step,
+    .begin_backward = zero_begin_backward,
+    .ready = zero_ready,
+    .finish = zero_finish,
+    .apply = zero_apply,
+    .replicate = zero_replicate,
+    .check = zero_check,
+    .cost = zero_cost,
+    .layout = zero_layout,
+    .state_bytes = zero_state_bytes,
+    .state_ident = zero_state_ident,
+    .get_state = zero_get_state,
+    .set_state = zero_set_state,
+    .reset_state = zero_reset_state,
+    .destroy = zero_destroy,
+};
+
+dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c) {
+    *out = NULL;
+    if (!c->opt || !c->params || !c->grads)
+        return dt_error_set(DT_ERR_INVALID, "ZeRO: params, grads and optimizer are required");
+    if (c->stage != 1)
+        return dt_error_set(DT_ERR_UNSUPPORTED, "ZeRO stage %d: this build runs stage 1", c->stage);
+    int dp = c->group ? dt_group_size(c->group) : 1,
+        replica = c->group ? dt_group_rank(c->group) : 0;
+    /* The optimizer must own exactly this replica's pieces. */
+    size_t nb = dt_ddp_shard_count(c->n, c->bucket_bytes, dp);
+    dt_range *mine = dt_calloc(nb + 1, sizeof *mine);
+    if (!mine)
+        return DT_ERR_NOMEM;
+    dt_ddp_shard_ranges(c->n, c->bucket_bytes, dp, replica, mine);
+    bool same = dt_optimizer_num_owned(c->opt) == nb;
+    for (size_t k = 0; same && k < nb; k++) {
+        dt_range r = dt_optimizer_owned(c->opt, k);
+        same = r.begin == mine[k].begin && r.end == mine[k].end;
+    }
+    dt_free(mine);
+    if (!same)
+        return dt_error_set(DT_ERR_INVALID,
+                            "ZeRO: the optimizer must own replica %d's piece of every bucket "
+                            "(dt_ddp_shard_ranges)",
+                            replica);
+    zero_sync *s = dt_calloc(1, sizeof *s);
+    if (!s)
+        return DT_ERR_NOMEM;
+    s->base.ops = &zero_ops;
+    s->stage = c->stage;
+    s->replica = replica;
+    s->dp = dp;
+    s->params = c->params;
+    s->grads = c->grads;
+    s->n = c->n;
+    s->opt = c->opt;
+    s->nnorm = c->norm_ranges ? c->nnorm : 1;
+    s->norm = dt_calloc(s->nnorm ? s->nnorm : 1, sizeof *s->norm);
+    dt_status st = DT_OK;
+    if (!s->norm) {
+        st = DT_ERR_NOMEM;
+        goto fail;
+    }
+    if (c->norm_ranges)
+        memcpy(s->norm, c->norm_ranges, s->nnorm * sizeof *s->norm);
+    else
+        s->norm[0] = (dt_range){0, c->n};
+    dt_ddp_options o = dt_ddp_options_default();
+    o.bucket_bytes = c->bucket_bytes;
+    o.shard = true;
+    DT_CHECK_GOTO(dt_ddp_create_with(&s->d, c->group, c->params, c->grads, c->n, &o), st, fail);
+    snprintf(s->ident, sizeof s->ident, "zero %d buckets=%zu ranks=%d", s->stage,
+             dt_ddp_num_buckets(s->d), dp);
+    *out = &s->base;
+    return DT_OK;
+fail:
+    zero_destroy(&s->base);
+    return st;
+}
