@@ -158,7 +158,9 @@ static void test_equiv_mixed(void) {
         free(pb);
     }
     free(pa);
-    /* bf16 with recomputation: the same bf16 arithmetic per stage. */
+    /* bf16 with recomputation: the same bf16 arithmetic per stage, but a
+     * tied-embedding gradient that differs by rounding can round an
+     * activation to the neighbouring bf16 value (as in test_train_tp). */
     pa = train("one_bf16", "--micro-batches 4 --precision bf16 --recompute blocks", STEPS, &na, l1,
                n1);
     static const char *const kinds[] = {"1f1b", "interleaved:2", "zb"};
@@ -170,7 +172,7 @@ static void test_equiv_mixed(void) {
                  "--recompute blocks",
                  kinds[k]);
         float *pb = train(name, extra, STEPS, &nb, l2, n2);
-        expect_close(extra, STEPS, l1, l2, n1, n2, pa, pb, na, 5e-4);
+        expect_close(extra, STEPS, l1, l2, n1, n2, pa, pb, na, 5e-3);
         free(pb);
     }
     free(pa);
