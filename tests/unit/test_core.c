@@ -6,6 +6,7 @@
 #include "test.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -37,6 +38,16 @@ static void test_error_messages(void) {
     dt_error_set(DT_ERR_PEER, "rank 3 lost");
     dt_error_prefix("allreduce #%d", 7);
     ASSERT_STREQ(dt_last_error(), "allreduce #7: rank 3 lost");
+    /* The current message as an argument of the next one (group.c wraps
+     * an error this way after an abort): formatting a buffer into itself
+     * garbled it ("group w was aborted (group w was aborted (..."). */
+    dt_error_set(DT_ERR_ABORTED, "group w was aborted (%s)", dt_last_error());
+    ASSERT_STREQ(dt_last_error(), "group w was aborted (allreduce #7: rank 3 lost)");
+    errno = ENOENT;
+    dt_error_set_errno(DT_ERR_IO, "again [%s]", dt_last_error());
+    ASSERT_STREQ(
+        dt_last_error(),
+        "again [group w was aborted (allreduce #7: rank 3 lost)]: No such file or directory");
 }
 
 static void test_parse_size(void) {
