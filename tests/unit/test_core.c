@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void test_status_strings(void) {
@@ -370,6 +371,28 @@ static void test_file_write_atomic(void) {
     ASSERT_OK(dt_fsync_dir(dir));
     snprintf(path, sizeof path, "%s/out.bin", dir);
     ASSERT_EQ(unlink(path), 0);
+
+    /* An output that exists but is not a regular file is refused and left
+     * alone: the rename used to replace a FIFO, a device node (as root,
+     * even /dev/null) or a link to one with a regular file. */
+    snprintf(path, sizeof path, "%s/fifo", dir);
+    ASSERT_EQ(mkfifo(path, 0600), 0);
+    ASSERT_STATUS(dt_file_write_atomic(path, parts, 1), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "is a FIFO, not a regular file");
+    struct stat sb;
+    ASSERT_TRUE(lstat(path, &sb) == 0 && S_ISFIFO(sb.st_mode));
+    ASSERT_EQ(unlink(path), 0);
+    snprintf(path, sizeof path, "%s/null", dir);
+    ASSERT_EQ(symlink("/dev/null", path), 0);
+    ASSERT_STATUS(dt_file_write_atomic(path, parts, 1), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "is a character device");
+    ASSERT_TRUE(lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode));
+    ASSERT_EQ(unlink(path), 0);
+    ASSERT_STATUS(dt_file_write_atomic(dir, parts, 1), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "is a directory");
+    ASSERT_STATUS(dt_file_check_replaceable(dir), DT_ERR_INVALID);
+    snprintf(path, sizeof path, "%s/absent", dir);
+    ASSERT_OK(dt_file_check_replaceable(path));
     ASSERT_EQ(rmdir(dir), 0);
 }
 
