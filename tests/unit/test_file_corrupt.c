@@ -127,7 +127,10 @@ static void make_files(format *fmts) {
     ASSERT_OK(dt_ckpt_write_file(path, s, 3));
     slurp(path, &fmts[2].good, &fmts[2].size);
     for (int i = 0; i < 3; i++) {
-        snprintf(path, sizeof path, "%s/good.%s", dir, i == 0 ? "tok" : i == 1 ? "weights" : "ckpt");
+        snprintf(path, sizeof path, "%s/good.%s", dir,
+                 i == 0   ? "tok"
+                 : i == 1 ? "weights"
+                          : "ckpt");
         ASSERT_OK(fmts[i].load(path));
         unlink(path);
     }
