@@ -185,8 +185,15 @@ void dt_logv(dt_log_level level, const char *subsys, const char *fmt, va_list ap
 #define DT_ALIGN 64
 
 /* 64-byte aligned allocation; NULL on failure (and a message is recorded).
- * A request of 0 bytes returns a valid pointer that must be freed. */
+ * A request of 0 bytes returns a valid pointer that must be freed. A
+ * request of 256 MiB or more that exceeds dt_mem_available() fails at once
+ * instead of being overcommitted and later paid for by the OOM killer. */
 void *dt_alloc(size_t bytes);
+
+/* Bytes this process could still allocate and use without swapping:
+ * MemAvailable plus free swap, or less if its memory cgroup (a container,
+ * a Slurm job) allows less. false when /proc/meminfo cannot be read. */
+bool dt_mem_available(uint64_t *bytes);
 void *dt_calloc(size_t count, size_t size);
 void dt_free(void *p);
 

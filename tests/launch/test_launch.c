@@ -444,6 +444,15 @@ static void test_bad_input(void) {
     r = run("%s launch -n 2 --master 127.0.0.1:99999 true", DT_CLI);
     ASSERT_EQ(r.code, 2);
     ASSERT_CONTAINS(err_text, "port \"99999\"");
+    /* An address that cannot be resolved: refused before any rank starts
+     * (every rank used to fail with exit 1). */
+    r = run("%s launch -n 2 --master abc %s env %s", DT_CLI, PROBE, dir);
+    ASSERT_EQ(r.code, 2);
+    ASSERT_CONTAINS(err_text, "--master: \"abc\" is not an IPv4 address or a host name");
+    ASSERT_TRUE(!file_exists("env", 0));
+    r = run("%s launch -n 2 --master 256.1.1.1:80 %s env %s", DT_CLI, PROBE, dir);
+    ASSERT_EQ(r.code, 2);
+    ASSERT_CONTAINS(err_text, "\"256.1.1.1\"");
     r = run("DT_JOB_TOKEN=xyz %s launch -n 2 true", DT_CLI);
     ASSERT_EQ(r.code, 2);
     ASSERT_CONTAINS(err_text, "DT_JOB_TOKEN: \"xyz\" is not 32 hexadecimal");
@@ -683,6 +692,14 @@ static void test_bench_np(void) {
         rows++;
     }
     ASSERT_EQ(rows, 5);
+    /* More than the machine holds: refused before any rank allocates (the
+     * ranks used to start, and with a size just below what overcommit
+     * grants, one was killed by the OOM killer). */
+    r = run("%s bench comm --np 2 --sizes 1T", DT_CLI);
+    ASSERT_EQ(r.code, 2);
+    ASSERT_CONTAINS(err_text, "--sizes: the largest size, 1.00 TiB, needs about");
+    ASSERT_CONTAINS(err_text, "is available");
+    ASSERT_TRUE(strstr(err_text, "rank 0") == NULL);
 }
 
 /* A program relaunching itself through dt_launch_self (like `dtrain train

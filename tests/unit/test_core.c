@@ -216,6 +216,13 @@ static void test_alloc(void) {
     dt_free(z);
     ASSERT_TRUE(dt_calloc(SIZE_MAX / 2, 4) == NULL);
     ASSERT_CONTAINS(dt_last_error(), "overflows");
+    /* More than the machine can back: refused up front (overcommit would
+     * grant it and the OOM killer would collect when it is touched). */
+    uint64_t avail = 0;
+    ASSERT_TRUE(dt_mem_available(&avail));
+    ASSERT_TRUE(avail > 0);
+    ASSERT_TRUE(dt_alloc((size_t)avail + ((size_t)1 << 30)) == NULL);
+    ASSERT_CONTAINS(dt_last_error(), "of memory is available");
     dt_free(NULL);
     char buf[32];
     ASSERT_STREQ(dt_format_bytes(1536, buf, sizeof buf), "1.50 KiB");
