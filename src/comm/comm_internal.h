@@ -476,7 +476,11 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
  * is this rank's. */
 dt_status dt__rhd_allgather(dt__op *op, const dt__team *t, const void *mine, void *buf,
                             size_t block);
-dt_status dt__tree_broadcast(dt__op *op, const dt__team *t, void *buf, size_t bytes, int root);
+/* Broadcast along a binomial tree; with `agree`, every rank also hears
+ * every other's descriptor on the way (tree.c), so no rank finishes a call
+ * that another made differently. */
+dt_status dt__tree_broadcast(dt__op *op, const dt__team *t, void *buf, size_t bytes, int root,
+                             bool agree);
 dt_status dt__tree_reduce(dt__op *op, const dt__team *t, const void *send, void *recv, size_t count,
                           int root);
 dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,

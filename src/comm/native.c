@@ -19,15 +19,21 @@
  * the disagreement tells the others (group.c fail_group). Nothing is added to
  * their hot path.
  *
- * The rest get an explicit agreement first (agree(): the direct barrier on
- * one host, else a dissemination barrier of header-only messages, log2 n
- * rounds): rooted operations over messages (broadcast by tree, reduce,
- * gather, scatter), where a root that only sends, or a rank that only
- * sends to it, hears nobody, and ranks that disagree on the root would
- * wait for each other until DT_TIMEOUT; and every operation with count 0,
- * which moves no data. Measured cost: one barrier (2 ranks, shared memory:
- * ~1 us; TCP: ~10-30 us), paid by broadcast, reduce, gather and scatter
- * only.
+ * Rooted operations over messages are different: a root that only sends,
+ * or a rank that only sends to it, hears nobody, and ranks that disagree
+ * on the root wait for each other until DT_TIMEOUT. The tree broadcast
+ * carries the agreement itself (header-only messages between the pairs of
+ * recursive doubling, tree.c: the latency of the tree alone). Reduce,
+ * gather and scatter, and every call with count 0 (which moves no data),
+ * agree first (agree(): the direct barrier on one host, else a
+ * dissemination barrier of header-only messages, log2 n rounds; ~1-3 us
+ * on shared memory, ~10-30 us over TCP on this 2-core machine).
+ *
+ * Deadlock-free detection: in every schedule a rank sends to a rank before
+ * it waits for it (or the wait is for a rank that sends to it first), so
+ * ranks in different calls that wait for each other find the other's
+ * descriptor queued; on shared memory, where the direct algorithm waits on
+ * flags instead, the waiters also publish their call (shm.c).
  */
 #include "backend.h"
 
@@ -80,7 +86,7 @@ static dt_status nat_allreduce(dt__op *op) {
     case DT_ALGO_RHD: return dt__rhd_allreduce(op, &all, op->send, op->recv, op->count);
     case DT_ALGO_TREE:
         DT_CHECK(dt__tree_reduce(op, &all, op->send, op->recv, op->count, 0));
-        return dt__tree_broadcast(op, &all, op->recv, bytes, 0);
+        return dt__tree_broadcast(op, &all, op->recv, bytes, 0, false);
     default:
         op->algo = DT_ALGO_RING;
         return dt__ring_allreduce(op, &all, op->send, op->recv, op->count);
@@ -168,9 +174,8 @@ static dt_status nat_broadcast(dt__op *op) {
     op->algo = dt__tune_choose(g, DT_COLL_BROADCAST, bytes);
     if (op->algo == DT_ALGO_DIRECT) /* its first barrier compares every descriptor */
         return dt__direct_broadcast(op, &all, op->recv, bytes, op->root);
-    op->algo = DT_ALGO_TREE;
-    DT_CHECK(agree(op));
-    return dt__tree_broadcast(op, &all, op->recv, bytes, op->root);
+    op->algo = DT_ALGO_TREE; /* which carries the agreement (tree.c) */
+    return dt__tree_broadcast(op, &all, op->recv, bytes, op->root, true);
 }
 
 static dt_status nat_reduce(dt__op *op) {

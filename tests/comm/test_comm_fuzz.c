@@ -575,6 +575,7 @@ static hcase cases[] = {
     F("mismatch_tcp_2", 2, mismatch_case, "DT_TRANSPORT=tcp", NULL),
     F("mismatch_tcp_3", 3, mismatch_case, "DT_TRANSPORT=tcp", TINY, NULL),
     F("mismatch_tcp_4", 4, mismatch_case, "DT_TRANSPORT=tcp", NULL),
+    F("mismatch_tcp_5", 5, mismatch_case, "DT_TRANSPORT=tcp", TINY, NULL),
     F("mismatch_hier_4", 4, mismatch_case, "DT_TEST_NODES=2", NULL),
 };
 
