@@ -74,3 +74,12 @@ add_test(NAME cli_train_isa_avx2_bf16
                  --steps 3 --sample-tokens 0 --progress plain)
 set_tests_properties(cli_train_isa_avx2_bf16 PROPERTIES TIMEOUT 120 LABELS "unit"
                      PASS_REGULAR_EXPRESSION "kernels avx2(.|\n)*done: steps 1\\.\\.3 .*bf16")
+
+# Tensor and sequence parallelism in `dtrain train`: equivalence with one
+# rank, resharding checkpoints across layouts, the old checkpoint format,
+# bad layouts.
+dt_train_cli_test_exe(test_train_tp)
+foreach(case equiv_tp2 equiv_tp4 equiv_dp2tp2 reshard format1 layouts info)
+  add_test(NAME test_train_tp_${case} COMMAND test_train_tp ${case})
+  set_tests_properties(test_train_tp_${case} PROPERTIES TIMEOUT 300 LABELS "train;multiprocess")
+endforeach()

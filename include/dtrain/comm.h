@@ -53,7 +53,9 @@
  *      scatter, in place means the usual MPI_IN_PLACE layout: see each call).
  *   3. Every rank of a group issues the same collectives in the same order.
  *      Point-to-point send/recv are queued in the same order as collectives,
- *      so a send must be matched by a recv at the same position.
+ *      so a send must be matched by a recv at the same position; to send
+ *      and receive at once without deadlock, batch them
+ *      (dt_group_sendrecv_batch).
  *   4. counts are in elements of the dtype; 0 is allowed everywhere (a
  *      collective of count 0 moves nothing but still synchronises like a
  *      barrier: it checks that every rank made the same call).
@@ -141,6 +143,7 @@ typedef enum dt_coll {
     DT_COLL_BARRIER,
     DT_COLL_SEND,
     DT_COLL_RECV,
+    DT_COLL_BATCH, /* dt_group_sendrecv_batch */
     DT_COLL_COUNT
 } dt_coll;
 const char *dt_coll_name(dt_coll coll);
@@ -269,6 +272,30 @@ dt_status dt_group_isend(dt_group *g, const void *buf, size_t count, dt_dtype dt
 dt_status dt_group_recv(dt_group *g, void *buf, size_t count, dt_dtype dtype, int peer, int tag);
 dt_status dt_group_irecv(dt_group *g, void *buf, size_t count, dt_dtype dtype, int peer, int tag,
                          dt_work **work);
+
+/* One transfer of a batch of point-to-point operations. */
+typedef struct dt_p2p {
+    bool send;      /* true: send buf to peer; false: receive buf from peer */
+    void *buf;      /* count elements of dtype (only read for a send) */
+    size_t count;   /* elements; 0 is allowed */
+    dt_dtype dtype; /* element type */
+    int peer;       /* another rank of the group */
+    int tag;        /* must equal the peer's tag for the matching transfer */
+} dt_p2p;
+
+/* Post every transfer of ops[0..n) at once and complete them together, as
+ * one operation in the group's queue. Sends and receives of one batch never
+ * wait for each other, so two ranks that each send to and receive from the
+ * other in one batch (a pipeline's send-forward / receive-backward) cannot
+ * deadlock, whatever the message sizes. Each transfer matches the peer's
+ * transfer of the other direction like dt_group_send/recv do: in the order
+ * of all point-to-point messages between the two ranks (batched or not),
+ * with equal count, dtype and tag (DT_ERR_MISMATCH naming both otherwise).
+ * `ops` is copied; the buffers are borrowed until the work completes. n may
+ * be 0. A batch does not take a collective's place in the group's order:
+ * ranks that are not in it need not call anything. */
+dt_status dt_group_sendrecv_batch(dt_group *g, const dt_p2p *ops, size_t n);
+dt_status dt_group_isendrecv_batch(dt_group *g, const dt_p2p *ops, size_t n, dt_work **work);
 
 /* ------------------------------------------------------------------------ */
 /* Reduction kernels (also used by compress/ and optim/)                    */

@@ -261,6 +261,10 @@ dt_status dt_file_check_replaceable(const char *path);
  * (dt_file_check_replaceable). */
 dt_status dt_file_write_atomic(const char *path, const dt_file_part *parts, int nparts);
 
+/* mkdir -p: create `dir` and its parents; an existing directory is fine, an
+ * existing file of that name is DT_ERR_IO. */
+dt_status dt_mkdir_p(const char *dir);
+
 /* ------------------------------------------------------------------------ */
 /* Threads                                                                  */
 /* ------------------------------------------------------------------------ */

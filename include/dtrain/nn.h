@@ -82,7 +82,8 @@ dt_status dt_gpt_config_validate(const dt_gpt_config *cfg);
 /* Parameter count for a configuration (no allocation). */
 size_t dt_gpt_config_num_params(const dt_gpt_config *cfg);
 
-/* One parameter tensor as a view of the flat buffers. */
+/* One parameter tensor as a view of the flat buffers, and the part of the
+ * model's global tensor it holds. */
 typedef struct dt_param_info {
     const char *name; /* "h.3.attn.c_attn.weight" (valid while the model lives) */
     size_t offset;    /* first float in dt_gpt_params()/dt_gpt_grads() */
@@ -90,6 +91,18 @@ typedef struct dt_param_info {
     size_t cols;
     bool decay; /* true for 2-D matrices (weights, embeddings); false for
                    biases and LayerNorm parameters */
+    /* The global tensor, as one unsharded model holds it: up to 3
+     * dimensions (c_attn's weight is (3, C, C): q, k, v), unused ones 1.
+     * This model's part is the box [begin, begin + extent), stored
+     * row-major from `offset` (the whole tensor without sharding). */
+    int ndim;
+    size_t shape[3];
+    size_t begin[3], extent[3];
+    /* This rank owns this part (a checkpoint writes it, the gradient norm
+     * counts it): false for the copies other ranks also hold (the tensors
+     * every tensor-parallel rank holds whole, owned by tp rank 0; the last
+     * pipeline stage's copy of the tied embedding). */
+    bool owner;
 } dt_param_info;
 
 /* Called by backward when grads[ready_from .. num_params) are final for this
@@ -131,6 +144,74 @@ typedef struct dt_gpt dt_gpt;
 dt_status dt_gpt_create(dt_gpt **out, const dt_gpt_config *cfg, int max_batch, int max_seq);
 void dt_gpt_destroy(dt_gpt *m);
 
+/* ------------------------------------------------------------------------ */
+/* The model as a part: pipeline stages and tensor-parallel shards          */
+/* ------------------------------------------------------------------------ */
+/*
+ * A model part holds a range of blocks [layer_begin, layer_end) (a pipeline
+ * stage: the first also holds the embeddings, the last ln_f and the LM
+ * head with a copy of the tied embedding) and, with tp_size > 1, one
+ * tensor-parallel shard of them (Megatron-LM): attention split by heads,
+ * the MLP's first linear by output rows and both c_proj by input columns,
+ * the embedding and the LM head by vocabulary rows (V padded to a multiple
+ * of tp_size; the padding's logits are masked out of the loss and of
+ * sampling), LayerNorms, wpe and the c_proj biases whole on every rank.
+ * With sequence_parallel the residual stream, LayerNorms and residual adds
+ * hold only Ns = B·T/tp token rows per rank (a contiguous block of the
+ * (B,T) rows), and each all-reduce becomes a reduce-scatter and an
+ * all-gather.
+ *
+ * Where a shard communicates is one table of functions that nn calls and
+ * the parallel layer implements over the tensor-parallel group (so nn
+ * includes no comm header). Every rank of the group calls them in the same
+ * order; counts are elements; buffers are fp32 unless an elem_size of 2
+ * says the compute type (bf16/fp16 bits). Megatron's mappings:
+ *
+ *   copy_to          f: forward identity           backward allreduce
+ *   reduce_from      g: forward allreduce           backward identity
+ *   gather_from_sp   forward all-gather rows        backward reduce-scatter
+ *   scatter_to_sp    forward reduce-scatter rows    backward all-gather
+ *
+ * (identity halves have no entry). Reduce-scatters work in place: the
+ * (tp·count) buffer's block `rank` receives the sum. All-gathers place
+ * rank r's `count` elements at block r.
+ */
+typedef struct dt_tp_regions {
+    void *ctx; /* passed to every call */
+    /* f backward: sum dx (count) over the group, in place. */
+    dt_status (*copy_to_backward)(void *ctx, float *dx, size_t count);
+    /* g forward: sum y (count) over the group, in place. */
+    dt_status (*reduce_from_forward)(void *ctx, float *y, size_t count);
+    /* SP gather forward: full (tp·count) = every rank's local (count). */
+    dt_status (*gather_from_sp_forward)(void *ctx, const void *local, void *full, size_t count,
+                                        size_t elem_size);
+    /* SP gather backward: reduce-scatter dfull (tp·count) in place. */
+    dt_status (*gather_from_sp_backward)(void *ctx, float *dfull, size_t count);
+    /* SP scatter forward: reduce-scatter full (tp·count) in place. */
+    dt_status (*scatter_to_sp_forward)(void *ctx, float *full, size_t count);
+    /* SP scatter backward: dfull (tp·count) = every rank's dlocal (count). */
+    dt_status (*scatter_to_sp_backward)(void *ctx, const void *dlocal, void *dfull, size_t count,
+                                        size_t elem_size);
+    /* Vocabulary-parallel cross-entropy and sampling: all (tp·count) =
+     * every rank's per-row statistics or last logits. */
+    dt_status (*gather_stats)(void *ctx, const float *mine, float *all, size_t count);
+    /* SP: the gradient (count) of a replicated parameter, computed from
+     * this rank's rows, summed over the group in place. */
+    dt_status (*sum_partial_grads)(void *ctx, float *g, size_t count);
+} dt_tp_regions;
+
+typedef struct dt_gpt_part {
+    int layer_begin, layer_end;   /* blocks [begin, end); {0, 0}: all of them */
+    int tp_rank, tp_size;         /* this shard; tp_size 0 or 1: unsharded */
+    bool sequence_parallel;       /* Megatron sequence parallelism (tp_size > 1) */
+    const dt_tp_regions *regions; /* required when tp_size > 1; borrowed */
+} dt_gpt_part;
+
+/* Check a part against a configuration and the planned sequence length:
+ * DT_ERR_INVALID names the setting (a tp that does not divide the heads, a
+ * sequence not divisible by tp under sequence parallelism, ...). */
+dt_status dt_gpt_part_validate(const dt_gpt_config *cfg, const dt_gpt_part *part, int max_seq);
+
 /* How a model computes (dt_gpt_create uses the defaults). */
 typedef struct dt_gpt_options {
     /* Compute type. Parameters and gradients stay fp32 (the master copy);
@@ -141,6 +222,12 @@ typedef struct dt_gpt_options {
      * drops the activations of block l when l % K == 0 in forward (keeping
      * only its input) and recomputes them in backward. 1 = every block. */
     int recompute_every;
+    /* Which part of the model this process holds (zeroed: all of it). */
+    dt_gpt_part part;
+    /* Micro-batches whose activations the model keeps at once, each in its
+     * own slot (a pipeline stage runs several forwards before their
+     * backwards); the scratch is shared. 0 or 1: one. */
+    int slots;
 } dt_gpt_options;
 
 /* fp32, no recomputation. */
@@ -193,6 +280,30 @@ dt_status dt_gpt_backward(dt_gpt *m, float grad_scale, dt_grad_ready_fn hook, vo
  * zeroing the buffer (a 4 bytes/param write) first. */
 dt_status dt_gpt_backward_mode(dt_gpt *m, float grad_scale, dt_grad_mode mode,
                                dt_grad_ready_fn hook, void *user);
+/* A pipeline stage's forward of the micro-batch in `slot` (< the model's
+ * slots; its activations stay there until its backward): the first stage
+ * embeds `inputs` (B,T); a later one takes the residual stream x_in (Ns,C)
+ * (copied). The last stage computes the loss when given targets; the others
+ * leave their output in dt_gpt_stage_output(slot). dt_gpt_forward is this
+ * with slot 0 and x_in NULL. */
+dt_status dt_gpt_forward_stage(dt_gpt *m, int slot, const int32_t *inputs, const float *x_in,
+                               const int32_t *targets, int B, int T, float *mean_loss);
+/* A pipeline stage's backward of the micro-batch in `slot`: the last stage
+ * starts from its loss (dx_out NULL), the others from the gradient of their
+ * output (Ns,C). The gradient of the stage's input is then
+ * dt_gpt_stage_input_grad() (until the next backward). */
+dt_status dt_gpt_backward_stage(dt_gpt *m, int slot, const float *dx_out, float grad_scale,
+                                dt_grad_mode mode, dt_grad_ready_fn hook, void *user);
+/* (Ns,C): a slot's last block output after its forward; d(input) after the
+ * last backward. */
+const float *dt_gpt_stage_output(const dt_gpt *m, int slot);
+const float *dt_gpt_stage_input_grad(const dt_gpt *m);
+/* The part this model holds (normalised: layer_end set, tp_size >= 1). */
+const dt_gpt_part *dt_gpt_get_part(const dt_gpt *m);
+/* Milliseconds spent in the tensor-parallel communication points since
+ * the last call (all of it exposed: a shard waits for them); resets. */
+double dt_gpt_take_comm_ms(dt_gpt *m);
+
 /* The last forward's logits, fp32, valid until the next backward:
  *  - recompute_every == 0: all of them, (B,T,V);
  *  - recompute_every > 0: only the last position of each sequence, (B,V)
@@ -203,7 +314,9 @@ dt_status dt_gpt_backward_mode(dt_gpt *m, float grad_scale, dt_grad_mode mode,
  *    bits). */
 const float *dt_gpt_logits(const dt_gpt *m);
 /* The logits (V) of the last position (T-1) of sequence b of the last
- * forward, in every mode (what a sampler needs). */
+ * forward, in every mode (what a sampler needs). With tensor parallelism:
+ * all Vp of them (padding -inf), after a forward WITHOUT targets (which
+ * gathers them from the shards; dt_gpt_logits is this rank's Vl columns). */
 const float *dt_gpt_last_logits(const dt_gpt *m, int b);
 
 /* Internal, for tests: LM-head chunk width (vocabulary columns) of models
@@ -233,11 +346,13 @@ double dt_gpt_flops_per_token(const dt_gpt_config *cfg, int T);
  * Layout, little-endian:
  *   u32 magic "DTGW"   u32 version (1)
  *   i32 layers, dim, heads, max_seq, vocab
- *   u32 vocab_bytes_len (0 or vocab)   u8 vocab_bytes[vocab_bytes_len]
+ *   u32 vocab_bytes_len (<= vocab, <= 256)   u8 vocab_bytes[vocab_bytes_len]
  *   u64 num_params     f32 params[num_params]
  *   u64 XXH3-64 of everything before it
  * vocab_bytes maps a token id to the byte it stands for (char-level: the
- * corpus's byte values; byte-level: 0..255), so a sampler can decode.
+ * corpus's byte values; byte-level: 0..255), so a sampler can decode; a
+ * model trained with a vocabulary larger than its tokenizer's (--vocab)
+ * has ids past the table, which stand for no byte.
  */
 #define DT_GPT_WEIGHTS_MAGIC   0x57475444u /* "DTGW" */
 #define DT_GPT_WEIGHTS_VERSION 1u

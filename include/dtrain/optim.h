@@ -164,6 +164,100 @@ void dt_scale(float *g, size_t n, float s);
  */
 float dt_clip_scale(double sumsq, float max_norm);
 
+/* ------------------------------------------------------------------------ */
+/* Optimizer objects                                                        */
+/* ------------------------------------------------------------------------ */
+/*
+ * An optimizer object owns its state (AdamW's m and v, SGD's momentum) for
+ * the ranges of the flat parameter buffer this rank updates, `owned`: all
+ * of it under data parallelism, a 1/dp share of every bucket under ZeRO.
+ * Its state buffers hold the owned ranges one after another (element j of
+ * range k's part belongs to parameter owned[k].begin + j), so a checkpoint
+ * writes them with the parameters' shard map of those ranges.
+ * The caller drives one optimizer step as
+ *
+ *     dt_optimizer_begin(o, step, lr);            // every step, before backward
+ *     dt_optimizer_update(o, p, g, begin, end);    // any split of each owned range, any order
+ *     dt_optimizer_end(o, applied);                // applied = not skipped
+ *
+ * update() may be called per gradient bucket as buckets become final; since
+ * every element is updated independently, any split gives the same bits.
+ * The object counts the updates it applied (AdamW's bias-correction step
+ * is that count + 1), so a skipped step (loss scaling) leaves it alone.
+ *
+ * Ownership: params and grads are the caller's full flat buffers, indexed
+ * by absolute offset, borrowed for the call; the tensors table is copied.
+ */
+
+typedef struct dt_range {
+    size_t begin, end; /* [begin, end) of a flat buffer */
+} dt_range;
+
+typedef enum dt_optim_kind { DT_OPTIM_ADAMW, DT_OPTIM_SGD, DT_OPTIM_COUNT } dt_optim_kind;
+
+/* "adamw", "sgd" (indexable by dt_optim_kind). */
+extern const char *const dt_optim_names[DT_OPTIM_COUNT];
+
+typedef struct dt_optim_config {
+    dt_optim_kind kind;
+    float weight_decay;    /* decoupled decay of the tensors marked `decay` */
+    dt_adamw_config adamw; /* AdamW: betas and eps (its weight_decay is ignored) */
+    float momentum;        /* SGD: 0 for none */
+    bool nesterov;         /* SGD */
+    /* AdamW: from this 0-based step on, beta2 = 1 (the second moment is
+     * frozen, 1-bit Adam's compression stage). At that step's begin() v
+     * becomes its bias-corrected value v / (1 - beta2^count), which the
+     * frozen updates use as it is. -1: never. */
+    int64_t freeze_v_from;
+} dt_optim_config;
+
+/* AdamW with PyTorch's defaults (dt_adamw_config_default), no freeze. */
+dt_optim_config dt_optim_config_default(void);
+
+/* A parameter tensor as the optimizer sees it. */
+typedef struct dt_optim_tensor {
+    size_t offset, count; /* flat range [offset, offset + count) */
+    bool decay;           /* weight decay applies (matrices, not biases/norms) */
+} dt_optim_tensor;
+
+typedef struct dt_optimizer dt_optimizer;
+
+/* An optimizer for the parameters in the ranges owned[0..nowned) (sorted,
+ * disjoint, possibly empty), described by `tensors` (sorted by offset,
+ * non-overlapping; parts outside the owned ranges are ignored). State
+ * starts at zero. DT_ERR_INVALID names a bad field. */
+dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
+                              const dt_optim_tensor *tensors, size_t ntensors,
+                              const dt_range *owned, size_t nowned);
+void dt_optimizer_destroy(dt_optimizer *o);
+
+/* Start 0-based step `step` with learning rate lr (and, at freeze_v_from,
+ * freeze the second moment). */
+void dt_optimizer_begin(dt_optimizer *o, int64_t step, float lr);
+/* Update params[begin, end) from grads[begin, end); [begin, end) must lie
+ * in one owned range. */
+void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, size_t begin,
+                         size_t end);
+/* End the step; `applied` counts it as an update (false: it was skipped). */
+void dt_optimizer_end(dt_optimizer *o, bool applied);
+
+const dt_optim_config *dt_optimizer_config(const dt_optimizer *o);
+/* The owned ranges, and the parameters they hold in all. */
+size_t dt_optimizer_num_owned(const dt_optimizer *o);
+dt_range dt_optimizer_owned(const dt_optimizer *o, size_t i);
+size_t dt_optimizer_owned_count(const dt_optimizer *o);
+/* Updates applied so far; set on resume. */
+int64_t dt_optimizer_count(const dt_optimizer *o);
+dt_status dt_optimizer_set_count(dt_optimizer *o, int64_t count);
+/* Bytes of state (what a memory report calls "optimizer"). */
+size_t dt_optimizer_state_bytes(const dt_optimizer *o);
+
+/* The state buffers (AdamW: "adamw.m", "adamw.v"; SGD: "sgd.momentum"),
+ * each dt_optimizer_owned_count() floats: the owned ranges one after
+ * another. The checkpoint writes and reads them in place. */
+size_t dt_optimizer_num_states(const dt_optimizer *o);
+float *dt_optimizer_state(dt_optimizer *o, size_t i, const char **name);
+
 #ifdef __cplusplus
 }
 #endif

@@ -75,10 +75,87 @@
 #include "dtrain/comm.h"
 #include "dtrain/compress.h"
 #include "dtrain/core.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
 #endif
+
+/* ------------------------------------------------------------------------ */
+/* Device mesh: the dp x tp x pp x cp layout of the world                   */
+/* ------------------------------------------------------------------------ */
+/*
+ * The world's ranks form a grid with one axis per kind of parallelism:
+ * dp (data), tp (tensor), pp (pipeline), cp (context). A rank's coordinate
+ * on each axis follows from its world rank by one formula; with the axes
+ * listed fastest-varying first in `order` (default tp, cp, dp, pp, as in
+ * Megatron-LM), and d(a) the degree of axis a:
+ *
+ *     rank = c(order[0]) + d(order[0]) * (c(order[1]) + d(order[1]) *
+ *            (c(order[2]) + d(order[2]) * c(order[3])))
+ *
+ * so with the default order tp is fastest: the ranks of one tp group are
+ * consecutive and, launched host by host, stay on one host (the mesh warns
+ * when they do not). For every axis a rank belongs to one group: the ranks
+ * that share all its other coordinates, ordered by their coordinate on the
+ * axis (group rank == coordinate). An axis of degree 1 gives a group of one.
+ *
+ *     dp 2 x tp 2, order tp-cp-dp-pp:   world rank  0   1   2   3
+ *                                       tp coord    0   1   0   1
+ *                                       dp coord    0   0   1   1
+ *     tp groups {0,1} {2,3}; dp groups {0,2} {1,3}.
+ *
+ * The mesh is the only code that knows the rank order. Ownership: the mesh
+ * borrows the world group (which must outlive it) and owns its axis groups.
+ */
+
+typedef enum dt_axis { DT_AXIS_DP, DT_AXIS_TP, DT_AXIS_PP, DT_AXIS_CP, DT_AXIS_COUNT } dt_axis;
+
+/* "dp", "tp", "pp", "cp" (indexable by dt_axis). */
+extern const char *const dt_axis_names[DT_AXIS_COUNT];
+
+typedef struct dt_mesh_shape {
+    int degree[DT_AXIS_COUNT];    /* ranks along each axis, >= 1 */
+    dt_axis order[DT_AXIS_COUNT]; /* a permutation of the axes, fastest-varying first */
+} dt_mesh_shape;
+
+/* Every degree 1, order tp-cp-dp-pp. */
+dt_mesh_shape dt_mesh_shape_default(void);
+/* Parse an order "tp-cp-dp-pp" (each axis once); DT_ERR_INVALID names knob and text. */
+dt_status dt_mesh_order_parse(const char *knob, const char *text, dt_axis order[DT_AXIS_COUNT]);
+/* Degrees >= 1 whose product is `world`, order a permutation; DT_ERR_INVALID
+ * names the axes and the numbers otherwise. */
+dt_status dt_mesh_shape_validate(const dt_mesh_shape *s, int world);
+/* The formula above, and its inverse. */
+int dt_mesh_rank_of(const dt_mesh_shape *s, const int coord[DT_AXIS_COUNT]);
+void dt_mesh_coords_of(const dt_mesh_shape *s, int rank, int coord[DT_AXIS_COUNT]);
+/* "dp 2 x tp 2" (axes of degree > 1 in the order dp, tp, pp, cp; "1 rank"
+ * when there are none); returns buf. */
+char *dt_mesh_format(const dt_mesh_shape *s, char *buf, size_t len);
+
+typedef struct dt_mesh dt_mesh;
+
+/* Collective over `world` (every rank calls it with the same shape): split
+ * the world into one group per axis. world may be NULL for a single
+ * process (every degree 1; the axis groups are then NULL too). */
+dt_status dt_mesh_create(dt_mesh **out, dt_group *world, const dt_mesh_shape *s);
+void dt_mesh_destroy(dt_mesh *m);
+
+const dt_mesh_shape *dt_mesh_get_shape(const dt_mesh *m);
+dt_group *dt_mesh_world(const dt_mesh *m);
+/* This rank's group along axis a (NULL in a single process). */
+dt_group *dt_mesh_group(const dt_mesh *m, dt_axis a);
+int dt_mesh_coord(const dt_mesh *m, dt_axis a);
+int dt_mesh_degree(const dt_mesh *m, dt_axis a);
+int dt_mesh_rank(const dt_mesh *m);
+int dt_mesh_size(const dt_mesh *m);
+
+/* ------------------------------------------------------------------------ */
+/* Data parallelism: the bucket engine (see the overview)                   */
+/* ------------------------------------------------------------------------ */
 
 #define DT_DDP_DEFAULT_BUCKET_BYTES (25u << 20)
 
@@ -166,6 +243,9 @@ dt_status dt_ddp_set_fraction(dt_ddp *d, double fraction);
 void dt_ddp_destroy(dt_ddp *d);
 
 size_t dt_ddp_num_buckets(const dt_ddp *d);
+/* Bytes this rank sends in one communicating step with the current
+ * settings (codec, density, dense warm-up): what bytes_sent will say. */
+uint64_t dt_ddp_step_bytes(const dt_ddp *d);
 /* Bucket i's range [*begin, *end) (i = 0 is the tail of the buffer). */
 void dt_ddp_bucket(const dt_ddp *d, size_t i, size_t *begin, size_t *end);
 
@@ -195,6 +275,303 @@ const dt_ddp_stats *dt_ddp_last_stats(const dt_ddp *d);
 
 /* Average `count` doubles over the ranks in place (losses, metrics). */
 dt_status dt_ddp_average(dt_ddp *d, double *values, size_t count);
+
+/* ------------------------------------------------------------------------ */
+/* Tensor parallelism: the model's communication points over the tp group   */
+/* ------------------------------------------------------------------------ */
+/*
+ * dt_tp implements nn's dt_tp_regions (Megatron's copy-to / reduce-from /
+ * gather-from / scatter-to region operators, nn.h) over one tensor-parallel
+ * group: every allreduce, all-gather and reduce-scatter a shard of the
+ * model needs. The sums give the same bits on every rank of the group (a
+ * property of dtrain's collectives), so activations that every rank holds
+ * whole stay identical. Ownership: borrows the group.
+ *
+ *     dt_tp *tp;
+ *     DT_CHECK(dt_tp_create(&tp, dt_mesh_group(mesh, DT_AXIS_TP)));
+ *     opt.part = (dt_gpt_part){.tp_rank = r, .tp_size = n, .sequence_parallel = sp,
+ *                              .regions = dt_tp_regions_of(tp)};
+ *     DT_CHECK(dt_gpt_create_with(&model, &cfg, B, T, &opt));
+ */
+typedef struct dt_tp dt_tp;
+
+dt_status dt_tp_create(dt_tp **out, dt_group *group);
+void dt_tp_destroy(dt_tp *t);
+const dt_tp_regions *dt_tp_regions_of(const dt_tp *t);
+/* Bytes this rank sent through the regions since the last call; resets. */
+uint64_t dt_tp_take_bytes(dt_tp *t);
+
+/* ------------------------------------------------------------------------ */
+/* Pipeline schedules: tables of actions, checked before they run           */
+/* ------------------------------------------------------------------------ */
+/*
+ * A pipeline schedule is data: for every pipeline rank, the ordered list of
+ * what it does. The model's layers are split into S = P x V consecutive
+ * virtual stages (P ranks, V chunks per rank; V > 1 only for interleaving);
+ * virtual stage s = chunk x P + rank (Megatron's interleaved placement), so
+ * s and s + 1 are always on different ranks when P > 1. Actions:
+ *
+ *   F(mb, c)          forward of micro-batch mb through this rank's chunk c
+ *   B(mb, c)          its backward: the input gradient (and, unless the
+ *                     schedule splits W off, the weight gradient)
+ *   W(mb, c)          the weight gradient alone (zero-bubble schedules)
+ *   send-act / recv-act (mb, c, peer)    the output of stage s to the rank of
+ *                     stage s + 1 / the input of stage s from the rank of s - 1
+ *   send-grad / recv-grad (mb, c, peer)  the input gradient of stage s to the
+ *                     rank of s - 1 / the output gradient from the rank of s + 1
+ *
+ * Consecutive transfers in a rank's list are posted together, without
+ * waiting: activations through one comm group, gradients through another
+ * (dt_group_isendrecv_batch on each), so a run is up to two batches. A group
+ * completes a rank's batches in order; a compute action waits for the batch
+ * that brings its input; the step ends when every batch is done. These are
+ * the semantics the checker simulates and the executor runs. Generators: GPipe
+ * (every forward, then every backward), 1F1B (PipeDream-flush: P - r - 1
+ * warm-up forwards on rank r, then one forward one backward), interleaved
+ * 1F1B (Megatron, V chunks per rank; M must be a multiple of P), zero-bubble
+ * ZB-H1 (Qi et al. 2023: B and W split, W placed in the bubbles 1F1B leaves,
+ * at most 1F1B's live activations per rank).
+ *
+ * dt_pp_check verifies a table before anything runs: every action well
+ * formed and each F, B (and W) once per micro-batch and chunk, in order;
+ * every transfer's peer the rank of the neighbouring stage; every send
+ * matched by exactly one receive (per pair of ranks, in order, same kind,
+ * micro-batch and stage); and, by simulating those semantics with the
+ * given durations, that it cannot deadlock. It reports each rank's peak
+ * live activations (micro-batch chunks forwarded and not yet finished
+ * backward), the timeline and the bubble fraction. A broken table is
+ * refused with DT_ERR_INVALID naming the first offending action.
+ */
+
+typedef enum dt_pp_kind {
+    DT_PP_GPIPE,
+    DT_PP_1F1B,
+    DT_PP_INTERLEAVED,
+    DT_PP_ZB,
+    DT_PP_KIND_COUNT
+} dt_pp_kind;
+
+/* "gpipe", "1f1b", "interleaved", "zb" (indexable by dt_pp_kind). */
+extern const char *const dt_pp_kind_names[DT_PP_KIND_COUNT];
+/* Parse "gpipe", "1f1b", "interleaved:V" (V >= 2) or "zb"; *chunks gets V
+ * (1 otherwise). DT_ERR_INVALID names the knob and the text. */
+dt_status dt_pp_kind_parse(const char *knob, const char *text, dt_pp_kind *kind, int *chunks);
+
+typedef enum dt_pp_op {
+    DT_PP_F,
+    DT_PP_B,
+    DT_PP_W,
+    DT_PP_SEND_ACT,
+    DT_PP_RECV_ACT,
+    DT_PP_SEND_GRAD,
+    DT_PP_RECV_GRAD,
+    DT_PP_OP_COUNT
+} dt_pp_op;
+
+/* "F", "B", "W", "send-act", "recv-act", "send-grad", "recv-grad". */
+extern const char *const dt_pp_op_names[DT_PP_OP_COUNT];
+
+typedef struct dt_pp_action {
+    uint8_t op;     /* dt_pp_op */
+    uint8_t pad;    /* zero */
+    uint16_t chunk; /* this rank's chunk, < V */
+    uint32_t mb;    /* micro-batch, < M */
+    int32_t peer;   /* transfers: the pipeline rank on the other side; else -1 */
+} dt_pp_action;
+
+typedef struct dt_pp_schedule {
+    dt_pp_kind kind;
+    int stages;    /* P ranks */
+    int chunks;    /* V chunks per rank */
+    int micro;     /* M micro-batches per optimizer step */
+    bool split_w;  /* B computes input gradients only; W actions follow */
+    size_t *start; /* (P + 1): rank r's actions are actions[start[r] .. start[r+1]) */
+    dt_pp_action *actions;
+} dt_pp_schedule;
+
+/* Generate a schedule. DT_ERR_INVALID names a combination the kind refuses
+ * (interleaved: V >= 2 and M a multiple of P; every kind: P, M >= 1). */
+dt_status dt_pp_schedule_create(dt_pp_schedule **out, dt_pp_kind kind, int stages, int chunks,
+                                int micro);
+/* A schedule from explicit per-rank lists (counts[r] actions of rank r, one
+ * after another in `actions`): hand-written or edited tables, for
+ * dt_pp_check. Copied. */
+dt_status dt_pp_schedule_from(dt_pp_schedule **out, dt_pp_kind kind, int stages, int chunks,
+                              int micro, bool split_w, const size_t *counts,
+                              const dt_pp_action *actions);
+void dt_pp_schedule_destroy(dt_pp_schedule *s);
+/* The virtual stage of chunk c on rank r, and the inverse. */
+int dt_pp_stage_of(const dt_pp_schedule *s, int rank, int chunk);
+void dt_pp_place(const dt_pp_schedule *s, int stage, int *rank, int *chunk);
+
+/* Durations for the simulation, relative, of one rank's whole share of the
+ * layers: a forward, an input-gradient backward, a weight-gradient pass (a
+ * B of a schedule without W costs b + w), and one batch of transfers; an
+ * action on one of V chunks takes 1/V of it. Defaults: 1, 1, 1, 0. */
+typedef struct dt_pp_costs {
+    double f, b, w, comm;
+} dt_pp_costs;
+dt_pp_costs dt_pp_costs_default(void);
+
+/* What the checker found. Arrays are sized by the schedule (P ranks, and
+ * one start/end time per action in the schedule's order). */
+typedef struct dt_pp_report {
+    int *peak_live;      /* (P) most micro-batch chunks alive at once on each rank */
+    int *chunk_live;     /* (P x V) the same per chunk: the slots each chunk's model needs */
+    double *start, *end; /* (actions) simulated times */
+    double makespan;     /* the step's simulated duration */
+    double *busy;        /* (P) compute time of each rank */
+    double bubble;       /* idle fraction: 1 - sum(busy) / (P x makespan) */
+} dt_pp_report;
+
+/* Check (see above); fills *out (free with dt_pp_report_free) on success. */
+dt_status dt_pp_check(const dt_pp_schedule *s, const dt_pp_costs *c, dt_pp_report *out);
+void dt_pp_report_free(dt_pp_report *r);
+/* The bubble fraction 1F1B and GPipe have in theory, (P - 1) / (M + P - 1),
+ * and interleaved 1F1B's, (P - 1) / (V M + P - 1) (equal F and B+W). */
+double dt_pp_theoretical_bubble(dt_pp_kind kind, int stages, int chunks, int micro);
+/* The simulated timeline: one row per rank, one column per `unit` of time
+ * ("F3" forward of micro-batch 3, "B", "W", ". " idle; chunks as letters
+ * a, b, ... with interleaving). */
+void dt_pp_timeline_text(const dt_pp_schedule *s, const dt_pp_report *r, double unit, FILE *f);
+/* The same as an SVG drawing. */
+dt_status dt_pp_timeline_svg(const dt_pp_schedule *s, const dt_pp_report *r, const char *path);
+
+/* ------------------------------------------------------------------------ */
+/* Gradient synchronisation: the one interface the training loop calls      */
+/* ------------------------------------------------------------------------ */
+/*
+ * Every strategy that turns this rank's gradients into an optimizer update
+ * (DDP today; ZeRO, local SGD, a parameter server later) implements this
+ * interface, and the loop calls nothing else of it:
+ *
+ *     dt_optimizer_begin(opt, step, lr);
+ *     dt_grad_sync_begin_step(s, &(dt_sync_step){step, lr, scaling, scale, early});
+ *     for (k = 0; k < K; k++) {
+ *         forward(...);
+ *         dt_grad_sync_begin_backward(s, k == K - 1);
+ *         backward(..., dt_grad_sync_ready, s);     // the model's hook
+ *     }
+ *     dt_grad_sync_finish(s, &res);                 // final gradients, local sums
+ *     allreduce res.sumsq, res.found_inf over the world; decide skip and clip
+ *     dt_grad_sync_apply(s, skip, clip_scale);
+ *     dt_optimizer_end(opt, !skip);
+ *
+ * finish() leaves the gradients this rank's optimizer needs final: averaged
+ * (and unscaled, when the loss was scaled) over the replicas. Compression,
+ * 16-bit gradients and the unscaling stay inside the implementation. With
+ * update_early (no clipping and no loss scaling, so nothing global decides
+ * the update) an implementation may step the optimizer on each range as it
+ * becomes final, overlapping the update with the remaining communication;
+ * apply() then does nothing. res.sumsq covers the final gradient elements
+ * this rank counts: every element of the model is counted by exactly one
+ * rank of the world, so the SUM over the world is the global squared norm
+ * (replicated tensors are counted once).
+ *
+ * Ownership: an implementation borrows the parameter and gradient buffers,
+ * the groups and the optimizer it was created with; they must outlive it.
+ */
+
+typedef struct dt_grad_sync dt_grad_sync;
+
+/* What the loop tells a strategy at the start of an optimizer step. */
+typedef struct dt_sync_step {
+    int64_t step;      /* 0-based index of this optimizer step */
+    float lr;          /* its learning rate (already given to the optimizer) */
+    bool loss_scaling; /* the loss was scaled: unscale, and report inf/nan gradients */
+    float loss_scale;  /* backward multiplied the loss by this (1 without scaling) */
+    bool update_early; /* no clipping, no loss scaling: ranges may be updated as they arrive */
+} dt_sync_step;
+
+/* What finish() reports. */
+typedef struct dt_sync_result {
+    double sumsq;             /* squared norm of the gradient elements this rank counts */
+    bool found_inf;           /* a final gradient of this rank is inf or nan */
+    bool updated;             /* the optimizer already stepped (update_early) */
+    double comm_ms;           /* time gradient communication was in flight */
+    double exposed_comm_ms;   /* time the caller blocked on it after backward */
+    uint64_t bytes_sent;      /* gradient bytes this rank sent */
+    int collectives;          /* gradient collectives of the step (DDP: buckets) */
+    int launched_in_backward; /* of which started before backward ended */
+} dt_sync_result;
+
+/* What one step of a strategy costs on the wire, for the planner: the
+ * collective it runs, over how many ranks, how many bytes each rank
+ * sends per step, in how many pieces, and whether it overlaps backward. */
+typedef struct dt_sync_cost {
+    dt_coll coll;          /* the dominant collective (DDP: allreduce) */
+    int ranks;             /* size of the group it runs on */
+    double bytes_per_step; /* bytes one rank sends per optimizer step */
+    int pieces;            /* collectives per step */
+    bool overlapped;       /* started during backward */
+    size_t state_bytes;    /* memory the strategy keeps per rank (codec state) */
+} dt_sync_cost;
+
+/* Dispatch to the implementation (see the overview). */
+dt_status dt_grad_sync_begin_step(dt_grad_sync *s, const dt_sync_step *step);
+void dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch);
+/* The model's backward hook (dt_grad_ready_fn): grads[ready_from, n) are final. */
+void dt_grad_sync_ready(void *s, size_t ready_from);
+dt_status dt_grad_sync_finish(dt_grad_sync *s, dt_sync_result *out);
+/* Scale the gradients by clip_scale and step the optimizer over what this
+ * rank owns (unless finish already did). A skipped step (an inf/nan
+ * gradient on some rank) leaves parameters and optimizer state alone. */
+dt_status dt_grad_sync_apply(dt_grad_sync *s, bool skip, float clip_scale);
+/* Make the replicas' parameters identical (from the first replica): at the
+ * start and after a resume. */
+dt_status dt_grad_sync_replicate(dt_grad_sync *s);
+/* Compare the replicas' parameters: DT_ERR_MISMATCH naming the step and
+ * the first replica that differs. */
+dt_status dt_grad_sync_check(dt_grad_sync *s, int64_t step);
+const char *dt_grad_sync_name(const dt_grad_sync *s);
+
+/* What the replicas of the data-parallel group hold alike: DDP keeps the
+ * same parameters and optimizer state on every replica (a checkpoint
+ * writes them from the first); ZeRO shards the optimizer state. */
+typedef struct dt_sync_layout {
+    bool params_replicated; /* every replica holds the same parameters */
+    bool optim_replicated;  /* ... and the same optimizer state */
+} dt_sync_layout;
+void dt_grad_sync_layout(const dt_grad_sync *s, dt_sync_layout *out);
+void dt_grad_sync_cost(const dt_grad_sync *s, dt_sync_cost *out);
+/* This rank's own state (DDP: codec residuals), in the units of the loss
+ * scale `unit` it was saved at, and a text naming what it belongs to
+ * (codec, buckets, ranks): set_state requires the same ident and bytes. */
+size_t dt_grad_sync_state_bytes(const dt_grad_sync *s);
+const char *dt_grad_sync_state_ident(const dt_grad_sync *s);
+dt_status dt_grad_sync_get_state(const dt_grad_sync *s, void *buf, size_t len, float *unit);
+dt_status dt_grad_sync_set_state(dt_grad_sync *s, const void *buf, size_t len, float unit);
+/* Forget the state (zero residuals, fresh PowerSGD factors). */
+void dt_grad_sync_reset_state(dt_grad_sync *s);
+void dt_grad_sync_destroy(dt_grad_sync *s);
+
+/* --- DDP as a gradient synchronisation ---------------------------------- */
+
+typedef struct dt_ddp_sync_config {
+    dt_group *group;    /* the data-parallel group (NULL or size 1: nothing to reduce) */
+    float *params;      /* (n) */
+    float *grads;       /* (n) */
+    size_t n;           /* floats */
+    dt_optimizer *opt;  /* steps over [0, n) */
+    dt_ddp_options ddp; /* buckets, wire dtype, codec (see dt_ddp_options) */
+    /* Dense warm-up: steps < compress_start average plain fp32 (codec
+     * state untouched); compress_ramp steps after it ramp top-k's density
+     * down from ramp_start to the codec's own fraction (Deep Gradient
+     * Compression). Both 0: off. */
+    int64_t compress_start, compress_ramp;
+    double ramp_start;
+    /* The ranges of the flat buffer this rank counts in the norm (those
+     * holding tensors replicated over other model-parallel ranks are
+     * counted by one of them); NULL: all of [0, n). Copied. Among the
+     * data-parallel replicas, bucket i is counted by replica i % dp. */
+    const dt_range *norm_ranges;
+    size_t nnorm;
+} dt_ddp_sync_config;
+
+/* DDP's dt_grad_sync: bucketed, overlapped allreduce over the dp group;
+ * per averaged bucket the unscaling (inf/nan check), the counted sum of
+ * squares and, with update_early, the optimizer's update of that range. */
+dt_status dt_ddp_sync_create(dt_grad_sync **out, const dt_ddp_sync_config *c);
 
 #ifdef __cplusplus
 }

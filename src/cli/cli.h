@@ -39,7 +39,7 @@ typedef struct cli_opt {
     double min, max;            /* CLI_INT / CLI_SIZE / CLI_DOUBLE range */
 } cli_opt;
 
-#define CLI_MAX_OPTS 64
+#define CLI_MAX_OPTS 96
 
 typedef struct cli_value {
     bool set;         /* given by a flag, the environment or the --config file */
@@ -105,6 +105,7 @@ extern const cli_cmd cli_cmd_version;
 extern const cli_cmd cli_cmd_bench;
 extern const cli_cmd cli_cmd_ckpt;
 extern const cli_cmd cli_cmd_sample;
+extern const cli_cmd cli_cmd_plan;
 extern const cli_cmd cli_bench_gemm, cli_bench_train; /* cmd_bench_engine.c */
 extern const cli_cmd cli_cmd_data;
 /* Sorts n timings ascending (median at n / 2): the benchmarks' one helper

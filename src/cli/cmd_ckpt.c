@@ -7,6 +7,7 @@
  * allows, with the checksum reported BAD and exit status 1.
  */
 #include "cli.h"
+#include "dtrain/parallel.h"
 #include "dtrain/train.h"
 
 #include <inttypes.h>
@@ -44,6 +45,79 @@ static void print_values(const dt_ckpt_info *s) {
         default: break;
         }
     }
+}
+
+/* The layout a checkpoint was written from, its shard files and, per
+ * global tensor, the boxes of "params" each rank wrote. Returns 1 when a
+ * shard file is missing or damaged. */
+static int print_shards(const char *manifest, bool verify) {
+    dt_ckpt_set *set;
+    if (dt_ckpt_set_open(&set, manifest, verify) != DT_OK) {
+        printf("shards:    UNUSABLE: %s\n", dt_last_error());
+        return 1;
+    }
+    const dt_ckpt *m = dt_ckpt_set_manifest(set);
+    dt_ckpt_info li;
+    if (dt_ckpt_find(m, "layout", &li) == DT_OK && li.type == DT_CKPT_I64 &&
+        li.count == 1 + 2 * DT_AXIS_COUNT) {
+        int64_t v[1 + 2 * DT_AXIS_COUNT];
+        memcpy(v, li.data, sizeof v);
+        dt_mesh_shape shape;
+        bool ok = true;
+        for (int a = 0; a < DT_AXIS_COUNT; a++) {
+            ok &= v[1 + a] >= 1 && v[1 + DT_AXIS_COUNT + a] >= 0 &&
+                  v[1 + DT_AXIS_COUNT + a] < DT_AXIS_COUNT;
+            shape.degree[a] = (int)v[1 + a];
+            shape.order[a] = (dt_axis)(ok ? v[1 + DT_AXIS_COUNT + a] : 0);
+        }
+        char mesh[64];
+        printf("layout:    written by %" PRId64 " rank(s)", v[0]);
+        if (ok)
+            printf(" as %s (rank order %s-%s-%s-%s, fastest first)",
+                   dt_mesh_format(&shape, mesh, sizeof mesh), dt_axis_names[shape.order[0]],
+                   dt_axis_names[shape.order[1]], dt_axis_names[shape.order[2]],
+                   dt_axis_names[shape.order[3]]);
+        printf("\n");
+    }
+    size_t nf = dt_ckpt_set_num_files(set), nt = dt_ckpt_set_num_tensors(set);
+    printf("files:     the manifest and %zu shard file(s)%s\n", nf - 1,
+           nf > 1 && verify ? ", checksums ok" : "");
+    for (size_t i = 1; i < nf; i++) {
+        char sz[32];
+        const dt_ckpt *f = dt_ckpt_set_file(set, i);
+        printf("  rank %-5d %s (%s)\n", dt_ckpt_set_file_rank(set, i), dt_ckpt_file(f),
+               dt_format_bytes((double)dt_ckpt_file_size(f), sz, sizeof sz));
+    }
+    if (nt == 0)
+        printf("tensors:   none (format 1: one unsharded \"params\" section)\n");
+    else
+        printf("tensors:   %zu global tensors; the boxes of \"params\" by writer:\n", nt);
+    for (size_t t = 0; t < nt; t++) {
+        const dt_ckpt_tensor *g = dt_ckpt_set_tensor(set, t);
+        char shape[64];
+        int w = snprintf(shape, sizeof shape, "%" PRIu64, g->shape[0]);
+        for (uint32_t d = 1; d < g->ndim && w > 0 && (size_t)w < sizeof shape; d++)
+            w += snprintf(shape + w, sizeof shape - (size_t)w, "x%" PRIu64, g->shape[d]);
+        printf("  %-28s %-14s", g->name, shape);
+        for (size_t i = 0; i < nf; i++) {
+            dt_ckpt_info mi;
+            if (dt_ckpt_find(dt_ckpt_set_file(set, i), "params.map", &mi) != DT_OK)
+                continue;
+            const dt_ckpt_box *b = mi.data;
+            for (size_t k = 0; k < mi.bytes / sizeof *b; k++) {
+                if (b[k].tensor != t)
+                    continue;
+                printf(" r%d[", dt_ckpt_set_file_rank(set, i));
+                for (uint32_t d = 0; d < g->ndim; d++)
+                    printf("%s%" PRIu64 ":%" PRIu64, d ? "," : "", b[k].begin[d],
+                           b[k].begin[d] + b[k].extent[d]);
+                printf("]");
+            }
+        }
+        printf("\n");
+    }
+    dt_ckpt_set_close(set);
+    return 0;
 }
 
 static int run_info(cli_args *a) {
@@ -99,10 +173,10 @@ static int run_info(cli_args *a) {
         memcpy(v, s.data, sizeof v);
         printf("run:      ");
         for (int i = 0; i < DT_TRAIN_IDENT_COUNT; i++) {
-            bool opt = i == 5 && v[i] >= 0 && v[i] < DT_TRAIN_OPTIMIZER_COUNT;
+            bool opt = i == 5 && v[i] >= 0 && v[i] < DT_OPTIM_COUNT;
             printf("%s %s", i ? "," : "", dt_train_ident_names[i]);
             if (opt)
-                printf(" %s", dt_train_optimizer_names[v[i]]);
+                printf(" %s", dt_optim_names[v[i]]);
             else
                 printf(" %" PRId64, v[i]);
         }
@@ -116,6 +190,8 @@ static int run_info(cli_args *a) {
         print_values(&s);
         printf("\n");
     }
+    if (print_shards(dt_ckpt_file(ck), !cli_bool(a, "no-verify")) != 0)
+        rc = 1;
     if (dt_ckpt_find(ck, "config", &s) == DT_OK && s.type == DT_CKPT_TEXT) {
         printf("config:\n");
         fwrite(s.data, 1, s.bytes, stdout);

@@ -131,8 +131,10 @@ static int run_sample(cli_args *a) {
         if (st != DT_OK)
             break;
         const float *row = dt_gpt_last_logits(m, 0);
-        int next =
-            pick(row, V, cli_double(a, "temperature"), (int)cli_int(a, "top-k"), &rng, scratch);
+        /* Only the tokenizer's ids stand for bytes: a model trained with a
+         * larger --vocab samples among those. */
+        int next = pick(row, vlen < V ? vlen : V, cli_double(a, "temperature"),
+                        (int)cli_int(a, "top-k"), &rng, scratch);
         ids[n++] = next;
         fputc(vocab[next], stdout);
         fflush(stdout);

@@ -89,16 +89,25 @@ static const cli_opt train_opts[] = {
     {"compress-freeze-v", 0, CLI_FLAG, NULL, NULL, "DT_COMPRESS_FREEZE_V", "freeze AdamW's second moment when compression starts (1-bit Adam)", NULL, 0, 0},
     {"compress-start", 0, CLI_INT, "N", "0", "DT_COMPRESS_START", "dense warm-up: the first N steps send uncompressed fp32 gradients", NULL, 0, 1e15},
     {"compress-ramp", 0, CLI_INT, "N", "0", "DT_COMPRESS_RAMP", "topk density ramp: the N steps after the warm-up keep 25% falling exponentially to F", NULL, 0, 1e15},
+    {"tp", 0, CLI_INT, "N", "1", "DT_TP", "tensor-parallel degree: heads, MLP and vocabulary split over N ranks (Megatron)", NULL, 1, 4096},
+    {"sp", 0, CLI_FLAG, NULL, NULL, "DT_SP", "sequence parallelism with --tp: LayerNorm, residual and their activations on 1/tp of the tokens", NULL, 0, 0},
+    {"pp", 0, CLI_INT, "N", "1", "DT_PP", "pipeline-parallel degree (the mesh axis; pipelined training is not available yet)", NULL, 1, 4096},
+    {"cp", 0, CLI_INT, "N", "1", "DT_CP", "context-parallel degree (the mesh axis; not available yet)", NULL, 1, 4096},
+    {"dp", 0, CLI_INT, "N", "0", "DT_DP", "data-parallel degree (0: ranks / (tp x pp x cp))", NULL, 0, 1 << 20},
+    {"mesh-order", 0, CLI_STRING, "ORDER", "tp-cp-dp-pp", "DT_MESH_ORDER", "rank order of the mesh axes, fastest-varying first", NULL, 0, 0},
     {"compress-dense-below", 0, CLI_INT, "N", "0", "DT_COMPRESS_DENSE_BELOW", "tensors of fewer than N values (biases, LayerNorm) are averaged exactly (fp32)", NULL, 0, 1e15},
     {0},
 };
 /* clang-format on */
 
 static const char train_description[] =
-    "Trains a GPT on a text file, data-parallel over --nproc ranks (or the ranks of the\n"
-    "job started by `dtrain launch` / mpirun). Gradients are averaged with bucketed\n"
-    "allreduces that overlap backward. Checkpoints are written atomically and --resume\n"
-    "continues bit-identically. Metrics go to RUN_DIR/metrics.jsonl. See docs/train.md.\n"
+    "Trains a GPT on a text file over --nproc ranks (or the ranks of the job started by\n"
+    "`dtrain launch` / mpirun), laid out as a mesh of data-parallel replicas (--dp) of\n"
+    "tensor-parallel shards (--tp, with --sp for sequence parallelism). Gradients are\n"
+    "averaged with bucketed allreduces that overlap backward. Checkpoints are written\n"
+    "atomically, each rank its own shards, and --resume continues bit-identically, also\n"
+    "in another layout. Metrics go to RUN_DIR/metrics.jsonl. See docs/train.md and\n"
+    "docs/parallel.md.\n"
     "Example:\n"
     "  dtrain train --model shakespeare-char --data input.txt --nproc 2 --batch 8 \\\n"
     "               --steps 500 --ckpt-dir ckpt --run-dir run";
@@ -202,7 +211,7 @@ static int run_train(cli_args *a) {
     c.batch = c.global_batch && !cli_is_set(a, "batch") ? 0 : (int)cli_int(a, "batch");
     c.steps = cli_int(a, "steps");
     c.accum = (int)cli_int(a, "accum");
-    c.optimizer = (dt_train_optimizer)cli_enum(a, "optimizer");
+    c.optimizer = (dt_optim_kind)cli_enum(a, "optimizer");
     c.lr = cli_double(a, "lr");
     c.min_lr = cli_double(a, "min-lr");
     c.weight_decay = cli_double(a, "weight-decay");
@@ -254,6 +263,12 @@ static int run_train(cli_args *a) {
     c.compress_freeze_v = cli_bool(a, "compress-freeze-v");
     c.compress_ramp = cli_int(a, "compress-ramp");
     c.compress_dense_below = cli_int(a, "compress-dense-below");
+    c.tp = (int)cli_int(a, "tp");
+    c.sp = cli_bool(a, "sp");
+    c.pp = (int)cli_int(a, "pp");
+    c.cp = (int)cli_int(a, "cp");
+    c.dp = (int)cli_int(a, "dp");
+    c.mesh_order = cli_str(a, "mesh-order");
     if (!c.data)
         cli_usage_error(a->cmd, "--data FILE is required (a .txt corpus or a .tok file)");
     if (c.min_lr > c.lr)
@@ -274,7 +289,7 @@ static int run_train(cli_args *a) {
 
 const cli_cmd cli_cmd_train = {
     .name = "train",
-    .summary = "train a GPT data-parallel on a text file",
+    .summary = "train a GPT on a text file (data and tensor parallel)",
     .usage = "dtrain train --data FILE [--batch B | --global-batch G] [--nproc N] [OPTIONS]",
     .description = train_description,
     .opts = train_opts,

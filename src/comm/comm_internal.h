@@ -76,6 +76,9 @@ dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int m
  * collective than `cur`? Then every byte of `cur` the peer was to send was
  * sent before it failed, and `cur` can still complete here. */
 bool dt__abort_later(uint64_t seq, const dt__wire_hdr *cur);
+/* Send, recv and batches: numbered per (direction, peer), not in the
+ * group's sequence of collectives. */
+bool dt__is_p2p(unsigned coll);
 /* The error of a rank told that peer `from` gave up with status st (an
  * ABORT frame, an abort word, a store record): "rank 2 gave up
  * (DT_ERR_PEER): rank 3 is lost" when lost is a rank below size. Returns
@@ -375,6 +378,13 @@ struct dt_group {
 };
 
 /* The running operation: its descriptor and arguments. */
+/* A transfer of a batch and the per-(direction, peer) sequence number its
+ * messages carry. */
+typedef struct dt__p2p_item {
+    dt_p2p p;
+    uint64_t seq;
+} dt__p2p_item;
+
 typedef struct dt__op {
     dt_group *g;
     dt__wire_hdr desc; /* kind DATA, coll..count, src = my rank */
@@ -386,7 +396,8 @@ typedef struct dt__op {
     dt_redop redop;
     int root; /* root, or peer for send/recv */
     int tag;
-    dt_algo algo; /* what ran */
+    dt_algo algo;        /* what ran */
+    dt__p2p_item *items; /* DT_COLL_BATCH: the transfers (count of them) */
 } dt__op;
 
 struct dt_work {
@@ -417,6 +428,9 @@ void dt__team_all(dt_group *g, dt__team *t, int *buf);
 
 dt_status dt__post_send(dt__op *op, dt__xfer *x, int peer, const void *buf, size_t len);
 dt_status dt__post_recv(dt__op *op, dt__xfer *x, int peer, void *buf, size_t len);
+/* Post transfer `it` of a batch: its messages carry the item's own
+ * descriptor (send or recv, peer, tag, count, dtype, sequence). */
+dt_status dt__post_item(dt__op *op, dt__xfer *x, const dt__p2p_item *it);
 /* Receive len bytes from peer and, on completion, out = in op payload
  * (count = len / dtype size). tmp (len bytes) is used only by transports
  * that cannot reduce in place; out may equal in. */

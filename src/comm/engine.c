@@ -64,6 +64,20 @@ dt_status dt__post_recv(dt__op *op, dt__xfer *x, int peer, void *buf, size_t len
     return t->ops->post_recv(t, x);
 }
 
+dt_status dt__post_item(dt__op *op, dt__xfer *x, const dt__p2p_item *it) {
+    size_t len = it->p.count * dt_dtype_size(it->p.dtype);
+    xfer_init(op, x, it->p.peer, it->p.send, it->p.buf, len);
+    x->hdr.coll = (uint8_t)(it->p.send ? DT_COLL_SEND : DT_COLL_RECV);
+    x->hdr.dtype = (uint8_t)it->p.dtype;
+    x->hdr.redop = DT_SUM;
+    x->hdr.root = it->p.peer;
+    x->hdr.tag = it->p.tag;
+    x->hdr.seq = it->seq;
+    x->hdr.count = it->p.count;
+    dt__transport *t = tp_of(op, it->p.peer);
+    return it->p.send ? t->ops->post_send(t, x) : t->ops->post_recv(t, x);
+}
+
 dt_status dt__post_recv_reduce(dt__op *op, dt__xfer *x, int peer, void *tmp, size_t len, void *out,
                                const void *in) {
     xfer_init(op, x, peer, false, tmp, len);
@@ -145,12 +159,17 @@ static dt_status timed_out(dt__op *op, int (*behind)(void *, int *, int), void *
                             "%s on rank %d: no progress for DT_TIMEOUT=%.0f s (a peer is "
                             "stuck or never called it)",
                             d, g->rank, g->cfg.timeout);
-    return dt_error_set(
-        DT_ERR_TIMEOUT,
-        "%s on rank %d: no progress for DT_TIMEOUT=%.0f s waiting for %s %s (stuck, "
-        "or never called %s #%llu)",
-        d, g->rank, g->cfg.timeout, strchr(who, ',') ? "ranks" : "rank", who,
-        dt_coll_name((dt_coll)op->desc.coll), (unsigned long long)op->desc.seq);
+    const char *ranks = strchr(who, ',') ? "ranks" : "rank";
+    if (dt__is_p2p(op->desc.coll))
+        return dt_error_set(DT_ERR_TIMEOUT,
+                            "%s on rank %d: no progress for DT_TIMEOUT=%.0f s waiting for %s %s "
+                            "(stuck, or never posted the matching transfer)",
+                            d, g->rank, g->cfg.timeout, ranks, who);
+    return dt_error_set(DT_ERR_TIMEOUT,
+                        "%s on rank %d: no progress for DT_TIMEOUT=%.0f s waiting for %s %s "
+                        "(stuck, or never called %s #%llu)",
+                        d, g->rank, g->cfg.timeout, ranks, who,
+                        dt_coll_name((dt_coll)op->desc.coll), (unsigned long long)op->desc.seq);
 }
 
 dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {

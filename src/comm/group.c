@@ -436,14 +436,14 @@ dt_algo dt_group_algo_for(const dt_group *g, dt_coll coll, size_t bytes) {
 /* ------------------------------------------------------------------------ */
 
 /* The first failure is sticky and told to every peer, with the collective
- * it happened in (op->desc.seq; 0 for send/recv, numbered per peer). */
+ * it happened in (op->desc.seq; 0 for send/recv/batch, numbered per peer). */
 static void fail_group(dt_group *g, const dt__op *op, dt_status st) {
     int expected = 0;
     if (atomic_compare_exchange_strong(&g->failed, &expected, (int)st)) {
         snprintf(g->failmsg, sizeof g->failmsg, "%s", dt_last_error());
         int lost = atomic_load(&g->lost);
         dt_status tell = st == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER;
-        uint64_t seq = op->coll == DT_COLL_SEND || op->coll == DT_COLL_RECV ? 0 : op->desc.seq;
+        uint64_t seq = dt__is_p2p(op->coll) ? 0 : op->desc.seq;
         if (g->shm)
             g->shm->ops->abort(g->shm, tell, lost, seq, true);
         if (g->tcp)
@@ -577,6 +577,59 @@ dt_status dt_work_wait(dt_work *w) {
     return work_finish(w, true);
 }
 
+/* Number op's messages: collectives in one sequence, point-to-point
+ * messages in one per (direction, peer), so that a send and its recv carry
+ * the same number whatever else the two ranks do. A batch numbers each
+ * transfer and takes no collective number. Under g->mu. */
+static void stamp(dt_group *g, dt__op *op) {
+    if (op->coll == DT_COLL_BATCH) {
+        for (size_t i = 0; i < op->count; i++) {
+            dt__p2p_item *it = &op->items[i];
+            it->seq = it->p.send ? ++g->sent[it->p.peer] : ++g->rcvd[it->p.peer];
+        }
+        return;
+    }
+    op->desc.seq = op->coll == DT_COLL_SEND   ? ++g->sent[op->root]
+                   : op->coll == DT_COLL_RECV ? ++g->rcvd[op->root]
+                                              : ++g->issued;
+}
+
+/* Number w, then run it inline (a blocking call on an idle group: no
+ * thread hand-off) or queue it for the progress thread. A blocking call
+ * waits here; `heap` says its handle was allocated (and is freed). */
+static dt_status start(dt_group *g, dt_work *w, dt_work **work, bool heap) {
+    pthread_mutex_lock(&g->mu);
+    stamp(g, &w->op);
+    if (!work && !g->busy && !g->head) {
+        g->busy = true;
+        pthread_mutex_unlock(&g->mu);
+        execute(g, w);
+        pthread_mutex_lock(&g->mu);
+        g->busy = false;
+        g->last_progress = dt_now();
+        /* Only the progress thread can be waiting for `busy` to clear, and
+         * only if work was queued meanwhile: no wake-up otherwise (a
+         * broadcast here would wake it for nothing on every call). */
+        if (g->head)
+            pthread_cond_signal(&g->work_cv);
+        pthread_mutex_unlock(&g->mu);
+        w->done = true;
+        return work_finish(w, heap);
+    }
+    if (g->tail)
+        g->tail->next = w;
+    else
+        g->head = w;
+    g->tail = w;
+    pthread_cond_signal(&g->work_cv);
+    pthread_mutex_unlock(&g->mu);
+    if (work) {
+        *work = w;
+        return DT_OK;
+    }
+    return work_finish(w, heap);
+}
+
 /* Validate, stamp the descriptor and sequence number, then run inline (if
  * blocking and idle) or queue. */
 static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv, size_t count,
@@ -640,6 +693,7 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
     op->root = root;
     op->tag = tag;
     op->algo = DT_ALGO_AUTO;
+    op->items = NULL;
     op->desc = (dt__wire_hdr){.magic = DT__WIRE_MAGIC,
                               .version = DT__WIRE_VERSION,
                               .kind = DT__MSG_DATA,
@@ -650,41 +704,74 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
                               .tag = tag,
                               .src = g->rank,
                               .count = count};
-    pthread_mutex_lock(&g->mu);
-    /* Collectives are numbered in one sequence; point-to-point messages in
-     * one per (direction, peer), so that a send and its recv carry the same
-     * number whatever else the two ranks do. */
-    op->desc.seq = coll == DT_COLL_SEND   ? ++g->sent[root]
-                   : coll == DT_COLL_RECV ? ++g->rcvd[root]
-                                          : ++g->issued;
-    if (!work && !g->busy && !g->head) {
-        g->busy = true;
-        pthread_mutex_unlock(&g->mu);
-        execute(g, w);
-        pthread_mutex_lock(&g->mu);
-        g->busy = false;
-        g->last_progress = dt_now();
-        /* Only the progress thread can be waiting for `busy` to clear, and
-         * only if work was queued meanwhile: no wake-up otherwise (a
-         * broadcast here would wake it for nothing on every call). */
-        if (g->head)
-            pthread_cond_signal(&g->work_cv);
-        pthread_mutex_unlock(&g->mu);
-        w->done = true;
-        return work_finish(w, false);
+    return start(g, w, work, false);
+}
+
+/* A batch of point-to-point transfers (comm.h): validated, copied into the
+ * handle's own memory, numbered and started like any operation. */
+static dt_status submit_batch(dt_group *g, const dt_p2p *ops, size_t n, dt_work **work) {
+    if (!g)
+        return dt_error_set(DT_ERR_INVALID, "sendrecv_batch: group is NULL");
+    if (work)
+        *work = NULL;
+    if (n > 0 && !ops)
+        return dt_error_set(DT_ERR_INVALID, "sendrecv_batch: %zu transfers but no array", n);
+    if (n > ((size_t)1 << 24))
+        return dt_error_set(DT_ERR_INVALID, "sendrecv_batch: %zu transfers, at most 2^24", n);
+    for (size_t i = 0; i < n; i++) {
+        const dt_p2p *p = &ops[i];
+        size_t bytes;
+        if (p->peer < 0 || p->peer >= g->size || p->peer == g->rank)
+            return dt_error_set(DT_ERR_INVALID,
+                                "sendrecv_batch: transfer %zu: peer %d is not another rank of a "
+                                "group of %d",
+                                i, p->peer, g->size);
+        if ((unsigned)p->dtype >= DT_DTYPE_COUNT)
+            return dt_error_set(DT_ERR_INVALID, "sendrecv_batch: transfer %zu: bad dtype %d", i,
+                                (int)p->dtype);
+        if (!dt_mul_size(p->count, dt_dtype_size(p->dtype), &bytes) || bytes > DT__WIRE_MAX_LEN)
+            return dt_error_set(DT_ERR_INVALID, "sendrecv_batch: transfer %zu: count %zu too large",
+                                i, p->count);
+        if (p->count > 0 && !p->buf)
+            return dt_error_set(DT_ERR_INVALID,
+                                "sendrecv_batch: transfer %zu: NULL buffer for %zu elements", i,
+                                p->count);
     }
-    if (g->tail)
-        g->tail->next = w;
-    else
-        g->head = w;
-    g->tail = w;
-    pthread_cond_signal(&g->work_cv);
-    pthread_mutex_unlock(&g->mu);
-    if (work) {
-        *work = w;
-        return DT_OK;
-    }
-    return work_finish(w, false);
+    dt_work *w = malloc(sizeof *w + n * sizeof(dt__p2p_item));
+    if (!w)
+        return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
+    memset(w, 0, sizeof *w);
+    dt__op *op = &w->op;
+    op->g = g;
+    op->coll = DT_COLL_BATCH;
+    op->count = n;
+    op->dtype = DT_U8;
+    op->redop = DT_SUM;
+    op->root = -1;
+    op->algo = DT_ALGO_AUTO;
+    op->items = (dt__p2p_item *)(void *)(w + 1);
+    for (size_t i = 0; i < n; i++)
+        op->items[i] = (dt__p2p_item){.p = ops[i]};
+    op->desc = (dt__wire_hdr){.magic = DT__WIRE_MAGIC,
+                              .version = DT__WIRE_VERSION,
+                              .kind = DT__MSG_DATA,
+                              .coll = DT_COLL_BATCH,
+                              .dtype = DT_U8,
+                              .redop = DT_SUM,
+                              .root = -1,
+                              .src = g->rank,
+                              .count = n};
+    return start(g, w, work, true);
+}
+
+dt_status dt_group_sendrecv_batch(dt_group *g, const dt_p2p *ops, size_t n) {
+    return submit_batch(g, ops, n, NULL);
+}
+
+dt_status dt_group_isendrecv_batch(dt_group *g, const dt_p2p *ops, size_t n, dt_work **work) {
+    if (!work)
+        return dt_error_set(DT_ERR_INVALID, "isendrecv_batch: work is NULL");
+    return submit_batch(g, ops, n, work);
 }
 
 /* ------------------------------------------------------------------------ */

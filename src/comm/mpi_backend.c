@@ -453,6 +453,57 @@ static dt_status run_recv(dt__op *op) {
     return DT_OK;
 }
 
+/* A batch: every transfer posted (MPI matches by source and tag), then
+ * each waited for; no transfer waits for another to be posted. */
+static dt_status run_batch(dt__op *op) {
+    size_t n = op->count;
+    if (n == 0)
+        return DT_OK;
+    MPI_Request *req = malloc(n * sizeof *req);
+    if (!req)
+        return dt_error_set(DT_ERR_NOMEM, "MPI: sendrecv_batch of %zu transfers", n);
+    dt_status st = DT_OK;
+    size_t posted = 0;
+    int *ub = NULL, flag = 0;
+    MPI_Comm_get_attr(comm_of(op), MPI_TAG_UB, &ub, &flag);
+    for (; posted < n && st == DT_OK; posted++) {
+        const dt_p2p *p = &op->items[posted].p;
+        int cnt = 0, rc;
+        st = int_count(op, p->count, &cnt);
+        if (st == DT_OK && (p->tag < 0 || (flag && ub && p->tag > *ub)))
+            st = dt_error_set(DT_ERR_INVALID, "DT_BACKEND=mpi: tag %d is outside MPI's [0, %d]",
+                              p->tag, flag && ub ? *ub : 32767);
+        if (st != DT_OK)
+            break;
+        rc = p->send ? MPI_Isend(p->buf, cnt, mpi_type(p->dtype), p->peer, p->tag, comm_of(op),
+                                 &req[posted])
+                     : MPI_Irecv(p->buf, cnt, mpi_type(p->dtype), p->peer, p->tag, comm_of(op),
+                                 &req[posted]);
+        if (rc != MPI_SUCCESS)
+            st = mpi_error(rc, p->send ? "MPI_Isend" : "MPI_Irecv");
+    }
+    /* Requests already posted are completed (or the group fails) before
+     * their buffers are given back. */
+    for (size_t i = 0; i < posted; i++) {
+        MPI_Status status;
+        const dt_p2p *p = &op->items[i].p;
+        dt_status w = wait_req(op, &req[i], &status, p->send ? "MPI_Isend" : "MPI_Irecv");
+        if (w == DT_OK && !p->send) {
+            int got = 0;
+            MPI_Get_count(&status, mpi_type(p->dtype), &got);
+            if ((size_t)got != p->count)
+                w = dt_error_set(DT_ERR_MISMATCH,
+                                 "rank %d: batched recv of %zu elements from rank %d (tag %d) "
+                                 "got %d elements",
+                                 op->g->rank, p->count, p->peer, p->tag, got);
+        }
+        if (st == DT_OK)
+            st = w;
+    }
+    free(req);
+    return st;
+}
+
 const dt__backend dt__backend_mpi = {
     .name = "mpi",
     .api_version = DT__BACKEND_API,
@@ -471,6 +522,7 @@ const dt__backend dt__backend_mpi = {
             [DT_COLL_BARRIER] = run_barrier,
             [DT_COLL_SEND] = run_send,
             [DT_COLL_RECV] = run_recv,
+            [DT_COLL_BATCH] = run_batch,
         },
     .avg_native = false,
 };

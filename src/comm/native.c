@@ -317,6 +317,26 @@ static dt_status nat_recv(dt__op *op) {
     return dt__wait(op, &x);
 }
 
+/* A batch: post every receive, then every send, then wait for all. */
+static dt_status nat_batch(dt__op *op) {
+    size_t n = op->count;
+    if (n == 0)
+        return DT_OK;
+    dt__xfer *xs = malloc(n * sizeof *xs);
+    if (!xs)
+        return dt_error_set(DT_ERR_NOMEM, "sendrecv_batch: %zu transfers", n);
+    dt_status st = DT_OK;
+    int posted = 0;
+    for (int pass = 0; pass < 2 && st == DT_OK; pass++)
+        for (size_t i = 0; i < n && st == DT_OK; i++)
+            if (op->items[i].p.send == (pass == 1))
+                st = dt__post_item(op, &xs[posted++], &op->items[i]);
+    if (st == DT_OK)
+        st = dt__waitall(op, xs, posted);
+    free(xs);
+    return st;
+}
+
 const dt__backend dt__backend_native = {
     .name = "native",
     .api_version = DT__BACKEND_API,
@@ -335,6 +355,7 @@ const dt__backend dt__backend_native = {
             [DT_COLL_BARRIER] = nat_barrier,
             [DT_COLL_SEND] = nat_send,
             [DT_COLL_RECV] = nat_recv,
+            [DT_COLL_BATCH] = nat_batch,
         },
     .avg_native = false,
 };

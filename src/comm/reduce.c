@@ -24,7 +24,7 @@ static const char *const algo_names[DT_ALGO_COUNT] =
     {"auto", "ring", "rhd", "tree", "direct", "hier"};
 static const char *const coll_names[DT_COLL_COUNT] =
     {"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather", "scatter",
-     "alltoall", "barrier", "send", "recv"};
+     "alltoall", "barrier", "send", "recv", "sendrecv_batch"};
 /* clang-format on */
 _Static_assert(sizeof dtype_names / sizeof *dtype_names == DT_DTYPE_COUNT, "dtype table");
 _Static_assert(sizeof redop_names / sizeof *redop_names == DT_REDOP_COUNT, "redop table");

@@ -312,7 +312,7 @@ static void shm_block(dt__transport *tr, uint64_t tok, int ms) {
  * yields, so a healthy operation never pays for it. */
 static void shm_waiting(dt__transport *tr, const dt__wire_hdr *cur) {
     shm_t *t = (shm_t *)tr;
-    if (cur->coll == DT_COLL_SEND || cur->coll == DT_COLL_RECV)
+    if (dt__is_p2p(cur->coll))
         return; /* numbered per peer: not comparable across ranks */
     shm_ctrl *c = t->peers[t->me].ctrl;
     uint64_t tag = REC_SEQ(cur->seq);
@@ -376,7 +376,7 @@ static dt_status shm_check(dt__transport *tr, const dt__wire_hdr *cur) {
             DT_CHECK(dt__wire_early(&got, cur, t->g->rank, p->rank));
         }
         /* the peer waits too, in the same numbered call: the same one? */
-        if (cur->coll != DT_COLL_SEND && cur->coll != DT_COLL_RECV && peer_waiting(p, cur, &got))
+        if (!dt__is_p2p(cur->coll) && peer_waiting(p, cur, &got))
             DT_CHECK(dt__wire_early(&got, cur, t->g->rank, p->rank));
         t->pfd[k++] = (struct pollfd){.fd = p->pidfd, .events = POLLIN};
     }

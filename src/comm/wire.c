@@ -55,6 +55,9 @@ void dt__desc_format(const dt__wire_hdr *d, char *buf, size_t n) {
     dt_coll c = (dt_coll)d->coll;
     switch (c) {
     case DT_COLL_BARRIER: snprintf(buf, n, "barrier #%llu", (unsigned long long)d->seq); break;
+    case DT_COLL_BATCH:
+        snprintf(buf, n, "sendrecv_batch of %llu transfer(s)", (unsigned long long)d->count);
+        break;
     case DT_COLL_SEND:
     case DT_COLL_RECV:
         snprintf(buf, n, "%s #%llu (count %llu, %s, peer %d, tag %d)", dt_coll_name(c),
@@ -150,10 +153,12 @@ dt_status dt__abort_error(int from, dt_status st, int lost, int size, bool from_
     return dt_error_set(st, "rank %d gave up (%s%s)", from, dt_status_name(st), how);
 }
 
-static bool is_p2p(unsigned c) { return c == DT_COLL_SEND || c == DT_COLL_RECV; }
+bool dt__is_p2p(unsigned coll) {
+    return coll == DT_COLL_SEND || coll == DT_COLL_RECV || coll == DT_COLL_BATCH;
+}
 
 bool dt__abort_later(uint64_t seq, const dt__wire_hdr *cur) {
-    return seq > 0 && !is_p2p(cur->coll) && seq > cur->seq;
+    return seq > 0 && !dt__is_p2p(cur->coll) && seq > cur->seq;
 }
 
 dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int me, int from) {
@@ -161,7 +166,7 @@ dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int m
         return DT_OK; /* aborts and goodbyes are handled where they are read */
     /* Point-to-point frames are numbered per peer, collectives globally: only
      * frames and operations of the collective kind are comparable. */
-    if (is_p2p(got->coll) || is_p2p(cur->coll) || got->seq > cur->seq)
+    if (dt__is_p2p(got->coll) || dt__is_p2p(cur->coll) || got->seq > cur->seq)
         return DT_OK; /* a later operation: the peer is simply ahead */
     if (got->seq == cur->seq && same_op(got, cur, me))
         return DT_OK; /* ours, the algorithm will post its receive */

@@ -150,3 +150,23 @@ dt_status dt_file_write_atomic(const char *path, const dt_file_part *parts, int 
     }
     return dt_fsync_dir(dir);
 }
+
+dt_status dt_mkdir_p(const char *dir) {
+    char p[4096];
+    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
+        return dt_error_set(DT_ERR_INVALID, "directory name too long: %s", dir);
+    for (char *s = p + 1; *s; s++) {
+        if (*s != '/')
+            continue;
+        *s = '\0';
+        if (mkdir(p, 0755) != 0 && errno != EEXIST)
+            return file_error("cannot create directory", p);
+        *s = '/';
+    }
+    if (mkdir(p, 0755) != 0 && errno != EEXIST)
+        return file_error("cannot create directory", p);
+    struct stat sb;
+    if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode))
+        return dt_error_set(DT_ERR_IO, "%s exists and is not a directory", p);
+    return DT_OK;
+}

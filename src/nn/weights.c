@@ -22,9 +22,10 @@ typedef struct wfile_header {
 dt_status dt_gpt_save_weights(const dt_gpt *m, const char *path, const uint8_t *vocab_bytes,
                               int vocab_bytes_len) {
     const dt_gpt_config *c = dt_gpt_get_config(m);
-    if (vocab_bytes_len != 0 && vocab_bytes_len != c->vocab)
+    if (vocab_bytes_len < 0 || vocab_bytes_len > c->vocab || vocab_bytes_len > 256)
         return dt_error_set(DT_ERR_INVALID,
-                            "weights file %s: vocabulary table has %d entries, model vocab is %d",
+                            "weights file %s: vocabulary table has %d entries, must be at most "
+                            "the model's vocab %d and 256",
                             path, vocab_bytes_len, c->vocab);
     wfile_header h = {DT_GPT_WEIGHTS_MAGIC,
                       DT_GPT_WEIGHTS_VERSION,
@@ -85,7 +86,7 @@ dt_status dt_gpt_load_weights(dt_gpt **out, const char *path, int max_batch, int
         st = DT_ERR_CORRUPT;
         goto fail;
     }
-    if (h.vocab_bytes_len != 0 && (h.vocab_bytes_len != (uint32_t)h.vocab || h.vocab > 256)) {
+    if (h.vocab_bytes_len > (uint32_t)h.vocab || h.vocab_bytes_len > 256) {
         st = dt_error_set(DT_ERR_CORRUPT,
                           "weights file %s: vocabulary table of %u entries for vocab %d", path,
                           h.vocab_bytes_len, h.vocab);

@@ -300,6 +300,21 @@ static uint64_t ring_bytes(const dt_ddp *d, size_t count) {
     return (uint64_t)(2.0 * (d->world - 1) / d->world * (double)(count * sizeof(float)));
 }
 
+/* Bytes this rank sends for bucket b in a communicating step: the codec's
+ * schedule (plus the exact small tensors' f32 allreduce), or a plain f32
+ * ring allreduce during the dense warm-up and without a codec. */
+static uint64_t bucket_bytes(const dt_ddp *d, const bucket *b) {
+    return b->cc && !d->dense ? dt_callreduce_wire_bytes(b->cc) + ring_bytes(d, b->nd)
+                              : ring_bytes(d, b->end - b->begin);
+}
+
+uint64_t dt_ddp_step_bytes(const dt_ddp *d) {
+    uint64_t sum = 0;
+    for (size_t i = 0; communicates(d) && i < d->nb; i++)
+        sum += bucket_bytes(d, &d->b[i]);
+    return sum;
+}
+
 dt_status dt_ddp_broadcast(dt_ddp *d, void *buf, size_t count, dt_dtype dtype) {
     if (!communicates(d) || count == 0)
         return DT_OK;
@@ -544,9 +559,7 @@ dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
         double start = b->t_launch > prev_done ? b->t_launch : prev_done;
         if (communicates(d)) {
             s.comm_ms += (b->t_done > start ? b->t_done - start : 0) * 1e3;
-            s.bytes_sent += b->cc && !d->dense
-                                ? dt_callreduce_wire_bytes(b->cc) + ring_bytes(d, b->nd)
-                                : ring_bytes(d, b->end - b->begin);
+            s.bytes_sent += bucket_bytes(d, b);
         }
         prev_done = b->t_done;
         if (fn)

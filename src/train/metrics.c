@@ -138,7 +138,7 @@ static int fmt_num(char *b, size_t len, double v) {
 
 int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
     char loss[32], val[32], lr[32], gn[32], tps[32], step[32], comp[32], comm[32], exp[32], mfu[32],
-        scale[32];
+        scale[32], tpc[32];
     fmt_num(loss, sizeof loss, s->loss);
     fmt_num(val, sizeof val, s->val_loss);
     fmt_num(lr, sizeof lr, s->lr);
@@ -148,15 +148,16 @@ int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
     fmt_num(comp, sizeof comp, s->compute_ms);
     fmt_num(comm, sizeof comm, s->comm_ms);
     fmt_num(exp, sizeof exp, s->exposed_comm_ms);
+    fmt_num(tpc, sizeof tpc, s->tp_comm_ms);
     fmt_num(mfu, sizeof mfu, s->mfu);
     fmt_num(scale, sizeof scale, s->loss_scale);
     int n = snprintf(buf, len,
                      "{\"step\":%" PRId64 ",\"loss\":%s,\"val_loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
                      "\"tokens_per_s\":%s,\"step_ms\":%s,\"compute_ms\":%s,\"comm_ms\":%s,"
-                     "\"exposed_comm_ms\":%s,\"mfu\":%s,\"bytes_sent\":%" PRIu64
+                     "\"exposed_comm_ms\":%s,\"tp_comm_ms\":%s,\"mfu\":%s,\"bytes_sent\":%" PRIu64
                      ",\"tokens\":%" PRId64 ",\"loss_scale\":%s,\"skipped_steps\":%" PRId64 "}\n",
-                     s->step, loss, val, lr, gn, tps, step, comp, comm, exp, mfu, s->bytes_sent,
-                     s->tokens, scale, s->skipped_steps);
+                     s->step, loss, val, lr, gn, tps, step, comp, comm, exp, tpc, mfu,
+                     s->bytes_sent, s->tokens, scale, s->skipped_steps);
     return n < 0 || (size_t)n >= len ? -1 : n;
 }
 
@@ -196,7 +197,7 @@ static dt_status keep_steps_upto(const char *path, int64_t upto) {
 
 dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, int64_t resume_step) {
     *out = NULL;
-    DT_CHECK(dt__mkdir_p(run_dir));
+    DT_CHECK(dt_mkdir_p(run_dir));
     dt_metrics *m = dt_calloc(1, sizeof *m);
     if (!m)
         return DT_ERR_NOMEM;
@@ -240,7 +241,7 @@ void dt_metrics_destroy(dt_metrics *m) {
 }
 
 dt_status dt_metrics_write_config(const char *run_dir, const char *json) {
-    DT_CHECK(dt__mkdir_p(run_dir));
+    DT_CHECK(dt_mkdir_p(run_dir));
     char path[4096];
     if (snprintf(path, sizeof path, "%s/config.json", run_dir) >= (int)sizeof path)
         return dt_error_set(DT_ERR_INVALID, "run directory name too long: %s", run_dir);

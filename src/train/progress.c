@@ -144,14 +144,16 @@ void dt_progress_update(dt_progress *p, const dt_step_metrics *s) {
             seq[i] = p->losses[(p->nloss - n + i) % SPARK_N];
         char spark[SPARK_N * 3 + 1];
         dt_sparkline(spark, sizeof spark, seq, n);
-        char head[64], tail[400];
+        char head[64], tail[400], tpc[32] = "";
+        if (isfinite(s->tp_comm_ms))
+            snprintf(tpc, sizeof tpc, " + tp %.0f", s->tp_comm_ms);
         int hl = snprintf(head, sizeof head, "step %lld/%lld | loss %.4f", (long long)s->step,
                           (long long)p->total, s->loss);
         int tl = snprintf(tail, sizeof tail,
-                          "%s | lr %.2e%s | %s tok/s%s | %.0f ms: compute %.0f + exposed comm %.0f "
-                          "| ETA %s",
+                          "%s | lr %.2e%s | %s tok/s%s | %.0f ms: compute %.0f + exposed comm "
+                          "%.0f%s | ETA %s",
                           val, s->lr, scale, rate, mfu, s->step_ms, s->compute_ms,
-                          s->exposed_comm_ms, eta);
+                          s->exposed_comm_ms, tpc, eta);
         /* The sparkline follows the loss when the terminal is wide enough;
          * a wrapped line could not be redrawn in place. */
         int cols = term_width(p->f);
@@ -177,11 +179,14 @@ void dt_progress_update(dt_progress *p, const dt_step_metrics *s) {
         snprintf(gn, sizeof gn, "%.3f", s->grad_norm);
     else
         snprintf(gn, sizeof gn, "%s", s->skipped ? "skip" : "nan");
+    char tpc[32] = "";
+    if (isfinite(s->tp_comm_ms))
+        snprintf(tpc, sizeof tpc, ", tp %.1f", s->tp_comm_ms);
     fprintf(p->f,
             "step %6lld/%lld  loss %.4f%s  lr %.3e  gnorm %s%s  %s tok/s%s  %.1f ms (compute "
-            "%.1f, comm %.1f, exposed %.1f)  ETA %s\n",
+            "%.1f, comm %.1f, exposed %.1f%s)  ETA %s\n",
             (long long)s->step, (long long)p->total, s->loss, val, s->lr, gn, scale, rate, mfu,
-            s->step_ms, s->compute_ms, s->comm_ms, s->exposed_comm_ms, eta);
+            s->step_ms, s->compute_ms, s->comm_ms, s->exposed_comm_ms, tpc, eta);
     fflush(p->f);
 }
 

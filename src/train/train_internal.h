@@ -1,12 +1,112 @@
 /*
- * train_internal.h — helpers shared by the files of the train layer only.
+ * train_internal.h — what the files of the train layer share: the trainer
+ * (one rank's whole training state) and the functions each file gives the
+ * others.
+ *
+ *   train.c   the configuration: defaults, validation, dt_train_run
+ *   setup.c   everything built before the first step, and its teardown
+ *   loop.c    the step loop, evaluation, the test hooks
+ *   state.c   checkpoints: save and resume
+ *   report.c  the header, the summary and the generated sample
+ *
+ * Nothing here names a parallel strategy: the loop sees a dt_grad_sync, an
+ * optimizer and the mesh's groups.
  */
 #ifndef DTRAIN_TRAIN_INTERNAL_H
 #define DTRAIN_TRAIN_INTERNAL_H
 
+#include "dtrain/data.h"
+#include "dtrain/nn.h"
+#include "dtrain/optim.h"
+#include "dtrain/parallel.h"
 #include "dtrain/train.h"
 
-/* mkdir -p: create `dir` and its parents; an existing directory is fine. */
-dt_status dt__mkdir_p(const char *dir);
+/* The largest loss scale applied: 2^126, whose inverse 2^-126 is still a
+ * normal float. The engine runs with denormals flushed to zero (tensor
+ * layer), so unscaling by a subnormal 1/scale would zero every gradient. */
+#define DT__MAX_APPLIED_SCALE 0x1p126f
+
+typedef struct trainer {
+    const dt_train_config *c;
+    dt_group *world; /* the job's group (owned); NULL for a single process */
+    dt_mesh *mesh;   /* its layout; the groups the loop uses come from here */
+    int rank, size;  /* in the world */
+    int replica, dp; /* data-parallel coordinate and degree: the loader's share */
+    dt_tp *tp;       /* the model shard's communication points (NULL without --tp) */
+    int threads;     /* per rank */
+    /* Data. */
+    dt_token_file *data, *val_data; /* val_data NULL: validation is a split of data */
+    const dt_tokenizer *tok;
+    dt_loader *train, *val;
+    int B, T, K;               /* per-rank batch, sequence, micro-batches per step */
+    int32_t *inputs, *targets; /* (B,T) */
+    /* Model and optimization. */
+    dt_gpt_config mc;
+    dt_gpt *m;
+    size_t n; /* parameters of this rank's model */
+    dt_optimizer *opt;
+    dt_grad_sync *sync;
+    dt_schedule sched;
+    bool scaling; /* dynamic loss scaling (docs/amp.md) */
+    dt_scaler scaler;
+    dt_json cfg_json; /* the resolved config */
+    const char *cfg_text;
+    /* Progress of the trajectory (what a checkpoint restores). */
+    int64_t step;    /* steps completed */
+    int64_t tokens;  /* tokens processed by all ranks so far */
+    int64_t skipped; /* steps whose update was skipped (inf/nan gradients) */
+    /* Resume bookkeeping. */
+    int64_t ckpt_precision; /* dt_precision of the checkpoint resumed from */
+    char resumed[4096];     /* the checkpoint resumed from, "" for a fresh start */
+    /* Test hooks (loop.c): the step at which this rank acts, or -1. */
+    int64_t kill_at, perturb_at, overflow_at;
+} trainer;
+
+/* A rejected configuration value. */
+#define bad(...) dt_error_set(DT_ERR_INVALID, __VA_ARGS__)
+
+/* train.c: the checks that need nothing built. */
+dt_status dt__train_check_config(const dt_train_config *c);
+
+/* The loss scale the next step applies (loop.c). */
+float dt__train_applied_scale(const trainer *t);
+
+/* shards.c: the global tensor table and, for this rank's flat buffer, the
+ * box of each tensor it holds (tensor i of the model is entry i of both). */
+typedef struct shards {
+    dt_ckpt_tensor *tensors; /* (nt) */
+    dt_ckpt_box *whole;      /* (nt) the part of each tensor this rank holds */
+    bool *owned;             /* (nt) this rank owns that part (not a copy another rank holds) */
+    size_t nt;
+} shards;
+
+dt_status dt__shards_make(const trainer *t, shards *s);
+void dt__shards_free(shards *s);
+/* The boxes of this rank's tensors inside the flat ranges r[0..nr) (those
+ * it owns, or all), with offsets into a buffer that holds the ranges one
+ * after another: the map of a state buffer over those ranges. *out is
+ * freed by the caller. */
+dt_status dt__shards_boxes(const shards *s, const dt_range *r, size_t nr, bool only_owned,
+                           dt_ckpt_box **out, size_t *n);
+/* The optimizer's owned ranges (caller frees). */
+dt_range *dt__owned_ranges(const dt_optimizer *o);
+
+/* setup.c */
+dt_status dt__train_setup(trainer *t);
+void dt__train_free(trainer *t);
+
+/* state.c: every rank calls both (collective over the world). */
+dt_status dt__train_save(trainer *t, char *path, size_t len);
+dt_status dt__train_resume(trainer *t);
+
+/* report.c (rank 0) */
+double dt__train_peak_gflops(void);
+void dt__train_print_header(const trainer *t, double peak, FILE *f);
+dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out);
+/* Collective over the first replica: the unsharded model on rank 0 (t->m
+ * itself when the model is not split; otherwise a new one the caller
+ * destroys), NULL elsewhere. */
+dt_status dt__train_whole_model(trainer *t, dt_gpt **out);
+double dt__median(double *v, size_t n);
 
 #endif

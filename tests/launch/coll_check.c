@@ -276,6 +276,13 @@ static void test_others(dt_group *g, const int *ranks) {
             snprintf(what, sizeof what, "send/recv count %zu", cnt);
             for (size_t i = 0; i < cnt; i++)
                 check_eq(what, i, b[i], ranks[peer] * 3 + (int)i);
+            /* The same exchange both ways at once, in one batch. */
+            memset(b, 0, cnt * sizeof *b);
+            dt_p2p ops[2] = {{true, a, cnt, t, peer, 9}, {false, b, cnt, t, peer, 9}};
+            OK(dt_group_sendrecv_batch(g, ops, 2));
+            snprintf(what, sizeof what, "sendrecv_batch count %zu", cnt);
+            for (size_t i = 0; i < cnt; i++)
+                check_eq(what, i, b[i], ranks[peer] * 3 + (int)i);
         }
         OK(dt_group_barrier(g));
         free(a);

@@ -148,6 +148,16 @@ static void test_token_file(void) {
     EXPECT_RC(
         tu_run("%s train --data %s --tokenizer byte --batch 2 --steps 2 " TINY, DTRAIN, corpus), 0);
     EXPECT_OUT("vocab 256");
+    /* A vocabulary larger than the tokenizer's (GPT-2's size on bytes): the
+     * weights file keeps the 256-entry byte table and `dtrain sample` draws
+     * among those ids (both used to fail: "vocabulary table has 256
+     * entries, model vocab is 300", and an out-of-range table read). */
+    EXPECT_RC(tu_run("%s train --data %s --tokenizer byte --vocab 300 --batch 2 --steps 2 "
+                     "--run-dir %s/v300 " TINY,
+                     DTRAIN, corpus, tu_dir),
+              0);
+    EXPECT_OUT("vocab 300");
+    EXPECT_RC(tu_run("%s sample --ckpt %s/v300/model.dtgw -n 40 --prompt the", DTRAIN, tu_dir), 0);
     EXPECT_RC(tu_run("%s train --data %s --val-data %s --batch 2 --steps 2 " TINY, DTRAIN, corpus,
                      corpus2),
               2);

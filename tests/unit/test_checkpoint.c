@@ -359,11 +359,242 @@ static void test_sigkill_during_write(void) {
     remove_tmpdir();
 }
 
+/* ---- sharded state ---------------------------------------------------- */
+
+/* Every flat range [lo, hi) of a (3, 4, 5) box stored at offset 7 becomes
+ * at most 5 boxes that are disjoint, lie in the box, start where the flat
+ * layout says, and together are exactly the range. */
+static void test_boxes_in_range(void) {
+    dt_ckpt_box whole = {.tensor = 2, .begin = {1, 2, 3}, .extent = {3, 4, 5}, .offset = 7};
+    for (uint64_t lo = 0; lo <= 70; lo++)
+        for (uint64_t hi = lo; hi <= 70; hi++) {
+            dt_ckpt_box out[5];
+            size_t n = dt_ckpt_boxes_in_range(&whole, lo, hi, out);
+            ASSERT_TRUE(n <= 5);
+            bool hit[60] = {false};
+            uint64_t total = 0;
+            for (size_t k = 0; k < n; k++) {
+                const dt_ckpt_box *b = &out[k];
+                ASSERT_EQ(b->tensor, 2);
+                uint64_t rel[3], first = 0;
+                for (int d = 0; d < 3; d++) {
+                    ASSERT_TRUE(b->extent[d] >= 1 && b->begin[d] >= whole.begin[d]);
+                    ASSERT_TRUE(b->begin[d] + b->extent[d] <= whole.begin[d] + whole.extent[d]);
+                    rel[d] = b->begin[d] - whole.begin[d];
+                }
+                first = (rel[0] * 4 + rel[1]) * 5 + rel[2];
+                ASSERT_EQ(b->offset, whole.offset + first);
+                /* Walk the box row-major: its elements must be consecutive
+                 * in the flat buffer (one contiguous piece) and new. */
+                uint64_t expect = first;
+                for (uint64_t i = 0; i < b->extent[0]; i++)
+                    for (uint64_t j = 0; j < b->extent[1]; j++)
+                        for (uint64_t k2 = 0; k2 < b->extent[2]; k2++) {
+                            uint64_t f = ((rel[0] + i) * 4 + rel[1] + j) * 5 + rel[2] + k2;
+                            ASSERT_EQ(f, expect);
+                            expect++;
+                            ASSERT_TRUE(!hit[f]);
+                            hit[f] = true;
+                            total++;
+                        }
+            }
+            uint64_t a = lo > 7 ? lo - 7 : 0, z = hi > 7 ? (hi - 7 < 60 ? hi - 7 : 60) : 0;
+            ASSERT_EQ(total, z > a ? z - a : 0);
+            for (uint64_t f = 0; f < 60; f++)
+                ASSERT_EQ(hit[f], f >= a && f < z);
+        }
+}
+
+/* Three global tensors, A (3, 4, 6), B (10) and C (5, 7); value of an
+ * element = 1000 * tensor + its flat index in the global tensor. */
+static const dt_ckpt_tensor gt[3] = {
+    {"A", 3, 0, {3, 4, 6}}, {"B", 1, 0, {10, 1, 1}}, {"C", 2, 0, {5, 7, 1}}};
+
+static float gval(uint32_t t, uint64_t i0, uint64_t i1, uint64_t i2) {
+    return (float)(1000 * t + (i0 * gt[t].shape[1] + i1) * gt[t].shape[2] + i2);
+}
+
+/* Fill `buf` with the values of the boxes. */
+static void fill_boxes(float *buf, const dt_ckpt_box *b, size_t n) {
+    for (size_t k = 0; k < n; k++) {
+        uint64_t o = b[k].offset;
+        for (uint64_t i = 0; i < b[k].extent[0]; i++)
+            for (uint64_t j = 0; j < b[k].extent[1]; j++)
+                for (uint64_t l = 0; l < b[k].extent[2]; l++)
+                    buf[o++] =
+                        gval(b[k].tensor, b[k].begin[0] + i, b[k].begin[1] + j, b[k].begin[2] + l);
+    }
+}
+
+/* Layout 1: two writers, A split on dimension 1 (like a tensor-parallel
+ * shard of c_attn), B in halves, C by rows; rank 1's buffer has padding. */
+static const dt_ckpt_box w0[] = {{0, 0, {0, 0, 0}, {3, 2, 6}, 0},
+                                 {1, 0, {0, 0, 0}, {5, 1, 1}, 36},
+                                 {2, 0, {0, 0, 0}, {3, 7, 1}, 41}};
+static const dt_ckpt_box w1[] = {{0, 0, {0, 2, 0}, {3, 2, 6}, 4},
+                                 {1, 0, {5, 0, 0}, {5, 1, 1}, 40},
+                                 {2, 0, {3, 0, 0}, {2, 7, 1}, 45}};
+
+static void write_layout1(const char *dir, int64_t step, bool with_rank1) {
+    static float b0[62], b1[64];
+    memset(b1, 0xff, sizeof b1); /* padding, never read */
+    fill_boxes(b0, w0, 3);
+    fill_boxes(b1, w1, 3);
+    dt_ckpt_section s1[] = {{"params", DT_CKPT_F32, b1, 64},
+                            {"params.map", DT_CKPT_BYTES, w1, sizeof w1}};
+    dt_ckpt_file_rec rec = {.rank = 1};
+    char p[512];
+    ASSERT_OK(dt_mkdir_p(dir));
+    dt_ckpt_shard_path(p, sizeof p, dir, step, 1);
+    ASSERT_OK(dt_ckpt_write_file_sum(p, s1, 2, &rec));
+    int64_t st = step;
+    dt_ckpt_section m[] = {{"step", DT_CKPT_I64, &st, 1},
+                           {"tensors", DT_CKPT_BYTES, gt, sizeof gt},
+                           {"params", DT_CKPT_F32, b0, 62},
+                           {"params.map", DT_CKPT_BYTES, w0, sizeof w0}};
+    ASSERT_OK(dt_ckpt_save_set(dir, step, m, 4, &rec, with_rank1 ? 1 : 0, 3, NULL, 0));
+}
+
+static void test_sharded_roundtrip(void) {
+    make_tmpdir();
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/sharded", tmpdir);
+    write_layout1(dir, 4, true);
+    dt_ckpt_set *set;
+    ASSERT_OK(dt_ckpt_set_open_latest(&set, dir));
+    ASSERT_EQ(dt_ckpt_set_num_files(set), 2);
+    ASSERT_EQ(dt_ckpt_set_num_tensors(set), 3);
+    ASSERT_TRUE(dt_ckpt_set_file_of(set, 1) != NULL);
+    ASSERT_TRUE(dt_ckpt_set_has_state(set, "params"));
+    ASSERT_TRUE(!dt_ckpt_set_has_state(set, "adamw.m"));
+    /* Layout 2, in the reader's own tensor order (C, A, B): all of A, B[3:8]
+     * (across the writers' cut), C's columns 2..4 of every row. */
+    dt_ckpt_tensor mine[3] = {gt[2], gt[0], gt[1]};
+    dt_ckpt_box want[] = {{1, 0, {0, 0, 0}, {3, 4, 6}, 0},
+                          {2, 0, {3, 0, 0}, {5, 1, 1}, 72},
+                          {0, 0, {0, 2, 0}, {5, 3, 1}, 77}};
+    float got[92];
+    ASSERT_OK(dt_ckpt_set_read_boxes(set, "params", mine, 3, want, 3, got));
+    float expect[92];
+    dt_ckpt_box in_gt[3];
+    memcpy(in_gt, want, sizeof in_gt);
+    in_gt[0].tensor = 0, in_gt[1].tensor = 1, in_gt[2].tensor = 2; /* the global numbering */
+    fill_boxes(expect, in_gt, 3);
+    ASSERT_EQ(memcmp(got, expect, sizeof got), 0);
+    /* A shape that differs is refused naming the tensor. */
+    mine[1].shape[2] = 7;
+    ASSERT_STATUS(dt_ckpt_set_read_boxes(set, "params", mine, 3, want, 1, got), DT_ERR_MISMATCH);
+    ASSERT_CONTAINS(dt_last_error(), "tensor A has shape 3x4x6");
+    dt_ckpt_set_close(set);
+
+    /* Without rank 1's file the manifest cannot cover B[3:8]. */
+    write_layout1(dir, 5, false);
+    ASSERT_OK(dt_ckpt_set_open_latest(&set, dir));
+    mine[1].shape[2] = 6;
+    ASSERT_STATUS(dt_ckpt_set_read_boxes(set, "params", mine, 3, want + 1, 1, got),
+                  DT_ERR_MISMATCH);
+    ASSERT_CONTAINS(dt_last_error(), "tensor B holds 2 of the 5 values");
+    dt_ckpt_set_close(set);
+    remove_tmpdir();
+}
+
+static void test_sharded_damage(void) {
+    make_tmpdir();
+    char dir[512], p[600], q[600];
+    snprintf(dir, sizeof dir, "%s/damage", tmpdir);
+    write_layout1(dir, 7, true);
+    /* A shard file replaced by another valid one is not its manifest's. */
+    dt_ckpt_shard_path(p, sizeof p, dir, 7, 1);
+    float other[4] = {1, 2, 3, 4};
+    dt_ckpt_section s[] = {{"params", DT_CKPT_F32, other, 4}};
+    ASSERT_OK(dt_ckpt_write_file(p, s, 1));
+    dt_ckpt_set *set;
+    dt_ckpt_path(q, sizeof q, dir, 7);
+    ASSERT_STATUS(dt_ckpt_set_open(&set, q, false), DT_ERR_CORRUPT);
+    ASSERT_CONTAINS(dt_last_error(), "does not belong to it");
+    /* A missing shard file: the set is refused, and open_latest falls
+     * back to an older checkpoint that validates. */
+    write_layout1(dir, 6, true);
+    unlink(p);
+    ASSERT_STATUS(dt_ckpt_set_open(&set, q, true), DT_ERR_NOT_FOUND);
+    ASSERT_OK(dt_ckpt_set_open_latest(&set, dir));
+    int64_t step;
+    ASSERT_OK(dt_ckpt_read(dt_ckpt_set_manifest(set), "step", DT_CKPT_I64, &step, 1));
+    ASSERT_EQ(step, 6);
+    dt_ckpt_set_close(set);
+    /* Boxes that overlap, or leave their tensor, are refused at open. */
+    dt_ckpt_box bad[2] = {w0[0], w0[0]};
+    bad[1].offset = 36;
+    float buf[80] = {0};
+    dt_ckpt_section m[] = {{"tensors", DT_CKPT_BYTES, gt, sizeof gt},
+                           {"params", DT_CKPT_F32, buf, 80},
+                           {"params.map", DT_CKPT_BYTES, bad, sizeof bad}};
+    ASSERT_OK(dt_ckpt_write_file(q, m, 3));
+    ASSERT_STATUS(dt_ckpt_set_open(&set, q, true), DT_ERR_CORRUPT);
+    ASSERT_CONTAINS(dt_last_error(), "stores part of tensor A twice");
+    bad[1] = w0[1];
+    bad[1].extent[0] = 6; /* B[0:6] but B[5] is at the end of the buffer: fine */
+    bad[1].begin[0] = 5;  /* B[5:11] leaves B */
+    ASSERT_OK(dt_ckpt_write_file(q, m, 3));
+    ASSERT_STATUS(dt_ckpt_set_open(&set, q, true), DT_ERR_CORRUPT);
+    ASSERT_CONTAINS(dt_last_error(), "lies outside its tensor or buffer");
+    /* A shard file rank 0 cannot see: nothing is committed. */
+    dt_ckpt_file_rec ghost = {.rank = 3, .size = 100};
+    int64_t st = 9;
+    dt_ckpt_section ms[] = {{"step", DT_CKPT_I64, &st, 1}};
+    ASSERT_STATUS(dt_ckpt_save_set(dir, 9, ms, 1, &ghost, 1, 3, NULL, 0), DT_ERR_NOT_FOUND);
+    ASSERT_CONTAINS(dt_last_error(), "must be one directory shared by every rank");
+    dt_ckpt_path(q, sizeof q, dir, 9);
+    ASSERT_TRUE(access(q, F_OK) != 0);
+    /* A shard file without a manifest (a save that failed) is removed by
+     * the next save. */
+    dt_ckpt_shard_path(p, sizeof p, dir, 8, 2);
+    ASSERT_OK(dt_ckpt_write_file(p, s, 1));
+    write_layout1(dir, 10, true);
+    ASSERT_TRUE(access(p, F_OK) != 0);
+    remove_tmpdir();
+}
+
+/* A format-1 checkpoint (no tensors, no maps) reads as one unsharded
+ * buffer in the order of the reader's tensors. */
+static void test_unsharded_format(void) {
+    make_tmpdir();
+    char dir[512];
+    snprintf(dir, sizeof dir, "%s/format1", tmpdir);
+    float flat[72 + 10 + 35];
+    dt_ckpt_box whole[3] = {{0, 0, {0, 0, 0}, {3, 4, 6}, 0},
+                            {1, 0, {0, 0, 0}, {10, 1, 1}, 72},
+                            {2, 0, {0, 0, 0}, {5, 7, 1}, 82}};
+    fill_boxes(flat, whole, 3);
+    int64_t st = 3;
+    dt_ckpt_section m[] = {{"step", DT_CKPT_I64, &st, 1}, {"params", DT_CKPT_F32, flat, 117}};
+    ASSERT_OK(dt_ckpt_save(dir, 3, m, 2, 2, NULL, 0));
+    dt_ckpt_set *set;
+    ASSERT_OK(dt_ckpt_set_open_latest(&set, dir));
+    ASSERT_EQ(dt_ckpt_set_num_tensors(set), 0);
+    ASSERT_TRUE(dt_ckpt_set_has_state(set, "params"));
+    dt_ckpt_box want = {2, 0, {1, 3, 0}, {2, 2, 1}, 0};
+    float got[4];
+    ASSERT_OK(dt_ckpt_set_read_boxes(set, "params", gt, 3, &want, 1, got));
+    ASSERT_TRUE(got[0] == gval(2, 1, 3, 0) && got[3] == gval(2, 2, 4, 0));
+    dt_ckpt_tensor smaller[3] = {gt[0], gt[1], gt[2]};
+    smaller[1].shape[0] = 9;
+    ASSERT_STATUS(dt_ckpt_set_read_boxes(set, "params", smaller, 3, &want, 1, got),
+                  DT_ERR_MISMATCH);
+    ASSERT_CONTAINS(dt_last_error(), "another model or configuration");
+    dt_ckpt_set_close(set);
+    remove_tmpdir();
+}
+
 int main(void) {
     dt_log_set_level(DT_LOG_LEVEL_ERROR); /* fallbacks warn by design */
     RUN(test_roundtrip);
     RUN(test_corruption_refused);
     RUN(test_rotation_and_fallback);
     RUN(test_sigkill_during_write);
+    RUN(test_boxes_in_range);
+    RUN(test_sharded_roundtrip);
+    RUN(test_sharded_damage);
+    RUN(test_unsharded_format);
     return TEST_SUMMARY();
 }

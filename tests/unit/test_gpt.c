@@ -213,7 +213,7 @@ static void test_backward_overwrite(void) {
         if (cases[k].avx2 && dt_isa_set(isa0 < DT_ISA_AVX2 ? isa0 : DT_ISA_AVX2) != DT_OK)
             continue;
         dt__gpt_head_cols_override(cases[k].head_cols);
-        dt_gpt_options o = {cases[k].pr, cases[k].recompute};
+        dt_gpt_options o = {.precision = cases[k].pr, .recompute_every = cases[k].recompute};
         dt_gpt *m;
         dt_status st =
             dt_gpt_create_with(&m, cases[k].wide ? &wide : &tiny, cases[k].B, cases[k].T, &o);
@@ -362,6 +362,161 @@ static void test_weights_file(void) {
     dt_gpt_destroy(m);
 }
 
+/* A model split into two pipeline stages, chained by hand in one process,
+ * is the whole model bit for bit: the loss and the gradient of every
+ * tensor but wte, in fp32 and bf16, with recomputation. wte's gradient is
+ * the sum of the last stage's tied copy (the head's part) and the first
+ * stage's (the embedding's part): the same terms added in another order
+ * when a token occurs more than once, so equal to float rounding. */
+static void test_pipeline_stages(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    c.layers = 4;
+    const int B = 2, T = 16;
+    int32_t x[2 * 16], y[2 * 16];
+    fill_tokens(x, B * T, c.vocab, 3);
+    fill_tokens(y, B * T, c.vocab, 4);
+    for (int pr = 0; pr < 2; pr++) {
+        dt_gpt_options o = {.precision = pr ? DT_PRECISION_BF16 : DT_PRECISION_FP32,
+                            .recompute_every = 2};
+        dt_gpt_options oa = o, ob = o;
+        oa.part = (dt_gpt_part){.layer_begin = 0, .layer_end = 3};
+        ob.part = (dt_gpt_part){.layer_begin = 3, .layer_end = 4};
+        dt_gpt *whole, *a, *b;
+        ASSERT_OK(dt_gpt_create_with(&whole, &c, B, T, &o));
+        ASSERT_OK(dt_gpt_create_with(&a, &c, B, T, &oa));
+        ASSERT_OK(dt_gpt_create_with(&b, &c, B, T, &ob));
+        dt_gpt_init_params(whole, 9);
+        dt_gpt_init_params(a, 9);
+        dt_gpt_init_params(b, 9);
+        /* a: wte, wpe, blocks 0-2; b: wte (the tied copy), block 3, ln_f. */
+        ASSERT_EQ(dt_gpt_num_tensors(a), 2 + 3 * 12);
+        ASSERT_EQ(dt_gpt_num_tensors(b), 1 + 12 + 2);
+        dt_param_info pa, pb;
+        dt_gpt_tensor_info(b, 0, &pa);
+        ASSERT_TRUE(strcmp(pa.name, "wte") == 0 && !pa.owner);
+        dt_gpt_tensor_info(b, 1, &pb);
+        ASSERT_TRUE(strcmp(pb.name, "h.3.ln_1.weight") == 0 && pb.owner);
+        float lw, lb;
+        ASSERT_OK(dt_gpt_forward(whole, x, y, B, T, &lw));
+        ASSERT_STATUS(dt_gpt_forward_stage(b, 0, NULL, NULL, y, B, T, &lb), DT_ERR_INVALID);
+        ASSERT_OK(dt_gpt_forward_stage(a, 0, x, NULL, NULL, B, T, NULL));
+        ASSERT_OK(dt_gpt_forward_stage(b, 0, NULL, dt_gpt_stage_output(a, 0), y, B, T, &lb));
+        ASSERT_EQ(memcmp(&lw, &lb, sizeof lw), 0);
+        ASSERT_OK(dt_gpt_backward_mode(whole, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
+        ASSERT_OK(dt_gpt_backward_stage(b, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL));
+        ASSERT_STATUS(dt_gpt_backward_stage(a, 0, NULL, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL),
+                      DT_ERR_INVALID);
+        ASSERT_OK(dt_gpt_forward_stage(a, 0, x, NULL, NULL, B, T, NULL));
+        ASSERT_OK(dt_gpt_backward_stage(a, 0, dt_gpt_stage_input_grad(b), 1.0f, DT_GRAD_OVERWRITE,
+                                        NULL, NULL));
+        /* Every tensor of a part equals the whole model's of the same name. */
+        dt_gpt *parts[2] = {a, b};
+        for (int k = 0; k < 2; k++)
+            for (size_t i = 0; i < dt_gpt_num_tensors(parts[k]); i++) {
+                dt_param_info p, w;
+                dt_gpt_tensor_info(parts[k], i, &p);
+                if (strcmp(p.name, "wte") == 0)
+                    continue;
+                size_t j = 0;
+                for (;; j++) {
+                    dt_gpt_tensor_info(whole, j, &w);
+                    if (strcmp(w.name, p.name) == 0)
+                        break;
+                }
+                size_t n = p.rows * p.cols;
+                ASSERT_EQ(n, w.rows * w.cols);
+                if (memcmp(dt_gpt_grads(parts[k]) + p.offset, dt_gpt_grads(whole) + w.offset,
+                           n * sizeof(float)) != 0)
+                    TEST_FAILF("%s: gradient of %s differs from the whole model's",
+                               pr ? "bf16" : "fp32", p.name);
+            }
+        /* wte: the head's part (b's copy) plus the embedding's part (a). */
+        size_t nwte = (size_t)c.vocab * c.dim;
+        for (size_t i = 0; i < nwte; i++) {
+            float h = dt_gpt_grads(b)[i], e = dt_gpt_grads(a)[i], w = dt_gpt_grads(whole)[i];
+            if (!(fabsf(h + e - w) <= 1e-6f * (fabsf(h) + fabsf(e) + fabsf(w)) + 1e-12f))
+                TEST_FAILF("wte gradient %zu: %g + %g != %g", i, (double)h, (double)e, (double)w);
+        }
+        dt_gpt_destroy(whole);
+        dt_gpt_destroy(a);
+        dt_gpt_destroy(b);
+    }
+}
+
+/* The memory plan of a shard: parameters (and so optimizer state) fall to
+ * about 1/tp, and with sequence parallelism the activations too (the
+ * issue's targets: <= 0.55x and <= 0.6x at tp = 2). A plan allocates
+ * nothing, so gpt2-124m is cheap to check. */
+static void test_shard_memory(void) {
+    static const char *const models[] = {"shakespeare-char", "gpt2-124m"};
+    static const int BT[][2] = {{8, 256}, {4, 64}};
+    for (int k = 0; k < 2; k++) {
+        dt_gpt_config c;
+        ASSERT_OK(dt_gpt_preset(models[k], &c));
+        dt_memory_report one, tp2, sp2;
+        dt_gpt_options o = dt_gpt_options_default();
+        dt_gpt_memory_plan_with(&c, BT[k][0], BT[k][1], &o, &one);
+        o.part = (dt_gpt_part){.tp_rank = 1, .tp_size = 2};
+        dt_gpt_memory_plan_with(&c, BT[k][0], BT[k][1], &o, &tp2);
+        o.part.sequence_parallel = true;
+        dt_gpt_memory_plan_with(&c, BT[k][0], BT[k][1], &o, &sp2);
+        double params = (double)tp2.params / (double)one.params;
+        double act = (double)sp2.activations / (double)one.activations;
+        printf("  %s B%d T%d tp 2: params %.3fx, activations %.3fx (%.3fx with sp)\n", models[k],
+               BT[k][0], BT[k][1], params, (double)tp2.activations / (double)one.activations, act);
+        ASSERT_TRUE(params <= 0.55);
+        ASSERT_TRUE(act <= 0.6);
+        ASSERT_TRUE(sp2.activations < tp2.activations);
+    }
+}
+
+/* Activation slots: three micro-batches forwarded into three slots, then
+ * their backwards in another order, accumulate the same gradients (bit for
+ * bit) as one slot doing forward + backward per micro-batch in that order;
+ * with and without recomputation, fp32 and bf16. */
+static void test_slots(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    const int B = 2, T = 16, K = 3;
+    int32_t x[3][2 * 16], y[3][2 * 16];
+    for (int k = 0; k < K; k++) {
+        fill_tokens(x[k], B * T, c.vocab, 10 + (uint64_t)k);
+        fill_tokens(y[k], B * T, c.vocab, 20 + (uint64_t)k);
+    }
+    static const int order[3] = {1, 0, 2};
+    for (int v = 0; v < 4; v++) {
+        dt_gpt_options o = {.precision = v & 1 ? DT_PRECISION_BF16 : DT_PRECISION_FP32,
+                            .recompute_every = v & 2 ? 1 : 0};
+        dt_gpt *one, *many;
+        ASSERT_OK(dt_gpt_create_with(&one, &c, B, T, &o));
+        o.slots = K;
+        ASSERT_OK(dt_gpt_create_with(&many, &c, B, T, &o));
+        dt_gpt_init_params(one, 5);
+        dt_gpt_init_params(many, 5);
+        float l1[3], lk[3];
+        for (int k = 0; k < K; k++)
+            ASSERT_OK(dt_gpt_forward_stage(many, k, x[k], NULL, y[k], B, T, &lk[k]));
+        for (int i = 0; i < K; i++) {
+            int k = order[i];
+            dt_grad_mode mode = i == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE;
+            ASSERT_OK(dt_gpt_forward(one, x[k], y[k], B, T, &l1[k]));
+            ASSERT_OK(dt_gpt_backward_mode(one, 1.0f, mode, NULL, NULL));
+            ASSERT_OK(dt_gpt_backward_stage(many, k, NULL, 1.0f, mode, NULL, NULL));
+            ASSERT_EQ(memcmp(&l1[k], &lk[k], sizeof l1[k]), 0);
+        }
+        assert_same_bits(one, dt_gpt_grads(one), dt_gpt_grads(many), "slots");
+        ASSERT_STATUS(dt_gpt_forward_stage(many, K, x[0], NULL, y[0], B, T, NULL), DT_ERR_INVALID);
+        ASSERT_CONTAINS(dt_last_error(), "created with 3 slot(s)");
+        dt_memory_report r1, rk;
+        dt_gpt_memory(one, &r1);
+        dt_gpt_memory(many, &rk);
+        ASSERT_TRUE(rk.activations > r1.activations && rk.saved == 3 * r1.saved);
+        dt_gpt_destroy(one);
+        dt_gpt_destroy(many);
+    }
+}
+
 int main(void) {
     dt_tensor_set_threads(2);
     RUN(test_presets);
@@ -372,5 +527,8 @@ int main(void) {
     RUN(test_bad_input);
     RUN(test_attention_memory_linear);
     RUN(test_weights_file);
+    RUN(test_pipeline_stages);
+    RUN(test_shard_memory);
+    RUN(test_slots);
     return TEST_SUMMARY();
 }

@@ -45,7 +45,7 @@ typedef struct run_out {
  * kept. head_cols > 0 forces the LM head's chunk width. */
 static void run(const dt_gpt_config *c, dt_precision pr, int every, int head_cols, run_out *o) {
     enum { B = 2, T = 24 };
-    dt_gpt_options opt = {pr, every};
+    dt_gpt_options opt = {.precision = pr, .recompute_every = every};
     dt_gpt *m;
     dt__gpt_head_cols_override(head_cols);
     dt_status st = dt_gpt_create_with(&m, c, B, T, &opt);
@@ -174,10 +174,10 @@ static void test_chunked_head(void) {
 static void test_options_rejected(void) {
     dt_gpt_config c = {2, 64, 4, 32, 97};
     dt_gpt *m = NULL;
-    dt_gpt_options o = {DT_PRECISION_FP32, -1};
+    dt_gpt_options o = {.precision = DT_PRECISION_FP32, .recompute_every = -1};
     ASSERT_STATUS(dt_gpt_create_with(&m, &c, 1, 8, &o), DT_ERR_INVALID);
     ASSERT_TRUE(strstr(dt_last_error(), "-1") != NULL);
-    o = (dt_gpt_options){(dt_precision)7, 0};
+    o = (dt_gpt_options){.precision = (dt_precision)7, .recompute_every = 0};
     ASSERT_STATUS(dt_gpt_create_with(&m, &c, 1, 8, &o), DT_ERR_INVALID);
     ASSERT_TRUE(m == NULL);
 }
@@ -199,7 +199,9 @@ static void check_plan(const char *preset, int B, int T, dt_precision pr, bool b
                        bool whole_arena) {
     dt_gpt_config c;
     ASSERT_OK(dt_gpt_preset(preset, &c));
-    dt_gpt_options none = {pr, 0}, blocks = {pr, 1}, two = {pr, 2};
+    dt_gpt_options none = {.precision = pr, .recompute_every = 0},
+                   blocks = {.precision = pr, .recompute_every = 1},
+                   two = {.precision = pr, .recompute_every = 2};
     dt_memory_report rn, rb, r2;
     dt_gpt_memory_plan_with(&c, B, T, &none, &rn);
     dt_gpt_memory_plan_with(&c, B, T, &blocks, &rb);
@@ -248,7 +250,8 @@ static void test_memory_plan(void) {
     /* 16-bit activations: the arena is smaller, the weight copy appears */
     dt_gpt_config c;
     ASSERT_OK(dt_gpt_preset("shakespeare-char", &c));
-    dt_gpt_options f32 = {DT_PRECISION_FP32, 0}, b16 = {DT_PRECISION_BF16, 0};
+    dt_gpt_options f32 = {.precision = DT_PRECISION_FP32, .recompute_every = 0},
+                   b16 = {.precision = DT_PRECISION_BF16, .recompute_every = 0};
     dt_memory_report a, b;
     dt_gpt_memory_plan_with(&c, 8, 256, &f32, &a);
     dt_gpt_memory_plan_with(&c, 8, 256, &b16, &b);
@@ -272,7 +275,7 @@ static void overfit(dt_precision pr, int every, float *first, float *last) {
     enum { B = 2, T = 32, STEPS = 40 };
     dt_gpt_config c;
     ASSERT_OK(dt_gpt_preset("tiny", &c));
-    dt_gpt_options opt = {pr, every};
+    dt_gpt_options opt = {.precision = pr, .recompute_every = every};
     dt_gpt *m;
     ASSERT_OK(dt_gpt_create_with(&m, &c, B, T, &opt));
     dt_gpt_init_params(m, 3);

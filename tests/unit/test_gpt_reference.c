@@ -198,7 +198,7 @@ static void check_fixture16(const char *name, dt_precision pr) {
     fixture fx;
     load_fixture(name, &fx);
     dt_gpt *m;
-    dt_gpt_options opt = {pr, 0};
+    dt_gpt_options opt = {.precision = pr, .recompute_every = 0};
     ASSERT_OK(dt_gpt_create_with(&m, &fx.cfg, fx.B, fx.T, &opt));
     memcpy(dt_gpt_params(m), fx.params, fx.n * 4);
     const double u = pr == DT_PRECISION_BF16 ? 0x1p-8 : 0x1p-11;

@@ -38,6 +38,7 @@ static dt_step_metrics sample(int64_t step) {
                              .compute_ms = 40,
                              .comm_ms = 20,
                              .exposed_comm_ms = 10,
+                             .tp_comm_ms = step == 2 ? 2.5 : NAN,
                              .mfu = NAN,
                              .bytes_sent = 1u << 20,
                              .tokens = step * 600,
@@ -60,10 +61,12 @@ static void test_metrics_file(void) {
     ASSERT_EQ(count_char(text, '\n'), 5);
     ASSERT_CONTAINS(text, "{\"step\":1,\"loss\":4.25,\"val_loss\":null,\"lr\":0.001,"
                           "\"grad_norm\":1.5,\"tokens_per_s\":12000,\"step_ms\":50,"
-                          "\"compute_ms\":40,\"comm_ms\":20,\"exposed_comm_ms\":10,\"mfu\":null,"
+                          "\"compute_ms\":40,\"comm_ms\":20,\"exposed_comm_ms\":10,"
+                          "\"tp_comm_ms\":null,\"mfu\":null,"
                           "\"bytes_sent\":1048576,\"tokens\":600,\"loss_scale\":null,"
                           "\"skipped_steps\":0}\n");
     ASSERT_CONTAINS(text, "{\"step\":5,\"loss\":3.25,\"val_loss\":3,");
+    ASSERT_CONTAINS(text, "\"exposed_comm_ms\":10,\"tp_comm_ms\":2.5,\"mfu\"");
 
     /* A run resumed from step 3 keeps steps 1..3 and appends; a fresh one
      * starts over. */

@@ -346,6 +346,113 @@ static void test_sumsq_exact_on_integers(void) {
     free(g);
 }
 
+/* The optimizer object against the range kernels it drives: per-tensor
+ * decay, AdamW's count skipping a skipped step, any split of the owned
+ * range, an owned sub-range (a ZeRO share), the v freeze, SGD with and
+ * without momentum, and bad configurations. */
+#define NO 1000 /* parameters of the optimizer-object test */
+
+static void test_optimizer_object(void) {
+    /* Three tensors: a decayed matrix, a bias, a decayed matrix. */
+    const dt_optim_tensor tens[] = {{0, 600, true}, {600, 40, false}, {640, 360, true}};
+    float *p0 = malloc(NO * sizeof(float)), *p1 = malloc(NO * sizeof(float));
+    float *g = malloc(NO * sizeof(float)), *m = calloc(NO, sizeof(float)),
+          *v = calloc(NO, sizeof(float));
+    fill(p0, NO, 4, 1.0f);
+    memcpy(p1, p0, NO * sizeof(float));
+    dt_optim_config c = dt_optim_config_default();
+    c.weight_decay = 0.1f;
+    c.freeze_v_from = 3;
+    dt_optimizer *o, *share;
+    ASSERT_OK(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){0, NO}, 1));
+    /* The share [300, 500) + [550, 700) of a second object (a ZeRO rank's
+     * pieces of two buckets): splits two tensors, one of them twice. */
+    const dt_range pieces[] = {{300, 500}, {550, 700}};
+    float *q = malloc(NO * sizeof(float));
+    memcpy(q, p0, NO * sizeof(float));
+    ASSERT_OK(dt_optimizer_create(&share, &c, tens, 3, pieces, 2));
+    ASSERT_EQ(dt_optimizer_num_states(o), 2);
+    ASSERT_EQ(dt_optimizer_state_bytes(share), 2 * 350 * sizeof(float));
+    ASSERT_EQ(dt_optimizer_owned_count(share), 350);
+    ASSERT_EQ(dt_optimizer_num_owned(share), 2);
+    dt_adamw_config fz = c.adamw;
+    fz.beta2 = 1.0f;
+    int64_t count = 0;
+    for (int step = 0; step < 5; step++) {
+        fill(g, NO, 10 + (uint64_t)step, 0.5f);
+        bool applied = step != 1; /* step 1 is skipped (an overflow) */
+        dt_optimizer_begin(o, step, 1e-2f);
+        dt_optimizer_begin(share, step, 1e-2f);
+        if (step == 3) { /* the freeze: v becomes bias-corrected */
+            float inv = (float)(1.0 / (1.0 - pow((double)c.adamw.beta2, (double)count)));
+            dt_scale(v, NO, inv);
+        }
+        if (applied) {
+            /* Uneven pieces, out of order, as buckets arrive. */
+            dt_optimizer_update(o, p1, g, 640, NO);
+            dt_optimizer_update(o, p1, g, 0, 77);
+            dt_optimizer_update(o, p1, g, 77, 640);
+            dt_optimizer_update(share, q, g, 600, 700);
+            dt_optimizer_update(share, q, g, 300, 500);
+            dt_optimizer_update(share, q, g, 550, 600);
+            for (size_t t = 0; t < 3; t++)
+                dt_adamw_step(p0 + tens[t].offset, g + tens[t].offset, m + tens[t].offset,
+                              v + tens[t].offset, tens[t].count, 1e-2f, step >= 3 ? &fz : &c.adamw,
+                              count + 1, tens[t].decay ? 0.1f : 0.0f);
+            count++;
+        }
+        dt_optimizer_end(o, applied);
+        dt_optimizer_end(share, applied);
+    }
+    ASSERT_EQ(dt_optimizer_count(o), count);
+    ASSERT_EQ(memcmp(p0, p1, NO * sizeof(float)), 0);
+    ASSERT_EQ(memcmp(q + 300, p0 + 300, 200 * sizeof(float)), 0);
+    ASSERT_EQ(memcmp(q + 550, p0 + 550, 150 * sizeof(float)), 0);
+    ASSERT_EQ(memcmp(q, p1, 300 * sizeof(float)) == 0, false); /* outside the share: untouched */
+    ASSERT_EQ(memcmp(q + 500, p1 + 500, 50 * sizeof(float)) == 0, false);
+    const char *name;
+    float *sv = dt_optimizer_state(o, 1, &name);
+    ASSERT_TRUE(strcmp(name, "adamw.v") == 0);
+    ASSERT_EQ(memcmp(sv, v, NO * sizeof(float)), 0);
+    const float *sm = dt_optimizer_state(share, 0, NULL);
+    ASSERT_EQ(memcmp(sm, m + 300, 200 * sizeof(float)), 0);
+    ASSERT_EQ(memcmp(sm + 200, m + 550, 150 * sizeof(float)), 0);
+    dt_optimizer_destroy(o);
+    dt_optimizer_destroy(share);
+
+    /* SGD: momentum keeps one state buffer, none without momentum. */
+    c = dt_optim_config_default();
+    c.kind = DT_OPTIM_SGD;
+    c.weight_decay = 1e-4f;
+    ASSERT_OK(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){0, NO}, 1));
+    ASSERT_EQ(dt_optimizer_num_states(o), 0);
+    memcpy(p1, p0, NO * sizeof(float));
+    dt_optimizer_begin(o, 0, 0.1f);
+    dt_optimizer_update(o, p1, g, 0, NO);
+    dt_optimizer_end(o, true);
+    for (size_t t = 0; t < 3; t++)
+        dt_sgd_step(p0 + tens[t].offset, g + tens[t].offset, NULL, tens[t].count, 0.1f, 0.0f, false,
+                    tens[t].decay ? 1e-4f : 0.0f);
+    ASSERT_EQ(memcmp(p0, p1, NO * sizeof(float)), 0);
+    dt_optimizer_destroy(o);
+    c.momentum = 0.9f;
+    ASSERT_OK(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){0, NO}, 1));
+    dt_optimizer_state(o, 0, &name);
+    ASSERT_TRUE(strcmp(name, "sgd.momentum") == 0);
+    dt_optimizer_destroy(o);
+
+    /* Bad input names the field. */
+    c.momentum = 1.5f;
+    ASSERT_STATUS(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){0, NO}, 1), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "momentum 1.5");
+    c = dt_optim_config_default();
+    const dt_optim_tensor overlap[] = {{0, 10, true}, {5, 10, true}};
+    ASSERT_STATUS(dt_optimizer_create(&o, &c, overlap, 2, &(dt_range){0, 15}, 1), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "overlaps");
+    ASSERT_STATUS(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){10, 5}, 1), DT_ERR_INVALID);
+    free(p0), free(p1), free(q), free(g), free(m), free(v);
+}
+
 int main(void) {
     load_fixture();
     RUN(test_adamw_matches_pytorch);
@@ -357,6 +464,7 @@ int main(void) {
     RUN(test_split_invariance);
     RUN(test_adamw_frozen_v);
     RUN(test_sumsq_exact_on_integers);
+    RUN(test_optimizer_object);
     free(fixture_text);
     return TEST_SUMMARY();
 }

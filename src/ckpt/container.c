@@ -1,5 +1,5 @@
 /*
- * checkpoint.c — the checkpoint container: named, typed sections in one file
+ * container.c — the checkpoint container: named, typed sections in one file
  * with a whole-file XXH3 checksum, written atomically, rotated, and resumed
  * from the newest file that validates.
  *
@@ -16,7 +16,7 @@
  *     file-provided size (sections are read through a read-only mmap).
  * The format is little-endian (checked at compile time below).
  */
-#include "train_internal.h"
+#include "ckpt_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -158,6 +158,11 @@ static dt_status check_sections(const char *path, const dt_ckpt_section *s, size
 }
 
 dt_status dt_ckpt_write_file(const char *path, const dt_ckpt_section *sections, size_t n) {
+    return dt_ckpt_write_file_sum(path, sections, n, NULL);
+}
+
+dt_status dt_ckpt_write_file_sum(const char *path, const dt_ckpt_section *sections, size_t n,
+                                 dt_ckpt_file_rec *written) {
     DT_CHECK(check_sections(path, sections, n));
     DT_CHECK(dt_file_check_replaceable(path));
 
@@ -214,6 +219,10 @@ dt_status dt_ckpt_write_file(const char *path, const dt_ckpt_section *sections, 
     }
     ckpt_trailer tr = {.checksum = dt_hasher_final(w.hash)};
     memcpy(tr.magic, ckpt_end_magic, 8);
+    if (written) {
+        written->size = head->file_size;
+        written->checksum = tr.checksum;
+    }
     DT_CHECK_GOTO(dt_file_write_all(w.fd, &tr, sizeof tr, path), st, fail);
     if (fsync(w.fd) != 0) {
         st = io_error("cannot fsync checkpoint", path);
@@ -251,37 +260,46 @@ void dt_ckpt_path(char *out, size_t len, const char *dir, int64_t step) {
     snprintf(out, len, "%s/ckpt-%06" PRId64 ".dtck", dir, step);
 }
 
-/* If `name` is "ckpt-<digits>.dtck", store the step and return true. */
-static bool parse_ckpt_name(const char *name, int64_t *step) {
-    if (strncmp(name, "ckpt-", 5) != 0)
-        return false;
-    const char *p = name + 5;
-    int64_t v = 0;
-    int digits = 0;
-    while (*p >= '0' && *p <= '9') {
-        if (v > (INT64_MAX - 9) / 10)
-            return false;
-        v = v * 10 + (*p++ - '0');
-        digits++;
-    }
-    if (digits == 0 || strcmp(p, ".dtck") != 0)
-        return false;
-    *step = v;
-    return true;
+void dt_ckpt_shard_path(char *out, size_t len, const char *dir, int64_t step, int rank) {
+    snprintf(out, len, "%s/ckpt-%06" PRId64 ".r%05d.dtck", dir, step, rank);
 }
 
-typedef struct ckpt_file {
-    int64_t step;
-    char name[256];
-} ckpt_file;
+/* Read decimal digits at *p into *v (advancing *p); false without any or
+ * on overflow. */
+static bool digits(const char **p, int64_t *v) {
+    int n = 0;
+    *v = 0;
+    while (**p >= '0' && **p <= '9') {
+        if (*v > (INT64_MAX - 9) / 10)
+            return false;
+        *v = *v * 10 + (*(*p)++ - '0');
+        n++;
+    }
+    return n > 0;
+}
+
+/* If `name` is "ckpt-<digits>.dtck", store the step and return true. */
+static bool parse_ckpt_name(const char *name, int64_t *step) {
+    const char *p = name + 5;
+    return strncmp(name, "ckpt-", 5) == 0 && digits(&p, step) && strcmp(p, ".dtck") == 0;
+}
+
+/* If `name` is a shard file "ckpt-<digits>.r<digits>.dtck", store the step. */
+static bool parse_shard_name(const char *name, int64_t *step) {
+    const char *p = name + 5;
+    int64_t rank;
+    if (strncmp(name, "ckpt-", 5) != 0 || !digits(&p, step) || strncmp(p, ".r", 2) != 0)
+        return false;
+    p += 2;
+    return digits(&p, &rank) && strcmp(p, ".dtck") == 0;
+}
 
 static int by_step_desc(const void *a, const void *b) {
     int64_t x = ((const ckpt_file *)a)->step, y = ((const ckpt_file *)b)->step;
     return x < y ? 1 : x > y ? -1 : 0;
 }
 
-/* All checkpoints in dir, newest first. *out is NULL when there are none. */
-static dt_status list_ckpts(const char *dir, ckpt_file **out, size_t *count) {
+dt_status dt__ckpt_list(const char *dir, ckpt_file **out, size_t *count) {
     *out = NULL;
     *count = 0;
     DIR *d = opendir(dir);
@@ -343,26 +361,6 @@ static void remove_stale_temps(const char *dir) {
     closedir(d);
 }
 
-dt_status dt__mkdir_p(const char *dir) {
-    char p[4096];
-    if (snprintf(p, sizeof p, "%s", dir) >= (int)sizeof p)
-        return dt_error_set(DT_ERR_INVALID, "directory name too long: %s", dir);
-    for (char *s = p + 1; *s; s++) {
-        if (*s != '/')
-            continue;
-        *s = '\0';
-        if (mkdir(p, 0755) != 0 && errno != EEXIST)
-            return io_error("cannot create directory", p);
-        *s = '/';
-    }
-    if (mkdir(p, 0755) != 0 && errno != EEXIST)
-        return io_error("cannot create directory", p);
-    struct stat sb;
-    if (stat(p, &sb) != 0 || !S_ISDIR(sb.st_mode))
-        return dt_error_set(DT_ERR_IO, "%s exists and is not a directory", p);
-    return DT_OK;
-}
-
 /* Point dir/latest at `name`: a symlink made under a temp name and renamed
  * over the old one, which is atomic. */
 static dt_status set_latest(const char *dir, const char *name) {
@@ -380,17 +378,88 @@ static dt_status set_latest(const char *dir, const char *name) {
     return dt_fsync_dir(dir);
 }
 
+/* Remove the shard files whose checkpoint has no manifest: those of
+ * checkpoints rotated out, and those a save that failed before its manifest
+ * left behind. Called by the one writer of the directory after it wrote a
+ * manifest, so no save is in flight. */
+static bool remove_orphan_shards(const char *dir) {
+    DIR *d = opendir(dir);
+    if (!d)
+        return false;
+    bool removed = false;
+    struct dirent *ent;
+    while ((ent = readdir(d)) != NULL) {
+        int64_t step;
+        if (!parse_shard_name(ent->d_name, &step))
+            continue;
+        char manifest[4096 + 32], p[4096 + 512];
+        dt_ckpt_path(manifest, sizeof manifest, dir, step);
+        if (access(manifest, F_OK) == 0)
+            continue;
+        snprintf(p, sizeof p, "%s/%s", dir, ent->d_name);
+        if (unlink(p) != 0)
+            DT_WARN("cannot remove shard file %s: %s", p, strerror(errno));
+        else
+            removed = true;
+    }
+    closedir(d);
+    return removed;
+}
+
+/* Every shard file the manifest will list is there with the size its
+ * writer reported: a directory that is not shared by the writers fails
+ * here, before anything is committed. */
+static dt_status check_shards(const char *dir, int64_t step, const dt_ckpt_file_rec *files,
+                              size_t nfiles) {
+    for (size_t i = 0; i < nfiles; i++) {
+        char p[4096 + 64];
+        struct stat sb;
+        dt_ckpt_shard_path(p, sizeof p, dir, step, (int)files[i].rank);
+        if (stat(p, &sb) != 0)
+            return dt_error_set(errno == ENOENT ? DT_ERR_NOT_FOUND : DT_ERR_IO,
+                                "rank %" PRId64 "'s shard file %s is not visible to rank 0 (%s): "
+                                "--ckpt-dir must be one directory shared by every rank",
+                                files[i].rank, p, strerror(errno));
+        if ((uint64_t)sb.st_size != files[i].size)
+            return dt_error_set(DT_ERR_IO,
+                                "rank %" PRId64 "'s shard file %s has %lld bytes, its writer "
+                                "wrote %" PRIu64,
+                                files[i].rank, p, (long long)sb.st_size, files[i].size);
+    }
+    return DT_OK;
+}
+
 dt_status dt_ckpt_save(const char *dir, int64_t step, const dt_ckpt_section *sections, size_t count,
                        int keep, char *path_out, size_t path_len) {
+    return dt_ckpt_save_set(dir, step, sections, count, NULL, 0, keep, path_out, path_len);
+}
+
+dt_status dt_ckpt_save_set(const char *dir, int64_t step, const dt_ckpt_section *sections,
+                           size_t count, const dt_ckpt_file_rec *files, size_t nfiles, int keep,
+                           char *path_out, size_t path_len) {
     if (keep < 1)
         return dt_error_set(DT_ERR_INVALID, "checkpoint keep count %d must be >= 1", keep);
     if (step < 0)
         return dt_error_set(DT_ERR_INVALID, "checkpoint step %" PRId64 " must be >= 0", step);
-    DT_CHECK(dt__mkdir_p(dir));
+    DT_CHECK(dt_mkdir_p(dir));
     remove_stale_temps(dir);
+    DT_CHECK(check_shards(dir, step, files, nfiles));
     char path[4096 + 32];
     dt_ckpt_path(path, sizeof path, dir, step);
-    DT_CHECK(dt_ckpt_write_file(path, sections, count));
+    if (nfiles == 0) {
+        DT_CHECK(dt_ckpt_write_file(path, sections, count));
+    } else {
+        /* The manifest: the given sections and the list of shard files. */
+        dt_ckpt_section *all = dt_calloc(count + 1, sizeof *all);
+        if (!all)
+            return DT_ERR_NOMEM;
+        memcpy(all, sections, count * sizeof *all);
+        all[count] =
+            (dt_ckpt_section){DT_CKPT_FILES_SECTION, DT_CKPT_BYTES, files, nfiles * sizeof *files};
+        dt_status st = dt_ckpt_write_file(path, all, count + 1);
+        dt_free(all);
+        DT_CHECK(st);
+    }
     if (path_out)
         snprintf(path_out, path_len, "%s", path);
     DT_CHECK(set_latest(dir, base_of(path)));
@@ -399,16 +468,16 @@ dt_status dt_ckpt_save(const char *dir, int64_t step, const dt_ckpt_section *sec
      * Files of later steps belong to a run that was abandoned (resume picked
      * an older file because they did not validate); they are left for
      * inspection but never counted. */
-    ckpt_file *files;
+    ckpt_file *list;
     size_t n;
-    DT_CHECK(list_ckpts(dir, &files, &n));
+    DT_CHECK(dt__ckpt_list(dir, &list, &n));
     int kept = 0;
     bool removed = false;
     for (size_t i = 0; i < n; i++) {
-        if (files[i].step > step) {
+        if (list[i].step > step) {
             DT_WARN("checkpoint directory %s holds %s, newer than step %" PRId64
                     " just saved; leaving it alone",
-                    dir, files[i].name, step);
+                    dir, list[i].name, step);
             continue;
         }
         if (kept < keep) {
@@ -416,13 +485,14 @@ dt_status dt_ckpt_save(const char *dir, int64_t step, const dt_ckpt_section *sec
             continue;
         }
         char p[4096 + 512];
-        snprintf(p, sizeof p, "%s/%s", dir, files[i].name);
+        snprintf(p, sizeof p, "%s/%s", dir, list[i].name);
         if (unlink(p) != 0)
             DT_WARN("cannot remove old checkpoint %s: %s", p, strerror(errno));
         else
             removed = true;
     }
-    free(files);
+    free(list);
+    removed |= remove_orphan_shards(dir);
     return removed ? dt_fsync_dir(dir) : DT_OK;
 }
 
@@ -584,7 +654,7 @@ dt_status dt_ckpt_open_latest(dt_ckpt **out, const char *dir) {
     *out = NULL;
     ckpt_file *files;
     size_t n;
-    DT_CHECK(list_ckpts(dir, &files, &n));
+    DT_CHECK(dt__ckpt_list(dir, &files, &n));
     if (n == 0)
         return dt_error_set(DT_ERR_NOT_FOUND, "no checkpoint (ckpt-*.dtck) in %s", dir);
     char first_err[1024] = "";
@@ -618,6 +688,11 @@ void dt_ckpt_close(dt_ckpt *ck) {
 }
 
 const char *dt_ckpt_file(const dt_ckpt *ck) { return ck->path; }
+
+uint64_t dt_ckpt_stored_checksum(const dt_ckpt *ck) {
+    const ckpt_trailer *tr = (const ckpt_trailer *)(ck->map + ck->size - sizeof(ckpt_trailer));
+    return tr->checksum;
+}
 uint32_t dt_ckpt_version(const dt_ckpt *ck) { return ck->head->version; }
 uint64_t dt_ckpt_file_size(const dt_ckpt *ck) { return ck->size; }
 size_t dt_ckpt_num_sections(const dt_ckpt *ck) { return ck->head->nsections; }

@@ -1,0 +1,185 @@
+/*
+ * cmd_plan.c — `dtrain plan`: what a layout will do, computed before
+ * anything runs. `dtrain plan pipeline` generates a pipeline schedule,
+ * checks it (parallel.h), and prints the per-rank table, the verdict, each
+ * rank's peak live micro-batches and memory for the given model (from the
+ * same memory plan that lays out the model's buffers), the bubble and a
+ * timeline; --svg draws the timeline.
+ */
+#include "cli.h"
+#include "dtrain/nn.h"
+#include "dtrain/parallel.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
+
+/* clang-format off */
+static const cli_opt pipeline_opts[] = {
+    {"stages", 'P', CLI_INT, "P", "2", "DT_PP", "pipeline stages (ranks)", NULL, 1, 4096},
+    {"micro-batches", 'M', CLI_INT, "M", "8", "DT_MICRO_BATCHES", "micro-batches per optimizer step", NULL, 1, 1 << 20},
+    {"schedule", 0, CLI_STRING, "KIND", "1f1b", "DT_PP_SCHEDULE", "gpipe, 1f1b, interleaved:V or zb", NULL, 0, 0},
+    {"model", 0, CLI_STRING, "PRESET", "gpt2-124m", "DT_MODEL", "model preset for the memory figures", NULL, 0, 0},
+    {"layers", 0, CLI_INT, "L", "0", "DT_LAYERS", "transformer blocks (0: the preset's)", NULL, 0, 1024},
+    {"dim", 0, CLI_INT, "C", "0", "DT_DIM", "channels (0: the preset's)", NULL, 0, 65536},
+    {"heads", 0, CLI_INT, "NH", "0", "DT_HEADS", "attention heads (0: the preset's)", NULL, 0, 4096},
+    {"seq", 0, CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
+    {"vocab", 0, CLI_INT, "V", "0", "DT_VOCAB", "vocabulary (0: the preset's)", NULL, 0, 1 << 24},
+    {"batch", 'b', CLI_INT, "B", "4", "DT_BATCH", "sequences per micro-batch", NULL, 1, 1 << 20},
+    {"precision", 0, CLI_ENUM, "TYPE", "fp32", "DT_PRECISION", "compute type", precisions, 0, 0},
+    {"recompute", 0, CLI_STRING, "MODE", "none", "DT_RECOMPUTE", "none, blocks, every:K", NULL, 0, 0},
+    {"costs", 0, CLI_STRING, "F,B,W,C", "1,1,1,0", NULL, "durations of a forward, an input-gradient backward, a weight-gradient pass and a batch of transfers, relative", NULL, 0, 0},
+    {"table", 0, CLI_FLAG, NULL, NULL, NULL, "print every rank's list of actions", NULL, 0, 0},
+    {"svg", 0, CLI_STRING, "FILE", NULL, NULL, "write the timeline as an SVG drawing", NULL, 0, 0},
+    {0},
+};
+/* clang-format on */
+
+/* "F3", "B3", "W3"; transfers as ">a3 r1" (send activation to rank 1),
+ * "<a3 r0", ">g3 r0", "<g3 r1"; chunks as a letter with interleaving. */
+static void print_action(const dt_pp_schedule *s, const dt_pp_action *a, FILE *f) {
+    static const char *const sym[DT_PP_OP_COUNT] = {"F", "B", "W", ">a", "<a", ">g", "<g"};
+    fprintf(f, "%s%u", sym[a->op], a->mb);
+    if (s->chunks > 1)
+        fputc('a' + a->chunk % 26, f);
+    if (a->peer >= 0)
+        fprintf(f, "@%d", a->peer);
+    fputc(' ', f);
+}
+
+static int run_pipeline(cli_args *a) {
+    if (a->argc > 0)
+        cli_usage_error(a->cmd, "unexpected argument '%s'", a->argv[0]);
+    int P = (int)cli_int(a, "stages"), M = (int)cli_int(a, "micro-batches"), V;
+    dt_pp_kind kind;
+    if (dt_pp_kind_parse("--schedule", cli_str(a, "schedule"), &kind, &V) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
+    dt_pp_costs costs = dt_pp_costs_default();
+    if (sscanf(cli_str(a, "costs"), "%lf,%lf,%lf,%lf", &costs.f, &costs.b, &costs.w, &costs.comm) !=
+            4 ||
+        !(costs.f > 0 && costs.b > 0 && costs.w > 0 && costs.comm >= 0))
+        cli_usage_error(a->cmd, "--costs \"%s\": expected four numbers F,B,W,C (F, B, W > 0)",
+                        cli_str(a, "costs"));
+    dt_gpt_config cfg;
+    if (dt_gpt_preset(cli_str(a, "model"), &cfg) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
+    static const char *const dims[] = {"layers", "dim", "heads", "seq", "vocab"};
+    int *fields[] = {&cfg.layers, &cfg.dim, &cfg.heads, &cfg.max_seq, &cfg.vocab};
+    for (int i = 0; i < 5; i++)
+        if (cli_int(a, dims[i]) > 0)
+            *fields[i] = (int)cli_int(a, dims[i]);
+    if (dt_gpt_config_validate(&cfg) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
+    int S = P * V;
+    if (cfg.layers < S)
+        cli_usage_error(a->cmd,
+                        "--stages %d x %d chunk(s) = %d virtual stages, but the model has %d "
+                        "layers (every stage needs one)",
+                        P, V, S, cfg.layers);
+    dt_gpt_options mo = dt_gpt_options_default();
+    mo.precision = (dt_precision)cli_enum(a, "precision");
+    if (dt_recompute_parse("--recompute", cli_str(a, "recompute"), &mo.recompute_every) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
+    int B = (int)cli_int(a, "batch");
+
+    dt_pp_schedule *s;
+    dt_status st = dt_pp_schedule_create(&s, kind, P, V, M);
+    if (st != DT_OK)
+        return cli_fail(st);
+    dt_pp_report r;
+    st = dt_pp_check(s, &costs, &r);
+    printf("pipeline: %s, %d stage(s) x %d chunk(s), %d micro-batch(es) of %d x %d, %s\n",
+           dt_pp_kind_names[kind], P, V, M, B, cfg.max_seq, cli_str(a, "model"));
+    if (st != DT_OK) {
+        printf("check:    REFUSED: %s\n", dt_last_error());
+        dt_pp_schedule_destroy(s);
+        return 1;
+    }
+    printf("check:    ok (every transfer matched, no deadlock)\n");
+    printf("bubble:   %.1f%% simulated (F %g, B %g, W %g, transfers %g); theory %.1f%% for "
+           "%s\n",
+           100 * r.bubble, costs.f, costs.b, costs.w, costs.comm,
+           100 * dt_pp_theoretical_bubble(kind, P, V, M),
+           kind == DT_PP_ZB ? "1F1B" : dt_pp_kind_names[kind]);
+    printf("memory per rank (%s, recompute %s; layers split evenly over the %d stages):\n",
+           dt_precision_name(mo.precision), cli_str(a, "recompute"), S);
+    for (int rank = 0; rank < P; rank++) {
+        size_t params = 0, act = 0, w16 = 0;
+        for (int c = 0; c < V; c++) {
+            int stg = dt_pp_stage_of(s, rank, c);
+            dt_gpt_options o = mo;
+            o.part.layer_begin = (int)((long)cfg.layers * stg / S);
+            o.part.layer_end = (int)((long)cfg.layers * (stg + 1) / S);
+            o.slots = r.chunk_live[(size_t)rank * V + c];
+            dt_memory_report mr;
+            dt_gpt_memory_plan_with(&cfg, B, cfg.max_seq, &o, &mr);
+            params += mr.params;
+            act += mr.activations;
+            w16 += mr.weights16;
+        }
+        char pb[32], gb[32], ob[32], ab[32], tb[32];
+        size_t total = 2 * params + 2 * params + w16 + act; /* params, grads, AdamW m and v */
+        printf("  rank %-3d live micro-batches %-3d params %s, grads %s, AdamW %s, activations "
+               "%s: %s\n",
+               rank, r.peak_live[rank], dt_format_bytes((double)params, pb, sizeof pb),
+               dt_format_bytes((double)params, gb, sizeof gb),
+               dt_format_bytes(2.0 * params, ob, sizeof ob),
+               dt_format_bytes((double)act, ab, sizeof ab),
+               dt_format_bytes((double)total, tb, sizeof tb));
+    }
+    if (cli_bool(a, "table")) {
+        printf("table:\n");
+        for (int rank = 0; rank < P; rank++) {
+            printf("  rank %-3d ", rank);
+            for (size_t i = s->start[rank]; i < s->start[rank + 1]; i++)
+                print_action(s, &s->actions[i], stdout);
+            printf("\n");
+        }
+    }
+    printf("timeline (one column per %s):\n", V > 1 ? "half forward" : "forward");
+    dt_pp_timeline_text(s, &r, costs.f / (V > 1 ? 2 : 1), stdout);
+    const char *svg = cli_str(a, "svg");
+    if (svg) {
+        st = dt_pp_timeline_svg(s, &r, svg);
+        if (st == DT_OK)
+            printf("svg:      %s\n", svg);
+    }
+    dt_pp_report_free(&r);
+    dt_pp_schedule_destroy(s);
+    return st == DT_OK ? 0 : cli_fail(st);
+}
+
+static const cli_cmd plan_pipeline = {
+    .name = "pipeline",
+    .parent = "plan",
+    .summary = "generate, check and draw a pipeline schedule",
+    .usage = "dtrain plan pipeline --stages P --micro-batches M --schedule KIND [OPTIONS]",
+    .description =
+        "Generates the schedule (gpipe, 1f1b, interleaved:V, zb), checks it (every transfer\n"
+        "matched, no deadlock under the executor's semantics), and prints each rank's peak\n"
+        "live micro-batches and memory for the model, the bubble and a timeline.\n"
+        "Example:\n"
+        "  dtrain plan pipeline --stages 4 --micro-batches 8 --schedule interleaved:2 --svg "
+        "pp.svg",
+    .opts = pipeline_opts,
+    .run = run_pipeline,
+};
+
+static const cli_opt plan_opts[] = {{0}};
+
+static int run_plan(cli_args *a) {
+    static const cli_cmd *const subs[] = {&plan_pipeline};
+    return cli_run_sub(a, subs, 1, "plan", "(expected: pipeline)");
+}
+
+const cli_cmd cli_cmd_plan = {
+    .name = "plan",
+    .summary = "plan a layout before running it: dtrain plan pipeline ...",
+    .usage = "dtrain plan pipeline [OPTIONS]",
+    .description = "plans:\n  pipeline   schedule table, check, memory per stage, bubble, timeline",
+    .opts = plan_opts,
+    .run = run_plan,
+    .stop_at_positional = true,
+};

@@ -1,0 +1,156 @@
+/*
+ * gpt_internal.h — the model object shared by gpt.c (layout, memory plan,
+ * creation, initialisation) and gpt_pass.c (forward and backward).
+ *
+ * Sizes used throughout, for a model part (nn.h, "the model as a part"):
+ *   N  = B·T      token rows of a batch
+ *   Ns = N / tp   rows of the residual stream on this rank with sequence
+ *                 parallelism (a contiguous block of the N rows), else N
+ *   Ct = C / tp   channels of q, k and v each (NHt = NH / tp heads)
+ *   Ft = 4C / tp  MLP hidden channels
+ *   Vl = Vp / tp  vocabulary rows of wte here (Vp: V padded to tp)
+ * Without tensor parallelism tp = 1 and every one of these is the whole.
+ */
+#ifndef DTRAIN_NN_GPT_INTERNAL_H
+#define DTRAIN_NN_GPT_INTERNAL_H
+
+#include "dtrain/nn.h"
+
+/* Per-block parameter tensors, in buffer order. */
+enum {
+    P_LN1W,
+    P_LN1B,
+    P_QKVW,
+    P_QKVB,
+    P_ATTPROJW,
+    P_ATTPROJB,
+    P_LN2W,
+    P_LN2B,
+    P_FCW,
+    P_FCB,
+    P_FCPROJW,
+    P_FCPROJB,
+    P_BLOCK_COUNT
+};
+
+/* Activations of one block (pointers into the arena). The fields typed
+ * void * hold the compute type (fp32, or a16 in bf16/fp16); statistics
+ * and the residual stream are fp32 in every precision. A recomputed block
+ * owns only res3; its other fields point into the one shared scratch set,
+ * refilled by backward just before the block's turn. */
+typedef struct block_acts {
+    void *ln1;       // (Ns,C)    ln_1 output
+    float *ln1_mean; // (Ns)
+    float *ln1_rstd; // (Ns)
+    void *qkv;       // (N,3Ct)
+    void *atty;      // (N,Ct)    attention output (before c_proj)
+    float *att_lse;  // (B,NHt,T) flash attention log-sum-exp
+    float *res2;     // (Ns,C)    x + attn(...)
+    void *ln2;       // (Ns,C)
+    float *ln2_mean; // (Ns)
+    float *ln2_rstd; // (Ns)
+    void *fch;       // (N,Ft)    c_fc output (pre-GELU; fp32: without its bias)
+    void *fch_gelu;  // (N,Ft)
+    float *res3;     // (Ns,C)    block output = the next block's input (always kept)
+} block_acts;
+
+/* The shape of a model part, derived once from config and part. */
+typedef struct gpt_dims {
+    int L0, L1;    /* blocks [L0, L1) of the model live here */
+    bool first;    /* holds the embeddings (L0 == 0) */
+    bool last;     /* holds ln_f and the LM head (L1 == layers) */
+    int tp, r;     /* tensor-parallel size and this rank */
+    bool sp;       /* sequence parallelism */
+    int C, NH, Ct; /* channels, heads; channels of q/k/v here */
+    int NHt, Ft;   /* heads here; MLP hidden channels here */
+    int V, Vp, Vl; /* vocabulary, padded to tp, rows here */
+} gpt_dims;
+
+/* What one micro-batch in flight keeps from its forward to its backward:
+ * a model holds `slots` of these (dt_gpt_options.slots: a pipeline stage
+ * keeps several micro-batches alive), the scratch once. */
+typedef struct gpt_slot {
+    block_acts *acts;  /* (L1 - L0) entries, indexed by l - L0 */
+    float *encoded;    // (Ns,C)    the first block's input: embeddings, or the stage input
+    void *lnf_out;     // (Ns,C)    compute type: ln_f output (the LM head's input)
+    float *lnf_mean;   // (Ns)
+    float *lnf_rstd;   // (Ns)
+    float *logits;     // (N,Vl)    without recomputation (NULL with); dlogits after backward
+    float *chunk;      // (N,Vb)    logits/dlogits of one vocabulary chunk (== logits when
+                       //           there is one chunk and no recomputation; else shared)
+    float *ce_lse;     // (N)
+    float *losses;     // (N)
+    int32_t *tokens;   // (N)       copy of the inputs
+    int32_t *targets;  // (N)       copy of the targets
+    int B, T;          /* sizes of its forward */
+    bool have_targets; /* its forward can be differentiated */
+} gpt_slot;
+
+struct dt_gpt {
+    dt_gpt_config cfg;
+    dt_gpt_options opt;    /* precision, recomputation, part */
+    gpt_dims d;            /* what this part holds */
+    int max_B, max_T;      /* arena planned for these */
+    size_t nparams;        /* floats in params and grads */
+    float *params, *grads; /* the two flat buffers */
+    uint16_t *w16;         /* bf16/fp16: params cast once per forward (NULL in fp32) */
+    size_t ntensors;       /* entries of info */
+    dt_param_info *info;   /* the tensors, in buffer order */
+    int *global;           /* (ntensors) index of each in the unsharded model's table */
+    size_t wte, wpe;       /* info index of wte / wpe (SIZE_MAX: not here) */
+    size_t blocks;         /* info index of block L0's first tensor */
+    size_t lnf;            /* info index of ln_f.weight (SIZE_MAX: not here) */
+    char *names;           /* storage of info[i].name */
+    char *arena;           /* all activations */
+    size_t arena_bytes;
+    gpt_slot *slots; /* (nslots) micro-batches in flight */
+    int nslots;
+    gpt_slot *s;       /* the slot of the pass running (or that ran last) */
+    block_acts shared; /* the scratch set of recomputed blocks (res3 unused) */
+    void *gathered;    // (N,C)     sequence parallelism: an all-gathered ln output, compute type
+    int head_cols;     /* Vb: vocabulary columns per LM-head chunk (== Vl: one chunk) */
+    float *last;       // (B,Vl)    the last positions' logits (recomputation, or TP sampling)
+    void *lnf_last;    // (B,C)     with recomputation: ln_f rows of the last positions
+    float *last_all;   // (B,Vp)    tensor parallelism: the last positions' full logits
+    float *ce_stats;   // (N,2)     tensor parallelism: this rank's (lse, target logit) per row
+    float *ce_all;     // (tp,N,2)  ... every rank's, for the merge (also the last logits)
+    float *dres;       // (Ns,C)    backward: gradient of the residual stream
+    float *dbuf;       // (N,C)     scratch: c_proj outputs, dln, a gathered dres
+    void *dqkv;        // (N,3Ct)   backward scratch, compute type
+    float *dfch;       // (N,Ft)    backward scratch
+    uint16_t *dres16;  // (N,C)     16-bit: dres rounded (the c_proj layers' dout; gathered
+                       //           to N rows with sequence parallelism)
+    uint16_t *row16;   // (Vb)      16-bit: the first row of a dlogits chunk
+    float *attn_work;  // 16-bit: dt_attention16_workspace() floats
+    float *gscratch;   // sequence parallelism: max(4C, T·C) floats, a replicated tensor's
+                       // partial gradient on its way to the group sum
+    double comm_ms;    /* time spent in the tensor-parallel communication points */
+};
+
+/* Whether block l drops its activations in forward and recomputes them. */
+static inline bool dt__gpt_recomputed(int every, int l) { return every > 0 && l % every == 0; }
+
+/* Block tensor k of layer l (a global layer index in [L0, L1)) in buffer
+ * `buf` (params or grads), and its 16-bit copy. */
+static inline float *bt(const dt_gpt *m, float *buf, int l, int k) {
+    return buf + m->info[m->blocks + (size_t)(l - m->d.L0) * P_BLOCK_COUNT + k].offset;
+}
+static inline const uint16_t *wt(const dt_gpt *m, int l, int k) {
+    return m->w16 + m->info[m->blocks + (size_t)(l - m->d.L0) * P_BLOCK_COUNT + k].offset;
+}
+/* First float of block l, or of what follows the last block. */
+static inline size_t block_offset(const dt_gpt *m, int l) {
+    return l < m->d.L1 ? m->info[m->blocks + (size_t)(l - m->d.L0) * P_BLOCK_COUNT].offset
+                       : m->nparams;
+}
+/* The activations of block l in the current slot. */
+static inline block_acts *acts_of(const dt_gpt *m, int l) { return &m->s->acts[l - m->d.L0]; }
+
+/* Bytes of one activation element: fp32, or 16 bits in bf16/fp16. */
+static inline size_t dt__act_size(dt_precision p) { return p == DT_PRECISION_FP32 ? 4 : 2; }
+
+/* gpt_pass.c: forward of block l from its input x (Ns,C) into its
+ * activations (`full` false: stop once what backward reads is there). */
+dt_status dt__gpt_block_forward(dt_gpt *m, int l, const float *x, bool full, bool ln1_done);
+
+#endif

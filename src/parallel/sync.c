@@ -1,0 +1,46 @@
+/*
+ * sync.c — the public face of dt_grad_sync: each call goes through the
+ * strategy's table (sync_internal.h). Nothing here knows a strategy.
+ */
+#include "sync_internal.h"
+
+#include <string.h>
+
+dt_status dt_grad_sync_begin_step(dt_grad_sync *s, const dt_sync_step *step) {
+    return s->ops->begin_step(s, step);
+}
+void dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch) {
+    s->ops->begin_backward(s, last_microbatch);
+}
+void dt_grad_sync_ready(void *s, size_t ready_from) {
+    dt_grad_sync *g = s;
+    g->ops->ready(g, ready_from);
+}
+dt_status dt_grad_sync_finish(dt_grad_sync *s, dt_sync_result *out) {
+    memset(out, 0, sizeof *out);
+    return s->ops->finish(s, out);
+}
+dt_status dt_grad_sync_apply(dt_grad_sync *s, bool skip, float clip_scale) {
+    return s->ops->apply(s, skip, clip_scale);
+}
+dt_status dt_grad_sync_replicate(dt_grad_sync *s) { return s->ops->replicate(s); }
+dt_status dt_grad_sync_check(dt_grad_sync *s, int64_t step) { return s->ops->check(s, step); }
+const char *dt_grad_sync_name(const dt_grad_sync *s) { return s->ops->name; }
+void dt_grad_sync_cost(const dt_grad_sync *s, dt_sync_cost *out) {
+    memset(out, 0, sizeof *out);
+    s->ops->cost(s, out);
+}
+void dt_grad_sync_layout(const dt_grad_sync *s, dt_sync_layout *out) { s->ops->layout(s, out); }
+void dt_grad_sync_reset_state(dt_grad_sync *s) { s->ops->reset_state(s); }
+size_t dt_grad_sync_state_bytes(const dt_grad_sync *s) { return s->ops->state_bytes(s); }
+const char *dt_grad_sync_state_ident(const dt_grad_sync *s) { return s->ops->state_ident(s); }
+dt_status dt_grad_sync_get_state(const dt_grad_sync *s, void *buf, size_t len, float *unit) {
+    return s->ops->get_state(s, buf, len, unit);
+}
+dt_status dt_grad_sync_set_state(dt_grad_sync *s, const void *buf, size_t len, float unit) {
+    return s->ops->set_state(s, buf, len, unit);
+}
+void dt_grad_sync_destroy(dt_grad_sync *s) {
+    if (s)
+        s->ops->destroy(s);
+}

@@ -1,0 +1,407 @@
+/*
+ * loop.c — the training loop. One optimizer step:
+ *
+ *     K times: next batch -> forward -> backward(S/K)      (the first backward
+ *              overwrites the gradients, so nothing zeroes them; the grad
+ *              sync's hook sees each one; S is the loss scale with loss
+ *              scaling on, else 1)
+ *     finish the grad sync: final (averaged, unscaled) gradients, the local
+ *              sum of squares, inf/nan found (with update_early the
+ *              optimizer already stepped, range by range)
+ *     one allreduce over the world: loss, sum of squares, stop flag,
+ *              inf/nan flag; a NaN/inf loss stops the run; an inf/nan
+ *              gradient on any rank skips the step on every rank
+ *     apply: clip by the global norm and update (unless skipped)
+ *     metrics, progress, evaluation, checkpoint
+ *
+ * The loop knows no strategy: it drives the dt_grad_sync and the optimizer
+ * object it was given, and averages over the mesh's groups.
+ *
+ * Invariants:
+ *   - Every rank runs the same sequence of collectives: the grad sync's,
+ *     then the step's statistics, then (at fixed steps) the evaluation
+ *     average, the replica check and the checkpoint's.
+ *   - The hot loop allocates nothing; per-step records for the medians are
+ *     a fixed window (the newest DT__MEDIAN_WINDOW steps), whatever --steps.
+ */
+#include "dtrain/launch.h"
+#include "train_internal.h"
+
+#include <float.h>
+#include <inttypes.h>
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* Steps whose throughput and communication times enter the summary's
+ * medians: the newest ones, so that memory does not grow with --steps. */
+#define MEDIAN_WINDOW 4096
+
+float dt__train_applied_scale(const trainer *t) {
+    return fminf(dt_scaler_scale(&t->scaler), DT__MAX_APPLIED_SCALE);
+}
+
+/* Mean validation loss over --eval-batches batches from the start of the
+ * validation data, averaged over the data-parallel replicas. */
+static dt_status evaluate(trainer *t, double *out) {
+    DT_CHECK(dt_loader_set_state(t->val, (dt_loader_state){0, 0}));
+    uint64_t nb = dt_loader_steps_per_epoch(t->val);
+    int n = (uint64_t)t->c->eval_batches < nb ? t->c->eval_batches : (int)nb;
+    double sum = 0;
+    for (int i = 0; i < n; i++) {
+        float loss;
+        DT_CHECK(dt_loader_next(t->val, t->inputs, t->targets));
+        DT_CHECK(dt_gpt_forward(t->m, t->inputs, t->targets, t->B, t->T, &loss));
+        sum += loss;
+    }
+    double v = sum / n;
+    dt_group *dp = dt_mesh_group(t->mesh, DT_AXIS_DP);
+    if (dp)
+        DT_CHECK(dt_group_allreduce(dp, &v, &v, 1, DT_F64, DT_AVG));
+    *out = v;
+    return DT_OK;
+}
+
+static void maybe_fault(trainer *t) {
+    if (t->step == t->perturb_at) {
+        fprintf(stderr, "[rank %d] DT_FAULT_PERTURB: changing a parameter after step %lld\n",
+                t->rank, (long long)t->step);
+        dt_gpt_params(t->m)[t->n / 2] += 1.0f;
+    }
+    if (t->step == t->kill_at) {
+        fprintf(stderr, "[rank %d] DT_FAULT_KILL: killing myself after step %lld\n", t->rank,
+                (long long)t->step);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
+}
+
+/* What one step agreed on over the world. */
+typedef struct step_stats {
+    double loss;      /* mean training loss over the replicas */
+    double sumsq;     /* global squared gradient norm */
+    double norm;      /* its square root */
+    bool stop;        /* some rank was asked to stop */
+    bool skip;        /* some rank found an inf/nan gradient (loss scaling) */
+    dt_sync_result r; /* this rank's grad-sync report */
+    float scale;      /* the loss scale applied */
+} step_stats;
+
+/* One optimizer step (see the file comment). */
+static dt_status step(trainer *t, step_stats *s) {
+    const dt_train_config *c = t->c;
+    float lr = dt_schedule_lr(&t->sched, t->step);
+    float scale = t->scaling ? dt__train_applied_scale(t) : 1.0f;
+    s->scale = scale;
+    dt_optimizer_begin(t->opt, t->step, lr);
+    DT_CHECK(dt_grad_sync_begin_step(
+        t->sync, &(dt_sync_step){.step = t->step,
+                                 .lr = lr,
+                                 .loss_scaling = t->scaling,
+                                 .loss_scale = scale,
+                                 .update_early = !(c->clip > 0) && !t->scaling}));
+    double loss = 0;
+    for (int k = 0; k < t->K; k++) {
+        float l;
+        DT_CHECK(dt_loader_next(t->train, t->inputs, t->targets));
+        DT_CHECK(dt_gpt_forward(t->m, t->inputs, t->targets, t->B, t->T, &l));
+        loss += l;
+        dt_grad_sync_begin_backward(t->sync, k == t->K - 1);
+        /* The first micro-batch overwrites the gradients (no zeroing pass;
+         * the same bits), the others add to them. */
+        DT_CHECK(dt_gpt_backward_mode(t->m, scale / (float)t->K,
+                                      k == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE,
+                                      dt_grad_sync_ready, t->sync));
+    }
+    DT_CHECK(dt_grad_sync_finish(t->sync, &s->r));
+    if (t->step + 1 == t->overflow_at) {
+        /* DT_FAULT_OVERFLOW: after averaging, only this rank sees it. */
+        dt_gpt_grads(t->m)[t->n / 2] = INFINITY;
+        s->r.found_inf = true;
+        s->r.sumsq = INFINITY;
+    }
+    /* One small allreduce makes every rank agree: the loss (counted once
+     * per replica: by its first tensor-parallel rank), the counted sums of
+     * squares (each element once over the world), "a stop was requested
+     * on some rank" and "some rank found an inf/nan gradient". */
+    bool counts_loss = dt_mesh_coord(t->mesh, DT_AXIS_TP) == 0;
+    double v[4] = {counts_loss ? loss / t->K : 0.0, s->r.sumsq,
+                   c->stop && atomic_load_explicit(c->stop, memory_order_relaxed) ? 1.0 : 0.0,
+                   s->r.found_inf ? 1.0 : 0.0};
+    if (t->world)
+        DT_CHECK(dt_group_allreduce(t->world, v, v, 4, DT_F64, DT_SUM));
+    s->loss = v[0] / t->dp;
+    s->sumsq = v[1];
+    s->norm = sqrt(v[1]);
+    s->stop = v[2] > 0;
+    s->skip = t->scaling && v[3] > 0;
+    if (s->skip && scale <= FLT_MIN)
+        return dt_error_set(DT_ERR_NUMERIC,
+                            "gradients are inf/nan at step %" PRId64 " even at the smallest loss "
+                            "scale (%g); stopping%s",
+                            t->step + 1, (double)scale,
+                            c->ckpt_dir ? "; the last good checkpoint is kept" : "");
+    if (!isfinite(s->loss) || (!s->skip && !isfinite(s->norm))) {
+        bool l = !isfinite(s->loss);
+        double bad_v = l ? s->loss : s->norm;
+        return dt_error_set(DT_ERR_NUMERIC, "%s is %s at step %" PRId64 " (lr %.3g); stopping%s",
+                            l ? "loss" : "gradient norm", isnan(bad_v) ? "NaN" : "infinite",
+                            t->step + 1, (double)lr,
+                            c->ckpt_dir ? "; the last good checkpoint is kept" : "");
+    }
+    /* A skipped step (PyTorch GradScaler.step) leaves parameters and
+     * optimizer state alone; the schedule still advances (lr is a function
+     * of the step), the optimizer's update count does not. */
+    if (t->scaling)
+        dt_scaler_update(&t->scaler, s->skip);
+    if (s->skip) {
+        t->skipped++;
+        DT_DEBUG("amp", "step %" PRId64 ": %s; skipped, loss scale %g -> %g", t->step + 1,
+                 s->r.found_inf ? "inf/nan in this rank's gradients"
+                                : "another rank found inf/nan gradients",
+                 (double)scale, (double)dt__train_applied_scale(t));
+    }
+    DT_CHECK(dt_grad_sync_apply(t->sync, s->skip, dt_clip_scale(s->sumsq, (float)c->clip)));
+    dt_optimizer_end(t->opt, !s->skip);
+    return DT_OK;
+}
+
+/* Rank 0's view of the loop: metrics file, progress line, the medians. */
+typedef struct display {
+    dt_metrics *metrics;
+    dt_progress *prog;
+    FILE *tty; /* /dev/tty when the live line cannot go to stderr */
+    double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW];
+    size_t nrec; /* records so far (the window holds the newest) */
+} display;
+
+static dt_status display_open(trainer *t, display *d) {
+    const dt_train_config *c = t->c;
+    if (c->run_dir) {
+        DT_CHECK(dt_metrics_write_config(c->run_dir, t->cfg_text));
+        DT_CHECK(dt_metrics_create(&d->metrics, c->run_dir, t->resumed[0] ? t->step : 0));
+    }
+    bool tty = c->progress < 0 ? isatty(STDERR_FILENO) : c->progress == 1;
+    /* Under a launcher our stderr is a pipe relayed line by line, which
+     * cannot carry a line redrawn in place: `dtrain train --nproc N` on a
+     * terminal asks for the live line (DT_PROGRESS=live) and rank 0 draws
+     * it on the session's terminal directly. */
+    FILE *pf = stderr;
+    if (tty && !isatty(STDERR_FILENO) && (d->tty = fopen("/dev/tty", "w")) != NULL)
+        pf = d->tty;
+    return dt_progress_create(&d->prog, pf, tty, c->steps, c->log_every);
+}
+
+static void display_close(display *d) {
+    if (d->prog)
+        dt_progress_finish(d->prog);
+    dt_progress_destroy(d->prog);
+    if (d->tty)
+        fclose(d->tty);
+    dt_metrics_destroy(d->metrics);
+}
+
+static void record(display *d, const dt_step_metrics *sm) {
+    size_t i = d->nrec++ % MEDIAN_WINDOW;
+    d->tps[i] = sm->tokens_per_s;
+    d->comm[i] = sm->comm_ms;
+    d->exposed[i] = sm->exposed_comm_ms;
+    d->tp[i] = sm->tp_comm_ms;
+}
+
+/* The summary line and where the results went (rank 0, with the whole
+ * model: the weights file and the sample). */
+static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int64_t run_steps,
+                               const step_stats *last, dt_gpt *whole) {
+    const dt_train_config *c = t->c;
+    size_t n = d->nrec < MEDIAN_WINDOW ? d->nrec : MEDIAN_WINDOW;
+    res->tokens_per_s = dt__median(d->tps, n);
+    res->comm_ms = dt__median(d->comm, n);
+    res->exposed_comm_ms = dt__median(d->exposed, n);
+    res->tp_comm_ms = dt__median(d->tp, n);
+    if (t->rank != 0)
+        return DT_OK;
+    dt_progress_finish(d->prog);
+    if (run_steps > 0) {
+        fprintf(stderr, "done: steps %" PRId64 "..%" PRId64 " in %.1f s, loss %.4f -> %.4f",
+                res->first_step, res->last_step, res->seconds, res->first_loss, res->last_loss);
+        if (isfinite(res->val_loss))
+            fprintf(stderr, ", val loss %.4f", res->val_loss);
+        fprintf(stderr, ", %.0f tokens/s (median), %s", res->tokens_per_s,
+                dt_precision_name(c->precision));
+        if (t->scaling)
+            fprintf(stderr, ", loss scale %g, %" PRId64 " step(s) skipped",
+                    (double)dt__train_applied_scale(t), t->skipped);
+        if (isfinite(res->tp_comm_ms))
+            fprintf(stderr, ", tensor-parallel comm %.1f ms/step (exposed)", res->tp_comm_ms);
+        if (t->dp > 1 && isfinite(res->comm_ms)) {
+            char wb[32];
+            fprintf(stderr,
+                    ", comm %.1f ms/step of which %.1f ms exposed (%.0f%%); %d of %d "
+                    "buckets started during backward; %s sent per step and rank",
+                    res->comm_ms, res->exposed_comm_ms,
+                    res->comm_ms > 0 ? 100.0 * res->exposed_comm_ms / res->comm_ms : 0.0,
+                    last->r.launched_in_backward, last->r.collectives,
+                    dt_format_bytes((double)last->r.bytes_sent, wb, sizeof wb));
+        }
+        fprintf(stderr, "\n");
+    }
+    if (res->checkpoint[0])
+        fprintf(stderr, "checkpoint: %s\n", res->checkpoint);
+    if (whole && c->run_dir) {
+        /* The final weights in the engine's plain format, for `dtrain
+         * sample` (the checkpoint holds the optimizer state too). */
+        char wpath[4096];
+        snprintf(wpath, sizeof wpath, "%s/model.dtgw", c->run_dir);
+        DT_CHECK(dt_gpt_save_weights(whole, wpath, t->tok->id_to_byte, t->tok->vocab_size));
+        fprintf(stderr, "metrics:    %s/metrics.jsonl\n", c->run_dir);
+        fprintf(stderr, "weights:    %s (dtrain sample --ckpt %s)\n", wpath, wpath);
+    }
+    if (whole && c->sample_tokens > 0 && t->step == c->steps)
+        DT_CHECK(dt__train_generate(t, whole, stdout));
+    fflush(stdout);
+    return DT_OK;
+}
+
+dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
+    memset(res, 0, sizeof *res);
+    res->val_loss = NAN;
+    DT_CHECK(dt__train_check_config(c));
+    trainer tr = {.c = c, .rank = 0, .size = 1, .replica = 0, .dp = 1};
+    trainer *t = &tr;
+    dt_status st = DT_OK;
+    display *d = dt_calloc(1, sizeof *d);
+    if (!d)
+        return DT_ERR_NOMEM;
+    DT_CHECK_GOTO(dt__train_setup(t), st, fail);
+    DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
+    if (c->resume) {
+        if (!c->ckpt_dir) {
+            st = bad("--resume needs --ckpt-dir");
+            goto fail;
+        }
+        DT_CHECK_GOTO(dt__train_resume(t), st, fail);
+    }
+    int64_t check_every = c->check_every;
+    if (check_every == 0 && dt_log_enabled(DT_LOG_LEVEL_DEBUG, "ddp"))
+        check_every = 50;
+    if (check_every > 0)
+        DT_CHECK_GOTO(dt_grad_sync_check(t->sync, t->step), st, fail);
+
+    double peak = c->peak_gflops > 0 ? c->peak_gflops : dt__train_peak_gflops();
+    double flops_per_token = 3.0 * dt_gpt_flops_per_token(&t->mc, t->T);
+    int64_t tokens_per_step = (int64_t)t->dp * t->B * t->T * t->K;
+    if (t->rank == 0) {
+        DT_CHECK_GOTO(display_open(t, d), st, fail);
+        dt__train_print_header(t, peak, stderr);
+    }
+
+    int64_t nsteps = c->steps - t->step, run_steps = 0;
+    res->first_step = t->step + 1;
+    double loop_t0 = dt_now();
+    step_stats s = {0};
+    bool split = dt_gpt_get_part(t->m)->tp_size > 1;
+    (void)dt_gpt_take_comm_ms(t->m); /* count from the first step */
+    while (t->step < c->steps) {
+        double t0 = dt_now();
+        float lr = dt_schedule_lr(&t->sched, t->step);
+        DT_CHECK_GOTO(step(t, &s), st, fail);
+        t->step++;
+        run_steps++;
+        t->tokens += tokens_per_step;
+        double t1 = dt_now();
+        dt_step_metrics sm = {
+            .step = t->step,
+            .total_steps = c->steps,
+            .loss = s.loss,
+            .val_loss = NAN,
+            .lr = lr,
+            .grad_norm = s.norm,
+            .step_ms = (t1 - t0) * 1e3,
+            .comm_ms = s.r.comm_ms,
+            .exposed_comm_ms = s.r.exposed_comm_ms,
+            .tp_comm_ms = split ? dt_gpt_take_comm_ms(t->m) : NAN,
+            .bytes_sent = s.r.bytes_sent,
+            .tokens = t->tokens,
+            .loss_scale = t->scaling ? (double)s.scale : NAN,
+            .skipped_steps = t->skipped,
+            .skipped = s.skip,
+        };
+        sm.compute_ms = sm.step_ms - sm.exposed_comm_ms - (split ? sm.tp_comm_ms : 0);
+        sm.tokens_per_s = (double)tokens_per_step / (t1 - t0);
+        sm.mfu = isfinite(peak) && peak > 0
+                     ? flops_per_token * sm.tokens_per_s / (peak * 1e9 * t->size)
+                     : NAN;
+        if (run_steps == 1)
+            res->first_loss = s.loss;
+        res->last_loss = s.loss;
+        if (run_steps > 1 || nsteps == 1)
+            record(d, &sm);
+        bool last = t->step == c->steps;
+        bool interrupted = s.stop && !last;
+        bool stop = (c->stop_after > 0 && run_steps >= c->stop_after && !last) || interrupted;
+        if (t->val && ((c->eval_every > 0 && t->step % c->eval_every == 0) || last)) {
+            DT_CHECK_GOTO(evaluate(t, &sm.val_loss), st, fail);
+            res->val_loss = sm.val_loss;
+            (void)dt_gpt_take_comm_ms(t->m); /* not the next step's */
+        }
+        if (check_every > 0 && t->step % check_every == 0)
+            DT_CHECK_GOTO(dt_grad_sync_check(t->sync, t->step), st, fail);
+        if (t->rank == 0) {
+            if (d->metrics)
+                DT_CHECK_GOTO(dt_metrics_log(d->metrics, &sm), st, fail);
+            dt_progress_update(d->prog, &sm);
+        }
+        if (c->ckpt_dir && ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last || stop))
+            DT_CHECK_GOTO(dt__train_save(t, res->checkpoint, sizeof res->checkpoint), st, fail);
+        maybe_fault(t);
+        if (stop) {
+            if (t->rank == 0) {
+                dt_progress_finish(d->prog);
+                fprintf(stderr, "stopped after %" PRId64 " steps (%s)%s%s\n", run_steps,
+                        interrupted ? "interrupted" : "--stop-after",
+                        res->checkpoint[0] ? "; continue with --resume from " : "",
+                        res->checkpoint);
+            }
+            if (interrupted)
+                st = dt_error_set(DT_ERR_ABORTED, "interrupted after step %" PRId64 "%s%s", t->step,
+                                  res->checkpoint[0] ? "; checkpoint " : "", res->checkpoint);
+            break;
+        }
+    }
+    /* An interruption still gets the summary below; its status is returned
+     * at the end. */
+    dt_status stop_st = st;
+    char stop_msg[512] = "";
+    if (stop_st != DT_OK)
+        snprintf(stop_msg, sizeof stop_msg, "%s", dt_last_error());
+    res->last_step = t->step;
+    res->seconds = dt_now() - loop_t0;
+    /* The weights file and the sample need the whole model on rank 0. */
+    dt_gpt *whole = NULL;
+    if (c->run_dir || (c->sample_tokens > 0 && t->step == c->steps))
+        DT_CHECK_GOTO(dt__train_whole_model(t, &whole), st, fail);
+    st = finish_report(t, d, res, run_steps, &s, whole);
+    if (whole != t->m)
+        dt_gpt_destroy(whole);
+    if (st != DT_OK)
+        goto fail;
+    if (stop_st != DT_OK)
+        st = dt_error_set(stop_st, "%s", stop_msg);
+
+fail:;
+    /* Cleanup (closing the group) may log or set errors of its own: keep
+     * the message of the failure that brought us here. */
+    char msg[1024] = "";
+    if (st != DT_OK)
+        snprintf(msg, sizeof msg, "%s", dt_last_error());
+    display_close(d);
+    dt_free(d);
+    dt__train_free(t);
+    if (st != DT_OK && msg[0])
+        dt_error_set(st, "%s", msg);
+    return st;
+}

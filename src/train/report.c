@@ -1,0 +1,248 @@
+/*
+ * report.c — what rank 0 prints: the header before the first step, the
+ * generated sample at the end, and the helpers they share (the measured
+ * sgemm peak for MFU, medians).
+ */
+#include "dtrain/tensor.h"
+#include "train_internal.h"
+
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+/* Achievable fp32 GFLOP/s of one rank: the best of 5 bursts of 1024^3
+ * sgemm (about 0.05-0.1 s), i.e. what the BLAS reaches with this rank's
+ * threads, not the data-sheet peak. The best burst is the least disturbed
+ * by other load. 1024 because 512^3 reached only a quarter of the plateau
+ * here, and small models then showed an MFU above 100%. */
+double dt__train_peak_gflops(void) {
+    enum { N = 1024 };
+    float *a = dt_alloc(3 * N * N * sizeof(float));
+    if (!a)
+        return NAN;
+    for (int i = 0; i < 3 * N * N; i++)
+        a[i] = (float)(i % 7) * 0.1f;
+    double best = 0;
+    for (int burst = 0; burst < 6; burst++) {
+        double t0 = dt_now();
+        dt_sgemm(false, false, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f, a + 2 * N * N, N);
+        double gf = 2.0 * N * N * N / (dt_now() - t0) * 1e-9;
+        if (burst > 0) /* the first one warms caches and the BLAS's threads */
+            best = gf > best ? gf : best;
+    }
+    dt_free(a);
+    return best;
+}
+
+/* The header's precision and memory lines: compute type, loss scaling,
+ * recomputation, and the bytes each rank holds. */
+static void print_precision(const trainer *t, FILE *f) {
+    const dt_train_config *c = t->c;
+    char rc[32], a[32], b[32], o[32], act[32];
+    dt_recompute_format(c->recompute_every, rc, sizeof rc);
+    fprintf(f, "  precision %s (master weights, gradients and optimizer fp32), loss scaling ",
+            dt_precision_name(c->precision));
+    if (t->scaling)
+        fprintf(f, "on (from %g, x%g after %" PRId64 " clean steps, x%g on overflow)",
+                t->scaler.cfg.init_scale, t->scaler.cfg.growth_factor,
+                t->scaler.cfg.growth_interval, t->scaler.cfg.backoff_factor);
+    else
+        fprintf(f, "off");
+    fprintf(f, ", recompute %s, kernels %s\n", rc, dt_isa_name(dt_isa()));
+    dt_memory_report mr;
+    dt_gpt_memory(t->m, &mr);
+    size_t opt = dt_optimizer_state_bytes(t->opt);
+    char w16[48] = "", w[32], sv[32], re[32];
+    if (mr.weights16)
+        snprintf(w16, sizeof w16, ", %s weights %s", dt_precision_name(c->precision),
+                 dt_format_bytes((double)mr.weights16, w, sizeof w));
+    fprintf(f,
+            "  memory/rank: params %s, grads %s, optimizer %s%s, activations %s peak (%s; saved "
+            "%s, recompute scratch %s)\n",
+            dt_format_bytes((double)mr.params, a, sizeof a),
+            dt_format_bytes((double)mr.grads, b, sizeof b),
+            dt_format_bytes((double)opt, o, sizeof o), w16,
+            dt_format_bytes((double)mr.activations, act, sizeof act),
+            dt_precision_name(c->precision), dt_format_bytes((double)mr.saved, sv, sizeof sv),
+            dt_format_bytes((double)mr.recompute, re, sizeof re));
+}
+
+/* The lines printed before the first step: the model, the layout and the
+ * batch, the gradient wire format, precision and memory, and the resume. */
+void dt__train_print_header(const trainer *t, double peak, FILE *f) {
+    const dt_train_config *c = t->c;
+    dt_sync_cost cost;
+    dt_grad_sync_cost(t->sync, &cost);
+    int64_t tokens_per_step = (int64_t)t->dp * t->B * t->T * t->K;
+    char pb[32], bb[32];
+    char layout[160] = "", mesh[64];
+    if (t->dp != t->size)
+        snprintf(layout, sizeof layout, " as %s%s (%zu parameters per rank); %d replica(s)",
+                 dt_mesh_format(dt_mesh_get_shape(t->mesh), mesh, sizeof mesh),
+                 c->sp ? " with sequence parallelism" : "", t->n, t->dp);
+    size_t total = dt_gpt_config_num_params(&t->mc);
+    fprintf(f,
+            "dtrain train: %s model, %zu parameters (%s), %d layers, dim %d, %d heads, "
+            "seq %d, vocab %d\n"
+            "  %d rank(s)%s x batch %d x accum %d = %" PRId64 " tokens/step, %d bucket(s) of "
+            "<= %s, %d thread(s)/rank, transport %s\n"
+            "  MFU relative to %.1f GFLOP/s per rank (%s)\n",
+            c->model, total, dt_format_bytes((double)total * 4, pb, sizeof pb), t->mc.layers,
+            t->mc.dim, t->mc.heads, t->T, t->mc.vocab, t->size, layout, t->B, t->K, tokens_per_step,
+            cost.pieces, dt_format_bytes((double)c->bucket_bytes, bb, sizeof bb), t->threads,
+            t->world ? dt_group_transport(t->world) : "self", peak,
+            c->peak_gflops > 0 ? "--peak-gflops" : "measured sgemm 1024^3");
+    print_precision(t, f);
+    if (t->dp > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
+        fprintf(f, "  gradients: %s", dt_grad_sync_state_ident(t->sync));
+        if (c->compress.kind != DT_CODEC_NONE && c->compress_start > 0)
+            fprintf(f, ", dense (fp32) for steps 1-%" PRId64, c->compress_start);
+        if (c->compress_ramp > 0)
+            fprintf(f, ", density %g%% -> %g%% over steps %" PRId64 "-%" PRId64,
+                    100 * DT_TRAIN_RAMP_START, 100 * c->compress.fraction, c->compress_start + 1,
+                    c->compress_start + c->compress_ramp);
+        if (c->compress_dense_below > 0)
+            fprintf(f, ", tensors < %" PRId64 " values exact", c->compress_dense_below);
+        fprintf(f, "\n");
+    }
+    if (t->resumed[0]) {
+        fprintf(f, "  resumed from %s at step %" PRId64, t->resumed, t->step);
+        if (t->ckpt_precision != (int64_t)c->precision)
+            fprintf(f, " (written in %s, continuing in %s)",
+                    dt_precision_name((dt_precision)t->ckpt_precision),
+                    dt_precision_name(c->precision));
+        if (t->scaling)
+            fprintf(f, ", loss scale %g", (double)dt__train_applied_scale(t));
+        fprintf(f, "\n");
+    }
+}
+
+/* Rank 0: sample `ntok` tokens after a newline (or token 0) at temperature
+ * 0.8 from the stream (seed, DT_RNG_SAMPLE) and print them. */
+dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out) {
+    int ntok = t->c->sample_tokens, V = t->mc.vocab, Vd = t->tok->vocab_size, T = t->T;
+    int32_t *ids = dt_alloc((size_t)(ntok + 1) * sizeof *ids);
+    char *text = dt_alloc((size_t)ntok + 1);
+    float *probs = dt_alloc((size_t)V * sizeof *probs);
+    dt_status st = DT_OK;
+    if (!ids || !text || !probs) {
+        st = DT_ERR_NOMEM;
+        goto done;
+    }
+    ids[0] = t->tok->byte_to_id['\n'] >= 0 ? t->tok->byte_to_id['\n'] : 0;
+    dt_rng rng;
+    dt_rng_init(&rng, t->c->seed, dt_rng_stream_id(0, 0, DT_RNG_SAMPLE));
+    for (int i = 0; i < ntok; i++) {
+        int len = i + 1, Tc = len < T ? len : T;
+        DT_CHECK_GOTO(dt_gpt_forward(m, ids + len - Tc, NULL, 1, Tc, NULL), st, done);
+        const float *logits = dt_gpt_last_logits(m, 0);
+        float mx = -INFINITY;
+        for (int v = 0; v < Vd; v++)
+            mx = logits[v] > mx ? logits[v] : mx;
+        double z = 0;
+        for (int v = 0; v < Vd; v++) {
+            probs[v] = expf((logits[v] - mx) / 0.8f);
+            z += probs[v];
+        }
+        double u = dt_rng_uniform(&rng) * z, acc = 0;
+        int pick = Vd - 1;
+        for (int v = 0; v < Vd; v++) {
+            acc += probs[v];
+            if (u < acc) {
+                pick = v;
+                break;
+            }
+        }
+        ids[len] = pick;
+    }
+    DT_CHECK_GOTO(dt_tokenizer_decode(t->tok, ids + 1, (size_t)ntok, text), st, done);
+    for (int i = 0; i < ntok; i++)
+        if (text[i] == '\0' ||
+            ((unsigned char)text[i] < 0x20 && text[i] != '\n' && text[i] != '\t'))
+            text[i] = '?';
+    text[ntok] = '\0';
+    fprintf(out, "---- sample (%d tokens, temperature 0.8) ----\n%s\n----\n", ntok, text);
+done:
+    dt_free(ids);
+    dt_free(text);
+    dt_free(probs);
+    return st;
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+/* The whole model from the shards of the first replica: each tensor-
+ * parallel rank sends its parameters and the boxes it owns to rank 0,
+ * which copies them into an unsharded model. */
+dt_status dt__train_whole_model(trainer *t, dt_gpt **out) {
+    *out = NULL;
+    if (dt_gpt_get_part(t->m)->tp_size == 1) {
+        *out = t->rank == 0 ? t->m : NULL;
+        return DT_OK;
+    }
+    if (t->replica != 0)
+        return DT_OK;
+    dt_group *tp = dt_mesh_group(t->mesh, DT_AXIS_TP);
+    int ntp = dt_group_size(tp), me = dt_group_rank(tp);
+    shards sh;
+    DT_CHECK(dt__shards_make(t, &sh));
+    dt_status st = DT_OK;
+    float *params = me == 0 ? dt_alloc((size_t)ntp * t->n * sizeof(float)) : NULL;
+    dt_ckpt_box *boxes = dt_calloc((size_t)ntp * sh.nt, sizeof *boxes);
+    dt_gpt *whole = NULL;
+    if ((me == 0 && !params) || !boxes) {
+        st = dt_error_set(DT_ERR_NOMEM, "assembling the whole model on rank 0");
+        goto done;
+    }
+    /* A tensor part this rank does not own is sent as an empty box. */
+    dt_ckpt_box *mine = boxes + (size_t)me * sh.nt;
+    for (size_t i = 0; i < sh.nt; i++) {
+        mine[i] = sh.whole[i];
+        if (!sh.owned[i])
+            mine[i].tensor = UINT32_MAX;
+    }
+    DT_CHECK_GOTO(dt_group_gather(tp, dt_gpt_params(t->m), params, t->n, DT_F32, 0), st, done);
+    DT_CHECK_GOTO(dt_group_allgather(tp, mine, boxes, sh.nt * sizeof *boxes, DT_U8), st, done);
+    if (me != 0)
+        goto done;
+    dt_gpt_options o = dt_gpt_options_default();
+    DT_CHECK_GOTO(dt_gpt_create_with(&whole, &t->mc, 1, t->T, &o), st, done);
+    dt_ckpt_box *want = dt_calloc(sh.nt, sizeof *want);
+    if (!want) {
+        st = DT_ERR_NOMEM;
+        goto done;
+    }
+    uint64_t need = 0, got = 0;
+    for (size_t i = 0; i < sh.nt; i++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(whole, i, &pi);
+        want[i] = (dt_ckpt_box){.tensor = (uint32_t)i,
+                                .extent = {pi.extent[0], pi.extent[1], pi.extent[2]},
+                                .offset = pi.offset};
+        need += dt_ckpt_box_volume(&want[i]);
+    }
+    for (int r = 0; r < ntp; r++)
+        got += dt_ckpt_copy_boxes(boxes + (size_t)r * sh.nt, sh.nt, params + (size_t)r * t->n, want,
+                                  sh.nt, dt_gpt_params(whole));
+    dt_free(want);
+    DT_ASSERT(got == need); /* the shards tile the model: a bug otherwise */
+    *out = whole;
+    whole = NULL;
+done:
+    dt_gpt_destroy(whole);
+    dt_free(boxes);
+    dt_free(params);
+    dt__shards_free(&sh);
+    return st;
+}
+
+double dt__median(double *v, size_t n) {
+    if (n == 0)
+        return NAN;
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}

@@ -1,0 +1,401 @@
+/*
+ * setup.c — everything a run builds before its first step, in order: the
+ * job and its mesh, threads, data and loaders, the model, the optimizer,
+ * the gradient synchronisation, the schedule and the loss scaler, and the
+ * resolved config. dt__train_free undoes it in reverse.
+ *
+ * This is the one place of the train layer that chooses strategies: it
+ * builds them and hands the loop the interfaces (dt_grad_sync, the
+ * optimizer object, the mesh's groups).
+ */
+#include "dtrain/launch.h"
+#include "dtrain/tensor.h"
+#include "train_internal.h"
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* Test hooks, acting on the first attempt of a job only (DT_RESTART_COUNT
+ * unset or 0): DT_FAULT_KILL="RANK:STEP" makes that rank SIGKILL itself
+ * after finishing STEP; DT_FAULT_PERTURB="RANK:STEP" makes it change one
+ * parameter, which --check-every must then catch; DT_FAULT_OVERFLOW
+ * "RANK:STEP" gives that rank one inf gradient after averaging at STEP.
+ * Read once: the step at which this rank acts, or -1. */
+static int64_t fault_step(const trainer *t, const char *var) {
+    const char *f = getenv(var);
+    const char *rc = getenv("DT_RESTART_COUNT");
+    int r;
+    long long s;
+    if (!f || (rc && *rc && strcmp(rc, "0") != 0) || sscanf(f, "%d:%lld", &r, &s) != 2 ||
+        r != t->rank)
+        return -1;
+    return s;
+}
+
+/* The job (or a single process) and its layout: the mesh from --tp, --pp,
+ * --cp and --dp (the ranks left over) in --mesh-order. */
+static dt_status join(trainer *t) {
+    const dt_train_config *c = t->c;
+    if (dt_launch_in_job()) {
+        DT_CHECK(dt_group_init_from_env(&t->world));
+        t->rank = dt_group_rank(t->world);
+        t->size = dt_group_size(t->world);
+        dt_log_set_rank(t->rank);
+    }
+    dt_mesh_shape shape = dt_mesh_shape_default();
+    if (c->mesh_order)
+        DT_CHECK(dt_mesh_order_parse("--mesh-order", c->mesh_order, shape.order));
+    int split = c->tp * c->pp * c->cp;
+    if (!c->dp && t->size % split != 0)
+        return bad("the job's %d rank(s) are not a multiple of --tp %d x --pp %d x --cp %d = %d",
+                   t->size, c->tp, c->pp, c->cp, split);
+    shape.degree[DT_AXIS_TP] = c->tp;
+    shape.degree[DT_AXIS_PP] = c->pp;
+    shape.degree[DT_AXIS_CP] = c->cp;
+    shape.degree[DT_AXIS_DP] = c->dp ? c->dp : t->size / split;
+    DT_CHECK(dt_mesh_create(&t->mesh, t->world, &shape));
+    t->replica = dt_mesh_coord(t->mesh, DT_AXIS_DP);
+    t->dp = dt_mesh_degree(t->mesh, DT_AXIS_DP);
+    if (c->tp > 1)
+        DT_CHECK(dt_tp_create(&t->tp, dt_mesh_group(t->mesh, DT_AXIS_TP)));
+    return DT_OK;
+}
+
+/* Threads per rank (0: this host's CPUs shared by its ranks) and the
+ * per-replica batch. */
+static dt_status sizes(trainer *t) {
+    const dt_train_config *c = t->c;
+    int threads = c->threads;
+    if (threads <= 0) {
+        int local = t->world ? dt_group_local_size(t->world) : 1;
+        threads = dt_cpu_count() / (local > 0 ? local : 1);
+        threads = threads < 1 ? 1 : threads;
+    }
+    t->threads = threads;
+    dt_tensor_set_threads(threads);
+    /* The batch is shared by the data-parallel ranks (all of them when the
+     * model is not split). */
+    const char *which = t->dp == t->size ? "" : " data-parallel";
+    if (c->global_batch) {
+        if (c->global_batch % t->dp != 0)
+            return bad("--global-batch %d is not divisible by the %d%s ranks", c->global_batch,
+                       t->dp, which);
+        if (c->batch && c->batch * t->dp != c->global_batch)
+            return bad("--batch %d x %d%s ranks != --global-batch %d", c->batch, t->dp, which,
+                       c->global_batch);
+        t->B = c->global_batch / t->dp;
+    } else {
+        t->B = c->batch;
+    }
+    t->K = c->accum;
+    return DT_OK;
+}
+
+/* Open --data (and --val-data, with the training data's vocabulary). */
+static dt_status open_data(trainer *t) {
+    const dt_train_config *c = t->c;
+    dt_status st = dt_data_open(&t->data, c->data, (dt_tokenizer_kind)c->tokenizer, NULL);
+    if (st != DT_OK) {
+        dt_error_prefix("--data");
+        return st;
+    }
+    t->tok = dt_token_file_tokenizer(t->data);
+    if (c->val_data) {
+        st = dt_data_open(&t->val_data, c->val_data, (dt_tokenizer_kind)c->tokenizer, t->tok);
+        if (st != DT_OK) {
+            dt_error_prefix("--val-data");
+            return st;
+        }
+    }
+    return DT_OK;
+}
+
+/* The model configuration: the preset, the flags that override it, and
+ * the data's vocabulary. */
+static dt_status model_config(trainer *t) {
+    const dt_train_config *c = t->c;
+    dt_gpt_config mc;
+    DT_CHECK(dt_gpt_preset(c->model, &mc));
+    if (c->layers)
+        mc.layers = c->layers;
+    if (c->dim)
+        mc.dim = c->dim;
+    if (c->heads)
+        mc.heads = c->heads;
+    if (c->seq)
+        mc.max_seq = c->seq;
+    int V = t->tok->vocab_size;
+    if (c->vocab && c->vocab < V)
+        return bad("--vocab %d is smaller than the data's vocabulary (%d tokens)", c->vocab, V);
+    mc.vocab = c->vocab ? c->vocab : V;
+    DT_CHECK(dt_gpt_config_validate(&mc));
+    t->mc = mc;
+    t->T = mc.max_seq;
+    return DT_OK;
+}
+
+/* Loaders over the training range and the validation range (a file or the
+ * tail split off the training data); each data-parallel replica reads its
+ * share. */
+static dt_status make_loaders(trainer *t) {
+    const dt_train_config *c = t->c;
+    size_t count = dt_token_file_count(t->data), train_end = count;
+    bool have_val = c->val_data != NULL || c->val_split > 0;
+    if (!c->val_data && c->val_split > 0)
+        DT_CHECK(dt_data_split(count, c->val_split, &train_end));
+    dt_status st =
+        dt_loader_create(&t->train, t->data, 0, train_end, t->B, t->T, c->seed, t->replica, t->dp);
+    if (st != DT_OK) {
+        dt_error_prefix("training data %s (%zu tokens for %d replica(s) x batch %d x seq %d)",
+                        c->data, train_end, t->dp, t->B, t->T);
+        return st;
+    }
+    if (have_val) {
+        const dt_token_file *vf = t->val_data ? t->val_data : t->data;
+        size_t vb = t->val_data ? 0 : train_end, ve = dt_token_file_count(vf);
+        st = dt_loader_create(&t->val, vf, vb, ve, t->B, t->T, c->seed, t->replica, t->dp);
+        if (st != DT_OK) {
+            dt_error_prefix("validation data (%s, %zu tokens; use a larger --val-split, "
+                            "--val-data, or --val-split 0)",
+                            t->val_data ? c->val_data : "split of --data", ve - vb);
+            return st;
+        }
+    }
+    t->inputs = dt_alloc((size_t)t->B * t->T * sizeof(int32_t));
+    t->targets = dt_alloc((size_t)t->B * t->T * sizeof(int32_t));
+    if (!t->inputs || !t->targets)
+        return dt_error_set(DT_ERR_NOMEM, "batch buffers of %d x %d tokens", t->B, t->T);
+    return DT_OK;
+}
+
+/* This rank's part of the model: its tensor-parallel shard. */
+static dt_status make_model(trainer *t) {
+    const dt_train_config *c = t->c;
+    dt_gpt_options mo = dt_gpt_options_default();
+    mo.precision = c->precision;
+    mo.recompute_every = c->recompute_every;
+    if (t->tp)
+        mo.part = (dt_gpt_part){.tp_rank = dt_mesh_coord(t->mesh, DT_AXIS_TP),
+                                .tp_size = c->tp,
+                                .sequence_parallel = c->sp,
+                                .regions = dt_tp_regions_of(t->tp)};
+    DT_CHECK(dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo));
+    t->n = dt_gpt_num_params(t->m);
+    dt_gpt_init_params(t->m, c->seed);
+    return DT_OK;
+}
+
+/* The optimizer over this rank's parameters, tensor by tensor (decay
+ * differs between matrices and biases/norms). */
+static dt_status make_optimizer(trainer *t) {
+    const dt_train_config *c = t->c;
+    size_t nt = dt_gpt_num_tensors(t->m);
+    dt_optim_tensor *tens = dt_calloc(nt ? nt : 1, sizeof *tens);
+    if (!tens)
+        return DT_ERR_NOMEM;
+    for (size_t i = 0; i < nt; i++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(t->m, i, &pi);
+        tens[i] = (dt_optim_tensor){pi.offset, pi.rows * pi.cols, pi.decay};
+    }
+    dt_optim_config oc = dt_optim_config_default();
+    oc.kind = c->optimizer;
+    oc.weight_decay = (float)c->weight_decay;
+    oc.adamw.beta1 = (float)c->beta1;
+    oc.adamw.beta2 = (float)c->beta2;
+    oc.adamw.eps = (float)c->eps;
+    oc.momentum = (float)c->momentum;
+    /* --compress-freeze-v: beta2 = 1 from the first compressed step on. */
+    oc.freeze_v_from = c->compress_freeze_v ? c->compress_start : -1;
+    dt_range all = {0, t->n};
+    dt_status st = dt_optimizer_create(&t->opt, &oc, tens, nt, &all, 1);
+    dt_free(tens);
+    return st;
+}
+
+/* Data parallelism over the mesh's dp group, with the wire format of the
+ * config; PowerSGD sees the model's matrices. */
+static dt_status make_sync(trainer *t) {
+    const dt_train_config *c = t->c;
+    size_t nt = dt_gpt_num_tensors(t->m);
+    dt_powersgd_tensor *shapes = dt_calloc(nt + 1, sizeof *shapes);
+    dt_range *norm = dt_calloc(nt + 1, sizeof *norm);
+    if (!shapes || !norm) {
+        dt_free(shapes);
+        dt_free(norm);
+        return DT_ERR_NOMEM;
+    }
+    /* The norm counts what this rank owns: tensors every tensor-parallel
+     * rank holds whole are counted by one of them. */
+    size_t nn = 0;
+    for (size_t i = 0; i < nt; i++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(t->m, i, &pi);
+        shapes[i] = (dt_powersgd_tensor){.offset = pi.offset, .rows = pi.rows, .cols = pi.cols};
+        if (!pi.owner)
+            continue;
+        if (nn > 0 && norm[nn - 1].end == pi.offset)
+            norm[nn - 1].end += pi.rows * pi.cols;
+        else
+            norm[nn++] = (dt_range){pi.offset, pi.offset + pi.rows * pi.cols};
+    }
+    dt_ddp_sync_config sc = {
+        .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
+        .params = dt_gpt_params(t->m),
+        .grads = dt_gpt_grads(t->m),
+        .n = t->n,
+        .opt = t->opt,
+        .ddp = dt_ddp_options_default(),
+        .compress_start = c->compress_start,
+        .compress_ramp = c->compress_ramp,
+        .ramp_start = DT_TRAIN_RAMP_START,
+        .norm_ranges = norm,
+        .nnorm = nn,
+    };
+    sc.ddp.bucket_bytes = c->bucket_bytes;
+    sc.ddp.grad_dtype = c->grad_dtype;
+    sc.ddp.codec = c->compress;
+    sc.ddp.ef = c->compress_ef;
+    sc.ddp.seed = c->seed;
+    sc.ddp.tensors = shapes;
+    sc.ddp.ntensors = nt;
+    sc.ddp.dense_below = (size_t)c->compress_dense_below;
+    dt_status st = dt_ddp_sync_create(&t->sync, &sc);
+    dt_free(shapes);
+    dt_free(norm);
+    return st;
+}
+
+static dt_status make_schedule(trainer *t) {
+    const dt_train_config *c = t->c;
+    t->sched = (dt_schedule){.kind = (dt_schedule_kind)c->schedule,
+                             .base_lr = (float)c->lr,
+                             .min_lr = (float)c->min_lr,
+                             .warmup = c->warmup,
+                             .total = c->steps};
+    if (t->sched.total <= t->sched.warmup &&
+        (t->sched.kind == DT_SCHED_LINEAR || t->sched.kind == DT_SCHED_COSINE))
+        return bad("--warmup %" PRId64 " must be smaller than --steps %" PRId64 " for the %s "
+                   "schedule",
+                   c->warmup, c->steps, dt_schedule_names[c->schedule]);
+    DT_CHECK(dt_schedule_validate(&t->sched));
+    t->scaling = c->loss_scaling == 1 || (c->loss_scaling < 0 && c->precision == DT_PRECISION_FP16);
+    if (t->scaling)
+        DT_CHECK(dt_scaler_init(&t->scaler, &c->scaler));
+    return DT_OK;
+}
+
+static void build_config_json(trainer *t) {
+    const dt_train_config *c = t->c;
+    dt_json *j = &t->cfg_json;
+    dt_sync_cost cost;
+    dt_grad_sync_cost(t->sync, &cost);
+    dt_json_begin(j);
+    dt_json_str(j, "model", c->model);
+    dt_json_int(j, "layers", t->mc.layers);
+    dt_json_int(j, "dim", t->mc.dim);
+    dt_json_int(j, "heads", t->mc.heads);
+    dt_json_int(j, "seq", t->mc.max_seq);
+    dt_json_int(j, "vocab", t->mc.vocab);
+    dt_json_int(j, "params", (int64_t)t->n);
+    dt_json_str(j, "data", c->data);
+    dt_json_str(j, "val_data", c->val_data);
+    dt_json_num(j, "val_split", c->val_split);
+    dt_json_str(j, "tokenizer", dt_tokenizer_names[t->tok->kind]);
+    dt_json_int(j, "nproc", t->size);
+    const dt_mesh_shape *ms = dt_mesh_get_shape(t->mesh);
+    for (int a = 0; a < DT_AXIS_COUNT; a++)
+        dt_json_int(j, dt_axis_names[a], ms->degree[a]);
+    dt_json_bool(j, "sp", c->sp);
+    dt_json_int(j, "batch", t->B);
+    dt_json_int(j, "global_batch", (int64_t)t->B * t->dp);
+    dt_json_int(j, "accum", t->K);
+    dt_json_int(j, "steps", c->steps);
+    dt_json_str(j, "optimizer", dt_optim_names[c->optimizer]);
+    dt_json_num(j, "lr", c->lr);
+    dt_json_num(j, "min_lr", c->min_lr);
+    dt_json_num(j, "weight_decay", c->weight_decay);
+    if (c->optimizer == DT_OPTIM_SGD) {
+        dt_json_num(j, "momentum", c->momentum);
+    } else {
+        dt_json_num(j, "beta1", c->beta1);
+        dt_json_num(j, "beta2", c->beta2);
+        dt_json_num(j, "eps", c->eps);
+    }
+    dt_json_str(j, "schedule", dt_schedule_names[c->schedule]);
+    dt_json_int(j, "warmup", c->warmup);
+    dt_json_num(j, "clip", c->clip);
+    char rc[32];
+    dt_recompute_format(c->recompute_every, rc, sizeof rc);
+    dt_json_str(j, "precision", dt_precision_name(c->precision));
+    dt_json_str(j, "recompute", rc);
+    dt_json_bool(j, "loss_scaling", t->scaling);
+    if (t->scaling) {
+        dt_json_num(j, "loss_scale_init", t->scaler.cfg.init_scale);
+        dt_json_num(j, "loss_scale_growth", t->scaler.cfg.growth_factor);
+        dt_json_num(j, "loss_scale_backoff", t->scaler.cfg.backoff_factor);
+        dt_json_int(j, "loss_scale_interval", t->scaler.cfg.growth_interval);
+    }
+    dt_json_int(j, "eval_every", c->eval_every);
+    dt_json_int(j, "eval_batches", c->eval_batches);
+    dt_json_str(j, "ckpt_dir", c->ckpt_dir);
+    dt_json_int(j, "ckpt_every", c->ckpt_every);
+    dt_json_int(j, "keep", c->keep);
+    dt_json_int(j, "seed", (int64_t)c->seed);
+    dt_json_int(j, "threads", dt_tensor_threads());
+    dt_json_str(j, "grad_sync", dt_grad_sync_name(t->sync));
+    dt_json_int(j, "bucket_bytes", (int64_t)c->bucket_bytes);
+    dt_json_int(j, "buckets", cost.pieces);
+    char cb[64];
+    dt_json_str(j, "grad_dtype", dt_dtype_name(c->grad_dtype));
+    dt_json_str(j, "compress", dt_codec_format(&c->compress, cb, sizeof cb));
+    dt_json_int(j, "compress_start", c->compress_start);
+    dt_json_bool(j, "compress_freeze_v", c->compress_freeze_v);
+    dt_json_int(j, "compress_ramp", c->compress_ramp);
+    dt_json_int(j, "compress_dense_below", c->compress_dense_below);
+    dt_json_str(j, "compress_ef",
+                c->compress_ef == DT_EF_ON    ? "on"
+                : c->compress_ef == DT_EF_OFF ? "off"
+                                              : "auto");
+    dt_json_str(j, "transport", t->world ? dt_group_transport(t->world) : "self");
+    dt_json_str(j, "version", DT_VERSION_STRING);
+    t->cfg_text = dt_json_finish(j);
+}
+
+dt_status dt__train_setup(trainer *t) {
+    DT_CHECK(join(t));
+    t->kill_at = fault_step(t, "DT_FAULT_KILL");
+    t->perturb_at = fault_step(t, "DT_FAULT_PERTURB");
+    t->overflow_at = fault_step(t, "DT_FAULT_OVERFLOW");
+    t->ckpt_precision = t->c->precision;
+    DT_CHECK(sizes(t));
+    DT_CHECK(open_data(t));
+    DT_CHECK(model_config(t));
+    DT_CHECK(make_loaders(t));
+    DT_CHECK(make_model(t));
+    DT_CHECK(make_optimizer(t));
+    DT_CHECK(make_sync(t));
+    DT_CHECK(make_schedule(t));
+    build_config_json(t);
+    if (!t->cfg_text)
+        return dt_error_set(DT_ERR_NOMEM, "config text");
+    return DT_OK;
+}
+
+void dt__train_free(trainer *t) {
+    dt_grad_sync_destroy(t->sync);
+    dt_optimizer_destroy(t->opt);
+    dt_gpt_destroy(t->m);
+    dt_loader_destroy(t->train);
+    dt_loader_destroy(t->val);
+    dt_token_file_close(t->val_data);
+    dt_token_file_close(t->data);
+    dt_free(t->inputs);
+    dt_free(t->targets);
+    dt_json_free(&t->cfg_json);
+    dt_tp_destroy(t->tp);
+    dt_mesh_destroy(t->mesh);
+    dt_group_destroy(t->world);
+}

@@ -1,0 +1,299 @@
+/*
+ * test_train_tp.c — tensor (and sequence) parallel training as real
+ * processes, against one rank.
+ *
+ *   equiv_tp2, equiv_tp4, equiv_dp2tp2
+ *                tp = 2, tp = 4 and dp 2 x tp 2, each with and without --sp,
+ *                in fp32 and bf16: the loss and the global gradient norm of
+ *                each of 20 steps, and the final parameters (read back from
+ *                the layout-independent checkpoint as global tensors), equal
+ *                the 1-rank run's within a tolerance for the reduction order
+ *                (see `tol`).
+ *   reshard      a run saved at tp = 2 resumes at dp = 2 (and one saved at
+ *                dp = 2 resumes at tp = 2, and at tp 2 x dp 2 with --sp): the
+ *                same losses as the uninterrupted run within float
+ *                tolerance; a run stopped and resumed in its own layout is
+ *                bit-identical to the uninterrupted one.
+ *   format1      a checkpoint in the format before sharding (one flat
+ *                "params" section, no tensor table) still resumes.
+ *   layouts      bad layouts exit 2 naming the axis and the numbers.
+ *   info         `dtrain ckpt info` shows the layout a checkpoint was written
+ *                from, its shard files and each tensor's boxes by writer.
+ * Run one case per process: test_train_tp CASE.
+ */
+#include "train_util.h"
+
+#include "dtrain/nn.h"
+
+#include <math.h>
+
+#define DTRAIN DT_CLI_PATH
+/* eps 1e-4, as in test_train_ddp: gradients that are zero in exact
+ * arithmetic (the attention key bias) are rounding noise whose value
+ * depends on the summation order, and Adam with eps 1e-8 would amplify
+ * that noise by lr/eps. */
+#define TINY                                                                                       \
+    "--model tiny --layers 2 --dim 32 --heads 4 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--sample-tokens 0 --progress plain --val-split 0 --lr 1e-3 --warmup 1 --schedule linear "     \
+    "--min-lr 1e-4 --eps 1e-4 --global-batch 4"
+#define STEPS 20
+
+static char corpus[128];
+
+/* The parameters of the newest checkpoint in dir as global tensors, in the
+ * unsharded model's layout, whatever layout wrote them. */
+static float *global_params(const char *dir, size_t *n) {
+    dt_ckpt_set *set;
+    ASSERT_OK(dt_ckpt_set_open_latest(&set, dir));
+    int64_t id[DT_TRAIN_IDENT_COUNT];
+    ASSERT_OK(
+        dt_ckpt_read(dt_ckpt_set_manifest(set), "ident", DT_CKPT_I64, id, DT_TRAIN_IDENT_COUNT));
+    dt_gpt_config c = {(int)id[0], (int)id[1], (int)id[2], (int)id[3], (int)id[4]};
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create(&m, &c, 1, 1));
+    size_t nt = dt_gpt_num_tensors(m);
+    dt_ckpt_tensor *tens = calloc(nt, sizeof *tens);
+    dt_ckpt_box *want = calloc(nt, sizeof *want);
+    for (size_t i = 0; i < nt; i++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(m, i, &pi);
+        snprintf(tens[i].name, sizeof tens[i].name, "%s", pi.name);
+        tens[i].ndim = (uint32_t)pi.ndim;
+        want[i] = (dt_ckpt_box){.tensor = (uint32_t)i, .offset = pi.offset};
+        for (int d = 0; d < 3; d++)
+            tens[i].shape[d] = want[i].extent[d] = pi.shape[d];
+    }
+    *n = dt_gpt_num_params(m);
+    float *p = malloc(*n * sizeof *p);
+    ASSERT_OK(dt_ckpt_set_read_boxes(set, "params", tens, nt, want, nt, p));
+    free(tens);
+    free(want);
+    dt_gpt_destroy(m);
+    dt_ckpt_set_close(set);
+    return p;
+}
+
+/* Train into tu_dir/NAME for `steps` steps: losses and norms of the
+ * metrics, the final global parameters. */
+static float *train(const char *name, const char *extra, int steps, size_t *n, double *loss,
+                    double *norm) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --ckpt-dir %s/%s/ck --run-dir "
+                     "%s/%s %s",
+                     DTRAIN, corpus, steps, tu_dir, name, tu_dir, name, extra),
+              0);
+    char p[192];
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
+    ASSERT_EQ(tu_losses(p, loss, 63), steps);
+    char text[64][64];
+    ASSERT_EQ(tu_metric_text(name, "grad_norm", text, 63), steps);
+    for (int s = 1; s <= steps; s++)
+        norm[s] = strtod(text[s - 1] + strlen("\"grad_norm\":"), NULL);
+    snprintf(p, sizeof p, "%s/%s/ck", tu_dir, name);
+    return global_params(p, n);
+}
+
+/* b against a: losses and norms of every step within rel, parameters
+ * within rel (with an absolute floor for values near zero). */
+static void expect_close(const char *what, int steps, const double *la, const double *lb,
+                         const double *na, const double *nb, const float *pa, const float *pb,
+                         size_t n, double rel) {
+    double wl = 0, wp = 0;
+    for (int s = 1; s <= steps; s++) {
+        if (!(fabs(la[s] - lb[s]) <= rel * fabs(la[s])))
+            TEST_FAILF("%s: step %d loss %.9g vs %.9g (tolerance %g)", what, s, la[s], lb[s], rel);
+        if (!(fabs(na[s] - nb[s]) <= 10 * rel * fabs(na[s])))
+            TEST_FAILF("%s: step %d gradient norm %.9g vs %.9g", what, s, na[s], nb[s]);
+        wl = fmax(wl, fabs(la[s] - lb[s]) / fabs(la[s]));
+    }
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)pa[i] - pb[i]);
+        if (!(d <= 10 * rel * fabs((double)pa[i]) + rel / 50))
+            TEST_FAILF("%s: param %zu = %.9g vs %.9g", what, i, pa[i], pb[i]);
+        wp = fmax(wp, d);
+    }
+    printf("  %s: losses %.6f..%.6f, worst loss diff %.2g (rel), param diff %.2g\n", what, la[1],
+           la[steps], wl, wp);
+}
+
+/* One layout against one rank, with and without --sp, fp32 and bf16. The
+ * tolerance: fp32 partial sums of the row-parallel layers are added in
+ * another order (relative 1e-7 per product), compounded over 20 Adam
+ * steps; bf16 additionally rounds activations to 8 bits of mantissa, so a
+ * sum in another order can land on the neighbouring bf16 value. */
+static void run_equiv(const char *layout) {
+    static const char *const precisions[] = {"fp32", "bf16"};
+    for (int p = 0; p < 2; p++) {
+        double rel = p == 0 ? 2e-5 : 5e-3;
+        double l1[64], n1[64], l2[64], n2[64];
+        size_t na, nb;
+        char name[64], extra[256];
+        snprintf(name, sizeof name, "one_%s", precisions[p]);
+        snprintf(extra, sizeof extra, "--precision %s", precisions[p]);
+        float *pa = train(name, extra, STEPS, &na, l1, n1);
+        for (int sp = 0; sp < 2; sp++) {
+            snprintf(name, sizeof name, "split_%s_%d", precisions[p], sp);
+            snprintf(extra, sizeof extra, "--precision %s %s %s", precisions[p], layout,
+                     sp ? "--sp" : "");
+            float *pb = train(name, extra, STEPS, &nb, l2, n2);
+            ASSERT_EQ(na, nb);
+            char what[160];
+            snprintf(what, sizeof what, "%s %s%s", precisions[p], layout, sp ? " --sp" : "");
+            expect_close(what, STEPS, l1, l2, n1, n2, pa, pb, na, rel);
+            free(pb);
+        }
+        free(pa);
+    }
+}
+
+static void test_equiv_tp2(void) { run_equiv("--nproc 2 --tp 2"); }
+static void test_equiv_tp4(void) { run_equiv("--nproc 4 --tp 4"); }
+static void test_equiv_dp2tp2(void) { run_equiv("--nproc 4 --tp 2"); }
+
+/* Stop after 10 steps in layout A, resume in layout B; compare with an
+ * uninterrupted run in layout A. */
+static void reshard(const char *name, const char *a, const char *b, bool bitwise) {
+    double lu[64], nu[64], lr[64], nr[64];
+    size_t n1, n2;
+    char un[64], rs[64], extra[256];
+    snprintf(un, sizeof un, "%s_whole", name);
+    snprintf(rs, sizeof rs, "%s_resumed", name);
+    float *pu = train(un, a, STEPS, &n1, lu, nu);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --ckpt-dir %s/%s/ck --run-dir %s/%s "
+                     "--stop-after 10 %s",
+                     DTRAIN, corpus, STEPS, tu_dir, rs, tu_dir, rs, a),
+              0);
+    snprintf(extra, sizeof extra, "--resume %s", b);
+    float *pr = train(rs, extra, STEPS, &n2, lr, nr);
+    EXPECT_OUT("resumed from");
+    ASSERT_EQ(n1, n2);
+    if (bitwise) {
+        for (int s = 1; s <= STEPS; s++)
+            if (lu[s] != lr[s])
+                TEST_FAILF("%s: step %d loss %.9g uninterrupted, %.9g resumed", name, s, lu[s],
+                           lr[s]);
+        ASSERT_TRUE(memcmp(pu, pr, n1 * sizeof *pu) == 0);
+        printf("  %s: bit-identical\n", name);
+    } else {
+        expect_close(name, STEPS, lu, lr, nu, nr, pu, pr, n1, 2e-5);
+    }
+    free(pu);
+    free(pr);
+}
+
+static void test_reshard(void) {
+    reshard("same_tp2", "--nproc 2 --tp 2 --sp", "--nproc 2 --tp 2 --sp", true);
+    reshard("tp2_to_dp2", "--nproc 2 --tp 2", "--nproc 2", false);
+    reshard("dp2_to_tp2", "--nproc 2", "--nproc 2 --tp 2", false);
+    reshard("tp2_to_dp2tp2", "--nproc 2 --tp 2", "--nproc 4 --tp 2 --sp", false);
+    reshard("tp4_to_one", "--nproc 4 --tp 4", "", false);
+}
+
+/* The checkpoint format before sharding: rewrite a run's checkpoint as the
+ * old trainer wrote it (train_state_version 1, one flat "params" and AdamW
+ * state, no tensor table, maps or layout) and resume from it. */
+static void test_format1(void) {
+    double l2[64], n2[64];
+    size_t np2;
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --ckpt-dir %s/v2/ck --stop-after 10",
+                     DTRAIN, corpus, STEPS, tu_dir),
+              0);
+    char path[256];
+    snprintf(path, sizeof path, "%s/v2/ck", tu_dir);
+    dt_ckpt *ck;
+    ASSERT_OK(dt_ckpt_open_latest(&ck, path));
+    dt_ckpt_section s[64];
+    size_t k = 0;
+    int64_t one = 1;
+    for (size_t i = 0; i < dt_ckpt_num_sections(ck); i++) {
+        dt_ckpt_info info;
+        dt_ckpt_section_at(ck, i, &info);
+        if (strstr(info.name, ".map") || !strcmp(info.name, "tensors") ||
+            !strcmp(info.name, "layout"))
+            continue;
+        s[k++] = (dt_ckpt_section){
+            strcmp(info.name, "train_state_version") ? info.name : "train_state_version", info.type,
+            !strcmp(info.name, "train_state_version") ? &one : info.data, info.count};
+    }
+    char v1dir[256];
+    snprintf(v1dir, sizeof v1dir, "%s/v1/ck", tu_dir);
+    ASSERT_OK(dt_ckpt_save(v1dir, 10, s, k, 3, NULL, 0));
+    dt_ckpt_close(ck);
+    /* The uninterrupted run to 20 steps, and the v1 checkpoint resumed. */
+    free(train("v2_whole", "", STEPS, &np2, l2, n2));
+    EXPECT_RC(tu_run("%s train --data %s " TINY
+                     " --steps %d --ckpt-dir %s --run-dir %s/v1 --resume",
+                     DTRAIN, corpus, STEPS, v1dir, tu_dir),
+              0);
+    EXPECT_OUT("resumed from");
+    double lv[64];
+    snprintf(path, sizeof path, "%s/v1/metrics.jsonl", tu_dir);
+    tu_losses(path, lv, 63);
+    for (int st = 11; st <= STEPS; st++)
+        if (lv[st] != l2[st])
+            TEST_FAILF("step %d: loss %.9g after resuming the format-1 checkpoint, %.9g "
+                       "uninterrupted",
+                       st, lv[st], l2[st]);
+}
+
+static void test_layouts(void) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --tp 3", DTRAIN, corpus), 2);
+    EXPECT_OUT("not a multiple of --tp 3");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 3 --tp 3", DTRAIN, corpus), 2);
+    EXPECT_OUT("--tp 3 does not divide the model's 4 attention heads");
+    EXPECT_RC(
+        tu_run("%s train --data %s " TINY " --steps 1 --nproc 4 --tp 2 --dp 3", DTRAIN, corpus), 2);
+    EXPECT_OUT("--dp 3 x --tp 2 x --pp 1 x --cp 1 = 6 ranks, but the job has 4");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --sp", DTRAIN, corpus), 2);
+    EXPECT_OUT("--sp (sequence parallelism) needs --tp 2 or more");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --tp 2 --sp --seq 31", DTRAIN,
+                     corpus),
+              2);
+    EXPECT_OUT("sequence length 31 is not a multiple of --tp 2");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --mesh-order tp-dp", DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--mesh-order \"tp-dp\"");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --pp 2 --nproc 2", DTRAIN, corpus), 1);
+    EXPECT_OUT("pipeline-parallel training is not available yet");
+}
+
+static void test_info(void) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --nproc 4 --tp 2 --sp --ckpt-dir %s/ck",
+                     DTRAIN, corpus, tu_dir),
+              0);
+    EXPECT_RC(tu_run("%s ckpt info %s/ck", DTRAIN, tu_dir), 0);
+    EXPECT_OUT("layout:    written by 4 rank(s) as dp 2 x tp 2");
+    EXPECT_OUT("the manifest and 1 shard file(s), checksums ok");
+    EXPECT_OUT("ckpt-000002.r00001.dtck");
+    EXPECT_OUT("h.1.attn.c_attn.weight       3x32x32        r0[0:3,0:16,0:32] r1[0:3,16:32,0:32]");
+    EXPECT_OUT("ln_f.bias                    32             r0[0:32]\n");
+    /* A damaged shard file: info says so and exits 1. */
+    char p[256];
+    snprintf(p, sizeof p, "%s/ck/ckpt-000002.r00001.dtck", tu_dir);
+    FILE *f = fopen(p, "r+b");
+    ASSERT_TRUE(f != NULL);
+    fseek(f, 4096, SEEK_SET);
+    fputc(0x5a, f);
+    fclose(f);
+    EXPECT_RC(tu_run("%s ckpt info %s/ck/ckpt-000002.dtck", DTRAIN, tu_dir), 1);
+    EXPECT_OUT("shards:    UNUSABLE");
+    EXPECT_OUT("checksum mismatch");
+    /* And resume refuses it: no older checkpoint validates. */
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 3 --nproc 4 --tp 2 --ckpt-dir %s/ck "
+                     "--resume",
+                     DTRAIN, corpus, tu_dir),
+              1);
+    EXPECT_OUT("none of the 1 checkpoints");
+}
+
+int main(int argc, char **argv) {
+    static const test_case cases[] = {
+        {"equiv_tp2", test_equiv_tp2},
+        {"equiv_tp4", test_equiv_tp4},
+        {"equiv_dp2tp2", test_equiv_dp2tp2},
+        {"reshard", test_reshard},
+        {"format1", test_format1},
+        {"layouts", test_layouts},
+        {"info", test_info},
+    };
+    return tu_main(argc, argv, cases, sizeof cases / sizeof cases[0], corpus, sizeof corpus);
+}
