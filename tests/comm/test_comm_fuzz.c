@@ -2,7 +2,8 @@
  * test_comm_fuzz.c — two randomized tests on real processes (1-5 ranks,
  * shared memory, TCP, two simulated hosts):
  *
- *   fuzz_*      random sequences of every collective and send/recv, every
+ *   fuzz_*      random sequences of every collective, send/recv and
+ *               batched send/recv (a ring exchange both ways), every
  *               dtype and reduction, odd and zero counts, in and out of
  *               place, blocking or not (non-blocking ones waited for in a
  *               random order that differs per rank), on sub-groups with
@@ -107,6 +108,16 @@ static void check_canary(const fop *f, const char *p, size_t bytes, const char *
                        dt_coll_name(f->coll), dt_dtype_name(f->dt), f->count, i, which);
 }
 
+/* A batch is a ring exchange both ways: count elements to the right
+ * neighbour (and from the left), batch_back(f) to the left (and from the
+ * right), the second pair under another tag and salt. Element i of the
+ * two-part buffers is element part_index(f, i) of its part. */
+static size_t batch_back(const fop *f) { return (size_t)(f->salt % 3) * f->count / 2 + 1; }
+static int right_of(const fop *f) { return (f->me + 1) % f->n; }
+static int left_of(const fop *f) { return (f->me + f->n - 1) % f->n; }
+static size_t part_index(const fop *f, size_t i) { return i < f->count ? i : i - f->count; }
+static uint64_t part_salt(const fop *f, size_t i) { return f->salt ^ (i >= f->count); }
+
 /* Buffers and inputs of this rank for f (in-place layouts as in comm.h). */
 static void prepare(fop *f) {
     size_t c = f->count, N = (size_t)f->n, es = dt_dtype_size(f->dt);
@@ -124,6 +135,7 @@ static void prepare(fop *f) {
     case DT_COLL_ALLTOALL: in = out = N * c; break;
     case DT_COLL_SEND: in = c; break;
     case DT_COLL_RECV: out = c; break;
+    case DT_COLL_BATCH: in = out = c + batch_back(f); break; /* to the right, to the left */
     default: break;
     }
     /* In place: one buffer, the larger layout (the output's, or the
@@ -153,6 +165,9 @@ static void prepare(fop *f) {
         if (root)
             for (size_t i = 0; i < c; i++)
                 put(f->out, f->dt, i, (double)gen(me, i, f->salt, f->dt, gop));
+    } else if (f->coll == DT_COLL_BATCH) {
+        for (size_t i = 0; i < f->in_elems; i++)
+            put(f->in, f->dt, i, (double)gen(me, part_index(f, i), part_salt(f, i), f->dt, gop));
     } else if (f->in) {
         for (size_t i = 0; i < f->in_elems; i++)
             put(f->in, f->dt, i, (double)gen(src, i, f->salt, f->dt, gop));
@@ -196,6 +211,21 @@ static dt_status issue(fop *f) {
     case DT_COLL_RECV:
         return CALL(dt_group_recv(g, f->out, c, f->dt, f->root, f->tag),
                     dt_group_irecv(g, f->out, c, f->dt, f->root, f->tag, w));
+    case DT_COLL_BATCH: {
+        size_t es = dt_dtype_size(f->dt), b = batch_back(f);
+        dt_p2p ops[4] = {
+            {true, f->in, c, f->dt, right_of(f), f->tag},
+            {false, f->out, c, f->dt, left_of(f), f->tag},
+            {true, f->in + c * es, b, f->dt, left_of(f), f->tag + 1},
+            {false, f->out + c * es, b, f->dt, right_of(f), f->tag + 1},
+        };
+        if (f->salt & 8) { /* the order inside a batch is free */
+            dt_p2p t = ops[0];
+            ops[0] = ops[3];
+            ops[3] = t;
+        }
+        return CALL(dt_group_sendrecv_batch(g, ops, 4), dt_group_isendrecv_batch(g, ops, 4, w));
+    }
     default: return DT_ERR_INVALID;
     }
 #undef CALL
@@ -267,14 +297,23 @@ static void verify(const fop *f) {
             check_elem(what, f->out, f->dt, i, (double)gen(f->root, i, f->salt, f->dt, DT_SUM),
                        DT_SUM);
         break;
+    case DT_COLL_BATCH:
+        for (size_t i = 0; i < f->out_elems; i++)
+            check_elem(what, f->out, f->dt, i,
+                       (double)gen(i < c ? left_of(f) : right_of(f), part_index(f, i),
+                                   part_salt(f, i), f->dt, DT_SUM),
+                       DT_SUM);
+        break;
     default: break;
     }
     /* out of place: the input is read, never written */
     if (f->in && !f->inplace) {
         dt_redop gop = reducing(f->coll) ? op : DT_SUM;
         int src = f->coll == DT_COLL_SEND ? f->root : me;
+        bool two = f->coll == DT_COLL_BATCH;
         for (size_t i = 0; i < f->in_elems; i++)
-            if (get(f->in, f->dt, i) != (double)gen(src, i, f->salt, f->dt, gop))
+            if (get(f->in, f->dt, i) != (double)gen(src, two ? part_index(f, i) : i,
+                                                    two ? part_salt(f, i) : f->salt, f->dt, gop))
                 TEST_FAILF("%s: input element %zu was changed", what, i);
     }
     if (f->in)
@@ -294,10 +333,12 @@ static void release(fop *f) {
 /* fuzz_*: random operations against the reference                          */
 /* ------------------------------------------------------------------------ */
 
-static const dt_coll all_colls[] = {DT_COLL_ALLREDUCE, DT_COLL_REDUCE_SCATTER, DT_COLL_ALLGATHER,
-                                    DT_COLL_BROADCAST, DT_COLL_REDUCE,         DT_COLL_GATHER,
-                                    DT_COLL_SCATTER,   DT_COLL_ALLTOALL,       DT_COLL_BARRIER,
-                                    DT_COLL_SEND /* a send and its recv */};
+static const dt_coll all_colls[] = {DT_COLL_ALLREDUCE, DT_COLL_REDUCE_SCATTER,
+                                    DT_COLL_ALLGATHER, DT_COLL_BROADCAST,
+                                    DT_COLL_REDUCE,    DT_COLL_GATHER,
+                                    DT_COLL_SCATTER,   DT_COLL_ALLTOALL,
+                                    DT_COLL_BARRIER,   DT_COLL_SEND /* a send and its recv */,
+                                    DT_COLL_BATCH};
 #define NCOLLS (sizeof all_colls / sizeof all_colls[0])
 
 static void random_desc(rng *r, fop *f, int n) {
@@ -337,6 +378,8 @@ static void bind_op(fop *f, dt_group *g) {
             f->active = false;
     } else {
         f->root %= f->n;
+        if (f->coll == DT_COLL_BATCH && f->n < 2)
+            f->active = false;
     }
 }
 
