@@ -73,10 +73,10 @@ dt_status dt__tree_broadcast(dt__op *op, const dt__team *t, void *buf, size_t by
     size_t nch = bytes == 0 ? 1 : (bytes + chunk - 1) / chunk;
     dt__xfer *rx = parent >= 0 ? malloc(nch * sizeof *rx) : NULL;
     dt__xfer *tx = nk ? malloc(nch * (size_t)nk * sizeof *tx) : NULL;
-    dt__xfer hdr[35]; /* headers: one per kid, one to the parent */
+    dt__xfer *hdr = agree ? malloc(((size_t)nk + 1) * sizeof *hdr) : NULL; /* kids, parent */
     int nh = 0, kid_hdr = 0;
     dt_status st = DT_OK;
-    if ((parent >= 0 && !rx) || (nk && !tx)) {
+    if ((parent >= 0 && !rx) || (nk && !tx) || (agree && !hdr)) {
         st = dt_error_set(DT_ERR_NOMEM, "tree: out of memory");
         goto out;
     }
@@ -127,6 +127,7 @@ out:
 #undef REAL
     free(rx);
     free(tx);
+    free(hdr);
     return st;
 }
 
