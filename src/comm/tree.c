@@ -24,8 +24,8 @@
  * message of round d leaves only after the rank's receives of rounds < d
  * have arrived: for data that holds for the last chunk (earlier chunks go
  * at once). No rank then finishes unless every rank made the same call,
- * at the latency of the tree alone (a separate barrier first cost 3-4x on
- * small TCP broadcasts).
+ * within the tree's own log2 n rounds (a separate barrier first made small
+ * TCP broadcasts 3-4x slower; this costs 2 ranks 1.7 us, docs/comm.md).
  *
  * Reduce (below) is the binomial tree of the other orientation: v's parent
  * is v minus its lowest set bit, its children v + 2^k for every 2^k below
