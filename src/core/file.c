@@ -55,7 +55,7 @@ static const char *kind_of(mode_t m) {
            : S_ISBLK(m)  ? "a block device"
            : S_ISFIFO(m) ? "a FIFO"
            : S_ISSOCK(m) ? "a socket"
-                         : "not a regular file";
+                         : "a special file";
 }
 
 dt_status dt_file_check_replaceable(const char *path) {
