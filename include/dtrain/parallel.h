@@ -206,6 +206,11 @@ typedef struct dt_ddp_options {
      * finish() hands fn that piece. The parameters are then made whole
      * again by dt_ddp_gather. Plain f32 only (no codec, no 16-bit dtype). */
     bool shard;
+    /* Sharded: once a bucket's reduce-scatter completed (during backward or
+     * in finish), the memory of the whole gradient pages outside this
+     * replica's piece is returned to the system (ZeRO stage 2); the next
+     * backward must overwrite the buffer. */
+    bool release;
 } dt_ddp_options;
 
 /* Sharded buckets (dt_ddp_options.shard): the buckets of n floats cut by
@@ -480,8 +485,8 @@ dt_status dt_pp_timeline_svg(const dt_pp_schedule *s, const dt_pp_report *r, con
  *     dt_grad_sync_begin_step(s, &(dt_sync_step){step, lr, scaling, scale, early});
  *     for (k = 0; k < K; k++) {
  *         forward(...);
- *         dt_grad_sync_begin_backward(s, k == K - 1);
- *         backward(..., dt_grad_sync_ready, s);     // the model's hook
+ *         mode = dt_grad_sync_begin_backward(s, k == K - 1);
+ *         backward(..., mode, dt_grad_sync_ready, s);  // the model's hook
  *     }
  *     dt_grad_sync_finish(s, &res);                 // final gradients, local sums
  *     allreduce res.sumsq, res.found_inf over the world; decide skip and clip
@@ -540,7 +545,14 @@ typedef struct dt_sync_cost {
 
 /* Dispatch to the implementation (see the overview). */
 dt_status dt_grad_sync_begin_step(dt_grad_sync *s, const dt_sync_step *step);
-void dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch);
+/* Before each micro-batch's backward; returns how that backward writes the
+ * gradient buffer: DDP and ZeRO 1 accumulate the micro-batches in it (the
+ * step's first backward overwrites, the others accumulate); ZeRO 2
+ * reduces every micro-batch and keeps the sum of its own shard, so every
+ * backward overwrites. (A pipeline runner, which interleaves its chunks'
+ * micro-batches, calls it once, before the step's final backwards, and
+ * accumulates itself.) */
+dt_grad_mode dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch);
 /* The model's backward hook (dt_grad_ready_fn): grads[ready_from, n) are final. */
 void dt_grad_sync_ready(void *s, size_t ready_from);
 dt_status dt_grad_sync_finish(dt_grad_sync *s, dt_sync_result *out);
@@ -709,10 +721,14 @@ dt_status dt_ddp_sync_create(dt_grad_sync **out, const dt_ddp_sync_config *c);
  * bucket (dt_ddp_shard_ranges), its optimizer keeps state for those pieces
  * only; buckets are reduce-scattered during backward, each replica updates
  * its pieces and the parameters are allgathered. The optimizer object must
- * be created over exactly those owned ranges.
+ * be created over exactly those owned ranges. Stage 2 also shards the
+ * gradients: every micro-batch's buckets are reduce-scattered as backward
+ * finishes them, the replica keeps the sum of its pieces, and the rest of
+ * each bucket's gradient memory is returned to the system at once.
  */
 typedef struct dt_zero_sync_config {
-    int stage;         /* 1 */
+    int stage;         /* 1 or 2 */
+    int accum;         /* micro-batches per step (stage 2 keeps the sum of their shards) */
     dt_group *group;   /* the data-parallel group (NULL or size 1: nothing to reduce) */
     float *params;     /* (n) */
     float *grads;      /* (n) */

@@ -214,7 +214,7 @@ typedef struct dt_train_config {
      * the step's `accum`. */
     const char *pp_schedule;
     /* ZeRO stage on the dp axis (docs/zero.md): 0 (DDP: everything
-     * replicated) or 1 (the optimizer state sharded). */
+     * replicated), 1 (the optimizer state sharded), 2 (and the gradients). */
     int zero;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be

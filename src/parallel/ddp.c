@@ -29,6 +29,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef struct bucket {
     size_t begin, end; /* range of the gradient buffer */
@@ -75,7 +77,8 @@ struct dt_ddp {
     bool sync_init; /* mu and cv exist */
     size_t w_queued, w_done;
     bool w_quit;
-    bool shard; /* buckets are reduce-scattered (ZeRO) */
+    bool shard;   /* buckets are reduce-scattered (ZeRO) */
+    bool release; /* ... and the gradient memory outside this replica's pieces returned */
 };
 
 #define STATE_MAGIC 0x31534444u /* "DDS1" */
@@ -260,6 +263,7 @@ dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *gr
     d->grads = grads;
     d->n = n;
     d->shard = o.shard;
+    d->release = o.shard && o.release;
     size_t per = bucket_floats(bucket_bytes, d->world, d->shard);
     d->nb = n == 0 ? 0 : (n + per - 1) / per;
     d->b = dt_calloc(d->nb ? d->nb : 1, sizeof *d->b);
@@ -520,6 +524,25 @@ static void launch(dt_ddp *d) {
         d->err = st;
 }
 
+/* Return the whole pages inside [lo, hi) to the system: they read as zero
+ * afterwards, and cost no memory until written again. */
+static void drop_pages(float *lo, float *hi) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)lo + page - 1) / page * page, b = (uintptr_t)hi / page * page;
+    if (a < b)
+        (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice: nothing to undo on failure */
+}
+
+/* ZeRO 2: once bucket b is reduce-scattered, the gradient outside this
+ * replica's piece is not needed any more. */
+static void release_unowned(const dt_ddp *d, const bucket *b) {
+    if (!d->release || !communicates(d))
+        return;
+    dt_range mine = piece_of(b->begin, b->end, d->world, d->rank);
+    drop_pages(d->grads + b->begin, d->grads + mine.begin);
+    drop_pages(d->grads + mine.end, d->grads + b->end);
+}
+
 /* Wait for *w if set (clearing it), keeping the first error. */
 static void wait_clear(dt_ddp *d, dt_work **w) {
     if (!*w)
@@ -567,6 +590,7 @@ static void poll(dt_ddp *d) {
         }
         b->done = true;
         b->t_done = dt_now();
+        release_unowned(d, b);
         d->ndone++;
     }
 }
@@ -615,6 +639,7 @@ dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
                 b->done = true;
                 b->t_done = t1;
                 d->ndone = i + 1;
+                release_unowned(d, b);
             }
         } else if (!b->done) {
             b->done = true;

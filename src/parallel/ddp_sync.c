@@ -46,6 +46,7 @@ typedef struct ddp_sync {
     float inv_scale;   /* 1 / step.loss_scale */
     float state_scale; /* loss scale the codec residuals are in */
     size_t bucket;     /* buckets seen by on_bucket this step */
+    int backwards;     /* begin_backward calls this step */
     double sumsq;
     bool found_inf;
 } ddp_sync;
@@ -69,6 +70,7 @@ static dt_status sync_begin_step(dt_grad_sync *base, const dt_sync_step *st) {
     s->sumsq = 0;
     s->found_inf = false;
     s->bucket = 0;
+    s->backwards = 0;
     if (st->loss_scale != s->state_scale) {
         dt_ddp_scale_state(s->d, st->loss_scale / s->state_scale);
         s->state_scale = st->loss_scale;
@@ -81,8 +83,11 @@ static dt_status sync_begin_step(dt_grad_sync *base, const dt_sync_step *st) {
     return DT_OK;
 }
 
-static void sync_begin_backward(dt_grad_sync *base, bool last) {
-    dt_ddp_begin(((ddp_sync *)base)->d, last);
+static dt_grad_mode sync_begin_backward(dt_grad_sync *base, bool last) {
+    ddp_sync *s = (ddp_sync *)base;
+    dt_ddp_begin(s->d, last);
+    /* The step's first backward overwrites, the others add to it. */
+    return s->backwards++ == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE;
 }
 
 static void sync_ready(dt_grad_sync *base, size_t ready_from) {

@@ -221,8 +221,8 @@ static void ready(void *user, size_t from) {
 
 /* Before the first pass that makes gradients final. */
 static void begin_final(pp_runner *r) {
-    if (!r->began)
-        dt_grad_sync_begin_backward(r->sync, true);
+    if (!r->began) /* the runner accumulates its micro-batches itself */
+        (void)dt_grad_sync_begin_backward(r->sync, true);
     r->began = true;
 }
 

@@ -9,8 +9,8 @@
 dt_status dt_grad_sync_begin_step(dt_grad_sync *s, const dt_sync_step *step) {
     return s->ops->begin_step(s, step);
 }
-void dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch) {
-    s->ops->begin_backward(s, last_microbatch);
+dt_grad_mode dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch) {
+    return s->ops->begin_backward(s, last_microbatch);
 }
 void dt_grad_sync_ready(void *s, size_t ready_from) {
     dt_grad_sync *g = s;

@@ -12,7 +12,7 @@
 typedef struct dt__sync_ops {
     const char *name; /* "ddp", ... */
     dt_status (*begin_step)(dt_grad_sync *s, const dt_sync_step *step);
-    void (*begin_backward)(dt_grad_sync *s, bool last_microbatch);
+    dt_grad_mode (*begin_backward)(dt_grad_sync *s, bool last_microbatch);
     void (*ready)(dt_grad_sync *s, size_t ready_from);
     dt_status (*finish)(dt_grad_sync *s, dt_sync_result *out);
     dt_status (*apply)(dt_grad_sync *s, bool skip, float clip_scale);

@@ -18,6 +18,16 @@
  *                 every replica holds the whole updated parameters again.
  *
  * Stage 1 shards the optimizer state; the gradient buffer stays whole.
+ * Stage 2 shards the gradients: the engine returns the memory of each
+ * bucket's gradient outside this replica's piece as soon as its
+ * reduce-scatter completed, and with several micro-batches every one is
+ * reduce-scattered (so every backward overwrites the buffer), its pieces
+ * added into `acc` at the next begin_backward and added back into the
+ * buffer's pieces at the last one:
+ *
+ *     mb 0:   backward -> reduce-scatter -> acc  = pieces
+ *     mb 1:   backward -> reduce-scatter -> acc += pieces
+ *     mb K-1: backward -> reduce-scatter -> pieces += acc -> the update
  */
 #include "dtrain/amp.h"
 #include "sync_internal.h"
@@ -39,6 +49,13 @@ typedef struct zero_sync {
     dt_range *norm;    /* ranges counted in the norm, sorted */
     size_t nnorm;
     char ident[96];
+    /* Stage 2 with several micro-batches (see the file comment). */
+    float *acc;       /* (owned count): the shard sum of earlier micro-batches; NULL: accum 1 */
+    size_t *acc_off;  /* (buckets) where bucket i's piece starts in acc */
+    int folded;       /* micro-batches added into acc this step */
+    bool pending;     /* a micro-batch's reduce-scatters are in flight, not yet in acc */
+    int backwards;    /* begin_backward calls this step */
+    dt_ddp_stats sum; /* the communication of the rounds already folded */
     /* Per step. */
     dt_sync_step step;
     float inv_scale;
@@ -68,11 +85,53 @@ static dt_status zero_begin_step(dt_grad_sync *base, const dt_sync_step *st) {
     s->found_inf = false;
     s->bucket = 0;
     s->err = DT_OK;
+    s->folded = 0;
+    s->pending = false;
+    s->backwards = 0;
+    memset(&s->sum, 0, sizeof s->sum);
     return DT_OK;
 }
 
-static void zero_begin_backward(dt_grad_sync *base, bool last) {
-    dt_ddp_begin(((zero_sync *)base)->d, last);
+/* Stage 2: a micro-batch's averaged piece of bucket i into acc. */
+static void fold_piece(void *user, size_t begin, size_t end) {
+    zero_sync *s = user;
+    float *a = s->acc + s->acc_off[s->bucket++], *g = s->grads + begin;
+    if (s->folded == 0)
+        memcpy(a, g, (end - begin) * sizeof(float));
+    else
+        for (size_t j = 0; j < end - begin; j++)
+            a[j] += g[j];
+}
+
+static dt_grad_mode zero_begin_backward(dt_grad_sync *base, bool last) {
+    zero_sync *s = (zero_sync *)base;
+    int k = s->backwards++;
+    if (s->stage == 1) {
+        dt_ddp_begin(s->d, last);
+        return k == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE;
+    }
+    /* Stage 2: the previous micro-batch's pieces into acc before this
+     * backward overwrites the buffer; then this one is reduced too. */
+    if (s->pending) {
+        s->bucket = 0;
+        dt_status st = dt_ddp_finish(s->d, fold_piece, s);
+        if (st != DT_OK && s->err == DT_OK)
+            s->err = st;
+        const dt_ddp_stats *ds = dt_ddp_last_stats(s->d);
+        s->sum.comm_ms += ds->comm_ms;
+        s->sum.exposed_comm_ms += ds->exposed_comm_ms;
+        s->sum.bytes_sent += ds->bytes_sent;
+        s->sum.buckets += ds->buckets;
+        s->sum.launched_in_backward += ds->launched_in_backward;
+        s->pending = false;
+        s->folded++;
+    }
+    if (!last && !s->acc && s->err == DT_OK)
+        s->err = dt_error_set(DT_ERR_INVALID,
+                              "ZeRO stage 2 was created for one micro-batch per step (accum 1)");
+    dt_ddp_begin(s->d, true);
+    s->pending = !last;
+    return DT_GRAD_OVERWRITE;
 }
 
 static void zero_ready(dt_grad_sync *base, size_t ready_from) {
@@ -83,6 +142,12 @@ static void zero_ready(dt_grad_sync *base, size_t ready_from) {
 static void on_piece(void *user, size_t begin, size_t end) {
     zero_sync *s = user;
     size_t i = s->bucket++;
+    if (s->folded > 0) { /* stage 2: the earlier micro-batches' sum */
+        const float *a = s->acc + s->acc_off[i];
+        float *g = s->grads + begin;
+        for (size_t j = 0; j < end - begin; j++)
+            g[j] += a[j];
+    }
     if (s->step.loss_scaling)
         s->found_inf |= dt_unscale(s->grads + begin, end - begin, s->inv_scale);
     s->sumsq += counted_sumsq(s, begin, end);
@@ -96,18 +161,20 @@ static void on_piece(void *user, size_t begin, size_t end) {
 
 static dt_status zero_finish(dt_grad_sync *base, dt_sync_result *out) {
     zero_sync *s = (zero_sync *)base;
+    DT_CHECK(s->err);
+    s->bucket = 0;
     DT_CHECK(dt_ddp_finish(s->d, on_piece, s));
     DT_CHECK(s->err);
     const dt_ddp_stats *ds = dt_ddp_last_stats(s->d);
     out->sumsq = s->sumsq;
     out->found_inf = s->found_inf;
     out->updated = s->step.update_early;
-    out->comm_ms = ds->comm_ms;
-    out->exposed_comm_ms = ds->exposed_comm_ms;
-    /* The reduce-scatter's bytes, and as many again for the gather. */
-    out->bytes_sent = 2 * ds->bytes_sent;
-    out->collectives = 2 * ds->buckets;
-    out->launched_in_backward = ds->launched_in_backward;
+    out->comm_ms = ds->comm_ms + s->sum.comm_ms;
+    out->exposed_comm_ms = ds->exposed_comm_ms + s->sum.exposed_comm_ms;
+    /* The reduce-scatters' bytes, and the gather's (as many as one). */
+    out->bytes_sent = 2 * ds->bytes_sent + s->sum.bytes_sent;
+    out->collectives = 2 * ds->buckets + s->sum.buckets;
+    out->launched_in_backward = ds->launched_in_backward + s->sum.launched_in_backward;
     return DT_OK;
 }
 
@@ -183,6 +250,8 @@ static void zero_reset_state(dt_grad_sync *base) { (void)base; }
 static void zero_destroy(dt_grad_sync *base) {
     zero_sync *s = (zero_sync *)base;
     dt_ddp_destroy(s->d);
+    dt_free(s->acc);
+    dt_free(s->acc_off);
     dt_free(s->norm);
     dt_free(s);
 }
@@ -210,8 +279,11 @@ dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c) 
     *out = NULL;
     if (!c->opt || !c->params || !c->grads)
         return dt_error_set(DT_ERR_INVALID, "ZeRO: params, grads and optimizer are required");
-    if (c->stage != 1)
-        return dt_error_set(DT_ERR_UNSUPPORTED, "ZeRO stage %d: this build runs stage 1", c->stage);
+    if (c->stage != 1 && c->stage != 2)
+        return dt_error_set(DT_ERR_UNSUPPORTED, "ZeRO stage %d: this build runs stages 1 and 2",
+                            c->stage);
+    if (c->accum < 1)
+        return dt_error_set(DT_ERR_INVALID, "ZeRO: accum %d must be >= 1", c->accum);
     int dp = c->group ? dt_group_size(c->group) : 1,
         replica = c->group ? dt_group_rank(c->group) : 0;
     /* The optimizer must own exactly this replica's pieces. */
@@ -225,15 +297,33 @@ dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c) 
         dt_range r = dt_optimizer_owned(c->opt, k);
         same = r.begin == mine[k].begin && r.end == mine[k].end;
     }
-    dt_free(mine);
-    if (!same)
+    if (!same) {
+        dt_free(mine);
         return dt_error_set(DT_ERR_INVALID,
                             "ZeRO: the optimizer must own replica %d's piece of every bucket "
                             "(dt_ddp_shard_ranges)",
                             replica);
+    }
     zero_sync *s = dt_calloc(1, sizeof *s);
-    if (!s)
+    if (!s) {
+        dt_free(mine);
         return DT_ERR_NOMEM;
+    }
+    /* Stage 2 with several micro-batches: bucket i's piece is mine[nb - 1 - i]. */
+    if (c->stage == 2 && c->accum > 1) {
+        s->acc = dt_alloc((dt_optimizer_owned_count(c->opt) + 1) * sizeof(float));
+        s->acc_off = dt_calloc(nb + 1, sizeof *s->acc_off);
+        size_t off = 0;
+        for (size_t k = 0; s->acc_off && k < nb; k++) {
+            s->acc_off[nb - 1 - k] = off;
+            off += mine[k].end - mine[k].begin;
+        }
+    }
+    dt_free(mine);
+    if (c->stage == 2 && c->accum > 1 && (!s->acc || !s->acc_off)) {
+        zero_destroy(&s->base);
+        return DT_ERR_NOMEM;
+    }
     s->base.ops = &zero_ops;
     s->stage = c->stage;
     s->replica = replica;
@@ -256,6 +346,7 @@ dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c) 
     dt_ddp_options o = dt_ddp_options_default();
     o.bucket_bytes = c->bucket_bytes;
     o.shard = true;
+    o.release = c->stage >= 2;
     DT_CHECK_GOTO(dt_ddp_create_with(&s->d, c->group, c->params, c->grads, c->n, &o), st, fail);
     snprintf(s->ident, sizeof s->ident, "zero %d buckets=%zu ranks=%d", s->stage,
              dt_ddp_num_buckets(s->d), dp);

@@ -289,6 +289,7 @@ static dt_status make_sync(trainer *t) {
     dt_status st;
     if (c->zero) {
         dt_zero_sync_config zc = {.stage = c->zero,
+                                  .accum = t->K,
                                   .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
                                   .params = dt_gpt_params(t->m),
                                   .grads = dt_gpt_grads(t->m),

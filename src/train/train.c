@@ -114,10 +114,10 @@ dt_status dt__train_check_config(const dt_train_config *c) {
     }
     if (c->zero < 0 || c->zero > 3)
         return bad("--zero %d: the ZeRO stage is 0, 1, 2 or 3", c->zero);
-    if (c->zero > 1)
+    if (c->zero > 2)
         return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "--zero %d: this build shards the optimizer state (--zero 1); "
-                            "stages 2 and 3 are not available yet",
+                            "--zero %d: this build shards the optimizer state and the gradients "
+                            "(--zero 1, 2); stage 3 is not available yet",
                             c->zero);
     if (c->zero && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
         char cb[64];
