@@ -195,6 +195,9 @@ void *dt_alloc(size_t bytes);
  * MemAvailable plus free swap, or less if its memory cgroup (a container,
  * a Slurm job) allows less. false when /proc/meminfo cannot be read. */
 bool dt_mem_available(uint64_t *bytes);
+/* This process's resident memory now and its high-water mark (VmRSS and
+ * VmHWM of /proc/self/status), in bytes; false when unreadable. */
+bool dt_mem_resident(uint64_t *now, uint64_t *peak);
 void *dt_calloc(size_t count, size_t size);
 void dt_free(void *p);
 

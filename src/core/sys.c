@@ -66,6 +66,16 @@ static int64_t cgroup_room(const char *dir, bool v2) {
     return used < limit ? limit - used : 0;
 }
 
+bool dt_mem_resident(uint64_t *now, uint64_t *peak) {
+    int64_t rss = file_value("/proc/self/status", "VmRSS"),
+            hwm = file_value("/proc/self/status", "VmHWM");
+    if (rss < 0 || hwm < 0)
+        return false;
+    *now = (uint64_t)rss << 10;
+    *peak = (uint64_t)hwm << 10;
+    return true;
+}
+
 bool dt_mem_available(uint64_t *bytes) {
     /* kB of memory that can be had without swapping, plus free swap */
     int64_t avail = file_value("/proc/meminfo", "MemAvailable");

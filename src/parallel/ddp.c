@@ -191,6 +191,7 @@ static dt_status make_codecs(dt_ddp *d, const dt_ddp_options *o) {
 }
 
 static void *worker_main(void *arg);
+static void release_unowned(const dt_ddp *d, const struct bucket *b);
 
 /* Values per bucket: bucket_bytes of floats, sharded rounded down to a
  * multiple of dp (at least dp). */
@@ -275,6 +276,10 @@ dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *gr
         d->b[i].end = n - i * per;
         d->b[i].begin = d->b[i].end > per ? d->b[i].end - per : 0;
     }
+    /* Releasing: whatever the buffer held (the model zeroes it at
+     * creation) is not needed outside this replica's pieces. */
+    for (size_t i = 0; d->release && i < d->nb; i++)
+        release_unowned(d, &d->b[i]);
     /* A world of one communicates nothing: no codec either (the gradient
      * stays exact, as without DDP). */
     d->coded =
