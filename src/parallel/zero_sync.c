@@ -45,9 +45,8 @@ typedef struct zero_sync {
     float *params;   /* (n) borrowed */
     float *grads;    /* (n) borrowed */
     size_t n;
-    dt_optimizer *opt; /* borrowed: owns this replica's pieces */
-    dt_range *norm;    /* ranges counted in the norm, sorted */
-    size_t nnorm;
+    dt_optimizer *opt;    /* borrowed: owns this replica's pieces */
+    dt__norm_ranges norm; /* ranges counted in the norm */
     char ident[96];
     /* Stage 2 with several micro-batches (see the file comment). */
     float *acc;       /* (owned count): the shard sum of earlier micro-batches; NULL: accum 1 */
@@ -64,18 +63,6 @@ typedef struct zero_sync {
     bool found_inf;
     dt_status err; /* a gather that failed to start in on_piece */
 } zero_sync;
-
-/* Squares of grads[begin, end) inside the norm ranges. */
-static double counted_sumsq(const zero_sync *s, size_t begin, size_t end) {
-    double sum = 0;
-    for (size_t i = 0; i < s->nnorm; i++) {
-        size_t lo = s->norm[i].begin > begin ? s->norm[i].begin : begin;
-        size_t hi = s->norm[i].end < end ? s->norm[i].end : end;
-        if (lo < hi)
-            sum += dt_grad_sumsq(s->grads + lo, hi - lo);
-    }
-    return sum;
-}
 
 static dt_status zero_begin_step(dt_grad_sync *base, const dt_sync_step *st) {
     zero_sync *s = (zero_sync *)base;
@@ -150,7 +137,7 @@ static void on_piece(void *user, size_t begin, size_t end) {
     }
     if (s->step.loss_scaling)
         s->found_inf |= dt_unscale(s->grads + begin, end - begin, s->inv_scale);
-    s->sumsq += counted_sumsq(s, begin, end);
+    s->sumsq += dt__norm_ranges_sumsq(&s->norm, s->grads, begin, end);
     if (!s->step.update_early)
         return;
     dt_optimizer_update(s->opt, s->params, s->grads, begin, end);
@@ -252,7 +239,7 @@ static void zero_destroy(dt_grad_sync *base) {
     dt_ddp_destroy(s->d);
     dt_free(s->acc);
     dt_free(s->acc_off);
-    dt_free(s->norm);
+    dt__norm_ranges_free(&s->norm);
     dt_free(s);
 }
 
@@ -332,17 +319,8 @@ dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c) 
     s->grads = c->grads;
     s->n = c->n;
     s->opt = c->opt;
-    s->nnorm = c->norm_ranges ? c->nnorm : 1;
-    s->norm = dt_calloc(s->nnorm ? s->nnorm : 1, sizeof *s->norm);
-    dt_status st = DT_OK;
-    if (!s->norm) {
-        st = DT_ERR_NOMEM;
-        goto fail;
-    }
-    if (c->norm_ranges)
-        memcpy(s->norm, c->norm_ranges, s->nnorm * sizeof *s->norm);
-    else
-        s->norm[0] = (dt_range){0, c->n};
+    dt_status st;
+    DT_CHECK_GOTO(dt__norm_ranges_init(&s->norm, c->norm_ranges, c->nnorm, c->n), st, fail);
     dt_ddp_options o = dt_ddp_options_default();
     o.bucket_bytes = c->bucket_bytes;
     o.shard = true;
