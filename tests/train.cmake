@@ -95,11 +95,19 @@ foreach(case equiv_pp2 equiv_pp3 equiv_pp4 equiv_mixed reshard memory kill error
 endforeach()
 
 # The optimizers of docs/optim.md in `dtrain train`: bit-identical resume of
-# each, data-parallel against one rank, 1-bit Adam's compression stage, bad
-# combinations.
+# each, data-parallel against one rank, ZeRO 1 and 2 against DDP, 1-bit
+# Adam's compression stage, bad combinations.
 dt_train_cli_test_exe(test_train_optim)
-foreach(case resume ddp onebit errors)
+foreach(case resume ddp zero onebit errors)
   add_test(NAME test_train_optim_${case} COMMAND test_train_optim ${case})
   set_tests_properties(test_train_optim_${case} PROPERTIES TIMEOUT 180
                        LABELS "train;multiprocess")
+endforeach()
+
+# ZeRO stages 1 and 2 against DDP: bit-identical where the reduction order
+# is, resumed across stages and dp sizes, memory measured against the plan.
+dt_train_cli_test_exe(test_train_zero)
+foreach(case equiv resume memory errors)
+  add_test(NAME test_train_zero_${case} COMMAND test_train_zero ${case})
+  set_tests_properties(test_train_zero_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
 endforeach()

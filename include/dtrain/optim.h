@@ -394,6 +394,12 @@ size_t dt_optimizer_owned_count(const dt_optimizer *o);
 /* Updates applied so far; set on resume. */
 int64_t dt_optimizer_count(const dt_optimizer *o);
 dt_status dt_optimizer_set_count(dt_optimizer *o, int64_t count);
+/* The bytes of per-parameter state an optimizer of config c owning
+ * owned_count parameters allocates, for memory plans: what
+ * dt_optimizer_state_bytes will say less the per-tensor statistics and
+ * factors (a few values per tensor or matrix row and column) and
+ * Adafactor's v of vector tensors (biases and norms). */
+size_t dt_optimizer_plan_bytes(const dt_optim_config *c, size_t owned_count);
 /* Bytes of state (what a memory report calls "optimizer"), everything
  * included (quantisation scales, factors, statistics). */
 size_t dt_optimizer_state_bytes(const dt_optimizer *o);

@@ -410,6 +410,37 @@ static dt_status make_state(dt_optimizer *o) {
     return DT_OK;
 }
 
+/* The per-parameter state exactly (8-bit AdamW's codes and block scales,
+ * taking each owned range to start a block); not the per-tensor statistics
+ * and factors (a few values per tensor or per matrix row and column, which
+ * dt_optimizer_state_bytes counts) nor Adafactor's full v of vector tensors
+ * (biases and norms: a small share, unknown without the tensor table). */
+size_t dt_optimizer_plan_bytes(const dt_optim_config *c, size_t owned_count) {
+    size_t n = owned_count, f = sizeof(float);
+    switch (c->kind) {
+    case DT_OPTIM_ADAMW:
+    case DT_OPTIM_RADAM:
+    case DT_OPTIM_LAMB:
+    case DT_OPTIM_ONEBIT_ADAM:
+    case DT_OPTIM_ONEBIT_LAMB: return 2 * n * f;
+    case DT_OPTIM_SGD:
+    case DT_OPTIM_LARS: return c->momentum > 0 ? n * f : 0;
+    case DT_OPTIM_ADAMW8BIT: {
+        size_t block = c->block ? c->block : 2048;
+        return 2 * (n + (n + block - 1) / block * f);
+    }
+    case DT_OPTIM_ADAFACTOR: return c->adafactor.beta1 > 0 ? n * f : 0;
+    case DT_OPTIM_LOOKAHEAD: {
+        dt_optim_config ic = *c;
+        ic.kind = c->inner == DT_OPTIM_LOOKAHEAD ? DT_OPTIM_ADAMW : c->inner;
+        return dt_optimizer_plan_bytes(&ic, n) + n * f;
+    }
+    case DT_OPTIM_LBFGS: return (2 * (size_t)c->lbfgs.history + 2) * n * f;
+    case DT_OPTIM_COUNT: break;
+    }
+    return 0;
+}
+
 dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
                               const dt_optim_tensor *tensors, size_t ntensors,
                               const dt_range *owned, size_t nowned) {

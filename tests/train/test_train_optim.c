@@ -11,6 +11,14 @@
  *            against 1 rank with the same global batch: the per-tensor
  *            statistics see the averaged gradient (the difference is the
  *            allreduce's rounding).
+ *   zero     every optimizer that shards (all but L-BFGS and the 1-bit
+ *            kinds, whose compression ZeRO's plain reduce-scatter does not
+ *            carry) with --zero 1 at dp 2 and --zero 2 at dp 3 against
+ *            DDP on as many ranks: the same bits, except 8-bit AdamW (its
+ *            blocks are cut at the replicas' piece boundaries); the kinds
+ *            with per-tensor statistics, whose pieces' partial sums are
+ *            added over the replicas, are allowed 1e-6 but come out the
+ *            same too. Resumed across zero 1 -> 0.
  *   onebit   1-bit Adam: 2 ranks learn; the warm-up steps send fp32, the
  *            compression stage sign bits (about 28x fewer bytes); v stays
  *            as the warm-up left it.
@@ -118,6 +126,98 @@ static void test_ddp(void) {
     ddp_case("gc", "--optimizer adamw --grad-centralization --eps 1e-4");
 }
 
+/* Runs a and b: same losses and parameters, bit for bit (rel 0) or within
+ * rel. */
+static void zero_case(const char *tag, const char *flags, const char *la_flags,
+                      const char *lb_flags, double rel, double prel) {
+    double a[64], b[64];
+    char na[64], nb[64], extra[384];
+    snprintf(na, sizeof na, "%s_a", tag);
+    snprintf(nb, sizeof nb, "%s_b", tag);
+    snprintf(extra, sizeof extra, "%s %s --bucket-size 16K --eps 1e-4 --global-batch 12", flags,
+             la_flags);
+    train(na, 6, extra, a);
+    snprintf(extra, sizeof extra, "%s %s --bucket-size 16K --eps 1e-4 --global-batch 12", flags,
+             lb_flags);
+    train(nb, 6, extra, b);
+    char pa[192], pb[192];
+    snprintf(pa, sizeof pa, "%s/%s/ck", tu_dir, na);
+    snprintf(pb, sizeof pb, "%s/%s/ck", tu_dir, nb);
+    size_t n1, n2;
+    float *x = tu_global_params(pa, &n1), *y = tu_global_params(pb, &n2);
+    ASSERT_EQ(n1, n2);
+    double wl = 0, wp = 0;
+    for (int s = 1; s <= 6; s++)
+        wl = fmax(wl, fabs(a[s] - b[s]) / fabs(a[s]));
+    for (size_t i = 0; i < n1; i++)
+        wp = fmax(wp, fabs((double)x[i] - y[i]) / fmax(fabs((double)x[i]), 1e-2));
+    bool same = wl == 0 && memcmp(x, y, n1 * sizeof *x) == 0;
+    printf("  %-22s %s vs %s: %s (loss diff %.2g, params %.2g)\n", tag, la_flags, lb_flags,
+           same ? "bit-identical" : "close", wl, wp);
+    if (rel == 0 && !same)
+        TEST_FAILF("%s: %s and %s differ (loss %.2g, params %.2g); the same bits expected", tag,
+                   la_flags, lb_flags, wl, wp);
+    if (!(wl <= rel && wp <= prel))
+        TEST_FAILF("%s: loss differs by %.2g, parameters by %.2g (tolerances %g, %g)", tag, wl, wp,
+                   rel, prel);
+    free(x);
+    free(y);
+}
+
+static void test_zero(void) {
+    /* Element-wise: the reduce-scatter sums each element in the
+     * allreduce's order, so the bits agree. 8-bit AdamW's quantisation
+     * blocks are cut where a replica's piece begins or ends (a block
+     * that straddles two pieces has one scale in each), so its codes
+     * differ there: within the code's resolution, not bit for bit. */
+    static const char *const same[] = {"--optimizer radam", "--optimizer sgd --lr 0.05",
+                                       "--optimizer lookahead --lookahead-k 2"};
+    static const char *const same_tag[] = {"radam", "sgd", "lookahead"};
+    for (int i = 0; i < 3; i++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "%s_z1", same_tag[i]);
+        zero_case(tag, same[i], "--nproc 2", "--nproc 2 --zero 1", 0, 0);
+    }
+    zero_case("radam_z2_dp3", "--optimizer radam", "--nproc 3", "--nproc 3 --zero 2", 0, 0);
+    zero_case("adamw8bit_z1", "--optimizer adamw8bit --adamw8bit-block 256", "--nproc 2",
+              "--nproc 2 --zero 1", 1e-4, 0.05);
+    zero_case("adamw8bit_z2_dp3", "--optimizer adamw8bit --adamw8bit-block 256", "--nproc 3",
+              "--nproc 3 --zero 2", 1e-4, 0.05);
+    /* Per-tensor statistics: partial sums in double over the replicas. */
+    static const char *const tw[] = {
+        "--optimizer lamb --lr 1e-2", "--optimizer lars --lr 0.5",
+        "--optimizer adafactor --adafactor-eps1 1e-8 --adafactor-beta1 0.9",
+        "--optimizer adamw --grad-centralization",
+        "--optimizer lookahead --lookahead-inner lamb --lr 1e-2 --lookahead-k 2"};
+    static const char *const tw_tag[] = {"lamb", "lars", "adafactor", "gc", "lookahead_lamb"};
+    for (int i = 0; i < 5; i++) {
+        char tag[64];
+        snprintf(tag, sizeof tag, "%s_z1", tw_tag[i]);
+        zero_case(tag, tw[i], "--nproc 2", "--nproc 2 --zero 1", 1e-6, 1e-4);
+        snprintf(tag, sizeof tag, "%s_z2_dp3", tw_tag[i]);
+        zero_case(tag, tw[i], "--nproc 3", "--nproc 3 --zero 2", 1e-6, 1e-4);
+    }
+    /* Resume across layouts: zero 1 at dp 2 stopped, resumed as zero 0. */
+    const char *f = "--optimizer adafactor --adafactor-beta1 0.9 --adafactor-eps1 1e-8 "
+                    "--bucket-size 16K";
+    double a[64], b[64];
+    char extra[384];
+    snprintf(extra, sizeof extra, "%s --nproc 2 --zero 1", f);
+    train("zr_a", 6, extra, a);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 6 --ckpt-dir %s/zr_b/ck --run-dir "
+                     "%s/zr_b %s --stop-after 3",
+                     DTRAIN, corpus, tu_dir, tu_dir, extra),
+              0);
+    snprintf(extra, sizeof extra, "%s --nproc 2 --resume", f);
+    train("zr_b", 6, extra, b);
+    EXPECT_OUT("resumed");
+    double wl = 0;
+    for (int s = 1; s <= 6; s++)
+        wl = fmax(wl, fabs(a[s] - b[s]) / fabs(a[s]));
+    printf("  adafactor zero 1 -> zero 0 resume: worst loss diff %.2g\n", wl);
+    ASSERT_TRUE(wl <= 1e-6);
+}
+
 static void test_onebit(void) {
     double l[64];
 #define ONEBIT "--nproc 2 --optimizer onebit-adam --compress-start 5 --lr 3e-3 --schedule constant"
@@ -177,10 +277,8 @@ static void test_errors(void) {
 }
 
 static const test_case cases[] = {
-    {"resume", test_resume},
-    {"ddp", test_ddp},
-    {"onebit", test_onebit},
-    {"errors", test_errors},
+    {"resume", test_resume}, {"ddp", test_ddp},       {"zero", test_zero},
+    {"onebit", test_onebit}, {"errors", test_errors},
 };
 
 int main(int argc, char **argv) {
