@@ -357,6 +357,19 @@ typedef struct dt_param_hooks {
  * be fp32 (bf16/fp16 cast the whole buffer at every forward). */
 dt_status dt_gpt_set_param_hooks(dt_gpt *m, const dt_param_hooks *h);
 
+/* The linear layers' statistics (K-FAC): during a backward that writes
+ * parameter gradients, for each of a block's four linear layers (c_attn,
+ * attn c_proj, c_fc, mlp c_proj), fn gets the layer's input x (N, in) and
+ * the gradient of its output dy (N, out), as backward has them, with the
+ * weight's offset in the parameter buffer (the weight is (out, in)
+ * row-major). dy is d(grad_scale * mean loss) / d(output): dy / scale, with
+ * scale = grad_scale / N, is each token's gradient of its own loss. fp32
+ * compute without tensor parallelism and without a split weight-gradient
+ * pass only (DT_ERR_UNSUPPORTED otherwise). NULL fn: none. */
+typedef void (*dt_linear_stats_fn)(void *user, size_t weight_offset, const float *x,
+                                   const float *dy, int N, int in, int out, float scale);
+dt_status dt_gpt_set_linear_stats(dt_gpt *m, dt_linear_stats_fn fn, void *user);
+
 /* The options the model was created with (its part normalised). */
 const dt_gpt_options *dt_gpt_get_options(const dt_gpt *m);
 /* The part this model holds (normalised: chunks >= 1, tp_size >= 1). */

@@ -199,7 +199,10 @@ float dt_clip_scale(double sumsq, float max_norm);
  *   onebit-adam   m, v                            -                       yes
  *   onebit-lamb   m, v + frozen trust ratios      |p|, |update| (warm-up) warm-up: no
  *   lookahead     the inner one's + slow weights  the inner one's         the inner one's
- *   lbfgs         2*history + 3 vectors           dot products (all)      no
+ *   lbfgs         2*history + 6 vectors           dot products (all)      no
+ *   kfac          momentum (fp32) or none         A, G factors and their  no
+ *                 + per linear layer A (in^2), G    inverses (per layer,
+ *                 (out^2) and their inverses        averaged over ranks)
  *   --grad-centralization (any kind): the row sums of every matrix's
  *   gradient (the rows' means are subtracted first); never rangewise.
  *
@@ -233,11 +236,13 @@ typedef enum dt_optim_kind {
     DT_OPTIM_RADAM,
     DT_OPTIM_LOOKAHEAD,
     DT_OPTIM_LBFGS,
+    DT_OPTIM_KFAC,
     DT_OPTIM_COUNT
 } dt_optim_kind;
 
 /* "adamw", "sgd", "adafactor", "adamw8bit", "lamb", "lars", "onebit-adam",
- * "onebit-lamb", "radam", "lookahead", "lbfgs" (indexable by dt_optim_kind). */
+ * "onebit-lamb", "radam", "lookahead", "lbfgs", "kfac" (indexable by
+ * dt_optim_kind). */
 extern const char *const dt_optim_names[DT_OPTIM_COUNT];
 
 /* Adafactor (Shazeer & Stern 2018, as Hugging Face's transformers
@@ -263,10 +268,20 @@ typedef struct dt_lbfgs_config {
     bool line_search;       /* strong-Wolfe line search; false: fixed steps of lr */
 } dt_lbfgs_config;
 
+/* K-FAC for the linear layers (Martens & Grosse 2015; src/optim/kfac.c). */
+typedef struct dt_kfac_config {
+    double damping; /* Tikhonov damping lambda, split between the factors; 1e-3 */
+    int inv_every;  /* updates between inverse computations; 10 */
+    double ema;     /* running-average decay of the factors; 0.95 */
+    double kl_clip; /* bound on lr^2 <U, g> over the layers (the update's scale); 1e-3 */
+} dt_kfac_config;
+
 /* Sums n doubles over the ranks that share the optimizer's tensors, in
  * place (the same n on every rank). NULL in the config: this rank owns
  * every parameter and nothing is summed. */
 typedef dt_status (*dt_optim_reduce_fn)(void *user, double *values, size_t n);
+/* Broadcasts n floats from rank `root` (of the same group) to the others. */
+typedef dt_status (*dt_optim_bcast_fn)(void *user, float *values, size_t n, int root);
 
 typedef struct dt_optim_config {
     dt_optim_kind kind;
@@ -295,7 +310,13 @@ typedef struct dt_optim_config {
     bool centralize;           /* gradient centralisation: subtract each matrix row's mean from
                                   its gradient before the update (Yong et al. 2020) */
     dt_optim_reduce_fn reduce; /* see "Sharding" above; NULL: nothing to sum */
-    void *reduce_user;
+    void *reduce_user;         /* also bcast's */
+    /* K-FAC: its hyper-parameters; the data-parallel group it averages its
+     * factors over (reduce, divided by nranks) and spreads the inverses on
+     * (bcast; this rank's index in it). 0 of 1 and NULL: one rank. */
+    dt_kfac_config kfac;
+    dt_optim_bcast_fn bcast;
+    int rank, nranks;
 } dt_optim_config;
 
 /* AdamW with PyTorch's defaults (dt_adamw_config_default), no freeze, and
@@ -317,6 +338,9 @@ typedef struct dt_optim_tensor {
     size_t rows, cols;    /* a matrix's shape, row-major (rows * cols == count): Adafactor
                              factors it, gradient centralisation centres its rows. 0, 0:
                              a vector */
+    bool linear;          /* a linear layer's weight (out = rows, in = cols) whose input
+                             and output-gradient statistics the model reports (K-FAC
+                             preconditions it) */
 } dt_optim_tensor;
 
 typedef struct dt_optimizer dt_optimizer;
@@ -385,6 +409,18 @@ dt_status dt_lbfgs_next(dt_optimizer *o, float *params, const float *grads, doub
                         bool *more);
 /* Function evaluations of the current step so far. */
 int dt_lbfgs_evals(const dt_optimizer *o);
+
+/*
+ * K-FAC takes the linear layers' statistics from backward (dt_gpt's
+ * dt_linear_stats_fn has this signature after the optimizer): x (N, in)
+ * the layer's input, dy (N, out) the gradient of its output, dy / scale
+ * each token's own gradient. Called between begin() and step(), any number
+ * of times per layer (micro-batches); the step averages them. Any other
+ * kind: nothing. DT_ERR_INVALID when no linear tensor sits at the offset
+ * with that shape.
+ */
+dt_status dt_kfac_accumulate(dt_optimizer *o, size_t weight_offset, const float *x, const float *dy,
+                             int N, int in, int out, float scale);
 
 const dt_optim_config *dt_optimizer_config(const dt_optimizer *o);
 /* The owned ranges, and the parameters they hold in all. */

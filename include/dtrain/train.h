@@ -166,6 +166,7 @@ typedef struct dt_train_config {
     double lookahead_alpha;
     dt_lbfgs_config lbfgs;    /* L-BFGS (max_eval 0: max_iter * 5 / 4) */
     bool grad_centralization; /* subtract each matrix row's mean from its gradient */
+    dt_kfac_config kfac;      /* K-FAC (the linear layers; SGD momentum and decay as --momentum) */
     int schedule;             /* dt_schedule_kind */
     int64_t warmup;
     int64_t eval_every;   /* 0: only at the end */

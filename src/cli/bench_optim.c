@@ -98,8 +98,8 @@ static int state_table(const char *model, bool json) {
     for (size_t i = 0; i < nt; i++) {
         size_t count = all[i].rows * all[i].cols;
         bool mat = all[i].rows > 1;
-        tab[i] =
-            (dt_optim_tensor){n, count, all[i].decay, mat ? all[i].rows : 0, mat ? all[i].cols : 0};
+        tab[i] = (dt_optim_tensor){
+            n, count, all[i].decay, mat ? all[i].rows : 0, mat ? all[i].cols : 0, false};
         if (mat) {
             mats[nm] = tab[i];
             mats[nm++].offset = nmat;
@@ -115,7 +115,7 @@ static int state_table(const char *model, bool json) {
         double per[2];
         for (int m = 0; m < 2; m++) {
             size_t np = m ? nmat : n;
-            if (k == DT_OPTIM_LBFGS) {
+            if (k == DT_OPTIM_LBFGS) { /* the default history of 10 */
                 per[m] = (2.0 * 10 + 6) * sizeof(float);
                 continue;
             }
@@ -179,7 +179,8 @@ static int run_optim(cli_args *a) {
     for (size_t off = 0; off < n; nt++) {
         size_t count = nt < 7 && per > 0 ? per : n - off;
         bool mat = count % 1024 == 0 && count >= 2048;
-        tab[nt] = (dt_optim_tensor){off, count, true, mat ? count / 1024 : 0, mat ? 1024 : 0};
+        tab[nt] =
+            (dt_optim_tensor){off, count, true, mat ? count / 1024 : 0, mat ? 1024 : 0, false};
         off += count;
     }
     dt_adamw_config c = dt_adamw_config_default();

@@ -24,9 +24,9 @@
 
 static const char *const tokenizers[] = {"char", "byte", NULL};
 /* dt_optim_names, in dt_optim_kind order. */
-static const char *const optimizers[] = {"adamw", "sgd",       "adafactor",   "adamw8bit",
-                                         "lamb",  "lars",      "onebit-adam", "onebit-lamb",
-                                         "radam", "lookahead", "lbfgs",       NULL};
+static const char *const optimizers[] = {
+    "adamw",       "sgd",   "adafactor", "adamw8bit", "lamb", "lars", "onebit-adam",
+    "onebit-lamb", "radam", "lookahead", "lbfgs",     "kfac", NULL};
 _Static_assert(sizeof optimizers / sizeof optimizers[0] == DT_OPTIM_COUNT + 1,
                "one name per optimizer kind");
 static const char *const on_off[] = {"on", "off", NULL};
@@ -74,7 +74,7 @@ static const cli_opt train_opts[] = {
     {"adafactor-scale-parameter", 0, CLI_ENUM, "MODE", "on", "DT_ADAFACTOR_SCALE_PARAMETER", "Adafactor: multiply the step size by max(eps2, RMS(p))", on_off, 0, 0},
     {"adafactor-warmup-init", 0, CLI_FLAG, NULL, NULL, "DT_ADAFACTOR_WARMUP_INIT", "Adafactor relative step min(1e-6 t, 1/sqrt(t))", NULL, 0, 0},
     {"adamw8bit-block", 0, CLI_INT, "N", "2048", "DT_ADAMW8BIT_BLOCK", "8-bit AdamW: values per quantisation block (a multiple of 16)", NULL, 16, 4096},
-    {"lookahead-inner", 0, CLI_ENUM, "NAME", "adamw", "DT_LOOKAHEAD_INNER", "the optimizer Lookahead wraps", optimizers, 0, 0},
+    {"lookahead-inner", 0, CLI_ENUM, "NAME", "adamw", "DT_LOOKAHEAD_INNER", "the optimizer Lookahead wraps (not lookahead, lbfgs or the 1-bit kinds)", optimizers, 0, 0},
     {"lookahead-k", 0, CLI_INT, "K", "5", "DT_LOOKAHEAD_K", "Lookahead: fast steps per slow step", NULL, 1, 1e6},
     {"lookahead-alpha", 0, CLI_DOUBLE, "X", "0.5", "DT_LOOKAHEAD_ALPHA", "Lookahead: slow step size", NULL, 1e-6, 1},
     {"lbfgs-history", 0, CLI_INT, "M", "10", "DT_LBFGS_HISTORY", "L-BFGS: (s, y) pairs kept", NULL, 1, 16},
@@ -83,6 +83,10 @@ static const cli_opt train_opts[] = {
     {"lbfgs-tolerance-grad", 0, CLI_DOUBLE, "X", "1e-7", "DT_LBFGS_TOLERANCE_GRAD", "L-BFGS: stop when max |g| <= X", NULL, 0, 1e6},
     {"lbfgs-tolerance-change", 0, CLI_DOUBLE, "X", "1e-9", "DT_LBFGS_TOLERANCE_CHANGE", "L-BFGS: stop when a step or loss change is below X", NULL, 0, 1e6},
     {"lbfgs-line-search", 0, CLI_ENUM, "MODE", "on", "DT_LBFGS_LINE_SEARCH", "L-BFGS strong-Wolfe line search (off: fixed steps of --lr)", on_off, 0, 0},
+    {"kfac-damping", 0, CLI_DOUBLE, "X", "1e-3", "DT_KFAC_DAMPING", "K-FAC: Tikhonov damping, split between the factors", NULL, 1e-12, 1e6},
+    {"kfac-inv-every", 0, CLI_INT, "N", "10", "DT_KFAC_INV_EVERY", "K-FAC: steps between inverse computations", NULL, 1, 1e6},
+    {"kfac-ema", 0, CLI_DOUBLE, "X", "0.95", "DT_KFAC_EMA", "K-FAC: running-average decay of the factors", NULL, 0, 0.99999},
+    {"kfac-kl-clip", 0, CLI_DOUBLE, "X", "1e-3", "DT_KFAC_KL_CLIP", "K-FAC: bound on lr^2 <update, gradient> (scales the preconditioned step)", NULL, 1e-12, 1e6},
     {"grad-centralization", 0, CLI_FLAG, NULL, NULL, "DT_GRAD_CENTRALIZATION", "subtract each matrix row's mean from its gradient (with any optimizer)", NULL, 0, 0},
     {"schedule", 0, CLI_ENUM, "KIND", "cosine", "DT_SCHEDULE", "learning-rate schedule after warmup", schedules, 0, 0},
     {"warmup", 0, CLI_INT, "W", "0", "DT_WARMUP", "steps of linear warmup", NULL, 0, 1e15},
@@ -272,6 +276,10 @@ static int run_train(cli_args *a) {
     c.lbfgs.tolerance_change = (float)cli_double(a, "lbfgs-tolerance-change");
     c.lbfgs.line_search = cli_enum(a, "lbfgs-line-search") == 0;
     c.grad_centralization = cli_bool(a, "grad-centralization");
+    c.kfac.damping = cli_double(a, "kfac-damping");
+    c.kfac.inv_every = (int)cli_int(a, "kfac-inv-every");
+    c.kfac.ema = cli_double(a, "kfac-ema");
+    c.kfac.kl_clip = cli_double(a, "kfac-kl-clip");
     c.schedule = cli_enum(a, "schedule");
     c.warmup = cli_int(a, "warmup");
     c.clip = cli_double(a, "clip");

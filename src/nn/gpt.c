@@ -781,6 +781,16 @@ dt_status dt_gpt_set_param_hooks(dt_gpt *m, const dt_param_hooks *h) {
     m->hooks = h ? *h : (dt_param_hooks){0};
     return DT_OK;
 }
+dt_status dt_gpt_set_linear_stats(dt_gpt *m, dt_linear_stats_fn fn, void *user) {
+    if (fn && (m->opt.precision != DT_PRECISION_FP32 || m->opt.part.tp_size > 1 ||
+               m->opt.split_weight_grads))
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "linear-layer statistics (K-FAC) need fp32 compute, no tensor "
+                            "parallelism and no split weight-gradient pass");
+    m->lstats = fn;
+    m->lstats_user = user;
+    return DT_OK;
+}
 float *dt_gpt_params(dt_gpt *m) { return m->params; }
 float *dt_gpt_grads(dt_gpt *m) { return m->grads; }
 size_t dt_gpt_num_params(const dt_gpt *m) { return m->nparams; }

@@ -147,6 +147,9 @@ struct dt_gpt {
                           // partial gradient on its way to the group sum
     double comm_ms;       /* time spent in the tensor-parallel communication points */
     dt_param_hooks hooks; /* parameters kept elsewhere (fetch NULL: none) */
+    dt_linear_stats_fn lstats; /* the linear layers' statistics (NULL: none) */
+    void *lstats_user;
+    float lstats_scale; /* this backward's grad_scale / N */
 };
 
 /* Whether block l drops its activations in forward and recomputes them. */

@@ -734,6 +734,15 @@ static dt_status dout_rows(dt_gpt *m, const void **dout) {
     return region_out_backward(m, m->dres16, 2);
 }
 
+/* The linear layer k of block l reports its input and output gradient
+ * (dt_gpt_set_linear_stats; fp32 only, so both are floats). */
+static void linear_stats(dt_gpt *m, bool weights, int l, int k, const void *x, const void *dy,
+                         int N, int in, int out) {
+    if (m->lstats && weights)
+        m->lstats(m->lstats_user, (size_t)(bt(m, m->params, l, k) - m->params), x, dy, N, in, out,
+                  m->lstats_scale);
+}
+
 /* Block l's backward: m->dres holds d(res3) on entry and d(x) on return.
  * With `weights` the parameter gradients are written into m->grads per
  * mode as they go; without (a zero-bubble B) the gradients they are made
@@ -757,11 +766,13 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode m
         float *dfc = w ? (float *)w->d_fc : m->dfch;
         dt_matmul_backward_mode(m->dfch, G(P_FCPROJW), G(P_FCPROJB), dout, a->fch_gelu,
                                 bt(m, p, l, P_FCPROJW), N, Ft, C, mode);
+        linear_stats(m, weights, l, P_FCPROJW, a->fch_gelu, dout, N, Ft, C);
         dt_gelu_bias_backward(dfc, a->fch, bt(m, p, l, P_FCB), m->dfch, N, Ft);
         if (weights)
             DT_CHECK(region_in_forward(m, a->ln2, &in, 4)); /* SP: gathered again */
         dt_matmul_backward_mode(m->dbuf, G(P_FCW), G(P_FCB), dfc, in, bt(m, p, l, P_FCW), N, C, Ft,
                                 mode);
+        linear_stats(m, weights, l, P_FCW, in, dfc, N, C, Ft);
     } else {
         DT_CHECK(dt_linear16_backward_mode(pr, m->dfch, G(P_FCPROJW), G(P_FCPROJB), dout,
                                            a->fch_gelu, wt(m, l, P_FCPROJW), N, Ft, C, mode));
@@ -788,11 +799,13 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode m
         float *dqkv = w ? (float *)w->d_qkv : m->dqkv;
         dt_matmul_backward_mode(m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout, a->atty,
                                 bt(m, p, l, P_ATTPROJW), N, Ct, C, mode);
+        linear_stats(m, weights, l, P_ATTPROJW, a->atty, dout, N, Ct, C);
         dt_attention_backward(dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt);
         if (weights)
             DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
         dt_matmul_backward_mode(m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in, bt(m, p, l, P_QKVW), N, C,
                                 3 * Ct, mode);
+        linear_stats(m, weights, l, P_QKVW, in, dqkv, N, C, 3 * Ct);
     } else {
         uint16_t *dqkv = w ? w->d_qkv : m->dqkv;
         DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout, a->atty,
@@ -948,6 +961,7 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, int chunk, int slot, const float *dx_
                             "backward of a model part without the head needs the gradient of "
                             "its output (dx_out)");
     s->have_targets = false; /* the logits are about to become dlogits */
+    m->lstats_scale = grad_scale / (float)(s->B * s->T);
     const bool split = m->opt.split_weight_grads;
     const int C = d->C, Ns = (int)rows_here(m);
     float *p = m->params, *g = m->grads;

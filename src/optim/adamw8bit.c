@@ -10,8 +10,8 @@
  * block maximum has the same property and quantises with integer
  * arithmetic on the float's bits (no table search), which is what lets the
  * step stay memory-bound. The second moment is stored as r = sqrt(v): half
- * the dynamic range to cover (2^-18 of the block maximum reaches 2^-36 in
- * v) and the square root the update needs anyway. Rounding is to nearest
+ * the dynamic range to cover (r's smallest code, 2^-11 of the block
+ * maximum, is 2^-22 in v) and the square root the update needs anyway. Rounding is to nearest
  * (stochastic rounding would make the slowly-moving v a random walk).
  *
  * The update itself is AdamW's, operation by operation, on the dequantised

@@ -208,4 +208,22 @@ void dt__lbfgs_begin(dt__lbfgs *L, float lr);
 dt_status dt__lbfgs_next(dt__lbfgs *L, float *params, const float *grads, double loss, bool *more);
 int dt__lbfgs_evals(const dt__lbfgs *L);
 
+/* ---- K-FAC (kfac.c) ----------------------------------------------------- */
+typedef struct dt__kfac dt__kfac;
+/* For the table's linear tensors: sets tlen[t] (factors and inverses,
+ * 2 (in^2 + out^2) floats) and allocates the accumulators. */
+dt_status dt__kfac_create(dt__kfac **out, const dt_kfac_config *c, const dt_optim_tensor *tab,
+                          size_t ntab, size_t *tlen);
+void dt__kfac_destroy(dt__kfac *k);
+size_t dt__kfac_bytes(const dt__kfac *k); /* accumulators and scratch */
+dt_status dt__kfac_accumulate(dt__kfac *k, size_t weight_offset, const float *x, const float *dy,
+                              int N, int in, int out, float scale);
+/* One step over the whole buffer (the optimizer owns [0, n)): tstate and
+ * toff are the per-tensor state, mom the momentum (NULL: none), count the
+ * updates applied before this one; wd_of_tensor(wd_user, t) the decay of
+ * tensor t. */
+dt_status dt__kfac_step(dt__kfac *k, const dt_optim_config *c, float *p, const float *g,
+                        float *tstate, const size_t *toff, float *mom, float lr, int64_t count,
+                        float wd_of_tensor(const void *, size_t), const void *wd_user);
+
 #endif /* DTRAIN_OPTIM_INTERNAL_H */

@@ -29,8 +29,8 @@
 #include <string.h>
 
 const char *const dt_optim_names[DT_OPTIM_COUNT] = {
-    "adamw",       "sgd",         "adafactor", "adamw8bit", "lamb", "lars",
-    "onebit-adam", "onebit-lamb", "radam",     "lookahead", "lbfgs"};
+    "adamw",       "sgd",         "adafactor", "adamw8bit", "lamb",  "lars",
+    "onebit-adam", "onebit-lamb", "radam",     "lookahead", "lbfgs", "kfac"};
 
 #define MAX_STATES 34 /* per-parameter states (L-BFGS: 2 * history + 2, history <= 16) */
 
@@ -88,6 +88,7 @@ struct dt_optimizer {
     size_t ngstats;
     dt_optimizer *inner;        /* Lookahead: the wrapped optimizer */
     dt__lbfgs *lbfgs;           /* L-BFGS: its vectors and scalars (lbfgs.c) */
+    dt__kfac *kfac;             /* K-FAC: its accumulators (kfac.c); factors in tstate */
     char lname[MAX_STATES][24]; /* L-BFGS: its state names */
     int64_t count;              /* applied updates */
     int64_t step;               /* the step begun last */
@@ -131,6 +132,10 @@ dt_optim_config dt_optim_config_default(void) {
         .centralize = false,
         .reduce = NULL,
         .reduce_user = NULL,
+        .kfac = {.damping = 1e-3, .inv_every = 10, .ema = 0.95, .kl_clip = 1e-3},
+        .bcast = NULL,
+        .rank = 0,
+        .nranks = 1,
     };
 }
 
@@ -190,7 +195,7 @@ dt_status dt_optim_config_validate(const dt_optim_config *c) {
     if (c->kind == DT_OPTIM_LOOKAHEAD) {
         dt_optim_kind in = c->inner;
         if ((unsigned)in >= DT_OPTIM_COUNT || in == DT_OPTIM_LOOKAHEAD || in == DT_OPTIM_LBFGS ||
-            onebit(in))
+            in == DT_OPTIM_KFAC || onebit(in))
             return bad("lookahead: inner optimizer %s cannot be wrapped (any of adamw, sgd, "
                        "adafactor, adamw8bit, lamb, lars, radam)",
                        (unsigned)in < DT_OPTIM_COUNT ? dt_optim_names[in] : "?");
@@ -219,6 +224,23 @@ dt_status dt_optim_config_validate(const dt_optim_config *c) {
         if (c->reduce)
             return bad("lbfgs: does not shard (its tests take maxima over all parameters); "
                        "give it every parameter and no reduce function");
+    }
+    if (c->kind == DT_OPTIM_KFAC) {
+        const dt_kfac_config *k = &c->kfac;
+        if (!(k->damping > 0) || !isfinite(k->damping))
+            return bad("kfac: damping %g must be > 0", k->damping);
+        if (k->inv_every < 1)
+            return bad("kfac: inv_every %d must be >= 1", k->inv_every);
+        if (!(k->ema >= 0 && k->ema < 1))
+            return bad("kfac: ema %g must be in [0, 1)", k->ema);
+        if (!(k->kl_clip > 0) || !isfinite(k->kl_clip))
+            return bad("kfac: kl_clip %g must be > 0", k->kl_clip);
+        if (!in01(c->momentum))
+            return bad("kfac: momentum %g must be in [0, 1)", (double)c->momentum);
+        if (c->nranks < 1 || c->rank < 0 || c->rank >= c->nranks)
+            return bad("kfac: rank %d of %d ranks", c->rank, c->nranks);
+        if (c->nranks > 1 && (!c->reduce || !c->bcast))
+            return bad("kfac: %d ranks need the reduce and bcast functions", c->nranks);
     }
     return DT_OK;
 }
@@ -360,6 +382,13 @@ static dt_status make_state(dt_optimizer *o) {
         }
         break;
     }
+    case DT_OPTIM_KFAC:
+        if (o->nowned != 1 || o->owned[0].begin != 0)
+            return bad("kfac: the optimizer must own the whole parameter buffer as one range "
+                       "(K-FAC preconditions whole weight matrices; it does not shard)");
+        if (c->momentum > 0)
+            DT_CHECK(add_state(o, "kfac.momentum", true));
+        break;
     case DT_OPTIM_COUNT: break;
     }
     /* Per-tensor state and statistics. */
@@ -399,6 +428,14 @@ static dt_status make_state(dt_optimizer *o) {
             return DT_ERR_NOMEM;
     } else if (c->kind == DT_OPTIM_ONEBIT_LAMB) {
         o->tname = "onebit-lamb.ratio";
+    } else if (c->kind == DT_OPTIM_KFAC) {
+        o->tname = "kfac.factors";
+        DT_CHECK(dt__kfac_create(&o->kfac, &c->kfac, o->tab, o->ntab, o->tlen));
+        o->ttotal = 0;
+        for (size_t t = 0; t < o->ntab; t++) {
+            o->toff[t] = o->ttotal;
+            o->ttotal += o->tlen[t];
+        }
     }
     if (o->ttotal && !(o->tstate = zalloc_f(o->ttotal)))
         return DT_ERR_NOMEM;
@@ -435,7 +472,8 @@ size_t dt_optimizer_plan_bytes(const dt_optim_config *c, size_t owned_count) {
         ic.kind = c->inner == DT_OPTIM_LOOKAHEAD ? DT_OPTIM_ADAMW : c->inner;
         return dt_optimizer_plan_bytes(&ic, n) + n * f;
     }
-    case DT_OPTIM_LBFGS: return (2 * (size_t)c->lbfgs.history + 2) * n * f;
+    case DT_OPTIM_LBFGS: return (2 * (size_t)c->lbfgs.history + 6) * n * f; /* lbfgs.c */
+    case DT_OPTIM_KFAC: return c->momentum > 0 ? n * f : 0;
     case DT_OPTIM_COUNT: break;
     }
     return 0;
@@ -528,6 +566,7 @@ void dt_optimizer_destroy(dt_optimizer *o) {
     }
     dt_optimizer_destroy(o->inner);
     dt__lbfgs_destroy(o->lbfgs);
+    dt__kfac_destroy(o->kfac);
     for (int j = 0; j < 2; j++) {
         dt_free(o->q[j]);
         dt_free(o->qs[j]);
@@ -1057,6 +1096,15 @@ static void q8_step(dt_optimizer *o, float *p, const float *g) {
     }
 }
 
+static float kfac_decay(const void *o, size_t t) { return decay_of(o, t); }
+
+dt_status dt_kfac_accumulate(dt_optimizer *o, size_t weight_offset, const float *x, const float *dy,
+                             int N, int in, int out, float scale) {
+    if (!o->kfac)
+        return DT_OK;
+    return dt__kfac_accumulate(o->kfac, weight_offset, x, dy, N, in, out, scale);
+}
+
 dt_status dt_optimizer_step(dt_optimizer *o, float *params, float *grads) {
     DT_ASSERT(o->step >= 0);
     if (o->c.centralize)
@@ -1073,6 +1121,9 @@ dt_status dt_optimizer_step(dt_optimizer *o, float *params, float *grads) {
     case DT_OPTIM_LBFGS:
         return dt_error_set(DT_ERR_INVALID,
                             "lbfgs: its step is driven by dt_lbfgs_next (it evaluates the loss)");
+    case DT_OPTIM_KFAC:
+        return dt__kfac_step(o->kfac, &o->c, params, grads, o->tstate, o->toff,
+                             o->nstates ? o->st[0].buf : NULL, o->lr, o->count, kfac_decay, o);
     case DT_OPTIM_LOOKAHEAD:
         if (!dt_optimizer_rangewise(o->inner)) {
             for (size_t k = 0; k < o->nowned; k++)
@@ -1135,8 +1186,11 @@ size_t dt_optimizer_state_bytes(const dt_optimizer *o) {
         b += 2 * (o->start[o->nowned] + o->qblock[o->nowned] * sizeof(float));
     b += o->ttotal * sizeof(float) * (o->fac ? 2 : 1);
     b += (o->nstats + o->ngstats + o->nipart) * sizeof(double);
-    if (o->lbfgs)
-        b += dt__lbfgs_scalar_bytes(o->lbfgs);
+    if (o->kfac)
+        b += dt__kfac_bytes(o->kfac);
+    if (o->lbfgs) /* its 2 m + 2 checkpointed vectors; the others and the scalars */
+        b += (2 * (size_t)o->c.lbfgs.history + 2) * o->start[o->nowned] * sizeof(float) +
+             dt__lbfgs_scalar_bytes(o->lbfgs);
     return b;
 }
 

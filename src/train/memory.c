@@ -122,6 +122,7 @@ dt_optim_config dt__train_optim_config(const dt_train_config *c) {
     if (oc.lbfgs.max_eval == 0)
         oc.lbfgs.max_eval = oc.lbfgs.max_iter * 5 / 4;
     oc.centralize = c->grad_centralization;
+    oc.kfac = c->kfac;
     /* --compress-freeze-v: beta2 = 1 from the first compressed step on;
      * 1-bit Adam/LAMB: their compression stage starts there too. */
     bool onebit = c->optimizer == DT_OPTIM_ONEBIT_ADAM || c->optimizer == DT_OPTIM_ONEBIT_LAMB;

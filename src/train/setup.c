@@ -174,6 +174,24 @@ static dt_status make_model(trainer *t) {
     return dt_sequential_runner_create(&t->runner, t->m);
 }
 
+/* The four linear layers of a block (K-FAC preconditions them): their
+ * weights are named h.L.attn.c_attn.weight, h.L.attn.c_proj.weight,
+ * h.L.mlp.c_fc.weight and h.L.mlp.c_proj.weight. */
+static bool is_block_linear(const char *name) {
+    size_t n = strlen(name);
+    return strncmp(name, "h.", 2) == 0 && n > 7 && strcmp(name + n - 7, ".weight") == 0 &&
+           (strstr(name, ".c_attn.") || strstr(name, ".c_proj.") || strstr(name, ".c_fc."));
+}
+
+/* Backward's linear-layer statistics, into K-FAC (an offset or shape it
+ * does not know is a bug: the table was built from the same model). */
+static void kfac_stats(void *user, size_t offset, const float *x, const float *dy, int N, int in,
+                       int out, float scale) {
+    trainer *t = user;
+    dt_status st = dt_kfac_accumulate(t->opt, offset, x, dy, N, in, out, scale);
+    DT_ASSERT(st == DT_OK);
+}
+
 /* The optimizer over this rank's parameters, tensor by tensor (decay
  * differs between matrices and biases/norms). */
 static dt_status make_optimizer(trainer *t) {
@@ -188,8 +206,12 @@ static dt_status make_optimizer(trainer *t) {
         /* Matrices carry their shape (Adafactor factors them, gradient
          * centralisation centres their rows); vectors are 1 x cols. */
         bool mat = pi.rows > 1;
-        tens[i] = (dt_optim_tensor){pi.offset, pi.rows * pi.cols, pi.decay, mat ? pi.rows : 0,
-                                    mat ? pi.cols : 0};
+        tens[i] = (dt_optim_tensor){.offset = pi.offset,
+                                    .count = pi.rows * pi.cols,
+                                    .decay = pi.decay,
+                                    .rows = mat ? pi.rows : 0,
+                                    .cols = mat ? pi.cols : 0,
+                                    .linear = mat && is_block_linear(pi.name)};
     }
     dt_optim_config oc = dt__train_optim_config(c);
     /* Per-tensor statistics (LAMB and LARS trust ratios, Adafactor's
@@ -198,6 +220,17 @@ static dt_status make_optimizer(trainer *t) {
     if (c->zero && t->dp > 1) {
         oc.reduce = dt__train_optim_reduce;
         oc.reduce_user = t;
+    }
+    /* K-FAC averages its factors over the dp group and spreads the
+     * inverses over its ranks. */
+    if (c->optimizer == DT_OPTIM_KFAC) {
+        oc.rank = t->replica;
+        oc.nranks = t->dp;
+        if (t->dp > 1) {
+            oc.reduce = dt__train_optim_reduce;
+            oc.bcast = dt__train_optim_bcast;
+            oc.reduce_user = t;
+        }
     }
     /* ZeRO: this replica's piece of every bucket; else all of it. */
     dt_range *owned;
@@ -210,7 +243,15 @@ static dt_status make_optimizer(trainer *t) {
     st = dt_optimizer_create(&t->opt, &oc, tens, nt, owned, nr);
     dt_free(owned);
     dt_free(tens);
+    if (st == DT_OK && c->optimizer == DT_OPTIM_KFAC)
+        st = dt_gpt_set_linear_stats(t->m, kfac_stats, t);
     return st;
+}
+
+dt_status dt__train_optim_bcast(void *user, float *values, size_t n, int root) {
+    trainer *t = user;
+    dt_group *dp = dt_mesh_group(t->mesh, DT_AXIS_DP);
+    return dp ? dt_group_broadcast(dp, values, n, DT_F32, root) : DT_OK;
 }
 
 dt_status dt__train_optim_reduce(void *user, double *values, size_t n) {

@@ -47,6 +47,7 @@ void dt_train_config_init(dt_train_config *c) {
     c->lookahead_alpha = oc.lookahead_alpha;
     c->lbfgs = oc.lbfgs;
     c->lbfgs.max_eval = 0;
+    c->kfac = oc.kfac;
     c->schedule = DT_SCHED_COSINE;
     c->eval_batches = 8;
     c->keep = 3;
@@ -113,6 +114,21 @@ dt_status dt__train_check_config(const dt_train_config *c) {
                             "--tp 1",
                             dt_optim_names[c->optimizer],
                             c->grad_centralization ? " --grad-centralization" : "", c->tp);
+    if (c->optimizer == DT_OPTIM_KFAC) {
+        if (c->tp > 1 || c->pp > 1)
+            return dt_error_set(DT_ERR_UNSUPPORTED,
+                                "--optimizer kfac with --tp %d --pp %d: K-FAC preconditions whole "
+                                "weight matrices with statistics from one backward pass; it runs "
+                                "with data parallelism only",
+                                c->tp, c->pp);
+        if (c->zero)
+            return bad("--optimizer kfac with --zero %d: K-FAC preconditions whole weight "
+                       "matrices and does not shard (use --zero 0)",
+                       c->zero);
+        if (c->precision != DT_PRECISION_FP32)
+            return bad("--optimizer kfac needs --precision fp32 (its statistics are read from "
+                       "the fp32 backward)");
+    }
     if (c->optimizer == DT_OPTIM_LBFGS) {
         if (c->tp > 1 || c->pp > 1)
             return dt_error_set(DT_ERR_UNSUPPORTED,

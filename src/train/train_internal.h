@@ -125,6 +125,8 @@ void dt__train_free(trainer *t);
  * sum over the dp group, for an optimizer that owns a share of its
  * replica's parameters (ZeRO). */
 dt_status dt__train_optim_reduce(void *user, double *values, size_t n);
+/* Its broadcast over the dp group (K-FAC's inverses). */
+dt_status dt__train_optim_bcast(void *user, float *values, size_t n, int root);
 
 /* state.c: every rank calls both (collective over the world). */
 dt_status dt__train_save(trainer *t, char *path, size_t len);

@@ -7,7 +7,7 @@
  *            Adafactor's factors keyed by tensor, L-BFGS's history and
  *            scalars); 1-bit Adam/LAMB on 2 ranks past the warm-up, with
  *            their codec residuals.
- *   ddp      LAMB, Adafactor and centralised AdamW on 2 data-parallel ranks
+ *   ddp      LAMB, Adafactor, centralised AdamW and K-FAC on 2 data-parallel ranks
  *            against 1 rank with the same global batch: the per-tensor
  *            statistics see the averaged gradient (the difference is the
  *            allreduce's rounding).
@@ -89,6 +89,8 @@ static void test_resume(void) {
     resume_case("lookahead", "--optimizer lookahead --lookahead-inner lamb --lookahead-k 2");
     resume_case("gc", "--optimizer adamw --grad-centralization");
     resume_case("lbfgs", "--optimizer lbfgs --lr 1 --lbfgs-max-iter 3 --lbfgs-history 2");
+    resume_case("kfac", "--optimizer kfac --lr 0.3 --kfac-inv-every 2 --kfac-damping 0.1");
+    resume_case("kfac_2", "--nproc 2 --optimizer kfac --lr 0.3 --kfac-inv-every 2");
     resume_case("onebit_adam", "--nproc 2 --optimizer onebit-adam --compress-start 2");
     resume_case("onebit_lamb", "--nproc 2 --optimizer onebit-lamb --compress-start 2 --lr 1e-2");
 }
@@ -124,6 +126,9 @@ static void test_ddp(void) {
     ddp_case("lamb", "--optimizer lamb --lr 1e-2 --eps 1e-4");
     ddp_case("adafactor", "--optimizer adafactor --adafactor-eps1 1e-8");
     ddp_case("gc", "--optimizer adamw --grad-centralization --eps 1e-4");
+    /* K-FAC: the factors averaged over the ranks are the global batch's;
+     * the inverses of layer j computed on rank j % 2 and broadcast. */
+    ddp_case("kfac", "--optimizer kfac --lr 0.3 --kfac-inv-every 2 --kfac-damping 0.1");
 }
 
 /* Runs a and b: same losses and parameters, bit for bit (rel 0) or within
@@ -274,6 +279,14 @@ static void test_errors(void) {
                      DTRAIN, corpus),
               2);
     EXPECT_OUT("--adafactor-decay");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --optimizer kfac --precision bf16",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--optimizer kfac needs --precision fp32");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --optimizer kfac --nproc 2 --zero 1",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("K-FAC preconditions whole weight matrices and does not shard");
 }
 
 static const test_case cases[] = {

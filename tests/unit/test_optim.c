@@ -355,7 +355,7 @@ static void test_sumsq_exact_on_integers(void) {
 static void test_optimizer_object(void) {
     /* Three tensors: a decayed matrix, a bias, a decayed matrix. */
     const dt_optim_tensor tens[] = {
-        {0, 600, true, 0, 0}, {600, 40, false, 0, 0}, {640, 360, true, 0, 0}};
+        {0, 600, true, 0, 0, false}, {600, 40, false, 0, 0, false}, {640, 360, true, 0, 0, false}};
     float *p0 = malloc(NO * sizeof(float)), *p1 = malloc(NO * sizeof(float));
     float *g = malloc(NO * sizeof(float)), *m = calloc(NO, sizeof(float)),
           *v = calloc(NO, sizeof(float));
@@ -447,7 +447,7 @@ static void test_optimizer_object(void) {
     ASSERT_STATUS(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){0, NO}, 1), DT_ERR_INVALID);
     ASSERT_CONTAINS(dt_last_error(), "momentum 1.5");
     c = dt_optim_config_default();
-    const dt_optim_tensor overlap[] = {{0, 10, true, 0, 0}, {5, 10, true, 0, 0}};
+    const dt_optim_tensor overlap[] = {{0, 10, true, 0, 0, false}, {5, 10, true, 0, 0, false}};
     ASSERT_STATUS(dt_optimizer_create(&o, &c, overlap, 2, &(dt_range){0, 15}, 1), DT_ERR_INVALID);
     ASSERT_CONTAINS(dt_last_error(), "overlaps");
     ASSERT_STATUS(dt_optimizer_create(&o, &c, tens, 3, &(dt_range){10, 5}, 1), DT_ERR_INVALID);

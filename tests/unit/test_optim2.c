@@ -681,6 +681,82 @@ static void test_bad_hyperparameters(void) {
     ASSERT_CONTAINS(dt_last_error(), "3 x 4 but holds 10");
 }
 
+/* K-FAC: one linear layer and a bias for 5 steps (inverses every 2, the KL
+ * clip active in three) against tests/reference/kfac_reference.txt, numpy
+ * in float64 from the equations (gen_kfac_reference.py). The factors are
+ * summed in float by sgemm and kept in float: 1e-5 relative. */
+static void test_kfac_matches_reference(void) {
+    char *saved = fixture_text;
+    FILE *f = fopen(DT_TEST_DATA_DIR "/reference/kfac_reference.txt", "rb");
+    ASSERT_TRUE(f != NULL);
+    fseek(f, 0, SEEK_END);
+    long len = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    fixture_text = malloc((size_t)len + 1);
+    ASSERT_EQ(fread(fixture_text, 1, (size_t)len, f), len);
+    fixture_text[len] = 0;
+    fclose(f);
+    size_t n;
+    double *cf = fx("kfac_config", &n);
+    ASSERT_EQ(n, 12);
+    int out = (int)cf[0], in = (int)cf[1], ntok = (int)cf[2], steps = (int)cf[3];
+    dt_optim_config c = dt_optim_config_default();
+    c.kind = DT_OPTIM_KFAC;
+    c.kfac =
+        (dt_kfac_config){.damping = cf[5], .inv_every = (int)cf[6], .ema = cf[7], .kl_clip = cf[8]};
+    c.momentum = (float)cf[9];
+    c.weight_decay = (float)cf[10];
+    float lr = (float)cf[4], scale = (float)cf[11];
+    size_t nw = (size_t)(out * in), np = nw + (size_t)out;
+    const dt_optim_tensor t[2] = {{.offset = 0,
+                                   .count = nw,
+                                   .decay = true,
+                                   .rows = (size_t)out,
+                                   .cols = (size_t)in,
+                                   .linear = true},
+                                  {.offset = nw, .count = (size_t)out, .decay = false}};
+    dt_optimizer *o;
+    ASSERT_OK(dt_optimizer_create(&o, &c, t, 2, &(dt_range){0, np}, 1));
+    float *p = malloc(np * sizeof *p), *g = malloc(np * sizeof *g);
+    float *w0 = fx_f32("kfac_w0", nw), *b0 = fx_f32("kfac_b0", (size_t)out);
+    memcpy(p, w0, nw * sizeof *p);
+    memcpy(p + nw, b0, (size_t)out * sizeof *p);
+    for (int k = 0; k < steps; k++) {
+        char name[32];
+        snprintf(name, sizeof name, "kfac_x%d", k);
+        float *x = fx_f32(name, (size_t)(ntok * in));
+        snprintf(name, sizeof name, "kfac_dy%d", k);
+        float *dy = fx_f32(name, (size_t)(ntok * out));
+        snprintf(name, sizeof name, "kfac_gw%d", k);
+        float *gw = fx_f32(name, nw);
+        snprintf(name, sizeof name, "kfac_gb%d", k);
+        float *gb = fx_f32(name, (size_t)out);
+        memcpy(g, gw, nw * sizeof *g);
+        memcpy(g + nw, gb, (size_t)out * sizeof *g);
+        dt_optimizer_begin(o, k, lr);
+        ASSERT_OK(dt_kfac_accumulate(o, 0, x, dy, ntok, in, out, scale));
+        ASSERT_OK(dt_optimizer_step(o, p, g));
+        dt_optimizer_end(o, true);
+        free(x), free(dy), free(gw), free(gb);
+    }
+    float *w = fx_f32("kfac_w", nw), *b = fx_f32("kfac_b", (size_t)out);
+    double worst = 0;
+    for (size_t i = 0; i < np; i++) {
+        double r = i < nw ? w[i] : b[i - nw];
+        double e = fabs((double)p[i] - r) / fmax(fabs(r), 1e-3);
+        if (!(e <= 1e-5))
+            TEST_FAILF("kfac: parameter %zu = %.9g, reference %.9g", i, (double)p[i], r);
+        worst = fmax(worst, e);
+    }
+    printf("  kfac: %d steps within %.2g of the numpy reference\n", steps, worst);
+    /* A statistic for an offset that is no linear tensor is refused. */
+    ASSERT_STATUS(dt_kfac_accumulate(o, nw, p, p, 1, in, out, 1.0f), DT_ERR_INVALID);
+    dt_optimizer_destroy(o);
+    free(p), free(g), free(w0), free(b0), free(w), free(b), free(cf);
+    free(fixture_text);
+    fixture_text = saved;
+}
+
 int main(void) {
     load_fixture();
     load_problem();
@@ -691,6 +767,7 @@ int main(void) {
     RUN(test_lars_matches_reference);
     RUN(test_adafactor_matches_reference);
     RUN(test_lbfgs_matches_pytorch);
+    RUN(test_kfac_matches_reference);
     RUN(test_isa_paths_agree);
     RUN(test_sharded_equals_unsharded);
     RUN(test_q8_code);
