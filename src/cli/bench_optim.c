@@ -81,8 +81,11 @@ static dt_optim_config object_config(dt_optim_kind kind) {
 }
 
 /* --model: state bytes per parameter of every kind on the model's tensors
- * (all of them, and the matrices alone). L-BFGS is computed, not built: its
- * (2 m + 6) vectors would not fit for a large model. */
+ * (all of them, and the matrices alone). L-BFGS and K-FAC are computed, not
+ * built: L-BFGS's (2 m + 6) vectors and K-FAC's factors would not fit for a
+ * large model. K-FAC: momentum, then per block linear layer (in, out) the
+ * factors and their inverses in float, 2 (in^2 + out^2) values, and their
+ * double accumulators, (in^2 + out^2) values. */
 static int state_table(const char *model, bool json) {
     dt_gpt_config mc;
     if (dt_gpt_preset(model, &mc) != DT_OK)
@@ -95,7 +98,15 @@ static int state_table(const char *model, bool json) {
     size_t nt = dt_gpt_config_num_tensors(&mc), n = 0, nmat = 0;
     dt_optim_tensor *tab = calloc(nt, sizeof *tab), *mats = calloc(nt, sizeof *mats);
     size_t nm = 0;
+    double kfac_bytes = 0;
     for (size_t i = 0; i < nt; i++) {
+        const char *nmv = all[i].name;
+        size_t ln = strlen(nmv);
+        if (strncmp(nmv, "h.", 2) == 0 && ln > 7 && strcmp(nmv + ln - 7, ".weight") == 0 &&
+            (strstr(nmv, ".c_attn.") || strstr(nmv, ".c_proj.") || strstr(nmv, ".c_fc."))) {
+            double a = (double)all[i].cols * all[i].cols, g = (double)all[i].rows * all[i].rows;
+            kfac_bytes += 2 * (a + g) * sizeof(float) + (a + g) * sizeof(double);
+        }
         size_t count = all[i].rows * all[i].cols;
         bool mat = all[i].rows > 1;
         tab[i] = (dt_optim_tensor){
@@ -119,6 +130,10 @@ static int state_table(const char *model, bool json) {
                 per[m] = (2.0 * 10 + 6) * sizeof(float);
                 continue;
             }
+            if (k == DT_OPTIM_KFAC) { /* momentum 0.9 */
+                per[m] = sizeof(float) + kfac_bytes / (double)np;
+                continue;
+            }
             dt_optim_config c = object_config((dt_optim_kind)k);
             c.freeze_v_from = 1;
             if (k == DT_OPTIM_LOOKAHEAD)
@@ -139,7 +154,9 @@ static int state_table(const char *model, bool json) {
                    model, dt_optim_names[k], per[0], per[1]);
         else
             printf("%-12s %16.4f %18.4f%s\n", dt_optim_names[k], per[0], per[1],
-                   k == DT_OPTIM_LBFGS ? "  (history 10)" : "");
+                   k == DT_OPTIM_LBFGS  ? "  (history 10)"
+                   : k == DT_OPTIM_KFAC ? "  (factors, inverses, accumulators)"
+                                        : "");
     }
     free(tab), free(mats);
     return 0;

@@ -58,7 +58,7 @@ static const cli_opt train_opts[] = {
     {"lr", 0, CLI_DOUBLE, "X", "1e-3", "DT_LR", "peak learning rate", NULL, 1e-12, 1e6},
     {"min-lr", 0, CLI_DOUBLE, "X", "0", "DT_MIN_LR", "floor of the decay", NULL, 0, 100},
     {"weight-decay", 0, CLI_DOUBLE, "X", "0.1", "DT_WEIGHT_DECAY", "decoupled weight decay (matrices only)", NULL, 0, 10},
-    {"momentum", 0, CLI_DOUBLE, "X", "0.9", "DT_MOMENTUM", "SGD and LARS momentum", NULL, 0, 0.9999},
+    {"momentum", 0, CLI_DOUBLE, "X", "0.9", "DT_MOMENTUM", "SGD, LARS and K-FAC momentum", NULL, 0, 0.9999},
     {"nesterov", 0, CLI_FLAG, NULL, NULL, "DT_NESTEROV", "Nesterov momentum (SGD, LARS)", NULL, 0, 0},
     {"beta1", 0, CLI_DOUBLE, "X", "0.9", "DT_BETA1", "first-moment decay (AdamW, RAdam, adamw8bit, LAMB, 1-bit)", NULL, 0, 0.99999},
     {"beta2", 0, CLI_DOUBLE, "X", "0.95", "DT_BETA2", "second-moment decay (AdamW, RAdam, adamw8bit, LAMB, 1-bit)", NULL, 0, 0.99999},

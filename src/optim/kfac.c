@@ -25,13 +25,14 @@
  *      decay on U (dt_sgd_step), as the reference implementations do.
  *
  * Factors and inverses are per-tensor state (checkpointed, keyed by tensor):
- * [A (in^2) | G (out^2) | Ainv | Ginv]. The products and the factorisation
- * are plain loops over rows, split across OpenMP threads by output row, so
- * the thread count never changes a bit; the compiler vectorises the inner
- * loops (-O3 -march=native). Costs: statistics N (in^2 + out^2) per layer
- * and micro-batch; inverses (in^3 + out^3) / 3 every inv_every steps, spread
- * over the ranks. For small and medium layers (a 3072 x 3072 G is 38 MB
- * of double accumulator): K-FAC is documented as such in docs/optim.md.
+ * [A (in^2) | G (out^2) | Ainv | Ginv]. The Gram matrices and the
+ * preconditioning products are sgemm calls (the tensor layer's, vectorised
+ * and threaded); the Cholesky factorisation and inversion are serial loops
+ * in double whose inner loops run along rows. Costs: statistics
+ * N (in^2 + out^2) per layer and micro-batch; inverses ~ (in^3 + out^3)
+ * every inv_every steps, spread over the ranks. Memory is quadratic in the
+ * widths (a 3072-wide G is 38 MB of double accumulator): K-FAC is for small
+ * and medium models, documented as such in docs/optim.md.
  */
 #include "dtrain/tensor.h"
 #include "optim_internal.h"
