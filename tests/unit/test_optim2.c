@@ -3,7 +3,8 @@
  * references (tests/reference/optim2_reference.txt, written by
  * gen_optim2_reference.py: PyTorch 1.13 for RAdam, L-BFGS, and AdamW under
  * Lookahead and gradient centralisation; numpy from the papers' equations
- * for LAMB, LARS and Adafactor), and their properties:
+ * for LAMB, LARS and Adafactor; K-FAC against kfac_reference.txt, numpy
+ * from the equations, gen_kfac_reference.py), and their properties:
  *   - the AVX-512 and scalar paths (DT_ISA) give the same bits;
  *   - sharded equals unsharded: two threads, each an optimizer owning
  *     pieces that cut tensors mid-row, with a reduce hook that sums their
