@@ -3,8 +3,10 @@
  * references (tests/reference/optim2_reference.txt, written by
  * gen_optim2_reference.py: PyTorch 1.13 for RAdam, L-BFGS, and AdamW under
  * Lookahead and gradient centralisation; numpy from the papers' equations
- * for LAMB, LARS and Adafactor; K-FAC against kfac_reference.txt, numpy
- * from the equations, gen_kfac_reference.py), and their properties:
+ * for LAMB, LARS and Adafactor; K-FAC and 1-bit Adam (two workers through
+ * the sign codec with error feedback) against kfac_reference.txt and
+ * onebit_reference.txt, numpy from the equations, gen_kfac_reference.py and
+ * gen_onebit_reference.py), and their properties:
  *   - the AVX-512 and scalar paths (DT_ISA) give the same bits;
  *   - sharded equals unsharded: two threads, each an optimizer owning
  *     pieces that cut tensors mid-row, with a reduce hook that sums their
@@ -14,6 +16,7 @@
  *   - 1-bit Adam/LAMB: premixed momentum equals the dense update;
  *   - bad hyper-parameters are named with their value.
  */
+#include "dtrain/compress.h"
 #include "dtrain/optim.h"
 #include "optim/optim_internal.h"
 #include "test.h"
@@ -682,14 +685,12 @@ static void test_bad_hyperparameters(void) {
     ASSERT_CONTAINS(dt_last_error(), "3 x 4 but holds 10");
 }
 
-/* K-FAC: one linear layer and a bias for 5 steps (inverses every 2, the KL
- * clip active in three) against tests/reference/kfac_reference.txt, numpy
- * in float64 from the equations (gen_kfac_reference.py). The factors are
- * summed in float by sgemm and kept in float: 1e-5 relative. */
-static void test_kfac_matches_reference(void) {
+/* Reads another fixture file into fixture_text; returns the one it replaced. */
+static char *swap_fixture(const char *path) {
     char *saved = fixture_text;
-    FILE *f = fopen(DT_TEST_DATA_DIR "/reference/kfac_reference.txt", "rb");
-    ASSERT_TRUE(f != NULL);
+    FILE *f = fopen(path, "rb");
+    if (!f)
+        TEST_FAILF("cannot open %s", path);
     fseek(f, 0, SEEK_END);
     long len = ftell(f);
     fseek(f, 0, SEEK_SET);
@@ -697,6 +698,100 @@ static void test_kfac_matches_reference(void) {
     ASSERT_EQ(fread(fixture_text, 1, (size_t)len, f), len);
     fixture_text[len] = 0;
     fclose(f);
+    return saved;
+}
+
+/* 1-bit Adam for two workers, through the sign codec with error feedback
+ * (what the DDP buckets do with --optimizer onebit-adam), against
+ * onebit_reference.txt: numpy from Tang et al.'s equations, compressing
+ * each worker's momentum (gen_onebit_reference.py). dtrain compresses the
+ * premixed gradient instead, which the scaled sign turns into the same
+ * thing up to rounding. */
+static void test_onebit_adam_matches_reference(void) {
+    char *saved = swap_fixture(DT_TEST_DATA_DIR "/reference/onebit_reference.txt");
+    size_t n;
+    double *cf = fx("onebit_config", &n);
+    ASSERT_EQ(n, 9);
+    size_t np = (size_t)cf[0];
+    int steps = (int)cf[1], freeze = (int)cf[2], workers = (int)cf[3];
+    ASSERT_EQ(workers, 2);
+    dt_optim_config c = dt_optim_config_default();
+    c.kind = DT_OPTIM_ONEBIT_ADAM;
+    c.adamw.beta1 = (float)cf[5];
+    c.adamw.beta2 = (float)cf[6];
+    c.adamw.eps = (float)cf[7];
+    c.weight_decay = (float)cf[8];
+    c.freeze_v_from = freeze;
+    float lr = (float)cf[4];
+    const dt_optim_tensor t = {.offset = 0, .count = np, .decay = true};
+    dt_optimizer *o;
+    ASSERT_OK(dt_optimizer_create(&o, &c, &t, 1, &(dt_range){0, np}, 1));
+    dt_codec_spec spec;
+    ASSERT_OK(dt_codec_parse("test", "sign", &spec));
+    dt_compressor *comp[2];
+    for (int r = 0; r < 2; r++) {
+        dt_compressor_config cc = dt_compressor_config_default();
+        cc.rank = (uint32_t)r;
+        cc.ef = DT_EF_ON;
+        ASSERT_OK(dt_compressor_create(&comp[r], &spec, np, &cc));
+    }
+    size_t cap = dt_compressor_encoded_bytes(comp[0]), used;
+    uint8_t *buf = malloc(cap);
+    float *p = fx_f32("onebit_p0", np), *avg = malloc(np * sizeof *avg);
+    float *x = malloc(np * sizeof *x);
+    for (int k = 0; k < steps; k++) {
+        float *g[2];
+        for (int r = 0; r < 2; r++) {
+            char name[32];
+            snprintf(name, sizeof name, "onebit_g%d_%d", k, r);
+            g[r] = fx_f32(name, np);
+        }
+        dt_optimizer_begin(o, k, lr);
+        ASSERT_EQ(dt_optimizer_premixing(o), k >= freeze);
+        if (!dt_optimizer_premixing(o)) {
+            for (size_t i = 0; i < np; i++)
+                avg[i] = (g[0][i] + g[1][i]) * 0.5f;
+        } else {
+            memset(avg, 0, np * sizeof *avg);
+            for (int r = 0; r < 2; r++) {
+                memcpy(x, g[r], np * sizeof *x);
+                dt_optimizer_premix(o, x, 0, np, 1.0f);
+                ASSERT_OK(dt_compressor_compress(comp[r], x, (uint64_t)k, buf, cap, &used));
+                ASSERT_OK(dt_codec_decode(buf, used, np, avg, DT_DECODE_ADD));
+            }
+            for (size_t i = 0; i < np; i++)
+                avg[i] *= 0.5f;
+        }
+        ASSERT_OK(dt_optimizer_step(o, p, avg));
+        dt_optimizer_end(o, true);
+        free(g[0]), free(g[1]);
+    }
+    float *ref = fx_f32("onebit_p", np);
+    double worst = 0;
+    for (size_t i = 0; i < np; i++) {
+        double e = fabs((double)p[i] - ref[i]) / fmax(fabs((double)ref[i]), 1e-3);
+        if (!(e <= 1e-5))
+            TEST_FAILF("onebit-adam: parameter %zu = %.9g, reference %.9g", i, (double)p[i],
+                       (double)ref[i]);
+        worst = fmax(worst, e);
+    }
+    printf("  onebit-adam, 2 workers, sign + EF from step %d: within %.2g of the numpy "
+           "reference\n",
+           freeze + 1, worst);
+    for (int r = 0; r < 2; r++)
+        dt_compressor_destroy(comp[r]);
+    dt_optimizer_destroy(o);
+    free(buf), free(p), free(avg), free(x), free(ref), free(cf);
+    free(fixture_text);
+    fixture_text = saved;
+}
+
+/* K-FAC: one linear layer and a bias for 5 steps (inverses every 2, the KL
+ * clip active in three) against tests/reference/kfac_reference.txt, numpy
+ * in float64 from the equations (gen_kfac_reference.py). The factors are
+ * summed in float by sgemm and kept in float: 1e-5 relative. */
+static void test_kfac_matches_reference(void) {
+    char *saved = swap_fixture(DT_TEST_DATA_DIR "/reference/kfac_reference.txt");
     size_t n;
     double *cf = fx("kfac_config", &n);
     ASSERT_EQ(n, 12);
@@ -774,6 +869,7 @@ int main(void) {
     RUN(test_q8_code);
     RUN(test_adamw8bit);
     RUN(test_onebit_premix);
+    RUN(test_onebit_adam_matches_reference);
     RUN(test_bad_hyperparameters);
     free(params0);
     for (int k = 0; k < STEPS; k++)
