@@ -3,7 +3,7 @@
  * references (tests/reference/optim2_reference.txt, written by
  * gen_optim2_reference.py: PyTorch 1.13 for RAdam, L-BFGS, and AdamW under
  * Lookahead and gradient centralisation; numpy from the papers' equations
- * for LAMB, LARS and Adafactor; K-FAC and 1-bit Adam (two workers through
+ * for LAMB, LARS and Adafactor; K-FAC and 1-bit Adam/LAMB (two workers through
  * the sign codec with error feedback) against kfac_reference.txt and
  * onebit_reference.txt, numpy from the equations, gen_kfac_reference.py and
  * gen_onebit_reference.py), and their properties:
@@ -701,31 +701,34 @@ static char *swap_fixture(const char *path) {
     return saved;
 }
 
-/* 1-bit Adam for two workers, through the sign codec with error feedback
- * (what the DDP buckets do with --optimizer onebit-adam), against
- * onebit_reference.txt: numpy from Tang et al.'s equations, compressing
- * each worker's momentum (gen_onebit_reference.py). dtrain compresses the
- * premixed gradient instead, which the scaled sign turns into the same
- * thing up to rounding. */
-static void test_onebit_adam_matches_reference(void) {
+/* 1-bit Adam and 1-bit LAMB for two workers, through the sign codec with
+ * error feedback (what the DDP buckets do with --optimizer onebit-adam /
+ * onebit-lamb), against onebit_reference.txt: numpy from Tang et al.'s and
+ * Li et al.'s equations, compressing each worker's momentum
+ * (gen_onebit_reference.py). dtrain compresses the premixed gradient
+ * instead, which the scaled sign turns into the same thing up to rounding.
+ * A decayed tensor and a vector: LAMB's ratio applies to the first only. */
+static void onebit_reference_case(bool lamb) {
     char *saved = swap_fixture(DT_TEST_DATA_DIR "/reference/onebit_reference.txt");
     size_t n;
     double *cf = fx("onebit_config", &n);
-    ASSERT_EQ(n, 9);
+    ASSERT_EQ(n, 10);
     size_t np = (size_t)cf[0];
     int steps = (int)cf[1], freeze = (int)cf[2], workers = (int)cf[3];
     ASSERT_EQ(workers, 2);
     dt_optim_config c = dt_optim_config_default();
-    c.kind = DT_OPTIM_ONEBIT_ADAM;
+    c.kind = lamb ? DT_OPTIM_ONEBIT_LAMB : DT_OPTIM_ONEBIT_ADAM;
     c.adamw.beta1 = (float)cf[5];
     c.adamw.beta2 = (float)cf[6];
     c.adamw.eps = (float)cf[7];
     c.weight_decay = (float)cf[8];
     c.freeze_v_from = freeze;
     float lr = (float)cf[4];
-    const dt_optim_tensor t = {.offset = 0, .count = np, .decay = true};
+    size_t nd = (size_t)cf[9];
+    const dt_optim_tensor t[2] = {{.offset = 0, .count = nd, .decay = true},
+                                  {.offset = nd, .count = np - nd, .decay = false}};
     dt_optimizer *o;
-    ASSERT_OK(dt_optimizer_create(&o, &c, &t, 1, &(dt_range){0, np}, 1));
+    ASSERT_OK(dt_optimizer_create(&o, &c, t, 2, &(dt_range){0, np}, 1));
     dt_codec_spec spec;
     ASSERT_OK(dt_codec_parse("test", "sign", &spec));
     dt_compressor *comp[2];
@@ -766,24 +769,28 @@ static void test_onebit_adam_matches_reference(void) {
         dt_optimizer_end(o, true);
         free(g[0]), free(g[1]);
     }
-    float *ref = fx_f32("onebit_p", np);
+    float *ref = fx_f32(lamb ? "onebit_lamb_p" : "onebit_p", np);
     double worst = 0;
     for (size_t i = 0; i < np; i++) {
         double e = fabs((double)p[i] - ref[i]) / fmax(fabs((double)ref[i]), 1e-3);
         if (!(e <= 1e-5))
-            TEST_FAILF("onebit-adam: parameter %zu = %.9g, reference %.9g", i, (double)p[i],
-                       (double)ref[i]);
+            TEST_FAILF("%s: parameter %zu = %.9g, reference %.9g", dt_optim_names[c.kind], i,
+                       (double)p[i], (double)ref[i]);
         worst = fmax(worst, e);
     }
-    printf("  onebit-adam, 2 workers, sign + EF from step %d: within %.2g of the numpy "
-           "reference\n",
-           freeze + 1, worst);
+    printf("  %s, 2 workers, sign + EF from step %d: within %.2g of the numpy reference\n",
+           dt_optim_names[c.kind], freeze + 1, worst);
     for (int r = 0; r < 2; r++)
         dt_compressor_destroy(comp[r]);
     dt_optimizer_destroy(o);
     free(buf), free(p), free(avg), free(x), free(ref), free(cf);
     free(fixture_text);
     fixture_text = saved;
+}
+
+static void test_onebit_matches_reference(void) {
+    onebit_reference_case(false);
+    onebit_reference_case(true);
 }
 
 /* K-FAC: one linear layer and a bias for 5 steps (inverses every 2, the KL
@@ -869,7 +876,7 @@ int main(void) {
     RUN(test_q8_code);
     RUN(test_adamw8bit);
     RUN(test_onebit_premix);
-    RUN(test_onebit_adam_matches_reference);
+    RUN(test_onebit_matches_reference);
     RUN(test_bad_hyperparameters);
     free(params0);
     for (int k = 0; k < STEPS; k++)
