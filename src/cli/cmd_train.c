@@ -74,7 +74,7 @@ static const cli_opt train_opts[] = {
     {"adafactor-scale-parameter", 0, CLI_ENUM, "MODE", "on", "DT_ADAFACTOR_SCALE_PARAMETER", "Adafactor: multiply the step size by max(eps2, RMS(p))", on_off, 0, 0},
     {"adafactor-warmup-init", 0, CLI_FLAG, NULL, NULL, "DT_ADAFACTOR_WARMUP_INIT", "Adafactor relative step min(1e-6 t, 1/sqrt(t))", NULL, 0, 0},
     {"adamw8bit-block", 0, CLI_INT, "N", "2048", "DT_ADAMW8BIT_BLOCK", "8-bit AdamW: values per quantisation block (a multiple of 16)", NULL, 16, 4096},
-    {"lookahead-inner", 0, CLI_ENUM, "NAME", "adamw", "DT_LOOKAHEAD_INNER", "the optimizer Lookahead wraps (not lookahead, lbfgs or the 1-bit kinds)", optimizers, 0, 0},
+    {"lookahead-inner", 0, CLI_ENUM, "NAME", "adamw", "DT_LOOKAHEAD_INNER", "the optimizer Lookahead wraps (not lookahead, lbfgs, kfac or the 1-bit kinds)", optimizers, 0, 0},
     {"lookahead-k", 0, CLI_INT, "K", "5", "DT_LOOKAHEAD_K", "Lookahead: fast steps per slow step", NULL, 1, 1e6},
     {"lookahead-alpha", 0, CLI_DOUBLE, "X", "0.5", "DT_LOOKAHEAD_ALPHA", "Lookahead: slow step size", NULL, 1e-6, 1},
     {"lbfgs-history", 0, CLI_INT, "M", "10", "DT_LBFGS_HISTORY", "L-BFGS: (s, y) pairs kept", NULL, 1, 16},

@@ -389,7 +389,7 @@ static void build_config_json(trainer *t) {
         dt_json_int(j, "lookahead_k", c->lookahead_k);
         dt_json_num(j, "lookahead_alpha", c->lookahead_alpha);
     }
-    if (k == DT_OPTIM_SGD || k == DT_OPTIM_LARS) {
+    if (k == DT_OPTIM_SGD || k == DT_OPTIM_LARS || k == DT_OPTIM_KFAC) {
         dt_json_num(j, "momentum", c->momentum);
         dt_json_bool(j, "nesterov", c->nesterov);
     }
@@ -414,6 +414,12 @@ static void build_config_json(trainer *t) {
         dt_json_bool(j, "adafactor_relative_step", c->adafactor.relative_step);
         dt_json_bool(j, "adafactor_scale_parameter", c->adafactor.scale_parameter);
         dt_json_bool(j, "adafactor_warmup_init", c->adafactor.warmup_init);
+    }
+    if (k == DT_OPTIM_KFAC) {
+        dt_json_num(j, "kfac_damping", c->kfac.damping);
+        dt_json_int(j, "kfac_inv_every", c->kfac.inv_every);
+        dt_json_num(j, "kfac_ema", c->kfac.ema);
+        dt_json_num(j, "kfac_kl_clip", c->kfac.kl_clip);
     }
     if (k == DT_OPTIM_LBFGS) {
         dt_json_int(j, "lbfgs_history", oc->lbfgs.history);
