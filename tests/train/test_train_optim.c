@@ -129,6 +129,8 @@ static void test_ddp(void) {
     /* K-FAC: the factors averaged over the ranks are the global batch's;
      * the inverses of layer j computed on rank j % 2 and broadcast. */
     ddp_case("kfac", "--optimizer kfac --lr 0.3 --kfac-inv-every 2 --kfac-damping 0.1");
+    ddp_case("kfac_accum",
+             "--optimizer kfac --lr 0.3 --kfac-inv-every 2 --kfac-damping 0.1 --accum 2");
 }
 
 /* Runs a and b: same losses and parameters, bit for bit (rel 0) or within
