@@ -242,7 +242,11 @@ static void test_offload(void) {
         printf("  %s: plan %.0f MiB, measured %.0f MiB, error %+.1f%%\n",
                k ? "offloaded" : "in memory", plan[k] / 1048576, (peak[k] - base[k]) / 1048576,
                100 * err);
+#ifndef __SANITIZE_ADDRESS__ /* ASan's shadow memory is not in the plan */
         if (fabs(err) > 0.10)
+#else
+        if (0)
+#endif
             TEST_FAILF("offload %d: measured peak %.0f MiB is not within 10%% of the plan %.0f MiB",
                        k, (peak[k] - base[k]) / 1048576, plan[k] / 1048576);
     }
