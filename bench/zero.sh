@@ -18,26 +18,13 @@ set -euo pipefail
 dtrain=${1:-build/dtrain}
 rounds=${2:-3}
 configs=${3:-"gpt2-124m:4:64 shakespeare-char:8:256"}
-here=$(cd "$(dirname "$0")/.." && pwd)
-data=$here/../shared/data/tinyshakespeare.txt
-[[ -f $data ]] || data=$here/README.md
-work=$(mktemp -d)
+source "$(dirname "$0")/train_lib.sh"
 mkdir "$work/offload"
-trap 'rm -rf "$work"' EXIT
 
 # run NAME ARGS...: prints "tokens/s model_state plan measured"
 run() {
-    local name=$1
-    shift
-    local out=$work/$name.log dir=$work/$name
-    rm -rf "$dir"
-    "$dtrain" train --data "$data" --threads 1 --peak-gflops 1 --sample-tokens 0 \
-        --progress plain --val-split 0 --run-dir "$dir" "$@" >"$out" 2>&1 || {
-        echo "bench/zero.sh: dtrain train $* failed:" >&2
-        tail -n 5 "$out" >&2
-        exit 1
-    }
-    /usr/bin/env python3 - "$out" <<'EOF'
+    train_run "$@"
+    /usr/bin/env python3 - "$work/$1.log" <<'EOF'
 import re, sys
 log = open(sys.argv[1]).read()
 unit = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
@@ -53,7 +40,6 @@ m = re.search(r"planned ([0-9.]+ \w+) per rank \(rank 0\), measured peak residen
 print(tps, state, size(m.group(1)), size(m.group(2)) - size(m.group(3)))
 EOF
 }
-med() { printf '%s\n' $1 | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 
 printf '%-22s %-14s %10s %8s %13s %11s %11s %8s\n' "model B x T" stage tokens/s ratio \
     "model state" "plan/rank" measured error

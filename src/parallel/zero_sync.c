@@ -240,12 +240,18 @@ static dt_status take(zero_sync *s, size_t i) {
     return start_gather(s, i);
 }
 
-static dt_status give_back(zero_sync *s, size_t i) {
-    DT_ASSERT(s->refs[i] > 0);
-    if (--s->refs[i] == 0 && s->resident[i]) {
+/* Bucket i back to this replica's piece if nothing uses it. */
+static void drop_if_unused(zero_sync *s, size_t i) {
+    if (s->refs[i] == 0 && s->resident[i]) {
         dt_ddp_release_params(s->d, i);
         s->resident[i] = false;
     }
+}
+
+static dt_status give_back(zero_sync *s, size_t i) {
+    DT_ASSERT(s->refs[i] > 0);
+    s->refs[i]--;
+    drop_if_unused(s, i);
     return DT_OK;
 }
 
@@ -273,10 +279,7 @@ static void hook_release(void *user, size_t begin, size_t end) {
 static dt_status drop_all(zero_sync *s) {
     for (size_t i = 0; i < dt_ddp_num_buckets(s->d); i++) {
         DT_CHECK(finish_gather(s, i));
-        if (s->refs[i] == 0 && s->resident[i]) {
-            dt_ddp_release_params(s->d, i);
-            s->resident[i] = false;
-        }
+        drop_if_unused(s, i);
     }
     return DT_OK;
 }
@@ -300,10 +303,11 @@ static dt_status zero_replicate(dt_grad_sync *base) {
     zero_sync *s = (zero_sync *)base;
     if (s->stage < 3)
         return dt_ddp_broadcast_params(s->d);
-    /* Stage 3: replica 0's values, then each keeps its pieces. */
+    /* Stage 3: replica 0's values, whole everywhere; then each keeps its
+     * pieces. */
     DT_CHECK(dt_ddp_broadcast_params(s->d));
     for (size_t i = 0; i < dt_ddp_num_buckets(s->d); i++)
-        s->resident[i] = s->refs[i] == 0;
+        s->resident[i] = true;
     return drop_all(s);
 }
 
