@@ -317,6 +317,12 @@ typedef struct dt_optim_config {
     dt_kfac_config kfac;
     dt_optim_bcast_fn bcast;
     int rank, nranks;
+    /* Keep the state in a file in this directory instead of memory (NULL:
+     * memory): a shared mapping the update streams through in pieces, read
+     * ahead and written back asynchronously, so only a window of it is
+     * resident (offload.c). The file is unlinked at once and its size
+     * reserved at creation: a disk too small fails there, naming it. */
+    const char *offload_dir;
 } dt_optim_config;
 
 /* AdamW with PyTorch's defaults (dt_adamw_config_default), no freeze, and
@@ -436,6 +442,11 @@ dt_status dt_optimizer_set_count(dt_optimizer *o, int64_t count);
  * factors (a few values per tensor or matrix row and column) and
  * Adafactor's v of vector tensors (biases and norms). */
 size_t dt_optimizer_plan_bytes(const dt_optim_config *c, size_t owned_count);
+/* ... and of those, the bytes mapped into the process at the peak: all of
+ * them in memory; with offload_dir the window being updated (the
+ * read-ahead and the write-back are the page cache's, not the process's)
+ * and what stays in memory (8-bit AdamW's block scales). */
+size_t dt_optimizer_plan_resident(const dt_optim_config *c, size_t owned_count);
 /* Bytes of state (what a memory report calls "optimizer"), everything
  * included (quantisation scales, factors, statistics). */
 size_t dt_optimizer_state_bytes(const dt_optimizer *o);
@@ -457,6 +468,14 @@ const dt_range *dt_optimizer_state_ranges(const dt_optimizer *o, size_t i, size_
 size_t dt_optimizer_state_count(const dt_optimizer *o, size_t i);
 void dt_optimizer_state_get(const dt_optimizer *o, size_t i, float *dst);
 void dt_optimizer_state_set(dt_optimizer *o, size_t i, const float *src);
+/* With offload_dir the per-parameter state lives in a file (see
+ * dt_optim_config.offload_dir): the checkpoint reads and writes it in place
+ * (or through state_get / state_set), then calls dt_optimizer_settle(),
+ * which writes it back to its file and drops it from memory (no-op in
+ * memory). */
+void dt_optimizer_settle(dt_optimizer *o);
+/* Bytes of the offload file (0 in memory). */
+size_t dt_optimizer_offload_bytes(const dt_optimizer *o);
 
 /*
  * Per-tensor state: what belongs to a whole tensor rather than to its

@@ -226,4 +226,24 @@ dt_status dt__kfac_step(dt__kfac *k, const dt_optim_config *c, float *p, const f
                         float *tstate, const size_t *toff, float *mom, float lr, int64_t count,
                         float wd_of_tensor(const void *, size_t), const void *wd_user);
 
+/* Optimizer state in a file on disk (offload.c): nstates buffers of count
+ * elements of elem bytes (floats; 8-bit AdamW's codes: bytes), state[k]
+ * pointing into a shared mapping. The optimizer updates the state in
+ * pieces of at most DT__OFFLOAD_PIECE elements, announcing each
+ * (before: map it) and reporting it (updated: read ahead, write back, drop;
+ * state offsets [s0, s1)), so the file streams through a window of memory;
+ * step_end() reads ahead where the next step starts; settle() writes back
+ * and drops everything (after a checkpoint touched it all). */
+#define DT__OFFLOAD_PIECE ((size_t)1 << 20)
+#define DT__OFFLOAD_AHEAD 8 /* pieces read ahead of the walk (page cache, not mapped) */
+typedef struct dt__offload dt__offload;
+dt_status dt__offload_open(dt__offload **out, const char *dir, size_t nstates, size_t count,
+                           size_t elem, void **state);
+void dt__offload_close(dt__offload *f);
+void dt__offload_before(dt__offload *f, size_t s0, size_t s1);
+void dt__offload_updated(dt__offload *f, size_t s0, size_t s1);
+void dt__offload_step_end(dt__offload *f);
+void dt__offload_settle(dt__offload *f);
+size_t dt__offload_file_bytes(const dt__offload *f);
+
 #endif /* DTRAIN_OPTIM_INTERNAL_H */

@@ -21,6 +21,17 @@
  *     those double sums.
  *   - count is the number of applied updates; bias corrections use count + 1,
  *     the numbering PyTorch's `step` has.
+ *   - With offload_dir the owned-layout state (every fp32 state over the
+ *     owned ranges; 8-bit AdamW's codes) is a shared mapping of one file
+ *     (offload.c), and every pass over it goes in windows of at most
+ *     DT__OFFLOAD_PIECE elements, each announced before and reported after,
+ *     so that only a window is mapped at a time: update() cuts its range,
+ *     the phased kinds group their work items (LAMB walks twice: moments,
+ *     then the trust-scaled update), 8-bit AdamW its blocks. The split
+ *     changes no bits: windows hold whole items and whole blocks, and
+ *     within them every element is updated on its own. What stays in
+ *     memory: per-tensor state and statistics, Adafactor's v of vectors,
+ *     8-bit block scales.
  */
 #include "optim_internal.h"
 
@@ -51,6 +62,7 @@ typedef struct pstate {
     float *buf;       /* NULL: stored another way (8-bit) */
     dt_range *ranges; /* NULL: the owned ranges */
     size_t nranges, count;
+    bool disk; /* buf is in the offload file (the owner's `disk`), not allocated */
 } pstate;
 
 struct dt_optimizer {
@@ -90,6 +102,9 @@ struct dt_optimizer {
     dt__lbfgs *lbfgs;           /* L-BFGS: its vectors and scalars (lbfgs.c) */
     dt__kfac *kfac;             /* K-FAC: its accumulators (kfac.c); factors in tstate */
     char lname[MAX_STATES][24]; /* L-BFGS: its state names */
+    dt__adafactor_k *ak;        /* (ntab) Adafactor: the step's scalars per tensor */
+    dt__offload *disk;          /* the owned-layout state in a file (offload_dir), or NULL */
+    char dir[1024];             /* offload_dir's copy */
     int64_t count;              /* applied updates */
     int64_t step;               /* the step begun last */
     float lr;                   /* its learning rate */
@@ -264,14 +279,33 @@ static float *zalloc_f(size_t n) {
     return p;
 }
 
-/* A per-parameter state over the owned ranges. */
+/* A per-parameter state over the owned ranges (with offload_dir: in the
+ * file, which open_disk maps once every state is known). */
 static dt_status add_state(dt_optimizer *o, const char *name, bool alloc) {
     DT_ASSERT(o->nstates < MAX_STATES);
     pstate *s = &o->st[o->nstates++];
     s->name = name;
     s->count = o->start[o->nowned];
-    if (alloc && !(s->buf = zalloc_f(s->count)))
+    if (alloc && o->c.offload_dir)
+        s->disk = true;
+    else if (alloc && !(s->buf = zalloc_f(s->count)))
         return DT_ERR_NOMEM;
+    return DT_OK;
+}
+
+/* offload_dir: this object's states marked `disk`, one file (the file
+ * reads as zeros, as a fresh state must). */
+static dt_status open_disk(dt_optimizer *o) {
+    void *bufs[MAX_STATES];
+    size_t idx[MAX_STATES], nd = 0;
+    for (size_t i = o->inner ? o->inner->nstates : 0; i < o->nstates; i++)
+        if (o->st[i].disk)
+            idx[nd++] = i;
+    if (nd == 0)
+        return DT_OK;
+    DT_CHECK(dt__offload_open(&o->disk, o->dir, nd, o->start[o->nowned], sizeof(float), bufs));
+    for (size_t k = 0; k < nd; k++)
+        o->st[idx[k]].buf = bufs[k];
     return DT_OK;
 }
 
@@ -347,12 +381,18 @@ static dt_status make_state(dt_optimizer *o) {
         for (size_t k = 0; k < o->nowned; k++)
             o->qblock[k + 1] =
                 o->qblock[k] + blocks_in(o->owned[k].begin, o->owned[k].end, c->block);
+        if (c->offload_dir) { /* the codes in the file; the scales stay here */
+            void *q[2];
+            DT_CHECK(dt__offload_open(&o->disk, o->dir, 2, n, 1, q));
+            o->q[0] = q[0];
+            o->q[1] = q[1];
+        }
         for (int j = 0; j < 2; j++) {
-            o->q[j] = dt_alloc(n ? n : 1);
+            if (!c->offload_dir && (o->q[j] = dt_alloc(n ? n : 1)) != NULL)
+                memset(o->q[j], 0, n);
             o->qs[j] = zalloc_f(o->qblock[o->nowned]);
             if (!o->q[j] || !o->qs[j])
                 return DT_ERR_NOMEM;
-            memset(o->q[j], 0, n);
         }
         break;
     }
@@ -391,6 +431,7 @@ static dt_status make_state(dt_optimizer *o) {
         break;
     case DT_OPTIM_COUNT: break;
     }
+    DT_CHECK(open_disk(o));
     /* Per-tensor state and statistics. */
     o->toff = dt_calloc(o->ntab + 1, sizeof *o->toff);
     o->tlen = dt_calloc(o->ntab + 1, sizeof *o->tlen);
@@ -424,7 +465,8 @@ static dt_status make_state(dt_optimizer *o) {
     if (c->kind == DT_OPTIM_ADAFACTOR) {
         o->tname = "adafactor.rc";
         o->fac = zalloc_f(o->ttotal);
-        if (!o->fac)
+        o->ak = dt_calloc(o->ntab + 1, sizeof *o->ak);
+        if (!o->fac || !o->ak)
             return DT_ERR_NOMEM;
     } else if (c->kind == DT_OPTIM_ONEBIT_LAMB) {
         o->tname = "onebit-lamb.ratio";
@@ -479,6 +521,21 @@ size_t dt_optimizer_plan_bytes(const dt_optim_config *c, size_t owned_count) {
     return 0;
 }
 
+/* Offloaded: one window of the per-parameter state, and 8-bit AdamW's
+ * block scales for the rest (they stay in memory). */
+size_t dt_optimizer_plan_resident(const dt_optim_config *c, size_t owned_count) {
+    if (!c->offload_dir)
+        return dt_optimizer_plan_bytes(c, owned_count);
+    size_t w = owned_count < DT__OFFLOAD_PIECE ? owned_count : DT__OFFLOAD_PIECE;
+    size_t b = dt_optimizer_plan_bytes(c, w);
+    dt_optim_kind k = c->kind == DT_OPTIM_LOOKAHEAD ? c->inner : c->kind;
+    if (k == DT_OPTIM_ADAMW8BIT) {
+        size_t block = c->block ? c->block : 2048;
+        b += 2 * ((owned_count + block - 1) / block - (w + block - 1) / block) * sizeof(float);
+    }
+    return b;
+}
+
 dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
                               const dt_optim_tensor *tensors, size_t ntensors,
                               const dt_range *owned, size_t nowned) {
@@ -502,6 +559,10 @@ dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
     if (!o)
         return DT_ERR_NOMEM;
     o->c = *c;
+    if (c->offload_dir) {
+        snprintf(o->dir, sizeof o->dir, "%s", c->offload_dir);
+        o->c.offload_dir = o->dir;
+    }
     o->step = -1;
     o->nowned = nowned;
     o->ntab = ntensors;
@@ -561,16 +622,20 @@ void dt_optimizer_destroy(dt_optimizer *o) {
         return;
     size_t borrowed = o->inner ? o->inner->nstates : 0;
     for (size_t k = borrowed; k < o->nstates; k++) {
-        dt_free(o->st[k].buf);
+        if (!o->st[k].disk)
+            dt_free(o->st[k].buf);
         dt_free(o->st[k].ranges);
     }
     dt_optimizer_destroy(o->inner);
     dt__lbfgs_destroy(o->lbfgs);
     dt__kfac_destroy(o->kfac);
     for (int j = 0; j < 2; j++) {
-        dt_free(o->q[j]);
+        if (!o->disk)
+            dt_free(o->q[j]);
         dt_free(o->qs[j]);
     }
+    dt__offload_close(o->disk);
+    dt_free(o->ak);
     dt_free(o->qblock);
     dt_free(o->tstate);
     dt_free(o->fac);
@@ -598,6 +663,24 @@ static float decay_of(const dt_optimizer *o, size_t t) {
     return o->tab[t].decay ? o->c.weight_decay : 0.0f;
 }
 
+/* Offloaded state: [s0, s1) of the owned layout is about to be read or
+ * written (mapped in one call), or is done with (written back and
+ * dropped). No-ops in memory. */
+static void disk_before(dt_optimizer *o, size_t s0, size_t s1) {
+    if (o->disk)
+        dt__offload_before(o->disk, s0, s1);
+}
+static void disk_after(dt_optimizer *o, size_t s0, size_t s1) {
+    if (o->disk)
+        dt__offload_updated(o->disk, s0, s1);
+}
+
+/* The window size of a pass over n elements of state: a piece of the file,
+ * or all of them in memory. */
+static size_t window(const dt_optimizer *o, size_t n) {
+    return o->disk && n > DT__OFFLOAD_PIECE ? DT__OFFLOAD_PIECE : n;
+}
+
 void dt_optimizer_begin(dt_optimizer *o, int64_t step, float lr) {
     o->step = step;
     o->lr = lr;
@@ -608,7 +691,13 @@ void dt_optimizer_begin(dt_optimizer *o, int64_t step, float lr) {
      * A function of the step, so a resume on either side agrees. */
     if (o->frozen && step == o->c.freeze_v_from && o->count > 0) {
         double bc2 = 1.0 - pow((double)o->c.adamw.beta2, (double)o->count);
-        dt_scale(o->st[1].buf, o->st[1].count, (float)(1.0 / bc2));
+        size_t n = o->st[1].count, w = window(o, n);
+        for (size_t a = 0; a < n; a += w) {
+            size_t b = n - a > w ? a + w : n;
+            disk_before(o, a, b);
+            dt_scale(o->st[1].buf + a, b - a, (float)(1.0 / bc2));
+            disk_after(o, a, b);
+        }
     }
     if (o->inner)
         dt_optimizer_begin(o->inner, step, lr);
@@ -679,7 +768,7 @@ static size_t range_of(const dt_optimizer *o, size_t begin, size_t end) {
  * weights into the slow ones before it; every k-th update moves the slow
  * weights alpha of the way to the fast ones and restarts the fast ones
  * there. */
-static void lookahead_pre(dt_optimizer *o, const float *p, size_t lo, size_t hi, size_t s) {
+static void lookahead_pre(dt_optimizer *o, float *p, size_t lo, size_t hi, size_t s) {
     if (o->count == 0)
         memcpy(o->st[o->nstates - 1].buf + s, p + lo, (hi - lo) * sizeof(float));
 }
@@ -693,6 +782,22 @@ static void lookahead_post(dt_optimizer *o, float *p, size_t lo, size_t hi, size
         float si = slow[i] + a * (p[lo + i] - slow[i]);
         slow[i] = si;
         p[lo + i] = si;
+    }
+}
+
+/* fn (lookahead_pre or _post) over every owned range, in the file's
+ * pieces when the slow weights are offloaded. */
+static void lookahead_ranges(dt_optimizer *o, float *p,
+                             void (*fn)(dt_optimizer *o, float *p, size_t lo, size_t hi,
+                                        size_t s)) {
+    for (size_t k = 0; k < o->nowned; k++) {
+        size_t b = o->owned[k].begin, e = o->owned[k].end, w = window(o, e - b);
+        for (size_t lo = b; lo < e; lo += w) {
+            size_t hi = e - lo > w ? lo + w : e, s = o->start[k] + lo - b;
+            disk_before(o, s, s + hi - lo);
+            fn(o, p, lo, hi, s);
+            disk_after(o, s, s + hi - lo);
+        }
     }
 }
 
@@ -712,12 +817,17 @@ static void onebit_lamb_range(dt_optimizer *o, float *p, const float *x, size_t 
     (vec ? dt__lamb_apply_vec : dt__lamb_apply_scalar)(p + lo, m, v, hi - lo, &k, neg);
 }
 
-void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, size_t begin,
-                         size_t end) {
-    DT_ASSERT(o->step >= 0 && dt_optimizer_rangewise(o));
-    if (begin >= end)
-        return;
-    size_t k = range_of(o, begin, end);
+/* Whether this step reads or writes this object's own state: Lookahead's
+ * slow weights only at its first update and every k-th. */
+static bool touches_state(const dt_optimizer *o) {
+    return o->c.kind != DT_OPTIM_LOOKAHEAD || o->count == 0 ||
+           (o->count + 1) % o->c.lookahead_k == 0;
+}
+
+/* update() on [begin, end) inside owned range k, the state in memory (or
+ * the window of it mapped). */
+static void update_range(dt_optimizer *o, float *params, const float *grads, size_t begin,
+                         size_t end, size_t k) {
     const size_t base = o->start[k] - o->owned[k].begin; /* state index of parameter p: p + base */
     dt_adamw_config frozen = o->c.adamw;
     frozen.beta2 = 1.0f;
@@ -760,6 +870,27 @@ void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, siz
         case DT_OPTIM_ONEBIT_LAMB: onebit_lamb_range(o, params, grads, lo, hi, s, pc->t); break;
         default: DT_ASSERT(!"not a rangewise kind");
         }
+    }
+}
+
+void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, size_t begin,
+                         size_t end) {
+    DT_ASSERT(o->step >= 0 && dt_optimizer_rangewise(o));
+    if (begin >= end)
+        return;
+    size_t k = range_of(o, begin, end);
+    if (!o->disk || !touches_state(o)) {
+        update_range(o, params, grads, begin, end, k);
+        return;
+    }
+    /* Offloaded: in pieces, each reported, so the file streams through a
+     * window (any split gives the same bits). */
+    const size_t base = o->start[k] - o->owned[k].begin;
+    for (size_t lo = begin; lo < end; lo += DT__OFFLOAD_PIECE) {
+        size_t hi = end - lo > DT__OFFLOAD_PIECE ? lo + DT__OFFLOAD_PIECE : end;
+        dt__offload_before(o->disk, lo + base, hi + base);
+        update_range(o, params, grads, lo, hi, k);
+        dt__offload_updated(o->disk, lo + base, hi + base);
     }
 }
 
@@ -829,26 +960,73 @@ static dt_status centralize(dt_optimizer *o, float *g) {
     return DT_OK;
 }
 
+/* Item j's first element in the owned-layout states. */
+static size_t item_state(const dt_optimizer *o, size_t j) {
+    return o->pc[o->it[j].piece].s + o->it[j].off;
+}
+
+/* The step's arguments for an item function. */
+typedef struct item_args {
+    float *p;
+    const float *g;
+    const void *k, *kn; /* the kernel's scalars: decayed tensors, the others */
+    bool vec;
+} item_args;
+
+/* fn(o, j, a) for every work item, over OpenMP threads; offloaded, in
+ * windows of items whose state fits one piece of the file (at least one
+ * item), each mapped before and written back after. The items' results do
+ * not depend on the windows. */
+static void for_items(dt_optimizer *o, void (*fn)(dt_optimizer *o, size_t j, const item_args *a),
+                      const item_args *a) {
+    for (size_t j0 = 0, j1; j0 < o->nit; j0 = j1) {
+        size_t s0 = item_state(o, j0);
+        j1 = j0 + 1;
+        while (j1 < o->nit &&
+               (!o->disk || item_state(o, j1) + o->it[j1].len - s0 <= DT__OFFLOAD_PIECE))
+            j1++;
+        size_t s1 = item_state(o, j1 - 1) + o->it[j1 - 1].len;
+        disk_before(o, s0, s1);
+        long lo = (long)j0, hi = (long)j1;
+#pragma omp parallel for schedule(dynamic, 4)
+        for (long j = lo; j < hi; j++)
+            fn(o, (size_t)j, a);
+        disk_after(o, s0, s1);
+    }
+}
+
+/* LAMB's first pass on item j: the moments, and its sums of p^2 and u^2. */
+static void lamb_moments_item(dt_optimizer *o, size_t j, const item_args *a) {
+    const item *it = &o->it[j];
+    const piece *pc = &o->pc[it->piece];
+    size_t x = pc->offset + it->off, s = pc->s + it->off;
+    dt__lanes pp = {{0}}, uu = {{0}};
+    (a->vec ? dt__lamb_moments_vec
+            : dt__lamb_moments_scalar)(a->p + x, a->g + x, o->st[0].buf + s, o->st[1].buf + s,
+                                       it->len, o->tab[pc->t].decay ? a->k : a->kn, &pp, &uu);
+    o->ipart[2 * j] = dt__lanes_total(&pp);
+    o->ipart[2 * j + 1] = dt__lanes_total(&uu);
+}
+
+/* LAMB's second pass on item j: p -= lr * trust * u. */
+static void lamb_apply_item(dt_optimizer *o, size_t j, const item_args *a) {
+    const item *it = &o->it[j];
+    const piece *pc = &o->pc[it->piece];
+    size_t x = pc->offset + it->off, s = pc->s + it->off;
+    float neg = (float)(-(double)o->lr * o->stats[2 * pc->t]);
+    (a->vec ? dt__lamb_apply_vec : dt__lamb_apply_scalar)(a->p + x, o->st[0].buf + s,
+                                                          o->st[1].buf + s, it->len,
+                                                          o->tab[pc->t].decay ? a->k : a->kn, neg);
+}
+
 /* LAMB (and 1-bit LAMB's warm-up): moments and norms, the sums over
  * ranks, then the update with trust ratio |p| / |u| per tensor. */
 static dt_status lamb_step(dt_optimizer *o, float *p, const float *g) {
     dt__lamb_k kd, kn;
     dt__lamb_k_init(&kd, &o->c.adamw, o->count + 1, o->c.weight_decay, false);
     dt__lamb_k_init(&kn, &o->c.adamw, o->count + 1, 0.0f, false);
-    bool vec = dt__optim_vec();
-    float *m = o->st[0].buf, *v = o->st[1].buf;
-    long nit = (long)o->nit;
-#pragma omp parallel for schedule(dynamic, 4)
-    for (long j = 0; j < nit; j++) {
-        const item *it = &o->it[j];
-        const piece *pc = &o->pc[it->piece];
-        size_t a = pc->offset + it->off, s = pc->s + it->off;
-        dt__lanes pp = {{0}}, uu = {{0}};
-        (vec ? dt__lamb_moments_vec : dt__lamb_moments_scalar)(
-            p + a, g + a, m + s, v + s, it->len, o->tab[pc->t].decay ? &kd : &kn, &pp, &uu);
-        o->ipart[2 * j] = dt__lanes_total(&pp);
-        o->ipart[2 * j + 1] = dt__lanes_total(&uu);
-    }
+    item_args a = {p, g, &kd, &kn, dt__optim_vec()};
+    for_items(o, lamb_moments_item, &a);
     gather_items(o);
     DT_CHECK(reduce(o, o->stats, 2 * o->ntab));
     for (size_t t = 0; t < o->ntab; t++) {
@@ -858,20 +1036,24 @@ static dt_status lamb_step(dt_optimizer *o, float *p, const float *g) {
         if (o->c.kind == DT_OPTIM_ONEBIT_LAMB)
             o->tstate[t] = (float)r; /* frozen when the compression stage starts */
     }
-#pragma omp parallel for schedule(dynamic, 4)
-    for (long j = 0; j < nit; j++) {
-        const item *it = &o->it[j];
-        const piece *pc = &o->pc[it->piece];
-        size_t a = pc->offset + it->off, s = pc->s + it->off;
-        float neg = (float)(-(double)o->lr * o->stats[2 * pc->t]);
-        (vec ? dt__lamb_apply_vec : dt__lamb_apply_scalar)(p + a, m + s, v + s, it->len,
-                                                           o->tab[pc->t].decay ? &kd : &kn, neg);
-    }
+    for_items(o, lamb_apply_item, &a);
     return DT_OK;
 }
 
-/* LARS: norms of p and g, the sums over ranks, then momentum SGD on the
- * trust-scaled gradient of the adapted (decayed) tensors. */
+/* LARS's update of item j: momentum SGD on the trust-scaled gradient. */
+static void lars_item(dt_optimizer *o, size_t j, const item_args *a) {
+    const item *it = &o->it[j];
+    const piece *pc = &o->pc[it->piece];
+    size_t x = pc->offset + it->off, s = pc->s + it->off;
+    float *b = o->nstates ? o->st[0].buf + s : NULL;
+    (a->vec ? dt__lars_range_vec
+            : dt__lars_range_scalar)(a->p + x, a->g + x, b, it->len, o->lr, o->c.momentum,
+                                     o->c.nesterov, decay_of(o, pc->t), (float)o->stats[2 * pc->t]);
+}
+
+/* LARS: norms of p and g (no state read), the sums over ranks, then
+ * momentum SGD on the trust-scaled gradient of the adapted (decayed)
+ * tensors. */
 static dt_status lars_step(dt_optimizer *o, float *p, const float *g) {
     bool vec = dt__optim_vec();
     long nit = (long)o->nit;
@@ -895,16 +1077,8 @@ static dt_status lars_step(dt_optimizer *o, float *p, const float *g) {
                        : 1.0;
         o->stats[2 * t] = r;
     }
-    float *b = o->nstates ? o->st[0].buf : NULL;
-#pragma omp parallel for schedule(dynamic, 4)
-    for (long j = 0; j < nit; j++) {
-        const item *it = &o->it[j];
-        const piece *pc = &o->pc[it->piece];
-        size_t a = pc->offset + it->off, s = pc->s + it->off;
-        (vec ? dt__lars_range_vec : dt__lars_range_scalar)(
-            p + a, g + a, b ? b + s : NULL, it->len, o->lr, o->c.momentum, o->c.nesterov,
-            decay_of(o, pc->t), (float)o->stats[2 * pc->t]);
-    }
+    item_args a = {p, g, NULL, NULL, vec};
+    for_items(o, lars_item, &a);
     return DT_OK;
 }
 
@@ -923,6 +1097,31 @@ static dt_status lars_step(dt_optimizer *o, float *p, const float *g) {
         a_ = b_;                                                                                   \
     }
 
+/* Adafactor's update of item j (pass 3), with the tensor's scalars ak
+ * and a->k = {beta2 at this step, 1 - it}. */
+static void adafactor_item(dt_optimizer *o, size_t j, const item_args *a) {
+    const item *it = &o->it[j];
+    const piece *pc = &o->pc[it->piece];
+    const dt_optim_tensor *tt = &o->tab[pc->t];
+    const dt__adafactor_k *k = &o->ak[pc->t];
+    const float *b2 = a->k;
+    float *m = o->c.adafactor.beta1 > 0 ? o->st[0].buf : NULL;
+    const piece sub = {pc->offset + it->off, it->len, pc->t, pc->s + it->off, 0}; /* the item */
+    if (factored(tt)) {
+        const float *rf = o->fac + o->toff[pc->t], *cf = rf + tt->rows;
+        FOR_ROW_SEGMENTS(tt, &sub, row, col, x, len, {
+            (a->vec ? dt__adafactor_row_vec : dt__adafactor_row_scalar)(
+                a->p + x, a->g + x, m ? m + sub.s + (x - sub.offset) : NULL, len, rf[row], cf + col,
+                k, NULL);
+        })
+    } else {
+        float *v = o->st[o->nstates - 1].buf + pc->sv + it->off;
+        (a->vec ? dt__adafactor_vec_vec : dt__adafactor_vec_scalar)(
+            a->p + sub.offset, a->g + sub.offset, v, m ? m + sub.s : NULL, sub.count, b2[0], b2[1],
+            o->c.adafactor.eps1, false, k, NULL);
+    }
+}
+
 static dt_status adafactor_step(dt_optimizer *o, float *p, const float *g) {
     const dt_adafactor_config *af = &o->c.adafactor;
     double t = (double)(o->count + 1);
@@ -932,7 +1131,6 @@ static dt_status adafactor_step(dt_optimizer *o, float *p, const float *g) {
     if (af->relative_step)
         rel = fmin(af->warmup_init ? 1e-6 * t : 1e-2, 1.0 / sqrt(t));
     bool vec = dt__optim_vec();
-    float *m = af->beta1 > 0 ? o->st[0].buf : NULL;
     float *v = o->st[o->nstates - 1].buf;
     /* stats: [row and column sums of the factored tensors | |p|^2 per
      * tensor | |u|^2 per tensor]; the first two parts are summed over the
@@ -1002,10 +1200,11 @@ static dt_status adafactor_step(dt_optimizer *o, float *p, const float *g) {
     }
     DT_CHECK(reduce(o, uu, o->ntab));
     /* 3. The update: u clipped to RMS <= clip_threshold, times the step
-     * size lr_t = max(eps2, RMS(p)) * rel (or rel alone). */
-#pragma omp parallel for schedule(dynamic, 1)
-    for (long ti = 0; ti < ntab; ti++) {
+     * size lr_t = max(eps2, RMS(p)) * rel (or rel alone); the scalars per
+     * tensor, then every item (elementwise: m's windows when offloaded). */
+    for (size_t ti = 0; ti < o->ntab; ti++) {
         const dt_optim_tensor *tt = &o->tab[ti];
+        o->ak[ti] = (dt__adafactor_k){0};
         if (tt->count == 0 || o->tpc[ti] == o->tpc[ti + 1])
             continue;
         double n = (double)tt->count;
@@ -1014,26 +1213,14 @@ static dt_status adafactor_step(dt_optimizer *o, float *p, const float *g) {
             lr_t *= fmax((double)af->eps2, (double)(float)sqrt(pp[ti] / n));
         double rms_u = (double)(float)sqrt(uu[ti] / n);
         double denom = fmax(1.0, rms_u / (double)af->clip_threshold);
-        dt__adafactor_k k = {.scale = (float)(lr_t / denom),
-                             .b1 = af->beta1,
-                             .omb1 = (float)(1.0 - (double)af->beta1),
-                             .neg_wd = (float)(-(double)decay_of(o, (size_t)ti) * lr_t)};
-        for (size_t i = o->tpc[ti]; i < o->tpc[ti + 1]; i++) {
-            const piece *pc = &o->pc[i];
-            if (factored(tt)) {
-                const float *rf = o->fac + o->toff[ti], *cf = rf + tt->rows;
-                FOR_ROW_SEGMENTS(tt, pc, row, col, a, len, {
-                    (vec ? dt__adafactor_row_vec : dt__adafactor_row_scalar)(
-                        p + a, g + a, m ? m + pc->s + (a - pc->offset) : NULL, len, rf[row],
-                        cf + col, &k, NULL);
-                })
-            } else {
-                (vec ? dt__adafactor_vec_vec : dt__adafactor_vec_scalar)(
-                    p + pc->offset, g + pc->offset, v + pc->sv, m ? m + pc->s : NULL, pc->count,
-                    b2t, omb2t, af->eps1, false, &k, NULL);
-            }
-        }
+        o->ak[ti] = (dt__adafactor_k){.scale = (float)(lr_t / denom),
+                                      .b1 = af->beta1,
+                                      .omb1 = (float)(1.0 - (double)af->beta1),
+                                      .neg_wd = (float)(-(double)decay_of(o, ti) * lr_t)};
     }
+    const float b2[2] = {b2t, omb2t};
+    item_args a = {p, g, b2, NULL, vec};
+    for_items(o, adafactor_item, &a);
     return DT_OK;
 }
 
@@ -1088,11 +1275,22 @@ static void q8_step(dt_optimizer *o, float *p, const float *g) {
     dt__adamw_k_init(&kd, o->lr, &o->c.adamw, o->count + 1, o->c.weight_decay);
     dt__adamw_k_init(&kn, o->lr, &o->c.adamw, o->count + 1, 0.0f);
     bool vec = dt__optim_vec();
+    /* Offloaded: windows of whole blocks, one piece of the file each. */
+    size_t per = o->disk ? DT__OFFLOAD_PIECE / o->c.block : SIZE_MAX;
     for (size_t k = 0; k < o->nowned; k++) {
-        long nb = (long)(o->qblock[k + 1] - o->qblock[k]);
-#pragma omp parallel for schedule(static) if (nb > 8)
-        for (long j = 0; j < nb; j++)
-            q8_block(o, p, g, k, (size_t)j, &kd, &kn, vec);
+        size_t nb = o->qblock[k + 1] - o->qblock[k];
+        for (size_t j0 = 0, j1; j0 < nb; j0 = j1) {
+            j1 = nb - j0 > per ? j0 + per : nb;
+            size_t lo, hi, unused, base = o->start[k] - o->owned[k].begin;
+            block_piece(o, k, j0, &lo, &unused);
+            block_piece(o, k, j1 - 1, &unused, &hi);
+            disk_before(o, lo + base, hi + base);
+            long b0 = (long)j0, b1 = (long)j1;
+#pragma omp parallel for schedule(static) if (b1 - b0 > 8)
+            for (long j = b0; j < b1; j++)
+                q8_block(o, p, g, k, (size_t)j, &kd, &kn, vec);
+            disk_after(o, lo + base, hi + base);
+        }
     }
 }
 
@@ -1126,11 +1324,12 @@ dt_status dt_optimizer_step(dt_optimizer *o, float *params, float *grads) {
                              o->nstates ? o->st[0].buf : NULL, o->lr, o->count, kfac_decay, o);
     case DT_OPTIM_LOOKAHEAD:
         if (!dt_optimizer_rangewise(o->inner)) {
-            for (size_t k = 0; k < o->nowned; k++)
-                lookahead_pre(o, params, o->owned[k].begin, o->owned[k].end, o->start[k]);
+            bool touches = touches_state(o);
+            if (touches)
+                lookahead_ranges(o, params, lookahead_pre);
             DT_CHECK(dt_optimizer_step(o->inner, params, grads));
-            for (size_t k = 0; k < o->nowned; k++)
-                lookahead_post(o, params, o->owned[k].begin, o->owned[k].end, o->start[k]);
+            if (touches)
+                lookahead_ranges(o, params, lookahead_post);
             return DT_OK;
         }
         break;
@@ -1150,6 +1349,20 @@ void dt_optimizer_end(dt_optimizer *o, bool applied) {
         dt_optimizer_end(o->inner, applied);
     if (applied)
         o->count++;
+    if (o->disk)
+        dt__offload_step_end(o->disk);
+}
+
+void dt_optimizer_settle(dt_optimizer *o) {
+    if (o->inner)
+        dt_optimizer_settle(o->inner);
+    if (o->disk)
+        dt__offload_settle(o->disk);
+}
+
+size_t dt_optimizer_offload_bytes(const dt_optimizer *o) {
+    return (o->inner ? dt_optimizer_offload_bytes(o->inner) : 0) +
+           (o->disk ? dt__offload_file_bytes(o->disk) : 0);
 }
 
 /* ------------------------------------------------------------------------ */

@@ -455,6 +455,8 @@ static void build_config_json(trainer *t) {
     dt_json_int(j, "threads", dt_tensor_threads());
     dt_json_str(j, "grad_sync", dt_grad_sync_name(t->sync));
     dt_json_int(j, "zero", c->zero);
+    if (c->offload)
+        dt_json_str(j, "offload", c->offload);
     dt_json_int(j, "bucket_bytes", (int64_t)c->bucket_bytes);
     dt_json_int(j, "buckets", cost.pieces);
     char cb[64];
@@ -490,6 +492,11 @@ dt_status dt__train_setup(trainer *t) {
     DT_CHECK(make_model(t));
     DT_CHECK(make_optimizer(t));
     DT_CHECK(make_sync(t));
+    /* A strategy that keeps parameters elsewhere (ZeRO 3) fetches them
+     * around every read of the model. */
+    const dt_param_hooks *hooks = dt_grad_sync_param_hooks(t->sync);
+    if (hooks)
+        DT_CHECK(dt_gpt_set_param_hooks(t->m, hooks));
     DT_CHECK(make_schedule(t));
     build_config_json(t);
     if (!t->cfg_text)
