@@ -1429,6 +1429,10 @@ size_t dt_optimizer_state_count(const dt_optimizer *o, size_t i) {
 
 void dt_optimizer_state_get(const dt_optimizer *o, size_t i, float *dst) {
     DT_ASSERT(i < o->nstates);
+    if (o->inner && i < o->inner->nstates) { /* Lookahead: the inner one's (8-bit: its codes) */
+        dt_optimizer_state_get(o->inner, i, dst);
+        return;
+    }
     if (o->lbfgs) {
         dt__lbfgs_state_get(o->lbfgs, i, dst);
         return;
@@ -1449,6 +1453,10 @@ void dt_optimizer_state_get(const dt_optimizer *o, size_t i, float *dst) {
 
 void dt_optimizer_state_set(dt_optimizer *o, size_t i, const float *src) {
     DT_ASSERT(i < o->nstates);
+    if (o->inner && i < o->inner->nstates) {
+        dt_optimizer_state_set(o->inner, i, src);
+        return;
+    }
     if (o->lbfgs) {
         dt__lbfgs_state_set(o->lbfgs, i, src);
         return;

@@ -87,6 +87,7 @@ static void test_resume(void) {
     resume_case("lars", "--optimizer lars --lr 0.5 --nesterov");
     resume_case("radam", "--optimizer radam");
     resume_case("lookahead", "--optimizer lookahead --lookahead-inner lamb --lookahead-k 2");
+    resume_case("lookahead8", "--optimizer lookahead --lookahead-inner adamw8bit --lookahead-k 2");
     resume_case("gc", "--optimizer adamw --grad-centralization");
     resume_case("lbfgs", "--optimizer lbfgs --lr 1 --lbfgs-max-iter 3 --lbfgs-history 2");
     resume_case("kfac", "--optimizer kfac --lr 0.3 --kfac-inv-every 2 --kfac-damping 0.1");
