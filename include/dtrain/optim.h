@@ -215,6 +215,14 @@ float dt_clip_scale(double sumsq, float max_norm);
  * of the same length everywhere; a step makes at most three. Every rank
  * of the group must call dt_optimizer_step for every step.
  *
+ * Offload. With offload_dir the per-parameter state over the owned ranges
+ * (8-bit AdamW: its code bytes) is a file, and every pass over it goes in
+ * windows of a piece of the file each, so only a window is in memory; the
+ * bits are those of the state in memory. Every kind but lbfgs and kfac
+ * (whole-buffer steps: DT_ERR_INVALID) streams; LAMB walks its state twice
+ * a step. Per-tensor state, statistics, Adafactor's v of vectors and 8-bit
+ * block scales stay in memory.
+ *
  * Ownership: params and grads are the caller's full flat buffers, indexed
  * by absolute offset, borrowed for the call; the tensors table is copied.
  */

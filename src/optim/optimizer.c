@@ -31,7 +31,8 @@
  *     changes no bits: windows hold whole items and whole blocks, and
  *     within them every element is updated on its own. What stays in
  *     memory: per-tensor state and statistics, Adafactor's v of vectors,
- *     8-bit block scales.
+ *     8-bit block scales. L-BFGS and K-FAC (whole-buffer steps, no owned
+ *     ranges) refuse an offload_dir.
  */
 #include "optim_internal.h"
 
@@ -239,6 +240,9 @@ dt_status dt_optim_config_validate(const dt_optim_config *c) {
         if (c->reduce)
             return bad("lbfgs: does not shard (its tests take maxima over all parameters); "
                        "give it every parameter and no reduce function");
+        if (c->offload_dir)
+            return bad("lbfgs: its state cannot be offloaded (its two-loop recursion and line "
+                       "search read the whole history at every evaluation)");
     }
     if (c->kind == DT_OPTIM_KFAC) {
         const dt_kfac_config *k = &c->kfac;
@@ -256,6 +260,9 @@ dt_status dt_optim_config_validate(const dt_optim_config *c) {
             return bad("kfac: rank %d of %d ranks", c->rank, c->nranks);
         if (c->nranks > 1 && (!c->reduce || !c->bcast))
             return bad("kfac: %d ranks need the reduce and bcast functions", c->nranks);
+        if (c->offload_dir)
+            return bad("kfac: its state cannot be offloaded (it preconditions whole weight "
+                       "matrices in one step over the whole buffer)");
     }
     return DT_OK;
 }

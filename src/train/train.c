@@ -181,8 +181,21 @@ dt_status dt__train_check_config(const dt_train_config *c) {
             return bad("--pp-schedule %s needs --pp 2 or more (got --pp %d)", c->pp_schedule,
                        c->pp);
     }
-    if (c->offload)
-        DT_CHECK(dt__train_offload_dir(c, NULL));
+    if (c->offload) {
+        const char *dir;
+        DT_CHECK(dt__train_offload_dir(c, &dir));
+        /* The others stream their owned-range state in pieces (optim.h). */
+        if (dir && (c->optimizer == DT_OPTIM_KFAC || c->optimizer == DT_OPTIM_LBFGS))
+            return bad("--optimizer %s with --offload %s: %s, so its state cannot stream "
+                       "through memory in pieces (drop --offload, or use a first-order "
+                       "optimizer)",
+                       dt_optim_names[c->optimizer], c->offload,
+                       c->optimizer == DT_OPTIM_KFAC
+                           ? "K-FAC preconditions whole weight matrices in one step over the "
+                             "whole parameter buffer"
+                           : "L-BFGS's two-loop recursion and line search read its whole "
+                             "history at every evaluation");
+    }
     if (c->zero < 0 || c->zero > 3)
         return bad("--zero %d: the ZeRO stage is 0, 1, 2 or 3", c->zero);
     if (c->zero == 3 && c->precision != DT_PRECISION_FP32)

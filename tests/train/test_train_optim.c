@@ -290,6 +290,24 @@ static void test_errors(void) {
                      DTRAIN, corpus),
               2);
     EXPECT_OUT("K-FAC preconditions whole weight matrices and does not shard");
+    /* The kinds whose step needs the whole buffer at once do not stream. */
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --optimizer kfac --offload "
+                     "optimizer=disk:%s",
+                     DTRAIN, corpus, tu_dir),
+              2);
+    EXPECT_OUT("--optimizer kfac with --offload optimizer=disk:");
+    EXPECT_OUT("its state cannot stream through memory in pieces");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --optimizer lbfgs --offload "
+                     "optimizer=disk:%s",
+                     DTRAIN, corpus, tu_dir),
+              2);
+    EXPECT_OUT("--optimizer lbfgs with --offload optimizer=disk:");
+    EXPECT_OUT("L-BFGS's two-loop recursion and line search read its whole history");
+    /* K-FAC and L-BFGS at zero 3: refused as at every stage. */
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --optimizer lbfgs --nproc 2 --zero 3",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("L-BFGS keeps its history for the whole parameter buffer and does not shard");
 }
 
 static const test_case cases[] = {
