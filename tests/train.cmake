@@ -98,9 +98,9 @@ endforeach()
 # each, data-parallel against one rank, ZeRO 1 and 2 against DDP, 1-bit
 # Adam's compression stage, bad combinations.
 dt_train_cli_test_exe(test_train_optim)
-foreach(case resume ddp zero onebit errors)
+foreach(case resume ddp zero zero3 offload onebit errors)
   add_test(NAME test_train_optim_${case} COMMAND test_train_optim ${case})
-  set_tests_properties(test_train_optim_${case} PROPERTIES TIMEOUT 180
+  set_tests_properties(test_train_optim_${case} PROPERTIES TIMEOUT 300
                        LABELS "train;multiprocess")
 endforeach()
 

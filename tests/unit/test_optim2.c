@@ -14,6 +14,9 @@
  *   - 8-bit AdamW: the code's error bounds, get/set restoring the bytes,
  *     2 bytes of state per parameter, a trajectory close to AdamW's;
  *   - 1-bit Adam/LAMB: premixed momentum equals the dense update;
+ *   - offload: every kind that streams gives the same bits with its state
+ *     in a file as in memory, over several of the file's pieces (L-BFGS
+ *     and K-FAC refuse, naming why);
  *   - bad hyper-parameters are named with their value.
  */
 #include "dtrain/compress.h"
@@ -22,6 +25,7 @@
 #include "test.h"
 
 #include <pthread.h>
+#include <unistd.h>
 
 #define FIXTURE DT_TEST_DATA_DIR "/reference/optim2_reference.txt"
 
@@ -646,6 +650,117 @@ static void test_onebit_premix(void) {
     }
 }
 
+/* ---- offload: the state in a file --------------------------------------------------- */
+
+/* A table over 2.5M parameters, so that the owned ranges span several of
+ * the file's pieces (2^20 values): 1500 x 1111 (decayed), 777 (not),
+ * 700 x 1200 (decayed), 301 (not); owned in two ranges that cut rows. */
+#define NO (1666500 + 777 + 840000 + 301)
+static const dt_optim_tensor off_tab[] = {
+    {.offset = 0, .count = 1666500, .decay = true, .rows = 1500, .cols = 1111},
+    {.offset = 1666500, .count = 777, .decay = false},
+    {.offset = 1667277, .count = 840000, .decay = true, .rows = 700, .cols = 1200},
+    {.offset = 2507277, .count = 301, .decay = false}};
+static const dt_range off_owned[2] = {{0, 1300001}, {1400003, NO}};
+
+/* Five steps of c (the 1-bit kinds: frozen from step 2) on fixed data;
+ * the parameters, and every state as fp32 values in *state (malloc'ed,
+ * one after another). */
+static float *offload_run(const dt_optim_config *c, float **state, size_t *nstate) {
+    dt_optimizer *o;
+    ASSERT_OK(dt_optimizer_create(&o, c, off_tab, 4, off_owned, 2));
+    float *p = malloc(NO * sizeof(float)), *g = malloc(NO * sizeof(float));
+    fill(p, NO, 31, 1.0f);
+    for (int k = 0; k < 5; k++) {
+        fill(g, NO, 40 + (uint64_t)k, 0.5f);
+        dt_optimizer_begin(o, k, 1e-2f);
+        if (dt_optimizer_rangewise(o))
+            for (int r = 1; r >= 0; r--) /* from the end, in two calls each (the bucket order) */
+                for (int h = 1; h >= 0; h--) {
+                    dt_range w = off_owned[r];
+                    size_t mid = w.begin + (w.end - w.begin) / 3;
+                    dt_optimizer_update(o, p, g, h ? mid : w.begin, h ? w.end : mid);
+                }
+        else
+            ASSERT_OK(dt_optimizer_step(o, p, g));
+        dt_optimizer_end(o, true);
+    }
+    size_t total = 0;
+    for (size_t i = 0; i < dt_optimizer_num_states(o); i++)
+        total += dt_optimizer_state_count(o, i);
+    *state = malloc((total + 1) * sizeof(float));
+    *nstate = total;
+    for (size_t i = 0, at = 0; i < dt_optimizer_num_states(o); i++) {
+        dt_optimizer_state_get(o, i, *state + at);
+        at += dt_optimizer_state_count(o, i);
+    }
+    if (c->offload_dir) {
+        /* State bytes count the state wherever it is; the file holds the
+         * per-parameter part (the 8-bit codes: 2 bytes per parameter). */
+        size_t owned = dt_optimizer_owned_count(o), fb = dt_optimizer_offload_bytes(o);
+        bool none = (c->kind == DT_OPTIM_SGD || c->kind == DT_OPTIM_LARS) && c->momentum == 0;
+        ASSERT_TRUE(none ? fb == 0 : fb >= 2 * owned - 8192);
+        ASSERT_TRUE(fb <= dt_optimizer_state_bytes(o) + 4 * 8192);
+        dt_optimizer_settle(o);
+    }
+    dt_optimizer_destroy(o);
+    free(g);
+    return p;
+}
+
+static void test_offload_equals_memory(void) {
+    char dir[] = "/tmp/dt-optim2-offload-XXXXXX";
+    ASSERT_TRUE(mkdtemp(dir) != NULL);
+    static const dt_optim_kind kinds[] = {
+        DT_OPTIM_ADAMW,     DT_OPTIM_SGD,       DT_OPTIM_RADAM,       DT_OPTIM_LAMB,
+        DT_OPTIM_LARS,      DT_OPTIM_ADAFACTOR, DT_OPTIM_ADAMW8BIT,   DT_OPTIM_LOOKAHEAD,
+        DT_OPTIM_LOOKAHEAD, DT_OPTIM_LOOKAHEAD, DT_OPTIM_ONEBIT_ADAM, DT_OPTIM_ONEBIT_LAMB};
+    static const dt_optim_kind inner[] = {
+        0, 0, 0, 0, 0, 0, 0, DT_OPTIM_ADAMW, DT_OPTIM_LAMB, DT_OPTIM_ADAMW8BIT};
+    for (size_t i = 0; i < sizeof kinds / sizeof kinds[0]; i++)
+        for (int gc = 0; gc < 2; gc++) {
+            if (gc && kinds[i] != DT_OPTIM_ADAMW && kinds[i] != DT_OPTIM_LAMB)
+                continue;
+            dt_optim_config c = kind_config(kinds[i], gc);
+            c.block = 2048;
+            c.lookahead_k = 2;
+            if (i < sizeof inner / sizeof inner[0] && kinds[i] == DT_OPTIM_LOOKAHEAD)
+                c.inner = inner[i];
+            if (kinds[i] == DT_OPTIM_ONEBIT_ADAM || kinds[i] == DT_OPTIM_ONEBIT_LAMB)
+                c.freeze_v_from = 2;
+            float *sa, *sb;
+            size_t na, nb;
+            float *a = offload_run(&c, &sa, &na);
+            c.offload_dir = dir;
+            float *b = offload_run(&c, &sb, &nb);
+            char what[64];
+            snprintf(what, sizeof what, "%s%s%s%s", dt_optim_names[c.kind],
+                     c.kind == DT_OPTIM_LOOKAHEAD ? "(" : "",
+                     c.kind == DT_OPTIM_LOOKAHEAD ? dt_optim_names[c.inner] : "",
+                     c.kind == DT_OPTIM_LOOKAHEAD ? ")" : "");
+            ASSERT_EQ(na, nb);
+            if (memcmp(a, b, NO * sizeof *a) != 0 || memcmp(sa, sb, na * sizeof *sa) != 0)
+                TEST_FAILF("%s%s: offloaded state gives other bits than in memory", what,
+                           gc ? " + centralisation" : "");
+            printf("  %-20s%s offloaded == in memory (%zu state values)\n", what,
+                   gc ? " + gc" : "     ", na);
+            free(a), free(b), free(sa), free(sb);
+        }
+    /* The kinds that step over the whole buffer refuse, naming why. */
+    dt_optim_config c = base_config(DT_OPTIM_LBFGS);
+    c.weight_decay = 0;
+    c.offload_dir = dir;
+    dt_optimizer *o;
+    ASSERT_STATUS(dt_optimizer_create(&o, &c, tab, 3, &(dt_range){0, N}, 1), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "lbfgs: its state cannot be offloaded");
+    c = base_config(DT_OPTIM_KFAC);
+    c.offload_dir = dir;
+    ASSERT_STATUS(dt_optimizer_create(&o, &c, tab, 3, &(dt_range){0, N}, 1), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "kfac: its state cannot be offloaded");
+    /* Nothing left behind: the files were unlinked at creation. */
+    ASSERT_EQ(rmdir(dir), 0);
+}
+
 /* ---- configuration errors ------------------------------------------------------------ */
 
 static void expect_bad(dt_optim_config c, const char *needle) {
@@ -877,6 +992,7 @@ int main(void) {
     RUN(test_adamw8bit);
     RUN(test_onebit_premix);
     RUN(test_onebit_matches_reference);
+    RUN(test_offload_equals_memory);
     RUN(test_bad_hyperparameters);
     free(params0);
     for (int k = 0; k < STEPS; k++)
