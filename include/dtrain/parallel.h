@@ -332,6 +332,33 @@ const dt_tp_regions *dt_tp_regions_of(const dt_tp *t);
 uint64_t dt_tp_take_bytes(dt_tp *t);
 
 /* ------------------------------------------------------------------------ */
+/* Context parallelism: the model's communication points over the cp group  */
+/* ------------------------------------------------------------------------ */
+/*
+ * dt_cp implements nn's dt_cp_regions (nn.h, "Context parallelism") over
+ * one context-parallel group: Ulysses' all-to-all, the ring's neighbour
+ * shifts (two channels, each one transfer in flight, posted as one
+ * send/receive batch so a rank's send and receive never wait for each
+ * other), and the loss sum. Ownership: borrows the group; a shift in
+ * flight borrows its buffers until its wait.
+ *
+ *     dt_cp *cp;
+ *     DT_CHECK(dt_cp_create(&cp, dt_mesh_group(mesh, DT_AXIS_CP)));
+ *     opt.part.cp_rank = dt_mesh_coord(mesh, DT_AXIS_CP);
+ *     opt.part.cp_size = dt_mesh_degree(mesh, DT_AXIS_CP);
+ *     opt.part.cp_mode = DT_CP_RING;
+ *     opt.part.cp_regions = dt_cp_regions_of(cp);
+ */
+typedef struct dt_cp dt_cp;
+
+dt_status dt_cp_create(dt_cp **out, dt_group *group);
+/* Waits for (and ignores the result of) any shift still in flight. */
+void dt_cp_destroy(dt_cp *c);
+const dt_cp_regions *dt_cp_regions_of(const dt_cp *c);
+/* Bytes this rank sent through the regions since the last call; resets. */
+uint64_t dt_cp_take_bytes(dt_cp *c);
+
+/* ------------------------------------------------------------------------ */
 /* Pipeline schedules: tables of actions, checked before they run           */
 /* ------------------------------------------------------------------------ */
 /*
