@@ -33,7 +33,7 @@ run() {
     shift
     local out=$work/$name.log dir=$work/$name
     rm -rf "$dir"
-    "$dtrain" train --data "$data" --threads 1 --peak-gflops 1 --sample-tokens 0 \
+    "$dtrain" train --data "$data" --threads 1 --peak-flops 1e9 --sample-tokens 0 \
         --progress plain --val-split 0 --run-dir "$dir" "${model[@]}" "$@" >"$out" 2>&1 || {
         echo "bench/pipeline.sh: dtrain train $* failed:" >&2
         tail -n 5 "$out" >&2

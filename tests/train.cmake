@@ -30,6 +30,7 @@ set_tests_properties(test_ckpt_info PROPERTIES TIMEOUT 60 LABELS "train")
 # --config FILE in the CLI's flag parser (compiled in directly).
 dt_train_test_exe(test_cli_config ${PROJECT_SOURCE_DIR}/src/cli/args.c)
 target_include_directories(test_cli_config PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(test_cli_config PRIVATE PkgConfig::JANSSON)
 add_test(NAME test_cli_config COMMAND test_cli_config)
 set_tests_properties(test_cli_config PROPERTIES TIMEOUT 60 LABELS "train")
 

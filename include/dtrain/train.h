@@ -123,6 +123,27 @@ void dt_progress_destroy(dt_progress *p);
 char *dt_sparkline(char *buf, size_t len, const double *values, size_t n);
 
 /* ------------------------------------------------------------------------ */
+/* Peak FLOP/s, the denominator of MFU                                      */
+/* ------------------------------------------------------------------------ */
+
+/* The peak of one rank (docs/train.md, "MFU"): the best of several bursts
+ * of a square matrix multiply in the compute type `p` (fp32: sgemm; bf16:
+ * the bf16 GEMM, on AMX where the CPU has it; fp16: the fp16 GEMM) with the
+ * current dt_tensor_threads(). It is measured once per machine (CPU model,
+ * ISA level, threads, compute type) and cached in
+ * $XDG_CACHE_HOME/dtrain/peak.json (default ~/.cache/dtrain/peak.json), so
+ * MFU compares runs against one fixed number instead of a timing taken at
+ * each start under whatever load. `remeasure` measures longer (2048^3,
+ * best of 10; `dtrain bench peak`) and replaces the cached value. `from`
+ * (len bytes, may be NULL) says where the number came from. An unwritable
+ * cache is not an error: the value is then measured again next time. */
+dt_status dt_peak_flops(dt_precision p, bool remeasure, double *flops, char *from, size_t len);
+
+/* The cache file's path ($XDG_CACHE_HOME or $HOME/.cache, then
+ * dtrain/peak.json) into buf; DT_ERR_NOT_FOUND without either variable. */
+dt_status dt_peak_cache_path(char *buf, size_t len);
+
+/* ------------------------------------------------------------------------ */
 /* The training loop                                                        */
 /* ------------------------------------------------------------------------ */
 
@@ -165,9 +186,20 @@ typedef struct dt_train_config {
     uint64_t seed;
     int threads;         /* per rank; 0: CPUs / ranks on this host */
     const char *run_dir; /* metrics.jsonl, config.json, model.dtgw; NULL: none */
-    size_t bucket_bytes; /* DDP bucket size */
+    /* With run_dir NULL: rank 0 names a new run directory
+     * "runs/<model>-<YYYYmmdd-HHMMSS>" (suffixed -2, -3, ... if taken), and
+     * checkpoints go to RUN_DIR/ckpt unless ckpt_dir is given; with resume,
+     * the newest such directory of the model that holds a checkpoint is
+     * continued instead. The CLI's default (--no-save turns it off). */
+    bool save_default;
+    /* Start from these weights instead of a random initialisation: a
+     * weights file, a checkpoint (file, folder or run folder), a Hugging
+     * Face GPT-2 safetensors file or llm.c's gpt2_124M.bin
+     * (dt_model_open). The model's shape comes from the file; NULL: none. */
+    const char *init_from;
+    size_t bucket_bytes; /* DDP bucket size; 0: a quarter of the gradient bytes, 1-25 MiB */
     int64_t check_every; /* hash-compare parameters across ranks every N steps; 0: off */
-    double peak_gflops;  /* per rank, for MFU; 0: measure sgemm at start */
+    double peak_gflops;  /* per rank, for MFU; 0: dt_peak_flops (measured once, cached) */
     int sample_tokens;   /* generated at the end; 0: none */
     int64_t log_every;   /* plain progress lines; 0: about 20 per run */
     int progress;        /* -1: auto (TTY), 0: plain lines, 1: live line */

@@ -29,7 +29,7 @@ static const cli_opt act16_opts[] = {
     {"model", 'm', CLI_STRING, "PRESET", "gpt2-124m", NULL, "model preset (shapes)", NULL, 0, 0},
     {"batch", 'b', CLI_INT, "B", "4", NULL, "sequences per step", NULL, 1, 1 << 20},
     {"seq", 's', CLI_INT, "T", "64", NULL, "tokens per sequence", NULL, 1, 1 << 20},
-    {"precision", 'p', CLI_ENUM, NULL, "bf16", NULL, "16-bit type", prec_choices, 0, 0},
+    {"precision", 0, CLI_ENUM, NULL, "bf16", NULL, "16-bit type", prec_choices, 0, 0},
     {"runs", 'r', CLI_INT, "N", "5", NULL, "timed rounds per kernel (the median is shown)", NULL, 3,
      1000},
     {"min-time", 0, CLI_DOUBLE, "SEC", "0.05", NULL, "minimum duration of one round", NULL, 0,

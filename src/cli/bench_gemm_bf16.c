@@ -34,13 +34,13 @@ enum { OP_SEL_ALL = 3, OP_SEL_LAYER = 4 };
 static const char *const out_choices[] = {"f32", "bf16", NULL}; /* order of dt_gemm_out */
 
 static const cli_opt gemm_opts[] = {
-    {"shapes", 's', CLI_STRING, "MxNxK,...",
+    {"shapes", 0, CLI_STRING, "MxNxK,...",
      "256x2304x768,256x768x768,256x3072x768,256x768x3072,256x50257x768", NULL,
      "shapes C(M,N) = A(M,K) B(K,N)", NULL, 0, 0},
     {"out", 0, CLI_ENUM, NULL, "f32", NULL, "C's type for the bf16 backends", out_choices, 0, 0},
     {"op", 0, CLI_ENUM, NULL, "nt", NULL,
      "nt, nn, tn, all (each on the shape), layer (fwd NT, bwd NN + TN shapes)", op_choices, 0, 0},
-    {"backends", 'b', CLI_STRING, "LIST", "onednn,openblas,amx,avx512,sgemm,f16", NULL,
+    {"backends", 0, CLI_STRING, "LIST", "onednn,openblas,amx,avx512,sgemm,f16", NULL,
      "backends to time (also: ref; f16 = dt_gemm_f16); unavailable ones are listed and skipped",
      NULL, 0, 0},
     {"runs", 'r', CLI_INT, "N", "5", NULL, "timed runs per case (the median is shown)", NULL, 3,

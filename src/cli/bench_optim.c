@@ -18,10 +18,10 @@
 #include <string.h>
 
 static const cli_opt optim_opts[] = {
-    {"params", 'n', CLI_SIZE, "N", "16M", NULL, "number of parameters (one flat buffer)", NULL, 1,
+    {"params", 0, CLI_SIZE, "N", "16M", NULL, "number of parameters (one flat buffer)", NULL, 1,
      1e12},
     {"threads", 't', CLI_INT, "K", "0", "DT_THREADS", "threads (0: every CPU)", NULL, 0, 4096},
-    {"steps", 's', CLI_INT, "S", "10", NULL, "timed calls per kernel (median shown)", NULL, 1, 1e6},
+    {"steps", 0, CLI_INT, "S", "10", NULL, "timed calls per kernel (median shown)", NULL, 1, 1e6},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "one JSON object per kernel instead of a table", NULL,
      0, 0},
     {0},

@@ -54,6 +54,13 @@ typedef struct cli_value {
 
 typedef struct cli_cmd cli_cmd;
 
+/* A spelling accepted for an option but not shown in the help: an old name
+ * kept after a rename (`bench comm --np` for --nproc). */
+typedef struct cli_alias {
+    const char *alias; /* long name without "--" */
+    const char *name;  /* the option it stands for */
+} cli_alias;
+
 typedef struct cli_args {
     const cli_cmd *cmd;
     cli_value values[CLI_MAX_OPTS]; /* parallel to cmd->opts */
@@ -71,7 +78,11 @@ struct cli_cmd {
     const char *description; /* paragraph(s) for `dtrain help train`, may be NULL */
     const cli_opt *opts;     /* terminated by an entry with name == NULL */
     int (*run)(cli_args *args);
-    bool stop_at_positional; /* true: options end at the first positional (launch) */
+    bool stop_at_positional;    /* true: options end at the first positional (launch) */
+    const cli_alias *aliases;   /* hidden spellings, terminated by {NULL}; may be NULL */
+    const cli_cmd *const *subs; /* the actions of a command of subcommands (bench, data,
+                                   ckpt), for `dtrain help CMD ACTION`; NULL otherwise */
+    size_t nsubs;
 };
 
 /* Parse argv (argv[0] is the subcommand name). Exits 0 after printing help
@@ -96,9 +107,15 @@ _Noreturn void cli_usage_error(const cli_cmd *cmd, const char *fmt, ...)
  * usage error ("which WHAT? HINT", "unknown WHAT 'x' HINT"). */
 int cli_run_sub(cli_args *a, const cli_cmd *const *subs, size_t n, const char *what,
                 const char *hint);
+/* The action of `cmd` named `name` (cmd->subs), or NULL. */
+const cli_cmd *cli_find_sub(const cli_cmd *cmd, const char *name);
 /* Print "dtrain: error: <dt_last_error() or strerror>" and return an exit
- * code for the status (1 in general, 2 for DT_ERR_INVALID). */
+ * code for the status (1 in general, 2 for DT_ERR_INVALID). The library's
+ * "at file:line" breadcrumbs are left out unless DT_LOG is debug or trace. */
 int cli_fail(dt_status st);
+/* dt_last_error() without its breadcrumbs (unless DT_LOG is debug or
+ * trace): what a user is shown. Points to a static buffer. */
+const char *cli_error_text(void);
 
 /* Subcommands, each defined in src/cli/cmd_<name>.c. */
 extern const cli_cmd cli_cmd_version;

@@ -12,7 +12,7 @@
 
 /* `dtrain bench rng`: Philox throughput, the cost of our random numbers. */
 static const cli_opt rng_opts[] = {
-    {"count", 'n', CLI_SIZE, "N", "64M", NULL, "32-bit numbers to draw", NULL, 1, 1e12},
+    {"count", 0, CLI_SIZE, "N", "64M", NULL, "32-bit numbers to draw", NULL, 1, 1e12},
     {"seed", 0, CLI_INT, "S", "1", NULL, "seed", NULL, 0, 9.2e18},
     {0},
 };
@@ -98,4 +98,6 @@ const cli_cmd cli_cmd_bench = {
     .opts = bench_opts,
     .run = run_bench,
     .stop_at_positional = true,
+    .subs = benches,
+    .nsubs = NBENCHES,
 };

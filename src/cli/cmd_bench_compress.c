@@ -25,13 +25,12 @@ static const char *const all_codecs[] = {"none", "fp16",      "bf16",       "int
 #define NALL (sizeof all_codecs / sizeof all_codecs[0])
 
 static const cli_opt compress_opts[] = {
-    {"codec", 'c', CLI_STRING, "SPEC", "all", NULL,
+    {"codec", 0, CLI_STRING, "SPEC", "all", NULL,
      "codec spec (none|fp16|bf16|int8|qsgd:B|sign|topk:K|randk:K|powersgd:R) or all", NULL, 0, 0},
-    {"count", 'n', CLI_SIZE, "N", "4M", NULL, "values per tensor", NULL, 1, 1ull << 31},
+    {"count", 0, CLI_SIZE, "N", "4M", NULL, "values per tensor", NULL, 1, 1ull << 31},
     {"rows", 0, CLI_SIZE, "R", "0", NULL, "powersgd matrix rows (0: closest to square)", NULL, 0,
      1ull << 31},
-    {"iters", 'i', CLI_INT, "K", "5", NULL, "timed runs per codec (median reported)", NULL, 1,
-     1000},
+    {"iters", 0, CLI_INT, "K", "5", NULL, "timed runs per codec (median reported)", NULL, 1, 1000},
     {"seed", 0, CLI_INT, "S", "1", NULL, "seed of the data and the codecs", NULL, 0, 9.2e18},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print one JSON object per codec", NULL, 0, 0},
     {"cpu-time", 0, CLI_FLAG, NULL, NULL, NULL,

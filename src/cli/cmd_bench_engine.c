@@ -63,7 +63,7 @@ static double sgemm_gflops(int n, int reps, double *best_ms) {
 
 static const cli_opt gemm_opts[] = {
     {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0 = all CPUs", NULL, 0, 1024},
-    {"size", 'n', CLI_INT, "N", "0", NULL, "one size N (N x N x N); 0 = sweep 256..2048", NULL, 0,
+    {"size", 0, CLI_INT, "N", "0", NULL, "one size N (N x N x N); 0 = sweep 256..2048", NULL, 0,
      16384},
     {"reps", 0, CLI_INT, "R", "5", NULL, "timed repetitions per size (best is shown)", NULL, 1,
      1000},
@@ -118,7 +118,7 @@ static const cli_opt train_opts[] = {
      "activation recomputation modes (none, blocks, every:K), comma-separated", NULL, 0, 0},
     {"rounds", 0, CLI_INT, "R", "1", NULL,
      "rounds over all modes (alternating); medians over all rounds", NULL, 1, 1000},
-    {"steps", 'n', CLI_INT, "N", "10", NULL, "timed steps", NULL, 1, 1e6},
+    {"steps", 0, CLI_INT, "N", "10", NULL, "timed steps", NULL, 1, 1e6},
     {"warmup", 0, CLI_INT, "N", "2", NULL, "untimed steps first", NULL, 0, 1e6},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print one JSON object instead of the table", NULL, 0,
      0},

@@ -215,9 +215,10 @@ static const cli_cmd ckpt_info = {
 
 static const cli_opt ckpt_opts[] = {{0}};
 
+static const cli_cmd *const ckpt_subs[] = {&ckpt_info};
+
 static int run_ckpt(cli_args *a) {
-    static const cli_cmd *const subs[] = {&ckpt_info};
-    return cli_run_sub(a, subs, 1, "action", "(expected: info)");
+    return cli_run_sub(a, ckpt_subs, 1, "action", "(expected: info)");
 }
 
 const cli_cmd cli_cmd_ckpt = {
@@ -228,4 +229,6 @@ const cli_cmd cli_cmd_ckpt = {
     .opts = ckpt_opts,
     .run = run_ckpt,
     .stop_at_positional = true,
+    .subs = ckpt_subs,
+    .nsubs = 1,
 };

@@ -68,8 +68,9 @@ static void print_info(const dt_token_file *f, bool is_tok) {
 static const cli_opt prepare_opts[] = {
     {"output", 'o', CLI_STRING, "FILE", NULL, NULL, "the .tok file to write (required)", NULL, 0,
      0},
-    {"tokenizer", 0, CLI_ENUM, "KIND", "byte", "DT_TOKENIZER",
-     "byte (V=256) or char (the corpus's distinct bytes)", tokenizer_choices, 0, 0},
+    {"tokenizer", 0, CLI_ENUM, "KIND", "char", "DT_TOKENIZER",
+     "char (the corpus's distinct bytes) or byte (V=256); the same default as train's",
+     tokenizer_choices, 0, 0},
     {0},
 };
 
@@ -108,7 +109,7 @@ static const cli_cmd data_prepare = {
 /* ---- dtrain data info ---- */
 
 static const cli_opt info_opts[] = {
-    {"tokenizer", 0, CLI_ENUM, "KIND", "byte", "DT_TOKENIZER",
+    {"tokenizer", 0, CLI_ENUM, "KIND", "char", "DT_TOKENIZER",
      "tokenizer for a text FILE (a .tok file names its own)", tokenizer_choices, 0, 0},
     {0},
 };
@@ -158,4 +159,6 @@ const cli_cmd cli_cmd_data = {
     .opts = data_opts,
     .run = run_data,
     .stop_at_positional = true,
+    .subs = data_cmds,
+    .nsubs = NDATA,
 };

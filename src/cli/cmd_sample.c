@@ -23,7 +23,7 @@ static const cli_opt sample_opts[] = {
      "divide logits by X; 0 = always the most likely token", NULL, 0, 100},
     {"top-k", 0, CLI_INT, "K", "40", "DT_TOP_K", "sample among the K most likely tokens; 0 = all",
      NULL, 0, 1 << 24},
-    {"tokens", 'n', CLI_INT, "N", "256", "DT_SAMPLE_TOKENS", "tokens to generate", NULL, 0, 1e7},
+    {"tokens", 0, CLI_INT, "N", "256", "DT_SAMPLE_TOKENS", "tokens to generate", NULL, 0, 1e7},
     {"seed", 0, CLI_INT, "S", "1337", "DT_SEED", "random seed", NULL, 0, 9.2e18},
     {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "compute threads; 0 = all CPUs", NULL, 0,
      1024},

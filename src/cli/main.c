@@ -72,6 +72,17 @@ int main(int argc, char **argv) {
             print_main_help(stderr);
             return 2;
         }
+        /* `dtrain help bench comm`: the action's own help. */
+        for (int i = 3; i < argc && cmd->nsubs; i++) {
+            const cli_cmd *sub = cli_find_sub(cmd, argv[i]);
+            if (!sub) {
+                fprintf(stderr, "dtrain: error: 'dtrain %s' has no action '%s'\n\n", cmd->name,
+                        argv[i]);
+                cli_print_help(cmd, stderr);
+                return 2;
+            }
+            cmd = sub;
+        }
         cli_print_help(cmd, stdout);
         return 0;
     }

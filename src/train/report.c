@@ -1,7 +1,6 @@
 /*
  * report.c — what rank 0 prints: the header before the first step, the
- * generated sample at the end, and the helpers they share (the measured
- * sgemm peak for MFU, medians).
+ * generated sample at the end, and the helpers they share (medians).
  */
 #include "dtrain/tensor.h"
 #include "train_internal.h"
@@ -11,30 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Achievable fp32 GFLOP/s of one rank: the best of 5 bursts of 1024^3
- * sgemm (about 0.05-0.1 s), i.e. what the BLAS reaches with this rank's
- * threads, not the data-sheet peak. The best burst is the least disturbed
- * by other load. 1024 because 512^3 reached only a quarter of the plateau
- * here, and small models then showed an MFU above 100%. */
-double dt__train_peak_gflops(void) {
-    enum { N = 1024 };
-    float *a = dt_alloc(3 * N * N * sizeof(float));
-    if (!a)
-        return NAN;
-    for (int i = 0; i < 3 * N * N; i++)
-        a[i] = (float)(i % 7) * 0.1f;
-    double best = 0;
-    for (int burst = 0; burst < 6; burst++) {
-        double t0 = dt_now();
-        dt_sgemm(false, false, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f, a + 2 * N * N, N);
-        double gf = 2.0 * N * N * N / (dt_now() - t0) * 1e-9;
-        if (burst > 0) /* the first one warms caches and the BLAS's threads */
-            best = gf > best ? gf : best;
-    }
-    dt_free(a);
-    return best;
-}
 
 /* The header's precision and memory lines: compute type, loss scaling,
  * recomputation, and the bytes each rank holds. */
@@ -71,7 +46,7 @@ static void print_precision(const trainer *t, FILE *f) {
 
 /* The lines printed before the first step: the model, the layout and the
  * batch, the gradient wire format, precision and memory, and the resume. */
-void dt__train_print_header(const trainer *t, double peak, FILE *f) {
+void dt__train_print_header(const trainer *t, double peak, const char *peak_from, FILE *f) {
     const dt_train_config *c = t->c;
     dt_sync_cost cost;
     dt_grad_sync_cost(t->sync, &cost);
@@ -88,12 +63,12 @@ void dt__train_print_header(const trainer *t, double peak, FILE *f) {
             "seq %d, vocab %d\n"
             "  %d rank(s)%s x batch %d x accum %d = %" PRId64 " tokens/step, %d bucket(s) of "
             "<= %s, %d thread(s)/rank, transport %s\n"
-            "  MFU relative to %.1f GFLOP/s per rank (%s)\n",
+            "  MFU relative to %.1f GFLOP/s per rank (%s peak: %s)\n",
             c->model, total, dt_format_bytes((double)total * 4, pb, sizeof pb), t->mc.layers,
             t->mc.dim, t->mc.heads, t->T, t->mc.vocab, t->size, layout, t->B, t->K, tokens_per_step,
             cost.pieces, dt_format_bytes((double)c->bucket_bytes, bb, sizeof bb), t->threads,
-            t->world ? dt_group_transport(t->world) : "self", peak,
-            c->peak_gflops > 0 ? "--peak-gflops" : "measured sgemm 1024^3");
+            t->world ? dt_group_transport(t->world) : "self", peak, dt_precision_name(c->precision),
+            peak_from);
     print_precision(t, f);
     if (t->pipe) {
         const dt_gpt_part *pt = dt_gpt_get_part(t->m);

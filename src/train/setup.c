@@ -12,10 +12,14 @@
 #include "dtrain/tensor.h"
 #include "train_internal.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
 
 /* Test hooks, acting on the first attempt of a job only (DT_RESTART_COUNT
  * unset or 0): DT_FAULT_KILL="RANK:STEP" makes that rank SIGKILL itself
@@ -63,11 +67,98 @@ static dt_status join(trainer *t) {
     return DT_OK;
 }
 
+/* save_default, rank 0: the newest runs/<model>-* directory holding a
+ * checkpoint (resume), else a new one named after the model and the time. */
+static dt_status name_run_dir(const trainer *t, char *out, size_t len) {
+    const dt_train_config *c = t->c;
+    const char *model = c->model ? c->model : "model";
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s-", model);
+    out[0] = '\0';
+    if (c->resume && !c->ckpt_dir) {
+        DIR *d = opendir("runs");
+        struct dirent *e;
+        while (d && (e = readdir(d)) != NULL) {
+            char ck[4096];
+            struct stat sb;
+            if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
+                (out[0] && strcmp(e->d_name, out + 5) <= 0))
+                continue;
+            snprintf(ck, sizeof ck, "runs/%s/ckpt", e->d_name);
+            if (stat(ck, &sb) == 0 && S_ISDIR(sb.st_mode))
+                snprintf(out, len, "runs/%s", e->d_name);
+        }
+        if (d)
+            closedir(d);
+        if (out[0])
+            return DT_OK;
+    }
+    char stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", localtime_r(&now, &tm));
+    DT_CHECK(dt_mkdir_p("runs"));
+    /* mkdir, not mkdir -p: two runs started in the same second get two
+     * directories. */
+    for (int k = 1; k < 1000; k++) {
+        if (k == 1)
+            snprintf(out, len, "runs/%s%s", prefix, stamp);
+        else
+            snprintf(out, len, "runs/%s%s-%d", prefix, stamp, k);
+        if (mkdir(out, 0777) == 0)
+            return DT_OK;
+        if (errno != EEXIST)
+            return dt_error_set_errno(DT_ERR_IO, "cannot create the run directory %s", out);
+    }
+    return dt_error_set(DT_ERR_IO, "runs/%s%s-*: too many runs started in one second", prefix,
+                        stamp);
+}
+
+/* The directories of save_default, the same on every rank (rank 0 names
+ * the run directory and tells the others). */
+static dt_status resolve_dirs(trainer *t) {
+    dt_train_config *c = &t->cfg;
+    if (!c->save_default)
+        return DT_OK;
+    if (!c->run_dir) {
+        struct {
+            int64_t status;
+            char text[4096];
+        } msg = {DT_OK, ""};
+        if (t->rank == 0) {
+            msg.status = name_run_dir(t, t->run_dir, sizeof t->run_dir);
+            snprintf(msg.text, sizeof msg.text, "%s",
+                     msg.status == DT_OK ? t->run_dir : dt_last_error());
+        }
+        if (t->world)
+            DT_CHECK(dt_group_broadcast(t->world, &msg, sizeof msg, DT_U8, 0));
+        if (msg.status != DT_OK)
+            return dt_error_set((dt_status)msg.status, "%s", msg.text);
+        snprintf(t->run_dir, sizeof t->run_dir, "%s", msg.text);
+        c->run_dir = t->run_dir;
+    }
+    if (!c->ckpt_dir) {
+        int n = snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s/ckpt", c->run_dir);
+        if (n < 0 || (size_t)n >= sizeof t->ckpt_dir)
+            return bad("--run-dir %s: the name is too long", c->run_dir);
+        c->ckpt_dir = t->ckpt_dir;
+    }
+    return DT_OK;
+}
+
 /* Threads per rank (0: this host's CPUs shared by its ranks) and the
  * per-replica batch. */
 static dt_status sizes(trainer *t) {
     const dt_train_config *c = t->c;
     int threads = c->threads;
+    /* OMP_NUM_THREADS (torchrun sets it to 1 per rank by default) is the
+     * next best answer after --threads / DT_THREADS. */
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (threads <= 0 && omp && *omp) {
+        int64_t v;
+        DT_CHECK(dt_config_parse_int("OMP_NUM_THREADS", omp, 1, 1024, &v));
+        threads = (int)v;
+    }
     if (threads <= 0) {
         int local = t->world ? dt_group_local_size(t->world) : 1;
         threads = dt_cpu_count() / (local > 0 ? local : 1);
@@ -126,10 +217,18 @@ static dt_status model_config(trainer *t) {
         mc.heads = c->heads;
     if (c->seq)
         mc.max_seq = c->seq;
+    /* A preset is one model everywhere: the GPT-2 presets keep GPT-2's
+     * vocabulary (50257) whatever the data, as in `dtrain bench train`; the
+     * character-level presets take the data's. */
     int V = t->tok->vocab_size;
+    bool gpt2 = strncmp(c->model, "gpt2", 4) == 0;
     if (c->vocab && c->vocab < V)
         return bad("--vocab %d is smaller than the data's vocabulary (%d tokens)", c->vocab, V);
-    mc.vocab = c->vocab ? c->vocab : V;
+    if (!c->vocab && gpt2 && V > mc.vocab)
+        return bad("--model %s has GPT-2's vocabulary of %d tokens, the data has %d: give "
+                   "--vocab %d",
+                   c->model, mc.vocab, V, V);
+    mc.vocab = c->vocab ? c->vocab : gpt2 ? mc.vocab : V;
     DT_CHECK(dt_gpt_config_validate(&mc));
     t->mc = mc;
     t->T = mc.max_seq;
@@ -287,7 +386,21 @@ static dt_status make_sync(trainer *t) {
         .norm_ranges = norm,
         .nnorm = nn,
     };
+    /* The default bucket is a quarter of the gradient bytes, so that three
+     * of four buckets start while backward still runs, kept within 1 MiB
+     * (smaller buckets cost more in latency than overlap gains) and 25 MiB
+     * (PyTorch DDP's default, enough for any model). */
+    if (!c->bucket_bytes) {
+        size_t quarter = t->n * sizeof(float) / 4;
+        t->cfg.bucket_bytes = quarter < ((size_t)1 << 20)    ? (size_t)1 << 20
+                              : quarter > ((size_t)25 << 20) ? (size_t)25 << 20
+                                                             : quarter;
+    }
     sc.ddp.bucket_bytes = c->bucket_bytes;
+    if (t->dp == 1 && t->rank == 0 &&
+        (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
+        DT_WARN("--compress / --grad-dtype have no effect here: with one data-parallel rank no "
+                "gradient is exchanged");
     sc.ddp.grad_dtype = c->grad_dtype;
     sc.ddp.codec = c->compress;
     sc.ddp.ef = c->compress_ef;
@@ -401,7 +514,10 @@ static void build_config_json(trainer *t) {
 }
 
 dt_status dt__train_setup(trainer *t) {
+    t->cfg = *t->c;
+    t->c = &t->cfg;
     DT_CHECK(join(t));
+    DT_CHECK(resolve_dirs(t));
     t->kill_at = fault_step(t, "DT_FAULT_KILL");
     t->perturb_at = fault_step(t, "DT_FAULT_PERTURB");
     t->overflow_at = fault_step(t, "DT_FAULT_OVERFLOW");

@@ -331,6 +331,22 @@ static dt_status load_train_state(trainer *t, const dt_ckpt *ck, header *h) {
         return dt_error_set(DT_ERR_MISMATCH,
                             "checkpoint %s is at step %" PRId64 ", beyond --steps %" PRId64, f,
                             h->step, t->c->steps);
+    /* A run resumed with another --steps gets another schedule: the decay
+     * is stretched (or squeezed) to the new length, which moves the lr at
+     * once. Allowed, since it is how a run is extended, but said. */
+    double sched[5];
+    if (dt_ckpt_read(ck, "schedule", DT_CKPT_F64, sched, 5) == DT_OK &&
+        (int64_t)sched[4] != t->c->steps && h->step < t->c->steps) {
+        dt_schedule old = t->sched;
+        old.total = (int64_t)sched[4];
+        float was = dt_schedule_lr(&old, h->step), now = dt_schedule_lr(&t->sched, h->step);
+        if (was != now)
+            DT_WARN("--resume: the checkpoint's run had --steps %" PRId64 ", this one %" PRId64
+                    ": the %s schedule is stretched to the new length, so the learning rate of "
+                    "step %" PRId64 " becomes %.3g instead of %.3g",
+                    (int64_t)sched[4], t->c->steps, dt_schedule_names[t->sched.kind], h->step + 1,
+                    (double)now, (double)was);
+    }
     h->epoch = (int64_t)loader[0];
     h->loader_step = (int64_t)loader[1];
     /* Mixed precision: the compute type may differ from this run's (bf16 ->
@@ -448,14 +464,18 @@ static dt_status agree(trainer *t, dt_status st, const char *what) {
     char msg[1024] = "";
     if (st != DT_OK)
         snprintf(msg, sizeof msg, "%s", dt_last_error());
-    int64_t failed = st != DT_OK;
+    /* The lowest failing rank's message goes to every rank (see resume). */
+    int64_t first = st != DT_OK ? t->rank : INT64_MAX;
     if (t->world)
-        DT_CHECK(dt_group_allreduce(t->world, &failed, &failed, 1, DT_I64, DT_MAX));
+        DT_CHECK(dt_group_allreduce(t->world, &first, &first, 1, DT_I64, DT_MIN));
+    if (first == INT64_MAX)
+        return DT_OK;
+    if (t->world)
+        DT_CHECK(dt_group_broadcast(t->world, msg, sizeof msg, DT_U8, (int)first));
     if (st != DT_OK)
         return dt_error_set(st, "--resume: %s: %s", what, msg);
-    if (failed)
-        return dt_error_set(DT_ERR_ABORTED, "--resume: another rank failed to read the %s", what);
-    return DT_OK;
+    return dt_error_set(DT_ERR_ABORTED, "--resume: rank %d failed to read the %s: %s", (int)first,
+                        what, msg);
 }
 
 dt_status dt__train_resume(trainer *t) {
@@ -480,10 +500,12 @@ dt_status dt__train_resume(trainer *t) {
     if (t->world)
         DT_CHECK(dt_group_broadcast(t->world, &h, sizeof h, DT_U8, 0));
     if (h.status != DT_OK) {
+        /* Every rank reports rank 0's reason, so that whichever exits first
+         * (and is quoted by a launcher) names the cause. */
         dt_ckpt_set_close(set);
-        if (t->rank == 0)
-            return dt_error_set((dt_status)h.status, "--resume: %s", msg);
-        return dt_error_set(DT_ERR_ABORTED, "--resume: rank 0 could not load the checkpoint");
+        if (t->world)
+            DT_CHECK(dt_group_broadcast(t->world, msg, sizeof msg, DT_U8, 0));
+        return dt_error_set((dt_status)h.status, "--resume: %s", msg);
     }
     if (!h.found)
         return DT_OK;

@@ -27,7 +27,11 @@
 #define DT__MAX_APPLIED_SCALE 0x1p126f
 
 typedef struct trainer {
-    const dt_train_config *c;
+    const dt_train_config *c; /* &cfg once set up */
+    /* The caller's config with what setup resolved: the run and checkpoint
+     * directories of save_default, the bucket size. */
+    dt_train_config cfg;
+    char run_dir[4096], ckpt_dir[4096];
     dt_group *world;      /* the job's group (owned); NULL for a single process */
     dt_mesh *mesh;        /* its layout; the groups the loop uses come from here */
     int rank, size;       /* in the world */
@@ -106,8 +110,7 @@ dt_status dt__train_save(trainer *t, char *path, size_t len);
 dt_status dt__train_resume(trainer *t);
 
 /* report.c (rank 0) */
-double dt__train_peak_gflops(void);
-void dt__train_print_header(const trainer *t, double peak, FILE *f);
+void dt__train_print_header(const trainer *t, double peak, const char *peak_from, FILE *f);
 dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out);
 /* Collective over the first replica: the unsharded model on rank 0 (t->m
  * itself when the model is not split; otherwise a new one the caller

@@ -49,7 +49,7 @@
 
 #define DTRAIN DT_CLI_PATH
 #define TINY                                                                                       \
-    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --val-split 0 --bucket-size 16K --lr 3e-3 --warmup 2 "     \
     "--global-batch 8 --nproc 2"
 
