@@ -75,32 +75,16 @@ dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, int64_t resum
 dt_status dt_metrics_log(dt_metrics *m, const dt_step_metrics *s);
 void dt_metrics_destroy(dt_metrics *m);
 
-/* Write `json` (a complete JSON document) to RUN_DIR/config.json atomically. */
+/* Write `json` (a complete JSON document) to RUN_DIR/config.json atomically.
+ * A run's config.json holds every option of `dtrain train` under its flag's
+ * name with the value the run used, so `dtrain train --config` reads it back
+ * and reproduces the run; what the run observed (parameter count, world
+ * size, buckets, version, directories) sits in its "info" object. */
 dt_status dt_metrics_write_config(const char *run_dir, const char *json);
 
 /* Format one metrics object as a JSON line (with '\n') into buf; returns the
  * length, or -1 if it does not fit. */
 int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s);
-
-/* A growable JSON text, for building config.json and the checkpoint's config
- * section. Keys and strings are escaped. Allocation failure is sticky and
- * reported by dt_json_finish. */
-typedef struct dt_json {
-    char *buf;   /* NUL-terminated text */
-    size_t len;  /* bytes used */
-    size_t cap;  /* bytes allocated */
-    bool first;  /* no member written yet in the current object */
-    bool failed; /* an allocation failed */
-} dt_json;
-
-void dt_json_begin(dt_json *j);                                   /* "{" */
-void dt_json_str(dt_json *j, const char *key, const char *value); /* NULL -> null */
-void dt_json_int(dt_json *j, const char *key, int64_t value);
-void dt_json_num(dt_json *j, const char *key, double value); /* non-finite -> null */
-void dt_json_bool(dt_json *j, const char *key, bool value);
-/* "}\n"; returns the text (owned by j) or NULL after an allocation failure. */
-const char *dt_json_finish(dt_json *j);
-void dt_json_free(dt_json *j);
 
 /* ------------------------------------------------------------------------ */
 /* Progress display (rank 0)                                                */

@@ -617,6 +617,17 @@ static int find(const cli_args *a, const char *name) {
     dt__assert_fail(name, __FILE__, __LINE__, "cli option lookup");
 }
 
+void cli_json_line(json_t *obj) {
+    DT_ASSERT(obj);
+    char *s = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    DT_ASSERT(s);
+    printf("%s\n", s);
+    free(s);
+    json_decref(obj);
+}
+
+json_t *cli_json_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
 const cli_value *cli_get(const cli_args *a, const char *name) { return &a->values[find(a, name)]; }
 const char *cli_str(const cli_args *a, const char *name) { return cli_get(a, name)->text; }
 int64_t cli_int(const cli_args *a, const char *name) { return cli_get(a, name)->i; }

@@ -255,14 +255,15 @@ static int run_gemm_bf16(cli_args *a) {
                                        : dt_gemm_backend_name((dt_gemm_backend)bes[b]);
                 double ms = 2.0 * c.M * c.N * c.K / med * 1e-6;
                 if (json)
-                    printf("{\"bench\":\"gemm-bf16\",\"M\":%d,\"N\":%d,\"K\":%d,\"op\":\"%s\","
-                           "\"backend\":\"%s\",\"out\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
-                           "\"ms\":%.4f,"
-                           "\"gflops\":%.2f,\"gflops_min\":%.2f,\"gflops_max\":%.2f,"
-                           "\"vs_fp32\":%.3f,\"gflops_per_cpu_s\":%.2f}\n",
-                           c.M, c.N, c.K, op_names[oi], name, out_choices[out],
-                           dt_isa_name(dt_isa()), threads, ms, med, gb[0], gb[runs - 1], med / base,
-                           cmed);
+                    cli_json_line(json_pack(
+                        "{s:s, s:i, s:i, s:i, s:s, s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, "
+                        "s:o}",
+                        "bench", "gemm-bf16", "M", c.M, "N", c.N, "K", c.K, "op", op_names[oi],
+                        "backend", name, "out", out_choices[out], "isa", dt_isa_name(dt_isa()),
+                        "threads", threads, "ms", cli_json_num(ms), "gflops", cli_json_num(med),
+                        "gflops_min", cli_json_num(gb[0]), "gflops_max", cli_json_num(gb[runs - 1]),
+                        "vs_fp32", cli_json_num(med / base), "gflops_per_cpu_s",
+                        cli_json_num(cmed)));
                 else
                     printf("%6d %6d %6d %3s  %-9s %10.3f %10.1f %10.1f %10.1f %7.2fx %10.1f\n", c.M,
                            c.N, c.K, op_names[oi], name, ms, med, gb[0], gb[runs - 1], med / base,

@@ -77,9 +77,9 @@ static int run_optim(cli_args *a) {
         double med = times[steps / 2];
         double gbs = (double)n * kernel_bytes[k] / med * 1e-9;
         if (json)
-            printf("{\"kernel\": \"%s\", \"params\": %zu, \"threads\": %d, \"steps\": %d, "
-                   "\"ms\": %.4f, \"gbps\": %.2f}\n",
-                   kernel_names[k], n, threads, steps, med * 1e3, gbs);
+            cli_json_line(json_pack("{s:s, s:I, s:i, s:i, s:o, s:o}", "kernel", kernel_names[k],
+                                    "params", (json_int_t)n, "threads", threads, "steps", steps,
+                                    "ms", cli_json_num(med * 1e3), "gbps", cli_json_num(gbs)));
         else
             printf("%-14s %12zu %8d %8d %10.3f %10.2f\n", kernel_names[k], n, threads, steps,
                    med * 1e3, gbs);

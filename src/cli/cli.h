@@ -13,6 +13,7 @@
 
 #include "dtrain/core.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -123,8 +124,13 @@ extern const cli_cmd cli_cmd_bench;
 extern const cli_cmd cli_cmd_ckpt;
 extern const cli_cmd cli_cmd_sample;
 extern const cli_cmd cli_cmd_plan;
-extern const cli_cmd cli_bench_gemm, cli_bench_train; /* cmd_bench_engine.c */
+extern const cli_cmd cli_bench_gemm, cli_bench_train, cli_bench_peak; /* cmd_bench_engine.c */
 extern const cli_cmd cli_cmd_data;
+/* --json output: print `obj` (from json_pack) as one compact line on stdout
+ * and release it; a NULL obj (a failed json_pack) is a bug. Reals keep 9
+ * significant digits. cli_json_num: a real, or null when not finite. */
+void cli_json_line(json_t *obj);
+json_t *cli_json_num(double v);
 /* Sorts n timings ascending (median at n / 2): the benchmarks' one helper
  * for medians, minima and maxima (cmd_bench.c). */
 void cli_sort_doubles(double *v, size_t n);

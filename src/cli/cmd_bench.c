@@ -55,6 +55,7 @@ static const cli_cmd *const benches[] = {
     &bench_rng,
     &cli_bench_comm,
     &cli_bench_gemm,
+    &cli_bench_peak,
     &cli_bench_train,
     &cli_bench_optim,
     &cli_bench_compress,
@@ -75,7 +76,8 @@ static const char bench_description[] =
     "  rng          Philox4x32-10 throughput\n"
     "  comm         collective bandwidth/latency (nccl-tests columns)\n"
     "  memcpy       memory bandwidth, the ceiling for shared-memory collectives\n"
-    "  gemm         OpenBLAS sgemm GFLOP/s (the peak MFU is measured against)\n"
+    "  gemm         OpenBLAS sgemm GFLOP/s\n"
+    "  peak         measure and cache the peak FLOP/s MFU is relative to\n"
     "  train        GPT training step: ms/step, tokens/s, GFLOP/s, MFU\n"
     "  optim        optimizer kernels (AdamW, SGD, clipping)\n"
     "  compress     gradient codecs: GB/s, bytes, error\n"

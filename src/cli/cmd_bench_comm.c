@@ -363,11 +363,12 @@ static int run_comm(cli_args *a) {
             rc = 1;
         if (me == 0) {
             if (json)
-                printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"ranks\":%d,\"transport\":\"%s\","
-                       "\"size\":%zu,\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,"
-                       "\"busbw\":%.4f,\"algo\":\"%s\",\"wrong\":%ld}\n",
-                       dt_coll_name(coll), dt_dtype_name(dt), n, dt_group_transport(g), bytes, cnt,
-                       t * 1e6, algbw, busbw, algo, wrong);
+                cli_json_line(json_pack(
+                    "{s:s, s:s, s:i, s:s, s:I, s:I, s:o, s:o, s:o, s:s, s:I}", "op",
+                    dt_coll_name(coll), "dtype", dt_dtype_name(dt), "ranks", n, "transport",
+                    dt_group_transport(g), "size", (json_int_t)bytes, "count", (json_int_t)cnt,
+                    "time_us", cli_json_num(t * 1e6), "algbw", cli_json_num(algbw), "busbw",
+                    cli_json_num(busbw), "algo", algo, "wrong", (json_int_t)wrong));
             else
                 printf("  %12zu %12zu %10.2f %12.3f %12.3f %8s %7ld\n", bytes, cnt, t * 1e6, algbw,
                        busbw, algo, wrong);

@@ -188,13 +188,14 @@ static int run_compress(cli_args *a) {
         double in = (double)n * 4;
         double ratio = in / (double)res.bytes, bpv = 8.0 * (double)res.bytes / (double)n;
         if (json)
-            printf("{\"bench\":\"compress\",\"codec\":\"%s\",\"count\":%zu,\"bytes\":%zu,"
-                   "\"ratio\":%.3f,\"bits_per_value\":%.4f,\"encode_gbps\":%.3f,"
-                   "\"decode_gbps\":%.3f,\"encode_ef_gbps\":%.3f,\"ef_default\":%s,"
-                   "\"rel_error\":%.6g,\"clock\":\"%s\"}\n",
-                   name, n, res.bytes, ratio, bpv, in / res.enc_s * 1e-9, in / res.dec_s * 1e-9,
-                   in / res.enc_ef_s * 1e-9, res.ef_default ? "true" : "false", res.rel_err,
-                   use_cpu_clock ? "cpu" : "wall");
+            cli_json_line(json_pack(
+                "{s:s, s:s, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:b, s:o, s:s}", "bench", "compress",
+                "codec", name, "count", (json_int_t)n, "bytes", (json_int_t)res.bytes, "ratio",
+                cli_json_num(ratio), "bits_per_value", cli_json_num(bpv), "encode_gbps",
+                cli_json_num(in / res.enc_s * 1e-9), "decode_gbps",
+                cli_json_num(in / res.dec_s * 1e-9), "encode_ef_gbps",
+                cli_json_num(in / res.enc_ef_s * 1e-9), "ef_default", (int)res.ef_default,
+                "rel_error", cli_json_num(res.rel_err), "clock", use_cpu_clock ? "cpu" : "wall"));
         else
             printf("%-12s %12zu %8.2f %9.3f %10.2f %10.2f %12.2f %4s %10.3g\n", name, res.bytes,
                    ratio, bpv, in / res.enc_s * 1e-9, in / res.dec_s * 1e-9,

@@ -433,86 +433,6 @@ static dt_status make_schedule(trainer *t) {
     return DT_OK;
 }
 
-static void build_config_json(trainer *t) {
-    const dt_train_config *c = t->c;
-    dt_json *j = &t->cfg_json;
-    dt_sync_cost cost;
-    dt_grad_sync_cost(t->sync, &cost);
-    dt_json_begin(j);
-    dt_json_str(j, "model", c->model);
-    dt_json_int(j, "layers", t->mc.layers);
-    dt_json_int(j, "dim", t->mc.dim);
-    dt_json_int(j, "heads", t->mc.heads);
-    dt_json_int(j, "seq", t->mc.max_seq);
-    dt_json_int(j, "vocab", t->mc.vocab);
-    dt_json_int(j, "params", (int64_t)t->n);
-    dt_json_str(j, "data", c->data);
-    dt_json_str(j, "val_data", c->val_data);
-    dt_json_num(j, "val_split", c->val_split);
-    dt_json_str(j, "tokenizer", dt_tokenizer_names[t->tok->kind]);
-    dt_json_int(j, "nproc", t->size);
-    const dt_mesh_shape *ms = dt_mesh_get_shape(t->mesh);
-    for (int a = 0; a < DT_AXIS_COUNT; a++)
-        dt_json_int(j, dt_axis_names[a], ms->degree[a]);
-    dt_json_bool(j, "sp", c->sp);
-    dt_json_str(j, "pp_schedule", t->pipe ? dt_runner_name(t->runner) : NULL);
-    if (t->pipe)
-        dt_json_int(j, "pp_chunks", t->pipe->chunks);
-    dt_json_int(j, "batch", t->B);
-    dt_json_int(j, "global_batch", (int64_t)t->B * t->dp);
-    dt_json_int(j, "accum", t->K);
-    dt_json_int(j, "steps", c->steps);
-    dt_json_str(j, "optimizer", dt_optim_names[c->optimizer]);
-    dt_json_num(j, "lr", c->lr);
-    dt_json_num(j, "min_lr", c->min_lr);
-    dt_json_num(j, "weight_decay", c->weight_decay);
-    if (c->optimizer == DT_OPTIM_SGD) {
-        dt_json_num(j, "momentum", c->momentum);
-    } else {
-        dt_json_num(j, "beta1", c->beta1);
-        dt_json_num(j, "beta2", c->beta2);
-        dt_json_num(j, "eps", c->eps);
-    }
-    dt_json_str(j, "schedule", dt_schedule_names[c->schedule]);
-    dt_json_int(j, "warmup", c->warmup);
-    dt_json_num(j, "clip", c->clip);
-    char rc[32];
-    dt_recompute_format(c->recompute_every, rc, sizeof rc);
-    dt_json_str(j, "precision", dt_precision_name(c->precision));
-    dt_json_str(j, "recompute", rc);
-    dt_json_bool(j, "loss_scaling", t->scaling);
-    if (t->scaling) {
-        dt_json_num(j, "loss_scale_init", t->scaler.cfg.init_scale);
-        dt_json_num(j, "loss_scale_growth", t->scaler.cfg.growth_factor);
-        dt_json_num(j, "loss_scale_backoff", t->scaler.cfg.backoff_factor);
-        dt_json_int(j, "loss_scale_interval", t->scaler.cfg.growth_interval);
-    }
-    dt_json_int(j, "eval_every", c->eval_every);
-    dt_json_int(j, "eval_batches", c->eval_batches);
-    dt_json_str(j, "ckpt_dir", c->ckpt_dir);
-    dt_json_int(j, "ckpt_every", c->ckpt_every);
-    dt_json_int(j, "keep", c->keep);
-    dt_json_int(j, "seed", (int64_t)c->seed);
-    dt_json_int(j, "threads", dt_tensor_threads());
-    dt_json_str(j, "grad_sync", dt_grad_sync_name(t->sync));
-    dt_json_int(j, "bucket_bytes", (int64_t)c->bucket_bytes);
-    dt_json_int(j, "buckets", cost.pieces);
-    char cb[64];
-    dt_json_str(j, "grad_dtype", dt_dtype_name(c->grad_dtype));
-    dt_json_str(j, "compress", dt_codec_format(&c->compress, cb, sizeof cb));
-    dt_json_int(j, "compress_start", c->compress_start);
-    dt_json_bool(j, "compress_freeze_v", c->compress_freeze_v);
-    dt_json_int(j, "compress_ramp", c->compress_ramp);
-    dt_json_int(j, "compress_dense_below", c->compress_dense_below);
-    dt_json_str(j, "compress_ef",
-                c->compress_ef == DT_EF_ON    ? "on"
-                : c->compress_ef == DT_EF_OFF ? "off"
-                                              : "auto");
-    dt_json_str(j, "transport", t->world ? dt_group_transport(t->world) : "self");
-    dt_json_str(j, "version", DT_VERSION_STRING);
-    t->cfg_text = dt_json_finish(j);
-}
-
 dt_status dt__train_setup(trainer *t) {
     t->cfg = *t->c;
     t->c = &t->cfg;
@@ -530,7 +450,7 @@ dt_status dt__train_setup(trainer *t) {
     DT_CHECK(make_optimizer(t));
     DT_CHECK(make_sync(t));
     DT_CHECK(make_schedule(t));
-    build_config_json(t);
+    t->cfg_text = dt__train_config_json(t);
     if (!t->cfg_text)
         return dt_error_set(DT_ERR_NOMEM, "config text");
     return DT_OK;
@@ -548,7 +468,7 @@ void dt__train_free(trainer *t) {
     dt_token_file_close(t->data);
     dt_free(t->inputs);
     dt_free(t->targets);
-    dt_json_free(&t->cfg_json);
+    free(t->cfg_text);
     dt_tp_destroy(t->tp);
     dt_mesh_destroy(t->mesh);
     dt_group_destroy(t->world);

@@ -55,8 +55,7 @@ typedef struct trainer {
     dt_schedule sched;
     bool scaling; /* dynamic loss scaling (docs/amp.md) */
     dt_scaler scaler;
-    dt_json cfg_json; /* the resolved config */
-    const char *cfg_text;
+    char *cfg_text; /* config.json: the resolved config (dt__train_config_json) */
     /* Progress of the trajectory (what a checkpoint restores). */
     int64_t step;    /* steps completed */
     int64_t tokens;  /* tokens processed by all ranks so far */
@@ -108,6 +107,10 @@ void dt__train_free(trainer *t);
 /* state.c: every rank calls both (collective over the world). */
 dt_status dt__train_save(trainer *t, char *path, size_t len);
 dt_status dt__train_resume(trainer *t);
+
+/* config_json.c: the text of config.json (malloc'ed), NULL when out of
+ * memory. */
+char *dt__train_config_json(const trainer *t);
 
 /* report.c (rank 0) */
 void dt__train_print_header(const trainer *t, double peak, const char *peak_from, FILE *f);

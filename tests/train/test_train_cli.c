@@ -157,7 +157,7 @@ static void test_token_file(void) {
                      DTRAIN, corpus, tu_dir),
               0);
     EXPECT_OUT("vocab 300");
-    EXPECT_RC(tu_run("%s sample --ckpt %s/v300/model.dtgw -n 40 --prompt the", DTRAIN, tu_dir), 0);
+    EXPECT_RC(tu_run("%s sample --ckpt %s/v300/model.dtgw --tokens 40 --prompt the", DTRAIN, tu_dir), 0);
     EXPECT_RC(tu_run("%s train --data %s --val-data %s --batch 2 --steps 2 " TINY, DTRAIN, corpus,
                      corpus2),
               2);
@@ -190,7 +190,7 @@ static void test_config_file(void) {
     ASSERT_TRUE(strstr(json, "\"layers\": 1,") != NULL);
     ASSERT_TRUE(strstr(json, "\"steps\": 3,") != NULL);
     /* The run directory's final weights feed `dtrain sample`. */
-    EXPECT_RC(tu_run("%s sample --ckpt %s/cfgrun/model.dtgw -n 20", DTRAIN, tu_dir), 0);
+    EXPECT_RC(tu_run("%s sample --ckpt %s/cfgrun/model.dtgw --tokens 20", DTRAIN, tu_dir), 0);
     f = fopen(cfg, "a");
     fprintf(f, "learning-rate = 0.1\n");
     fclose(f);
