@@ -23,6 +23,7 @@
 #include "dtrain/comm.h"
 #include "dtrain/compress.h"
 #include "dtrain/core.h"
+#include "dtrain/nn.h"
 #include "dtrain/optim.h"
 
 #include <stdatomic.h>
@@ -105,6 +106,47 @@ void dt_progress_destroy(dt_progress *p);
 /* Render the sparkline of `n` values (newest last) into buf as UTF-8 block
  * characters (3 bytes each); returns buf. */
 char *dt_sparkline(char *buf, size_t len, const double *values, size_t n);
+
+/* ------------------------------------------------------------------------ */
+/* Model files                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef enum dt_model_format {
+    DT_MODEL_WEIGHTS,     /* dtrain's weights file (RUN_DIR/model.dtgw) */
+    DT_MODEL_CHECKPOINT,  /* a dtrain checkpoint (any layout) */
+    DT_MODEL_SAFETENSORS, /* Hugging Face GPT-2 names and layouts */
+    DT_MODEL_LLMC,        /* llm.c's gpt2_124M.bin (versions 3, fp32, and 5, bf16) */
+    DT_MODEL_FORMAT_COUNT
+} dt_model_format;
+
+extern const char *const dt_model_format_names[DT_MODEL_FORMAT_COUNT];
+
+/* A whole GPT read from a file, and what the file says of its tokenizer. */
+typedef struct dt_model_file {
+    dt_gpt *model;          /* the unsharded model (batch 1), owned */
+    dt_model_format format; /* what the file was */
+    char path[4096];        /* the file read (a folder resolved to it) */
+    int64_t step;           /* a checkpoint's step, else -1 */
+    int tok_kind;           /* dt_tokenizer_kind of the stored table, -1: none */
+    uint8_t vocab[256];     /* the char/byte tokenizer's table */
+    int vocab_len;          /* its length, 0 when the file holds none */
+} dt_model_file;
+
+/* Read a model from `path`, whatever it is: a weights file, a checkpoint
+ * file, a checkpoint folder (its newest valid checkpoint), a run folder
+ * (model.dtgw, else ckpt/), a safetensors file with Hugging Face GPT-2
+ * names, or llm.c's model file. The format is found from the first bytes,
+ * never the name; anything else is DT_ERR_INVALID naming what was
+ * expected. max_seq > 0 caps the positions the model is built for; heads
+ * > 0 gives the head count a safetensors file does not record (default:
+ * the file's dtrain.heads, else dim / 64 as in every GPT-2). */
+dt_status dt_model_open(dt_model_file *out, const char *path, int max_seq, int heads);
+void dt_model_close(dt_model_file *f);
+
+/* Write f's model as safetensors with Hugging Face GPT-2 names and
+ * layouts (Conv1D weights transposed), F32, atomically. Deterministic:
+ * open + export of the result gives the same bytes. */
+dt_status dt_model_export_safetensors(const dt_model_file *f, const char *path);
 
 /* ------------------------------------------------------------------------ */
 /* Peak FLOP/s, the denominator of MFU                                      */

@@ -1,5 +1,7 @@
 /*
- * cmd_sample.c — `dtrain sample`: generate text from a plain weights file.
+ * cmd_sample.c — `dtrain sample`: generate text from a trained model: a
+ * weights file, a checkpoint, a run folder, a safetensors or llm.c file
+ * (dt_model_open tells them apart).
  *
  * The file carries the token -> byte table of its tokenizer (char-level:
  * the corpus's byte values; byte-level: 0..255), so the prompt is encoded
@@ -11,13 +13,16 @@
  */
 #include "cli.h"
 #include "dtrain/nn.h"
+#include "dtrain/train.h"
 
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const cli_opt sample_opts[] = {
-    {"ckpt", 0, CLI_STRING, "FILE", NULL, "DT_CKPT", "weights file to sample from", NULL, 0, 0},
+    {"ckpt", 0, CLI_STRING, "PATH", NULL, "DT_CKPT",
+     "the model: a run folder, a checkpoint (file or folder), a .dtgw, .safetensors or llm.c .bin",
+     NULL, 0, 0},
     {"prompt", 'p', CLI_STRING, "TEXT", "\n", "DT_PROMPT", "text to continue", NULL, 0, 0},
     {"temperature", 0, CLI_DOUBLE, "X", "0.8", "DT_TEMPERATURE",
      "divide logits by X; 0 = always the most likely token", NULL, 0, 100},
@@ -75,16 +80,17 @@ static int run_sample(cli_args *a) {
     int threads = (int)cli_int(a, "threads");
     dt_tensor_set_threads(threads > 0 ? threads : dt_cpu_count());
 
-    dt_gpt *m = NULL;
-    uint8_t vocab[256];
-    int vlen = 0;
-    dt_status st = dt_gpt_load_weights(&m, path, 1, 1 << 20, vocab, &vlen);
+    dt_model_file mf;
+    dt_status st = dt_model_open(&mf, path, 0, 0);
     if (st != DT_OK)
         return cli_fail(st);
+    dt_gpt *m = mf.model;
+    const uint8_t *vocab = mf.vocab;
+    int vlen = mf.vocab_len;
     const dt_gpt_config *cfg = dt_gpt_get_config(m);
     int V = cfg->vocab, maxT = cfg->max_seq;
     if (vlen == 0) {
-        dt_gpt_destroy(m);
+        dt_model_close(&mf);
         return cli_fail(dt_error_set(
             DT_ERR_INVALID, "%s has no tokenizer vocabulary; cannot encode the prompt", path));
     }
@@ -101,7 +107,7 @@ static int run_sample(cli_args *a) {
     if (!ids || !scratch) {
         free(ids);
         free(scratch);
-        dt_gpt_destroy(m);
+        dt_model_close(&mf);
         return cli_fail(dt_error_set(DT_ERR_NOMEM, "cannot allocate %zu tokens", cap));
     }
     size_t n = 0;
@@ -110,7 +116,7 @@ static int run_sample(cli_args *a) {
         if (inv[ch] < 0) {
             free(ids);
             free(scratch);
-            dt_gpt_destroy(m);
+            dt_model_close(&mf);
             return cli_fail(dt_error_set(DT_ERR_INVALID,
                                          "prompt character 0x%02x ('%c') at offset %zu is not in "
                                          "the model's vocabulary of %d characters",
@@ -142,18 +148,18 @@ static int run_sample(cli_args *a) {
     fputc('\n', stdout);
     free(ids);
     free(scratch);
-    dt_gpt_destroy(m);
+    dt_model_close(&mf);
     return st == DT_OK ? 0 : cli_fail(st);
 }
 
 const cli_cmd cli_cmd_sample = {
     .name = "sample",
     .summary = "generate text from a trained model",
-    .usage = "dtrain sample --ckpt FILE [--prompt TEXT] [--temperature X] [--top-k K] "
+    .usage = "dtrain sample --ckpt PATH [--prompt TEXT] [--temperature X] [--top-k K] "
              "[--tokens N] [--seed S]",
-    .description = "Loads a weights file (model configuration, parameters and the tokenizer's\n"
-                   "byte table), encodes the prompt and prints the prompt followed by N\n"
-                   "generated tokens.",
+    .description = "Loads a model (a run folder, a checkpoint file or folder, a weights file,\n"
+                   "a safetensors or llm.c file: told apart by their first bytes), encodes the\n"
+                   "prompt and prints the prompt followed by N generated tokens.",
     .opts = sample_opts,
     .run = run_sample,
 };

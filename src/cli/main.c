@@ -17,6 +17,7 @@ static const cli_cmd *const commands[] = {
     &cli_cmd_sample,
     &cli_cmd_data,
     &cli_cmd_ckpt,
+    &cli_cmd_export,
     &cli_cmd_plan,
     &cli_cmd_bench,
     &cli_cmd_version,

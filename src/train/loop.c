@@ -276,8 +276,8 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
         fprintf(stderr, "checkpoint: %s (the same command with --resume continues)\n",
                 res->checkpoint);
     if (!c->run_dir && !c->ckpt_dir)
-        fprintf(stderr, "saved:      nothing (no --run-dir or --ckpt-dir%s)\n",
-                c->save_default ? "" : ", --no-save");
+        fprintf(stderr, "saved:      nothing (%s)\n",
+                c->save_default ? "no --run-dir or --ckpt-dir" : "--no-save");
     if (whole && c->run_dir) {
         /* The final weights in the engine's plain format, for `dtrain
          * sample` (the checkpoint holds the optimizer state too). */

@@ -208,6 +208,13 @@ static dt_status open_data(trainer *t) {
 static dt_status model_config(trainer *t) {
     const dt_train_config *c = t->c;
     dt_gpt_config mc;
+    if (c->init_from) {
+        DT_CHECK(dt__train_init_config(t, &mc));
+        DT_CHECK(dt_gpt_config_validate(&mc));
+        t->mc = mc;
+        t->T = mc.max_seq;
+        return DT_OK;
+    }
     DT_CHECK(dt_gpt_preset(c->model, &mc));
     if (c->layers)
         mc.layers = c->layers;
@@ -311,6 +318,8 @@ static dt_status make_model(trainer *t) {
     DT_CHECK(dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo));
     t->n = dt_gpt_num_params(t->m);
     dt_gpt_init_params(t->m, c->seed);
+    if (c->init_from)
+        DT_CHECK(dt__train_init_params(t));
     if (c->pp > 1)
         return dt_pp_runner_create(
             &t->runner, &(dt_pp_runner_config){.model = t->m,
@@ -457,6 +466,7 @@ dt_status dt__train_setup(trainer *t) {
 }
 
 void dt__train_free(trainer *t) {
+    dt_model_close(&t->init);
     dt_runner_destroy(t->runner);
     dt_pp_schedule_destroy(t->pipe);
     dt_grad_sync_destroy(t->sync);

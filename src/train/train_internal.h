@@ -32,6 +32,7 @@ typedef struct trainer {
      * directories of save_default, the bucket size. */
     dt_train_config cfg;
     char run_dir[4096], ckpt_dir[4096];
+    dt_model_file init; /* --init-from, open from model_config to make_model */
     dt_group *world;      /* the job's group (owned); NULL for a single process */
     dt_mesh *mesh;        /* its layout; the groups the loop uses come from here */
     int rank, size;       /* in the world */
@@ -107,6 +108,11 @@ void dt__train_free(trainer *t);
 /* state.c: every rank calls both (collective over the world). */
 dt_status dt__train_save(trainer *t, char *path, size_t len);
 dt_status dt__train_resume(trainer *t);
+
+/* model_io.c, --init-from: the model shape of the file (checked against
+ * the flags and the data), and this rank's part of its parameters. */
+dt_status dt__train_init_config(trainer *t, dt_gpt_config *mc);
+dt_status dt__train_init_params(trainer *t);
 
 /* config_json.c: the text of config.json (malloc'ed), NULL when out of
  * memory. */
