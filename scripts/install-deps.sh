@@ -20,6 +20,8 @@ PACKAGES=(
     pkg-config        # locating libraries
     libopenblas-dev   # sgemm for the training kernels
     libxxhash-dev     # XXH3 checksums for checkpoints
+    libjansson-dev    # JSON: config.json, --config, metrics.jsonl, bench --json, safetensors
+    help2man          # the man pages `make install` installs
     libdnnl-dev       # oneDNN: bf16 matrix multiply on AMX / AVX512-BF16
     libopenmpi-dev    # MPI backend and the Open MPI peer in bench/compare-mpi.sh
     openmpi-bin       # mpirun, for tests under MPI

@@ -20,6 +20,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 /* Test hooks, acting on the first attempt of a job only (DT_RESTART_COUNT
  * unset or 0): DT_FAULT_KILL="RANK:STEP" makes that rank SIGKILL itself
@@ -294,6 +295,46 @@ static dt_status make_schedule_pp(trainer *t, dt_pp_report *rep) {
     return dt_pp_check(t->pipe, NULL, rep);
 }
 
+/* After a model did not fit: what would, from the memory plan of the same
+ * part with recomputation, 16-bit activations, both, or a smaller batch
+ * with more accumulation (the same global batch), added to the message. */
+static dt_status explain_oom(const trainer *t, const dt_gpt_options *mo) {
+    char msg[1024], a[32], b[32], c3[32], d[32], ram[32];
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
+    dt_gpt_options o = *mo;
+    dt_memory_report r;
+    o.recompute_every = 1;
+    dt_gpt_memory_plan_with(&t->mc, t->B, t->T, &o, &r);
+    size_t rec = r.activations;
+    o = *mo;
+    o.precision = DT_PRECISION_BF16;
+    dt_gpt_memory_plan_with(&t->mc, t->B, t->T, &o, &r);
+    size_t half = r.activations;
+    o.recompute_every = 1;
+    dt_gpt_memory_plan_with(&t->mc, t->B, t->T, &o, &r);
+    size_t both = r.activations;
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    /* The largest batch (halving) whose plan takes at most half the RAM. */
+    int B = t->B;
+    dt_gpt_memory_plan_with(&t->mc, B, t->T, mo, &r);
+    while (B > 1 && (double)r.activations > phys / 2) {
+        B /= 2;
+        dt_gpt_memory_plan_with(&t->mc, B, t->T, mo, &r);
+    }
+    char smaller[160] = "";
+    if (B < t->B)
+        snprintf(smaller, sizeof smaller, "; --batch %d --accum %d (the same tokens per step): %s",
+                 B, t->K * ((t->B + B - 1) / B),
+                 dt_format_bytes((double)r.activations, d, sizeof d));
+    return dt_error_set(DT_ERR_NOMEM,
+                        "%s; this machine has %s. Activations would take: --recompute blocks %s, "
+                        "--precision bf16 %s, both %s%s",
+                        msg, dt_format_bytes(phys, ram, sizeof ram),
+                        dt_format_bytes((double)rec, a, sizeof a),
+                        dt_format_bytes((double)half, b, sizeof b),
+                        dt_format_bytes((double)both, c3, sizeof c3), smaller);
+}
+
 /* This rank's part of the model: its pipeline stage's layers (with the
  * activation slots its schedule keeps alive) and its tensor-parallel shard. */
 static dt_status make_model(trainer *t) {
@@ -315,7 +356,10 @@ static dt_status make_model(trainer *t) {
         dt_pp_report_free(&rep);
         DT_CHECK(dt_pp_model_part(t->pipe, t->mc.layers, r, &mo.part));
     }
-    DT_CHECK(dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo));
+    dt_status st = dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo);
+    if (st == DT_ERR_NOMEM)
+        return explain_oom(t, &mo);
+    DT_CHECK(st);
     t->n = dt_gpt_num_params(t->m);
     dt_gpt_init_params(t->m, c->seed);
     if (c->init_from)
