@@ -185,18 +185,19 @@ extern const char *const dt_train_ident_names[DT_TRAIN_IDENT_COUNT];
 #define DT_TRAIN_RAMP_START 0.25
 
 typedef struct dt_train_config {
-    const char *model;      /* preset name ("tiny", "shakespeare-char", ...) */
-    int layers, dim, heads; /* override the preset when > 0 */
-    int seq;                /* T: sequence length; 0: the preset's max_seq */
-    int vocab;              /* 0: the data's vocabulary size */
-    const char *data;       /* training text (.txt, tokenized on the fly) or .tok */
-    const char *val_data;   /* validation file, or NULL to split off val_split */
-    double val_split;       /* fraction of `data` held out for validation, [0, 1) */
-    int tokenizer;          /* dt_tokenizer_kind for .txt files */
-    int batch;              /* B per rank (0: global_batch / world) */
-    int global_batch;       /* world * B (0: batch * world); must divide by world */
-    int accum;              /* K micro-batches per optimizer step */
-    int64_t steps;          /* optimizer steps of the whole run */
+    const char *model;           /* preset name ("tiny", "shakespeare-char", ...) */
+    int layers, dim, heads;      /* override the preset when > 0 */
+    int seq;                     /* T: sequence length; 0: the preset's max_seq */
+    int vocab;                   /* 0: the data's vocabulary size */
+    const char *data;            /* training text (.txt, tokenized on the fly) or .tok */
+    const char *val_data;        /* validation file, or NULL to split off val_split */
+    double val_split;            /* fraction of `data` held out for validation, [0, 1) */
+    int tokenizer;               /* dt_tokenizer_kind for .txt files */
+    const char *tokenizer_files; /* kind bpe: "gpt2" or a folder (dt_bpe_open) */
+    int batch;                   /* B per rank (0: global_batch / world) */
+    int global_batch;            /* world * B (0: batch * world); must divide by world */
+    int accum;                   /* K micro-batches per optimizer step */
+    int64_t steps;               /* optimizer steps of the whole run */
     dt_optim_kind optimizer;
     double lr, min_lr, weight_decay, momentum, clip;
     double beta1, beta2, eps; /* AdamW */

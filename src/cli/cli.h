@@ -131,6 +131,11 @@ extern const cli_cmd cli_cmd_data;
  * significant digits. cli_json_num: a real, or null when not finite. */
 void cli_json_line(json_t *obj);
 json_t *cli_json_num(double v);
+/* --tokenizer: "char", "byte", "gpt2" (GPT-2's BPE from dt_bpe_dir()) or a
+ * folder with encoder.json and vocab.bpe; *bpe is loaded for the last two
+ * (the caller destroys it), NULL otherwise. */
+typedef struct dt_bpe dt_bpe;
+dt_status cli_tokenizer(const char *spec, int *kind, dt_bpe **bpe);
 /* Sorts n timings ascending (median at n / 2): the benchmarks' one helper
  * for medians, minima and maxima (cmd_bench.c). */
 void cli_sort_doubles(double *v, size_t n);

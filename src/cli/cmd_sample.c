@@ -12,6 +12,7 @@
  * is greedy (argmax).
  */
 #include "cli.h"
+#include "dtrain/data.h"
 #include "dtrain/nn.h"
 #include "dtrain/train.h"
 
@@ -32,6 +33,8 @@ static const cli_opt sample_opts[] = {
     {"seed", 0, CLI_INT, "S", "1337", "DT_SEED", "random seed", NULL, 0, 9.2e18},
     {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "compute threads; 0 = all CPUs", NULL, 0,
      1024},
+    {"tokenizer", 0, CLI_STRING, "KIND", NULL, NULL,
+     "byte, gpt2 or a BPE folder (default: the model file's table, else gpt2)", NULL, 0, 0},
     {0},
 };
 
@@ -74,7 +77,7 @@ static int pick(const float *logits, int V, double temperature, int top_k, dt_rn
 static int run_sample(cli_args *a) {
     const char *path = cli_str(a, "ckpt");
     if (!path || !*path)
-        cli_usage_error(a->cmd, "--ckpt FILE is required");
+        cli_usage_error(a->cmd, "--ckpt PATH is required");
     const char *prompt = cli_str(a, "prompt");
     int ntok = (int)cli_int(a, "tokens");
     int threads = (int)cli_int(a, "threads");
@@ -85,51 +88,66 @@ static int run_sample(cli_args *a) {
     if (st != DT_OK)
         return cli_fail(st);
     dt_gpt *m = mf.model;
-    const uint8_t *vocab = mf.vocab;
-    int vlen = mf.vocab_len;
     const dt_gpt_config *cfg = dt_gpt_get_config(m);
     int V = cfg->vocab, maxT = cfg->max_seq;
-    if (vlen == 0) {
-        dt_model_close(&mf);
-        return cli_fail(dt_error_set(
-            DT_ERR_INVALID, "%s has no tokenizer vocabulary; cannot encode the prompt", path));
+    /* The tokenizer: --tokenizer, else the table the file carries, else
+     * GPT-2's BPE (a model without a table was trained on bpe data). */
+    const char *spec = cli_str(a, "tokenizer");
+    dt_tokenizer tok;
+    dt_bpe *bpe = NULL;
+    if ((!spec || !*spec) && mf.vocab_len > 0) {
+        st = dt_tokenizer_init_table(&tok, (dt_tokenizer_kind)mf.tok_kind, mf.vocab, mf.vocab_len);
+    } else {
+        int kind;
+        st = cli_tokenizer(spec && *spec ? spec : "gpt2", &kind, &bpe);
+        if (st == DT_OK && bpe)
+            dt_tokenizer_init_bpe(&tok, bpe);
+        else if (st == DT_OK && kind == DT_TOKENIZER_BYTE)
+            dt_tokenizer_init_byte(&tok);
+        else if (st == DT_OK)
+            st = dt_error_set(DT_ERR_INVALID,
+                              "--tokenizer char: the char table comes from the model file, and "
+                              "%s has none",
+                              path);
+        if (st != DT_OK)
+            dt_error_prefix("%s has no tokenizer table: --tokenizer", path);
     }
-    int inv[256];
-    for (int i = 0; i < 256; i++)
-        inv[i] = -1;
-    for (int i = 0; i < vlen; i++)
-        inv[vocab[i]] = i;
-
-    size_t plen = strlen(prompt);
-    size_t cap = plen + (size_t)ntok + 1;
-    int32_t *ids = malloc(cap * sizeof(int32_t));
-    scored *scratch = malloc((size_t)V * sizeof(scored));
-    if (!ids || !scratch) {
+    int Vt = st == DT_OK ? tok.vocab_size : 0;
+    if (st == DT_OK && Vt > V)
+        st = dt_error_set(DT_ERR_INVALID, "the tokenizer has %d tokens, the model only %d", Vt, V);
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (st == DT_OK)
+        st = dt_tokenizer_encode_any(&tok, prompt, strlen(prompt), &ids, &n);
+    if (st == DT_OK && n == 0) { /* no prompt: start after a newline */
+        int32_t *nl = NULL;
+        size_t k = 0;
+        int32_t first = dt_tokenizer_encode_any(&tok, "\n", 1, &nl, &k) == DT_OK && k ? nl[0] : 0;
+        free(nl);
+        int32_t *g = realloc(ids, sizeof *ids);
+        if (!g)
+            st = dt_error_set(DT_ERR_NOMEM, "one token");
+        else
+            (ids = g)[n++] = first;
+    }
+    size_t cap = n + (size_t)ntok + 1;
+    int32_t *grown = st == DT_OK ? realloc(ids, cap * sizeof *ids) : NULL;
+    scored *scratch = st == DT_OK ? malloc((size_t)V * sizeof(scored)) : NULL;
+    if (st == DT_OK && (!grown || !scratch))
+        st = dt_error_set(DT_ERR_NOMEM, "cannot allocate %zu tokens", cap);
+    if (grown)
+        ids = grown;
+    if (st != DT_OK) {
         free(ids);
         free(scratch);
+        dt_bpe_destroy(bpe);
         dt_model_close(&mf);
-        return cli_fail(dt_error_set(DT_ERR_NOMEM, "cannot allocate %zu tokens", cap));
+        return cli_fail(st);
     }
-    size_t n = 0;
-    for (size_t i = 0; i < plen; i++) {
-        unsigned char ch = (unsigned char)prompt[i];
-        if (inv[ch] < 0) {
-            free(ids);
-            free(scratch);
-            dt_model_close(&mf);
-            return cli_fail(dt_error_set(DT_ERR_INVALID,
-                                         "prompt character 0x%02x ('%c') at offset %zu is not in "
-                                         "the model's vocabulary of %d characters",
-                                         ch, ch >= 32 && ch < 127 ? ch : '?', i, vlen));
-        }
-        ids[n++] = inv[ch];
-    }
-    if (n == 0)
-        ids[n++] = inv['\n'] >= 0 ? inv['\n'] : 0;
 
     dt_rng rng;
     dt_rng_init(&rng, (uint64_t)cli_int(a, "seed"), dt_rng_stream_id(0, 0, DT_RNG_SAMPLE));
-    fwrite(prompt, 1, plen, stdout);
+    fwrite(prompt, 1, strlen(prompt), stdout);
     for (int s = 0; s < ntok; s++) {
         int T = n < (size_t)maxT ? (int)n : maxT;
         const int32_t *ctx = ids + (n - (size_t)T);
@@ -137,17 +155,21 @@ static int run_sample(cli_args *a) {
         if (st != DT_OK)
             break;
         const float *row = dt_gpt_last_logits(m, 0);
-        /* Only the tokenizer's ids stand for bytes: a model trained with a
+        /* Only the tokenizer's ids stand for text: a model trained with a
          * larger --vocab samples among those. */
-        int next = pick(row, vlen < V ? vlen : V, cli_double(a, "temperature"),
-                        (int)cli_int(a, "top-k"), &rng, scratch);
+        int next =
+            pick(row, Vt, cli_double(a, "temperature"), (int)cli_int(a, "top-k"), &rng, scratch);
         ids[n++] = next;
-        fputc(vocab[next], stdout);
+        size_t len;
+        const uint8_t *b = dt_tokenizer_token(&tok, next, &len);
+        if (b)
+            fwrite(b, 1, len, stdout);
         fflush(stdout);
     }
     fputc('\n', stdout);
     free(ids);
     free(scratch);
+    dt_bpe_destroy(bpe);
     dt_model_close(&mf);
     return st == DT_OK ? 0 : cli_fail(st);
 }

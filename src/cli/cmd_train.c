@@ -22,7 +22,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const tokenizers[] = {"char", "byte", NULL};
 static const char *const optimizers[] = {"adamw", "sgd", NULL};
 static const char *const schedules[] = {"constant", "linear", "cosine", "invsqrt", NULL};
 static const char *const progress_modes[] = {"auto", "plain", "live", NULL};
@@ -42,7 +41,7 @@ static const cli_opt train_opts[] = {
     {"data", 0, CLI_STRING, "FILE", NULL, "DT_DATA", "training text (.txt, tokenized on the fly) or token file (.tok)", NULL, 0, 0},
     {"val-data", 0, CLI_STRING, "FILE", NULL, "DT_VAL_DATA", "validation file (default: split off --data)", NULL, 0, 0},
     {"val-split", 0, CLI_DOUBLE, "F", "0.05", "DT_VAL_SPLIT", "fraction of --data held out for validation (0: none)", NULL, 0, 0.99},
-    {"tokenizer", 0, CLI_ENUM, "KIND", "char", "DT_TOKENIZER", "tokenizer for .txt data", tokenizers, 0, 0},
+    {"tokenizer", 0, CLI_STRING, "KIND", "char", "DT_TOKENIZER", "tokenizer for .txt data: char, byte, gpt2 (GPT-2's BPE, V=50257) or a folder with encoder.json and vocab.bpe", NULL, 0, 0},
     {"nproc", 'n', CLI_INT, "N", "1", "DT_NPROC", "ranks to start on this machine", NULL, 1, 4096},
     {"batch", 'b', CLI_INT, "B", "8", "DT_BATCH", "sequences per rank per micro-batch (with --global-batch: G / ranks)", NULL, 1, 1 << 20},
     {"global-batch", 0, CLI_INT, "G", "0", "DT_GLOBAL_BATCH", "sequences per micro-batch over all ranks; must divide by the ranks", NULL, 0, 1 << 24},
@@ -211,7 +210,12 @@ static int run_train(cli_args *a) {
     c.data = cli_str(a, "data");
     c.val_data = cli_str(a, "val-data");
     c.val_split = cli_double(a, "val-split");
-    c.tokenizer = cli_enum(a, "tokenizer") == 0 ? DT_TOKENIZER_CHAR : DT_TOKENIZER_BYTE;
+    const char *tk = cli_str(a, "tokenizer");
+    c.tokenizer = strcmp(tk, "char") == 0   ? DT_TOKENIZER_CHAR
+                  : strcmp(tk, "byte") == 0 ? DT_TOKENIZER_BYTE
+                                            : DT_TOKENIZER_BPE;
+    if (c.tokenizer == DT_TOKENIZER_BPE)
+        c.tokenizer_files = tk;
     c.global_batch = (int)cli_int(a, "global-batch");
     /* The default batch yields to --global-batch; a given one must agree. */
     c.batch = c.global_batch && !cli_is_set(a, "batch") ? 0 : (int)cli_int(a, "batch");

@@ -84,7 +84,11 @@ char *dt__train_config_json(const trainer *t) {
     put(o, "data", str(c->data), &ok);
     put(o, "val-data", str(c->val_data), &ok);
     put(o, "val-split", real(c->val_split), &ok);
-    put(o, "tokenizer", str(dt_tokenizer_names[t->tok->kind]), &ok);
+    put(o, "tokenizer",
+        str(t->tok->kind != DT_TOKENIZER_BPE ? dt_tokenizer_names[t->tok->kind]
+            : c->tokenizer_files             ? c->tokenizer_files
+                                             : "gpt2"),
+        &ok);
     put(o, "init-from", str(c->init_from), &ok);
     put(o, "nproc", json_integer(t->size), &ok);
     for (int a = 0; a < DT_AXIS_COUNT; a++)

@@ -283,7 +283,9 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
          * sample` (the checkpoint holds the optimizer state too). */
         char wpath[4096];
         snprintf(wpath, sizeof wpath, "%s/model.dtgw", c->run_dir);
-        DT_CHECK(dt_gpt_save_weights(whole, wpath, t->tok->id_to_byte, t->tok->vocab_size));
+        bool table = t->tok->kind != DT_TOKENIZER_BPE; /* a bpe model is sampled with --tokenizer */
+        DT_CHECK(dt_gpt_save_weights(whole, wpath, table ? t->tok->id_to_byte : NULL,
+                                     table ? t->tok->vocab_size : 0));
         fprintf(stderr, "weights:    %s (dtrain sample --ckpt %s)\n", wpath, wpath);
     }
     if (whole && c->sample_tokens > 0 && t->step == c->steps)

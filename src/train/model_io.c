@@ -127,8 +127,10 @@ static dt_status open_checkpoint(dt_model_file *out, const char *path, bool dir,
         st, done);
     DT_CHECK_GOTO(dt_ckpt_read(m, "step", DT_CKPT_I64, &out->step, 1), st, done);
     dt_ckpt_info vi;
-    if (dt_ckpt_read(m, "tokenizer", DT_CKPT_I64, tok, 2) == DT_OK &&
-        dt_ckpt_find(m, "vocab", &vi) == DT_OK && vi.bytes <= sizeof out->vocab) {
+    if (dt_ckpt_read(m, "tokenizer", DT_CKPT_I64, tok, 2) == DT_OK && tok[0] == DT_TOKENIZER_BPE) {
+        out->tok_kind = DT_TOKENIZER_BPE; /* named by its hash only */
+    } else if (dt_ckpt_find(m, "vocab", &vi) == DT_OK && vi.bytes <= sizeof out->vocab &&
+               tok[0] >= 0) {
         out->tok_kind = (int)tok[0];
         out->vocab_len = (int)vi.bytes;
         memcpy(out->vocab, vi.data, vi.bytes);

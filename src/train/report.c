@@ -112,14 +112,18 @@ void dt__train_print_header(const trainer *t, double peak, const char *peak_from
 dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out) {
     int ntok = t->c->sample_tokens, V = t->mc.vocab, Vd = t->tok->vocab_size, T = t->T;
     int32_t *ids = dt_alloc((size_t)(ntok + 1) * sizeof *ids);
-    char *text = dt_alloc((size_t)ntok + 1);
     float *probs = dt_alloc((size_t)V * sizeof *probs);
     dt_status st = DT_OK;
-    if (!ids || !text || !probs) {
+    if (!ids || !probs) {
         st = DT_ERR_NOMEM;
         goto done;
     }
-    ids[0] = t->tok->byte_to_id['\n'] >= 0 ? t->tok->byte_to_id['\n'] : 0;
+    /* The first token: a newline's (its first token with bpe), else 0. */
+    int32_t *nl = NULL;
+    size_t nnl = 0;
+    ids[0] = dt_tokenizer_encode_any(t->tok, "\n", 1, &nl, &nnl) == DT_OK && nnl > 0 ? nl[0] : 0;
+    free(nl);
+    dt_error_clear();
     dt_rng rng;
     dt_rng_init(&rng, t->c->seed, dt_rng_stream_id(0, 0, DT_RNG_SAMPLE));
     for (int i = 0; i < ntok; i++) {
@@ -145,16 +149,22 @@ dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out) {
         }
         ids[len] = pick;
     }
-    DT_CHECK_GOTO(dt_tokenizer_decode(t->tok, ids + 1, (size_t)ntok, text), st, done);
-    for (int i = 0; i < ntok; i++)
-        if (text[i] == '\0' ||
-            ((unsigned char)text[i] < 0x20 && text[i] != '\n' && text[i] != '\t'))
-            text[i] = '?';
-    text[ntok] = '\0';
-    fprintf(out, "---- sample (%d tokens, temperature 0.8) ----\n%s\n----\n", ntok, text);
+    /* The tokens' bytes (one each, or a bpe token's several). */
+    fprintf(out, "---- sample (%d tokens, temperature 0.8) ----\n", ntok);
+    for (int i = 1; i <= ntok; i++) {
+        size_t len;
+        const uint8_t *b = dt_tokenizer_token(t->tok, ids[i], &len);
+        if (!b) {
+            fprintf(out, "(cannot decode: the bpe tokenizer's files are not loaded; give "
+                         "--tokenizer)");
+            break;
+        }
+        for (size_t k = 0; k < len; k++)
+            fputc(b[k] == '\0' || (b[k] < 0x20 && b[k] != '\n' && b[k] != '\t') ? '?' : b[k], out);
+    }
+    fprintf(out, "\n----\n");
 done:
     dt_free(ids);
-    dt_free(text);
     dt_free(probs);
     return st;
 }

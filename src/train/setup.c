@@ -188,12 +188,29 @@ static dt_status sizes(trainer *t) {
 /* Open --data (and --val-data, with the training data's vocabulary). */
 static dt_status open_data(trainer *t) {
     const dt_train_config *c = t->c;
-    dt_status st = dt_data_open(&t->data, c->data, (dt_tokenizer_kind)c->tokenizer, NULL);
+    const dt_tokenizer *given = NULL;
+    if (c->tokenizer == DT_TOKENIZER_BPE) {
+        dt_status st = dt_bpe_open(&t->bpe, c->tokenizer_files ? c->tokenizer_files : "gpt2");
+        if (st != DT_OK) {
+            dt_error_prefix("--tokenizer");
+            return st;
+        }
+        dt_tokenizer_init_bpe(&t->bpe_tok, t->bpe);
+        given = &t->bpe_tok;
+    }
+    dt_status st = dt_data_open(&t->data, c->data, (dt_tokenizer_kind)c->tokenizer, given);
     if (st != DT_OK) {
         dt_error_prefix("--data");
         return st;
     }
     t->tok = dt_token_file_tokenizer(t->data);
+    /* A bpe .tok read without --tokenizer: GPT-2's, when it is that one
+     * (only the final sample needs it). */
+    if (!given && t->tok->kind == DT_TOKENIZER_BPE && dt_bpe_open(&t->bpe, "gpt2") == DT_OK &&
+        dt_bpe_hash(t->bpe) == t->tok->bpe_hash) {
+        dt_tokenizer_init_bpe(&t->bpe_tok, t->bpe);
+        t->tok = &t->bpe_tok;
+    }
     if (c->val_data) {
         st = dt_data_open(&t->val_data, c->val_data, (dt_tokenizer_kind)c->tokenizer, t->tok);
         if (st != DT_OK) {
@@ -511,6 +528,7 @@ dt_status dt__train_setup(trainer *t) {
 
 void dt__train_free(trainer *t) {
     dt_model_close(&t->init);
+    dt_bpe_destroy(t->bpe);
     dt_runner_destroy(t->runner);
     dt_pp_schedule_destroy(t->pipe);
     dt_grad_sync_destroy(t->sync);

@@ -166,7 +166,11 @@ static dt_status write_manifest(trainer *t, const shards *sh, rank_part *p,
     add(&m, "schedule", DT_CKPT_F64, sched, 5);
     add(&m, "rng", DT_CKPT_U64, rng, 2);
     add(&m, "tokenizer", DT_CKPT_I64, tokinfo, 2);
-    add(&m, "vocab", DT_CKPT_BYTES, t->tok->id_to_byte, (size_t)t->tok->vocab_size);
+    /* The byte table; a bpe tokenizer is named by its hash. */
+    if (t->tok->kind == DT_TOKENIZER_BPE)
+        add(&m, "vocab", DT_CKPT_BYTES, &t->tok->bpe_hash, sizeof t->tok->bpe_hash);
+    else
+        add(&m, "vocab", DT_CKPT_BYTES, t->tok->id_to_byte, (size_t)t->tok->vocab_size);
     /* Mixed precision: the compute type (informational: a resume may change
      * it), the skipped steps (AdamW's step count is step - skipped_steps),
      * and the loss scaler when it is on. */
@@ -315,14 +319,19 @@ static dt_status load_train_state(trainer *t, const dt_ckpt *ck, header *h) {
     DT_CHECK(dt_ckpt_read(ck, "tokenizer", DT_CKPT_I64, tokinfo, 2));
     dt_ckpt_info vi;
     DT_CHECK(dt_ckpt_find(ck, "vocab", &vi));
-    if (tokinfo[0] != t->tok->kind || tokinfo[1] != t->tok->vocab_size ||
-        vi.bytes != (size_t)t->tok->vocab_size ||
-        memcmp(vi.data, t->tok->id_to_byte, vi.bytes) != 0)
-        return dt_error_set(DT_ERR_MISMATCH,
-                            "checkpoint %s: vocabulary mismatch (%s tokenizer with %" PRId64
-                            " tokens in the checkpoint, %s with %d in the data %s)",
-                            f, tokinfo[0] == DT_TOKENIZER_BYTE ? "byte" : "char", tokinfo[1],
-                            dt_tokenizer_names[t->tok->kind], t->tok->vocab_size, t->c->data);
+    bool bpe = t->tok->kind == DT_TOKENIZER_BPE;
+    const void *table = bpe ? (const void *)&t->tok->bpe_hash : (const void *)t->tok->id_to_byte;
+    size_t tlen = bpe ? sizeof t->tok->bpe_hash : (size_t)t->tok->vocab_size;
+    if (tokinfo[0] != t->tok->kind || tokinfo[1] != t->tok->vocab_size || vi.bytes != tlen ||
+        memcmp(vi.data, table, vi.bytes) != 0)
+        return dt_error_set(
+            DT_ERR_MISMATCH,
+            "checkpoint %s: vocabulary mismatch (%s tokenizer with %" PRId64
+            " tokens in the checkpoint, %s with %d in the data %s)",
+            f,
+            tokinfo[0] >= 0 && tokinfo[0] < DT_TOKENIZER_COUNT ? dt_tokenizer_names[tokinfo[0]]
+                                                               : "?",
+            tokinfo[1], dt_tokenizer_names[t->tok->kind], t->tok->vocab_size, t->c->data);
     uint64_t loader[2];
     DT_CHECK(dt_ckpt_read(ck, "step", DT_CKPT_I64, &h->step, 1));
     DT_CHECK(dt_ckpt_read(ck, "tokens", DT_CKPT_I64, &h->tokens, 1));

@@ -32,7 +32,7 @@ typedef struct trainer {
      * directories of save_default, the bucket size. */
     dt_train_config cfg;
     char run_dir[4096], ckpt_dir[4096];
-    dt_model_file init; /* --init-from, open from model_config to make_model */
+    dt_model_file init;   /* --init-from, open from model_config to make_model */
     dt_group *world;      /* the job's group (owned); NULL for a single process */
     dt_mesh *mesh;        /* its layout; the groups the loop uses come from here */
     int rank, size;       /* in the world */
@@ -43,6 +43,8 @@ typedef struct trainer {
     /* Data. */
     dt_token_file *data, *val_data; /* val_data NULL: validation is a split of data */
     const dt_tokenizer *tok;
+    dt_bpe *bpe;          /* a bpe tokenizer's files (owned), or NULL */
+    dt_tokenizer bpe_tok; /* its tokenizer value */
     dt_loader *train, *val;
     int B, T, K;               /* per-rank batch, sequence, micro-batches per step */
     int32_t *inputs, *targets; /* (K,B,T): a step's micro-batches */

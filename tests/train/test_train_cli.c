@@ -157,7 +157,8 @@ static void test_token_file(void) {
                      DTRAIN, corpus, tu_dir),
               0);
     EXPECT_OUT("vocab 300");
-    EXPECT_RC(tu_run("%s sample --ckpt %s/v300/model.dtgw --tokens 40 --prompt the", DTRAIN, tu_dir), 0);
+    EXPECT_RC(
+        tu_run("%s sample --ckpt %s/v300/model.dtgw --tokens 40 --prompt the", DTRAIN, tu_dir), 0);
     EXPECT_RC(tu_run("%s train --data %s --val-data %s --batch 2 --steps 2 " TINY, DTRAIN, corpus,
                      corpus2),
               2);
