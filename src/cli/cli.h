@@ -147,6 +147,7 @@ extern const cli_cmd cli_bench_gemm_tn;     /* bench_gemm_tn.c */
 extern const cli_cmd cli_bench_amp_convert; /* bench_amp_convert.c */
 extern const cli_cmd cli_bench_act16;       /* bench_act16.c */
 extern const cli_cmd cli_bench_attention;   /* bench_attention.c */
+extern const cli_cmd cli_bench_tokenizer;   /* bench_tokenizer.c */
 extern const cli_cmd cli_cmd_launch;
 extern const cli_cmd cli_cmd_export;
 extern const cli_cmd cli_cmd_train;

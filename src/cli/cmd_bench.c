@@ -65,6 +65,7 @@ static const cli_cmd *const benches[] = {
     &cli_bench_act16,
     &cli_bench_attention,
     &cli_bench_memcpy,
+    &cli_bench_tokenizer,
 };
 /* clang-format on */
 #define NBENCHES (sizeof benches / sizeof benches[0])
@@ -86,6 +87,7 @@ static const char bench_description[] =
     "  amp-convert  16-bit conversions per ISA level\n"
     "  act16        16-bit activation kernels vs fp32, per GPT step\n"
     "  attention    causal attention fwd/bwd: AVX-512 register tiles vs tile sgemm\n"
+    "  tokenizer    GPT-2 BPE encoding MB/s on a file (bench/tokenizer.sh: vs js-tiktoken)\n"
     "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {
