@@ -94,3 +94,11 @@ foreach(case equiv_pp2 equiv_pp3 equiv_pp4 equiv_mixed reshard memory kill error
   add_test(NAME test_train_pp_${case} COMMAND test_train_pp ${case})
   set_tests_properties(test_train_pp_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
 endforeach()
+
+# Weights interop: safetensors and llm.c's format against the PyTorch
+# reference (skipped, 77, without python3-torch).
+dt_train_test_exe(logits_dump)
+add_test(NAME interop_safetensors
+         COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/interop_safetensors.sh $<TARGET_FILE:dtrain_cli>
+                 $<TARGET_FILE:logits_dump> ${PROJECT_SOURCE_DIR})
+set_tests_properties(interop_safetensors PROPERTIES TIMEOUT 180 LABELS "train" SKIP_RETURN_CODE 77)
