@@ -282,7 +282,9 @@ static int run_train(cli_args *a) {
         c.pp_schedule = cli_str(a, "pp-schedule");
     if (cli_is_set(a, "micro-batches")) {
         int m = (int)cli_int(a, "micro-batches");
-        if (cli_is_set(a, "accum") && c.accum != m)
+        /* Both given by hand must agree; a --config file's accum yields. */
+        if (cli_is_set(a, "accum") && strcmp(cli_get(a, "accum")->from, "config") != 0 &&
+            c.accum != m)
             cli_usage_error(a->cmd,
                             "--micro-batches %d and --accum %d: they are the same "
                             "setting (give one)",

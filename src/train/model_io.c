@@ -301,10 +301,13 @@ static dt_status open_safetensors(dt_model_file *out, const char *path, FILE *f,
             goto done;
         }
         if (esize == 2) { /* widen in place, from the back */
-            const uint16_t *h16 = (const uint16_t *)into;
-            for (size_t k = count; k-- > 0;)
-                into[k] =
-                    strcmp(dtype, "BF16") == 0 ? dt_f32_from_bf16(h16[k]) : dt_f32_from_f16(h16[k]);
+            const unsigned char *raw = (const unsigned char *)into;
+            bool bf = strcmp(dtype, "BF16") == 0;
+            for (size_t k = count; k-- > 0;) {
+                uint16_t h16;
+                memcpy(&h16, raw + 2 * k, 2);
+                into[k] = bf ? dt_f32_from_bf16(h16) : dt_f32_from_f16(h16);
+            }
         }
         if (tr)
             transpose(dst, buf, pi.rows, pi.cols);
@@ -474,9 +477,12 @@ static dt_status open_llmc(dt_model_file *out, const char *path, FILE *f, const 
         goto done;
     }
     if (es == 2) {
-        const uint16_t *h16 = (const uint16_t *)all;
-        for (size_t k = total; k-- > 0;)
-            all[k] = dt_f32_from_bf16(h16[k]);
+        const unsigned char *raw = (const unsigned char *)all;
+        for (size_t k = total; k-- > 0;) {
+            uint16_t h16;
+            memcpy(&h16, raw + 2 * k, 2);
+            all[k] = dt_f32_from_bf16(h16);
+        }
     }
     /* llm.c's order: wte, wpe, then each kind over all layers (ln1w, ln1b,
      * qkvw, qkvb, attprojw, attprojb, ln2w, ln2b, fcw, fcb, fcprojw,
