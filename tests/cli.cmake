@@ -9,3 +9,9 @@ foreach(case demo_steps run_dir tokenizer_default model_paths mfu_peak buckets f
 endforeach()
 set_tests_properties(cli_usability_buckets cli_usability_torchrun cli_usability_errors
                      PROPERTIES LABELS "unit;multiprocess")
+
+# The README's Usage section, run as written with small step counts.
+add_test(NAME readme_usage
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/readme_usage.sh ${CMAKE_BINARY_DIR}
+                 ${PROJECT_SOURCE_DIR})
+set_tests_properties(readme_usage PROPERTIES TIMEOUT 600 LABELS "unit;multiprocess")

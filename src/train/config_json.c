@@ -91,8 +91,10 @@ char *dt__train_config_json(const trainer *t) {
         &ok);
     put(o, "init-from", str(c->init_from), &ok);
     put(o, "nproc", json_integer(t->size), &ok);
+    /* The degrees as given: dp 0 stays "the ranks left over", so that the
+     * file also serves another layout (--nproc 4 --tp 2). */
     for (int a = 0; a < DT_AXIS_COUNT; a++)
-        put(o, dt_axis_names[a], json_integer(ms->degree[a]), &ok);
+        put(o, dt_axis_names[a], json_integer(a == DT_AXIS_DP ? c->dp : ms->degree[a]), &ok);
     put(o, "sp", json_boolean(c->sp), &ok);
     put(o, "mesh-order", str(order), &ok);
     if (c->pp > 1)
@@ -148,6 +150,7 @@ char *dt__train_config_json(const trainer *t) {
     put(info, "params", json_integer((json_int_t)t->n), &ok);
     put(info, "global-batch", json_integer((json_int_t)t->B * t->dp), &ok);
     put(info, "world-size", json_integer(t->size), &ok);
+    put(info, "dp", json_integer(ms->degree[DT_AXIS_DP]), &ok);
     if (t->pipe)
         put(info, "pp-chunks", json_integer(t->pipe->chunks), &ok);
     put(info, "grad-sync", str(dt_grad_sync_name(t->sync)), &ok);

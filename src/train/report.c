@@ -59,14 +59,15 @@ void dt__train_print_header(const trainer *t, double peak, const char *peak_from
                  c->sp ? " with sequence parallelism" : "", t->n, t->dp);
     size_t total = dt_gpt_config_num_params(&t->mc);
     fprintf(f,
-            "dtrain train: %s model, %zu parameters (%s), %d layers, dim %d, %d heads, "
+            "dtrain train: %s%s model, %zu parameters (%s), %d layers, dim %d, %d heads, "
             "seq %d, vocab %d\n"
             "  %d rank(s)%s x batch %d x accum %d = %" PRId64 " tokens/step, %d bucket(s) of "
             "<= %s, %d thread(s)/rank, transport %s\n"
             "  MFU relative to %.1f GFLOP/s per rank (%s peak: %s)\n",
-            c->model, total, dt_format_bytes((double)total * 4, pb, sizeof pb), t->mc.layers,
-            t->mc.dim, t->mc.heads, t->T, t->mc.vocab, t->size, layout, t->B, t->K, tokens_per_step,
-            cost.pieces, dt_format_bytes((double)c->bucket_bytes, bb, sizeof bb), t->threads,
+            c->init_from ? "--init-from " : "", c->init_from ? c->init_from : c->model, total,
+            dt_format_bytes((double)total * 4, pb, sizeof pb), t->mc.layers, t->mc.dim, t->mc.heads,
+            t->T, t->mc.vocab, t->size, layout, t->B, t->K, tokens_per_step, cost.pieces,
+            dt_format_bytes((double)c->bucket_bytes, bb, sizeof bb), t->threads,
             t->world ? dt_group_transport(t->world) : "self", peak, dt_precision_name(c->precision),
             peak_from);
     print_precision(t, f);
