@@ -74,6 +74,29 @@ static int pick(const float *logits, int V, double temperature, int top_k, dt_rn
     return scratch[k - 1].id;
 }
 
+/* The tokenizer of a table stored in a model file. A corpus's char table is
+ * increasing (dt_tokenizer_init_table checks that); a weights file written
+ * by a program through dt_gpt_save_weights may list its bytes in any order,
+ * and is taken as it is when they are distinct. */
+static dt_status table_tokenizer(dt_tokenizer *t, int kind, const uint8_t *table, int n) {
+    dt_status st = dt_tokenizer_init_table(t, (dt_tokenizer_kind)kind, table, n);
+    if (st == DT_OK || kind != DT_TOKENIZER_CHAR || n < 1 || n > 256)
+        return st;
+    memset(t, 0, sizeof *t);
+    t->kind = DT_TOKENIZER_CHAR;
+    for (int b = 0; b < 256; b++)
+        t->byte_to_id[b] = -1;
+    for (int i = 0; i < n; i++) {
+        if (t->byte_to_id[table[i]] >= 0)
+            return dt_error_set(DT_ERR_CORRUPT, "vocabulary table holds byte 0x%02x twice",
+                                table[i]);
+        t->id_to_byte[i] = table[i];
+        t->byte_to_id[table[i]] = (int16_t)i;
+    }
+    t->vocab_size = n;
+    return DT_OK;
+}
+
 static int run_sample(cli_args *a) {
     const char *path = cli_str(a, "ckpt");
     if (!path || !*path)
@@ -96,7 +119,7 @@ static int run_sample(cli_args *a) {
     dt_tokenizer tok;
     dt_bpe *bpe = NULL;
     if ((!spec || !*spec) && mf.vocab_len > 0) {
-        st = dt_tokenizer_init_table(&tok, (dt_tokenizer_kind)mf.tok_kind, mf.vocab, mf.vocab_len);
+        st = table_tokenizer(&tok, mf.tok_kind, mf.vocab, mf.vocab_len);
     } else {
         int kind;
         st = cli_tokenizer(spec && *spec ? spec : "gpt2", &kind, &bpe);
@@ -117,8 +140,11 @@ static int run_sample(cli_args *a) {
         st = dt_error_set(DT_ERR_INVALID, "the tokenizer has %d tokens, the model only %d", Vt, V);
     int32_t *ids = NULL;
     size_t n = 0;
-    if (st == DT_OK)
+    if (st == DT_OK) {
         st = dt_tokenizer_encode_any(&tok, prompt, strlen(prompt), &ids, &n);
+        if (st != DT_OK && tok.kind != DT_TOKENIZER_BPE)
+            dt_error_prefix("--prompt: a character not in the model's vocabulary");
+    }
     if (st == DT_OK && n == 0) { /* no prompt: start after a newline */
         int32_t *nl = NULL;
         size_t k = 0;

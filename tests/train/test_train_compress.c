@@ -379,8 +379,8 @@ static void test_config(void) {
     json[fread(json, 1, sizeof json - 1, f)] = '\0';
     fclose(f);
     ASSERT_TRUE(strstr(json, "\"compress\": \"topk:0.02\"") != NULL);
-    ASSERT_TRUE(strstr(json, "\"compress_ef\": \"on\"") != NULL);
-    ASSERT_TRUE(strstr(json, "\"compress_start\": 1") != NULL);
+    ASSERT_TRUE(strstr(json, "\"compress-ef\": \"on\"") != NULL);
+    ASSERT_TRUE(strstr(json, "\"compress-start\": 1") != NULL);
     /* Every other codec and dtype: a few steps with the ranks in sync. */
     const char *more[] = {"--compress fp16",  "--compress bf16 --compress-ef on",
                           "--compress int8",  "--compress qsgd:4",
