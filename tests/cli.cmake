@@ -15,3 +15,8 @@ add_test(NAME readme_usage
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/readme_usage.sh ${CMAKE_BINARY_DIR}
                  ${PROJECT_SOURCE_DIR})
 set_tests_properties(readme_usage PROPERTIES TIMEOUT 600 LABELS "unit;multiprocess")
+
+# docs/config.md lists every option of every command, and no removed one.
+add_test(NAME docs_config COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/docs_config.sh
+                                  $<TARGET_FILE:dtrain_cli> ${PROJECT_SOURCE_DIR})
+set_tests_properties(docs_config PROPERTIES TIMEOUT 60 LABELS "unit")
