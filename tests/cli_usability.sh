@@ -228,6 +228,8 @@ errors) # 11: errors read as messages, unknown flags get suggestions, root cause
 help) # 12: help for actions, printable defaults, complete and true texts, one preset
     expect 0 "usage: dtrain ckpt info" "$DTRAIN" help ckpt info
     expect 0 "usage: dtrain bench comm" "$DTRAIN" help bench comm
+    expect 0 "usage: dtrain plan memory" "$DTRAIN" help plan memory
+    expect 0 "usage: dtrain data tokenizer train" "$DTRAIN" help data tokenizer train
     expect 0 "--nproc" "$DTRAIN" help bench comm
     refuse "exported" "$DTRAIN" help bench comm
     expect 0 '[default: \n]' "$DTRAIN" sample --help

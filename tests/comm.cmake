@@ -1,7 +1,7 @@
 # Multi-process tests of the comm layer (tests/comm/*.c, each its own
 # program that fork/execs its ranks on loopback). Labels: "comm"; the ones
 # that exercise shared memory and the progress thread also "tsan".
-foreach(prog test_comm_sweep test_comm_groups test_comm_fail test_comm_init)
+foreach(prog test_comm_sweep test_comm_groups test_comm_fail test_comm_init test_comm_fuzz)
   add_executable(${prog} ${CMAKE_CURRENT_SOURCE_DIR}/comm/${prog}.c)
   target_include_directories(${prog} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(${prog} PRIVATE _GNU_SOURCE)
@@ -33,3 +33,16 @@ set_tests_properties(comm_sweep_cma PROPERTIES TIMEOUT 300 LABELS "comm;tsan"
 add_test(NAME comm_sweep_push COMMAND test_comm_sweep shm_2 shm_3 shm_4)
 set_tests_properties(comm_sweep_push PROPERTIES TIMEOUT 300 LABELS "comm;tsan"
                      ENVIRONMENT "DT_SHM_CMA=on;DT_SHM_CMA_MIN=1;DT_SHM_PUSH_MIN=1")
+# Randomized: every collective and send/recv against the serial reference
+# (fuzz_*), and one rank's call changed in one field (mismatch_*), each
+# case for DT_TEST_FUZZ_SECONDS (default 1.5 s); DT_TEST_SEED replays a run.
+# Messages quoting a whole operation are cut on purpose.
+target_compile_options(test_comm_fuzz PRIVATE -Wno-format-truncation)
+add_test(NAME comm_fuzz_shm COMMAND test_comm_fuzz "fuzz_shm_*" "fuzz_cma_*")
+add_test(NAME comm_fuzz_tcp COMMAND test_comm_fuzz "fuzz_tcp_*" "fuzz_hier_*")
+add_test(NAME comm_mismatch COMMAND test_comm_fuzz "mismatch_*")
+set_tests_properties(comm_fuzz_shm comm_fuzz_tcp comm_mismatch PROPERTIES TIMEOUT 600
+                     LABELS "comm")
+add_test(NAME comm_fuzz_small COMMAND test_comm_fuzz fuzz_shm_3 fuzz_tcp_3 mismatch_shm_3
+                                      mismatch_tcp_3)
+set_tests_properties(comm_fuzz_small PROPERTIES TIMEOUT 600 LABELS "comm;tsan")

@@ -33,6 +33,22 @@ expect 1 "missing.txt: no such file" "$DTRAIN" data prepare "$dir/missing.txt" -
 : > "$dir/empty.txt"
 expect 2 "empty.txt: the file is empty" "$DTRAIN" data prepare "$dir/empty.txt" -o "$dir/x.tok"
 [ ! -e "$dir/x.tok" ] || fail "a failed prepare left $dir/x.tok"
+# An output that exists but is not a regular file is refused and left as
+# it was (a rename used to replace it with a regular file; as root with
+# -o /dev/null, /dev/null itself).
+mkfifo "$dir/fifo"
+expect 2 "is a FIFO, not a regular file" "$DTRAIN" data prepare "$dir/in.txt" -o "$dir/fifo"
+[ -p "$dir/fifo" ] || fail "data prepare replaced the FIFO $dir/fifo"
+ln -s /dev/null "$dir/null.tok"
+expect 2 "is a character device" "$DTRAIN" data prepare "$dir/in.txt" -o "$dir/null.tok"
+[ -L "$dir/null.tok" ] && [ -c /dev/null ] || fail "data prepare replaced $dir/null.tok"
+if [ "$(id -u)" = 0 ] && mknod "$dir/dev.tok" c 1 3 2>/dev/null; then
+    expect 2 "is a character device" "$DTRAIN" data prepare "$dir/in.txt" -o "$dir/dev.tok"
+    [ -c "$dir/dev.tok" ] || fail "data prepare replaced the device node $dir/dev.tok"
+fi
+# A FIFO or a device as input is refused at once, never waited on.
+expect 2 "not a regular file" timeout 20 "$DTRAIN" data info "$dir/fifo"
+expect 2 "not a regular file" timeout 20 "$DTRAIN" data prepare /dev/zero -o "$dir/x.tok"
 expect 2 "-o OUT.tok" "$DTRAIN" data prepare "$dir/in.txt"
 expect 2 "--tokenizer" "$DTRAIN" data prepare "$dir/in.txt" -o "$dir/x.tok" --tokenizer bpe
 expect 2 "unknown action 'frobnicate'" "$DTRAIN" data frobnicate

@@ -13,7 +13,7 @@ cd "$dir" || exit 1
 # options CMD...: the long options `dtrain help CMD...` lists.
 options() { "$DTRAIN" help "$@" 2> /dev/null | sed -n 's/^  \(-., \)\{0,1\} *--\([a-z0-9-]*\).*/\2/p' | grep -v '^help$'; }
 # actions CMD...: the actions `dtrain help CMD...` lists.
-actions() { "$DTRAIN" help "$@" 2> /dev/null | sed -n '/^\(actions\|benchmarks\):/,/^$/s/^  \([a-z0-9-]*\)  .*/\1/p'; }
+actions() { "$DTRAIN" help "$@" 2> /dev/null | sed -n '/^\(actions\|benchmarks\|plans\):/,/^$/s/^  \([a-z0-9-]*\)  .*/\1/p'; }
 : > knobs
 : > all
 for c in $("$DTRAIN" --help | sed -n 's/^  \([a-z]*\) .*/\1/p' | grep -v '^help$'); do

@@ -20,7 +20,7 @@ target_link_libraries(test_launch PRIVATE dtrain)
 target_compile_options(test_launch PRIVATE -Wno-format-truncation)
 add_dependencies(test_launch dtrain_cli launch_probe launch_selfexec launch_coll_check)
 
-foreach(t env tag_output fail fail_signal fail_grace sigint sigterm restart no_orphans
+foreach(t env tag_output untagged_output fail fail_signal fail_grace sigint sigterm restart no_orphans
           launcher_killed bad_input port_in_use unreachable_master two_nodes
           two_nodes_mismatch two_nodes_fail two_nodes_missing two_nodes_restart two_nodes_slow
           two_nodes_sigint self comm_one_node comm_two_nodes bench_np)

@@ -95,6 +95,14 @@ foreach(case equiv_pp2 equiv_pp3 equiv_pp4 equiv_mixed reshard memory kill error
   set_tests_properties(test_train_pp_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
 endforeach()
 
+# ZeRO stages 1 and 2 against DDP: bit-identical where the reduction order
+# is, resumed across stages and dp sizes, memory measured against the plan.
+dt_train_cli_test_exe(test_train_zero)
+foreach(case equiv resume memory errors)
+  add_test(NAME test_train_zero_${case} COMMAND test_train_zero ${case})
+  set_tests_properties(test_train_zero_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
+endforeach()
+
 # Weights interop: safetensors and llm.c's format against the PyTorch
 # reference (skipped, 77, without python3-torch).
 dt_train_test_exe(logits_dump)

@@ -31,13 +31,18 @@
  *     dt_work at once and the thread runs it while the caller computes.
  *     Groups are independent: operations on two groups may run concurrently
  *     from different threads.
- *   - Failure. Every wait is bounded by DT_TIMEOUT seconds without progress.
- *     A peer that dies turns into DT_ERR_PEER on the surviving ranks within a
- *     second or two, naming the operation, its sequence number and the lost
- *     rank. Ranks that call different operations (op, dtype, count, root or
- *     order) get DT_ERR_MISMATCH naming both calls: every message carries the
- *     sender's operation descriptor. After any such error the group is
- *     failed: every later call returns the same status (destroy it).
+ *   - Failure. Every wait is bounded by DT_TIMEOUT seconds without progress;
+ *     the error names the operation, its sequence number and the rank(s) it
+ *     waited for. A peer that dies turns into DT_ERR_PEER on the surviving
+ *     ranks within a second or two, naming the operation, its sequence number
+ *     and the lost rank. Ranks that call different collectives (op, dtype,
+ *     reduction, count, root or order) all get DT_ERR_MISMATCH from that very
+ *     call, within milliseconds: every message carries the sender's operation
+ *     descriptor, and calls whose data flow would not compare every rank's
+ *     (rooted operations, count 0) agree on it first (docs/comm.md). The rank
+ *     that sees it names both calls. After any such error the group is
+ *     failed: every later call returns the same status (destroy it). With
+ *     DT_BACKEND=mpi mismatches are not detected (MPI leaves them undefined).
  *
  * Ownership and rules
  * -------------------
@@ -51,7 +56,9 @@
  *      so a send must be matched by a recv at the same position; to send
  *      and receive at once without deadlock, batch them
  *      (dt_group_sendrecv_batch).
- *   4. counts are in elements of the dtype; 0 is allowed everywhere.
+ *   4. counts are in elements of the dtype; 0 is allowed everywhere (a
+ *      collective of count 0 moves nothing but still synchronises like a
+ *      barrier: it checks that every rank made the same call).
  *   5. AVG is a SUM divided by the group size; for integer types the
  *      division truncates toward zero. f16/bf16 are reduced in f32 and
  *      rounded once per reduction step (to nearest even).

@@ -43,6 +43,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -185,8 +186,18 @@ void dt_logv(dt_log_level level, const char *subsys, const char *fmt, va_list ap
 #define DT_ALIGN 64
 
 /* 64-byte aligned allocation; NULL on failure (and a message is recorded).
- * A request of 0 bytes returns a valid pointer that must be freed. */
+ * A request of 0 bytes returns a valid pointer that must be freed. A
+ * request of 256 MiB or more that exceeds dt_mem_available() fails at once
+ * instead of being overcommitted and later paid for by the OOM killer. */
 void *dt_alloc(size_t bytes);
+
+/* Bytes this process could still allocate and use without swapping:
+ * MemAvailable plus free swap, or less if its memory cgroup (a container,
+ * a Slurm job) allows less. false when /proc/meminfo cannot be read. */
+bool dt_mem_available(uint64_t *bytes);
+/* This process's resident memory now and its high-water mark (VmRSS and
+ * VmHWM of /proc/self/status), in bytes; false when unreadable. */
+bool dt_mem_resident(uint64_t *now, uint64_t *peak);
 void *dt_calloc(size_t count, size_t size);
 void dt_free(void *p);
 
@@ -222,17 +233,36 @@ dt_status dt_file_write_all(int fd, const void *data, size_t len, const char *pa
  * systems that cannot fsync directories (EINVAL, ENOTSUP) are not an error. */
 dt_status dt_fsync_dir(const char *dir);
 
+/* Open `path` for reading a dtrain file format (`what`: "weights file",
+ * ...). A path that is not a regular file (a directory, a FIFO, a device)
+ * is DT_ERR_INVALID naming what it is, without blocking; a missing one
+ * DT_ERR_NOT_FOUND. The caller fcloses *out. */
+dt_status dt_file_open_read(const char *path, const char *what, FILE **out);
+
+/* After a format's last field: DT_OK when f holds nothing more, else
+ * DT_ERR_CORRUPT naming the file and how many bytes follow its end. */
+dt_status dt_file_expect_end(FILE *f, const char *what, const char *path);
+
 /* One piece of a file written by dt_file_write_atomic. */
 typedef struct dt_file_part {
     const void *data; /* bytes of this piece */
     size_t len;       /* their count */
 } dt_file_part;
 
+/* DT_OK when `path` may be replaced by a rename: it does not exist or is a
+ * regular file (a symbolic link is judged by its target). A directory, a
+ * device, a FIFO or a socket is DT_ERR_INVALID naming the path and what it
+ * is: an output option pointed at /dev/null must not replace /dev/null.
+ * Every writer that renames a temporary file over its output calls this
+ * first (dt_file_write_atomic does). */
+dt_status dt_file_check_replaceable(const char *path);
+
 /* Replace `path` with the concatenation of parts[0..nparts) so that the name
  * only ever holds the old or the complete new content: write a temporary file
  * in the same directory, fsync it, rename it over `path`, fsync the
  * directory. On failure the temporary file is removed and `path` is
- * untouched. */
+ * untouched. An existing `path` that is not a regular file is refused
+ * (dt_file_check_replaceable). */
 dt_status dt_file_write_atomic(const char *path, const dt_file_part *parts, int nparts);
 
 /* mkdir -p: create `dir` and its parents; an existing directory is fine, an

@@ -340,6 +340,23 @@ dt_status dt_gpt_weight_stage(dt_gpt *m, int chunk, int slot, dt_grad_mode mode,
  * last backward. */
 const float *dt_gpt_stage_output(const dt_gpt *m, int chunk, int slot);
 const float *dt_gpt_stage_input_grad(const dt_gpt *m);
+/* Parameters kept elsewhere (ZeRO stage 3 holds only a shard of them):
+ * forward, backward and W call fetch before they read params[begin, end)
+ * (a block, the embeddings, ln_f, the tied head's wte) and release when
+ * done with it; prefetch announces the range the pass reads next, so that
+ * its transfer overlaps the compute. Every data-parallel replica makes the
+ * same calls in the same order. Ranges overlap only by being the same. */
+typedef struct dt_param_hooks {
+    void *user;
+    dt_status (*fetch)(void *user, size_t begin, size_t end);
+    void (*prefetch)(void *user, size_t begin, size_t end);
+    void (*release)(void *user, size_t begin, size_t end);
+} dt_param_hooks;
+
+/* Install (NULL: remove) the parameter hooks; copied. The parameters must
+ * be fp32 (bf16/fp16 cast the whole buffer at every forward). */
+dt_status dt_gpt_set_param_hooks(dt_gpt *m, const dt_param_hooks *h);
+
 /* The options the model was created with (its part normalised). */
 const dt_gpt_options *dt_gpt_get_options(const dt_gpt *m);
 /* The part this model holds (normalised: chunks >= 1, tp_size >= 1). */

@@ -249,6 +249,10 @@ size_t dt_optimizer_owned_count(const dt_optimizer *o);
 /* Updates applied so far; set on resume. */
 int64_t dt_optimizer_count(const dt_optimizer *o);
 dt_status dt_optimizer_set_count(dt_optimizer *o, int64_t count);
+/* The bytes of state an optimizer of config c owning owned_count
+ * parameters allocates (what dt_optimizer_state_bytes will say): for
+ * memory plans. */
+size_t dt_optimizer_plan_bytes(const dt_optim_config *c, size_t owned_count);
 /* Bytes of state (what a memory report calls "optimizer"). */
 size_t dt_optimizer_state_bytes(const dt_optimizer *o);
 

@@ -201,7 +201,26 @@ typedef struct dt_ddp_options {
      * residual stays zero) and each bucket's such values follow in one
      * plain f32 allreduce. No effect on a plain fp32 allreduce. 0: off. */
     size_t dense_below;
+    /* ZeRO: every bucket is reduce-scattered instead of allreduced: replica
+     * r receives the average of its piece only (dt_ddp_shard_ranges), and
+     * finish() hands fn that piece. The parameters are then made whole
+     * again by dt_ddp_gather. Plain f32 only (no codec, no 16-bit dtype). */
+    bool shard;
+    /* Sharded: once a bucket's reduce-scatter completed (during backward or
+     * in finish), the memory of the whole gradient pages outside this
+     * replica's piece is returned to the system (ZeRO stage 2); the next
+     * backward must overwrite the buffer. */
+    bool release;
 } dt_ddp_options;
+
+/* Sharded buckets (dt_ddp_options.shard): the buckets of n floats cut by
+ * bucket_bytes (rounded down to a multiple of dp values), numbered from the
+ * end of the buffer, each cut into dp equal pieces; replica `rank` owns
+ * piece `rank` of each, the last replica also a bucket's remainder of
+ * fewer than dp values. Writes this rank's pieces to out (sorted by offset,
+ * one per bucket: at most dt_ddp_shard_count) and returns their number. */
+size_t dt_ddp_shard_count(size_t n, size_t bucket_bytes, int dp);
+size_t dt_ddp_shard_ranges(size_t n, size_t bucket_bytes, int dp, int rank, dt_range *out);
 
 /* bucket_bytes DT_DDP_DEFAULT_BUCKET_BYTES, f32, no codec, EF auto, seed 0. */
 dt_ddp_options dt_ddp_options_default(void);
@@ -272,6 +291,12 @@ void dt_ddp_grad_ready(void *user, size_t ready_from);
 dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user);
 
 const dt_ddp_stats *dt_ddp_last_stats(const dt_ddp *d);
+
+/* Sharded buckets, after finish: make bucket i's parameters whole again
+ * from every replica's updated piece (an in-place allgather, started at
+ * once), and wait for every gather started. */
+dt_status dt_ddp_gather(dt_ddp *d, size_t i);
+dt_status dt_ddp_gather_wait(dt_ddp *d);
 
 /* Average `count` doubles over the ranks in place (losses, metrics). */
 dt_status dt_ddp_average(dt_ddp *d, double *values, size_t count);
@@ -460,8 +485,8 @@ dt_status dt_pp_timeline_svg(const dt_pp_schedule *s, const dt_pp_report *r, con
  *     dt_grad_sync_begin_step(s, &(dt_sync_step){step, lr, scaling, scale, early});
  *     for (k = 0; k < K; k++) {
  *         forward(...);
- *         dt_grad_sync_begin_backward(s, k == K - 1);
- *         backward(..., dt_grad_sync_ready, s);     // the model's hook
+ *         mode = dt_grad_sync_begin_backward(s, k == K - 1);
+ *         backward(..., mode, dt_grad_sync_ready, s);  // the model's hook
  *     }
  *     dt_grad_sync_finish(s, &res);                 // final gradients, local sums
  *     allreduce res.sumsq, res.found_inf over the world; decide skip and clip
@@ -520,7 +545,14 @@ typedef struct dt_sync_cost {
 
 /* Dispatch to the implementation (see the overview). */
 dt_status dt_grad_sync_begin_step(dt_grad_sync *s, const dt_sync_step *step);
-void dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch);
+/* Before each micro-batch's backward; returns how that backward writes the
+ * gradient buffer: DDP and ZeRO 1 accumulate the micro-batches in it (the
+ * step's first backward overwrites, the others accumulate); ZeRO 2
+ * reduces every micro-batch and keeps the sum of its own shard, so every
+ * backward overwrites. (A pipeline runner, which interleaves its chunks'
+ * micro-batches, calls it once, before the step's final backwards, and
+ * accumulates itself.) */
+dt_grad_mode dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch);
 /* The model's backward hook (dt_grad_ready_fn): grads[ready_from, n) are final. */
 void dt_grad_sync_ready(void *s, size_t ready_from);
 dt_status dt_grad_sync_finish(dt_grad_sync *s, dt_sync_result *out);
@@ -681,6 +713,36 @@ typedef struct dt_ddp_sync_config {
  * per averaged bucket the unscaling (inf/nan check), the counted sum of
  * squares and, with update_early, the optimizer's update of that range. */
 dt_status dt_ddp_sync_create(dt_grad_sync **out, const dt_ddp_sync_config *c);
+
+/* --- ZeRO as a gradient synchronisation --------------------------------- */
+/*
+ * ZeRO (Rajbhandari et al. 2020) on the data-parallel group, docs/zero.md:
+ * stage 1 shards the optimizer state: each replica owns one piece of every
+ * bucket (dt_ddp_shard_ranges), its optimizer keeps state for those pieces
+ * only; buckets are reduce-scattered during backward, each replica updates
+ * its pieces and the parameters are allgathered. The optimizer object must
+ * be created over exactly those owned ranges. Stage 2 also shards the
+ * gradients: every micro-batch's buckets are reduce-scattered as backward
+ * finishes them, the replica keeps the sum of its pieces, and the rest of
+ * each bucket's gradient memory is returned to the system at once.
+ */
+typedef struct dt_zero_sync_config {
+    int stage;         /* 1 or 2 */
+    int accum;         /* micro-batches per step (stage 2 keeps the sum of their shards) */
+    dt_group *group;   /* the data-parallel group (NULL or size 1: nothing to reduce) */
+    float *params;     /* (n) */
+    float *grads;      /* (n) */
+    size_t n;          /* floats */
+    dt_optimizer *opt; /* owns dt_ddp_shard_ranges(n, bucket_bytes, dp, replica) */
+    size_t bucket_bytes;
+    /* As dt_ddp_sync_config: the ranges this model-parallel rank counts in
+     * the norm (NULL: all); within them each element is counted by the
+     * replica that owns it. Copied. */
+    const dt_range *norm_ranges;
+    size_t nnorm;
+} dt_zero_sync_config;
+
+dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c);
 
 #ifdef __cplusplus
 }

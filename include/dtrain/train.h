@@ -272,6 +272,9 @@ typedef struct dt_train_config {
      * "1f1b", "interleaved:V" or "zb" (NULL: 1f1b); its micro-batches are
      * the step's `accum`. */
     const char *pp_schedule;
+    /* ZeRO stage on the dp axis (docs/zero.md): 0 (DDP: everything
+     * replicated), 1 (the optimizer state sharded), 2 (and the gradients). */
+    int zero;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. Set from any thread
@@ -294,6 +297,26 @@ typedef struct dt_train_result {
     double seconds;                  /* wall time of the loop */
     char checkpoint[4096];           /* last checkpoint written, "" if none */
 } dt_train_result;
+
+/* What one rank of a job holds, planned from the configuration by the code
+ * that lays it out (the trainer builds exactly this): `dtrain plan memory`
+ * and the trainer's header. grads is the resident peak (ZeRO 2 returns the
+ * memory outside a replica's pieces as each bucket is reduced: its pieces
+ * plus two buckets in flight). */
+typedef struct dt_rank_memory {
+    int world, rank;
+    size_t params, grads, weights16, optimizer, activations;
+    size_t total;
+    dt_memory_report model; /* the model part's own report */
+} dt_rank_memory;
+
+/* Plan world rank `rank` of a job of `world` ranks training model mc under
+ * c (its mesh, batch, pipeline, ZeRO stage, optimizer, precision,
+ * recomputation). DT_ERR_INVALID for a layout the trainer would refuse. */
+dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc, int world,
+                               int rank, dt_rank_memory *out);
+/* "params 1.2 MiB, grads ..., optimizer ..., activations ...: TOTAL" */
+void dt_rank_memory_print(const dt_rank_memory *m, FILE *f);
 
 /* Train as one rank of the job described by the environment (or alone when
  * there is none). Every rank calls it with the same config. Returns

@@ -164,6 +164,7 @@ dt_status dt_ckpt_write_file(const char *path, const dt_ckpt_section *sections, 
 dt_status dt_ckpt_write_file_sum(const char *path, const dt_ckpt_section *sections, size_t n,
                                  dt_ckpt_file_rec *written) {
     DT_CHECK(check_sections(path, sections, n));
+    DT_CHECK(dt_file_check_replaceable(path));
 
     /* Layout: header, table, 64-aligned sections, trailer. */
     size_t table_bytes = sizeof(ckpt_header) + n * sizeof(ckpt_entry);
@@ -578,7 +579,7 @@ dt_status dt_ckpt_open_unverified(dt_ckpt **out, const char *path) {
     if (!ck)
         return DT_ERR_NOMEM;
     ck->path = strdup(path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK); /* a FIFO is refused, not waited on */
     if (!ck->path || fd < 0) {
         st = errno == ENOENT ? dt_error_set(DT_ERR_NOT_FOUND, "checkpoint %s does not exist", path)
                              : io_error("cannot open checkpoint", path);

@@ -325,6 +325,35 @@ static char *trim(char *s) {
     return s;
 }
 
+/* A config file is a few lines of `key = value`: anything bigger is not
+ * one (`--config /dev/zero` used to be read until memory ran out). */
+#define CONFIG_MAX_BYTES (1 << 20)
+#define CONFIG_MAX_LINE  4096
+
+/* The whole of a config file, at most CONFIG_MAX_BYTES, NUL-terminated
+ * (a pipe such as `--config <(...)` is fine; its size is only known at its
+ * end). The caller frees it. */
+static char *slurp_config(const cli_cmd *cmd, const char *path, size_t *len) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        cli_usage_error(cmd, "--config %s: %s", path, strerror(errno));
+    char *text = malloc(CONFIG_MAX_BYTES + 2);
+    DT_ASSERT(text);
+    size_t n = fread(text, 1, CONFIG_MAX_BYTES + 1, f);
+    int err = ferror(f) ? errno : 0;
+    fclose(f);
+    if (err)
+        cli_usage_error(cmd, "--config %s: read error: %s", path, strerror(err));
+    if (n > CONFIG_MAX_BYTES)
+        cli_usage_error(cmd,
+                        "--config %s: larger than 1 MiB (a config file holds `key = value` "
+                        "lines or one JSON object)",
+                        path);
+    text[n] = '\0';
+    *len = n;
+    return text;
+}
+
 /* Read a `key = value` file (keys are long option names, '#' starts a
  * comment at the start of a line or after a space, a value may be quoted)
  * into text[] / knob[], indexed like cmd->opts. Strings live until exit,
@@ -364,10 +393,10 @@ static void format_real(char *b, size_t len, double v) {
 /* A JSON object (a run's config.json): each member a key as in the
  * `key = value` form; null leaves the option unset; an object-valued
  * "info" member (what a run records about itself) is skipped. */
-static void read_config_json(const cli_cmd *cmd, const char *path, int n, char **text,
-                             char **knob) {
+static void read_config_json(const cli_cmd *cmd, const char *path, const char *all, size_t size,
+                             int n, char **text, char **knob) {
     json_error_t err;
-    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &err);
+    json_t *root = json_loadb(all, size, JSON_REJECT_DUPLICATES, &err);
     if (!root)
         cli_usage_error(cmd, "--config %s:%d:%d: %s", path, err.line, err.column, err.text);
     if (!json_is_object(root))
@@ -412,24 +441,28 @@ static void read_config_json(const cli_cmd *cmd, const char *path, int n, char *
 
 static void read_config_file(const cli_cmd *cmd, const char *path, int n, char **text,
                              char **knob) {
-    FILE *f = fopen(path, "r");
-    if (!f)
-        cli_usage_error(cmd, "--config %s: %s", path, strerror(errno));
-    int first;
-    while ((first = fgetc(f)) != EOF && isspace(first))
-        ;
-    if (first == '{') {
-        fclose(f);
-        read_config_json(cmd, path, n, text, knob);
+    size_t size;
+    char *all = slurp_config(cmd, path, &size);
+    size_t lead = 0;
+    while (lead < size && isspace((unsigned char)all[lead]))
+        lead++;
+    if (lead < size && all[lead] == '{') {
+        read_config_json(cmd, path, all, size, n, text, knob);
+        free(all);
         return;
     }
-    rewind(f);
     int first_line[CLI_MAX_OPTS] = {0};
-    char *line = NULL;
-    size_t cap = 0;
     int lineno = 0;
-    while (getline(&line, &cap, f) >= 0) {
+    for (size_t at = 0; at < size;) {
         lineno++;
+        char *line = all + at, *nl = memchr(line, '\n', size - at);
+        size_t len = nl ? (size_t)(nl - line) : size - at;
+        at += len + 1;
+        if (len > CONFIG_MAX_LINE)
+            cli_usage_error(cmd, "%s:%d: line longer than %d bytes", path, lineno, CONFIG_MAX_LINE);
+        if (memchr(line, '\0', len))
+            cli_usage_error(cmd, "%s:%d: a NUL byte (not a text file?)", path, lineno);
+        line[len] = '\0';
         char quote = 0; /* '#' inside a quoted value is text */
         for (char *c = line; *c; c++) {
             if (*c == '"' || *c == '\'')
@@ -469,10 +502,7 @@ static void read_config_file(const cli_cmd *cmd, const char *path, int n, char *
         knob[idx] = strdup(k);
         DT_ASSERT(text[idx] && knob[idx]);
     }
-    free(line);
-    if (ferror(f))
-        cli_usage_error(cmd, "--config %s: read error", path);
-    fclose(f);
+    free(all);
 }
 
 void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {

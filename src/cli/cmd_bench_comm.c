@@ -269,13 +269,32 @@ static dt_status parse_sizes(const char *text, size_t *lo, size_t *hi) {
     return DT_OK;
 }
 
+/* Refuse sizes this machine cannot hold before any rank allocates them: a
+ * rank that overcommits and touches too much is killed by the kernel's OOM
+ * killer, which on a shared machine may choose someone else's process.
+ * Each rank holds its input, its output and the check's expected values,
+ * and the collective may need up to two more buffers of that size inside
+ * (ring work and staging, tree accumulators): about 5x the largest size. */
+#define BUFFERS_PER_RANK 5
+
+static void check_memory(const cli_args *a, int local_ranks, size_t hi) {
+    uint64_t avail;
+    if (!dt_mem_available(&avail))
+        return;
+    double need = (double)BUFFERS_PER_RANK * (double)hi * local_ranks;
+    if (need <= (double)avail)
+        return;
+    char h[32], n[32], v[32];
+    cli_usage_error(a->cmd,
+                    "--sizes: the largest size, %s, needs about %s on this machine (%d rank(s) x "
+                    "%d buffers of it) but only %s is available",
+                    dt_format_bytes((double)hi, h, sizeof h), dt_format_bytes(need, n, sizeof n),
+                    local_ranks, BUFFERS_PER_RANK, dt_format_bytes((double)avail, v, sizeof v));
+}
+
 static int run_comm(cli_args *a) {
     int np = (int)cli_int(a, "nproc");
-    if (np > 0 && !getenv("DT_RANK") && !getenv("OMPI_COMM_WORLD_RANK"))
-        return self_launch(np, a);
-    /* the flags win over the environment: hand them to comm through it */
-    setenv("DT_ALGO", cli_str(a, "algo"), 1);
-    setenv("DT_TRANSPORT", cli_str(a, "transport"), 1);
+    bool launching = np > 0 && !getenv("DT_RANK") && !getenv("OMPI_COMM_WORLD_RANK");
     dt_coll coll = op_colls[cli_enum(a, "op")];
     dt_redop redop = (dt_redop)cli_enum(a, "redop");
     dt_dtype dt;
@@ -285,6 +304,17 @@ static int run_comm(cli_args *a) {
         st = parse_sizes(cli_str(a, "sizes"), &lo, &hi);
     if (st != DT_OK)
         cli_usage_error(a->cmd, "%s", dt_last_error());
+    if (launching) {
+        check_memory(a, np, hi);
+        return self_launch(np, a);
+    }
+    /* Under a launcher: every rank judges for the ranks of its host (all
+     * refuse together instead of leaving the others waiting). */
+    const char *local = getenv("DT_LOCAL_WORLD_SIZE");
+    check_memory(a, local && atoi(local) > 0 ? atoi(local) : 1, hi);
+    /* the flags win over the environment: hand them to comm through it */
+    setenv("DT_ALGO", cli_str(a, "algo"), 1);
+    setenv("DT_TRANSPORT", cli_str(a, "transport"), 1);
     dt_group *g = NULL;
     st = dt_group_init_from_env(&g);
     if (st != DT_OK)

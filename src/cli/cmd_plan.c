@@ -9,23 +9,25 @@
 #include "cli.h"
 #include "dtrain/nn.h"
 #include "dtrain/parallel.h"
+#include "dtrain/train.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
+static const char *const optimizers[] = {"adamw", "sgd", NULL};
 
 /* clang-format off */
 static const cli_opt pipeline_opts[] = {
     {"stages", 'P', CLI_INT, "P", "2", "DT_PP", "pipeline stages (ranks)", NULL, 1, 4096},
     {"micro-batches", 'M', CLI_INT, "M", "8", "DT_MICRO_BATCHES", "micro-batches per optimizer step", NULL, 1, 1 << 20},
     {"schedule", 0, CLI_STRING, "KIND", "1f1b", "DT_PP_SCHEDULE", "gpipe, 1f1b, interleaved:V or zb", NULL, 0, 0},
-    {"model", 0, CLI_STRING, "PRESET", "gpt2-124m", "DT_MODEL", "model preset for the memory figures", NULL, 0, 0},
+    {"model", 'm', CLI_STRING, "PRESET", "gpt2-124m", "DT_MODEL", "model preset for the memory figures", NULL, 0, 0},
     {"layers", 0, CLI_INT, "L", "0", "DT_LAYERS", "transformer blocks (0: the preset's)", NULL, 0, 1024},
     {"dim", 0, CLI_INT, "C", "0", "DT_DIM", "channels (0: the preset's)", NULL, 0, 65536},
     {"heads", 0, CLI_INT, "NH", "0", "DT_HEADS", "attention heads (0: the preset's)", NULL, 0, 4096},
-    {"seq", 0, CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
+    {"seq", 's', CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
     {"vocab", 0, CLI_INT, "V", "0", "DT_VOCAB", "vocabulary (0: the preset's)", NULL, 0, 1 << 24},
     {"batch", 'b', CLI_INT, "B", "4", "DT_BATCH", "sequences per micro-batch", NULL, 1, 1 << 20},
     {"precision", 0, CLI_ENUM, "TYPE", "fp32", "DT_PRECISION", "compute type", precisions, 0, 0},
@@ -170,19 +172,115 @@ static const cli_cmd plan_pipeline = {
     .run = run_pipeline,
 };
 
+/* clang-format off */
+static const cli_opt memory_opts[] = {
+    {"model", 'm', CLI_STRING, "PRESET", "gpt2-124m", "DT_MODEL", "model preset", NULL, 0, 0},
+    {"layers", 0, CLI_INT, "L", "0", "DT_LAYERS", "transformer blocks (0: the preset's)", NULL, 0, 1024},
+    {"dim", 0, CLI_INT, "C", "0", "DT_DIM", "channels (0: the preset's)", NULL, 0, 65536},
+    {"heads", 0, CLI_INT, "NH", "0", "DT_HEADS", "attention heads (0: the preset's)", NULL, 0, 4096},
+    {"seq", 's', CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
+    {"vocab", 0, CLI_INT, "V", "0", "DT_VOCAB", "vocabulary (0: the preset's)", NULL, 0, 1 << 24},
+    {"nproc", 'n', CLI_INT, "N", "1", "DT_NPROC", "ranks of the job", NULL, 1, 1 << 20},
+    {"dp", 0, CLI_INT, "N", "0", "DT_DP", "data-parallel degree (0: the ranks left over)", NULL, 0, 1 << 20},
+    {"tp", 0, CLI_INT, "N", "1", "DT_TP", "tensor-parallel degree", NULL, 1, 4096},
+    {"sp", 0, CLI_FLAG, NULL, NULL, "DT_SP", "sequence parallelism with --tp", NULL, 0, 0},
+    {"pp", 0, CLI_INT, "N", "1", "DT_PP", "pipeline stages", NULL, 1, 4096},
+    {"pp-schedule", 0, CLI_STRING, "KIND", NULL, "DT_PP_SCHEDULE", "gpipe, 1f1b, interleaved:V or zb", NULL, 0, 0},
+    {"micro-batches", 0, CLI_INT, "M", "1", "DT_MICRO_BATCHES", "micro-batches per step", NULL, 1, 1 << 20},
+    {"zero", 0, CLI_INT, "S", "0", "DT_ZERO", "ZeRO stage (0, 1, 2)", NULL, 0, 3},
+    {"batch", 'b', CLI_INT, "B", "8", "DT_BATCH", "sequences per data-parallel rank per micro-batch", NULL, 1, 1 << 20},
+    {"precision", 0, CLI_ENUM, "TYPE", "fp32", "DT_PRECISION", "compute type", precisions, 0, 0},
+    {"recompute", 0, CLI_STRING, "MODE", "none", "DT_RECOMPUTE", "none, blocks, every:K", NULL, 0, 0},
+    {"optimizer", 0, CLI_ENUM, "NAME", "adamw", "DT_OPTIMIZER", "optimizer", optimizers, 0, 0},
+    {"bucket-size", 0, CLI_SIZE, "SIZE", "0", "DT_BUCKET_SIZE", "gradient bucket size (0: a quarter of the gradient bytes, 1M-25M, as train's)", NULL, 0, 1e12},
+    {0},
+};
+/* clang-format on */
+
+/* Every rank's memory: the trainer's own plan (dt_train_plan_memory). */
+static int run_memory(cli_args *a) {
+    dt_gpt_config cfg;
+    if (dt_gpt_preset(cli_str(a, "model"), &cfg) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
+    static const char *const dims[] = {"layers", "dim", "heads", "seq", "vocab"};
+    int *fields[] = {&cfg.layers, &cfg.dim, &cfg.heads, &cfg.max_seq, &cfg.vocab};
+    for (int i = 0; i < 5; i++)
+        if (cli_int(a, dims[i]) > 0)
+            *fields[i] = (int)cli_int(a, dims[i]);
+    dt_train_config c;
+    dt_train_config_init(&c);
+    c.model = cli_str(a, "model");
+    c.dp = (int)cli_int(a, "dp");
+    c.tp = (int)cli_int(a, "tp");
+    c.sp = cli_bool(a, "sp");
+    c.pp = (int)cli_int(a, "pp");
+    c.pp_schedule = cli_str(a, "pp-schedule");
+    c.accum = (int)cli_int(a, "micro-batches");
+    c.zero = (int)cli_int(a, "zero");
+    c.batch = (int)cli_int(a, "batch");
+    c.precision = (dt_precision)cli_enum(a, "precision");
+    c.optimizer = (dt_optim_kind)cli_enum(a, "optimizer");
+    c.bucket_bytes = cli_size(a, "bucket-size");
+    if (dt_recompute_parse("--recompute", cli_str(a, "recompute"), &c.recompute_every) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
+    int world = (int)cli_int(a, "nproc");
+    printf("memory per rank: %s (L%d C%d NH%d T%d V%d), %d rank(s), batch %d x %d, %d "
+           "micro-batch(es), zero %d, %s, recompute %s\n",
+           c.model, cfg.layers, cfg.dim, cfg.heads, cfg.max_seq, cfg.vocab, world, c.batch,
+           cfg.max_seq, c.accum, c.zero, dt_precision_name(c.precision), cli_str(a, "recompute"));
+    /* Ranks that plan alike (dp replicas, tp shards) print once. */
+    char prev[512] = "";
+    for (int r = 0; r < world; r++) {
+        dt_rank_memory m;
+        dt_status st = dt_train_plan_memory(&c, &cfg, world, r, &m);
+        if (st != DT_OK)
+            return cli_fail(st);
+        char line[512];
+        FILE *f = fmemopen(line, sizeof line, "w");
+        if (!f)
+            return cli_fail(DT_ERR_NOMEM);
+        dt_rank_memory_print(&m, f);
+        fclose(f);
+        if (strcmp(line, prev) != 0)
+            printf("  rank %-4d %s\n", r, line);
+        snprintf(prev, sizeof prev, "%s", line);
+    }
+    return 0;
+}
+
+static const cli_cmd plan_memory = {
+    .name = "memory",
+    .parent = "plan",
+    .summary = "the memory each rank of a layout will hold",
+    .usage = "dtrain plan memory --model M [--nproc N --dp N --tp N --pp N] --zero S [OPTIONS]",
+    .description =
+        "Plans every rank of the job with the trainer's own code: parameters, gradients\n"
+        "(ZeRO 2: the resident peak), optimizer state, 16-bit weights and activations.\n"
+        "Ranks that plan the same are printed once.\n"
+        "Example:\n"
+        "  dtrain plan memory --model gpt2-124m --nproc 2 --zero 2 --batch 4 --seq 64",
+    .opts = memory_opts,
+    .run = run_memory,
+};
+
 static const cli_opt plan_opts[] = {{0}};
 
+static const cli_cmd *const plan_subs[] = {&plan_pipeline, &plan_memory};
+
 static int run_plan(cli_args *a) {
-    static const cli_cmd *const subs[] = {&plan_pipeline};
-    return cli_run_sub(a, subs, 1, "plan", "(expected: pipeline)");
+    return cli_run_sub(a, plan_subs, 2, "plan", "(expected: pipeline or memory)");
 }
 
 const cli_cmd cli_cmd_plan = {
     .name = "plan",
-    .summary = "plan a layout before running it: dtrain plan pipeline ...",
-    .usage = "dtrain plan pipeline [OPTIONS]",
-    .description = "plans:\n  pipeline   schedule table, check, memory per stage, bubble, timeline",
+    .summary = "plan a layout before running it: dtrain plan pipeline|memory ...",
+    .usage = "dtrain plan pipeline|memory [OPTIONS]",
+    .description =
+        "plans:\n  pipeline   schedule table, check, memory per stage, bubble, timeline\n"
+        "  memory     every rank's memory for a layout (ZeRO, tp, pp, precision)",
     .opts = plan_opts,
     .run = run_plan,
     .stop_at_positional = true,
+    .subs = plan_subs,
+    .nsubs = 2,
 };

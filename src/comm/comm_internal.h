@@ -72,6 +72,18 @@ dt_status dt__wire_check(const dt__wire_hdr *got, const dt__wire_hdr *want, int 
 /* A frame found queued (no receive posted for it) while this rank runs
  * `cur`: DT_ERR_MISMATCH if it can only belong to a different call. */
 dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int me, int from);
+/* Is news that a peer gave up in collective `seq` (0: unknown) for a later
+ * collective than `cur`? Then every byte of `cur` the peer was to send was
+ * sent before it failed, and `cur` can still complete here. */
+bool dt__abort_later(uint64_t seq, const dt__wire_hdr *cur);
+/* Send, recv and batches: numbered per (direction, peer), not in the
+ * group's sequence of collectives. */
+bool dt__is_p2p(unsigned coll);
+/* The error of a rank told that peer `from` gave up with status st (an
+ * ABORT frame, an abort word, a store record): "rank 2 gave up
+ * (DT_ERR_PEER): rank 3 is lost" when lost is a rank below size. Returns
+ * st. */
+dt_status dt__abort_error(int from, dt_status st, int lost, int size, bool from_store);
 /* "allreduce #7 (count 1000, f32, sum)" */
 void dt__desc_format(const dt__wire_hdr *d, char *buf, size_t n);
 
@@ -239,6 +251,14 @@ typedef struct dt__transport_ops {
      * that belongs to the current operation `cur` (or an older one) but
      * disagrees with it is DT_ERR_MISMATCH. */
     dt_status (*check)(dt__transport *t, const dt__wire_hdr *cur);
+    /* Optional: the caller has waited in `cur` past its yields; make that
+     * visible to peers' check(), so that two ranks waiting for each other
+     * in different calls without a message between them (a shared flag
+     * against a receive) see the mismatch. */
+    void (*waiting)(dt__transport *t, const dt__wire_hdr *cur);
+    /* Group ranks with a posted transfer still unfinished (at most max);
+     * returns how many. For the timeout message. */
+    int (*pending)(dt__transport *t, int *ranks, int max);
     void (*peer_info)(dt__transport *t, int peer, dt__peer_info *out);
     /* Copy len bytes at address addr of peer's process into dst (single
      * copy, process_vm_readv). Only when peer_info says cma. A failure is
@@ -251,8 +271,11 @@ typedef struct dt__transport_ops {
     bool (*peer_dead)(dt__transport *t, int peer);
     /* Tell every peer this rank gives up (best effort, never blocks). With
      * owner = false it is called from a thread that does not drive the
-     * transport and must only touch thread-safe state. */
-    void (*abort)(dt__transport *t, dt_status st, int lost_rank, bool owner);
+     * transport and must only touch thread-safe state. seq is the
+     * collective it failed in (0: not a collective, or unknown): a peer
+     * still finishing an earlier collective has all it needs from this
+     * rank for it, finishes it, and fails at the next. */
+    void (*abort)(dt__transport *t, dt_status st, int lost_rank, uint64_t seq, bool owner);
     /* Drop queued transfers after a failure (they point into user memory). */
     void (*reset)(dt__transport *t);
     /* wake local waiters on peer (after publishing a flag) */
@@ -420,12 +443,15 @@ dt_status dt__sendrecv(dt__op *op, int to, const void *sbuf, size_t slen, int fr
                        size_t rlen);
 /* Wait until pred(arg) is true, driving every transport meanwhile. */
 dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg);
+/* The same, for a predicate on shared memory rather than on transfers:
+ * behind(arg, ranks, max) lists the group ranks it still waits for, which
+ * a timeout names (transfers name their own peers). */
+dt_status dt__wait_pred_from(dt__op *op, bool (*pred)(void *), int (*behind)(void *, int *, int),
+                             void *arg);
 /* Prefix the current error with the call it happened in ("allreduce #7
  * (count ...) on rank 2: ..."); returns st. Waits do it themselves; an
  * algorithm calls it for a failure outside a wait. */
 dt_status dt__op_error(dt__op *op, dt_status st);
-/* Record a failure on the group and tell the peers. */
-void dt__op_fail(dt__op *op, dt_status st);
 
 /* ------------------------------------------------------------------------ */
 /* Reduction helpers (reduce.c)                                             */
@@ -464,7 +490,11 @@ dt_status dt__rhd_allreduce(dt__op *op, const dt__team *t, const void *send, voi
  * is this rank's. */
 dt_status dt__rhd_allgather(dt__op *op, const dt__team *t, const void *mine, void *buf,
                             size_t block);
-dt_status dt__tree_broadcast(dt__op *op, const dt__team *t, void *buf, size_t bytes, int root);
+/* Broadcast along a binomial tree; with `agree`, every rank also hears
+ * every other's descriptor on the way (tree.c), so no rank finishes a call
+ * that another made differently. */
+dt_status dt__tree_broadcast(dt__op *op, const dt__team *t, void *buf, size_t bytes, int root,
+                             bool agree);
 dt_status dt__tree_reduce(dt__op *op, const dt__team *t, const void *send, void *recv, size_t count,
                           int root);
 dt_status dt__direct_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,

@@ -82,6 +82,16 @@ static bool flags_reached(void *arg) {
     return true;
 }
 
+/* The ranks whose flag has not reached the target (for a timeout). */
+static int flags_behind(void *arg, int *ranks, int max) {
+    dctx *d = arg;
+    int n = 0;
+    for (int i = 0; i < d->t->n && n < max; i++)
+        if (atomic_load_explicit(d->pi[i].flag, memory_order_acquire) < d->target)
+            ranks[n++] = d->t->ranks[i];
+    return n;
+}
+
 static dt_status ctx_init(dctx *d, dt__op *op, const dt__team *t) {
     d->op = op;
     d->t = t;
@@ -106,7 +116,7 @@ static dt_status barrier(dctx *d) {
     for (int i = 0; i < d->t->n; i++)
         if (i != d->t->me)
             g->shm->ops->notify(g->shm, d->t->ranks[i]);
-    DT_CHECK(dt__wait_pred(d->op, flags_reached, d));
+    DT_CHECK(dt__wait_pred_from(d->op, flags_reached, flags_behind, d));
     if (!d->checked) {
         d->checked = true;
         dt__wire_hdr want = d->op->desc;
@@ -200,17 +210,27 @@ typedef struct small_wait {
     uint64_t epoch;
 } small_wait;
 
+static bool small_late(const small_wait *w, int i) {
+    const dctx *d = w->d;
+    const dt__small_line *l = &d->pi[i].small[w->epoch & 1];
+    return atomic_load_explicit(&l->epoch, memory_order_acquire) != w->epoch &&
+           atomic_load_explicit(d->pi[i].flag, memory_order_acquire) < w->epoch;
+}
+
+static int small_behind(void *arg, int *ranks, int max) {
+    small_wait *w = arg;
+    int n = 0;
+    for (int i = 0; i < w->d->t->n && n < max; i++)
+        if (i != w->d->t->me && small_late(w, i))
+            ranks[n++] = w->d->t->ranks[i];
+    return n;
+}
+
 static bool small_ready(void *arg) {
     small_wait *w = arg;
-    dctx *d = w->d;
-    for (int i = 0; i < d->t->n; i++) {
-        if (i == d->t->me)
-            continue;
-        const dt__small_line *l = &d->pi[i].small[w->epoch & 1];
-        if (atomic_load_explicit(&l->epoch, memory_order_acquire) != w->epoch &&
-            atomic_load_explicit(d->pi[i].flag, memory_order_acquire) < w->epoch)
+    for (int i = 0; i < w->d->t->n; i++)
+        if (i != w->d->t->me && small_late(w, i))
             return false;
-    }
     return true;
 }
 
@@ -237,7 +257,7 @@ static dt_status small_exchange(dctx *d, const void *payload, size_t len,
         if (i != me)
             g->shm->ops->notify(g->shm, d->t->ranks[i]);
     small_wait w = {d, e};
-    DT_CHECK(dt__wait_pred(op, small_ready, &w));
+    DT_CHECK(dt__wait_pred_from(op, small_ready, small_behind, &w));
     for (int i = 0; i < d->t->n; i++) {
         const dt__small_line *l = &d->pi[i].small[e & 1];
         lines[i] = l;
@@ -324,11 +344,20 @@ static dt_status reduce_piece(dctx *d, char *dst, const char *own, uint64_t at, 
 typedef struct prog_wait {
     _Atomic uint64_t *word;
     uint64_t want;
+    int rank; /* whose progress word */
 } prog_wait;
 
 static bool prog_reached(void *arg) {
     prog_wait *w = arg;
     return atomic_load_explicit(w->word, memory_order_acquire) >= w->want;
+}
+
+static int prog_behind(void *arg, int *ranks, int max) {
+    prog_wait *w = arg;
+    if (max < 1 || prog_reached(w))
+        return 0;
+    ranks[0] = w->rank;
+    return 1;
 }
 
 static dt_status allreduce_cma(dctx *d, const void *send, void *recv, size_t count) {
@@ -361,10 +390,10 @@ static dt_status allreduce_cma(dctx *d, const void *send, void *recv, size_t cou
         size_t po, pl;
         slice(count, es, n, i, &po, &pl);
         size_t np = (pl + piece - 1) / piece;
-        prog_wait w = {d->pi[i].progress, 0};
+        prog_wait w = {d->pi[i].progress, 0, d->t->ranks[i]};
         for (size_t got = 0; got < np;) {
             w.want = tag | (got + 1);
-            DT_CHECK(dt__wait_pred(op, prog_reached, &w));
+            DT_CHECK(dt__wait_pred_from(op, prog_reached, prog_behind, &w));
             size_t upto = atomic_load_explicit(w.word, memory_order_acquire) - tag;
             upto = upto < np ? upto : np;
             size_t b = got * piece, e = upto * piece < pl ? upto * piece : pl;

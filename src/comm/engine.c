@@ -108,9 +108,10 @@ static dt_status check_all(dt__op *op) {
 }
 
 /* Transports describe what broke; say in which call it happened. A
- * mismatch message already names both calls. */
+ * mismatch seen here already names both calls ("rank 1 called ... but rank
+ * 0 called ..."); one reported by a peer that gave up does not. */
 dt_status dt__op_error(dt__op *op, dt_status st) {
-    if (st != DT_ERR_MISMATCH) {
+    if (st != DT_ERR_MISMATCH || !strstr(dt_last_error(), " but rank ")) {
         char d[160];
         dt__desc_format(&op->desc, d, sizeof d);
         dt_error_prefix("%s on rank %d", d, op->g->rank);
@@ -125,7 +126,58 @@ static void disarm(dt_group *g, bool *armed, uint64_t tok) {
     *armed = false;
 }
 
+/* "rank 2" or "ranks 1, 3": the ranks this wait needs something from. */
+static void waited_for(dt__op *op, int (*behind)(void *, int *, int), void *arg, char *buf,
+                       size_t len) {
+    dt_group *g = op->g;
+    int ranks[64], n = 0;
+    if (behind)
+        n = behind(arg, ranks, 64);
+    if (g->shm && g->shm->ops->pending)
+        n += g->shm->ops->pending(g->shm, ranks + n, 64 - n);
+    if (g->tcp && g->tcp->ops->pending)
+        n += g->tcp->ops->pending(g->tcp, ranks + n, 64 - n);
+    size_t at = 0;
+    buf[0] = '\0';
+    for (int i = 0, shown = 0; i < n && at < len; i++) {
+        bool dup = false;
+        for (int j = 0; j < i; j++)
+            dup = dup || ranks[j] == ranks[i];
+        if (dup)
+            continue;
+        at += (size_t)snprintf(buf + at, len - at, "%s%d", shown++ ? ", " : "", ranks[i]);
+    }
+}
+
+static dt_status timed_out(dt__op *op, int (*behind)(void *, int *, int), void *arg) {
+    dt_group *g = op->g;
+    char d[160], who[256];
+    dt__desc_format(&op->desc, d, sizeof d);
+    waited_for(op, behind, arg, who, sizeof who);
+    if (!who[0])
+        return dt_error_set(DT_ERR_TIMEOUT,
+                            "%s on rank %d: no progress for DT_TIMEOUT=%.0f s (a peer is "
+                            "stuck or never called it)",
+                            d, g->rank, g->cfg.timeout);
+    const char *ranks = strchr(who, ',') ? "ranks" : "rank";
+    if (dt__is_p2p(op->desc.coll))
+        return dt_error_set(DT_ERR_TIMEOUT,
+                            "%s on rank %d: no progress for DT_TIMEOUT=%.0f s waiting for %s %s "
+                            "(stuck, or never posted the matching transfer)",
+                            d, g->rank, g->cfg.timeout, ranks, who);
+    return dt_error_set(DT_ERR_TIMEOUT,
+                        "%s on rank %d: no progress for DT_TIMEOUT=%.0f s waiting for %s %s "
+                        "(stuck, or never called %s #%llu)",
+                        d, g->rank, g->cfg.timeout, ranks, who,
+                        dt_coll_name((dt_coll)op->desc.coll), (unsigned long long)op->desc.seq);
+}
+
 dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
+    return dt__wait_pred_from(op, pred, NULL, arg);
+}
+
+dt_status dt__wait_pred_from(dt__op *op, bool (*pred)(void *), int (*behind)(void *, int *, int),
+                             void *arg) {
     dt_group *g = op->g;
     /* "No progress for DT_TIMEOUT" is timed from the first time this wait
      * gets past its yields: a wait that ends within them (every small
@@ -194,22 +246,19 @@ dt_status dt__wait_pred(dt__op *op, bool (*pred)(void *), void *arg) {
             continue;
         }
         double now = dt_now();
-        if (!deadline)
+        if (!deadline) {
             deadline = now + g->cfg.timeout;
+            if (g->shm && g->shm->ops->waiting)
+                g->shm->ops->waiting(g->shm, &op->desc);
+        }
         if (now >= next_check) {
             st = check_all(op);
             if (st != DT_OK)
                 return dt__op_error(op, st);
             next_check = now + 0.05;
         }
-        if (now > deadline) {
-            char d[160];
-            dt__desc_format(&op->desc, d, sizeof d);
-            return dt_error_set(DT_ERR_TIMEOUT,
-                                "%s on rank %d: no progress for DT_TIMEOUT=%.0f s (a peer is "
-                                "stuck or never called it)",
-                                d, g->rank, g->cfg.timeout);
-        }
+        if (now > deadline)
+            return timed_out(op, behind, arg);
         if (g->shm) { /* announce, look once more (loop top), then block */
             tok = g->shm->ops->arm(g->shm);
             armed = true;

@@ -429,9 +429,9 @@ void dt_group_abort(dt_group *g) {
     /* Thread-safe parts only: the owner thread notices `aborted` within one
      * sleep and fails its operation; peers learn it from our transports. */
     if (g->shm)
-        g->shm->ops->abort(g->shm, DT_ERR_ABORTED, -1, false);
+        g->shm->ops->abort(g->shm, DT_ERR_ABORTED, -1, 0, false);
     if (g->tcp)
-        g->tcp->ops->abort(g->tcp, DT_ERR_ABORTED, -1, false);
+        g->tcp->ops->abort(g->tcp, DT_ERR_ABORTED, -1, 0, false);
     pthread_mutex_lock(&g->mu);
     pthread_cond_broadcast(&g->work_cv);
     pthread_cond_broadcast(&g->done_cv);
@@ -457,16 +457,19 @@ dt_algo dt_group_algo_for(const dt_group *g, dt_coll coll, size_t bytes) {
 /* Execution                                                                */
 /* ------------------------------------------------------------------------ */
 
-static void fail_group(dt_group *g, dt_status st) {
+/* The first failure is sticky and told to every peer, with the collective
+ * it happened in (op->desc.seq; 0 for send/recv/batch, numbered per peer). */
+static void fail_group(dt_group *g, const dt__op *op, dt_status st) {
     int expected = 0;
     if (atomic_compare_exchange_strong(&g->failed, &expected, (int)st)) {
         snprintf(g->failmsg, sizeof g->failmsg, "%s", dt_last_error());
         int lost = atomic_load(&g->lost);
         dt_status tell = st == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER;
+        uint64_t seq = dt__is_p2p(op->coll) ? 0 : op->desc.seq;
         if (g->shm)
-            g->shm->ops->abort(g->shm, tell, lost, true);
+            g->shm->ops->abort(g->shm, tell, lost, seq, true);
         if (g->tcp)
-            g->tcp->ops->abort(g->tcp, tell, lost, true);
+            g->tcp->ops->abort(g->tcp, tell, lost, seq, true);
     }
     if (g->shm)
         g->shm->ops->reset(g->shm);
@@ -485,7 +488,7 @@ static void execute(dt_group *g, dt_work *w) {
                           g->failmsg);
     } else if (atomic_load(&g->aborted)) {
         st = dt_error_set(DT_ERR_ABORTED, "group %s was aborted", g->id);
-        fail_group(g, st);
+        fail_group(g, op, st);
     } else {
         dt_error_clear();
         dt_status (*run)(dt__op *) = g->backend->run[op->coll];
@@ -511,7 +514,7 @@ static void execute(dt_group *g, dt_work *w) {
             if (atomic_load(&g->aborted) && st != DT_ERR_ABORTED)
                 st = dt_error_set(DT_ERR_ABORTED, "group %s was aborted (%s)", g->id,
                                   dt_last_error());
-            fail_group(g, st);
+            fail_group(g, op, st);
         }
     }
     w->status = st;

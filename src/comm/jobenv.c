@@ -101,6 +101,14 @@ dt_status dt__slurm_tasks_on_node(const char *spec, int node, int *out) {
 }
 
 /* A token every rank can compute from the job id: two XXH3 hashes. */
+/* The store's port when nobody chose one: from the job id, so every rank
+ * finds the same, and in [20000, 32768), below Linux's default range of
+ * ephemeral ports (32768-60999): a port in that range may be the local end
+ * of some outgoing connection on rank 0's host at that moment. */
+static int derive_port(const char *job_id) {
+    return 20000 + (int)(dt_hash64(job_id, strlen(job_id), 0) % 12768);
+}
+
 static void derive_token(const char *job_id, char *out) {
     uint64_t a = dt_hash64(job_id, strlen(job_id), 0x64747261696e31ull);
     uint64_t b = dt_hash64(job_id, strlen(job_id), 0x64747261696e32ull);
@@ -194,7 +202,7 @@ static dt_status read_launcher(dt__jobenv *e) {
             DT_CHECK(dt__slurm_first_host(nodes, e->master_addr, sizeof e->master_addr));
         snprintf(e->job_id, sizeof e->job_id, "slurm-%s.%s",
                  env("SLURM_JOB_ID") ? env("SLURM_JOB_ID") : "0", env("SLURM_STEP_ID"));
-        e->master_port = 20000 + (int)(dt_hash64(e->job_id, strlen(e->job_id), 0) % 20000);
+        e->master_port = derive_port(e->job_id);
         return DT_OK;
     }
     e->launcher = DT__LAUNCHER_NONE;
@@ -278,7 +286,7 @@ static dt_status fill_without_mpi(dt__jobenv *e, const char *who) {
         snprintf(e->master_addr, sizeof e->master_addr, "127.0.0.1");
     }
     if (!e->master_port)
-        e->master_port = 20000 + (int)(dt_hash64(e->job_id, strlen(e->job_id), 0) % 20000);
+        e->master_port = derive_port(e->job_id);
     if (!e->token[0])
         return dt_error_set(DT_ERR_INVALID,
                             "started by %s without a job id to derive a token from: set "

@@ -72,9 +72,11 @@ typedef struct shm_ctrl {
     dt__small_line small[2];                /* direct small messages, by epoch parity */
     _Alignas(64) _Atomic uint64_t gate;     /* direct push allgather: epoch it accepts writes for */
     _Atomic int32_t pushing;                /* direct push allgather: writing into rank - 1 */
+    _Alignas(64) _Atomic uint64_t waiting[3]; /* the collective its owner waits in (shm_waiting) */
     _Alignas(64) _Atomic int32_t departed;
     _Atomic int32_t abort_status;
     _Atomic int32_t abort_lost;
+    _Atomic uint64_t abort_seq; /* the collective it failed in, 0: unknown */
     int32_t pid;
 } shm_ctrl;
 
@@ -295,6 +297,56 @@ static void shm_block(dt__transport *tr, uint64_t tok, int ms) {
     atomic_store_explicit(&c->sleeping, 0, memory_order_relaxed);
 }
 
+/* The record of the collective a rank waits in: three words, each tagged
+ * with the low 24 bits of the operation's sequence number so that a reader
+ * recognises a record it caught half rewritten (ranks of a group are never
+ * more than an operation or two apart, far from 2^24). */
+#define REC_SEQ(seq) (((uint64_t)(seq)&0xffffffu) << 40)
+#define REC_VALID    ((uint64_t)1 << 39)
+#define REC_LOW(w)   ((w) & (((uint64_t)1 << 40) - 1))
+
+/* A waiter announces its operation where its local peers' check() looks:
+ * two ranks that wait for each other in different calls, one on a shared
+ * flag (direct algorithm) and one for a message, would otherwise never see
+ * each other's descriptor. Written only when a wait has outlasted its
+ * yields, so a healthy operation never pays for it. */
+static void shm_waiting(dt__transport *tr, const dt__wire_hdr *cur) {
+    shm_t *t = (shm_t *)tr;
+    if (dt__is_p2p(cur->coll))
+        return; /* numbered per peer: not comparable across ranks */
+    shm_ctrl *c = t->peers[t->me].ctrl;
+    uint64_t tag = REC_SEQ(cur->seq);
+    atomic_store_explicit(&c->waiting[0], tag | REC_LOW(cur->count), memory_order_relaxed);
+    atomic_store_explicit(&c->waiting[1], tag | (uint64_t)(uint32_t)cur->root,
+                          memory_order_relaxed);
+    atomic_store_explicit(&c->waiting[2],
+                          tag | REC_VALID | (uint64_t)cur->coll << 16 | (uint64_t)cur->dtype << 8 |
+                              cur->redop,
+                          memory_order_relaxed);
+}
+
+/* Peer p's waiting record as a descriptor of `cur`'s sequence number;
+ * false if it waits in another operation (or nothing whole is there). */
+static bool peer_waiting(const speer *p, const dt__wire_hdr *cur, dt__wire_hdr *out) {
+    uint64_t w[3];
+    for (int i = 0; i < 3; i++)
+        w[i] = atomic_load_explicit(&p->ctrl->waiting[i], memory_order_relaxed);
+    uint64_t tag = REC_SEQ(cur->seq), mask = REC_SEQ(0xffffffu);
+    if ((w[0] & mask) != tag || (w[1] & mask) != tag || (w[2] & mask) != tag || !(w[2] & REC_VALID))
+        return false;
+    *out = (dt__wire_hdr){.magic = DT__WIRE_MAGIC,
+                          .version = DT__WIRE_VERSION,
+                          .kind = DT__MSG_DATA,
+                          .coll = (uint8_t)(w[2] >> 16),
+                          .dtype = (uint8_t)(w[2] >> 8),
+                          .redop = (uint8_t)w[2],
+                          .root = (int32_t)(uint32_t)REC_LOW(w[1]),
+                          .src = p->rank,
+                          .seq = cur->seq,
+                          .count = REC_LOW(w[0])};
+    return out->coll < DT_COLL_COUNT && out->dtype < DT_DTYPE_COUNT && out->redop < DT_REDOP_COUNT;
+}
+
 static dt_status shm_check(dt__transport *tr, const dt__wire_hdr *cur) {
     shm_t *t = (shm_t *)tr;
     int k = 0;
@@ -303,22 +355,29 @@ static dt_status shm_check(dt__transport *tr, const dt__wire_hdr *cur) {
             continue;
         speer *p = &t->peers[i];
         int32_t ab = atomic_load(&p->ctrl->abort_status);
+        if (ab > 0 && dt__abort_later(atomic_load(&p->ctrl->abort_seq), cur))
+            ab = 0; /* this call can still complete: fail at the next */
+        if (ab == DT_ERR_MISMATCH)
+            return dt__abort_error(p->rank, DT_ERR_MISMATCH, -1, t->g->size, false);
         if (ab > 0 && ab < DT_STATUS_COUNT) {
             int lostr = atomic_load(&p->ctrl->abort_lost);
-            dt_status st = ab == DT_ERR_MISMATCH ? DT_ERR_MISMATCH : DT_ERR_PEER;
             if (lostr >= 0 && lostr < t->g->size) {
                 atomic_store(&t->g->lost, lostr);
-                return dt_error_set(st, "rank %d gave up (%s): rank %d is lost", p->rank,
+                return dt_error_set(DT_ERR_PEER, "rank %d gave up (%s): rank %d is lost", p->rank,
                                     dt_status_name((dt_status)ab), lostr);
             }
-            return dt_error_set(st, "rank %d gave up (%s)", p->rank, dt_status_name((dt_status)ab));
+            return dt_error_set(DT_ERR_PEER, "rank %d gave up (%s)", p->rank,
+                                dt_status_name((dt_status)ab));
         }
         /* a frame waiting with no receive posted: does it belong here? */
+        dt__wire_hdr got;
         if (!p->rq && p->in_tail < atomic_load_explicit(&p->in->head, memory_order_acquire)) {
-            dt__wire_hdr got;
             DT_CHECK(dt__wire_decode(slot_at(t, p->in, p->in_tail), sizeof got, &got));
             DT_CHECK(dt__wire_early(&got, cur, t->g->rank, p->rank));
         }
+        /* the peer waits too, in the same numbered call: the same one? */
+        if (!dt__is_p2p(cur->coll) && peer_waiting(p, cur, &got))
+            DT_CHECK(dt__wire_early(&got, cur, t->g->rank, p->rank));
         t->pfd[k++] = (struct pollfd){.fd = p->pidfd, .events = POLLIN};
     }
     if (k == 0 || poll(t->pfd, (nfds_t)k, 0) <= 0)
@@ -338,6 +397,15 @@ static dt_status shm_check(dt__transport *tr, const dt__wire_hdr *cur) {
                             atomic_load(&p->ctrl->departed) ? "left the group" : "died", p->rank);
     }
     return DT_OK;
+}
+
+static int shm_pending(dt__transport *tr, int *ranks, int max) {
+    shm_t *t = (shm_t *)tr;
+    int n = 0;
+    for (int i = 0; i < t->n && n < max; i++)
+        if (i != t->me && (t->peers[i].sq || t->peers[i].rq))
+            ranks[n++] = t->peers[i].rank;
+    return n;
 }
 
 /* Has peer's process exited? Never blocks and sets no error: a failing op
@@ -431,11 +499,12 @@ static bool cma_probe(const shm_t *t, const speer *p) {
            pid == p->pid;
 }
 
-static void shm_abort(dt__transport *tr, dt_status st, int lost_rank, bool owner) {
+static void shm_abort(dt__transport *tr, dt_status st, int lost_rank, uint64_t seq, bool owner) {
     (void)owner; /* only atomics: safe from any thread */
     shm_t *t = (shm_t *)tr;
     shm_ctrl *c = t->peers[t->me].ctrl;
     atomic_store(&c->abort_lost, lost_rank);
+    atomic_store(&c->abort_seq, seq);
     atomic_store(&c->abort_status, (int32_t)st);
     for (int i = 0; i < t->n; i++)
         if (i != t->me)
@@ -488,6 +557,8 @@ static const dt__transport_ops shm_ops = {
     .arm = shm_arm,
     .block = shm_block,
     .check = shm_check,
+    .waiting = shm_waiting,
+    .pending = shm_pending,
     .peer_info = shm_peer_info,
     .read_peer = shm_read_peer,
     .write_peer = shm_write_peer,

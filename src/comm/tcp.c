@@ -135,61 +135,68 @@ static void part_done(dt__part *pt) {
 }
 
 /* If the peer left an ABORT frame on any of its sockets, that is the real
- * story (it gave up because of someone else); report it. */
-static bool explain(tcp_t *t, tpeer *p) {
+ * story (it gave up because of someone else, or because its call differed
+ * from a peer's); report it and return its status, else DT_OK. */
+static dt_status explain(tcp_t *t, tpeer *p) {
     for (int j = 0; j < p->nsock; j++) {
         dt__wire_hdr raw, h;
         if (p->s[j].rq && p->s[j].rq->hdr_done != 0)
             continue; /* mid-frame: the next bytes are payload */
         if (recv(p->s[j].fd, &raw, sizeof raw, MSG_PEEK | MSG_DONTWAIT) == (ssize_t)sizeof raw &&
             dt__wire_decode(&raw, sizeof raw, &h) == DT_OK && h.kind == DT__MSG_ABORT) {
-            if (h.root >= 0 && h.root < t->g->size) {
+            if (h.root >= 0 && h.root < t->g->size)
                 atomic_store(&t->g->lost, h.root);
-                dt_error_set((dt_status)h.status, "rank %d gave up (%s): rank %d is lost", p->rank,
-                             dt_status_name((dt_status)h.status), h.root);
-            } else {
-                dt_error_set((dt_status)h.status, "rank %d gave up (%s)", p->rank,
-                             dt_status_name((dt_status)h.status));
-            }
-            return true;
+            return dt__abort_error(p->rank, (dt_status)h.status, h.root, t->g->size, false);
         }
     }
-    return false;
+    return DT_OK;
 }
 
 static void abort_key(const tcp_t *t, int rank, char *key, size_t n) {
     snprintf(key, n, "%s/gaveup/%d", t->g->id, rank);
 }
 
-/* The out-of-band record a rank that gave up posted before it closed
- * anything (tcp_abort): whom it blamed. Absent: the peer itself died. The
- * lookup is bounded by ABORT_STORE_SECONDS; a store that is gone (its host
- * died) is no answer, and the peer is blamed. */
-static bool recorded(tcp_t *t, tpeer *p) {
+/* The out-of-band record "<status> <lost rank> <seq>" a rank that gave up
+ * posted before it closed anything (tcp_abort): why, whom it blamed, in
+ * which collective. Absent: the peer itself died. The lookup is bounded by
+ * ABORT_STORE_SECONDS; a store that is gone (its host died) is no answer,
+ * and the peer is blamed. Returns the recorded status, or DT_OK (also for
+ * a failure in a collective after `cur`, when cur is given: see
+ * dt__abort_later). */
+static dt_status recorded(tcp_t *t, tpeer *p, const dt__wire_hdr *cur, bool *later) {
     dt__store *st = t->g->job->store;
+    *later = false;
     if (!st)
-        return false;
+        return DT_OK;
     char key[128];
     abort_key(t, p->rank, key, sizeof key);
     void *v = NULL;
     size_t len = 0;
     if (dt__store_get_within(st, key, &v, &len, ABORT_STORE_SECONDS) != DT_OK)
-        return false;
-    char *end; /* the store NUL-terminates every value it returns */
-    long root = strtol(v, &end, 10);
-    bool ok = end != (char *)v && *end == 0 && root >= 0 && root < t->g->size;
+        return DT_OK;
+    char *end, *at, *at2; /* the store NUL-terminates every value it returns */
+    long status = strtol(v, &at, 10), root = strtol(at, &at2, 10);
+    unsigned long long seq = strtoull(at2, &end, 10);
+    bool ok = end != at2 && *end == 0 &&
+              ((status == DT_ERR_PEER && root >= 0 && root < t->g->size) ||
+               (status == DT_ERR_MISMATCH && root == -1));
     dt_free(v);
-    if (!ok)
-        return false;
-    atomic_store(&t->g->lost, (int)root);
-    dt_error_set(DT_ERR_PEER, "rank %d gave up (%s, its store record): rank %ld is lost", p->rank,
-                 dt_status_name(DT_ERR_PEER), root);
-    return true;
+    if (ok && cur && dt__abort_later(seq, cur))
+        *later = true;
+    if (!ok || *later)
+        return DT_OK;
+    if (root >= 0)
+        atomic_store(&t->g->lost, (int)root);
+    return dt__abort_error(p->rank, (dt_status)status, (int)root, t->g->size, true);
 }
 
 static dt_status lost(tcp_t *t, tpeer *p, const char *what, int err) {
-    if (explain(t, p) || recorded(t, p))
-        return DT_ERR_PEER;
+    bool later;
+    dt_status why = explain(t, p);
+    if (why == DT_OK)
+        why = recorded(t, p, NULL, &later);
+    if (why != DT_OK)
+        return why;
     atomic_store(&t->g->lost, p->rank);
     if (err)
         return dt_error_set(DT_ERR_PEER, "%s (%s): rank %d is lost", what, strerror(err), p->rank);
@@ -359,8 +366,10 @@ static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const dt__wire_hdr *cur, 
             s->quiet = true;
             return DT_OK;
         }
-        if (recorded(t, p))
-            return DT_ERR_PEER;
+        bool later;
+        dt_status why = recorded(t, p, cur, &later);
+        if (why != DT_OK || later) /* later: finish this call, fail at the next */
+            return why;
         atomic_store(&t->g->lost, p->rank);
         return dt_error_set(DT_ERR_PEER,
                             "connection to rank %d closed without goodbye (the process died?): "
@@ -374,17 +383,23 @@ static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const dt__wire_hdr *cur, 
         p->bye = true;
         s->quiet = true;
     } else if (h.kind == DT__MSG_ABORT) {
-        if (h.root >= 0 && h.root < t->g->size) {
+        if (dt__abort_later(h.seq, cur))
+            return DT_OK; /* this call can still complete: fail at the next */
+        if (h.root >= 0 && h.root < t->g->size)
             atomic_store(&t->g->lost, h.root);
-            return dt_error_set((dt_status)h.status, "rank %d gave up (%s): rank %d is lost",
-                                p->rank, dt_status_name((dt_status)h.status), h.root);
-        }
-        return dt_error_set((dt_status)h.status, "rank %d gave up (%s)", p->rank,
-                            dt_status_name((dt_status)h.status));
+        return dt__abort_error(p->rank, (dt_status)h.status, h.root, t->g->size, false);
     } else {
         DT_CHECK(dt__wire_early(&h, cur, t->g->rank, p->rank));
-        if (hup) /* data, then the peer left: stop watching until a recv is posted */
+        if (hup) {
+            /* Data, then the peer left. If it gave up, its ABORT frame is
+             * queued behind data nobody will read: its store record says
+             * why. Otherwise stop watching until a recv is posted. */
+            bool later;
+            dt_status why = recorded(t, p, cur, &later);
+            if (why != DT_OK || later)
+                return why;
             s->quiet = true;
+        }
     }
     return DT_OK;
 }
@@ -414,27 +429,43 @@ static dt_status tcp_check(dt__transport *tr, const dt__wire_hdr *cur) {
     return DT_OK;
 }
 
+static int tcp_pending(dt__transport *tr, int *ranks, int max) {
+    tcp_t *t = (tcp_t *)tr;
+    int n = 0;
+    for (int i = 0; i < t->npeers && n < max; i++) {
+        tpeer *p = &t->peers[i];
+        bool busy = false;
+        for (int j = 0; j < p->nsock; j++)
+            busy = busy || p->s[j].sq || p->s[j].rq;
+        if (busy)
+            ranks[n++] = p->rank;
+    }
+    return n;
+}
+
 static void tcp_peer_info(dt__transport *tr, int peer, dt__peer_info *out) {
     (void)tr;
     (void)peer;
     memset(out, 0, sizeof *out);
 }
 
-static void tcp_abort(dt__transport *tr, dt_status st, int lost_rank, bool owner) {
+static void tcp_abort(dt__transport *tr, dt_status st, int lost_rank, uint64_t seq, bool owner) {
     tcp_t *t = (tcp_t *)tr;
-    if (owner && st == DT_ERR_PEER && lost_rank >= 0 && lost_rank != t->g->rank &&
-        t->g->job->store) {
+    if (owner && t->g->job->store &&
+        ((st == DT_ERR_PEER && lost_rank >= 0 && lost_rank != t->g->rank) ||
+         st == DT_ERR_MISMATCH)) {
         /* Before any socket closes: a peer that sees our connection go
          * looks here when it cannot read our ABORT frame. Best effort. */
-        char key[128], val[16];
+        char key[128], val[64];
         abort_key(t, t->g->rank, key, sizeof key);
-        snprintf(val, sizeof val, "%d", lost_rank);
+        snprintf(val, sizeof val, "%d %d %llu", (int)st, st == DT_ERR_MISMATCH ? -1 : lost_rank,
+                 (unsigned long long)seq);
         char saved[1024]; /* keep the caller's error, whatever the store says */
         snprintf(saved, sizeof saved, "%s", dt_last_error());
         if (dt__store_set_within(t->g->job->store, key, val, strlen(val) + 1,
                                  ABORT_STORE_SECONDS) != DT_OK)
             DT_WARN("could not record the abort in the store: %s", dt_last_error());
-        dt_error_set(DT_ERR_PEER, "%s", saved);
+        dt_error_set(st, "%s", saved);
     }
     for (int i = 0; i < t->npeers; i++) {
         tpeer *p = &t->peers[i];
@@ -448,7 +479,8 @@ static void tcp_abort(dt__transport *tr, dt_status st, int lost_rank, bool owner
                                   .kind = DT__MSG_ABORT,
                                   .root = lost_rank,
                                   .src = t->g->rank,
-                                  .status = st};
+                                  .status = st,
+                                  .seq = seq};
                 (void)!send(s->fd, &h, sizeof h, MSG_DONTWAIT | MSG_NOSIGNAL);
             }
             /* Half-close: peers read our frame and then EOF, and what they
@@ -506,6 +538,7 @@ static const dt__transport_ops tcp_ops = {
     .arm = tcp_arm,
     .block = tcp_block,
     .check = tcp_check,
+    .pending = tcp_pending,
     .peer_info = tcp_peer_info,
     .abort = tcp_abort,
     .reset = tcp_reset,

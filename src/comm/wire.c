@@ -117,13 +117,8 @@ dt_status dt__wire_check(const dt__wire_hdr *got, const dt__wire_hdr *want, int 
     if (got->src != from)
         return dt_error_set(DT_ERR_PROTOCOL, "frame on the link from rank %d claims sender %d",
                             from, got->src);
-    if (got->kind == DT__MSG_ABORT) {
-        if (got->root >= 0)
-            return dt_error_set((dt_status)got->status, "rank %d gave up (%s): rank %d is lost",
-                                got->src, dt_status_name((dt_status)got->status), got->root);
-        return dt_error_set((dt_status)got->status, "rank %d gave up (%s)", got->src,
-                            dt_status_name((dt_status)got->status));
-    }
+    if (got->kind == DT__MSG_ABORT)
+        return dt__abort_error(got->src, (dt_status)got->status, got->root, INT32_MAX, false);
     if (got->kind == DT__MSG_BYE)
         return dt_error_set(DT_ERR_PEER,
                             "rank %d left the group (destroyed it) while this rank "
@@ -147,8 +142,23 @@ dt_status dt__wire_check(const dt__wire_hdr *got, const dt__wire_hdr *want, int 
     return DT_OK;
 }
 
-static bool is_p2p(unsigned c) {
-    return c == DT_COLL_SEND || c == DT_COLL_RECV || c == DT_COLL_BATCH;
+dt_status dt__abort_error(int from, dt_status st, int lost, int size, bool from_store) {
+    const char *how = from_store ? ", its store record" : "";
+    if (st == DT_ERR_MISMATCH)
+        return dt_error_set(st, "rank %d gave up (%s%s): its call differs from another rank's",
+                            from, dt_status_name(st), how);
+    if (lost >= 0 && lost < size)
+        return dt_error_set(st, "rank %d gave up (%s%s): rank %d is lost", from, dt_status_name(st),
+                            how, lost);
+    return dt_error_set(st, "rank %d gave up (%s%s)", from, dt_status_name(st), how);
+}
+
+bool dt__is_p2p(unsigned coll) {
+    return coll == DT_COLL_SEND || coll == DT_COLL_RECV || coll == DT_COLL_BATCH;
+}
+
+bool dt__abort_later(uint64_t seq, const dt__wire_hdr *cur) {
+    return seq > 0 && !dt__is_p2p(cur->coll) && seq > cur->seq;
 }
 
 dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int me, int from) {
@@ -156,7 +166,7 @@ dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int m
         return DT_OK; /* aborts and goodbyes are handled where they are read */
     /* Point-to-point frames are numbered per peer, collectives globally: only
      * frames and operations of the collective kind are comparable. */
-    if (is_p2p(got->coll) || is_p2p(cur->coll) || got->seq > cur->seq)
+    if (dt__is_p2p(got->coll) || dt__is_p2p(cur->coll) || got->seq > cur->seq)
         return DT_OK; /* a later operation: the peer is simply ahead */
     if (got->seq == cur->seq && same_op(got, cur, me))
         return DT_OK; /* ours, the algorithm will post its receive */

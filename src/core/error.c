@@ -45,10 +45,21 @@ const char *dt_last_error(void) { return error_msg; }
 
 void dt_error_clear(void) { error_msg[0] = '\0'; }
 
+/* Format into a temporary and copy: an argument may be dt_last_error()
+ * itself (wrapping the current message in a new one), and vsnprintf into
+ * the buffer it is reading from is undefined (glibc garbled such messages:
+ * "group w was aborted (group w was aborted (lost)"). */
+static int format_message(const char *fmt, va_list ap) {
+    char tmp[ERROR_MSG_MAX];
+    int n = vsnprintf(tmp, sizeof tmp, fmt, ap);
+    memcpy(error_msg, tmp, sizeof error_msg);
+    return n;
+}
+
 dt_status dt_error_set(dt_status st, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(error_msg, sizeof error_msg, fmt, ap);
+    format_message(fmt, ap);
     va_end(ap);
     return st;
 }
@@ -57,7 +68,7 @@ dt_status dt_error_set_errno(dt_status st, const char *fmt, ...) {
     int saved = errno;
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(error_msg, sizeof error_msg, fmt, ap);
+    int n = format_message(fmt, ap);
     va_end(ap);
     if (n >= 0 && (size_t)n < sizeof error_msg)
         snprintf(error_msg + n, sizeof error_msg - (size_t)n, ": %s", strerror(saved));
@@ -70,7 +81,7 @@ void dt_error_prefix(const char *fmt, ...) {
     memcpy(old, error_msg, sizeof old);
     va_list ap;
     va_start(ap, fmt);
-    int n = vsnprintf(error_msg, sizeof error_msg, fmt, ap);
+    int n = format_message(fmt, ap);
     va_end(ap);
     if (n < 0 || (size_t)n >= sizeof error_msg || !old[0])
         return;

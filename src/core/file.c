@@ -1,6 +1,9 @@
 /*
  * file.c — durable writes: every file dtrain produces (token files, weights,
- * checkpoints, run metadata) appears under its name complete or not at all.
+ * checkpoints, run metadata) appears under its name complete or not at all,
+ * and never replaces something that is not a regular file; and the checks
+ * every reader of a dtrain file format shares (a regular file, nothing
+ * after its end).
  */
 #include "dtrain/core.h"
 
@@ -46,8 +49,77 @@ dt_status dt_fsync_dir(const char *dir) {
     return st;
 }
 
+static const char *kind_of(mode_t m) {
+    return S_ISDIR(m)    ? "a directory"
+           : S_ISCHR(m)  ? "a character device"
+           : S_ISBLK(m)  ? "a block device"
+           : S_ISFIFO(m) ? "a FIFO"
+           : S_ISSOCK(m) ? "a socket"
+                         : "a special file";
+}
+
+dt_status dt_file_check_replaceable(const char *path) {
+    struct stat sb;
+    if (stat(path, &sb) != 0) {
+        if (errno == ENOENT)
+            return DT_OK; /* absent (or a dangling link): the rename creates it */
+        return file_error("cannot stat", path);
+    }
+    if (S_ISREG(sb.st_mode))
+        return DT_OK;
+    return dt_error_set(DT_ERR_INVALID,
+                        "refusing to replace %s: it is %s, not a regular file (choose another "
+                        "output path)",
+                        path, kind_of(sb.st_mode));
+}
+
+dt_status dt_file_open_read(const char *path, const char *what, FILE **out) {
+    *out = NULL;
+    /* Non-blocking: opening a FIFO must not wait for a writer; it is
+     * refused below like any other file that is not regular. */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) {
+        if (errno == ENOENT)
+            return dt_error_set(DT_ERR_NOT_FOUND, "%s %s does not exist", what, path);
+        return dt_error_set_errno(DT_ERR_IO, "cannot open %s %s", what, path);
+    }
+    struct stat sb;
+    if (fstat(fd, &sb) != 0) {
+        dt_status st = dt_error_set_errno(DT_ERR_IO, "cannot stat %s %s", what, path);
+        close(fd);
+        return st;
+    }
+    if (!S_ISREG(sb.st_mode)) {
+        close(fd);
+        return dt_error_set(DT_ERR_INVALID, "%s %s is %s, not a regular file", what, path,
+                            kind_of(sb.st_mode));
+    }
+    FILE *f = fdopen(fd, "rb");
+    if (!f) {
+        dt_status st = dt_error_set_errno(DT_ERR_IO, "cannot open %s %s", what, path);
+        close(fd);
+        return st;
+    }
+    *out = f;
+    return DT_OK;
+}
+
+dt_status dt_file_expect_end(FILE *f, const char *what, const char *path) {
+    if (fgetc(f) == EOF)
+        return ferror(f) ? dt_error_set(DT_ERR_IO, "cannot read %s %s", what, path) : DT_OK;
+    long at = ftell(f) - 1;
+    struct stat sb;
+    if (at >= 0 && fstat(fileno(f), &sb) == 0 && sb.st_size > at)
+        return dt_error_set(DT_ERR_CORRUPT,
+                            "%s %s: %lld bytes of trailing data after its end at byte %ld "
+                            "(damaged, or two files joined)",
+                            what, path, (long long)(sb.st_size - at), at);
+    return dt_error_set(DT_ERR_CORRUPT, "%s %s: trailing data after its end", what, path);
+}
+
 dt_status dt_file_write_atomic(const char *path, const dt_file_part *parts, int nparts) {
     char dir[4096], tmp[4096 + 64];
+    DT_CHECK(dt_file_check_replaceable(path));
     const char *slash = strrchr(path, '/');
     const char *base = slash ? slash + 1 : path;
     if (!slash)

@@ -22,9 +22,117 @@
 #define HUGE_FROM ((size_t)8 << 20)
 #define HUGE_PAGE ((size_t)2 << 20)
 
+/* A request this large is compared with the memory available first. */
+#define CHECK_FROM ((size_t)256 << 20)
+
+/* The first number after `key` in a "key value" text file, or -1. */
+static int64_t file_value(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
+    if (!f)
+        return -1;
+    char line[256];
+    int64_t v = -1;
+    size_t kl = strlen(key);
+    while (v < 0 && fgets(line, sizeof line, f)) {
+        if (kl && (strncmp(line, key, kl) != 0 || !strchr(" \t:", line[kl])))
+            continue;
+        char *end, *at = line + kl + (kl ? 1 : 0);
+        long long x = strtoll(at, &end, 10);
+        if (end != at && x >= 0)
+            v = x;
+    }
+    fclose(f);
+    return v;
+}
+
+/* What the memory cgroup at `dir` still allows: its limit minus what it
+ * uses that cannot be reclaimed (usage without inactive file pages, as
+ * the kubelet counts its "working set"); -1 when there is no limit. */
+static int64_t cgroup_room(const char *dir, bool v2) {
+    char p[3][640];
+    if (snprintf(p[0], sizeof p[0], "%s/%s", dir, v2 ? "memory.max" : "memory.limit_in_bytes") >=
+            (int)sizeof p[0] ||
+        snprintf(p[1], sizeof p[1], "%s/%s", dir,
+                 v2 ? "memory.current" : "memory.usage_in_bytes") >= (int)sizeof p[1] ||
+        snprintf(p[2], sizeof p[2], "%s/memory.stat", dir) >= (int)sizeof p[2])
+        return -1;
+    int64_t limit = file_value(p[0], ""); /* "max" (v2, no limit) reads as -1 */
+    int64_t used = file_value(p[1], "");
+    if (limit <= 0 || used < 0 || limit >= ((int64_t)1 << 60))
+        return -1;
+    int64_t idle = file_value(p[2], v2 ? "inactive_file" : "total_inactive_file");
+    if (idle > 0 && idle <= used)
+        used -= idle;
+    return used < limit ? limit - used : 0;
+}
+
+bool dt_mem_resident(uint64_t *now, uint64_t *peak) {
+    int64_t rss = file_value("/proc/self/status", "VmRSS"),
+            hwm = file_value("/proc/self/status", "VmHWM");
+    if (rss < 0 || hwm < 0)
+        return false;
+    *now = (uint64_t)rss << 10;
+    *peak = (uint64_t)hwm << 10;
+    return true;
+}
+
+bool dt_mem_available(uint64_t *bytes) {
+    /* kB of memory that can be had without swapping, plus free swap */
+    int64_t avail = file_value("/proc/meminfo", "MemAvailable");
+    int64_t swap = file_value("/proc/meminfo", "SwapFree");
+    if (avail < 0)
+        return false;
+    uint64_t best = ((uint64_t)avail + (uint64_t)(swap > 0 ? swap : 0)) << 10;
+    /* A memory cgroup (container, Slurm job) may allow less: ours, found
+     * through /proc/self/cgroup, or the root of a namespaced mount. */
+    char dirs[4][512];
+    bool v2[4];
+    int nd = 0;
+    FILE *f = fopen("/proc/self/cgroup", "r");
+    if (f) {
+        char line[512];
+        while (fgets(line, sizeof line, f) && nd < 2) {
+            line[strcspn(line, "\n")] = '\0';
+            char *path = strchr(line, ':') ? strchr(strchr(line, ':') + 1, ':') : NULL;
+            if (!path)
+                continue;
+            bool is_v2 = strncmp(line, "0::", 3) == 0;
+            if (!is_v2 && !strstr(line, ":memory:"))
+                continue;
+            v2[nd] = is_v2;
+            if (snprintf(dirs[nd], sizeof dirs[0], "/sys/fs/cgroup%s%s", is_v2 ? "" : "/memory",
+                         path + 1) < (int)sizeof dirs[0])
+                nd++;
+        }
+        fclose(f);
+    }
+    snprintf(dirs[nd], sizeof dirs[0], "/sys/fs/cgroup");
+    v2[nd++] = true;
+    snprintf(dirs[nd], sizeof dirs[0], "/sys/fs/cgroup/memory");
+    v2[nd++] = false;
+    for (int i = 0; i < nd; i++) {
+        int64_t room = cgroup_room(dirs[i], v2[i]);
+        if (room >= 0 && (uint64_t)room < best)
+            best = (uint64_t)room;
+    }
+    *bytes = best;
+    return true;
+}
+
 void *dt_alloc(size_t bytes) {
     void *p = NULL;
     size_t rounded = dt_align_up(bytes ? bytes : 1, DT_ALIGN);
+    /* A large request the machine cannot back is refused here, as
+     * DT_ERR_NOMEM: overcommit would grant it, and touching it would wake
+     * the kernel's OOM killer, which may pick another user's process. */
+    uint64_t avail;
+    if (bytes >= CHECK_FROM && dt_mem_available(&avail) && bytes > avail) {
+        char want[32], have[32];
+        dt_error_set(DT_ERR_NOMEM, "cannot allocate %s (%zu bytes): only %s of memory is available",
+                     dt_format_bytes((double)bytes, want, sizeof want), bytes,
+                     dt_format_bytes((double)avail, have, sizeof have));
+        return NULL;
+    }
     if (rounded >= HUGE_FROM && rounded >= bytes) {
         rounded = dt_align_up(rounded, HUGE_PAGE);
         if (posix_memalign(&p, HUGE_PAGE, rounded) == 0) {

@@ -234,9 +234,10 @@ static dt_status open_errno(const char *path, const char *what) {
     return dt_error_set_errno(DT_ERR_IO, "%s: cannot %s", path, what);
 }
 
-/* Map a whole regular file read-only; *len 0 gives *data NULL. */
+/* Map a whole regular file read-only; *len 0 gives *data NULL. Opened
+ * non-blocking: a FIFO is refused below instead of waiting for a writer. */
 static dt_status map_file(const char *path, const uint8_t **data, size_t *len) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0)
         return open_errno(path, "open");
     struct stat sb;

@@ -15,9 +15,11 @@
  *     takes its ranks with it;
  *   - an attempt ends only after every rank has been reaped, and then every
  *     rank's process group is sent SIGKILL, so nothing outlives it;
- *   - a line of output is written with one write() (prefixed when tagging),
- *     so lines of different ranks never mix; a line longer than LINE_BUF is
- *     cut into several lines;
+ *   - every rank's stdout and stderr are pipes read here, tagged or not,
+ *     and a line of output is written with one write() (prefixed when
+ *     tagging), so lines of different ranks never mix; a line longer than
+ *     LINE_BUF is cut into several lines, and an unterminated last line
+ *     gets its newline;
  *   - the summary of a failure names the first rank that failed on its own,
  *     never one that was stopped because of it.
  */
@@ -53,7 +55,7 @@ static const char *const job_vars[] = {
 };
 
 typedef struct stream {
-    int fd;      /* read end of the rank's pipe, -1 when closed or not piped */
+    int fd;      /* read end of the rank's pipe, -1 when closed */
     int out_fd;  /* where its lines go: 1 or 2 */
     bool is_err; /* stderr: lines also go to the ring */
     size_t len;  /* bytes of the unfinished line in buf */
@@ -436,8 +438,7 @@ static void child_exec(job *j, proc *p, char **env, int out_w, int err_w, int ex
                 close(nul);
         }
     }
-    if (out_w >= 0)
-        dup2(out_w, 1);
+    dup2(out_w, 1);
     dup2(err_w, 2);
     if (j->nofile_raised)
         setrlimit(RLIMIT_NOFILE, &j->nofile);
@@ -453,8 +454,7 @@ static dt_status spawn(job *j, proc *p, int restart) {
     char store[1024];
     char **env = NULL;
     dt_status st = DT_OK;
-    if ((j->o->tag_output && pipe2(out, O_CLOEXEC) != 0) || pipe2(err, O_CLOEXEC) != 0 ||
-        pipe2(ex, O_CLOEXEC) != 0) {
+    if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(ex, O_CLOEXEC) != 0) {
         st = dt_error_set_errno(DT_ERR_SYSTEM, "pipe for rank %d", p->rank);
         goto fail;
     }
@@ -484,8 +484,7 @@ static dt_status spawn(job *j, proc *p, int restart) {
     p->exec_fd = ex[0];
     out[0] = err[0] = ex[0] = -1;
     fcntl(p->err.fd, F_SETFL, O_NONBLOCK);
-    if (p->out.fd >= 0)
-        fcntl(p->out.fd, F_SETFL, O_NONBLOCK);
+    fcntl(p->out.fd, F_SETFL, O_NONBLOCK);
 fail:
     for (int k = 0; k < 2; k++) {
         if (out[k] >= 0)
@@ -1040,8 +1039,8 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
     }
     DT_CHECK_GOTO(install_signals(&saved), st, done);
     signals = true;
-    /* Two or three pipes per rank stay open: the usual soft limit of 1024
-     * descriptors would cap a node near 500 ranks. */
+    /* Three pipes per rank stay open: the usual soft limit of 1024
+     * descriptors would cap a node near 340 ranks. */
     if (getrlimit(RLIMIT_NOFILE, &j.nofile) == 0 && j.nofile.rlim_cur < j.nofile.rlim_max) {
         struct rlimit raised = j.nofile;
         raised.rlim_cur = raised.rlim_max;

@@ -139,6 +139,16 @@ dt_status dt__parse_master(const char *master, char *addr, size_t addr_len, int 
                                 master);
         *port = (int)p;
     }
+    /* Resolved here, before anything starts: an address nobody can reach
+     * ("abc", "256.1.1.1") used to pass and fail every rank instead. */
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int gai = getaddrinfo(addr, NULL, &hints, &ai);
+    if (gai != 0)
+        return dt_error_set(DT_ERR_INVALID,
+                            "--master: \"%s\" is not an IPv4 address or a host name that "
+                            "resolves (%s)",
+                            addr, gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
+    freeaddrinfo(ai);
     return DT_OK;
 }
 

@@ -124,28 +124,29 @@ struct dt_gpt {
     char *names;           /* storage of info[i].name */
     char *arena;           /* all activations */
     size_t arena_bytes;
-    gpt_slot *slots;   /* (nch x nslots) micro-batches in flight: chunk c's are c*nslots.. */
-    int nslots;        /* per chunk */
-    gpt_slot *s;       /* the slot of the pass running (or that ran last) */
-    block_acts shared; /* the scratch set of recomputed blocks (res3 unused) */
-    void *gathered;    // (N,C)     sequence parallelism: an all-gathered ln output, compute type
-    int head_cols;     /* Vb: vocabulary columns per LM-head chunk (== Vl: one chunk) */
-    float *last;       // (B,Vl)    the last positions' logits (recomputation, or TP sampling)
-    void *lnf_last;    // (B,C)     with recomputation: ln_f rows of the last positions
-    float *last_all;   // (B,Vp)    tensor parallelism: the last positions' full logits
-    float *ce_stats;   // (N,2)     tensor parallelism: this rank's (lse, target logit) per row
-    float *ce_all;     // (tp,N,2)  ... every rank's, for the merge (also the last logits)
-    float *dres;       // (Ns,C)    backward: gradient of the residual stream
-    float *dbuf;       // (N,C)     scratch: c_proj outputs, dln, a gathered dres
-    void *dqkv;        // (N,3Ct)   backward scratch, compute type
-    float *dfch;       // (N,Ft)    backward scratch
-    uint16_t *dres16;  // (N,C)     16-bit: dres rounded (the c_proj layers' dout; gathered
-                       //           to N rows with sequence parallelism)
-    uint16_t *row16;   // (Vb)      16-bit: the first row of a dlogits chunk
-    float *attn_work;  // 16-bit: dt_attention16_workspace() floats
-    float *gscratch;   // sequence parallelism: max(4C, T·C) floats, a replicated tensor's
-                       // partial gradient on its way to the group sum
-    double comm_ms;    /* time spent in the tensor-parallel communication points */
+    gpt_slot *slots;      /* (nch x nslots) micro-batches in flight: chunk c's are c*nslots.. */
+    int nslots;           /* per chunk */
+    gpt_slot *s;          /* the slot of the pass running (or that ran last) */
+    block_acts shared;    /* the scratch set of recomputed blocks (res3 unused) */
+    void *gathered;       // (N,C)     sequence parallelism: an all-gathered ln output, compute type
+    int head_cols;        /* Vb: vocabulary columns per LM-head chunk (== Vl: one chunk) */
+    float *last;          // (B,Vl)    the last positions' logits (recomputation, or TP sampling)
+    void *lnf_last;       // (B,C)     with recomputation: ln_f rows of the last positions
+    float *last_all;      // (B,Vp)    tensor parallelism: the last positions' full logits
+    float *ce_stats;      // (N,2)     tensor parallelism: this rank's (lse, target logit) per row
+    float *ce_all;        // (tp,N,2)  ... every rank's, for the merge (also the last logits)
+    float *dres;          // (Ns,C)    backward: gradient of the residual stream
+    float *dbuf;          // (N,C)     scratch: c_proj outputs, dln, a gathered dres
+    void *dqkv;           // (N,3Ct)   backward scratch, compute type
+    float *dfch;          // (N,Ft)    backward scratch
+    uint16_t *dres16;     // (N,C)     16-bit: dres rounded (the c_proj layers' dout; gathered
+                          //           to N rows with sequence parallelism)
+    uint16_t *row16;      // (Vb)      16-bit: the first row of a dlogits chunk
+    float *attn_work;     // 16-bit: dt_attention16_workspace() floats
+    float *gscratch;      // sequence parallelism: max(4C, T·C) floats, a replicated tensor's
+                          // partial gradient on its way to the group sum
+    double comm_ms;       /* time spent in the tensor-parallel communication points */
+    dt_param_hooks hooks; /* parameters kept elsewhere (fetch NULL: none) */
 };
 
 /* Whether block l drops its activations in forward and recomputes them. */

@@ -449,6 +449,65 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
     return dt_gpt_forward_stage(m, 0, 0, inputs, NULL, targets, B, T, mean_loss);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Parameters kept elsewhere (dt_param_hooks): the ranges a pass reads       */
+/* ------------------------------------------------------------------------ */
+
+typedef enum { U_WTE, U_WPE, U_LNF } unit_kind;
+
+/* A range of the flat parameter buffer. */
+typedef struct span {
+    size_t begin, end;
+} span;
+
+/* The parameters of block l, and of wte, wpe or ln_f. */
+static span block_unit(const dt_gpt *m, int l) {
+    size_t b = block_offset(m, l);
+    const dt_param_info *lastt =
+        &m->info[m->blocks + (size_t)m->lidx[l] * P_BLOCK_COUNT + P_BLOCK_COUNT - 1];
+    return (span){b, lastt->offset + lastt->rows * lastt->cols};
+}
+static span other_unit(const dt_gpt *m, unit_kind k) {
+    size_t i = k == U_WTE ? m->wte : k == U_WPE ? m->wpe : m->lnf;
+    const dt_param_info *p = &m->info[i];
+    size_t n = p->rows * p->cols * (k == U_LNF ? 2 : 1); /* ln_f: weight and bias */
+    return (span){p->offset, p->offset + n};
+}
+static dt_status fetch(dt_gpt *m, span r) {
+    return m->hooks.fetch ? m->hooks.fetch(m->hooks.user, r.begin, r.end) : DT_OK;
+}
+static void prefetch(dt_gpt *m, span r) {
+    if (m->hooks.prefetch)
+        m->hooks.prefetch(m->hooks.user, r.begin, r.end);
+}
+static void release(dt_gpt *m, span r) {
+    if (m->hooks.release)
+        m->hooks.release(m->hooks.user, r.begin, r.end);
+}
+
+/* Forward of the current slot's blocks from x, with the parameter hooks:
+ * block l reads its own parameters and (fp32: the next block's ln_1, or
+ * ln_f after the chunk's last block, fused into its residual add) those of
+ * the next unit, so each unit is fetched once, one block ahead, and the one
+ * after that prefetched; ln_f stays fetched for the head. */
+static dt_status blocks_forward(dt_gpt *m, const float *x, bool fused) {
+    gpt_slot *s = m->s;
+    DT_CHECK(fetch(m, block_unit(m, s->L0)));
+    for (int l = s->L0; l < s->L1; l++) {
+        if (l + 1 < s->L1)
+            DT_CHECK(fetch(m, block_unit(m, l + 1)));
+        else if (s->head)
+            DT_CHECK(fetch(m, other_unit(m, U_LNF)));
+        if (l + 2 < s->L1)
+            prefetch(m, block_unit(m, l + 2));
+        /* fp32: block l - 1 wrote block l's ln_1 (and the last block ln_f). */
+        DT_CHECK(dt__gpt_block_forward(m, l, x, true, fused && l > s->L0));
+        release(m, block_unit(m, l));
+        x = acts_of(m, l)->res3;
+    }
+    return DT_OK;
+}
+
 /* Make chunk's `slot` the current one. */
 static dt_status use_slot(dt_gpt *m, int chunk, int slot) {
     if (chunk < 0 || chunk >= m->d.nch)
@@ -467,6 +526,42 @@ static dt_status check_tokens(const int32_t *tok, int N, int V, const char *what
         if (tok[i] < 0 || tok[i] >= V)
             return dt_error_set(DT_ERR_INVALID, "%s token %d at position %d is outside [0, %d)",
                                 what, tok[i], i, V);
+    return DT_OK;
+}
+
+/* The head of a forward: ln_f (16-bit: here; fp32: fused into the last
+ * block), the logits and, with targets, the loss. */
+static dt_status head_pass(dt_gpt *m, const float *x, const int32_t *targets, int B, int T,
+                           float *mean_loss) {
+    const gpt_dims *d = &m->d;
+    const int C = d->C, N = B * T;
+    const dt_precision pr = m->opt.precision;
+    const size_t ns = rows_here(m);
+    const float *p = m->params;
+    const size_t lnw = m->info[m->lnf].offset, lnb = m->info[m->lnf + 1].offset;
+    if (pr != DT_PRECISION_FP32)
+        dt_layernorm16_forward(pr, m->s->lnf_out, m->s->lnf_mean, m->s->lnf_rstd, x, p + lnw,
+                               p + lnb, (int)ns, C);
+    const void *xf;
+    DT_CHECK(region_in_forward(m, m->s->lnf_out, &xf, dt__act_size(pr)));
+    if (!targets && !m->s->logits) {
+        /* Recomputation, no loss: only the last positions' logits. */
+        size_t row = (size_t)C * dt__act_size(pr);
+        for (int b = 0; b < B; b++)
+            memcpy((char *)m->lnf_last + (size_t)b * row,
+                   (const char *)xf + ((size_t)b * T + (size_t)T - 1) * row, row);
+        DT_CHECK(head_gemm(m, m->last, m->lnf_last, B, 0, d->Vl));
+        return d->tp > 1 ? gather_last(m) : DT_OK;
+    }
+    if (targets)
+        memcpy(m->s->targets, targets, sizeof(int32_t) * N);
+    float loss;
+    DT_CHECK(head_forward(m, xf, targets != NULL, &loss));
+    if (!targets)
+        return d->tp > 1 ? gather_last(m) : DT_OK;
+    if (mean_loss)
+        *mean_loss = loss;
+    m->s->have_targets = true;
     return DT_OK;
 }
 
@@ -505,48 +600,28 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
     const size_t ns = rows_here(m);
     if (pr != DT_PRECISION_FP32)
         cast_weights(m);
+    prefetch(m, block_unit(m, s->L0));
     if (s->embeds) {
         memcpy(s->tokens, inputs, sizeof(int32_t) * N);
+        DT_CHECK(fetch(m, other_unit(m, U_WTE)));
+        DT_CHECK(fetch(m, other_unit(m, U_WPE)));
         DT_CHECK(embed_forward(m));
+        release(m, other_unit(m, U_WTE));
+        release(m, other_unit(m, U_WPE));
     } else if (x_in != s->encoded) {
         memcpy(s->encoded, x_in, sizeof(float) * ns * C);
     }
-    const float *x = s->encoded; // (Ns,C) residual stream entering the block
-    for (int l = s->L0; l < s->L1; l++) {
-        /* fp32: block l - 1 wrote block l's ln_1 (and the last block ln_f). */
-        DT_CHECK(dt__gpt_block_forward(m, l, x, true, pr == DT_PRECISION_FP32 && l > s->L0));
-        x = acts_of(m, l)->res3;
-    }
+    DT_CHECK(blocks_forward(m, s->encoded, pr == DT_PRECISION_FP32));
+    const float *x = acts_of(m, s->L1 - 1)->res3; /* the chunk's output */
     if (!s->head) {
         s->have_targets = true; /* a stage without the head differentiates its output */
         return DT_OK;
     }
-    const float *p = m->params;
-    const size_t lnw = m->info[m->lnf].offset, lnb = m->info[m->lnf + 1].offset;
-    if (pr != DT_PRECISION_FP32)
-        dt_layernorm16_forward(pr, m->s->lnf_out, m->s->lnf_mean, m->s->lnf_rstd, x, p + lnw,
-                               p + lnb, (int)ns, C);
-    const void *xf;
-    DT_CHECK(region_in_forward(m, m->s->lnf_out, &xf, dt__act_size(pr)));
-    if (!targets && !m->s->logits) {
-        /* Recomputation, no loss: only the last positions' logits. */
-        size_t row = (size_t)C * dt__act_size(pr);
-        for (int b = 0; b < B; b++)
-            memcpy((char *)m->lnf_last + (size_t)b * row,
-                   (const char *)xf + ((size_t)b * T + (size_t)T - 1) * row, row);
-        DT_CHECK(head_gemm(m, m->last, m->lnf_last, B, 0, d->Vl));
-        return d->tp > 1 ? gather_last(m) : DT_OK;
-    }
-    if (targets)
-        memcpy(m->s->targets, targets, sizeof(int32_t) * N);
-    float loss;
-    DT_CHECK(head_forward(m, xf, targets != NULL, &loss));
-    if (!targets)
-        return d->tp > 1 ? gather_last(m) : DT_OK;
-    if (mean_loss)
-        *mean_loss = loss;
-    m->s->have_targets = true;
-    return DT_OK;
+    DT_CHECK(fetch(m, other_unit(m, U_WTE))); /* the tied head; ln_f was fetched */
+    dt_status hst = head_pass(m, x, targets, B, T, mean_loss);
+    release(m, other_unit(m, U_WTE));
+    release(m, other_unit(m, U_LNF));
+    return hst;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -877,16 +952,21 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, int chunk, int slot, const float *dx_
     const int C = d->C, Ns = (int)rows_here(m);
     float *p = m->params, *g = m->grads;
     const float *xL = acts_of(m, s->L1 - 1)->res3;
+    prefetch(m, block_unit(m, s->L1 - 1));
     if (s->head) {
         const dt_param_info *lnw = &m->info[m->lnf], *lnb = &m->info[m->lnf + 1];
         const void *x;
         float *dlnf;
+        DT_CHECK(fetch(m, other_unit(m, U_LNF)));
+        DT_CHECK(fetch(m, other_unit(m, U_WTE)));
         DT_CHECK(region_in_forward(m, s->lnf_out, &x, dt__act_size(m->opt.precision)));
         DT_CHECK(head_backward(m, x, grad_scale / (float)(s->B * s->T), mode));
+        release(m, other_unit(m, U_WTE));
         DT_CHECK(region_in_backward(m, m->dbuf, &dlnf));
         memset(m->dres, 0, sizeof(float) * (size_t)Ns * C);
         ln_backward(m, m->dres, true, g + lnw->offset, g + lnb->offset, m->gscratch, dlnf, xL,
                     p + lnw->offset, s->lnf_mean, s->lnf_rstd, mode);
+        release(m, other_unit(m, U_LNF));
         if (d->sp)
             DT_CHECK(sum_partial(m, g + lnw->offset, m->gscratch, 2 * (size_t)C, mode));
     } else {
@@ -894,10 +974,14 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, int chunk, int slot, const float *dx_
     }
     for (int l = s->L1 - 1; l >= s->L0; l--) {
         const float *x = block_input(m, l);
+        DT_CHECK(fetch(m, block_unit(m, l)));
+        if (l > s->L0)
+            prefetch(m, block_unit(m, l - 1));
         /* A recomputed block refills the shared set from its kept input. */
         if (dt__gpt_recomputed(m->opt.recompute_every, l))
             DT_CHECK(dt__gpt_block_forward(m, l, x, false, false));
         DT_CHECK(block_backward(m, l, x, mode, !split));
+        release(m, block_unit(m, l));
         /* m->dres holds d(x); every gradient from block l onwards is final. */
         if (hook && !split)
             hook(user, block_offset(m, l));
@@ -926,9 +1010,11 @@ dt_status dt_gpt_weight_stage(dt_gpt *m, int chunk, int slot, dt_grad_mode mode,
      * parameters do not change within a step). */
     for (int l = s->L1 - 1; l >= s->L0; l--) {
         const float *x = block_input(m, l);
+        DT_CHECK(fetch(m, block_unit(m, l)));
         if (dt__gpt_recomputed(m->opt.recompute_every, l))
             DT_CHECK(dt__gpt_block_forward(m, l, x, false, false));
         DT_CHECK(block_weights(m, l, x, mode));
+        release(m, block_unit(m, l));
         if (hook)
             hook(user, block_offset(m, l));
     }

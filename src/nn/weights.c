@@ -63,9 +63,8 @@ dt_status dt_gpt_load_weights(dt_gpt **out, const char *path, int max_batch, int
     dt_status st = DT_OK;
     dt_gpt *m = NULL;
     dt_hasher *hs = NULL;
-    FILE *f = fopen(path, "rb");
-    if (!f)
-        return dt_error_set_errno(DT_ERR_IO, "cannot open weights file %s", path);
+    FILE *f;
+    DT_CHECK(dt_file_open_read(path, "weights file", &f));
     wfile_header h;
     if (fread(&h, sizeof h, 1, f) != 1) {
         st = dt_error_set(DT_ERR_CORRUPT, "weights file %s: truncated header", path);
@@ -123,6 +122,7 @@ dt_status dt_gpt_load_weights(dt_gpt **out, const char *path, int max_batch, int
             dt_error_set(DT_ERR_CORRUPT, "weights file %s: checksum mismatch (file damaged)", path);
         goto fail;
     }
+    DT_CHECK_GOTO(dt_file_expect_end(f, "weights file", path), st, fail);
     dt_hasher_destroy(hs);
     fclose(f);
     if (vocab_bytes)

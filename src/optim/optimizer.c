@@ -52,6 +52,15 @@ dt_optim_config dt_optim_config_default(void) {
 
 #define bad(...) dt_error_set(DT_ERR_INVALID, __VA_ARGS__)
 
+/* State buffers of one parameter each: AdamW's m and v, SGD's momentum. */
+static size_t state_count(const dt_optim_config *c) {
+    return c->kind == DT_OPTIM_ADAMW ? 2 : c->momentum > 0 ? 1 : 0;
+}
+
+size_t dt_optimizer_plan_bytes(const dt_optim_config *c, size_t owned_count) {
+    return state_count(c) * owned_count * sizeof(float);
+}
+
 dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
                               const dt_optim_tensor *tensors, size_t ntensors,
                               const dt_range *owned, size_t nowned) {
@@ -102,7 +111,7 @@ dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
             if (owned[k].end > tensors[i].offset + tensors[i].count)
                 break; /* the next tensor may still lie in range k */
         }
-    o->nstates = c->kind == DT_OPTIM_ADAMW ? 2 : c->momentum > 0 ? 1 : 0;
+    o->nstates = state_count(c);
     size_t n = o->start[nowned];
     for (size_t k = 0; k < o->nstates; k++) {
         o->state[k] = dt_alloc((n ? n : 1) * sizeof(float));

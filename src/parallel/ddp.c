@@ -29,10 +29,16 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 typedef struct bucket {
     size_t begin, end; /* range of the gradient buffer */
-    dt_work *work;     /* in-flight allreduce, NULL when not started or done */
+    dt_work *work;     /* in-flight allreduce (sharded: reduce-scatter), NULL when not started or
+                          done */
+    dt_work *tail;     /* sharded: the allreduce of the remainder, if any */
+    dt_work *gather;   /* sharded: the parameters' allgather in flight */
+    dt_work *gtail;    /* ... and the remainder's broadcast */
     dt_callreduce *cc; /* coded: the bucket's compressed allreduce */
     /* dense_below (not PowerSGD): the small tensors' values in the bucket,
      * nr ranges [lo, hi) in bucket coordinates, nd values, staged in
@@ -71,6 +77,8 @@ struct dt_ddp {
     bool sync_init; /* mu and cv exist */
     size_t w_queued, w_done;
     bool w_quit;
+    bool shard;   /* buckets are reduce-scattered (ZeRO) */
+    bool release; /* ... and the gradient memory outside this replica's pieces returned */
 };
 
 #define STATE_MAGIC 0x31534444u /* "DDS1" */
@@ -183,6 +191,40 @@ static dt_status make_codecs(dt_ddp *d, const dt_ddp_options *o) {
 }
 
 static void *worker_main(void *arg);
+static void release_unowned(const dt_ddp *d, const struct bucket *b);
+
+/* Values per bucket: bucket_bytes of floats, sharded rounded down to a
+ * multiple of dp (at least dp). */
+static size_t bucket_floats(size_t bucket_bytes, int dp, bool shard) {
+    size_t per = bucket_bytes / sizeof(float);
+    if (shard) {
+        per = per / (size_t)dp * (size_t)dp;
+        per = per < (size_t)dp ? (size_t)dp : per;
+    }
+    return per;
+}
+
+/* Replica r's piece of bucket [begin, end) among dp: q = (end - begin) / dp
+ * values each, the last replica also the remainder. */
+static dt_range piece_of(size_t begin, size_t end, int dp, int r) {
+    size_t q = (end - begin) / (size_t)dp;
+    return (dt_range){begin + (size_t)r * q, r == dp - 1 ? end : begin + (size_t)(r + 1) * q};
+}
+
+size_t dt_ddp_shard_count(size_t n, size_t bucket_bytes, int dp) {
+    size_t per = bucket_floats(bucket_bytes, dp, true);
+    return n == 0 ? 0 : (n + per - 1) / per;
+}
+
+size_t dt_ddp_shard_ranges(size_t n, size_t bucket_bytes, int dp, int rank, dt_range *out) {
+    size_t per = bucket_floats(bucket_bytes, dp, true),
+           nb = dt_ddp_shard_count(n, bucket_bytes, dp);
+    for (size_t i = 0; i < nb; i++) { /* bucket nb - 1 - i is the i-th from the front */
+        size_t b = nb - 1 - i, end = n - b * per, begin = end > per ? end - per : 0;
+        out[i] = piece_of(begin, end, dp, rank);
+    }
+    return nb;
+}
 
 dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *grads, size_t n,
                              const dt_ddp_options *o_in) {
@@ -208,6 +250,10 @@ dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *gr
                             "goes on the wire)",
                             dt_dtype_name(o.grad_dtype), dt_codec_format(&o.codec, cb, sizeof cb));
     }
+    if (o.shard && (o.codec.kind != DT_CODEC_NONE || o.grad_dtype != DT_F32))
+        return dt_error_set(DT_ERR_INVALID,
+                            "sharded buckets (ZeRO) reduce-scatter plain f32: no codec and no "
+                            "16-bit gradient dtype");
     dt_ddp *d = dt_calloc(1, sizeof *d);
     if (!d)
         return DT_ERR_NOMEM;
@@ -217,7 +263,9 @@ dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *gr
     d->params = params;
     d->grads = grads;
     d->n = n;
-    size_t per = bucket_bytes / sizeof(float);
+    d->shard = o.shard;
+    d->release = o.shard && o.release;
+    size_t per = bucket_floats(bucket_bytes, d->world, d->shard);
     d->nb = n == 0 ? 0 : (n + per - 1) / per;
     d->b = dt_calloc(d->nb ? d->nb : 1, sizeof *d->b);
     if (!d->b) {
@@ -228,6 +276,10 @@ dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *gr
         d->b[i].end = n - i * per;
         d->b[i].begin = d->b[i].end > per ? d->b[i].end - per : 0;
     }
+    /* Releasing: whatever the buffer held (the model zeroes it at
+     * creation) is not needed outside this replica's pieces. */
+    for (size_t i = 0; d->release && i < d->nb; i++)
+        release_unowned(d, &d->b[i]);
     /* A world of one communicates nothing: no codec either (the gradient
      * stays exact, as without DDP). */
     d->coded =
@@ -259,9 +311,12 @@ void dt_ddp_destroy(dt_ddp *d) {
     if (!d)
         return;
     /* Outstanding work must not outlive its buffers. */
-    for (size_t i = 0; i < d->nb; i++)
-        if (d->b[i].work)
-            (void)dt_work_wait(d->b[i].work);
+    for (size_t i = 0; i < d->nb; i++) {
+        dt_work *w[4] = {d->b[i].work, d->b[i].tail, d->b[i].gather, d->b[i].gtail};
+        for (int k = 0; k < 4; k++)
+            if (w[k])
+                (void)dt_work_wait(w[k]);
+    }
     if (d->worker) {
         /* The worker finishes what is queued (each run is bounded by
          * DT_TIMEOUT) and exits. */
@@ -302,8 +357,11 @@ static uint64_t ring_bytes(const dt_ddp *d, size_t count) {
 
 /* Bytes this rank sends for bucket b in a communicating step: the codec's
  * schedule (plus the exact small tensors' f32 allreduce), or a plain f32
- * ring allreduce during the dense warm-up and without a codec. */
+ * ring allreduce during the dense warm-up and without a codec; sharded, a
+ * ring reduce-scatter ((W-1)/W of the bucket, the gather counted apart). */
 static uint64_t bucket_bytes(const dt_ddp *d, const bucket *b) {
+    if (d->shard)
+        return ring_bytes(d, b->end - b->begin) / 2;
     return b->cc && !d->dense ? dt_callreduce_wire_bytes(b->cc) + ring_bytes(d, b->nd)
                               : ring_bytes(d, b->end - b->begin);
 }
@@ -455,7 +513,47 @@ static void launch(dt_ddp *d) {
         return;
     }
     float *p = d->grads + b->begin;
-    dt_status st = dt_group_iallreduce(d->g, p, p, b->end - b->begin, DT_F32, DT_AVG, &b->work);
+    dt_status st;
+    if (d->shard) {
+        /* In place: replica r's averaged piece lands at its own place; the
+         * remainder (fewer than W values) is averaged whole. */
+        size_t q = (b->end - b->begin) / (size_t)d->world, tail = b->end - b->begin - q * d->world;
+        st = dt_group_ireduce_scatter(d->g, p, p, q, DT_F32, DT_AVG, &b->work);
+        if (st == DT_OK && tail)
+            st = dt_group_iallreduce(d->g, p + q * d->world, p + q * d->world, tail, DT_F32, DT_AVG,
+                                     &b->tail);
+    } else {
+        st = dt_group_iallreduce(d->g, p, p, b->end - b->begin, DT_F32, DT_AVG, &b->work);
+    }
+    if (st != DT_OK && d->err == DT_OK)
+        d->err = st;
+}
+
+/* Return the whole pages inside [lo, hi) to the system: they read as zero
+ * afterwards, and cost no memory until written again. */
+static void drop_pages(float *lo, float *hi) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = ((uintptr_t)lo + page - 1) / page * page, b = (uintptr_t)hi / page * page;
+    if (a < b)
+        (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice: nothing to undo on failure */
+}
+
+/* ZeRO 2: once bucket b is reduce-scattered, the gradient outside this
+ * replica's piece is not needed any more. */
+static void release_unowned(const dt_ddp *d, const bucket *b) {
+    if (!d->release || !communicates(d))
+        return;
+    dt_range mine = piece_of(b->begin, b->end, d->world, d->rank);
+    drop_pages(d->grads + b->begin, d->grads + mine.begin);
+    drop_pages(d->grads + mine.end, d->grads + b->end);
+}
+
+/* Wait for *w if set (clearing it), keeping the first error. */
+static void wait_clear(dt_ddp *d, dt_work **w) {
+    if (!*w)
+        return;
+    dt_status st = dt_work_wait(*w);
+    *w = NULL;
     if (st != DT_OK && d->err == DT_OK)
         d->err = st;
 }
@@ -480,9 +578,12 @@ static void poll(dt_ddp *d) {
     }
     while (d->ndone < d->next) {
         bucket *b = &d->b[d->ndone];
-        if (b->work) {
+        dt_work **ws[2] = {&b->work, &b->tail};
+        for (int k = 0; k < 2; k++) {
+            if (!*ws[k])
+                continue;
             bool done = false;
-            dt_status st = dt_work_test(b->work, &done);
+            dt_status st = dt_work_test(*ws[k], &done);
             if (st != DT_OK) {
                 if (d->err == DT_OK)
                     d->err = st;
@@ -490,13 +591,11 @@ static void poll(dt_ddp *d) {
             }
             if (!done)
                 return;
-            st = dt_work_wait(b->work); /* completed: collects the status, frees */
-            b->work = NULL;
-            if (st != DT_OK && d->err == DT_OK)
-                d->err = st;
+            wait_clear(d, ws[k]); /* completed: collects the status, frees */
         }
         b->done = true;
         b->t_done = dt_now();
+        release_unowned(d, b);
         d->ndone++;
     }
 }
@@ -535,19 +634,18 @@ dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
             s.exposed_comm_ms += (dt_now() - t0) * 1e3;
             coded_done(d, b);
             d->ndone = i + 1;
-        } else if (b->work) {
+        } else if (b->work || b->tail) {
             double t0 = dt_now();
-            dt_status st = dt_work_wait(b->work);
-            b->work = NULL;
+            wait_clear(d, &b->work);
+            wait_clear(d, &b->tail);
             double t1 = dt_now();
             s.exposed_comm_ms += (t1 - t0) * 1e3;
             if (!b->done) {
                 b->done = true;
                 b->t_done = t1;
                 d->ndone = i + 1;
+                release_unowned(d, b);
             }
-            if (st != DT_OK && d->err == DT_OK)
-                d->err = st;
         } else if (!b->done) {
             b->done = true;
             b->t_done = dt_now();
@@ -562,8 +660,12 @@ dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
             s.bytes_sent += bucket_bytes(d, b);
         }
         prev_done = b->t_done;
-        if (fn)
+        if (fn && d->shard) {
+            dt_range r = piece_of(b->begin, b->end, d->world, d->rank);
+            fn(user, r.begin, r.end);
+        } else if (fn) {
             fn(user, b->begin, b->end);
+        }
     }
     d->sync = false;
     d->step++;
@@ -580,6 +682,33 @@ dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
 }
 
 const dt_ddp_stats *dt_ddp_last_stats(const dt_ddp *d) { return &d->stats; }
+
+dt_status dt_ddp_gather(dt_ddp *d, size_t i) {
+    DT_ASSERT(d->shard && i < d->nb);
+    if (!communicates(d))
+        return DT_OK;
+    bucket *b = &d->b[i];
+    float *p = d->params + b->begin;
+    size_t q = (b->end - b->begin) / (size_t)d->world, tail = b->end - b->begin - q * d->world;
+    /* In place: replica r's piece is already at its place in the bucket. */
+    DT_CHECK(dt_group_iallgather(d->g, p, p, q, DT_F32, &b->gather));
+    if (tail)
+        DT_CHECK(
+            dt_group_ibroadcast(d->g, p + q * d->world, tail, DT_F32, d->world - 1, &b->gtail));
+    return DT_OK;
+}
+
+dt_status dt_ddp_gather_wait(dt_ddp *d) {
+    for (size_t i = 0; i < d->nb; i++) {
+        wait_clear(d, &d->b[i].gather);
+        wait_clear(d, &d->b[i].gtail);
+    }
+    dt_status st = d->err;
+    d->err = DT_OK;
+    if (st != DT_OK)
+        dt_error_prefix("parameter allgather");
+    return st;
+}
 
 dt_status dt_ddp_average(dt_ddp *d, double *values, size_t count) {
     if (!communicates(d) || count == 0)

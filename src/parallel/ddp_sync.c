@@ -32,9 +32,8 @@ typedef struct ddp_sync {
     float *params;   /* (n) borrowed */
     float *grads;    /* (n) borrowed */
     size_t n;
-    dt_optimizer *opt; /* borrowed */
-    dt_range *norm;    /* ranges counted in the norm, sorted */
-    size_t nnorm;
+    dt_optimizer *opt;      /* borrowed */
+    dt__norm_ranges norm;   /* ranges counted in the norm */
     bool codec;             /* a codec (not only a 16-bit cast) compresses the buckets */
     dt_codec_spec spec;     /* its spec */
     int64_t compress_start; /* dense warm-up steps */
@@ -46,6 +45,7 @@ typedef struct ddp_sync {
     float inv_scale;   /* 1 / step.loss_scale */
     float state_scale; /* loss scale the codec residuals are in */
     size_t bucket;     /* buckets seen by on_bucket this step */
+    int backwards;     /* begin_backward calls this step */
     double sumsq;
     bool found_inf;
 } ddp_sync;
@@ -69,6 +69,7 @@ static dt_status sync_begin_step(dt_grad_sync *base, const dt_sync_step *st) {
     s->sumsq = 0;
     s->found_inf = false;
     s->bucket = 0;
+    s->backwards = 0;
     if (st->loss_scale != s->state_scale) {
         dt_ddp_scale_state(s->d, st->loss_scale / s->state_scale);
         s->state_scale = st->loss_scale;
@@ -81,24 +82,15 @@ static dt_status sync_begin_step(dt_grad_sync *base, const dt_sync_step *st) {
     return DT_OK;
 }
 
-static void sync_begin_backward(dt_grad_sync *base, bool last) {
-    dt_ddp_begin(((ddp_sync *)base)->d, last);
+static dt_grad_mode sync_begin_backward(dt_grad_sync *base, bool last) {
+    ddp_sync *s = (ddp_sync *)base;
+    dt_ddp_begin(s->d, last);
+    /* The step's first backward overwrites, the others add to it. */
+    return s->backwards++ == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE;
 }
 
 static void sync_ready(dt_grad_sync *base, size_t ready_from) {
     dt_ddp_grad_ready(((ddp_sync *)base)->d, ready_from);
-}
-
-/* Squares of grads[begin, end) inside the norm ranges. */
-static double counted_sumsq(const ddp_sync *s, size_t begin, size_t end) {
-    double sum = 0;
-    for (size_t i = 0; i < s->nnorm; i++) {
-        size_t lo = s->norm[i].begin > begin ? s->norm[i].begin : begin;
-        size_t hi = s->norm[i].end < end ? s->norm[i].end : end;
-        if (lo < hi)
-            sum += dt_grad_sumsq(s->grads + lo, hi - lo);
-    }
-    return sum;
 }
 
 /* Each averaged bucket, in order (see the file comment). */
@@ -108,7 +100,7 @@ static void on_bucket(void *user, size_t begin, size_t end) {
     if (s->step.loss_scaling)
         s->found_inf |= dt_unscale(g + begin, end - begin, s->inv_scale);
     if (s->bucket++ % (size_t)s->dp == (size_t)s->replica)
-        s->sumsq += counted_sumsq(s, begin, end);
+        s->sumsq += dt__norm_ranges_sumsq(&s->norm, s->grads, begin, end);
     if (s->step.update_early)
         dt_optimizer_update(s->opt, s->params, g, begin, end);
 }
@@ -190,7 +182,7 @@ static void sync_reset_state(dt_grad_sync *base) { dt_ddp_reset_state(((ddp_sync
 static void sync_destroy(dt_grad_sync *base) {
     ddp_sync *s = (ddp_sync *)base;
     dt_ddp_destroy(s->d);
-    dt_free(s->norm);
+    dt__norm_ranges_free(&s->norm);
     dt_free(s);
 }
 
@@ -245,17 +237,8 @@ dt_status dt_ddp_sync_create(dt_grad_sync **out, const dt_ddp_sync_config *c) {
     s->ramp = c->compress_ramp;
     s->ramp_start = c->ramp_start;
     s->state_scale = 1.0f;
-    s->nnorm = c->norm_ranges ? c->nnorm : 1;
-    s->norm = dt_calloc(s->nnorm ? s->nnorm : 1, sizeof *s->norm);
-    dt_status st = DT_OK;
-    if (!s->norm) {
-        st = DT_ERR_NOMEM;
-        goto fail;
-    }
-    if (c->norm_ranges)
-        memcpy(s->norm, c->norm_ranges, s->nnorm * sizeof *s->norm);
-    else
-        s->norm[0] = (dt_range){0, c->n};
+    dt_status st;
+    DT_CHECK_GOTO(dt__norm_ranges_init(&s->norm, c->norm_ranges, c->nnorm, c->n), st, fail);
     DT_CHECK_GOTO(dt_ddp_create_with(&s->d, c->group, c->params, c->grads, c->n, &c->ddp), st,
                   fail);
     static const char *const ef_names[] = {"auto", "on", "off"};

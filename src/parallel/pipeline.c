@@ -704,6 +704,7 @@ void dt_pp_timeline_text(const dt_pp_schedule *s, const dt_pp_report *r, double 
 }
 
 dt_status dt_pp_timeline_svg(const dt_pp_schedule *s, const dt_pp_report *r, const char *path) {
+    DT_CHECK(dt_file_check_replaceable(path));
     FILE *f = fopen(path, "w");
     if (!f)
         return dt_error_set(DT_ERR_IO, "cannot write %s", path);

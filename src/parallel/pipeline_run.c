@@ -52,7 +52,6 @@ typedef struct pp_runner {
     dt_group *embed_group; /* owned: first and last stage (NULL elsewhere, or P == 1) */
     size_t wte_floats;     /* the tied embedding at the front of the buffers (0: none here) */
     int slots;             /* per chunk */
-    int predicted_live;    /* the checker's peak_live for this rank */
     /* Per (mb, chunk) = mb * V + c: */
     int *slot_of;    /* its slot, -1 */
     int *in_buf;     /* transfer buffer of its received activation / gradient, -1 */
@@ -221,8 +220,8 @@ static void ready(void *user, size_t from) {
 
 /* Before the first pass that makes gradients final. */
 static void begin_final(pp_runner *r) {
-    if (!r->began)
-        dt_grad_sync_begin_backward(r->sync, true);
+    if (!r->began) /* the runner accumulates its micro-batches itself */
+        (void)dt_grad_sync_begin_backward(r->sync, true);
     r->began = true;
 }
 
@@ -592,7 +591,6 @@ dt_status dt_pp_runner_create(dt_runner **out, const dt_pp_runner_config *c) {
         return st;
     }
     r->slots = dt_pp_slots(s, &rep, r->rank);
-    r->predicted_live = rep.peak_live[r->rank];
     dt_pp_report_free(&rep);
     size_t n = (size_t)r->M * r->V, ks = (size_t)r->V * r->slots;
     r->slot_of = dt_calloc(n, sizeof *r->slot_of);

@@ -47,12 +47,11 @@ static dt_status seq_step(dt_runner *base, const dt_run_batch *b, dt_grad_sync *
         double t0 = dt_now();
         DT_CHECK(dt_gpt_forward(r->m, b->inputs + k * bt, b->targets + k * bt, b->B, b->T, &loss));
         out->loss += loss;
-        dt_grad_sync_begin_backward(sync, k == b->micro - 1);
-        /* The first micro-batch overwrites the gradients (no zeroing pass;
-         * the same bits), the others add to them. */
-        DT_CHECK(dt_gpt_backward_mode(r->m, b->grad_scale,
-                                      k == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE,
-                                      dt_grad_sync_ready, sync));
+        /* The synchronisation says whether this backward overwrites the
+         * gradients (the step's first: no zeroing pass, the same bits) or
+         * adds to them. */
+        dt_grad_mode mode = dt_grad_sync_begin_backward(sync, k == b->micro - 1);
+        DT_CHECK(dt_gpt_backward_mode(r->m, b->grad_scale, mode, dt_grad_sync_ready, sync));
         out->busy_ms += (dt_now() - t0) * 1e3;
     }
     out->peak_live = 1;

@@ -2,6 +2,7 @@
  * sync.c — the public face of dt_grad_sync: each call goes through the
  * strategy's table (sync_internal.h). Nothing here knows a strategy.
  */
+#include "dtrain/optim.h"
 #include "sync_internal.h"
 
 #include <string.h>
@@ -9,8 +10,8 @@
 dt_status dt_grad_sync_begin_step(dt_grad_sync *s, const dt_sync_step *step) {
     return s->ops->begin_step(s, step);
 }
-void dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch) {
-    s->ops->begin_backward(s, last_microbatch);
+dt_grad_mode dt_grad_sync_begin_backward(dt_grad_sync *s, bool last_microbatch) {
+    return s->ops->begin_backward(s, last_microbatch);
 }
 void dt_grad_sync_ready(void *s, size_t ready_from) {
     dt_grad_sync *g = s;
@@ -43,4 +44,31 @@ dt_status dt_grad_sync_set_state(dt_grad_sync *s, const void *buf, size_t len, f
 void dt_grad_sync_destroy(dt_grad_sync *s) {
     if (s)
         s->ops->destroy(s);
+}
+
+dt_status dt__norm_ranges_init(dt__norm_ranges *out, const dt_range *ranges, size_t n,
+                               size_t floats) {
+    out->n = ranges ? n : 1;
+    out->r = dt_calloc(out->n ? out->n : 1, sizeof *out->r);
+    if (!out->r)
+        return DT_ERR_NOMEM;
+    if (ranges)
+        memcpy(out->r, ranges, out->n * sizeof *out->r);
+    else
+        out->r[0] = (dt_range){0, floats};
+    return DT_OK;
+}
+
+void dt__norm_ranges_free(dt__norm_ranges *nr) { dt_free(nr->r); }
+
+double dt__norm_ranges_sumsq(const dt__norm_ranges *nr, const float *grads, size_t begin,
+                             size_t end) {
+    double sum = 0;
+    for (size_t i = 0; i < nr->n; i++) {
+        size_t lo = nr->r[i].begin > begin ? nr->r[i].begin : begin;
+        size_t hi = nr->r[i].end < end ? nr->r[i].end : end;
+        if (lo < hi)
+            sum += dt_grad_sumsq(grads + lo, hi - lo);
+    }
+    return sum;
 }

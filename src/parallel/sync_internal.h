@@ -12,7 +12,7 @@
 typedef struct dt__sync_ops {
     const char *name; /* "ddp", ... */
     dt_status (*begin_step)(dt_grad_sync *s, const dt_sync_step *step);
-    void (*begin_backward)(dt_grad_sync *s, bool last_microbatch);
+    dt_grad_mode (*begin_backward)(dt_grad_sync *s, bool last_microbatch);
     void (*ready)(dt_grad_sync *s, size_t ready_from);
     dt_status (*finish)(dt_grad_sync *s, dt_sync_result *out);
     dt_status (*apply)(dt_grad_sync *s, bool skip, float clip_scale);
@@ -31,5 +31,19 @@ typedef struct dt__sync_ops {
 struct dt_grad_sync {
     const dt__sync_ops *ops;
 };
+
+/* The ranges of the gradient buffer a model-parallel rank counts in the
+ * norm (the tensors it owns): a copy of `ranges` (n of them), or all of
+ * [0, floats) when ranges is NULL. *out is freed with dt_free. */
+typedef struct dt__norm_ranges {
+    dt_range *r;
+    size_t n;
+} dt__norm_ranges;
+dt_status dt__norm_ranges_init(dt__norm_ranges *out, const dt_range *ranges, size_t n,
+                               size_t floats);
+void dt__norm_ranges_free(dt__norm_ranges *nr);
+/* The sum of squares of grads[begin, end) inside the ranges. */
+double dt__norm_ranges_sumsq(const dt__norm_ranges *nr, const float *grads, size_t begin,
+                             size_t end);
 
 #endif

@@ -120,6 +120,7 @@ char *dt__train_config_json(const trainer *t) {
     put(o, "seed", json_integer((json_int_t)c->seed), &ok);
     put(o, "threads", json_integer(dt_tensor_threads()), &ok);
     put(o, "bucket-size", json_integer((json_int_t)c->bucket_bytes), &ok);
+    put(o, "zero", json_integer(c->zero), &ok);
     put(o, "check-every", json_integer(c->check_every), &ok);
     if (c->peak_gflops > 0)
         put(o, "peak-flops", real(c->peak_gflops * 1e9), &ok);

@@ -270,6 +270,16 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
         }
         fprintf(stderr, "\n");
     }
+    uint64_t rss, peak;
+    if (dt_mem_resident(&rss, &peak)) {
+        char a[32], b[32], p[32];
+        fprintf(stderr,
+                "memory:     planned %s per rank (rank 0), measured peak resident %s of "
+                "which %s before the model\n",
+                dt_format_bytes((double)t->plan.total, p, sizeof p),
+                dt_format_bytes((double)peak, a, sizeof a),
+                dt_format_bytes((double)t->rss_base, b, sizeof b));
+    }
     if (c->run_dir)
         fprintf(stderr, "run:        %s (config.json, metrics.jsonl, model.dtgw)\n", c->run_dir);
     if (res->checkpoint[0])

@@ -59,19 +59,29 @@ static dt_status keep_steps_upto(const char *path, int64_t upto) {
     FILE *in = fopen(path, "r");
     if (!in)
         return DT_OK;
-    char *kept = NULL, *line = NULL;
-    size_t klen = 0, kcap = 0, cap = 0;
-    ssize_t n;
-    dt_status st = DT_OK;
-    while ((n = getline(&line, &cap, in)) > 0) {
-        json_t *o = json_loadb(line, (size_t)n, 0, NULL);
+    /* A line is a few hundred bytes: read each into a fixed buffer, so a
+     * damaged file cannot make us allocate without bound. */
+    enum { MAX_LINE = 1 << 16 };
+    char *kept = NULL, *line = malloc(MAX_LINE);
+    size_t klen = 0, kcap = 0;
+    dt_status st = line ? DT_OK : dt_error_set(DT_ERR_NOMEM, "reading %s", path);
+    while (st == DT_OK && fgets(line, MAX_LINE, in)) {
+        size_t n = strlen(line);
+        if (n == MAX_LINE - 1 && line[n - 1] != '\n') {
+            st = dt_error_set(DT_ERR_CORRUPT,
+                              "%s: a line longer than %d bytes is not a metrics "
+                              "line",
+                              path, MAX_LINE - 1);
+            break;
+        }
+        json_t *o = json_loadb(line, n, 0, NULL);
         json_t *sv = o ? json_object_get(o, "step") : NULL;
         json_int_t step = json_is_integer(sv) ? json_integer_value(sv) : -1;
         json_decref(o);
         if (step < 0 || step > upto) /* a torn or foreign line goes too */
             continue;
-        if (klen + (size_t)n > kcap) {
-            kcap = (klen + (size_t)n) * 2;
+        if (klen + n > kcap) {
+            kcap = (klen + n) * 2;
             char *k = realloc(kept, kcap);
             if (!k) {
                 st = dt_error_set(DT_ERR_NOMEM, "reading %s", path);
@@ -79,8 +89,8 @@ static dt_status keep_steps_upto(const char *path, int64_t upto) {
             }
             kept = k;
         }
-        memcpy(kept + klen, line, (size_t)n);
-        klen += (size_t)n;
+        memcpy(kept + klen, line, n);
+        klen += n;
     }
     free(line);
     fclose(in);
@@ -103,7 +113,10 @@ dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, int64_t resum
         return dt_error_set(DT_ERR_NOMEM, "metrics path");
     }
     snprintf(m->path, len, "%s/metrics.jsonl", run_dir);
-    dt_status st = resume_step > 0 ? keep_steps_upto(m->path, resume_step) : DT_OK;
+    /* Never a device, FIFO or directory (a FIFO would block the read). */
+    dt_status st = dt_file_check_replaceable(m->path);
+    if (st == DT_OK && resume_step > 0)
+        st = keep_steps_upto(m->path, resume_step);
     m->f = st == DT_OK ? fopen(m->path, resume_step > 0 ? "a" : "w") : NULL;
     if (!m->f) {
         if (st == DT_OK)

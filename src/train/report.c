@@ -42,6 +42,9 @@ static void print_precision(const trainer *t, FILE *f) {
             dt_format_bytes((double)mr.activations, act, sizeof act),
             dt_precision_name(c->precision), dt_format_bytes((double)mr.saved, sv, sizeof sv),
             dt_format_bytes((double)mr.recompute, re, sizeof re));
+    fprintf(f, "  memory plan/rank (dtrain plan memory; rank 0): ");
+    dt_rank_memory_print(&t->plan, f);
+    fprintf(f, "\n");
 }
 
 /* The lines printed before the first step: the model, the layout and the

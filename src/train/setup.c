@@ -49,17 +49,8 @@ static dt_status join(trainer *t) {
         t->size = dt_group_size(t->world);
         dt_log_set_rank(t->rank);
     }
-    dt_mesh_shape shape = dt_mesh_shape_default();
-    if (c->mesh_order)
-        DT_CHECK(dt_mesh_order_parse("--mesh-order", c->mesh_order, shape.order));
-    int split = c->tp * c->pp * c->cp;
-    if (!c->dp && t->size % split != 0)
-        return bad("the job's %d rank(s) are not a multiple of --tp %d x --pp %d x --cp %d = %d",
-                   t->size, c->tp, c->pp, c->cp, split);
-    shape.degree[DT_AXIS_TP] = c->tp;
-    shape.degree[DT_AXIS_PP] = c->pp;
-    shape.degree[DT_AXIS_CP] = c->cp;
-    shape.degree[DT_AXIS_DP] = c->dp ? c->dp : t->size / split;
+    dt_mesh_shape shape;
+    DT_CHECK(dt__train_mesh_shape(c, t->size, &shape));
     DT_CHECK(dt_mesh_create(&t->mesh, t->world, &shape));
     t->replica = dt_mesh_coord(t->mesh, DT_AXIS_DP);
     t->dp = dt_mesh_degree(t->mesh, DT_AXIS_DP);
@@ -167,20 +158,7 @@ static dt_status sizes(trainer *t) {
     }
     t->threads = threads;
     dt_tensor_set_threads(threads);
-    /* The batch is shared by the data-parallel ranks (all of them when the
-     * model is not split). */
-    const char *which = t->dp == t->size ? "" : " data-parallel";
-    if (c->global_batch) {
-        if (c->global_batch % t->dp != 0)
-            return bad("--global-batch %d is not divisible by the %d%s ranks", c->global_batch,
-                       t->dp, which);
-        if (c->batch && c->batch * t->dp != c->global_batch)
-            return bad("--batch %d x %d%s ranks != --global-batch %d", c->batch, t->dp, which,
-                       c->global_batch);
-        t->B = c->global_batch / t->dp;
-    } else {
-        t->B = c->batch;
-    }
+    DT_CHECK(dt__train_batch(c, t->dp, t->size, &t->B));
     t->K = c->accum;
     return DT_OK;
 }
@@ -295,23 +273,6 @@ static dt_status make_loaders(trainer *t) {
     return DT_OK;
 }
 
-/* The pipeline's schedule (--pp-schedule over --pp stages and the step's
- * micro-batches), checked before anything runs. */
-static dt_status make_schedule_pp(trainer *t, dt_pp_report *rep) {
-    const dt_train_config *c = t->c;
-    dt_pp_kind kind = DT_PP_1F1B;
-    int chunks = 1;
-    if (c->pp_schedule)
-        DT_CHECK(dt_pp_kind_parse("--pp-schedule", c->pp_schedule, &kind, &chunks));
-    dt_status st = dt_pp_schedule_create(&t->pipe, kind, c->pp, chunks, t->K);
-    if (st != DT_OK) {
-        dt_error_prefix("--pp %d --pp-schedule %s with %d micro-batch(es) (--micro-batches)", c->pp,
-                        c->pp_schedule ? c->pp_schedule : "1f1b", t->K);
-        return st;
-    }
-    return dt_pp_check(t->pipe, NULL, rep);
-}
-
 /* After a model did not fit: what would, from the memory plan of the same
  * part with recomputation, 16-bit activations, both, or a smaller batch
  * with more accumulation (the same global batch), added to the message. */
@@ -353,27 +314,20 @@ static dt_status explain_oom(const trainer *t, const dt_gpt_options *mo) {
 }
 
 /* This rank's part of the model: its pipeline stage's layers (with the
- * activation slots its schedule keeps alive) and its tensor-parallel shard. */
+ * activation slots its schedule keeps alive, the schedule checked before
+ * anything runs) and its tensor-parallel shard (memory.c decides both). */
 static dt_status make_model(trainer *t) {
     const dt_train_config *c = t->c;
-    dt_gpt_options mo = dt_gpt_options_default();
-    mo.precision = c->precision;
-    mo.recompute_every = c->recompute_every;
-    if (t->tp)
-        mo.part = (dt_gpt_part){.tp_rank = dt_mesh_coord(t->mesh, DT_AXIS_TP),
-                                .tp_size = c->tp,
-                                .sequence_parallel = c->sp,
-                                .regions = dt_tp_regions_of(t->tp)};
-    if (c->pp > 1) {
-        dt_pp_report rep;
-        DT_CHECK(make_schedule_pp(t, &rep));
-        int r = dt_mesh_coord(t->mesh, DT_AXIS_PP);
-        mo.slots = dt_pp_slots(t->pipe, &rep, r);
-        mo.split_weight_grads = t->pipe->split_w;
+    dt_pp_report rep = {0};
+    if (c->pp > 1)
+        DT_CHECK(dt__train_schedule(c, t->K, &t->pipe, &rep));
+    dt_gpt_options mo;
+    dt_status st = dt__train_model_options(c, &t->mc, dt_mesh_get_shape(t->mesh), t->rank, t->pipe,
+                                           &rep, t->tp ? dt_tp_regions_of(t->tp) : NULL, &mo);
+    if (t->pipe)
         dt_pp_report_free(&rep);
-        DT_CHECK(dt_pp_model_part(t->pipe, t->mc.layers, r, &mo.part));
-    }
-    dt_status st = dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo);
+    DT_CHECK(st);
+    st = dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo);
     if (st == DT_ERR_NOMEM)
         return explain_oom(t, &mo);
     DT_CHECK(st);
@@ -381,7 +335,7 @@ static dt_status make_model(trainer *t) {
     dt_gpt_init_params(t->m, c->seed);
     if (c->init_from)
         DT_CHECK(dt__train_init_params(t));
-    if (c->pp > 1)
+    if (t->pipe)
         return dt_pp_runner_create(
             &t->runner, &(dt_pp_runner_config){.model = t->m,
                                                .sched = t->pipe,
@@ -402,17 +356,17 @@ static dt_status make_optimizer(trainer *t) {
         dt_gpt_tensor_info(t->m, i, &pi);
         tens[i] = (dt_optim_tensor){pi.offset, pi.rows * pi.cols, pi.decay};
     }
-    dt_optim_config oc = dt_optim_config_default();
-    oc.kind = c->optimizer;
-    oc.weight_decay = (float)c->weight_decay;
-    oc.adamw.beta1 = (float)c->beta1;
-    oc.adamw.beta2 = (float)c->beta2;
-    oc.adamw.eps = (float)c->eps;
-    oc.momentum = (float)c->momentum;
-    /* --compress-freeze-v: beta2 = 1 from the first compressed step on. */
-    oc.freeze_v_from = c->compress_freeze_v ? c->compress_start : -1;
-    dt_range all = {0, t->n};
-    dt_status st = dt_optimizer_create(&t->opt, &oc, tens, nt, &all, 1);
+    dt_optim_config oc = dt__train_optim_config(c);
+    /* ZeRO: this replica's piece of every bucket; else all of it. */
+    dt_range *owned;
+    size_t nr;
+    dt_status st = dt__train_owned(c, t->n, t->dp, t->replica, &owned, &nr);
+    if (st != DT_OK) {
+        dt_free(tens);
+        return st;
+    }
+    st = dt_optimizer_create(&t->opt, &oc, tens, nt, owned, nr);
+    dt_free(owned);
     dt_free(tens);
     return st;
 }
@@ -443,6 +397,27 @@ static dt_status make_sync(trainer *t) {
         else
             norm[nn++] = (dt_range){pi.offset, pi.offset + pi.rows * pi.cols};
     }
+    /* The default bucket comes from the model (dt__train_bucket_bytes, as
+     * the optimizer's owned ranges did); the header and config.json show
+     * the value used. */
+    t->cfg.bucket_bytes = dt__train_bucket_bytes(c, t->n);
+    dt_status st;
+    if (c->zero) {
+        dt_zero_sync_config zc = {.stage = c->zero,
+                                  .accum = t->K,
+                                  .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
+                                  .params = dt_gpt_params(t->m),
+                                  .grads = dt_gpt_grads(t->m),
+                                  .n = t->n,
+                                  .opt = t->opt,
+                                  .bucket_bytes = c->bucket_bytes,
+                                  .norm_ranges = norm,
+                                  .nnorm = nn};
+        st = dt_zero_sync_create(&t->sync, &zc);
+        dt_free(shapes);
+        dt_free(norm);
+        return st;
+    }
     dt_ddp_sync_config sc = {
         .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
         .params = dt_gpt_params(t->m),
@@ -456,16 +431,6 @@ static dt_status make_sync(trainer *t) {
         .norm_ranges = norm,
         .nnorm = nn,
     };
-    /* The default bucket is a quarter of the gradient bytes, so that three
-     * of four buckets start while backward still runs, kept within 1 MiB
-     * (smaller buckets cost more in latency than overlap gains) and 25 MiB
-     * (PyTorch DDP's default, enough for any model). */
-    if (!c->bucket_bytes) {
-        size_t quarter = t->n * sizeof(float) / 4;
-        t->cfg.bucket_bytes = quarter < ((size_t)1 << 20)    ? (size_t)1 << 20
-                              : quarter > ((size_t)25 << 20) ? (size_t)25 << 20
-                                                             : quarter;
-    }
     sc.ddp.bucket_bytes = c->bucket_bytes;
     if (t->dp == 1 && t->rank == 0 &&
         (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
@@ -478,7 +443,7 @@ static dt_status make_sync(trainer *t) {
     sc.ddp.tensors = shapes;
     sc.ddp.ntensors = nt;
     sc.ddp.dense_below = (size_t)c->compress_dense_below;
-    dt_status st = dt_ddp_sync_create(&t->sync, &sc);
+    st = dt_ddp_sync_create(&t->sync, &sc);
     dt_free(shapes);
     dt_free(norm);
     return st;
@@ -506,6 +471,9 @@ static dt_status make_schedule(trainer *t) {
 dt_status dt__train_setup(trainer *t) {
     t->cfg = *t->c;
     t->c = &t->cfg;
+    uint64_t peak;
+    if (!dt_mem_resident(&t->rss_base, &peak))
+        t->rss_base = 0;
     DT_CHECK(join(t));
     DT_CHECK(resolve_dirs(t));
     t->kill_at = fault_step(t, "DT_FAULT_KILL");
@@ -516,6 +484,7 @@ dt_status dt__train_setup(trainer *t) {
     DT_CHECK(open_data(t));
     DT_CHECK(model_config(t));
     DT_CHECK(make_loaders(t));
+    DT_CHECK(dt_train_plan_memory(t->c, &t->mc, t->size, t->rank, &t->plan));
     DT_CHECK(make_model(t));
     DT_CHECK(make_optimizer(t));
     DT_CHECK(make_sync(t));

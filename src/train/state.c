@@ -406,21 +406,25 @@ static dt_status restore_scaler(trainer *t, const header *h) {
     return st;
 }
 
-/* The first replica of each data-parallel group: this rank's boxes of the
- * parameters and of the optimizer state, in its own layout. */
-static dt_status read_shards(trainer *t, const dt_ckpt_set *set) {
+/* This rank's boxes, in its own layout, of the parameters (`params`: the
+ * first replica of each data-parallel group when replicas hold the same)
+ * and of the optimizer state (`optim`: likewise, or every replica when
+ * each owns its own piece, as under ZeRO). */
+static dt_status read_shards(trainer *t, const dt_ckpt_set *set, bool params, bool optim) {
     shards sh;
     DT_CHECK(dt__shards_make(t, &sh));
     dt_ckpt_box *boxes = NULL;
     size_t nb;
     dt_range all = {0, t->n}, *owned = dt__owned_ranges(t->opt);
-    dt_status st = owned ? dt__shards_boxes(&sh, &all, 1, false, &boxes, &nb) : DT_ERR_NOMEM;
-    if (st == DT_OK)
+    dt_status st = owned ? DT_OK : DT_ERR_NOMEM;
+    if (st == DT_OK && params)
+        st = dt__shards_boxes(&sh, &all, 1, false, &boxes, &nb);
+    if (st == DT_OK && params)
         st = dt_ckpt_set_read_boxes(set, "params", sh.tensors, sh.ng, boxes, nb,
                                     dt_gpt_params(t->m));
     dt_free(boxes);
     boxes = NULL;
-    for (size_t i = 0; st == DT_OK && i < dt_optimizer_num_states(t->opt); i++) {
+    for (size_t i = 0; st == DT_OK && optim && i < dt_optimizer_num_states(t->opt); i++) {
         const char *name;
         float *buf = dt_optimizer_state(t->opt, i, &name);
         if (!dt_ckpt_set_has_state(set, name)) {
@@ -523,7 +527,9 @@ dt_status dt__train_resume(trainer *t) {
     /* Every rank that reads opens the same checkpoint (rank 0 verified it). */
     dt_sync_layout sl;
     dt_grad_sync_layout(t->sync, &sl);
-    bool reads = !sl.params_replicated || t->replica == 0;
+    bool reads_params = !sl.params_replicated || t->replica == 0;
+    bool reads_optim = !sl.optim_replicated || t->replica == 0;
+    bool reads = reads_params || reads_optim;
     bool has_sync = dt_grad_sync_state_bytes(t->sync) > 0;
     dt_status st = DT_OK, open_st = DT_OK;
     char open_msg[512] = "";
@@ -533,7 +539,8 @@ dt_status dt__train_resume(trainer *t) {
             snprintf(open_msg, sizeof open_msg, "%s", dt_last_error());
     }
     if (reads)
-        st = open_st != DT_OK ? dt_error_set(open_st, "%s", open_msg) : read_shards(t, set);
+        st = open_st != DT_OK ? dt_error_set(open_st, "%s", open_msg)
+                              : read_shards(t, set, reads_params, reads_optim);
     DT_CHECK_GOTO(agree(t, st, "parameters and optimizer state"), st, fail);
     if (sl.params_replicated) {
         DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);

@@ -112,6 +112,21 @@ dt_status dt__train_check_config(const dt_train_config *c) {
             return bad("--pp-schedule %s needs --pp 2 or more (got --pp %d)", c->pp_schedule,
                        c->pp);
     }
+    if (c->zero < 0 || c->zero > 3)
+        return bad("--zero %d: the ZeRO stage is 0, 1, 2 or 3", c->zero);
+    if (c->zero > 2)
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "--zero %d: this build shards the optimizer state and the gradients "
+                            "(--zero 1, 2); stage 3 is not available yet",
+                            c->zero);
+    if (c->zero && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
+        char cb[64];
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "--zero %d with --compress %s / --grad-dtype %s: ZeRO reduce-scatters "
+                            "plain fp32 gradients in this build",
+                            c->zero, dt_codec_format(&c->compress, cb, sizeof cb),
+                            dt_dtype_name(c->grad_dtype));
+    }
     if (c->cp > 1)
         return dt_error_set(DT_ERR_UNSUPPORTED,
                             "--cp %d: context-parallel training is not available yet; use --cp 1",

@@ -66,6 +66,9 @@ typedef struct trainer {
     /* Resume bookkeeping. */
     int64_t ckpt_precision; /* dt_precision of the checkpoint resumed from */
     char resumed[4096];     /* the checkpoint resumed from, "" for a fresh start */
+    /* Memory: resident bytes before the model was built, and the plan. */
+    uint64_t rss_base;
+    dt_rank_memory plan;
     /* Test hooks (loop.c): the step at which this rank acts, or -1. */
     int64_t kill_at, perturb_at, overflow_at;
 } trainer;
@@ -100,6 +103,27 @@ dt_status dt__shards_boxes(const shards *s, const dt_range *r, size_t nr, bool o
                            dt_ckpt_box **out, size_t *n);
 /* The optimizer's owned ranges (caller frees). */
 dt_range *dt__owned_ranges(const dt_optimizer *o);
+
+/* memory.c: what setup builds and `dtrain plan memory` plans, computed once. */
+dt_status dt__train_mesh_shape(const dt_train_config *c, int world, dt_mesh_shape *shape);
+dt_status dt__train_batch(const dt_train_config *c, int dp, int world, int *B);
+/* The pipeline's schedule over K micro-batches, checked (*rep filled). */
+dt_status dt__train_schedule(const dt_train_config *c, int K, dt_pp_schedule **out,
+                             dt_pp_report *rep);
+/* World rank `rank`'s model options: pipeline stage and slots (pipe may be
+ * NULL), tensor-parallel shard (regions NULL in a plan). */
+dt_status dt__train_model_options(const dt_train_config *c, const dt_gpt_config *mc,
+                                  const dt_mesh_shape *shape, int rank, const dt_pp_schedule *pipe,
+                                  const dt_pp_report *rep, const dt_tp_regions *regions,
+                                  dt_gpt_options *o);
+/* The optimizer's owned ranges of n parameters (ZeRO: the replica's
+ * pieces; else all); *out is freed by the caller. */
+/* The DDP / ZeRO bucket size for a rank whose part holds n parameters:
+ * --bucket-size, else a quarter of the gradient bytes within 1-25 MiB. */
+size_t dt__train_bucket_bytes(const dt_train_config *c, size_t n);
+dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replica, dt_range **out,
+                          size_t *nr);
+dt_optim_config dt__train_optim_config(const dt_train_config *c);
 
 /* setup.c. dt__train_model_group: collective over the world, the ranks
  * that hold the first replica's model parts (all of them when the model is

@@ -6,6 +6,8 @@
  *     recursive-doubling allgather, the single-copy shared-memory allgather);
  *   - ranks call different operations (count, op, dtype, root, order):
  *     every rank gets DT_ERR_MISMATCH;
+ *   - a rank stopped with SIGSTOP: the others time out naming the call, its
+ *     sequence number and the rank they wait for;
  *   - a process with the wrong job token is refused by the store.
  */
 #include "harness.h"
@@ -79,16 +81,15 @@ static void kill_run(int rank, int size, bool gather) {
 static void kill_case(int rank, int size) { kill_run(rank, size, false); }
 static void kill_gather_case(int rank, int size) { kill_run(rank, size, true); }
 
-/* Each scenario on a fresh sub-group (a failed group stays failed). A rank
- * whose part of a mismatched call could complete (a broadcast root only
- * sends) learns of the mismatch at its next call on the group. */
+/* Each scenario on a fresh sub-group (a failed group stays failed). The
+ * mismatched call itself fails on every rank, even on one whose part could
+ * complete alone (a broadcast root only sends); the group stays failed. */
 static void expect_mismatch(dt_group *g, dt_status st, int rank, const char *scenario) {
-    if (st == DT_OK)
-        st = dt_group_barrier(g);
     if (st != DT_ERR_MISMATCH)
         TEST_FAILF("%s: rank %d: expected DT_ERR_MISMATCH, got %s: %s", scenario, rank,
-                   dt_status_name(st), dt_last_error());
+                   dt_status_name(st), st == DT_OK ? "" : dt_last_error());
     printf("%s: rank %d: %s\n", scenario, rank, dt_last_error());
+    ASSERT_STATUS(dt_group_barrier(g), DT_ERR_MISMATCH);
 }
 
 /* Rank 1 passes one more element (count); rank 2 broadcasts while the
@@ -165,6 +166,51 @@ static void mismatch_case(int rank, int size) {
     dt_group_destroy(w);
 }
 
+/* A rank stopped (SIGSTOP) before a collective: after DT_TIMEOUT the
+ * others get DT_ERR_TIMEOUT naming the call, its sequence number and the
+ * rank they were waiting for (it used to say only "a peer is stuck").
+ * Rank 0 then kills the stopped rank. */
+static void stop_case(int rank, int size) {
+    (void)size;
+    dt_group *w = init_world();
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/dt-%s.stopped", getenv("DT_JOB_ID"));
+    float v[4] = {1, 2, 3, 4};
+    ASSERT_OK(dt_group_allreduce(w, v, v, 4, DT_F32, DT_SUM)); /* #1 */
+    if (rank == VICTIM) {
+        FILE *f = fopen(path, "w");
+        ASSERT_TRUE(f != NULL);
+        fprintf(f, "%d\n", (int)getpid());
+        fclose(f);
+        raise(SIGSTOP);
+        _exit(3); /* never reached: rank 0 kills it */
+    }
+    double t0 = dt_now();
+    dt_status st = dt_group_allreduce(w, v, v, 4, DT_F32, DT_SUM); /* #2 */
+    printf("rank %d: %s after %.1f s: %s\n", rank, dt_status_name(st), dt_now() - t0,
+           dt_last_error());
+    ASSERT_CONTAINS(dt_last_error(), "allreduce #2");
+    /* Each survivor times out naming whom it waits for (rank 0: the
+     * stopped rank, its ring neighbour or shared flag; rank 1: rank 2's
+     * flag, or rank 0 in the ring), unless the other's timeout reaches it
+     * first. */
+    if (st == DT_ERR_TIMEOUT) {
+        ASSERT_CONTAINS(dt_last_error(), rank == 0 ? "waiting for rank 2 " : "waiting for rank");
+    } else {
+        ASSERT_EQ(st, DT_ERR_PEER);
+        ASSERT_CONTAINS(dt_last_error(), "gave up");
+    }
+    if (rank == 0) {
+        int pid = 0;
+        FILE *f = fopen(path, "r");
+        ASSERT_TRUE(f != NULL && fscanf(f, "%d", &pid) == 1 && pid > 0);
+        fclose(f);
+        unlink(path);
+        kill(pid, SIGKILL);
+    }
+    dt_group_destroy(w);
+}
+
 static void token_case(int rank, int size) {
     (void)size;
     if (rank == 1) { /* an impostor: right address, wrong secret */
@@ -210,6 +256,8 @@ static const hcase cases[] = {
       NULL),
     C("mismatch_shm_3", 3, mismatch_case, -1, "DT_TIMEOUT=20", NULL),
     C("mismatch_tcp_3", 3, mismatch_case, -1, "DT_TIMEOUT=20", "DT_TRANSPORT=tcp", NULL),
+    C("stop_shm_3", 3, stop_case, VICTIM, "DT_TIMEOUT=3", NULL),
+    C("stop_tcp_3", 3, stop_case, VICTIM, "DT_TIMEOUT=3", "DT_TRANSPORT=tcp", "DT_ALGO=ring", NULL),
     C("wrong_token_2", 2, token_case, -1, "DT_TIMEOUT=2", NULL),
     C("bad_env_1", 2, bad_env_case, -1, NULL),
 };

@@ -266,28 +266,38 @@ static void test_env(void) {
     ASSERT_TRUE(strcmp(env_value(text, "DT_JOB_TOKEN", v, sizeof v), token0) != 0);
 }
 
-/* --tag-output: every line whole and prefixed, pieces never torn apart. */
-static void test_tag_output(void) {
+/* Every line whole (the probe writes each in two pieces with a pause
+ * between), in order, none lost, prefixed with "[rank] " when tagging; the
+ * unterminated last line of each rank on a line of its own. */
+static void check_lines(bool tagged) {
     const int n = 4, lines = 60;
-    result r = run("%s launch -n %d --tag-output %s lines %s %d", DT_CLI, n, PROBE, dir, lines);
+    result r = run("%s launch -n %d %s %s lines %s %d", DT_CLI, n, tagged ? "--tag-output" : "",
+                   PROBE, dir, lines);
     ASSERT_EQ(r.code, 0);
     int seen[4] = {0}, last[4] = {0};
     for (char *line = strtok(out_text, "\n"); line; line = strtok(NULL, "\n")) {
-        int rank, rank2, i, i2, used = 0;
-        if (sscanf(line, "[%d] unterminated last line of %d%n", &rank, &rank2, &used) == 2 &&
-            line[used] == '\0') {
-            ASSERT_EQ(rank, rank2);
-            last[rank]++;
+        int rank = -1, rank2, i, i2, used = 0;
+        char *body = line;
+        if (tagged) {
+            if (sscanf(line, "[%d] %n", &rank, &used) != 1 || used == 0)
+                TEST_FAILF("untagged line: \"%s\"", line);
+            body = line + used;
+        }
+        if (sscanf(body, "unterminated last line of %d%n", &rank2, &used) == 1 &&
+            body[used] == '\0') {
+            ASSERT_TRUE(rank2 >= 0 && rank2 < n);
+            ASSERT_TRUE(!tagged || rank == rank2);
+            last[rank2]++;
             continue;
         }
-        if (sscanf(line, "[%d] rank %d line %d first-half second-half %d%n", &rank, &rank2, &i, &i2,
-                   &used) != 4 ||
-            line[used] != '\0')
-            TEST_FAILF("torn or untagged line: \"%s\"", line);
-        ASSERT_EQ(rank, rank2);
+        if (sscanf(body, "rank %d line %d first-half second-half %d%n", &rank2, &i, &i2, &used) !=
+                3 ||
+            body[used] != '\0' || rank2 < 0 || rank2 >= n)
+            TEST_FAILF("torn or mixed line: \"%s\"", line);
+        ASSERT_TRUE(!tagged || rank == rank2);
         ASSERT_EQ(i, i2);
-        ASSERT_EQ(i, seen[rank]); /* in order, none lost */
-        seen[rank]++;
+        ASSERT_EQ(i, seen[rank2]); /* in order, none lost */
+        seen[rank2]++;
     }
     for (int k = 0; k < n; k++) {
         ASSERT_EQ(seen[k], lines);
@@ -295,14 +305,24 @@ static void test_tag_output(void) {
     }
     int errs = 0;
     for (char *line = strtok(err_text, "\n"); line; line = strtok(NULL, "\n")) {
-        int rank, rank2, i;
-        if (sscanf(line, "[%d] e:rank %d err %d", &rank, &rank2, &i) == 3) {
-            ASSERT_EQ(rank, rank2);
+        int rank = -1, rank2, i, used = 0;
+        char *body = line;
+        if (tagged && sscanf(line, "[%d] %n", &rank, &used) == 1 && used > 0)
+            body = line + used;
+        if (sscanf(body, "e:rank %d err %d", &rank2, &i) == 2) {
+            ASSERT_TRUE(!tagged || rank == rank2);
             errs++;
         }
     }
     ASSERT_EQ(errs, n * lines / 10);
 }
+
+static void test_tag_output(void) { check_lines(true); }
+
+/* Without --tag-output too: ranks' stdout used to be the launcher's own,
+ * so their writes interleaved mid-line (4 ranks x 20 000 lines: 24 mixed)
+ * and an unterminated last line was glued to another rank's line. */
+static void test_untagged_output(void) { check_lines(false); }
 
 /* A failing rank: exit code and summary, the others stopped at once. */
 static void test_fail(void) {
@@ -444,6 +464,15 @@ static void test_bad_input(void) {
     r = run("%s launch -n 2 --master 127.0.0.1:99999 true", DT_CLI);
     ASSERT_EQ(r.code, 2);
     ASSERT_CONTAINS(err_text, "port \"99999\"");
+    /* An address that cannot be resolved: refused before any rank starts
+     * (every rank used to fail with exit 1). */
+    r = run("%s launch -n 2 --master abc %s env %s", DT_CLI, PROBE, dir);
+    ASSERT_EQ(r.code, 2);
+    ASSERT_CONTAINS(err_text, "--master: \"abc\" is not an IPv4 address or a host name");
+    ASSERT_TRUE(!file_exists("env", 0));
+    r = run("%s launch -n 2 --master 256.1.1.1:80 %s env %s", DT_CLI, PROBE, dir);
+    ASSERT_EQ(r.code, 2);
+    ASSERT_CONTAINS(err_text, "\"256.1.1.1\"");
     r = run("DT_JOB_TOKEN=xyz %s launch -n 2 true", DT_CLI);
     ASSERT_EQ(r.code, 2);
     ASSERT_CONTAINS(err_text, "DT_JOB_TOKEN: \"xyz\" is not 32 hexadecimal");
@@ -683,6 +712,14 @@ static void test_bench_np(void) {
         rows++;
     }
     ASSERT_EQ(rows, 5);
+    /* More than the machine holds: refused before any rank allocates (the
+     * ranks used to start, and with a size just below what overcommit
+     * grants, one was killed by the OOM killer). */
+    r = run("%s bench comm --np 2 --sizes 1T", DT_CLI);
+    ASSERT_EQ(r.code, 2);
+    ASSERT_CONTAINS(err_text, "--sizes: the largest size, 1.00 TiB, needs about");
+    ASSERT_CONTAINS(err_text, "is available");
+    ASSERT_TRUE(strstr(err_text, "rank 0") == NULL);
 }
 
 /* A program relaunching itself through dt_launch_self (like `dtrain train
@@ -709,6 +746,7 @@ typedef struct named_test {
 static const named_test tests[] = {
     {"env", test_env},
     {"tag_output", test_tag_output},
+    {"untagged_output", test_untagged_output},
     {"fail", test_fail},
     {"fail_signal", test_fail_signal},
     {"fail_grace", test_fail_grace},

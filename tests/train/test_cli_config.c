@@ -96,6 +96,7 @@ static int parse_fails(int argc, const char **argv) {
     if (pid == 0) {
         dup2(fds[1], 2);
         close(fds[0]);
+        alarm(20); /* a reader that never returns fails the test, not its timeout */
         static cli_args a;
         parse(&a, argc, argv);
         _exit(0);
@@ -133,6 +134,24 @@ static void test_errors(void) {
     const char *argv[] = {"train", "--config", "/nonexistent/x.cfg"};
     ASSERT_EQ(parse_fails(3, argv), 2);
     ASSERT_CONTAINS(err, "--config /nonexistent/x.cfg: No such file or directory");
+    /* Bounded: an endless file (it used to be read until memory ran out),
+     * an endless line, binary data. */
+    const char *zero[] = {"train", "--config", "/dev/zero"};
+    ASSERT_EQ(parse_fails(3, zero), 2);
+    ASSERT_CONTAINS(err, "--config /dev/zero: larger than 1 MiB");
+    static char line[6000];
+    memset(line, 'x', sizeof line - 2);
+    memcpy(line, "lr = ", 5);
+    line[sizeof line - 2] = '\n';
+    expect_error(line, "bad.cfg:1: line longer than 4096 bytes");
+    const char *bin = write_cfg("bad.cfg", "lr = 0.1\nsteps");
+    FILE *f = fopen(bin, "ab");
+    ASSERT_TRUE(f != NULL);
+    fwrite("\0= 3\n", 1, 5, f);
+    fclose(f);
+    const char *argv_bin[] = {"train", "--config", bin};
+    ASSERT_EQ(parse_fails(3, argv_bin), 2);
+    ASSERT_CONTAINS(err, "bad.cfg:2: a NUL byte");
 }
 
 int main(void) {

@@ -42,36 +42,6 @@
 
 static char corpus[128];
 
-/* The parameters of the newest checkpoint in dir as global tensors. */
-static float *global_params(const char *dir, size_t *n) {
-    dt_ckpt_set *set;
-    ASSERT_OK(dt_ckpt_set_open_latest(&set, dir));
-    int64_t id[DT_TRAIN_IDENT_COUNT];
-    ASSERT_OK(
-        dt_ckpt_read(dt_ckpt_set_manifest(set), "ident", DT_CKPT_I64, id, DT_TRAIN_IDENT_COUNT));
-    dt_gpt_config c = {(int)id[0], (int)id[1], (int)id[2], (int)id[3], (int)id[4]};
-    dt_param_info *all;
-    ASSERT_OK(dt_gpt_config_tensors(&c, &all));
-    size_t nt = dt_gpt_config_num_tensors(&c);
-    dt_ckpt_tensor *tens = calloc(nt, sizeof *tens);
-    dt_ckpt_box *want = calloc(nt, sizeof *want);
-    for (size_t i = 0; i < nt; i++) {
-        snprintf(tens[i].name, sizeof tens[i].name, "%s", all[i].name);
-        tens[i].ndim = (uint32_t)all[i].ndim;
-        want[i] = (dt_ckpt_box){.tensor = (uint32_t)i, .offset = all[i].offset};
-        for (int d = 0; d < 3; d++)
-            tens[i].shape[d] = want[i].extent[d] = all[i].shape[d];
-    }
-    *n = dt_gpt_config_num_params(&c);
-    float *p = malloc(*n * sizeof *p);
-    ASSERT_OK(dt_ckpt_set_read_boxes(set, "params", tens, nt, want, nt, p));
-    free(tens);
-    free(want);
-    dt_free(all);
-    dt_ckpt_set_close(set);
-    return p;
-}
-
 static float *train(const char *name, const char *extra, int steps, size_t *n, double *loss,
                     double *norm) {
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --ckpt-dir %s/%s/ck --run-dir "
@@ -86,28 +56,7 @@ static float *train(const char *name, const char *extra, int steps, size_t *n, d
     for (int s = 1; s <= steps; s++)
         norm[s] = strtod(text[s - 1] + strlen("\"grad_norm\":"), NULL);
     snprintf(p, sizeof p, "%s/%s/ck", tu_dir, name);
-    return global_params(p, n);
-}
-
-static void expect_close(const char *what, int steps, const double *la, const double *lb,
-                         const double *na, const double *nb, const float *pa, const float *pb,
-                         size_t n, double rel) {
-    double wl = 0, wp = 0;
-    for (int s = 1; s <= steps; s++) {
-        if (!(fabs(la[s] - lb[s]) <= rel * fabs(la[s])))
-            TEST_FAILF("%s: step %d loss %.9g vs %.9g (tolerance %g)", what, s, la[s], lb[s], rel);
-        if (!(fabs(na[s] - nb[s]) <= 10 * rel * fabs(na[s])))
-            TEST_FAILF("%s: step %d gradient norm %.9g vs %.9g", what, s, na[s], nb[s]);
-        wl = fmax(wl, fabs(la[s] - lb[s]) / fabs(la[s]));
-    }
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)pa[i] - pb[i]);
-        if (!(d <= 10 * rel * fabs((double)pa[i]) + rel / 50))
-            TEST_FAILF("%s: param %zu = %.9g vs %.9g", what, i, pa[i], pb[i]);
-        wp = fmax(wp, d);
-    }
-    printf("  %s: losses %.6f..%.6f, worst loss diff %.2g (rel), param diff %.2g\n", what, la[1],
-           la[steps], wl, wp);
+    return tu_global_params(p, n);
 }
 
 /* Each schedule at P stages against one rank with the same micro-batches
@@ -129,7 +78,7 @@ static void run_pp(int P) {
         if (l1[1] != l2[1])
             TEST_FAILF("%s: step 1 loss %.9g, one rank %.9g (the same bits expected)", extra, l2[1],
                        l1[1]);
-        expect_close(extra, STEPS, l1, l2, n1, n2, pa, pb, na, 1e-5);
+        tu_expect_close(extra, STEPS, l1, l2, n1, n2, pa, pb, na, 1e-5);
         free(pb);
     }
     free(pa);
@@ -154,11 +103,13 @@ static void test_equiv_mixed(void) {
         float *pb = train(name, layouts[i], STEPS, &nb, l2, n2);
         ASSERT_EQ(na, nb);
         /* tp adds the row-parallel layers' reduction order (as test_train_tp). */
-        expect_close(layouts[i], STEPS, l1, l2, n1, n2, pa, pb, na, i == 2 ? 2e-5 : 1e-5);
+        tu_expect_close(layouts[i], STEPS, l1, l2, n1, n2, pa, pb, na, i == 2 ? 2e-5 : 1e-5);
         free(pb);
     }
     free(pa);
-    /* bf16 with recomputation: the same bf16 arithmetic per stage. */
+    /* bf16 with recomputation: the same bf16 arithmetic per stage, but a
+     * tied-embedding gradient that differs by rounding can round an
+     * activation to the neighbouring bf16 value (as in test_train_tp). */
     pa = train("one_bf16", "--micro-batches 4 --precision bf16 --recompute blocks", STEPS, &na, l1,
                n1);
     static const char *const kinds[] = {"1f1b", "interleaved:2", "zb"};
@@ -170,7 +121,7 @@ static void test_equiv_mixed(void) {
                  "--recompute blocks",
                  kinds[k]);
         float *pb = train(name, extra, STEPS, &nb, l2, n2);
-        expect_close(extra, STEPS, l1, l2, n1, n2, pa, pb, na, 5e-4);
+        tu_expect_close(extra, STEPS, l1, l2, n1, n2, pa, pb, na, 5e-3);
         free(pb);
     }
     free(pa);
@@ -200,7 +151,7 @@ static void reshard(const char *name, const char *a, const char *b, bool bitwise
         ASSERT_TRUE(memcmp(pu, pr, n1 * sizeof *pu) == 0);
         printf("  %s: bit-identical\n", name);
     } else {
-        expect_close(name, STEPS, lu, lr, nu, nr, pu, pr, n1, 1e-5);
+        tu_expect_close(name, STEPS, lu, lr, nu, nr, pu, pr, n1, 1e-5);
     }
     free(pu);
     free(pr);

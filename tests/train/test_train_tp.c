@@ -40,39 +40,6 @@
 
 static char corpus[128];
 
-/* The parameters of the newest checkpoint in dir as global tensors, in the
- * unsharded model's layout, whatever layout wrote them. */
-static float *global_params(const char *dir, size_t *n) {
-    dt_ckpt_set *set;
-    ASSERT_OK(dt_ckpt_set_open_latest(&set, dir));
-    int64_t id[DT_TRAIN_IDENT_COUNT];
-    ASSERT_OK(
-        dt_ckpt_read(dt_ckpt_set_manifest(set), "ident", DT_CKPT_I64, id, DT_TRAIN_IDENT_COUNT));
-    dt_gpt_config c = {(int)id[0], (int)id[1], (int)id[2], (int)id[3], (int)id[4]};
-    dt_gpt *m;
-    ASSERT_OK(dt_gpt_create(&m, &c, 1, 1));
-    size_t nt = dt_gpt_num_tensors(m);
-    dt_ckpt_tensor *tens = calloc(nt, sizeof *tens);
-    dt_ckpt_box *want = calloc(nt, sizeof *want);
-    for (size_t i = 0; i < nt; i++) {
-        dt_param_info pi;
-        dt_gpt_tensor_info(m, i, &pi);
-        snprintf(tens[i].name, sizeof tens[i].name, "%s", pi.name);
-        tens[i].ndim = (uint32_t)pi.ndim;
-        want[i] = (dt_ckpt_box){.tensor = (uint32_t)i, .offset = pi.offset};
-        for (int d = 0; d < 3; d++)
-            tens[i].shape[d] = want[i].extent[d] = pi.shape[d];
-    }
-    *n = dt_gpt_num_params(m);
-    float *p = malloc(*n * sizeof *p);
-    ASSERT_OK(dt_ckpt_set_read_boxes(set, "params", tens, nt, want, nt, p));
-    free(tens);
-    free(want);
-    dt_gpt_destroy(m);
-    dt_ckpt_set_close(set);
-    return p;
-}
-
 /* Train into tu_dir/NAME for `steps` steps: losses and norms of the
  * metrics, the final global parameters. */
 static float *train(const char *name, const char *extra, int steps, size_t *n, double *loss,
@@ -89,30 +56,7 @@ static float *train(const char *name, const char *extra, int steps, size_t *n, d
     for (int s = 1; s <= steps; s++)
         norm[s] = strtod(text[s - 1] + strlen("\"grad_norm\":"), NULL);
     snprintf(p, sizeof p, "%s/%s/ck", tu_dir, name);
-    return global_params(p, n);
-}
-
-/* b against a: losses and norms of every step within rel, parameters
- * within rel (with an absolute floor for values near zero). */
-static void expect_close(const char *what, int steps, const double *la, const double *lb,
-                         const double *na, const double *nb, const float *pa, const float *pb,
-                         size_t n, double rel) {
-    double wl = 0, wp = 0;
-    for (int s = 1; s <= steps; s++) {
-        if (!(fabs(la[s] - lb[s]) <= rel * fabs(la[s])))
-            TEST_FAILF("%s: step %d loss %.9g vs %.9g (tolerance %g)", what, s, la[s], lb[s], rel);
-        if (!(fabs(na[s] - nb[s]) <= 10 * rel * fabs(na[s])))
-            TEST_FAILF("%s: step %d gradient norm %.9g vs %.9g", what, s, na[s], nb[s]);
-        wl = fmax(wl, fabs(la[s] - lb[s]) / fabs(la[s]));
-    }
-    for (size_t i = 0; i < n; i++) {
-        double d = fabs((double)pa[i] - pb[i]);
-        if (!(d <= 10 * rel * fabs((double)pa[i]) + rel / 50))
-            TEST_FAILF("%s: param %zu = %.9g vs %.9g", what, i, pa[i], pb[i]);
-        wp = fmax(wp, d);
-    }
-    printf("  %s: losses %.6f..%.6f, worst loss diff %.2g (rel), param diff %.2g\n", what, la[1],
-           la[steps], wl, wp);
+    return tu_global_params(p, n);
 }
 
 /* One layout against one rank, with and without --sp, fp32 and bf16. The
@@ -138,7 +82,7 @@ static void run_equiv(const char *layout) {
             ASSERT_EQ(na, nb);
             char what[160];
             snprintf(what, sizeof what, "%s %s%s", precisions[p], layout, sp ? " --sp" : "");
-            expect_close(what, STEPS, l1, l2, n1, n2, pa, pb, na, rel);
+            tu_expect_close(what, STEPS, l1, l2, n1, n2, pa, pb, na, rel);
             free(pb);
         }
         free(pa);
@@ -174,7 +118,7 @@ static void reshard(const char *name, const char *a, const char *b, bool bitwise
         ASSERT_TRUE(memcmp(pu, pr, n1 * sizeof *pu) == 0);
         printf("  %s: bit-identical\n", name);
     } else {
-        expect_close(name, STEPS, lu, lr, nu, nr, pu, pr, n1, 2e-5);
+        tu_expect_close(name, STEPS, lu, lr, nu, nr, pu, pr, n1, 2e-5);
     }
     free(pu);
     free(pr);

@@ -6,9 +6,11 @@
 #ifndef DTRAIN_TEST_TRAIN_UTIL_H
 #define DTRAIN_TEST_TRAIN_UTIL_H
 
+#include "dtrain/nn.h"
 #include "dtrain/train.h"
 #include "test.h"
 
+#include <math.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <sys/wait.h>
@@ -266,6 +268,60 @@ static int tu_main(int argc, char **argv, const test_case *cases, size_t n, char
     test_run_case(c);
     tu_cleanup();
     return TEST_SUMMARY();
+}
+
+/* The parameters of the newest checkpoint in dir as global tensors, in the
+ * unsharded model's layout, whatever layout wrote them. */
+static float *tu_global_params(const char *dir, size_t *n) {
+    dt_ckpt_set *set;
+    ASSERT_OK(dt_ckpt_set_open_latest(&set, dir));
+    int64_t id[DT_TRAIN_IDENT_COUNT];
+    ASSERT_OK(
+        dt_ckpt_read(dt_ckpt_set_manifest(set), "ident", DT_CKPT_I64, id, DT_TRAIN_IDENT_COUNT));
+    dt_gpt_config c = {(int)id[0], (int)id[1], (int)id[2], (int)id[3], (int)id[4]};
+    dt_param_info *all;
+    ASSERT_OK(dt_gpt_config_tensors(&c, &all));
+    size_t nt = dt_gpt_config_num_tensors(&c);
+    dt_ckpt_tensor *tens = calloc(nt, sizeof *tens);
+    dt_ckpt_box *want = calloc(nt, sizeof *want);
+    for (size_t i = 0; i < nt; i++) {
+        snprintf(tens[i].name, sizeof tens[i].name, "%s", all[i].name);
+        tens[i].ndim = (uint32_t)all[i].ndim;
+        want[i] = (dt_ckpt_box){.tensor = (uint32_t)i, .offset = all[i].offset};
+        for (int d = 0; d < 3; d++)
+            tens[i].shape[d] = want[i].extent[d] = all[i].shape[d];
+    }
+    *n = dt_gpt_config_num_params(&c);
+    float *p = malloc(*n * sizeof *p);
+    ASSERT_OK(dt_ckpt_set_read_boxes(set, "params", tens, nt, want, nt, p));
+    free(tens);
+    free(want);
+    dt_free(all);
+    dt_ckpt_set_close(set);
+    return p;
+}
+
+/* b against a: losses and norms of every step within rel, parameters
+ * within rel (with an absolute floor for values near zero). */
+static void tu_expect_close(const char *what, int steps, const double *la, const double *lb,
+                            const double *na, const double *nb, const float *pa, const float *pb,
+                            size_t n, double rel) {
+    double wl = 0, wp = 0;
+    for (int s = 1; s <= steps; s++) {
+        if (!(fabs(la[s] - lb[s]) <= rel * fabs(la[s])))
+            TEST_FAILF("%s: step %d loss %.9g vs %.9g (tolerance %g)", what, s, la[s], lb[s], rel);
+        if (!(fabs(na[s] - nb[s]) <= 10 * rel * fabs(na[s])))
+            TEST_FAILF("%s: step %d gradient norm %.9g vs %.9g", what, s, na[s], nb[s]);
+        wl = fmax(wl, fabs(la[s] - lb[s]) / fabs(la[s]));
+    }
+    for (size_t i = 0; i < n; i++) {
+        double d = fabs((double)pa[i] - pb[i]);
+        if (!(d <= 10 * rel * fabs((double)pa[i]) + rel / 50))
+            TEST_FAILF("%s: param %zu = %.9g vs %.9g", what, i, pa[i], pb[i]);
+        wp = fmax(wp, d);
+    }
+    printf("  %s: losses %.6f..%.6f, worst loss diff %.2g (rel), param diff %.2g\n", what, la[1],
+           la[steps], wl, wp);
 }
 
 #endif

@@ -6,8 +6,10 @@
 #include "test.h"
 
 #include <dirent.h>
+#include <errno.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 static void test_status_strings(void) {
@@ -37,6 +39,16 @@ static void test_error_messages(void) {
     dt_error_set(DT_ERR_PEER, "rank 3 lost");
     dt_error_prefix("allreduce #%d", 7);
     ASSERT_STREQ(dt_last_error(), "allreduce #7: rank 3 lost");
+    /* The current message as an argument of the next one (group.c wraps
+     * an error this way after an abort): formatting a buffer into itself
+     * garbled it ("group w was aborted (group w was aborted (..."). */
+    dt_error_set(DT_ERR_ABORTED, "group w was aborted (%s)", dt_last_error());
+    ASSERT_STREQ(dt_last_error(), "group w was aborted (allreduce #7: rank 3 lost)");
+    errno = ENOENT;
+    dt_error_set_errno(DT_ERR_IO, "again [%s]", dt_last_error());
+    ASSERT_STREQ(
+        dt_last_error(),
+        "again [group w was aborted (allreduce #7: rank 3 lost)]: No such file or directory");
 }
 
 static void test_parse_size(void) {
@@ -204,6 +216,13 @@ static void test_alloc(void) {
     dt_free(z);
     ASSERT_TRUE(dt_calloc(SIZE_MAX / 2, 4) == NULL);
     ASSERT_CONTAINS(dt_last_error(), "overflows");
+    /* More than the machine can back: refused up front (overcommit would
+     * grant it and the OOM killer would collect when it is touched). */
+    uint64_t avail = 0;
+    ASSERT_TRUE(dt_mem_available(&avail));
+    ASSERT_TRUE(avail > 0);
+    ASSERT_TRUE(dt_alloc((size_t)avail + ((size_t)1 << 30)) == NULL);
+    ASSERT_CONTAINS(dt_last_error(), "of memory is available");
     dt_free(NULL);
     char buf[32];
     ASSERT_STREQ(dt_format_bytes(1536, buf, sizeof buf), "1.50 KiB");
@@ -359,6 +378,28 @@ static void test_file_write_atomic(void) {
     ASSERT_OK(dt_fsync_dir(dir));
     snprintf(path, sizeof path, "%s/out.bin", dir);
     ASSERT_EQ(unlink(path), 0);
+
+    /* An output that exists but is not a regular file is refused and left
+     * alone: the rename used to replace a FIFO, a device node (as root,
+     * even /dev/null) or a link to one with a regular file. */
+    snprintf(path, sizeof path, "%s/fifo", dir);
+    ASSERT_EQ(mkfifo(path, 0600), 0);
+    ASSERT_STATUS(dt_file_write_atomic(path, parts, 1), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "is a FIFO, not a regular file");
+    struct stat sb;
+    ASSERT_TRUE(lstat(path, &sb) == 0 && S_ISFIFO(sb.st_mode));
+    ASSERT_EQ(unlink(path), 0);
+    snprintf(path, sizeof path, "%s/null", dir);
+    ASSERT_EQ(symlink("/dev/null", path), 0);
+    ASSERT_STATUS(dt_file_write_atomic(path, parts, 1), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "is a character device");
+    ASSERT_TRUE(lstat(path, &sb) == 0 && S_ISLNK(sb.st_mode));
+    ASSERT_EQ(unlink(path), 0);
+    ASSERT_STATUS(dt_file_write_atomic(dir, parts, 1), DT_ERR_INVALID);
+    ASSERT_CONTAINS(dt_last_error(), "is a directory");
+    ASSERT_STATUS(dt_file_check_replaceable(dir), DT_ERR_INVALID);
+    snprintf(path, sizeof path, "%s/absent", dir);
+    ASSERT_OK(dt_file_check_replaceable(path));
     ASSERT_EQ(rmdir(dir), 0);
 }
 

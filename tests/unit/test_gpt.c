@@ -729,6 +729,105 @@ static void test_split_weights(void) {
     }
 }
 
+/* Parameter hooks (ZeRO 3's seam): a model whose parameters are NaN except
+ * where a fetch restored them (reference counted, poisoned again on the
+ * last release) computes the same loss and gradients as one that holds
+ * them all, in forward, backward, recomputation, the split W and
+ * sampling: every parameter read is covered by a fetch. */
+typedef struct poison {
+    float *params;       /* the model's buffer */
+    const float *backup; /* the real values */
+    int *refs;           /* per float */
+    size_t n;
+    int fetches;
+} poison;
+
+static dt_status poison_fetch(void *user, size_t b, size_t e) {
+    poison *p = user;
+    ASSERT_TRUE(b < e && e <= p->n);
+    for (size_t i = b; i < e; i++)
+        if (p->refs[i]++ == 0)
+            p->params[i] = p->backup[i];
+    p->fetches++;
+    return DT_OK;
+}
+static void poison_prefetch(void *user, size_t b, size_t e) {
+    poison *p = user;
+    ASSERT_TRUE(b < e && e <= p->n);
+}
+static void poison_release(void *user, size_t b, size_t e) {
+    poison *p = user;
+    for (size_t i = b; i < e; i++) {
+        ASSERT_TRUE(p->refs[i] > 0);
+        if (--p->refs[i] == 0)
+            p->params[i] = NAN;
+    }
+}
+
+static void test_param_hooks(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    c.layers = 3;
+    const int B = 2, T = 16;
+    int32_t x[2][2 * 16], y[2][2 * 16];
+    for (int k = 0; k < 2; k++) {
+        fill_tokens(x[k], B * T, c.vocab, 70 + (uint64_t)k);
+        fill_tokens(y[k], B * T, c.vocab, 80 + (uint64_t)k);
+    }
+    for (int v = 0; v < 4; v++) {
+        dt_gpt_options o = {.recompute_every = v & 1 ? 1 : 0, .split_weight_grads = v >= 2};
+        dt_gpt *ref, *m;
+        ASSERT_OK(dt_gpt_create_with(&ref, &c, B, T, &o));
+        ASSERT_OK(dt_gpt_create_with(&m, &c, B, T, &o));
+        dt_gpt_init_params(ref, 4);
+        dt_gpt_init_params(m, 4);
+        size_t n = dt_gpt_num_params(m);
+        float *backup = malloc(n * sizeof(float));
+        memcpy(backup, dt_gpt_params(m), n * sizeof(float));
+        poison p = {dt_gpt_params(m), backup, calloc(n, sizeof(int)), n, 0};
+        for (size_t i = 0; i < n; i++)
+            p.params[i] = NAN;
+        ASSERT_OK(dt_gpt_set_param_hooks(
+            m, &(dt_param_hooks){&p, poison_fetch, poison_prefetch, poison_release}));
+        for (int k = 0; k < 2; k++) {
+            dt_grad_mode mode = k ? DT_GRAD_ACCUMULATE : DT_GRAD_OVERWRITE;
+            float lr, lm;
+            ASSERT_OK(dt_gpt_forward(ref, x[k], y[k], B, T, &lr));
+            ASSERT_OK(dt_gpt_forward(m, x[k], y[k], B, T, &lm));
+            ASSERT_EQ(memcmp(&lr, &lm, sizeof lr), 0);
+            ASSERT_OK(dt_gpt_backward_mode(ref, 1.0f, mode, NULL, NULL));
+            if (o.split_weight_grads)
+                ASSERT_OK(dt_gpt_weight_stage(ref, 0, 0, mode, NULL, NULL));
+            ASSERT_OK(dt_gpt_backward_mode(m, 1.0f, mode, NULL, NULL));
+            if (o.split_weight_grads)
+                ASSERT_OK(dt_gpt_weight_stage(m, 0, 0, mode, NULL, NULL));
+        }
+        assert_same_bits(ref, dt_gpt_grads(ref), dt_gpt_grads(m), "param hooks");
+        /* Sampling (no targets): the last logits. */
+        ASSERT_OK(dt_gpt_forward(ref, x[0], NULL, B, T, NULL));
+        ASSERT_OK(dt_gpt_forward(m, x[0], NULL, B, T, NULL));
+        ASSERT_EQ(memcmp(dt_gpt_last_logits(ref, 1), dt_gpt_last_logits(m, 1),
+                         (size_t)c.vocab * sizeof(float)),
+                  0);
+        for (size_t i = 0; i < n; i++)
+            ASSERT_EQ(p.refs[i], 0); /* every fetch released */
+        ASSERT_TRUE(p.fetches > 0);
+        ASSERT_OK(dt_gpt_set_param_hooks(m, NULL));
+        free(p.refs);
+        free(backup);
+        dt_gpt_destroy(ref);
+        dt_gpt_destroy(m);
+    }
+    /* 16-bit compute casts the whole buffer: refused. */
+    dt_gpt_options o = {.precision = DT_PRECISION_BF16};
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create_with(&m, &c, B, T, &o));
+    ASSERT_STATUS(dt_gpt_set_param_hooks(
+                      m, &(dt_param_hooks){NULL, poison_fetch, poison_prefetch, poison_release}),
+                  DT_ERR_UNSUPPORTED);
+    dt_gpt_destroy(m);
+}
+
 int main(void) {
     dt_tensor_set_threads(2);
     RUN(test_presets);
@@ -744,5 +843,6 @@ int main(void) {
     RUN(test_slots);
     RUN(test_chunks);
     RUN(test_split_weights);
+    RUN(test_param_hooks);
     return TEST_SUMMARY();
 }

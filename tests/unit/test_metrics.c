@@ -5,6 +5,8 @@
 #include "dtrain/train.h"
 #include "test.h"
 
+#include <sys/stat.h>
+
 #include <unistd.h>
 
 static char dir[64];
@@ -194,11 +196,38 @@ static void test_scaler_fields(void) {
     }
 }
 
+/* A metrics file that is not one: a FIFO where metrics.jsonl should be is
+ * refused (not waited on), and a line too long to be a metrics line makes
+ * the resume's rewrite fail instead of reading it into memory. */
+static void test_metrics_bad_file(void) {
+    char run[128], path[160];
+    snprintf(run, sizeof run, "%s/run/fifo", dir);
+    ASSERT_OK(dt_mkdir_p(run));
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    ASSERT_EQ(mkfifo(path, 0600), 0);
+    dt_metrics *m = NULL;
+    ASSERT_STATUS(dt_metrics_create(&m, run, 3), DT_ERR_INVALID);
+    ASSERT_STATUS(dt_metrics_create(&m, run, 0), DT_ERR_INVALID);
+    snprintf(run, sizeof run, "%s/run/long", dir);
+    ASSERT_OK(dt_mkdir_p(run));
+    snprintf(path, sizeof path, "%s/metrics.jsonl", run);
+    FILE *f = fopen(path, "w");
+    ASSERT_TRUE(f != NULL);
+    fputs("{\"step\":1,\"loss\":", f);
+    for (int i = 0; i < 100000; i++)
+        fputc('9', f);
+    fputs("}\n", f);
+    fclose(f);
+    ASSERT_STATUS(dt_metrics_create(&m, run, 3), DT_ERR_CORRUPT);
+    ASSERT_CONTAINS(dt_last_error(), "longer than 65535 bytes");
+}
+
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/dt_metrics_XXXXXX");
     ASSERT_TRUE(mkdtemp(dir) != NULL);
     RUN(test_metrics_file);
     RUN(test_config);
+    RUN(test_metrics_bad_file);
     RUN(test_sparkline);
     RUN(test_progress_plain);
     RUN(test_progress_tty);

@@ -1,0 +1,193 @@
+/*
+ * test_train_zero.c — ZeRO stages 1 and 2 as real processes, against DDP
+ * (zero 0).
+ *
+ *   equiv        zero 1 and 2 at dp = 2, 3 and 4, clipping on: every
+ *                step's loss and gradient norm and the final parameters
+ *                bit-identical to zero 0 (one micro-batch: the reduce-
+ *                scatter sums each element in the allreduce's order); with
+ *                fp16 loss scaling and 2 micro-batches (zero 2 reduces
+ *                every micro-batch: within 1e-5); tp 2 x dp 2 and
+ *                pp 2 x dp 2 bit-identical.
+ *   resume       zero 2 stopped and resumed in its own layout is
+ *                bit-identical; zero 0 resumes as zero 2 (bit-identical:
+ *                the optimizer state read into shards) and zero 1 at dp 2
+ *                resumes as zero 0 at dp 4 (within 1e-5).
+ *   memory       per rank at dp 2: the optimizer state halves with zero 1,
+ *                the resident gradients fall with zero 2, measured as the
+ *                peak resident memory of rank 0; `dtrain plan memory`
+ *                prints the trainer's own plan, and the measured peak (less
+ *                what the process held before the model) is within 10% of
+ *                it.
+ *   errors       bad ZeRO settings exit naming them.
+ * Run one case per process: test_train_zero CASE.
+ */
+#include "train_util.h"
+
+#include <math.h>
+
+#define DTRAIN DT_CLI_PATH
+#define TINY                                                                                       \
+    "--model tiny --layers 4 --dim 32 --heads 4 --seq 32 --threads 1 --peak-flops 1e9 "            \
+    "--sample-tokens 0 --progress plain --val-split 0 --lr 1e-3 --warmup 1 --schedule linear "     \
+    "--min-lr 1e-4 --eps 1e-4 --global-batch 12 --clip 0.5 --bucket-size 16K"
+#define STEPS 12
+
+static char corpus[128];
+
+/* Train into tu_dir/NAME: losses and norms by step, and the final
+ * parameters (the global tensors of the checkpoint). */
+static void train(const char *name, const char *extra, double *loss, double *norm) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --ckpt-dir %s/%s/ck --run-dir "
+                     "%s/%s %s",
+                     DTRAIN, corpus, STEPS, tu_dir, name, tu_dir, name, extra),
+              0);
+    char p[192];
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
+    ASSERT_EQ(tu_losses(p, loss, 63), STEPS);
+    char text[64][64];
+    ASSERT_EQ(tu_metric_text(name, "grad_norm", text, 63), STEPS);
+    for (int s = 1; s <= STEPS; s++)
+        norm[s] = strtod(text[s - 1] + strlen("\"grad_norm\":"), NULL);
+}
+
+/* Two runs' losses and norms: equal bits (rel 0) or within rel. */
+static void compare(const char *what, const char *ea, const char *eb, double rel) {
+    double la[64], na[64], lb[64], nb[64];
+    char a[64], b[64];
+    snprintf(a, sizeof a, "%s_a", what);
+    snprintf(b, sizeof b, "%s_b", what);
+    train(a, ea, la, na);
+    train(b, eb, lb, nb);
+    double worst = 0;
+    for (int s = 1; s <= STEPS; s++) {
+        double dl = fabs(la[s] - lb[s]) / fabs(la[s]), dn = fabs(na[s] - nb[s]) / fabs(na[s]);
+        if (rel == 0 ? (la[s] != lb[s] || na[s] != nb[s]) : !(dl <= rel && dn <= 10 * rel))
+            TEST_FAILF("%s: step %d loss %.9g / %.9g, norm %.9g / %.9g (%s)", what, s, la[s], lb[s],
+                       na[s], nb[s], rel == 0 ? "the same bits expected" : "too far");
+        worst = fmax(worst, dl);
+    }
+    printf("  %s: %s vs %s: losses %.6f..%.6f, worst loss diff %.2g\n", what, ea, eb, la[1],
+           la[STEPS], worst);
+}
+
+static void test_equiv(void) {
+    compare("dp2_z1", "--nproc 2", "--nproc 2 --zero 1", 0);
+    compare("dp2_z2", "--nproc 2", "--nproc 2 --zero 2", 0);
+    compare("dp3_z1", "--nproc 3", "--nproc 3 --zero 1", 0);
+    compare("dp3_z2", "--nproc 3", "--nproc 3 --zero 2", 0);
+    compare("dp4_z2", "--nproc 4", "--nproc 4 --zero 2", 0);
+    compare("fp16_z1", "--nproc 2 --precision fp16 --accum 2",
+            "--nproc 2 --precision fp16 --accum 2 --zero 1", 0);
+    compare("fp16_z2", "--nproc 2 --precision fp16 --accum 2",
+            "--nproc 2 --precision fp16 --accum 2 --zero 2", 1e-5);
+    compare("accum_z2", "--nproc 2 --accum 3", "--nproc 2 --accum 3 --zero 2", 1e-5);
+    compare("tp2_z2", "--nproc 4 --tp 2", "--nproc 4 --tp 2 --zero 2", 0);
+    compare("pp2_z2", "--nproc 4 --pp 2 --micro-batches 2",
+            "--nproc 4 --pp 2 --micro-batches 2 --zero 2", 0);
+}
+
+/* Stop after 6 steps with settings A, resume with B; against an
+ * uninterrupted run with B. */
+static void resume(const char *name, const char *a, const char *b, double rel) {
+    double lu[64], nu[64], lr[64], nr[64];
+    char un[64], rs[64], extra[256];
+    snprintf(un, sizeof un, "%s_whole", name);
+    snprintf(rs, sizeof rs, "%s_resumed", name);
+    train(un, b, lu, nu);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --ckpt-dir %s/%s/ck --run-dir %s/%s "
+                     "--stop-after 6 %s",
+                     DTRAIN, corpus, STEPS, tu_dir, rs, tu_dir, rs, a),
+              0);
+    snprintf(extra, sizeof extra, "--resume %s", b);
+    train(rs, extra, lr, nr);
+    EXPECT_OUT("resumed from");
+    for (int s = 7; s <= STEPS; s++) {
+        double d = fabs(lu[s] - lr[s]) / fabs(lu[s]);
+        if (rel == 0 ? lu[s] != lr[s] : !(d <= rel))
+            TEST_FAILF("%s: step %d loss %.9g uninterrupted, %.9g resumed", name, s, lu[s], lr[s]);
+    }
+    printf("  %s: %s -> %s: %s\n", name, a, b, rel == 0 ? "bit-identical" : "within tolerance");
+}
+
+static void test_resume(void) {
+    resume("z2_z2", "--nproc 2 --zero 2", "--nproc 2 --zero 2", 0);
+    resume("z0_z2", "--nproc 2", "--nproc 2 --zero 2", 0);
+    resume("z1dp2_z0dp4", "--nproc 2 --zero 1", "--nproc 4", 1e-5);
+}
+
+/* A number with a unit ("1.23 GiB") after `key` in the last output, from
+ * `from` on (NULL: the start). */
+static double bytes_after_in(const char *from, const char *key) {
+    const char *at = strstr(from ? from : tu_out, key);
+    if (!at) {
+        fprintf(stderr, "output was:\n%s\n", tu_out);
+        TEST_FAILF("no \"%s\" in the output", key);
+    }
+    double v;
+    char unit[8];
+    ASSERT_EQ(sscanf(at + strlen(key), "%lf %7s", &v, unit), 2);
+    double scale = !strncmp(unit, "KiB", 3)   ? 1024.0
+                   : !strncmp(unit, "MiB", 3) ? 1048576.0
+                   : !strncmp(unit, "GiB", 3) ? 1073741824.0
+                                              : 1.0;
+    return v * scale;
+}
+
+static double bytes_after(const char *key) { return bytes_after_in(NULL, key); }
+
+#define MEMMODEL                                                                                   \
+    "--model shakespeare-char --layers 8 --dim 768 --heads 12 --seq 32 --threads 1 "               \
+    "--peak-flops 1e9 --sample-tokens 0 --progress plain --val-split 0 --batch 2 --steps 2"
+
+static void test_memory(void) {
+    double plan[3], peak[3], base[3], opt[3];
+    for (int z = 0; z < 3; z++) {
+        EXPECT_RC(tu_run("%s train --data %s " MEMMODEL " --nproc 2 --zero %d", DTRAIN, corpus, z),
+                  0);
+        opt[z] = bytes_after(", optimizer ");
+        plan[z] = bytes_after("memory:     planned ");
+        peak[z] = bytes_after("measured peak resident ");
+        base[z] = bytes_after_in(strstr(tu_out, "measured peak resident"), " of which ");
+        double err = (peak[z] - base[z] - plan[z]) / plan[z];
+        printf("  zero %d: plan %.0f MiB, measured %.0f MiB (+ %.0f MiB before the model), "
+               "error %+.1f%%\n",
+               z, plan[z] / 1048576, (peak[z] - base[z]) / 1048576, base[z] / 1048576, 100 * err);
+        if (fabs(err) > 0.10)
+            TEST_FAILF("zero %d: measured peak %.0f MiB is not within 10%% of the plan %.0f MiB", z,
+                       (peak[z] - base[z]) / 1048576, plan[z] / 1048576);
+        /* dtrain plan memory prints the same plan. */
+        char line[160];
+        snprintf(line, sizeof line, "%.*s", 60, strstr(tu_out, "memory plan/rank") + 48);
+        EXPECT_RC(tu_run("%s plan memory --model shakespeare-char --layers 8 --dim 768 --heads 12 "
+                         "--seq 32 --vocab 26 --batch 2 --nproc 2 --zero %d",
+                         DTRAIN, z),
+                  0);
+        EXPECT_OUT(line);
+    }
+    ASSERT_TRUE(fabs(opt[1] / opt[0] - 0.5) < 0.01);
+    ASSERT_TRUE(peak[1] < peak[0] && peak[2] < peak[1]);
+}
+
+static void test_errors(void) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --zero 4", DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--zero");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --zero 3", DTRAIN, corpus),
+              1);
+    EXPECT_OUT("stage 3 is not available yet");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --zero 1 --compress int8",
+                     DTRAIN, corpus),
+              1);
+    EXPECT_OUT("ZeRO reduce-scatters plain fp32 gradients");
+}
+
+int main(int argc, char **argv) {
+    static const test_case cases[] = {
+        {"equiv", test_equiv},
+        {"resume", test_resume},
+        {"memory", test_memory},
+        {"errors", test_errors},
+    };
+    return tu_main(argc, argv, cases, sizeof cases / sizeof cases[0], corpus, sizeof corpus);
+}
