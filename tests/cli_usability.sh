@@ -40,6 +40,9 @@ SMALL="--model tiny --layers 1 --dim 32 --heads 2 --seq 32 --batch 4 --threads 1
 
 case $CASE in
 demo_steps) # 1: the demo's warm-up scales with STEPS
+    # One thread per rank: two spinning OpenMP threads on a loaded 2-core
+    # machine made this take minutes instead of seconds.
+    export DT_THREADS=1
     STEPS=40 NPROC=1 OUT=$dir/demo DATA=$dir/in.txt bash "$SRC/scripts/demo.sh" "$(dirname "$DTRAIN")" \
         > demo.log 2>&1 || fail "STEPS=40 make demo failed: $(tail -5 demo.log)"
     grep -q "done: steps 1..40" demo.log || fail "no summary: $(tail -5 demo.log)"

@@ -116,7 +116,8 @@ static const char train_description[] =
     "docs/parallel.md.\n"
     "Example:\n"
     "  dtrain train --model shakespeare-char --data input.txt --nproc 2 --batch 8 \\\n"
-    "               --steps 500 --ckpt-dir ckpt --run-dir run";
+    "               --steps 500 --warmup 50 --eval-every 100 --ckpt-every 100 --run-dir run\n"
+    "  dtrain train --config run/config.json --run-dir run --resume --steps 1000";
 
 /* SIGINT/SIGTERM (also forwarded by a launcher) ask the run to finish its
  * step, save a checkpoint and stop; a second one ends the process at once.
