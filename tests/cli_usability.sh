@@ -182,6 +182,9 @@ torchrun) # 9: torchrun's variables and OMP_NUM_THREADS work as DT_* do
     wait
     grep -q "2 rank(s) x batch 2" rank0.log || fail "torchrun variables ignored: $(cat rank0.log)"
     grep -q "1 thread(s)/rank" rank0.log || fail "OMP_NUM_THREADS ignored: $(cat rank0.log)"
+    # ... and by every command that takes --threads.
+    expect 0 "1 thread(s)" env OMP_NUM_THREADS=1 "$DTRAIN" bench gemm --size 64 --reps 1
+    expect 0 "1 thread(s)" env OMP_NUM_THREADS=1 "$DTRAIN" bench memcpy --size 1M --iters 1
     grep -q "done: steps 1..2" rank0.log || fail "$(cat rank0.log rank1.log)"
     if /usr/bin/python3 -c "import torch.distributed.run" 2>/dev/null; then
         # (--redirects/--tee 2: torch 1.13's defaults of 0 fail under Python 3.11)

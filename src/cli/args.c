@@ -131,6 +131,15 @@ const char *cli_error_text(void) {
     return buf;
 }
 
+int cli_default_threads(void) {
+    const char *omp = getenv("OMP_NUM_THREADS");
+    char *end = NULL;
+    long v = omp && *omp ? strtol(omp, &end, 10) : 0;
+    if (v >= 1 && v <= 4096 && end && *end == '\0')
+        return (int)v;
+    return dt_cpu_count();
+}
+
 int cli_fail(dt_status st) {
     const char *msg = cli_error_text();
     fprintf(stderr, "dtrain: error: %s\n", *msg ? msg : dt_strerror(st));

@@ -46,8 +46,8 @@ static const cli_opt gemm_opts[] = {
     {"runs", 'r', CLI_INT, "N", "5", NULL, "timed runs per case (the median is shown)", NULL, 3,
      1000},
     {"min-time", 0, CLI_DOUBLE, "SEC", "0.2", NULL, "minimum duration of one run", NULL, 0, 3600},
-    {"threads", 't', CLI_INT, "N", "0", NULL, "threads for every backend (0: all CPUs)", NULL, 0,
-     4096},
+    {"threads", 't', CLI_INT, "N", "0", NULL,
+     "threads for every backend (0: OMP_NUM_THREADS, else all CPUs)", NULL, 0, 4096},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print one JSON object per line instead of a table",
      NULL, 0, 0},
     {0},
@@ -150,7 +150,7 @@ static int run_gemm_bf16(cli_args *a) {
     }
     int threads = (int)cli_int(a, "threads");
     if (threads == 0)
-        threads = dt_cpu_count();
+        threads = cli_default_threads();
     /* As in training: OpenBLAS single-threaded, products split over the
      * OpenMP threads by dt_sgemm (the fp32 peer and the sgemm backends). */
     dt_tensor_set_threads(threads);

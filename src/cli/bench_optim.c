@@ -37,7 +37,7 @@ static int run_optim(cli_args *a) {
     int steps = (int)cli_int(a, "steps");
     bool json = cli_bool(a, "json");
     if (threads == 0)
-        threads = dt_cpu_count();
+        threads = cli_default_threads();
     omp_set_num_threads(threads);
 
     float *buf[4];

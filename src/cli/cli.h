@@ -114,6 +114,9 @@ const cli_cmd *cli_find_sub(const cli_cmd *cmd, const char *name);
  * code for the status (1 in general, 2 for DT_ERR_INVALID). The library's
  * "at file:line" breadcrumbs are left out unless DT_LOG is debug or trace. */
 int cli_fail(dt_status st);
+/* Threads when --threads is 0: OMP_NUM_THREADS when it holds a count
+ * (torchrun sets it per rank), else every CPU. */
+int cli_default_threads(void);
 /* dt_last_error() without its breadcrumbs (unless DT_LOG is debug or
  * trace): what a user is shown. Points to a static buffer. */
 const char *cli_error_text(void);

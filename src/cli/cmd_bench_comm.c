@@ -437,7 +437,8 @@ const cli_cmd cli_bench_comm = {
 
 static const cli_opt memcpy_opts[] = {
     {"size", 0, CLI_SIZE, "SIZE", "256M", NULL, "bytes per buffer", NULL, 1 << 20, 1e12},
-    {"threads", 't', CLI_INT, "N", "0", NULL, "concurrent copies (0: one per CPU)", NULL, 0, 256},
+    {"threads", 't', CLI_INT, "N", "0", NULL,
+     "concurrent copies (0: OMP_NUM_THREADS, else one per CPU)", NULL, 0, 256},
     {"iters", 0, CLI_INT, "N", "10", NULL, "copies per thread", NULL, 1, 1e6},
     {0},
 };
@@ -470,7 +471,7 @@ static void *mc_main(void *p) {
 static int run_memcpy(cli_args *a) {
     int nt = (int)cli_int(a, "threads");
     if (nt == 0)
-        nt = dt_cpu_count();
+        nt = cli_default_threads();
     size_t size = cli_size(a, "size");
     int iters = (int)cli_int(a, "iters");
     printf("# memcpy bandwidth: %d thread(s), %zu MiB buffers; copy GB/s counts bytes copied,\n"

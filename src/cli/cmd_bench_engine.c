@@ -30,7 +30,7 @@ static double median(double *v, int n) {
 static int apply_threads(cli_args *a) {
     int t = (int)cli_int(a, "threads");
     if (t <= 0)
-        t = dt_cpu_count();
+        t = cli_default_threads();
     dt_tensor_set_threads(t);
     return t;
 }
@@ -64,7 +64,8 @@ static double sgemm_gflops(int n, int reps, double *best_ms) {
 /* ------------------------------------------------------------------------ */
 
 static const cli_opt gemm_opts[] = {
-    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0 = all CPUs", NULL, 0, 1024},
+    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0: OMP_NUM_THREADS, else all CPUs",
+     NULL, 0, 1024},
     {"size", 0, CLI_INT, "N", "0", NULL, "one size N (N x N x N); 0 = sweep 256..2048", NULL, 0,
      16384},
     {"reps", 0, CLI_INT, "R", "5", NULL, "timed repetitions per size (best is shown)", NULL, 1,
@@ -95,7 +96,8 @@ static int run_gemm(cli_args *a) {
 }
 
 static const cli_opt peak_opts[] = {
-    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0 = all CPUs", NULL, 0, 1024},
+    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0: OMP_NUM_THREADS, else all CPUs",
+     NULL, 0, 1024},
     {"precision", 0, CLI_STRING, "LIST", "fp32,bf16", "DT_PRECISION",
      "compute types to measure (fp32, bf16, fp16)", NULL, 0, 0},
     {0},
@@ -155,7 +157,8 @@ static const cli_opt train_opts[] = {
      0, 1 << 20},
     {"vocab", 0, CLI_INT, "V", "0", NULL, "override the preset's vocabulary size; 0 = keep", NULL,
      0, 1 << 24},
-    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0 = all CPUs", NULL, 0, 1024},
+    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0: OMP_NUM_THREADS, else all CPUs",
+     NULL, 0, 1024},
     {"precision", 0, CLI_STRING, "LIST", "fp32", "DT_PRECISION",
      "compute types to run side by side: fp32, bf16, fp16, comma-separated", NULL, 0, 0},
     {"recompute", 0, CLI_STRING, "LIST", "none", "DT_RECOMPUTE",

@@ -31,8 +31,8 @@ static const cli_opt sample_opts[] = {
      NULL, 0, 1 << 24},
     {"tokens", 0, CLI_INT, "N", "256", "DT_SAMPLE_TOKENS", "tokens to generate", NULL, 0, 1e7},
     {"seed", 0, CLI_INT, "S", "1337", "DT_SEED", "random seed", NULL, 0, 9.2e18},
-    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "compute threads; 0 = all CPUs", NULL, 0,
-     1024},
+    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS",
+     "compute threads; 0: OMP_NUM_THREADS, else all CPUs", NULL, 0, 1024},
     {"tokenizer", 0, CLI_STRING, "KIND", NULL, NULL,
      "byte, gpt2 or a BPE folder (default: the model file's table, else gpt2)", NULL, 0, 0},
     {0},
@@ -104,7 +104,7 @@ static int run_sample(cli_args *a) {
     const char *prompt = cli_str(a, "prompt");
     int ntok = (int)cli_int(a, "tokens");
     int threads = (int)cli_int(a, "threads");
-    dt_tensor_set_threads(threads > 0 ? threads : dt_cpu_count());
+    dt_tensor_set_threads(threads > 0 ? threads : cli_default_threads());
 
     dt_model_file mf;
     dt_status st = dt_model_open(&mf, path, 0, 0);
