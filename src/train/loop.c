@@ -178,7 +178,7 @@ typedef struct display {
     dt_progress *prog;
     FILE *tty; /* /dev/tty when the live line cannot go to stderr */
     double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW],
-        bubble[MEDIAN_WINDOW];
+        bubble[MEDIAN_WINDOW], mfu[MEDIAN_WINDOW];
     int peak_live; /* the most micro-batches this rank kept alive in a step */
     size_t nrec;   /* records so far (the window holds the newest) */
 } display;
@@ -212,6 +212,7 @@ static void display_close(display *d) {
 static void record(display *d, const dt_step_metrics *sm) {
     size_t i = d->nrec++ % MEDIAN_WINDOW;
     d->tps[i] = sm->tokens_per_s;
+    d->mfu[i] = sm->mfu;
     d->comm[i] = sm->comm_ms;
     d->exposed[i] = sm->exposed_comm_ms;
     d->tp[i] = sm->tp_comm_ms;
@@ -230,6 +231,7 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
     res->exposed_comm_ms = dt__median(d->exposed, n);
     res->tp_comm_ms = dt__median(d->tp, n);
     res->pp_bubble = dt__median(d->bubble, n);
+    double mfu = dt__median(d->mfu, n);
     if (t->rank != 0)
         return DT_OK;
     dt_progress_finish(d->prog);
@@ -269,6 +271,14 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                     dt_format_bytes((double)last->r.bytes_sent, wb, sizeof wb));
         }
         fprintf(stderr, "\n");
+        /* Above 100% the peak is wrong, not the run: a cached peak taken
+         * while the machine was busy, or a --peak-flops below this CPU's. */
+        if (mfu > 1.0)
+            fprintf(stderr,
+                    "warning: MFU %.0f%% (median) is above 100%%: the peak it is relative to is "
+                    "lower than this machine reaches; `dtrain bench peak` measures it again (or "
+                    "give --peak-flops)\n",
+                    100 * mfu);
     }
     uint64_t rss, peak;
     if (dt_mem_resident(&rss, &peak)) {
