@@ -56,6 +56,8 @@ run_dir) # 2: every run is saved (runs/MODEL-TIME), --no-save opts out, the summ
         [ -e "$run/$f" ] || fail "$run/$f missing"
     done
     expect 0 "checkpoint: $run/ckpt/ckpt-000005.dtck" "$DTRAIN" train --data in.txt --steps 5 $SMALL --resume
+    # sample without --ckpt takes the newest run, as nanoGPT's sample.py its out/
+    expect 0 "sampling from $run (the newest run here" "$DTRAIN" sample --prompt "To be" --tokens 5
     [ "$(ls -d runs/tiny-* | wc -l)" = 1 ] || fail "--resume started a new run folder: $(ls runs)"
     [ -e "$run/ckpt/ckpt-000005.dtck" ] || fail "--resume did not continue $run"
     rm -rf runs
@@ -85,6 +87,7 @@ model_paths) # 4: every command that reads a model takes any model path
     expect 0 "wrote run/model.safetensors" "$DTRAIN" export run/model.dtgw
     expect 0 "format:    safetensors" "$DTRAIN" ckpt info run/model.safetensors
     expect 2 "in.txt is not a model file" "$DTRAIN" sample --ckpt in.txt
+    expect 2 "there is no runs/*/model.dtgw here" "$DTRAIN" sample
     expect 1 "is a folder without a model" "$DTRAIN" sample --ckpt "$dir"
     expect 2 "is not a model file" "$DTRAIN" ckpt info in.txt
     ;;

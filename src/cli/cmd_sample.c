@@ -16,13 +16,17 @@
 #include "dtrain/nn.h"
 #include "dtrain/train.h"
 
+#include <dirent.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 static const cli_opt sample_opts[] = {
     {"ckpt", 0, CLI_STRING, "PATH", NULL, "DT_CKPT",
-     "the model: a run folder, a checkpoint (file or folder), a .dtgw, .safetensors or llm.c .bin",
+     "the model: a run folder, a checkpoint (file or folder), a .dtgw, .safetensors or llm.c .bin "
+     "(default: the newest run under runs/)",
      NULL, 0, 0},
     {"prompt", 'p', CLI_STRING, "TEXT", "\n", "DT_PROMPT", "text to continue", NULL, 0, 0},
     {"temperature", 0, CLI_DOUBLE, "X", "0.8", "DT_TEMPERATURE",
@@ -97,10 +101,44 @@ static dt_status table_tokenizer(dt_tokenizer *t, int kind, const uint8_t *table
     return DT_OK;
 }
 
+/* Without --ckpt, as nanoGPT's sample.py reads its out/: the run folder
+ * under runs/ whose model.dtgw was written last (dtrain train saves every
+ * run there). Empty when there is none. */
+static void newest_run(char *out, size_t len) {
+    out[0] = '\0';
+    DIR *d = opendir("runs");
+    if (!d)
+        return;
+    struct timespec best = {0, 0};
+    struct dirent *e;
+    while ((e = readdir(d)) != NULL) {
+        if (e->d_name[0] == '.')
+            continue;
+        char w[4096];
+        struct stat sb;
+        snprintf(w, sizeof w, "runs/%s/model.dtgw", e->d_name);
+        if (stat(w, &sb) != 0 || !S_ISREG(sb.st_mode))
+            continue;
+        if (out[0] && (sb.st_mtim.tv_sec < best.tv_sec ||
+                       (sb.st_mtim.tv_sec == best.tv_sec && sb.st_mtim.tv_nsec <= best.tv_nsec)))
+            continue;
+        best = sb.st_mtim;
+        snprintf(out, len, "runs/%s", e->d_name);
+    }
+    closedir(d);
+}
+
 static int run_sample(cli_args *a) {
     const char *path = cli_str(a, "ckpt");
-    if (!path || !*path)
-        cli_usage_error(a->cmd, "--ckpt PATH is required");
+    char newest[4096];
+    if (!path || !*path) {
+        newest_run(newest, sizeof newest);
+        if (!newest[0])
+            cli_usage_error(a->cmd, "--ckpt PATH is required (there is no runs/*/model.dtgw here "
+                                    "to default to)");
+        path = newest;
+        fprintf(stderr, "sampling from %s (the newest run here; --ckpt PATH to choose)\n", path);
+    }
     const char *prompt = cli_str(a, "prompt");
     int ntok = (int)cli_int(a, "tokens");
     int threads = (int)cli_int(a, "threads");
@@ -203,7 +241,7 @@ static int run_sample(cli_args *a) {
 const cli_cmd cli_cmd_sample = {
     .name = "sample",
     .summary = "generate text from a trained model",
-    .usage = "dtrain sample --ckpt PATH [--prompt TEXT] [--temperature X] [--top-k K] "
+    .usage = "dtrain sample [--ckpt PATH] [--prompt TEXT] [--temperature X] [--top-k K] "
              "[--tokens N] [--seed S]",
     .description = "Loads a model (a run folder, a checkpoint file or folder, a weights file,\n"
                    "a safetensors or llm.c file: told apart by their first bytes), encodes the\n"
