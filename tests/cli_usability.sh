@@ -225,6 +225,8 @@ errors) # 11: errors read as messages, unknown flags get suggestions, root cause
     expect 2 "unknown option '--min_lr' (did you mean '--min-lr'?)" "$DTRAIN" train --min_lr 1
     expect 2 "unknown option '--nproc_per_node' (did you mean '--nproc'?)" "$DTRAIN" launch --nproc_per_node 2 true
     expect 2 "(did you mean '--steps'?)" "$DTRAIN" train --stesp 3
+    expect 2 "unknown option '--device' (dtrain trains on the CPU" "$DTRAIN" train --device=cpu
+    expect 2 "unknown option '--dropout' (dtrain's GPT has no dropout)" "$DTRAIN" train --dropout 0.1
     # A resume mismatch under 2 ranks: the launcher quotes the cause.
     "$DTRAIN" train --data in.txt --steps 2 $SMALL --ckpt-dir ck --no-save > /dev/null 2>&1 || fail "run"
     expect 1 "written with dim 32, this run has dim 64" "$DTRAIN" train --data in.txt --steps 4 \

@@ -191,6 +191,17 @@ static const char *const other_spellings[][2] = {
 };
 /* clang-format on */
 
+/* Options of other tools that have no dtrain counterpart, and why: said
+ * instead of a suggestion, so that nobody hunts for the right spelling. */
+static const char *const no_counterpart[][2] = {
+    {"device", "dtrain trains on the CPU; there is no --device"},
+    {"compile", "dtrain's kernels are compiled ahead of time; there is no --compile"},
+    {"dropout", "dtrain's GPT has no dropout"},
+    {"bias", "dtrain's GPT always has biases, as GPT-2"},
+    {"wandb-project", "no experiment tracker: metrics.jsonl in the run folder has every step"},
+    {"backend", "the backend is chosen by DT_BACKEND=native|mpi, not a flag"},
+};
+
 static size_t edit_distance(const char *a, const char *b) {
     size_t na = strlen(a), nb = strlen(b);
     if (na > 63 || nb > 63)
@@ -236,6 +247,11 @@ static void suggest(const cli_cmd *cmd, const char *given, char *out, size_t len
         snprintf(out, len, " (did you mean '--%s'?)", norm);
         return;
     }
+    for (size_t i = 0; i < sizeof no_counterpart / sizeof no_counterpart[0]; i++)
+        if (strcmp(norm, no_counterpart[i][0]) == 0) {
+            snprintf(out, len, " (%s)", no_counterpart[i][1]);
+            return;
+        }
     for (size_t i = 0; i < sizeof other_spellings / sizeof other_spellings[0]; i++)
         if (strcmp(norm, other_spellings[i][0]) == 0 && has_option(cmd, other_spellings[i][1]))
             best = other_spellings[i][1];
