@@ -17,7 +17,11 @@ ln -s "$SRC/scripts" scripts
 cat "$SRC/README.md" "$SRC"/docs/*.md > input.txt
 unset DT_NO_SAVE # ctest sets it for the other tests; the README runs with the defaults
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_rmaps_base_oversubscribe=1
-torchrun() { /usr/bin/torchrun --redirects 2 --tee 2 "$@"; }
+# (and a port of its own: 29500, torchrun's default, may be taken by another job)
+torchrun() {
+    /usr/bin/python3 -m torch.distributed.run --redirects 2 --tee 2 \
+        --master_port $((30000 + $$ % 20000)) "$@"
+}
 
 # The block: from "## Usage" to its closing fence; continuation lines joined.
 awk '/^## Usage/ {u = 1} u && /^```sh/ {b = 1; next} b && /^```/ {exit} b' "$SRC/README.md" |
