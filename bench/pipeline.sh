@@ -19,11 +19,7 @@
 set -euo pipefail
 dtrain=${1:-build/dtrain}
 rounds=${2:-3}
-here=$(cd "$(dirname "$0")/.." && pwd)
-data=$here/../shared/data/tinyshakespeare.txt
-[[ -f $data ]] || data=$here/README.md
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/train_lib.sh"
 model=(--model shakespeare-char --layers 12 --dim 256 --heads 8 --seq 128 --lr 1e-4)
 
 # run NAME ARGS...: one training run; prints
@@ -31,15 +27,8 @@ model=(--model shakespeare-char --layers 12 --dim 256 --heads 8 --seq 128 --lr 1
 run() {
     local name=$1
     shift
-    local out=$work/$name.log dir=$work/$name
-    rm -rf "$dir"
-    "$dtrain" train --data "$data" --threads 1 --peak-flops 1e9 --sample-tokens 0 \
-        --progress plain --val-split 0 --run-dir "$dir" "${model[@]}" "$@" >"$out" 2>&1 || {
-        echo "bench/pipeline.sh: dtrain train $* failed:" >&2
-        tail -n 5 "$out" >&2
-        exit 1
-    }
-    /usr/bin/env python3 - "$out" "$dir/metrics.jsonl" <<'EOF'
+    train_run "$name" "${model[@]}" "$@"
+    /usr/bin/env python3 - "$work/$name.log" "$work/$name/metrics.jsonl" <<'EOF'
 import json, re, statistics, sys
 log = open(sys.argv[1]).read()
 tps = float(re.search(r"([0-9.]+) tokens/s \(median\)", log).group(1))
@@ -53,7 +42,6 @@ b = [r["pp_bubble"] for r in rows if r.get("pp_bubble") is not None]
 print(tps, 100 * statistics.median(b) if b else 0.0, theory, live, act)
 EOF
 }
-med() { printf '%s\n' $1 | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 
 echo "== throughput: 12 layers, dim 256, seq 128, 8 micro-batches of 4, 1 thread per rank"
 printf '%-18s %10s %9s %9s %8s %6s %13s\n' layout tokens/s speed-up bubble theory live "activations"

@@ -16,25 +16,12 @@ set -euo pipefail
 dtrain=${1:-build/dtrain}
 rounds=${2:-3}
 configs=${3:-"gpt2-124m:4:64 shakespeare-char:8:256"}
-here=$(cd "$(dirname "$0")/.." && pwd)
-data=$here/../shared/data/tinyshakespeare.txt
-[[ -f $data ]] || data=$here/README.md
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/train_lib.sh"
 
 # run NAME ARGS...: one training run; prints "tokens/s params+opt acts tp_ms"
 run() {
-    local name=$1
-    shift
-    local out=$work/$name.log run=$work/$name
-    rm -rf "$run"
-    "$dtrain" train --data "$data" --threads 1 --peak-flops 1e9 --sample-tokens 0 \
-        --progress plain --val-split 0 --run-dir "$run" "$@" >"$out" 2>&1 || {
-        echo "bench/tp.sh: dtrain train $* failed:" >&2
-        tail -n 5 "$out" >&2
-        exit 1
-    }
-    /usr/bin/env python3 - "$out" "$run/metrics.jsonl" <<'EOF'
+    train_run "$@"
+    /usr/bin/env python3 - "$work/$1.log" "$work/$1/metrics.jsonl" <<'EOF'
 import json, re, statistics, sys
 log = open(sys.argv[1]).read()
 tps = float(re.search(r"([0-9.]+) tokens/s \(median\)", log).group(1))
@@ -74,7 +61,6 @@ for cfg in $configs; do
             tpc[$l]+="$m "
         done
     done
-    med() { printf '%s\n' $1 | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
     base=$(med "${tps[one]}")
     for l in "${layouts[@]}"; do
         x=$(med "${tps[$l]}")

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # bench/zero.sh [DTRAIN] [ROUNDS] [CONFIGS] — ZeRO stages against DDP on the
 # same work, in the same run: for each configuration, `dtrain train` as 2
-# ranks x 1 thread with --zero 0, 1 and 2, in turn (A B C A B C ...),
+# ranks x 1 thread with --zero 0, 1, 2 and 3 and --zero 1 with the optimizer
+# state offloaded to a file (--offload optimizer=disk:DIR, DIR under
+# $TMPDIR), in turn (A B C D E A B C D E ...),
 # ROUNDS times. Prints per stage the median tokens/s of the timed steps and
 # its ratio to zero 0, the per-rank model state (parameters + gradients +
 # optimizer, from the plan the header prints) relative to zero 0, the
@@ -16,25 +18,13 @@ set -euo pipefail
 dtrain=${1:-build/dtrain}
 rounds=${2:-3}
 configs=${3:-"gpt2-124m:4:64 shakespeare-char:8:256"}
-here=$(cd "$(dirname "$0")/.." && pwd)
-data=$here/../shared/data/tinyshakespeare.txt
-[[ -f $data ]] || data=$here/README.md
-work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
+source "$(dirname "$0")/train_lib.sh"
+mkdir "$work/offload"
 
 # run NAME ARGS...: prints "tokens/s model_state plan measured"
 run() {
-    local name=$1
-    shift
-    local out=$work/$name.log dir=$work/$name
-    rm -rf "$dir"
-    "$dtrain" train --data "$data" --threads 1 --peak-flops 1e9 --sample-tokens 0 \
-        --progress plain --val-split 0 --run-dir "$dir" "$@" >"$out" 2>&1 || {
-        echo "bench/zero.sh: dtrain train $* failed:" >&2
-        tail -n 5 "$out" >&2
-        exit 1
-    }
-    /usr/bin/env python3 - "$out" <<'EOF'
+    train_run "$@"
+    /usr/bin/env python3 - "$work/$1.log" <<'EOF'
 import re, sys
 log = open(sys.argv[1]).read()
 unit = {"B": 1, "KiB": 2**10, "MiB": 2**20, "GiB": 2**30}
@@ -50,9 +40,8 @@ m = re.search(r"planned ([0-9.]+ \w+) per rank \(rank 0\), measured peak residen
 print(tps, state, size(m.group(1)), size(m.group(2)) - size(m.group(3)))
 EOF
 }
-med() { printf '%s\n' $1 | sort -g | awk '{v[NR]=$1} END {print (NR%2) ? v[(NR+1)/2] : (v[NR/2]+v[NR/2+1])/2}'; }
 
-printf '%-22s %-6s %10s %8s %13s %11s %11s %8s\n' "model B x T" stage tokens/s ratio \
+printf '%-22s %-14s %10s %8s %13s %11s %11s %8s\n' "model B x T" stage tokens/s ratio \
     "model state" "plan/rank" measured error
 for cfg in $configs; do
     IFS=: read -r model b t <<<"$cfg"
@@ -60,8 +49,10 @@ for cfg in $configs; do
     [[ $model == gpt2-* ]] && args+=(--tokenizer byte --vocab 50257)
     declare -A tps=() st=() plan=() meas=()
     for ((r = 0; r < rounds; r++)); do
-        for z in 0 1 2; do
-            read -r a s p m < <(run "z$z" "${args[@]}" --zero "$z")
+        for z in 0 1 2 3 1o; do
+            zargs=(--zero "${z%o}")
+            [[ $z == *o ]] && zargs+=(--offload "optimizer=disk:$work/offload")
+            read -r a s p m < <(run "z$z" "${args[@]}" "${zargs[@]}")
             tps[$z]+="$a "
             st[$z]=$s
             plan[$z]=$p
@@ -69,11 +60,11 @@ for cfg in $configs; do
         done
     done
     base=$(med "${tps[0]}")
-    for z in 0 1 2; do
+    for z in 0 1 2 3 1o; do
         x=$(med "${tps[$z]}")
         mm=$(med "${meas[$z]}")
-        printf '%-22s %-6s %10.0f %7.2fx %12.2fx %7.0f MiB %7.0f MiB %+7.1f%%\n' "$model $b x $t" \
-            "zero $z" "$x" "$(echo "$x / $base" | bc -l)" "$(echo "${st[$z]} / ${st[0]}" | bc -l)" \
+        printf '%-22s %-14s %10.0f %7.2fx %12.2fx %7.0f MiB %7.0f MiB %+7.1f%%\n' "$model $b x $t" \
+            "zero ${z%o}$([[ $z == *o ]] && echo ' + offload')" "$x" "$(echo "$x / $base" | bc -l)" "$(echo "${st[$z]} / ${st[0]}" | bc -l)" \
             "$(echo "${plan[$z]} / 1048576" | bc -l)" "$(echo "$mm / 1048576" | bc -l)" \
             "$(echo "100 * ($mm - ${plan[$z]}) / ${plan[$z]}" | bc -l)"
     done

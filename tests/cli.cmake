@@ -1,13 +1,14 @@
 # The dtrain command as a user meets it (issue 19's defects), one ctest
 # entry per case: tests/cli_usability.sh DTRAIN SRC CASE.
 foreach(case demo_steps run_dir tokenizer_default model_paths mfu_peak buckets flags config_json
-             torchrun warnings errors help)
+             torchrun warnings errors help zero3_files)
   add_test(NAME cli_usability_${case}
            COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/cli_usability.sh $<TARGET_FILE:dtrain_cli>
                    ${PROJECT_SOURCE_DIR} ${case})
   set_tests_properties(cli_usability_${case} PROPERTIES TIMEOUT 180 LABELS "unit")
 endforeach()
 set_tests_properties(cli_usability_buckets cli_usability_torchrun cli_usability_errors
+                     cli_usability_zero3_files
                      PROPERTIES LABELS "unit;multiprocess")
 
 # The README's Usage section, run as written with small step counts.

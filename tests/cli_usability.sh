@@ -255,6 +255,29 @@ help) # 12: help for actions, printable defaults, complete and true texts, one p
     expect 0 "vocab 50257" "$DTRAIN" train --data in.txt --model gpt2-124m --layers 1 --dim 64 --heads 1 \
         --seq 16 --batch 1 --steps 1 --threads 1 --sample-tokens 0 --no-save --progress plain
     ;;
+zero3_files) # ZeRO 3 (each rank keeps its pieces) and offload meet the run folder
+    # The run folder, its checkpoint and its config.json work as for any
+    # run: every model reader sees the whole model, bit-identical to DDP's.
+    mkdir off
+    Z="--data in.txt --steps 2 $SMALL --layers 2 --nproc 2"
+    "$DTRAIN" train $Z --zero 3 --offload optimizer=disk:off --run-dir z3 > z3.log 2>&1 ||
+        fail "zero 3: $(cat z3.log)"
+    "$DTRAIN" train $Z --run-dir z0 > z0.log 2>&1 || fail "zero 0: $(cat z0.log)"
+    python3 -c "import json,sys; c=json.load(open('z3/config.json')); assert c['zero'] == 3 and c['offload'] == 'optimizer=disk:off', c" ||
+        fail "config.json: $(cat z3/config.json)"
+    for p in z3 z3/ckpt z3/model.dtgw z0; do
+        "$DTRAIN" export "$p" -o "$(echo "$p" | tr / _).safetensors" > /dev/null 2>&1 || fail "export $p"
+    done
+    cmp z3.safetensors z3_ckpt.safetensors && cmp z3.safetensors z3_model.dtgw.safetensors ||
+        fail "the zero-3 checkpoint and weights differ"
+    cmp z3.safetensors z0.safetensors || fail "zero 3 and DDP trained different weights"
+    expect 0 "To be" "$DTRAIN" sample --ckpt z3/ckpt --prompt "To be" --tokens 5
+    expect 0 "resumed from z3/ckpt/ckpt-000002.dtck" \
+        "$DTRAIN" train --config z3/config.json --run-dir z3 --resume --steps 3
+    [ -z "$(ls -A off)" ] || fail "offload files left: $(ls off)"
+    expect 0 "done: steps 1..1" "$DTRAIN" train --data in.txt --steps 1 --init-from z3 --batch 4 \
+        --threads 1 --sample-tokens 0 --progress plain --nproc 2 --zero 3 --no-save
+    ;;
 *)
     fail "unknown case"
     ;;

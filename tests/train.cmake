@@ -98,7 +98,7 @@ endforeach()
 # ZeRO stages 1 and 2 against DDP: bit-identical where the reduction order
 # is, resumed across stages and dp sizes, memory measured against the plan.
 dt_train_cli_test_exe(test_train_zero)
-foreach(case equiv resume memory errors)
+foreach(case equiv resume memory offload errors)
   add_test(NAME test_train_zero_${case} COMMAND test_train_zero ${case})
   set_tests_properties(test_train_zero_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
 endforeach()
@@ -110,3 +110,11 @@ add_test(NAME interop_safetensors
          COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/interop_safetensors.sh $<TARGET_FILE:dtrain_cli>
                  $<TARGET_FILE:logits_dump> ${PROJECT_SOURCE_DIR})
 set_tests_properties(interop_safetensors PROPERTIES TIMEOUT 180 LABELS "train" SKIP_RETURN_CODE 77)
+
+# The optimizer state offloaded to disk: a full disk (a tmpfs in a private
+# namespace) and a rank killed mid-stream.
+add_test(NAME cli_train_offload_disk
+         COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/train_offload_disk.sh $<TARGET_FILE:dtrain_cli>
+                 ${PROJECT_SOURCE_DIR}/README.md)
+set_tests_properties(cli_train_offload_disk PROPERTIES TIMEOUT 300 LABELS "train;multiprocess"
+                     SKIP_RETURN_CODE 77)

@@ -198,8 +198,21 @@ bool dt_mem_available(uint64_t *bytes);
 /* This process's resident memory now and its high-water mark (VmRSS and
  * VmHWM of /proc/self/status), in bytes; false when unreadable. */
 bool dt_mem_resident(uint64_t *now, uint64_t *peak);
+/* Zeroed allocation; a large one is zero without being resident (see
+ * dt_mem_zero). */
 void *dt_calloc(size_t count, size_t size);
 void dt_free(void *p);
+/* Zero [p, p + bytes) of memory from dt_alloc without making it resident:
+ * the whole pages inside go back to the system (they read as zero and
+ * cost nothing until written), the partial pages at either end are
+ * cleared. For large buffers written late or only in part (gradients and
+ * parameters a ZeRO replica shards, optimizer state before its first
+ * step), so the peak resident memory is what is used, not what is
+ * reserved. */
+void dt_mem_zero(void *p, size_t bytes);
+/* Give the whole pages inside [p, p + bytes) back to the system (memory
+ * from dt_alloc); they read as zero afterwards. */
+void dt_mem_discard(void *p, size_t bytes);
 
 /* Round up to a multiple of `align` (a power of two). */
 static inline size_t dt_align_up(size_t n, size_t align) { return (n + align - 1) & ~(align - 1); }

@@ -209,6 +209,12 @@ typedef struct dt_optim_config {
      * becomes its bias-corrected value v / (1 - beta2^count), which the
      * frozen updates use as it is. -1: never. */
     int64_t freeze_v_from;
+    /* Keep the state in a file in this directory instead of memory (NULL:
+     * memory): a shared mapping the update streams through in pieces, read
+     * ahead and written back asynchronously, so only a window of it is
+     * resident (offload.c). The file is unlinked at once and its size
+     * reserved at creation: a disk too small fails there, naming it. */
+    const char *offload_dir;
 } dt_optim_config;
 
 /* AdamW with PyTorch's defaults (dt_adamw_config_default), no freeze. */
@@ -253,14 +259,23 @@ dt_status dt_optimizer_set_count(dt_optimizer *o, int64_t count);
  * parameters allocates (what dt_optimizer_state_bytes will say): for
  * memory plans. */
 size_t dt_optimizer_plan_bytes(const dt_optim_config *c, size_t owned_count);
+/* ... and of those, the bytes mapped into the process at the peak: all of
+ * them in memory; with offload_dir the piece being updated (the read-ahead
+ * and the write-back are the page cache's, not the process's). */
+size_t dt_optimizer_plan_resident(const dt_optim_config *c, size_t owned_count);
 /* Bytes of state (what a memory report calls "optimizer"). */
 size_t dt_optimizer_state_bytes(const dt_optimizer *o);
 
 /* The state buffers (AdamW: "adamw.m", "adamw.v"; SGD: "sgd.momentum"),
  * each dt_optimizer_owned_count() floats: the owned ranges one after
- * another. The checkpoint writes and reads them in place. */
+ * another. The checkpoint writes and reads them in place; with
+ * offload_dir it then calls dt_optimizer_settle(), which writes the state
+ * back to its file and drops it from memory (no-op in memory). */
 size_t dt_optimizer_num_states(const dt_optimizer *o);
 float *dt_optimizer_state(dt_optimizer *o, size_t i, const char **name);
+void dt_optimizer_settle(dt_optimizer *o);
+/* Bytes of the offload file (0 in memory). */
+size_t dt_optimizer_offload_bytes(const dt_optimizer *o);
 
 #ifdef __cplusplus
 }

@@ -297,6 +297,11 @@ const dt_ddp_stats *dt_ddp_last_stats(const dt_ddp *d);
  * once), and wait for every gather started. */
 dt_status dt_ddp_gather(dt_ddp *d, size_t i);
 dt_status dt_ddp_gather_wait(dt_ddp *d);
+/* ZeRO 3: wait for bucket i's gather alone; return the memory of bucket
+ * i's parameter pages outside this replica's piece (they read as zero
+ * until gathered again). */
+dt_status dt_ddp_gather_wait_bucket(dt_ddp *d, size_t i);
+void dt_ddp_release_params(dt_ddp *d, size_t i);
 
 /* Average `count` doubles over the ranks in place (losses, metrics). */
 dt_status dt_ddp_average(dt_ddp *d, double *values, size_t count);
@@ -574,8 +579,21 @@ const char *dt_grad_sync_name(const dt_grad_sync *s);
 typedef struct dt_sync_layout {
     bool params_replicated; /* every replica holds the same parameters */
     bool optim_replicated;  /* ... and the same optimizer state */
+    bool params_sharded;    /* a replica holds only the parameters its optimizer owns
+                               (ZeRO 3: a checkpoint writes and reads those) */
 } dt_sync_layout;
 void dt_grad_sync_layout(const dt_grad_sync *s, dt_sync_layout *out);
+/* The hooks the model must call around its parameter reads (ZeRO 3
+ * gathers each block's parameters before it runs and returns them after);
+ * NULL when the strategy keeps every parameter in place. */
+const dt_param_hooks *dt_grad_sync_param_hooks(const dt_grad_sync *s);
+/* Make every parameter of this rank valid (whole), or give them back to
+ * the strategy's own layout (!whole): around reading the whole parameter
+ * buffer outside a pass (the weights file, the sample). No-op for
+ * strategies that keep every parameter. whole: collective over the dp
+ * group; while whole, a pass on one rank alone communicates nothing (every
+ * fetch finds its block resident). !whole: local. */
+dt_status dt_grad_sync_gather_params(dt_grad_sync *s, bool whole);
 void dt_grad_sync_cost(const dt_grad_sync *s, dt_sync_cost *out);
 /* This rank's own state (DDP: codec residuals), in the units of the loss
  * scale `unit` it was saved at, and a text naming what it belongs to

@@ -273,8 +273,14 @@ typedef struct dt_train_config {
      * the step's `accum`. */
     const char *pp_schedule;
     /* ZeRO stage on the dp axis (docs/zero.md): 0 (DDP: everything
-     * replicated), 1 (the optimizer state sharded), 2 (and the gradients). */
+     * replicated), 1 (the optimizer state sharded), 2 (and the gradients),
+     * 3 (and the parameters; fp32 only). */
     int zero;
+    /* Where the optimizer state lives (docs/zero.md, "Offload"): NULL or
+     * "optimizer=cpu" (memory), "optimizer=disk:DIR" (a file in DIR,
+     * streamed through a window of memory). "params=disk:DIR" is not built
+     * yet. */
+    const char *offload;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. Set from any thread
@@ -306,6 +312,7 @@ typedef struct dt_train_result {
 typedef struct dt_rank_memory {
     int world, rank;
     size_t params, grads, weights16, optimizer, activations;
+    size_t optimizer_file; /* --offload optimizer=disk: the state's file (not in total) */
     size_t total;
     dt_memory_report model; /* the model part's own report */
 } dt_rank_memory;

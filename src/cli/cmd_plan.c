@@ -187,7 +187,7 @@ static const cli_opt memory_opts[] = {
     {"pp", 0, CLI_INT, "N", "1", "DT_PP", "pipeline stages", NULL, 1, 4096},
     {"pp-schedule", 0, CLI_STRING, "KIND", NULL, "DT_PP_SCHEDULE", "gpipe, 1f1b, interleaved:V or zb", NULL, 0, 0},
     {"micro-batches", 0, CLI_INT, "M", "1", "DT_MICRO_BATCHES", "micro-batches per step", NULL, 1, 1 << 20},
-    {"zero", 0, CLI_INT, "S", "0", "DT_ZERO", "ZeRO stage (0, 1, 2)", NULL, 0, 3},
+    {"zero", 0, CLI_INT, "S", "0", "DT_ZERO", "ZeRO stage (0, 1, 2, 3)", NULL, 0, 3},
     {"batch", 'b', CLI_INT, "B", "8", "DT_BATCH", "sequences per data-parallel rank per micro-batch", NULL, 1, 1 << 20},
     {"precision", 0, CLI_ENUM, "TYPE", "fp32", "DT_PRECISION", "compute type", precisions, 0, 0},
     {"recompute", 0, CLI_STRING, "MODE", "none", "DT_RECOMPUTE", "none, blocks, every:K", NULL, 0, 0},

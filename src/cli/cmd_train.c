@@ -94,7 +94,8 @@ static const cli_opt train_opts[] = {
     {"sp", 0, CLI_FLAG, NULL, NULL, "DT_SP", "sequence parallelism with --tp: LayerNorm, residual and their activations on 1/tp of the tokens", NULL, 0, 0},
     {"pp", 0, CLI_INT, "N", "1", "DT_PP", "pipeline-parallel degree: the layers split into N stages", NULL, 1, 4096},
     {"pp-schedule", 0, CLI_STRING, "KIND", "1f1b", "DT_PP_SCHEDULE", "pipeline schedule: gpipe, 1f1b, interleaved:V or zb (dtrain plan pipeline draws it)", NULL, 0, 0},
-    {"zero", 0, CLI_INT, "S", "0", "DT_ZERO", "ZeRO stage on the dp axis: 0 (replicated), 1 (optimizer state sharded), 2 (and gradients)", NULL, 0, 3},
+    {"zero", 0, CLI_INT, "S", "0", "DT_ZERO", "ZeRO stage on the dp axis: 0 (replicated), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters; fp32)", NULL, 0, 3},
+    {"offload", 0, CLI_STRING, "WHAT", NULL, "DT_OFFLOAD", "where the optimizer state lives: optimizer=disk:DIR (a file in DIR, streamed through memory) or optimizer=cpu (memory)", NULL, 0, 0},
     {"micro-batches", 0, CLI_INT, "M", "1", "DT_MICRO_BATCHES", "micro-batches per optimizer step (the same as --accum)", NULL, 1, 1 << 20},
     {"cp", 0, CLI_INT, "N", "1", "DT_CP", "context-parallel degree (the mesh axis; not available yet)", NULL, 1, 4096},
     {"dp", 0, CLI_INT, "N", "0", "DT_DP", "data-parallel degree (0: ranks / (tp x pp x cp))", NULL, 0, 1 << 20},
@@ -281,6 +282,7 @@ static int run_train(cli_args *a) {
     c.sp = cli_bool(a, "sp");
     c.pp = (int)cli_int(a, "pp");
     c.zero = (int)cli_int(a, "zero");
+    c.offload = cli_str(a, "offload");
     if (cli_is_set(a, "pp-schedule"))
         c.pp_schedule = cli_str(a, "pp-schedule");
     if (cli_is_set(a, "micro-batches")) {

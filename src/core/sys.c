@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <time.h>
+#include <unistd.h>
 
 /* From this size on a buffer starts on a 2 MiB boundary and asks for
  * transparent huge pages (where THP is in "madvise" mode, as on Debian's
@@ -160,8 +161,32 @@ void *dt_calloc(size_t count, size_t size) {
     }
     void *p = dt_alloc(bytes);
     if (p)
-        memset(p, 0, bytes);
+        dt_mem_zero(p, bytes);
     return p;
+}
+
+/* Below this, clearing is cheaper than a system call. */
+#define DISCARD_FROM ((size_t)256 << 10)
+
+void dt_mem_discard(void *p, size_t bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t a = dt_align_up((uintptr_t)p, page), b = ((uintptr_t)p + bytes) / page * page;
+    if (a < b)
+        (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice: nothing to undo on failure */
+}
+
+void dt_mem_zero(void *p, size_t bytes) {
+    size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    uintptr_t lo = (uintptr_t)p, hi = lo + bytes;
+    uintptr_t a = dt_align_up(lo, page), b = hi / page * page;
+    /* dt_alloc's memory is private and anonymous: a discarded page reads
+     * as zero. */
+    if (bytes < DISCARD_FROM || a >= b || madvise((void *)a, b - a, MADV_DONTNEED) != 0) {
+        memset(p, 0, bytes);
+        return;
+    }
+    memset(p, 0, a - lo);
+    memset((void *)b, 0, hi - b);
 }
 
 void dt_free(void *p) { free(p); }

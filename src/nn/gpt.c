@@ -734,8 +734,10 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
                             "activations",
                             np, dt_format_bytes((double)p.total, a, sizeof a));
     }
-    memset(m->params, 0, m->nparams * sizeof(float));
-    memset(m->grads, 0, m->nparams * sizeof(float));
+    /* Zero but not resident: a strategy that shards them (ZeRO) never
+     * touches the pages it does not own. */
+    dt_mem_zero(m->params, m->nparams * sizeof(float));
+    dt_mem_zero(m->grads, m->nparams * sizeof(float));
     carve(m, cfg, max_batch, max_seq, &m->opt);
     m->head_cols = head_cols(m->d.Vl, (size_t)max_batch * max_seq);
     table tb = {.info = m->info, .names = m->names};

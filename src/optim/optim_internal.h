@@ -50,4 +50,23 @@ void dt__sgd_range_scalar(float *p, const float *g, float *b, size_t n, float lr
 double dt__sumsq_block_vec(const float *g, size_t n);
 double dt__sumsq_block_scalar(const float *g, size_t n);
 
+/* Optimizer state in a file on disk (offload.c): nstates buffers of count
+ * floats, state[k] pointing into a shared mapping. The optimizer updates
+ * the state in pieces of at most DT__OFFLOAD_PIECE floats, announcing each
+ * (before: map it) and reporting it (updated: read ahead, write back, drop;
+ * state offsets [s0, s1)), so the file streams through a window of memory;
+ * step_end() reads ahead where the next step starts; settle() writes back
+ * and drops everything (after a checkpoint touched it all). */
+#define DT__OFFLOAD_PIECE ((size_t)1 << 20)
+#define DT__OFFLOAD_AHEAD 8 /* pieces read ahead of the walk (page cache, not mapped) */
+typedef struct dt__offload dt__offload;
+dt_status dt__offload_open(dt__offload **out, const char *dir, size_t nstates, size_t count,
+                           float **state);
+void dt__offload_close(dt__offload *f);
+void dt__offload_before(dt__offload *f, size_t s0, size_t s1);
+void dt__offload_updated(dt__offload *f, size_t s0, size_t s1);
+void dt__offload_step_end(dt__offload *f);
+void dt__offload_settle(dt__offload *f);
+size_t dt__offload_file_bytes(const dt__offload *f);
+
 #endif /* DTRAIN_OPTIM_INTERNAL_H */

@@ -27,12 +27,14 @@ struct dt_optimizer {
     dt_range *owned; /* (nowned) sorted, disjoint */
     size_t *start;   /* (nowned + 1) where each range's state begins; start[nowned] = all */
     size_t nowned;
-    size_t nstates;  /* AdamW 2, SGD 1 with momentum, else 0 */
-    float *state[2]; /* (owned size) each */
-    int64_t count;   /* applied updates */
-    int64_t step;    /* the step begun last */
-    float lr;        /* its learning rate */
-    bool frozen;     /* AdamW: beta2 = 1 for this step */
+    size_t nstates;    /* AdamW 2, SGD 1 with momentum, else 0 */
+    float *state[2];   /* (owned size) each */
+    dt__offload *disk; /* the state in a file (offload_dir), or NULL */
+    char dir[1024];    /* offload_dir's copy */
+    int64_t count;     /* applied updates */
+    int64_t step;      /* the step begun last */
+    float lr;          /* its learning rate */
+    bool frozen;       /* AdamW: beta2 = 1 for this step */
 };
 
 static const char *const state_names[DT_OPTIM_COUNT][2] = {
@@ -59,6 +61,11 @@ static size_t state_count(const dt_optim_config *c) {
 
 size_t dt_optimizer_plan_bytes(const dt_optim_config *c, size_t owned_count) {
     return state_count(c) * owned_count * sizeof(float);
+}
+
+size_t dt_optimizer_plan_resident(const dt_optim_config *c, size_t owned_count) {
+    size_t piece = owned_count < DT__OFFLOAD_PIECE ? owned_count : DT__OFFLOAD_PIECE;
+    return dt_optimizer_plan_bytes(c, c->offload_dir ? piece : owned_count);
 }
 
 dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
@@ -113,11 +120,23 @@ dt_status dt_optimizer_create(dt_optimizer **out, const dt_optim_config *c,
         }
     o->nstates = state_count(c);
     size_t n = o->start[nowned];
+    if (c->offload_dir && o->nstates) {
+        snprintf(o->dir, sizeof o->dir, "%s", c->offload_dir);
+        o->c.offload_dir = o->dir;
+        dt_status st = dt__offload_open(&o->disk, o->dir, o->nstates, n, o->state);
+        if (st != DT_OK) {
+            o->state[0] = o->state[1] = NULL; /* the file's, not ours to free */
+            dt_optimizer_destroy(o);
+            return st;
+        }
+        *out = o;
+        return DT_OK;
+    }
     for (size_t k = 0; k < o->nstates; k++) {
         o->state[k] = dt_alloc((n ? n : 1) * sizeof(float));
         if (!o->state[k])
             goto nomem;
-        memset(o->state[k], 0, n * sizeof(float));
+        dt_mem_zero(o->state[k], n * sizeof(float)); /* resident from its first update */
     }
     *out = o;
     return DT_OK;
@@ -129,8 +148,11 @@ nomem:
 void dt_optimizer_destroy(dt_optimizer *o) {
     if (!o)
         return;
-    for (size_t k = 0; k < 2; k++)
-        dt_free(o->state[k]);
+    if (o->disk)
+        dt__offload_close(o->disk);
+    else
+        for (size_t k = 0; k < 2; k++)
+            dt_free(o->state[k]);
     dt_free(o->tensors);
     dt_free(o->owned);
     dt_free(o->start);
@@ -178,12 +200,8 @@ static size_t range_of(const dt_optimizer *o, size_t begin, size_t end) {
     return lo;
 }
 
-void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, size_t begin,
-                         size_t end) {
-    DT_ASSERT(o->step >= 0);
-    if (begin >= end)
-        return;
-    size_t k = range_of(o, begin, end);
+static void update_in_memory(dt_optimizer *o, float *params, const float *grads, size_t begin,
+                             size_t end, size_t k) {
     const size_t base = o->start[k] - o->owned[k].begin; /* state index of parameter p: p + base */
     dt_adamw_config frozen = o->c.adamw;
     frozen.beta2 = 1.0f;
@@ -207,9 +225,41 @@ void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, siz
     }
 }
 
+void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, size_t begin,
+                         size_t end) {
+    DT_ASSERT(o->step >= 0);
+    if (begin >= end)
+        return;
+    size_t k = range_of(o, begin, end);
+    if (!o->disk) {
+        update_in_memory(o, params, grads, begin, end, k);
+        return;
+    }
+    /* Offloaded: in pieces, each reported, so the file streams through a
+     * window (any split gives the same bits). */
+    const size_t base = o->start[k] - o->owned[k].begin;
+    for (size_t lo = begin; lo < end; lo += DT__OFFLOAD_PIECE) {
+        size_t hi = end - lo > DT__OFFLOAD_PIECE ? lo + DT__OFFLOAD_PIECE : end;
+        dt__offload_before(o->disk, lo + base, hi + base);
+        update_in_memory(o, params, grads, lo, hi, k);
+        dt__offload_updated(o->disk, lo + base, hi + base);
+    }
+}
+
 void dt_optimizer_end(dt_optimizer *o, bool applied) {
     if (applied)
         o->count++;
+    if (o->disk)
+        dt__offload_step_end(o->disk);
+}
+
+void dt_optimizer_settle(dt_optimizer *o) {
+    if (o->disk)
+        dt__offload_settle(o->disk);
+}
+
+size_t dt_optimizer_offload_bytes(const dt_optimizer *o) {
+    return o->disk ? dt__offload_file_bytes(o->disk) : 0;
 }
 
 const dt_optim_config *dt_optimizer_config(const dt_optimizer *o) { return &o->c; }

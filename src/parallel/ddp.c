@@ -29,8 +29,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 typedef struct bucket {
     size_t begin, end; /* range of the gradient buffer */
@@ -529,23 +527,18 @@ static void launch(dt_ddp *d) {
         d->err = st;
 }
 
-/* Return the whole pages inside [lo, hi) to the system: they read as zero
- * afterwards, and cost no memory until written again. */
-static void drop_pages(float *lo, float *hi) {
-    size_t page = (size_t)sysconf(_SC_PAGESIZE);
-    uintptr_t a = ((uintptr_t)lo + page - 1) / page * page, b = (uintptr_t)hi / page * page;
-    if (a < b)
-        (void)madvise((void *)a, b - a, MADV_DONTNEED); /* advice: nothing to undo on failure */
+/* The pages of buf's bucket b outside this replica's piece. */
+static void drop_unowned(const dt_ddp *d, float *buf, const bucket *b) {
+    dt_range mine = piece_of(b->begin, b->end, d->world, d->rank);
+    dt_mem_discard(buf + b->begin, (mine.begin - b->begin) * sizeof(float));
+    dt_mem_discard(buf + mine.end, (b->end - mine.end) * sizeof(float));
 }
 
 /* ZeRO 2: once bucket b is reduce-scattered, the gradient outside this
  * replica's piece is not needed any more. */
 static void release_unowned(const dt_ddp *d, const bucket *b) {
-    if (!d->release || !communicates(d))
-        return;
-    dt_range mine = piece_of(b->begin, b->end, d->world, d->rank);
-    drop_pages(d->grads + b->begin, d->grads + mine.begin);
-    drop_pages(d->grads + mine.end, d->grads + b->end);
+    if (d->release && communicates(d))
+        drop_unowned(d, d->grads, b);
 }
 
 /* Wait for *w if set (clearing it), keeping the first error. */
@@ -696,6 +689,23 @@ dt_status dt_ddp_gather(dt_ddp *d, size_t i) {
         DT_CHECK(
             dt_group_ibroadcast(d->g, p + q * d->world, tail, DT_F32, d->world - 1, &b->gtail));
     return DT_OK;
+}
+
+dt_status dt_ddp_gather_wait_bucket(dt_ddp *d, size_t i) {
+    DT_ASSERT(d->shard && i < d->nb);
+    wait_clear(d, &d->b[i].gather);
+    wait_clear(d, &d->b[i].gtail);
+    dt_status st = d->err;
+    d->err = DT_OK;
+    if (st != DT_OK)
+        dt_error_prefix("parameter allgather of bucket %zu", i);
+    return st;
+}
+
+void dt_ddp_release_params(dt_ddp *d, size_t i) {
+    DT_ASSERT(d->shard && i < d->nb && !d->b[i].gather && !d->b[i].gtail);
+    if (communicates(d))
+        drop_unowned(d, d->params, &d->b[i]);
 }
 
 dt_status dt_ddp_gather_wait(dt_ddp *d) {

@@ -31,7 +31,10 @@ void dt_grad_sync_cost(const dt_grad_sync *s, dt_sync_cost *out) {
     memset(out, 0, sizeof *out);
     s->ops->cost(s, out);
 }
-void dt_grad_sync_layout(const dt_grad_sync *s, dt_sync_layout *out) { s->ops->layout(s, out); }
+void dt_grad_sync_layout(const dt_grad_sync *s, dt_sync_layout *out) {
+    memset(out, 0, sizeof *out);
+    s->ops->layout(s, out);
+}
 void dt_grad_sync_reset_state(dt_grad_sync *s) { s->ops->reset_state(s); }
 size_t dt_grad_sync_state_bytes(const dt_grad_sync *s) { return s->ops->state_bytes(s); }
 const char *dt_grad_sync_state_ident(const dt_grad_sync *s) { return s->ops->state_ident(s); }
@@ -44,6 +47,13 @@ dt_status dt_grad_sync_set_state(dt_grad_sync *s, const void *buf, size_t len, f
 void dt_grad_sync_destroy(dt_grad_sync *s) {
     if (s)
         s->ops->destroy(s);
+}
+
+const dt_param_hooks *dt_grad_sync_param_hooks(const dt_grad_sync *s) {
+    return s->ops->param_hooks ? s->ops->param_hooks(s) : NULL;
+}
+dt_status dt_grad_sync_gather_params(dt_grad_sync *s, bool whole) {
+    return s->ops->gather_params ? s->ops->gather_params(s, whole) : DT_OK;
 }
 
 dt_status dt__norm_ranges_init(dt__norm_ranges *out, const dt_range *ranges, size_t n,

@@ -26,6 +26,9 @@ typedef struct dt__sync_ops {
     dt_status (*set_state)(dt_grad_sync *s, const void *buf, size_t len, float unit);
     void (*reset_state)(dt_grad_sync *s);
     void (*destroy)(dt_grad_sync *s);
+    /* Optional (NULL: every parameter stays in place). */
+    const dt_param_hooks *(*param_hooks)(const dt_grad_sync *s);
+    dt_status (*gather_params)(dt_grad_sync *s, bool whole);
 } dt__sync_ops;
 
 struct dt_grad_sync {

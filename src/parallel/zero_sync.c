@@ -28,6 +28,13 @@
  *     mb 0:   backward -> reduce-scatter -> acc  = pieces
  *     mb 1:   backward -> reduce-scatter -> acc += pieces
  *     mb K-1: backward -> reduce-scatter -> pieces += acc -> the update
+ *
+ * Stage 3 shards the parameters too (fp32): a replica keeps only its
+ * pieces; the model's parameter hooks (nn.h) fetch the buckets a block
+ * reads (an allgather each, the next block's prefetched while this one
+ * runs) and release them after, when the pages outside this replica's
+ * pieces go back to the system (reference counted: a bucket may span two
+ * blocks). Updated pieces stay where they are: no gather after the step.
  */
 #include "dtrain/amp.h"
 #include "sync_internal.h"
@@ -55,6 +62,11 @@ typedef struct zero_sync {
     bool pending;     /* a micro-batch's reduce-scatters are in flight, not yet in acc */
     int backwards;    /* begin_backward calls this step */
     dt_ddp_stats sum; /* the communication of the rounds already folded */
+    /* Stage 3: each bucket's parameter residency. */
+    int *refs;       /* (buckets) fetches not yet released */
+    bool *resident;  /* (buckets) gathered (whole) */
+    bool *gathering; /* (buckets) its gather in flight */
+    dt_param_hooks hooks;
     /* Per step. */
     dt_sync_step step;
     float inv_scale;
@@ -141,6 +153,8 @@ static void on_piece(void *user, size_t begin, size_t end) {
     if (!s->step.update_early)
         return;
     dt_optimizer_update(s->opt, s->params, s->grads, begin, end);
+    if (s->stage >= 3)
+        return; /* the parameters stay sharded until a block fetches them */
     dt_status st = dt_ddp_gather(s->d, i);
     if (st != DT_OK && s->err == DT_OK)
         s->err = st;
@@ -165,6 +179,8 @@ static dt_status zero_finish(dt_grad_sync *base, dt_sync_result *out) {
     return DT_OK;
 }
 
+static dt_status drop_all(zero_sync *s);
+
 static dt_status zero_apply(dt_grad_sync *base, bool skip, float clip_scale) {
     zero_sync *s = (zero_sync *)base;
     if (!skip && !s->step.update_early) {
@@ -177,20 +193,130 @@ static dt_status zero_apply(dt_grad_sync *base, bool skip, float clip_scale) {
                 dt_scale(s->grads + r.begin, r.end - r.begin, clip_scale);
             dt_optimizer_update(s->opt, s->params, s->grads, r.begin, r.end);
         }
-        for (size_t i = 0; i < dt_ddp_num_buckets(s->d); i++)
+        for (size_t i = 0; s->stage < 3 && i < dt_ddp_num_buckets(s->d); i++)
             DT_CHECK(dt_ddp_gather(s->d, i));
     }
     /* A skipped step changed nothing: every replica still holds the same
-     * parameters. */
+     * parameters. Stage 3: back to the shards (what was prefetched). */
+    if (s->stage >= 3)
+        return drop_all(s);
     return dt_ddp_gather_wait(s->d);
 }
 
+/* ------------------------------------------------------------------------ */
+/* Stage 3: parameters fetched per block                                    */
+/* ------------------------------------------------------------------------ */
+
+/* Call fn(s, i) on each bucket that intersects [begin, end), from the end
+ * of the buffer (bucket order). */
+static dt_status for_buckets(zero_sync *s, size_t begin, size_t end,
+                             dt_status (*fn)(zero_sync *s, size_t i)) {
+    for (size_t i = 0; i < dt_ddp_num_buckets(s->d); i++) {
+        size_t b, e;
+        dt_ddp_bucket(s->d, i, &b, &e);
+        if (b < end && e > begin)
+            DT_CHECK(fn(s, i));
+    }
+    return DT_OK;
+}
+
+static dt_status start_gather(zero_sync *s, size_t i) {
+    if (s->resident[i] || s->gathering[i])
+        return DT_OK;
+    s->gathering[i] = true;
+    return dt_ddp_gather(s->d, i);
+}
+
+static dt_status finish_gather(zero_sync *s, size_t i) {
+    if (!s->gathering[i])
+        return DT_OK;
+    s->gathering[i] = false;
+    s->resident[i] = true;
+    return dt_ddp_gather_wait_bucket(s->d, i);
+}
+
+static dt_status take(zero_sync *s, size_t i) {
+    s->refs[i]++;
+    return start_gather(s, i);
+}
+
+/* Bucket i back to this replica's piece if nothing uses it. */
+static void drop_if_unused(zero_sync *s, size_t i) {
+    if (s->refs[i] == 0 && s->resident[i]) {
+        dt_ddp_release_params(s->d, i);
+        s->resident[i] = false;
+    }
+}
+
+static dt_status give_back(zero_sync *s, size_t i) {
+    DT_ASSERT(s->refs[i] > 0);
+    s->refs[i]--;
+    drop_if_unused(s, i);
+    return DT_OK;
+}
+
+/* Every bucket's gather issued in one order on every replica: the model's
+ * calls are the same everywhere. */
+static dt_status hook_fetch(void *user, size_t begin, size_t end) {
+    zero_sync *s = user;
+    DT_CHECK(for_buckets(s, begin, end, take));
+    return for_buckets(s, begin, end, finish_gather);
+}
+
+static void hook_prefetch(void *user, size_t begin, size_t end) {
+    zero_sync *s = user;
+    dt_status st = for_buckets(s, begin, end, start_gather);
+    if (st != DT_OK && s->err == DT_OK)
+        s->err = st; /* a failed gather fails the fetch that waits for it */
+}
+
+static void hook_release(void *user, size_t begin, size_t end) {
+    (void)for_buckets(user, begin, end, give_back);
+}
+
+/* Back to the shards: buckets prefetched but not fetched, or fetched
+ * whole for a moment. */
+static dt_status drop_all(zero_sync *s) {
+    for (size_t i = 0; i < dt_ddp_num_buckets(s->d); i++) {
+        DT_CHECK(finish_gather(s, i));
+        drop_if_unused(s, i);
+    }
+    return DT_OK;
+}
+
+static dt_status zero_gather_params(dt_grad_sync *base, bool whole) {
+    zero_sync *s = (zero_sync *)base;
+    if (s->stage < 3)
+        return DT_OK;
+    if (whole)
+        return hook_fetch(s, 0, s->n);
+    hook_release(s, 0, s->n);
+    return drop_all(s);
+}
+
+static const dt_param_hooks *zero_param_hooks(const dt_grad_sync *base) {
+    const zero_sync *s = (const zero_sync *)base;
+    return s->stage >= 3 ? &s->hooks : NULL;
+}
+
 static dt_status zero_replicate(dt_grad_sync *base) {
-    return dt_ddp_broadcast_params(((zero_sync *)base)->d);
+    zero_sync *s = (zero_sync *)base;
+    if (s->stage < 3)
+        return dt_ddp_broadcast_params(s->d);
+    /* Stage 3: replica 0's values, whole everywhere; then each keeps its
+     * pieces. */
+    DT_CHECK(dt_ddp_broadcast_params(s->d));
+    for (size_t i = 0; i < dt_ddp_num_buckets(s->d); i++)
+        s->resident[i] = true;
+    return drop_all(s);
 }
 
 static dt_status zero_check(dt_grad_sync *base, int64_t step) {
-    return dt_ddp_check_params(((zero_sync *)base)->d, step);
+    zero_sync *s = (zero_sync *)base;
+    DT_CHECK(zero_gather_params(base, true));
+    dt_status st = dt_ddp_check_params(s->d, step);
+    dt_status st2 = zero_gather_params(base, false);
+    return st != DT_OK ? st : st2;
 }
 
 static void zero_cost(const dt_grad_sync *base, dt_sync_cost *out) {
@@ -204,9 +330,10 @@ static void zero_cost(const dt_grad_sync *base, dt_sync_cost *out) {
 }
 
 static void zero_layout(const dt_grad_sync *base, dt_sync_layout *out) {
-    (void)base;
-    out->params_replicated = true;
+    const zero_sync *s = (const zero_sync *)base;
+    out->params_replicated = s->stage < 3;
     out->optim_replicated = false;
+    out->params_sharded = s->stage >= 3;
 }
 
 static size_t zero_state_bytes(const dt_grad_sync *base) {
@@ -239,6 +366,9 @@ static void zero_destroy(dt_grad_sync *base) {
     dt_ddp_destroy(s->d);
     dt_free(s->acc);
     dt_free(s->acc_off);
+    dt_free(s->refs);
+    dt_free(s->resident);
+    dt_free(s->gathering);
     dt__norm_ranges_free(&s->norm);
     dt_free(s);
 }
@@ -260,15 +390,16 @@ static const dt__sync_ops zero_ops = {
     .set_state = zero_set_state,
     .reset_state = zero_reset_state,
     .destroy = zero_destroy,
+    .param_hooks = zero_param_hooks,
+    .gather_params = zero_gather_params,
 };
 
 dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c) {
     *out = NULL;
     if (!c->opt || !c->params || !c->grads)
         return dt_error_set(DT_ERR_INVALID, "ZeRO: params, grads and optimizer are required");
-    if (c->stage != 1 && c->stage != 2)
-        return dt_error_set(DT_ERR_UNSUPPORTED, "ZeRO stage %d: this build runs stages 1 and 2",
-                            c->stage);
+    if (c->stage < 1 || c->stage > 3)
+        return dt_error_set(DT_ERR_INVALID, "ZeRO stage %d: the stages are 1, 2 and 3", c->stage);
     if (c->accum < 1)
         return dt_error_set(DT_ERR_INVALID, "ZeRO: accum %d must be >= 1", c->accum);
     int dp = c->group ? dt_group_size(c->group) : 1,
@@ -297,7 +428,7 @@ dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c) 
         return DT_ERR_NOMEM;
     }
     /* Stage 2 with several micro-batches: bucket i's piece is mine[nb - 1 - i]. */
-    if (c->stage == 2 && c->accum > 1) {
+    if (c->stage >= 2 && c->accum > 1) {
         s->acc = dt_alloc((dt_optimizer_owned_count(c->opt) + 1) * sizeof(float));
         s->acc_off = dt_calloc(nb + 1, sizeof *s->acc_off);
         size_t off = 0;
@@ -307,7 +438,7 @@ dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c) 
         }
     }
     dt_free(mine);
-    if (c->stage == 2 && c->accum > 1 && (!s->acc || !s->acc_off)) {
+    if (c->stage >= 2 && c->accum > 1 && (!s->acc || !s->acc_off)) {
         zero_destroy(&s->base);
         return DT_ERR_NOMEM;
     }
@@ -326,6 +457,20 @@ dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c) 
     o.shard = true;
     o.release = c->stage >= 2;
     DT_CHECK_GOTO(dt_ddp_create_with(&s->d, c->group, c->params, c->grads, c->n, &o), st, fail);
+    if (c->stage >= 3) {
+        size_t nbk = dt_ddp_num_buckets(s->d) + 1;
+        s->refs = dt_calloc(nbk, sizeof *s->refs);
+        s->resident = dt_calloc(nbk, sizeof *s->resident);
+        s->gathering = dt_calloc(nbk, sizeof *s->gathering);
+        if (!s->refs || !s->resident || !s->gathering) {
+            st = DT_ERR_NOMEM;
+            goto fail;
+        }
+        /* Until replicate() makes them shards, every bucket is whole. */
+        for (size_t i = 0; i + 1 < nbk; i++)
+            s->resident[i] = true;
+        s->hooks = (dt_param_hooks){s, hook_fetch, hook_prefetch, hook_release};
+    }
     snprintf(s->ident, sizeof s->ident, "zero %d buckets=%zu ranks=%d", s->stage,
              dt_ddp_num_buckets(s->d), dp);
     *out = &s->base;

@@ -121,6 +121,8 @@ char *dt__train_config_json(const trainer *t) {
     put(o, "threads", json_integer(dt_tensor_threads()), &ok);
     put(o, "bucket-size", json_integer((json_int_t)c->bucket_bytes), &ok);
     put(o, "zero", json_integer(c->zero), &ok);
+    if (c->offload)
+        put(o, "offload", str(c->offload), &ok);
     put(o, "check-every", json_integer(c->check_every), &ok);
     if (c->peak_gflops > 0)
         put(o, "peak-flops", real(c->peak_gflops * 1e9), &ok);

@@ -442,11 +442,21 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     res->seconds = dt_now() - loop_t0;
     /* The weights file and the sample need the whole model on rank 0. */
     dt_gpt *whole = NULL;
-    if (c->run_dir || (c->sample_tokens > 0 && t->step == c->steps))
+    bool assemble = c->run_dir || (c->sample_tokens > 0 && t->step == c->steps);
+    if (assemble) {
+        /* Every parameter in place for the assembly and rank 0's sample
+         * (ZeRO 3 gathers them all: the model's hooks then find each
+         * block resident and communicate nothing). */
+        DT_CHECK_GOTO(dt_grad_sync_gather_params(t->sync, true), st, fail);
         DT_CHECK_GOTO(dt__train_whole_model(t, &whole), st, fail);
+    }
     st = finish_report(t, d, res, run_steps, &s, whole);
     if (whole != t->m)
         dt_gpt_destroy(whole);
+    if (assemble) {
+        dt_status back = dt_grad_sync_gather_params(t->sync, false); /* local */
+        st = st != DT_OK ? st : back;
+    }
     if (st != DT_OK)
         goto fail;
     if (stop_st != DT_OK)

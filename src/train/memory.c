@@ -8,8 +8,11 @@
  */
 #include "train_internal.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 dt_status dt__train_mesh_shape(const dt_train_config *c, int world, dt_mesh_shape *shape) {
     *shape = dt_mesh_shape_default();
@@ -115,8 +118,37 @@ dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replic
     return DT_OK;
 }
 
+dt_status dt__train_offload_dir(const dt_train_config *c, const char **dir) {
+    const char *spec = c->offload, *disk = "optimizer=disk:";
+    if (dir)
+        *dir = NULL;
+    if (!spec || !strcmp(spec, "optimizer=cpu"))
+        return DT_OK; /* no device: the state is in host memory already */
+    if (!strncmp(spec, "params=", 7))
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "--offload %s: parameter offload is not built yet (the optimizer "
+                            "state's is: optimizer=disk:DIR)",
+                            spec);
+    if (strncmp(spec, disk, strlen(disk)) || !spec[strlen(disk)])
+        return bad("--offload %s: expected optimizer=disk:DIR or optimizer=cpu", spec);
+    const char *d = spec + strlen(disk);
+    struct stat sb;
+    if (stat(d, &sb) != 0)
+        return bad("--offload %s: directory %s: %s", spec, d, strerror(errno));
+    if (!S_ISDIR(sb.st_mode))
+        return bad("--offload %s: %s is not a directory", spec, d);
+    if (access(d, W_OK | X_OK) != 0)
+        return bad("--offload %s: directory %s is not writable: %s", spec, d, strerror(errno));
+    if (dir)
+        *dir = d;
+    return DT_OK;
+}
+
 dt_optim_config dt__train_optim_config(const dt_train_config *c) {
     dt_optim_config oc = dt_optim_config_default();
+    /* check_config refused a bad --offload: here it is valid or absent. */
+    if (dt__train_offload_dir(c, &oc.offload_dir) != DT_OK)
+        oc.offload_dir = NULL;
     oc.kind = c->optimizer;
     oc.weight_decay = (float)c->weight_decay;
     oc.adamw.beta1 = (float)c->beta1;
@@ -128,15 +160,14 @@ dt_optim_config dt__train_optim_config(const dt_train_config *c) {
     return oc;
 }
 
-/* ZeRO 2: the gradient pages resident at the peak of a backward. Backward
- * writes a block's gradients, then reports them final; a bucket's pages
- * outside this replica's piece go back to the system once its
- * reduce-scatter returns. At the worst moment a rank holds its own pieces,
- * the block being written, the buckets still on the wire (the one being
- * reduced and the next), and the tied embedding's gradient, which the head
- * writes first and the embedding's backward finishes last. */
-static size_t grads_resident(const dt_train_config *c, const dt_gpt_config *mc,
-                             const dt_gpt_options *o, size_t n, size_t owned, int dp) {
+/* The sizes, in floats, of what a rank's model part holds: the tied
+ * embedding (its 1/tp of the vocabulary, with the first or the last
+ * stage), the position embedding, ln_f, and one block. */
+typedef struct part_sizes {
+    size_t wte, wpe, lnf, block;
+} part_sizes;
+
+static part_sizes sizes_of(const dt_gpt_config *mc, const dt_gpt_options *o, size_t n) {
     int tp = o->part.tp_size > 1 ? o->part.tp_size : 1, nl = 0;
     bool first = false, last = false;
     for (int k = 0; k < o->part.chunks; k++) {
@@ -149,13 +180,48 @@ static size_t grads_resident(const dt_train_config *c, const dt_gpt_config *mc,
         first = last = true;
     }
     size_t C = (size_t)mc->dim, Vl = ((size_t)mc->vocab + tp - 1) / tp;
-    size_t wte = first || last ? Vl * C : 0, wpe = first ? (size_t)mc->max_seq * C : 0;
-    size_t lnf = last ? 2 * C : 0;
-    size_t block = nl ? (n - wte - wpe - lnf) / (size_t)nl : 0;
-    size_t held =
-        wte - wte / (size_t)dp + block + 2 * (dt__train_bucket_bytes(c, n) / sizeof(float));
+    part_sizes z = {.wte = first || last ? Vl * C : 0,
+                    .wpe = first ? (size_t)mc->max_seq * C : 0,
+                    .lnf = last ? 2 * C : 0};
+    z.block = nl ? (n - z.wte - z.wpe - z.lnf) / (size_t)nl : 0;
+    return z;
+}
+
+/* Bytes resident: this replica's `owned` floats and `held` of the rest. */
+static size_t resident(size_t n, size_t owned, size_t held) {
     size_t rest = n - owned;
     return (owned + (held < rest ? held : rest)) * sizeof(float);
+}
+
+/* ZeRO 2: the gradient pages resident at the peak of a backward. Backward
+ * writes a block's gradients, then reports them final; a bucket's pages
+ * outside this replica's piece go back to the system once its
+ * reduce-scatter returns. At the worst moment a rank holds its own pieces,
+ * the block being written, the buckets still on the wire (the one being
+ * reduced and the next), and the tied embedding's gradient, which the head
+ * writes first and the embedding's backward finishes last. */
+static size_t grads_resident(const dt_train_config *c, const dt_gpt_config *mc,
+                             const dt_gpt_options *o, size_t n, size_t owned, int dp) {
+    part_sizes z = sizes_of(mc, o, n);
+    size_t held =
+        z.wte - z.wte / (size_t)dp + z.block + 2 * (dt__train_bucket_bytes(c, n) / sizeof(float));
+    return resident(n, owned, held);
+}
+
+/* ZeRO 3: the parameter pages resident at the peak: this replica's pieces
+ * and what a pass holds whole at once (gpt_pass.c's hooks): three blocks in
+ * the forward (the one running, the next, fetched for its ln_1 fused into
+ * this one's residual add, and the one after, prefetched), or the tied
+ * embedding with the position embedding or a block. A bucket is gathered
+ * whole, so the window reaches into the buckets at either end: one bucket
+ * on average. */
+static size_t params_resident(const dt_train_config *c, const dt_gpt_config *mc,
+                              const dt_gpt_options *o, size_t n, size_t owned, int dp) {
+    part_sizes z = sizes_of(mc, o, n);
+    size_t blocks = 3 * z.block, embeds = z.wte + (z.wpe > z.block ? z.wpe : z.block);
+    size_t whole = blocks > embeds ? blocks : embeds;
+    return resident(n, owned,
+                    whole - whole / (size_t)dp + dt__train_bucket_bytes(c, n) / sizeof(float));
 }
 
 dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc, int world,
@@ -200,23 +266,26 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
     dt_optim_config oc = dt__train_optim_config(c);
     out->world = world;
     out->rank = rank;
-    out->params = out->model.params;
+    out->params =
+        c->zero >= 3 && dp > 1 ? params_resident(c, mc, &o, n, count, dp) : out->model.params;
     out->grads =
         c->zero >= 2 && dp > 1 ? grads_resident(c, mc, &o, n, count, dp) : out->model.grads;
     out->weights16 = out->model.weights16;
-    out->optimizer = dt_optimizer_plan_bytes(&oc, count);
+    out->optimizer = dt_optimizer_plan_resident(&oc, count);
+    out->optimizer_file = oc.offload_dir ? dt_optimizer_plan_bytes(&oc, count) : 0;
     out->activations = out->model.activations;
     out->total = out->params + out->grads + out->weights16 + out->optimizer + out->activations;
     return DT_OK;
 }
 
 void dt_rank_memory_print(const dt_rank_memory *m, FILE *f) {
-    char a[32], b[32], c[32], d[32], e[32], t[32];
-    fprintf(f, "params %s, grads %s, optimizer %s%s%s, activations %s: %s",
+    char a[32], b[32], c[32], d[32], e[32], t[32], o[32];
+    fprintf(f, "params %s, grads %s, optimizer %s%s%s%s%s%s, activations %s: %s",
             dt_format_bytes((double)m->params, a, sizeof a),
             dt_format_bytes((double)m->grads, b, sizeof b),
-            dt_format_bytes((double)m->optimizer, c, sizeof c),
-            m->weights16 ? ", 16-bit weights " : "",
+            dt_format_bytes((double)m->optimizer, c, sizeof c), m->optimizer_file ? " (of " : "",
+            m->optimizer_file ? dt_format_bytes((double)m->optimizer_file, o, sizeof o) : "",
+            m->optimizer_file ? " on disk)" : "", m->weights16 ? ", 16-bit weights " : "",
             m->weights16 ? dt_format_bytes((double)m->weights16, d, sizeof d) : "",
             dt_format_bytes((double)m->activations, e, sizeof e),
             dt_format_bytes((double)m->total, t, sizeof t));

@@ -488,6 +488,11 @@ dt_status dt__train_setup(trainer *t) {
     DT_CHECK(make_model(t));
     DT_CHECK(make_optimizer(t));
     DT_CHECK(make_sync(t));
+    /* A strategy that keeps parameters elsewhere (ZeRO 3) fetches them
+     * around every read of the model. */
+    const dt_param_hooks *hooks = dt_grad_sync_param_hooks(t->sync);
+    if (hooks)
+        DT_CHECK(dt_gpt_set_param_hooks(t->m, hooks));
     DT_CHECK(make_schedule(t));
     t->cfg_text = dt__train_config_json(t);
     if (!t->cfg_text)

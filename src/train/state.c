@@ -102,16 +102,46 @@ typedef struct rank_part {
     double sync_unit;
 } rank_part;
 
+/* The ranges r[0..nr) of buf one after another, in a new buffer (the
+ * layout of a sharded state), and back. */
+static float *pack(const float *buf, const dt_range *r, size_t nr) {
+    size_t count = 0;
+    for (size_t k = 0; k < nr; k++)
+        count += r[k].end - r[k].begin;
+    float *out = dt_alloc((count + 1) * sizeof(float)), *o = out;
+    for (size_t k = 0; out && k < nr; k++) {
+        memcpy(o, buf + r[k].begin, (r[k].end - r[k].begin) * sizeof(float));
+        o += r[k].end - r[k].begin;
+    }
+    return out;
+}
+static void unpack(float *buf, const float *packed, const dt_range *r, size_t nr) {
+    for (size_t k = 0; k < nr; k++) {
+        memcpy(buf + r[k].begin, packed, (r[k].end - r[k].begin) * sizeof(float));
+        packed += r[k].end - r[k].begin;
+    }
+}
+
 static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p) {
     dt_sync_layout sl;
     dt_grad_sync_layout(t->sync, &sl);
     dt_range all = {0, t->n};
-    if (!sl.params_replicated || t->replica == 0)
-        DT_CHECK(add_state(&p->l, sh, "params", dt_gpt_params(t->m), &all, 1, &p->map_names[0]));
     dt_range *owned = dt__owned_ranges(t->opt);
     if (!owned)
         return DT_ERR_NOMEM;
+    size_t nown = dt_optimizer_num_owned(t->opt);
     dt_status st = DT_OK;
+    if (sl.params_sharded) {
+        /* ZeRO 3: this replica holds only the pieces its optimizer owns. */
+        float *mine = pack(dt_gpt_params(t->m), owned, nown);
+        DT_ASSERT(p->l.nowned < sizeof p->l.owned / sizeof p->l.owned[0]);
+        if (mine)
+            p->l.owned[p->l.nowned++] = mine;
+        st = mine ? add_state(&p->l, sh, "params", mine, owned, nown, &p->map_names[0])
+                  : DT_ERR_NOMEM;
+    } else if (!sl.params_replicated || t->replica == 0) {
+        st = add_state(&p->l, sh, "params", dt_gpt_params(t->m), &all, 1, &p->map_names[0]);
+    }
     for (size_t i = 0; st == DT_OK && i < dt_optimizer_num_states(t->opt); i++) {
         const char *name;
         float *buf = dt_optimizer_state(t->opt, i, &name);
@@ -258,6 +288,7 @@ dt_status dt__train_save(trainer *t, char *path, size_t len) {
                               "rank 0 failed to save the checkpoint of step %" PRId64, t->step);
     }
 done:
+    dt_optimizer_settle(t->opt); /* offloaded state: back to its file */
     dt_free(all);
     dt_free(p.sync_state);
     sections_free(&p.l);
@@ -416,12 +447,25 @@ static dt_status read_shards(trainer *t, const dt_ckpt_set *set, bool params, bo
     dt_ckpt_box *boxes = NULL;
     size_t nb;
     dt_range all = {0, t->n}, *owned = dt__owned_ranges(t->opt);
+    size_t nown = dt_optimizer_num_owned(t->opt);
+    dt_sync_layout sl;
+    dt_grad_sync_layout(t->sync, &sl);
     dt_status st = owned ? DT_OK : DT_ERR_NOMEM;
+    /* ZeRO 3 reads only its own pieces (packed, then put in place). */
+    const dt_range *pr = sl.params_sharded ? owned : &all;
+    size_t npr = sl.params_sharded ? nown : 1;
+    float *packed = NULL;
+    if (st == DT_OK && params && sl.params_sharded &&
+        !(packed = pack(dt_gpt_params(t->m), pr, npr)))
+        st = DT_ERR_NOMEM;
     if (st == DT_OK && params)
-        st = dt__shards_boxes(&sh, &all, 1, false, &boxes, &nb);
+        st = dt__shards_boxes(&sh, pr, npr, false, &boxes, &nb);
     if (st == DT_OK && params)
         st = dt_ckpt_set_read_boxes(set, "params", sh.tensors, sh.ng, boxes, nb,
-                                    dt_gpt_params(t->m));
+                                    packed ? packed : dt_gpt_params(t->m));
+    if (st == DT_OK && packed)
+        unpack(dt_gpt_params(t->m), packed, pr, npr);
+    dt_free(packed);
     dt_free(boxes);
     boxes = NULL;
     for (size_t i = 0; st == DT_OK && optim && i < dt_optimizer_num_states(t->opt); i++) {
@@ -574,6 +618,7 @@ dt_status dt__train_resume(trainer *t) {
     }
     dt_ckpt_set_close(set);
     set = NULL;
+    dt_optimizer_settle(t->opt); /* offloaded state: back to its file */
     t->step = h.step;
     t->tokens = h.tokens;
     t->skipped = h.skipped;

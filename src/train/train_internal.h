@@ -124,6 +124,9 @@ size_t dt__train_bucket_bytes(const dt_train_config *c, size_t n);
 dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replica, dt_range **out,
                           size_t *nr);
 dt_optim_config dt__train_optim_config(const dt_train_config *c);
+/* --offload's directory for the optimizer state (NULL: memory), or the
+ * error that names what is wrong with it. */
+dt_status dt__train_offload_dir(const dt_train_config *c, const char **dir);
 
 /* setup.c. dt__train_model_group: collective over the world, the ranks
  * that hold the first replica's model parts (all of them when the model is

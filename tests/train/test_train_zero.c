@@ -1,30 +1,42 @@
 /*
- * test_train_zero.c — ZeRO stages 1 and 2 as real processes, against DDP
- * (zero 0).
+ * test_train_zero.c — ZeRO stages 1, 2 and 3 as real processes, against
+ * DDP (zero 0).
  *
- *   equiv        zero 1 and 2 at dp = 2, 3 and 4, clipping on: every
+ *   equiv        zero 1, 2 and 3 at dp = 2, 3 and 4, clipping on: every
  *                step's loss and gradient norm and the final parameters
  *                bit-identical to zero 0 (one micro-batch: the reduce-
  *                scatter sums each element in the allreduce's order); with
  *                fp16 loss scaling and 2 micro-batches (zero 2 reduces
  *                every micro-batch: within 1e-5); tp 2 x dp 2 and
- *                pp 2 x dp 2 bit-identical.
+ *                pp 2 x dp 2 bit-identical. Zero 3 gathers each block's
+ *                parameters around its use: the same bits, with
+ *                accumulation within 1e-5 as zero 2.
  *   resume       zero 2 stopped and resumed in its own layout is
  *                bit-identical; zero 0 resumes as zero 2 (bit-identical:
  *                the optimizer state read into shards) and zero 1 at dp 2
- *                resumes as zero 0 at dp 4 (within 1e-5).
+ *                resumes as zero 0 at dp 4 (within 1e-5); zero 3 resumes
+ *                in its own layout bit-identically (each replica reads
+ *                its parameter pieces) and as zero 1 at dp 3.
  *   memory       per rank at dp 2: the optimizer state halves with zero 1,
- *                the resident gradients fall with zero 2, measured as the
+ *                the resident gradients fall with zero 2 and the
+ *                parameters with zero 3, measured as the
  *                peak resident memory of rank 0; `dtrain plan memory`
  *                prints the trainer's own plan, and the measured peak (less
  *                what the process held before the model) is within 10% of
  *                it.
- *   errors       bad ZeRO settings exit naming them.
+ *   offload      --offload optimizer=disk:DIR: bit-identical to the state
+ *                in memory under zero 0, 1 and 3 (the update streams the
+ *                file in pieces); resumes bit-identically, also into
+ *                memory; the optimizer state leaves the process's peak
+ *                resident memory (within 10% of the plan, which counts
+ *                one piece); no file is left in DIR.
+ *   errors       bad ZeRO and offload settings exit naming them.
  * Run one case per process: test_train_zero CASE.
  */
 #include "train_util.h"
 
 #include <math.h>
+#include <sys/stat.h>
 
 #define DTRAIN DT_CLI_PATH
 #define TINY                                                                                       \
@@ -67,6 +79,20 @@ static void compare(const char *what, const char *ea, const char *eb, double rel
                        na[s], nb[s], rel == 0 ? "the same bits expected" : "too far");
         worst = fmax(worst, dl);
     }
+    if (rel == 0) {
+        /* And the final parameters, as the checkpoints hold them (ZeRO 3:
+         * each replica wrote its pieces). */
+        char da[192], db[192];
+        size_t n1, n2;
+        snprintf(da, sizeof da, "%s/%s/ck", tu_dir, a);
+        snprintf(db, sizeof db, "%s/%s/ck", tu_dir, b);
+        float *pa = tu_global_params(da, &n1), *pb = tu_global_params(db, &n2);
+        ASSERT_EQ(n1, n2);
+        if (memcmp(pa, pb, n1 * sizeof *pa) != 0)
+            TEST_FAILF("%s: final parameters differ", what);
+        free(pa);
+        free(pb);
+    }
     printf("  %s: %s vs %s: losses %.6f..%.6f, worst loss diff %.2g\n", what, ea, eb, la[1],
            la[STEPS], worst);
 }
@@ -85,6 +111,14 @@ static void test_equiv(void) {
     compare("tp2_z2", "--nproc 4 --tp 2", "--nproc 4 --tp 2 --zero 2", 0);
     compare("pp2_z2", "--nproc 4 --pp 2 --micro-batches 2",
             "--nproc 4 --pp 2 --micro-batches 2 --zero 2", 0);
+    compare("dp2_z3", "--nproc 2 --sample-tokens 16", "--nproc 2 --zero 3 --sample-tokens 16", 0);
+    compare("dp3_z3", "--nproc 3 --bucket-size 4K", "--nproc 3 --zero 3 --bucket-size 4K", 0);
+    compare("dp4_z3", "--nproc 4", "--nproc 4 --zero 3", 0);
+    compare("accum_z3", "--nproc 2 --accum 3 --recompute blocks",
+            "--nproc 2 --accum 3 --zero 3 --recompute blocks", 1e-5);
+    compare("tp2_z3", "--nproc 4 --tp 2 --sp", "--nproc 4 --tp 2 --sp --zero 3", 0);
+    compare("pp2_z3", "--nproc 4 --pp 2 --micro-batches 2 --pp-schedule zb",
+            "--nproc 4 --pp 2 --micro-batches 2 --pp-schedule zb --zero 3", 0);
 }
 
 /* Stop after 6 steps with settings A, resume with B; against an
@@ -114,6 +148,8 @@ static void test_resume(void) {
     resume("z2_z2", "--nproc 2 --zero 2", "--nproc 2 --zero 2", 0);
     resume("z0_z2", "--nproc 2", "--nproc 2 --zero 2", 0);
     resume("z1dp2_z0dp4", "--nproc 2 --zero 1", "--nproc 4", 1e-5);
+    resume("z3_z3", "--nproc 2 --zero 3", "--nproc 2 --zero 3", 0);
+    resume("z3dp2_z1dp3", "--nproc 2 --zero 3", "--nproc 3 --zero 1", 1e-5);
 }
 
 /* A number with a unit ("1.23 GiB") after `key` in the last output, from
@@ -141,8 +177,8 @@ static double bytes_after(const char *key) { return bytes_after_in(NULL, key); }
     "--peak-flops 1e9 --sample-tokens 0 --progress plain --val-split 0 --batch 2 --steps 2"
 
 static void test_memory(void) {
-    double plan[3], peak[3], base[3], opt[3];
-    for (int z = 0; z < 3; z++) {
+    double plan[4], peak[4], base[4], opt[4];
+    for (int z = 0; z < 4; z++) {
         EXPECT_RC(tu_run("%s train --data %s " MEMMODEL " --nproc 2 --zero %d", DTRAIN, corpus, z),
                   0);
         opt[z] = bytes_after(", optimizer ");
@@ -166,28 +202,95 @@ static void test_memory(void) {
         EXPECT_OUT(line);
     }
     ASSERT_TRUE(fabs(opt[1] / opt[0] - 0.5) < 0.01);
-    ASSERT_TRUE(peak[1] < peak[0] && peak[2] < peak[1]);
+    ASSERT_TRUE(peak[1] < peak[0] && peak[2] < peak[1] && peak[3] < peak[2]);
+}
+
+static char offdir[160];
+
+/* ASan's shadow memory is resident but not in any plan. */
+#ifdef __SANITIZE_ADDRESS__
+static const bool under_asan = true;
+#else
+static const bool under_asan = false;
+#endif
+
+/* No file left in offdir (the offload file is unlinked at creation). */
+static bool offdir_empty(void) {
+    char cmd[200];
+    snprintf(cmd, sizeof cmd, "test -z \"$(ls -A '%s')\"", offdir);
+    return system(cmd) == 0;
+}
+
+static void test_offload(void) {
+    snprintf(offdir, sizeof offdir, "%s/offload", tu_dir);
+    ASSERT_EQ(mkdir(offdir, 0755), 0);
+    char off[200];
+    snprintf(off, sizeof off, "--offload optimizer=disk:%s", offdir);
+    char b[3][320];
+    snprintf(b[0], sizeof b[0], "--nproc 2 %s", off);
+    snprintf(b[1], sizeof b[1], "--nproc 2 --zero 1 %s", off);
+    snprintf(b[2], sizeof b[2], "--nproc 2 --zero 3 %s", off);
+    compare("off_z0", "--nproc 2", b[0], 0);
+    compare("off_z1", "--nproc 2 --zero 1", b[1], 0);
+    compare("off_z3", "--nproc 2 --zero 3", b[2], 0);
+    resume("off_resume", b[1], b[1], 0);
+    resume("off_to_memory", b[1], "--nproc 2 --zero 1", 0);
+    ASSERT_TRUE(offdir_empty());
+    /* Memory: a model whose AdamW state is 2 x 217 MiB / 2 ranks. */
+    double peak[2], plan[2], base[2];
+    for (int k = 0; k < 2; k++) {
+        EXPECT_RC(tu_run("%s train --data %s " MEMMODEL " --nproc 2 --zero 1 %s", DTRAIN, corpus,
+                         k ? off : ""),
+                  0);
+        plan[k] = bytes_after("memory:     planned ");
+        peak[k] = bytes_after("measured peak resident ");
+        base[k] = bytes_after_in(strstr(tu_out, "measured peak resident"), " of which ");
+        double err = (peak[k] - base[k] - plan[k]) / plan[k];
+        printf("  %s: plan %.0f MiB, measured %.0f MiB, error %+.1f%%\n",
+               k ? "offloaded" : "in memory", plan[k] / 1048576, (peak[k] - base[k]) / 1048576,
+               100 * err);
+        if (!under_asan && fabs(err) > 0.10)
+            TEST_FAILF("offload %d: measured peak %.0f MiB is not within 10%% of the plan %.0f MiB",
+                       k, (peak[k] - base[k]) / 1048576, plan[k] / 1048576);
+    }
+    EXPECT_OUT("on disk)");
+    /* The state is 217 MiB per rank: at least 180 MiB of it left memory. */
+    if (!(peak[0] - peak[1] > 180.0 * 1048576))
+        TEST_FAILF("offload saved only %.0f MiB of the 217 MiB optimizer state",
+                   (peak[0] - peak[1]) / 1048576);
+    ASSERT_TRUE(offdir_empty());
 }
 
 static void test_errors(void) {
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --zero 4", DTRAIN, corpus),
               2);
     EXPECT_OUT("--zero");
-    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --zero 3", DTRAIN, corpus),
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --zero 3 --precision bf16",
+                     DTRAIN, corpus),
               1);
-    EXPECT_OUT("stage 3 is not available yet");
+    EXPECT_OUT("--zero 3 with --precision bf16");
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --zero 1 --compress int8",
                      DTRAIN, corpus),
               1);
     EXPECT_OUT("ZeRO reduce-scatters plain fp32 gradients");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --offload params=disk:/tmp",
+                     DTRAIN, corpus),
+              1);
+    EXPECT_OUT("parameter offload is not built yet");
+    EXPECT_RC(tu_run("%s train --data %s " TINY
+                     " --steps 1 --nproc 2 --offload optimizer=disk:/nonexistent/dir",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("directory /nonexistent/dir: No such file or directory");
+    EXPECT_RC(
+        tu_run("%s train --data %s " TINY " --steps 1 --offload optimizer=ssd", DTRAIN, corpus), 2);
+    EXPECT_OUT("expected optimizer=disk:DIR or optimizer=cpu");
 }
 
 int main(int argc, char **argv) {
     static const test_case cases[] = {
-        {"equiv", test_equiv},
-        {"resume", test_resume},
-        {"memory", test_memory},
-        {"errors", test_errors},
+        {"equiv", test_equiv},     {"resume", test_resume}, {"memory", test_memory},
+        {"offload", test_offload}, {"errors", test_errors},
     };
     return tu_main(argc, argv, cases, sizeof cases / sizeof cases[0], corpus, sizeof corpus);
 }
