@@ -18,10 +18,10 @@
 #include <string.h>
 
 static const cli_opt optim_opts[] = {
-    {"params", 'n', CLI_SIZE, "N", "16M", NULL, "number of parameters (one flat buffer)", NULL, 1,
+    {"params", 0, CLI_SIZE, "N", "16M", NULL, "number of parameters (one flat buffer)", NULL, 1,
      1e12},
     {"threads", 't', CLI_INT, "K", "0", "DT_THREADS", "threads (0: every CPU)", NULL, 0, 4096},
-    {"steps", 's', CLI_INT, "S", "10", NULL, "timed calls per kernel (median shown)", NULL, 1, 1e6},
+    {"steps", 0, CLI_INT, "S", "10", NULL, "timed calls per kernel (median shown)", NULL, 1, 1e6},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "one JSON object per kernel instead of a table", NULL,
      0, 0},
     {0},
@@ -37,7 +37,7 @@ static int run_optim(cli_args *a) {
     int steps = (int)cli_int(a, "steps");
     bool json = cli_bool(a, "json");
     if (threads == 0)
-        threads = dt_cpu_count();
+        threads = cli_default_threads();
     omp_set_num_threads(threads);
 
     float *buf[4];
@@ -77,9 +77,9 @@ static int run_optim(cli_args *a) {
         double med = times[steps / 2];
         double gbs = (double)n * kernel_bytes[k] / med * 1e-9;
         if (json)
-            printf("{\"kernel\": \"%s\", \"params\": %zu, \"threads\": %d, \"steps\": %d, "
-                   "\"ms\": %.4f, \"gbps\": %.2f}\n",
-                   kernel_names[k], n, threads, steps, med * 1e3, gbs);
+            cli_json_line(json_pack("{s:s, s:I, s:i, s:i, s:o, s:o}", "kernel", kernel_names[k],
+                                    "params", (json_int_t)n, "threads", threads, "steps", steps,
+                                    "ms", cli_json_num(med * 1e3), "gbps", cli_json_num(gbs)));
         else
             printf("%-14s %12zu %8d %8d %10.3f %10.2f\n", kernel_names[k], n, threads, steps,
                    med * 1e3, gbs);

@@ -178,7 +178,7 @@ typedef struct display {
     dt_progress *prog;
     FILE *tty; /* /dev/tty when the live line cannot go to stderr */
     double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW],
-        bubble[MEDIAN_WINDOW];
+        bubble[MEDIAN_WINDOW], mfu[MEDIAN_WINDOW];
     int peak_live; /* the most micro-batches this rank kept alive in a step */
     size_t nrec;   /* records so far (the window holds the newest) */
 } display;
@@ -212,6 +212,7 @@ static void display_close(display *d) {
 static void record(display *d, const dt_step_metrics *sm) {
     size_t i = d->nrec++ % MEDIAN_WINDOW;
     d->tps[i] = sm->tokens_per_s;
+    d->mfu[i] = sm->mfu;
     d->comm[i] = sm->comm_ms;
     d->exposed[i] = sm->exposed_comm_ms;
     d->tp[i] = sm->tp_comm_ms;
@@ -230,9 +231,15 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
     res->exposed_comm_ms = dt__median(d->exposed, n);
     res->tp_comm_ms = dt__median(d->tp, n);
     res->pp_bubble = dt__median(d->bubble, n);
+    double mfu = dt__median(d->mfu, n);
     if (t->rank != 0)
         return DT_OK;
     dt_progress_finish(d->prog);
+    if (run_steps == 0 && t->resumed[0])
+        fprintf(stderr,
+                "nothing to train: %s is at step %" PRId64 " of --steps %" PRId64
+                "; give a larger --steps to train further\n",
+                t->resumed, t->step, c->steps);
     if (run_steps > 0) {
         fprintf(stderr, "done: steps %" PRId64 "..%" PRId64 " in %.1f s, loss %.4f -> %.4f",
                 res->first_step, res->last_step, res->seconds, res->first_loss, res->last_loss);
@@ -264,6 +271,14 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                     dt_format_bytes((double)last->r.bytes_sent, wb, sizeof wb));
         }
         fprintf(stderr, "\n");
+        /* Above 100% the peak is wrong, not the run: a cached peak taken
+         * while the machine was busy, or a --peak-flops below this CPU's. */
+        if (mfu > 1.0)
+            fprintf(stderr,
+                    "warning: MFU %.0f%% (median) is above 100%%: the peak it is relative to is "
+                    "lower than this machine reaches; `dtrain bench peak` measures it again (or "
+                    "give --peak-flops)\n",
+                    100 * mfu);
     }
     uint64_t rss, peak;
     if (dt_mem_resident(&rss, &peak)) {
@@ -275,15 +290,22 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                 dt_format_bytes((double)peak, a, sizeof a),
                 dt_format_bytes((double)t->rss_base, b, sizeof b));
     }
+    if (c->run_dir)
+        fprintf(stderr, "run:        %s (config.json, metrics.jsonl, model.dtgw)\n", c->run_dir);
     if (res->checkpoint[0])
-        fprintf(stderr, "checkpoint: %s\n", res->checkpoint);
+        fprintf(stderr, "checkpoint: %s (the same command with --resume continues)\n",
+                res->checkpoint);
+    if (!c->run_dir && !c->ckpt_dir)
+        fprintf(stderr, "saved:      nothing (%s)\n",
+                c->save_default ? "no --run-dir or --ckpt-dir" : "--no-save");
     if (whole && c->run_dir) {
         /* The final weights in the engine's plain format, for `dtrain
          * sample` (the checkpoint holds the optimizer state too). */
         char wpath[4096];
         snprintf(wpath, sizeof wpath, "%s/model.dtgw", c->run_dir);
-        DT_CHECK(dt_gpt_save_weights(whole, wpath, t->tok->id_to_byte, t->tok->vocab_size));
-        fprintf(stderr, "metrics:    %s/metrics.jsonl\n", c->run_dir);
+        bool table = t->tok->kind != DT_TOKENIZER_BPE; /* a bpe model is sampled with --tokenizer */
+        DT_CHECK(dt_gpt_save_weights(whole, wpath, table ? t->tok->id_to_byte : NULL,
+                                     table ? t->tok->vocab_size : 0));
         fprintf(stderr, "weights:    %s (dtrain sample --ckpt %s)\n", wpath, wpath);
     }
     if (whole && c->sample_tokens > 0 && t->step == c->steps)
@@ -303,6 +325,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     if (!d)
         return DT_ERR_NOMEM;
     DT_CHECK_GOTO(dt__train_setup(t), st, fail);
+    c = t->c; /* with the directories and sizes setup resolved */
     DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
     if (c->resume) {
         if (!c->ckpt_dir) {
@@ -317,12 +340,21 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     if (check_every > 0)
         DT_CHECK_GOTO(dt_grad_sync_check(t->sync, t->step), st, fail);
 
-    double peak = c->peak_gflops > 0 ? c->peak_gflops : dt__train_peak_gflops();
+    /* MFU's denominator: --peak-flops, else the cached peak of this
+     * machine in this compute type (dt_peak_flops). */
+    double peak = c->peak_gflops;
+    char peak_from[4400] = "--peak-flops";
+    if (!(peak > 0)) {
+        double f = NAN;
+        if (dt_peak_flops(c->precision, false, &f, peak_from, sizeof peak_from) != DT_OK)
+            snprintf(peak_from, sizeof peak_from, "unknown: %s", dt_last_error());
+        peak = f * 1e-9;
+    }
     double flops_per_token = 3.0 * dt_gpt_flops_per_token(&t->mc, t->T);
     int64_t tokens_per_step = (int64_t)t->dp * t->B * t->T * t->K;
     if (t->rank == 0) {
         DT_CHECK_GOTO(display_open(t, d), st, fail);
-        dt__train_print_header(t, peak, stderr);
+        dt__train_print_header(t, peak, peak_from, stderr);
     }
 
     int64_t nsteps = c->steps - t->step, run_steps = 0;

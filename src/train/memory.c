@@ -89,14 +89,28 @@ dt_status dt__train_model_options(const dt_train_config *c, const dt_gpt_config 
     return DT_OK;
 }
 
+size_t dt__train_bucket_bytes(const dt_train_config *c, size_t n) {
+    if (c->bucket_bytes)
+        return c->bucket_bytes;
+    /* A quarter of the gradient bytes, so that three of four buckets start
+     * while backward still runs, kept within 1 MiB (smaller buckets cost
+     * more in latency than overlap gains) and 25 MiB (PyTorch DDP's
+     * default, enough for any model). */
+    size_t quarter = n * sizeof(float) / 4;
+    return quarter < ((size_t)1 << 20)    ? (size_t)1 << 20
+           : quarter > ((size_t)25 << 20) ? (size_t)25 << 20
+                                          : quarter;
+}
+
 dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replica, dt_range **out,
                           size_t *nr) {
-    size_t cap = c->zero ? dt_ddp_shard_count(n, c->bucket_bytes, dp) : 1;
+    size_t bucket = dt__train_bucket_bytes(c, n);
+    size_t cap = c->zero ? dt_ddp_shard_count(n, bucket, dp) : 1;
     *out = dt_calloc(cap + 1, sizeof **out);
     if (!*out)
         return DT_ERR_NOMEM;
     if (c->zero) {
-        *nr = dt_ddp_shard_ranges(n, c->bucket_bytes, dp, replica, *out);
+        *nr = dt_ddp_shard_ranges(n, bucket, dp, replica, *out);
     } else {
         (*out)[0] = (dt_range){0, n};
         *nr = 1;
@@ -189,7 +203,8 @@ static size_t resident(size_t n, size_t owned, size_t held) {
 static size_t grads_resident(const dt_train_config *c, const dt_gpt_config *mc,
                              const dt_gpt_options *o, size_t n, size_t owned, int dp) {
     part_sizes z = sizes_of(mc, o, n);
-    size_t held = z.wte - z.wte / (size_t)dp + z.block + 2 * (c->bucket_bytes / sizeof(float));
+    size_t held =
+        z.wte - z.wte / (size_t)dp + z.block + 2 * (dt__train_bucket_bytes(c, n) / sizeof(float));
     return resident(n, owned, held);
 }
 
@@ -205,7 +220,8 @@ static size_t params_resident(const dt_train_config *c, const dt_gpt_config *mc,
     part_sizes z = sizes_of(mc, o, n);
     size_t blocks = 3 * z.block, embeds = z.wte + (z.wpe > z.block ? z.wpe : z.block);
     size_t whole = blocks > embeds ? blocks : embeds;
-    return resident(n, owned, whole - whole / (size_t)dp + c->bucket_bytes / sizeof(float));
+    return resident(n, owned,
+                    whole - whole / (size_t)dp + dt__train_bucket_bytes(c, n) / sizeof(float));
 }
 
 dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc, int world,

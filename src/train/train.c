@@ -41,7 +41,7 @@ void dt_train_config_init(dt_train_config *c) {
     c->eval_batches = 8;
     c->keep = 3;
     c->seed = 1337;
-    c->bucket_bytes = DT_DDP_DEFAULT_BUCKET_BYTES;
+    c->bucket_bytes = 0; /* a quarter of the gradient bytes, within 1-25 MiB */
     c->sample_tokens = 256;
     c->progress = -1;
     c->tp = c->pp = c->cp = 1;

@@ -27,7 +27,12 @@
 #define DT__MAX_APPLIED_SCALE 0x1p126f
 
 typedef struct trainer {
-    const dt_train_config *c;
+    const dt_train_config *c; /* &cfg once set up */
+    /* The caller's config with what setup resolved: the run and checkpoint
+     * directories of save_default, the bucket size. */
+    dt_train_config cfg;
+    char run_dir[4096], ckpt_dir[4096];
+    dt_model_file init;   /* --init-from, open from model_config to make_model */
     dt_group *world;      /* the job's group (owned); NULL for a single process */
     dt_mesh *mesh;        /* its layout; the groups the loop uses come from here */
     int rank, size;       /* in the world */
@@ -38,6 +43,8 @@ typedef struct trainer {
     /* Data. */
     dt_token_file *data, *val_data; /* val_data NULL: validation is a split of data */
     const dt_tokenizer *tok;
+    dt_bpe *bpe;          /* a bpe tokenizer's files (owned), or NULL */
+    dt_tokenizer bpe_tok; /* its tokenizer value */
     dt_loader *train, *val;
     int B, T, K;               /* per-rank batch, sequence, micro-batches per step */
     int32_t *inputs, *targets; /* (K,B,T): a step's micro-batches */
@@ -51,8 +58,7 @@ typedef struct trainer {
     dt_schedule sched;
     bool scaling; /* dynamic loss scaling (docs/amp.md) */
     dt_scaler scaler;
-    dt_json cfg_json; /* the resolved config */
-    const char *cfg_text;
+    char *cfg_text; /* config.json: the resolved config (dt__train_config_json) */
     /* Progress of the trajectory (what a checkpoint restores). */
     int64_t step;    /* steps completed */
     int64_t tokens;  /* tokens processed by all ranks so far */
@@ -112,6 +118,9 @@ dt_status dt__train_model_options(const dt_train_config *c, const dt_gpt_config 
                                   dt_gpt_options *o);
 /* The optimizer's owned ranges of n parameters (ZeRO: the replica's
  * pieces; else all); *out is freed by the caller. */
+/* The DDP / ZeRO bucket size for a rank whose part holds n parameters:
+ * --bucket-size, else a quarter of the gradient bytes within 1-25 MiB. */
+size_t dt__train_bucket_bytes(const dt_train_config *c, size_t n);
 dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replica, dt_range **out,
                           size_t *nr);
 dt_optim_config dt__train_optim_config(const dt_train_config *c);
@@ -129,9 +138,17 @@ void dt__train_free(trainer *t);
 dt_status dt__train_save(trainer *t, char *path, size_t len);
 dt_status dt__train_resume(trainer *t);
 
+/* model_io.c, --init-from: the model shape of the file (checked against
+ * the flags and the data), and this rank's part of its parameters. */
+dt_status dt__train_init_config(trainer *t, dt_gpt_config *mc);
+dt_status dt__train_init_params(trainer *t);
+
+/* config_json.c: the text of config.json (malloc'ed), NULL when out of
+ * memory. */
+char *dt__train_config_json(const trainer *t);
+
 /* report.c (rank 0) */
-double dt__train_peak_gflops(void);
-void dt__train_print_header(const trainer *t, double peak, FILE *f);
+void dt__train_print_header(const trainer *t, double peak, const char *peak_from, FILE *f);
 dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out);
 /* Collective over the first replica: the unsharded model on rank 0 (t->m
  * itself when the model is not split; otherwise a new one the caller

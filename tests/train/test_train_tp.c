@@ -33,7 +33,7 @@
  * depends on the summation order, and Adam with eps 1e-8 would amplify
  * that noise by lr/eps. */
 #define TINY                                                                                       \
-    "--model tiny --layers 2 --dim 32 --heads 4 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 2 --dim 32 --heads 4 --seq 32 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --val-split 0 --lr 1e-3 --warmup 1 --schedule linear "     \
     "--min-lr 1e-4 --eps 1e-4 --global-batch 4"
 #define STEPS 20
