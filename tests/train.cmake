@@ -103,6 +103,14 @@ foreach(case equiv resume memory offload errors)
   set_tests_properties(test_train_zero_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
 endforeach()
 
+# Context parallelism (Ulysses and ring attention) against one rank,
+# resumed across layouts, and the layouts it refuses.
+dt_train_cli_test_exe(test_train_cp)
+foreach(case equiv resume errors)
+  add_test(NAME test_train_cp_${case} COMMAND test_train_cp ${case})
+  set_tests_properties(test_train_cp_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
+endforeach()
+
 # Weights interop: safetensors and llm.c's format against the PyTorch
 # reference (skipped, 77, without python3-torch).
 dt_train_test_exe(logits_dump)

@@ -152,6 +152,15 @@ int dt_mesh_coord(const dt_mesh *m, dt_axis a);
 int dt_mesh_degree(const dt_mesh *m, dt_axis a);
 int dt_mesh_rank(const dt_mesh *m);
 int dt_mesh_size(const dt_mesh *m);
+/* The replicas of this rank's parameters: the ranks of its dp x cp plane
+ * (same tp and pp coordinates), which average their gradients (a
+ * context-parallel rank's gradient is that of its share of the tokens) and
+ * shard ZeRO's state. Its rank is dp coordinate x cp degree + cp
+ * coordinate; without cp it is the dp group itself (NULL in a single
+ * process). */
+dt_group *dt_mesh_replica_group(const dt_mesh *m);
+int dt_mesh_replica_rank(const dt_mesh_shape *s, const int coord[DT_AXIS_COUNT]);
+int dt_mesh_replica_size(const dt_mesh_shape *s);
 
 /* ------------------------------------------------------------------------ */
 /* Data parallelism: the bucket engine (see the overview)                   */

@@ -51,8 +51,9 @@ typedef struct dt_step_metrics {
     double compute_ms;      /* forward + backward + optimizer (step minus exposed comm) */
     double comm_ms;         /* time gradient communication was in flight */
     double exposed_comm_ms; /* communication not hidden behind compute */
-    double tp_comm_ms;      /* time in the model's tensor-parallel communication (exposed:
-                               a shard waits for it); NaN without tensor parallelism */
+    double tp_comm_ms;      /* time in the model's tensor- and context-parallel communication
+                               (exposed: a part waits for it, bar the ring's overlapped
+                               transfers); NaN without either */
     double pp_bubble;       /* pipeline: measured idle fraction of the stages in the step's
                                forwards and backwards (parallel.h, dt_run_result); NaN
                                without a pipeline */
@@ -267,6 +268,10 @@ typedef struct dt_train_config {
      * tp, and the rank order of the axes (NULL: tp-cp-dp-pp). */
     int dp, tp, pp, cp;
     bool sp;
+    /* Context parallelism's attention with cp > 1 (docs/context-parallel.md):
+     * "ulysses", "ring" or "auto" (NULL: auto, Ulysses where the heads per
+     * tp rank divide by cp). */
+    const char *cp_mode;
     const char *mesh_order;
     /* The pipeline schedule with pp > 1 (docs/pipeline.md): "gpipe",
      * "1f1b", "interleaved:V" or "zb" (NULL: 1f1b); its micro-batches are
@@ -298,7 +303,7 @@ typedef struct dt_train_result {
     double val_loss;                 /* last validation loss, NaN if none */
     double tokens_per_s;             /* median over the steps after the first */
     double comm_ms, exposed_comm_ms; /* per step, medians */
-    double tp_comm_ms;               /* per step, median; NaN without tensor parallelism */
+    double tp_comm_ms;               /* per step, median; NaN without tp or cp */
     double pp_bubble;                /* per step, median; NaN without a pipeline */
     double seconds;                  /* wall time of the loop */
     char checkpoint[4096];           /* last checkpoint written, "" if none */

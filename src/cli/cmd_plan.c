@@ -185,6 +185,8 @@ static const cli_opt memory_opts[] = {
     {"tp", 0, CLI_INT, "N", "1", "DT_TP", "tensor-parallel degree", NULL, 1, 4096},
     {"sp", 0, CLI_FLAG, NULL, NULL, "DT_SP", "sequence parallelism with --tp", NULL, 0, 0},
     {"pp", 0, CLI_INT, "N", "1", "DT_PP", "pipeline stages", NULL, 1, 4096},
+    {"cp", 0, CLI_INT, "N", "1", "DT_CP", "context-parallel degree", NULL, 1, 4096},
+    {"cp-mode", 0, CLI_STRING, "MODE", "auto", "DT_CP_MODE", "ulysses, ring or auto (as dtrain train)", NULL, 0, 0},
     {"pp-schedule", 0, CLI_STRING, "KIND", NULL, "DT_PP_SCHEDULE", "gpipe, 1f1b, interleaved:V or zb", NULL, 0, 0},
     {"micro-batches", 0, CLI_INT, "M", "1", "DT_MICRO_BATCHES", "micro-batches per step", NULL, 1, 1 << 20},
     {"zero", 0, CLI_INT, "S", "0", "DT_ZERO", "ZeRO stage (0, 1, 2, 3)", NULL, 0, 3},
@@ -214,6 +216,8 @@ static int run_memory(cli_args *a) {
     c.tp = (int)cli_int(a, "tp");
     c.sp = cli_bool(a, "sp");
     c.pp = (int)cli_int(a, "pp");
+    c.cp = (int)cli_int(a, "cp");
+    c.cp_mode = cli_str(a, "cp-mode");
     c.pp_schedule = cli_str(a, "pp-schedule");
     c.accum = (int)cli_int(a, "micro-batches");
     c.zero = (int)cli_int(a, "zero");
@@ -252,7 +256,8 @@ static const cli_cmd plan_memory = {
     .name = "memory",
     .parent = "plan",
     .summary = "the memory each rank of a layout will hold",
-    .usage = "dtrain plan memory --model M [--nproc N --dp N --tp N --pp N] --zero S [OPTIONS]",
+    .usage =
+        "dtrain plan memory --model M [--nproc N --dp N --tp N --pp N --cp N] --zero S [OPTIONS]",
     .description =
         "Plans every rank of the job with the trainer's own code: parameters, gradients\n"
         "(ZeRO 2: the resident peak), optimizer state, 16-bit weights and activations.\n"

@@ -97,7 +97,8 @@ static const cli_opt train_opts[] = {
     {"zero", 0, CLI_INT, "S", "0", "DT_ZERO", "ZeRO stage on the dp axis: 0 (replicated), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters; fp32)", NULL, 0, 3},
     {"offload", 0, CLI_STRING, "WHAT", NULL, "DT_OFFLOAD", "where the optimizer state lives: optimizer=disk:DIR (a file in DIR, streamed through memory) or optimizer=cpu (memory)", NULL, 0, 0},
     {"micro-batches", 0, CLI_INT, "M", "1", "DT_MICRO_BATCHES", "micro-batches per optimizer step (the same as --accum)", NULL, 1, 1 << 20},
-    {"cp", 0, CLI_INT, "N", "1", "DT_CP", "context-parallel degree (the mesh axis; not available yet)", NULL, 1, 4096},
+    {"cp", 0, CLI_INT, "N", "1", "DT_CP", "context-parallel degree: every rank of a cp group holds 1/cp of each sequence", NULL, 1, 4096},
+    {"cp-mode", 0, CLI_STRING, "MODE", "auto", "DT_CP_MODE", "context parallelism's attention: ulysses (all-to-all by heads), ring (keys and values around the ring, zig-zag chunks) or auto", NULL, 0, 0},
     {"dp", 0, CLI_INT, "N", "0", "DT_DP", "data-parallel degree (0: ranks / (tp x pp x cp))", NULL, 0, 1 << 20},
     {"mesh-order", 0, CLI_STRING, "ORDER", "tp-cp-dp-pp", "DT_MESH_ORDER", "rank order of the mesh axes, fastest-varying first", NULL, 0, 0},
     {"compress-dense-below", 0, CLI_INT, "N", "0", "DT_COMPRESS_DENSE_BELOW", "tensors of fewer than N values (biases, LayerNorm) are averaged exactly (fp32)", NULL, 0, 1e15},
@@ -297,6 +298,7 @@ static int run_train(cli_args *a) {
         c.accum = m;
     }
     c.cp = (int)cli_int(a, "cp");
+    c.cp_mode = cli_str(a, "cp-mode");
     c.dp = (int)cli_int(a, "dp");
     c.mesh_order = cli_str(a, "mesh-order");
     if (!c.data)

@@ -97,6 +97,8 @@ char *dt__train_config_json(const trainer *t) {
         put(o, dt_axis_names[a], json_integer(a == DT_AXIS_DP ? c->dp : ms->degree[a]), &ok);
     put(o, "sp", json_boolean(c->sp), &ok);
     put(o, "mesh-order", str(order), &ok);
+    if (c->cp > 1)
+        put(o, "cp-mode", str(dt_cp_mode_name(dt__train_cp_mode(c, &t->mc))), &ok);
     if (c->pp > 1)
         put(o, "pp-schedule", str(c->pp_schedule ? c->pp_schedule : "1f1b"), &ok);
     put(o, "batch", json_integer(t->B), &ok);

@@ -126,11 +126,13 @@ static dt_status step(trainer *t, step_stats *s) {
         s->r.sumsq = INFINITY;
     }
     /* One small allreduce makes every rank agree: the loss (counted once
-     * per replica: by its first tensor-parallel rank of the stage with the
-     * head), the counted sums of
+     * per replica: by its first tensor- and context-parallel rank of the
+     * stage with the head; a cp part's loss is already its whole
+     * sequences'), the counted sums of
      * squares (each element once over the world), "a stop was requested
      * on some rank" and "some rank found an inf/nan gradient". */
-    bool counts_loss = dt_mesh_coord(t->mesh, DT_AXIS_TP) == 0 && s->run.has_loss;
+    bool counts_loss = dt_mesh_coord(t->mesh, DT_AXIS_TP) == 0 &&
+                       dt_mesh_coord(t->mesh, DT_AXIS_CP) == 0 && s->run.has_loss;
     double v[4] = {counts_loss ? loss / t->K : 0.0, s->r.sumsq,
                    c->stop && atomic_load_explicit(c->stop, memory_order_relaxed) ? 1.0 : 0.0,
                    s->r.found_inf ? 1.0 : 0.0};
@@ -250,8 +252,14 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
         if (t->scaling)
             fprintf(stderr, ", loss scale %g, %" PRId64 " step(s) skipped",
                     (double)dt__train_applied_scale(t), t->skipped);
-        if (isfinite(res->tp_comm_ms))
-            fprintf(stderr, ", tensor-parallel comm %.1f ms/step (exposed)", res->tp_comm_ms);
+        if (isfinite(res->tp_comm_ms)) {
+            const dt_gpt_part *part = dt_gpt_get_part(t->m);
+            fprintf(stderr, ", %s comm %.1f ms/step (exposed)",
+                    part->cp_size == 1   ? "tensor-parallel"
+                    : part->tp_size == 1 ? "context-parallel"
+                                         : "tensor- and context-parallel",
+                    res->tp_comm_ms);
+        }
         if (isfinite(res->pp_bubble))
             fprintf(stderr,
                     ", pipeline bubble %.1f%% (theory %.1f%%), %d micro-batch(es) alive "
@@ -260,7 +268,7 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                     100 * dt_pp_theoretical_bubble(t->pipe->kind, t->pipe->stages, t->pipe->chunks,
                                                    t->pipe->micro),
                     d->peak_live);
-        if (t->dp > 1 && isfinite(res->comm_ms)) {
+        if (t->sync_size > 1 && isfinite(res->comm_ms)) {
             char wb[32];
             fprintf(stderr,
                     ", comm %.1f ms/step of which %.1f ms exposed (%.0f%%); %d of %d "
@@ -361,8 +369,9 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     res->first_step = t->step + 1;
     double loop_t0 = dt_now();
     step_stats s = {0};
-    bool split = dt_gpt_get_part(t->m)->tp_size > 1;
-    (void)dt_gpt_take_comm_ms(t->m); /* count from the first step */
+    const dt_gpt_part *part = dt_gpt_get_part(t->m);
+    bool split = part->tp_size > 1 || part->cp_size > 1; /* the model communicates itself */
+    (void)dt_gpt_take_comm_ms(t->m);                     /* count from the first step */
     while (t->step < c->steps) {
         double t0 = dt_now();
         float lr = dt_schedule_lr(&t->sched, t->step);

@@ -87,7 +87,7 @@ void dt__train_print_header(const trainer *t, double peak, const char *peak_from
         fprintf(f, " and keeps up to %d micro-batch(es) per chunk\n",
                 dt_gpt_get_options(t->m)->slots);
     }
-    if (t->dp > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
+    if (t->sync_size > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
         fprintf(f, "  gradients: %s", dt_grad_sync_state_ident(t->sync));
         if (c->compress.kind != DT_CODEC_NONE && c->compress_start > 0)
             fprintf(f, ", dense (fp32) for steps 1-%" PRId64, c->compress_start);
@@ -183,12 +183,13 @@ static int cmp_double(const void *a, const void *b) {
  * owns to rank 0, which copies them into an unsharded model. */
 dt_status dt__train_whole_model(trainer *t, dt_gpt **out) {
     *out = NULL;
-    if (dt_gpt_get_part(t->m)->tp_size == 1 && !t->pipe) {
+    const dt_gpt_part *part = dt_gpt_get_part(t->m);
+    if (part->tp_size == 1 && part->cp_size == 1 && !t->pipe) {
         *out = t->rank == 0 ? t->m : NULL;
         return DT_OK;
     }
-    dt_group *mg = NULL; /* the first replica, ordered by world rank */
-    DT_CHECK(dt_group_split(t->world, t->replica == 0 ? 0 : DT_UNDEFINED, t->rank, &mg));
+    dt_group *mg = NULL; /* the first replica (dp and cp 0), ordered by world rank */
+    DT_CHECK(dt_group_split(t->world, t->sync_rank == 0 ? 0 : DT_UNDEFINED, t->rank, &mg));
     if (!mg)
         return DT_OK;
     int nr = dt_group_size(mg), me = dt_group_rank(mg);

@@ -54,6 +54,12 @@ static dt_status join(trainer *t) {
     DT_CHECK(dt_mesh_create(&t->mesh, t->world, &shape));
     t->replica = dt_mesh_coord(t->mesh, DT_AXIS_DP);
     t->dp = dt_mesh_degree(t->mesh, DT_AXIS_DP);
+    int coord[DT_AXIS_COUNT];
+    dt_mesh_coords_of(&shape, t->rank, coord);
+    t->sync_rank = dt_mesh_replica_rank(&shape, coord);
+    t->sync_size = dt_mesh_replica_size(&shape);
+    if (c->cp > 1)
+        DT_CHECK(dt_cp_create(&t->cp, dt_mesh_group(t->mesh, DT_AXIS_CP)));
     if (c->tp > 1)
         DT_CHECK(dt_tp_create(&t->tp, dt_mesh_group(t->mesh, DT_AXIS_TP)));
     return DT_OK;
@@ -323,7 +329,8 @@ static dt_status make_model(trainer *t) {
         DT_CHECK(dt__train_schedule(c, t->K, &t->pipe, &rep));
     dt_gpt_options mo;
     dt_status st = dt__train_model_options(c, &t->mc, dt_mesh_get_shape(t->mesh), t->rank, t->pipe,
-                                           &rep, t->tp ? dt_tp_regions_of(t->tp) : NULL, &mo);
+                                           &rep, t->tp ? dt_tp_regions_of(t->tp) : NULL,
+                                           t->cp ? dt_cp_regions_of(t->cp) : NULL, &mo);
     if (t->pipe)
         dt_pp_report_free(&rep);
     DT_CHECK(st);
@@ -360,7 +367,7 @@ static dt_status make_optimizer(trainer *t) {
     /* ZeRO: this replica's piece of every bucket; else all of it. */
     dt_range *owned;
     size_t nr;
-    dt_status st = dt__train_owned(c, t->n, t->dp, t->replica, &owned, &nr);
+    dt_status st = dt__train_owned(c, t->n, t->sync_size, t->sync_rank, &owned, &nr);
     if (st != DT_OK) {
         dt_free(tens);
         return st;
@@ -405,7 +412,7 @@ static dt_status make_sync(trainer *t) {
     if (c->zero) {
         dt_zero_sync_config zc = {.stage = c->zero,
                                   .accum = t->K,
-                                  .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
+                                  .group = dt_mesh_replica_group(t->mesh),
                                   .params = dt_gpt_params(t->m),
                                   .grads = dt_gpt_grads(t->m),
                                   .n = t->n,
@@ -419,7 +426,7 @@ static dt_status make_sync(trainer *t) {
         return st;
     }
     dt_ddp_sync_config sc = {
-        .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
+        .group = dt_mesh_replica_group(t->mesh),
         .params = dt_gpt_params(t->m),
         .grads = dt_gpt_grads(t->m),
         .n = t->n,
@@ -432,7 +439,7 @@ static dt_status make_sync(trainer *t) {
         .nnorm = nn,
     };
     sc.ddp.bucket_bytes = c->bucket_bytes;
-    if (t->dp == 1 && t->rank == 0 &&
+    if (t->sync_size == 1 && t->rank == 0 &&
         (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
         DT_WARN("--compress / --grad-dtype have no effect here: with one data-parallel rank no "
                 "gradient is exchanged");
@@ -516,6 +523,7 @@ void dt__train_free(trainer *t) {
     dt_free(t->targets);
     free(t->cfg_text);
     dt_tp_destroy(t->tp);
+    dt_cp_destroy(t->cp);
     dt_mesh_destroy(t->mesh);
     dt_group_destroy(t->world);
 }

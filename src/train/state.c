@@ -139,13 +139,13 @@ static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p) {
             p->l.owned[p->l.nowned++] = mine;
         st = mine ? add_state(&p->l, sh, "params", mine, owned, nown, &p->map_names[0])
                   : DT_ERR_NOMEM;
-    } else if (!sl.params_replicated || t->replica == 0) {
+    } else if (!sl.params_replicated || t->sync_rank == 0) {
         st = add_state(&p->l, sh, "params", dt_gpt_params(t->m), &all, 1, &p->map_names[0]);
     }
     for (size_t i = 0; st == DT_OK && i < dt_optimizer_num_states(t->opt); i++) {
         const char *name;
         float *buf = dt_optimizer_state(t->opt, i, &name);
-        if (!sl.optim_replicated || t->replica == 0)
+        if (!sl.optim_replicated || t->sync_rank == 0)
             st = add_state(&p->l, sh, name, buf, owned, dt_optimizer_num_owned(t->opt),
                            &p->map_names[1 + i]);
     }
@@ -571,8 +571,8 @@ dt_status dt__train_resume(trainer *t) {
     /* Every rank that reads opens the same checkpoint (rank 0 verified it). */
     dt_sync_layout sl;
     dt_grad_sync_layout(t->sync, &sl);
-    bool reads_params = !sl.params_replicated || t->replica == 0;
-    bool reads_optim = !sl.optim_replicated || t->replica == 0;
+    bool reads_params = !sl.params_replicated || t->sync_rank == 0;
+    bool reads_optim = !sl.optim_replicated || t->sync_rank == 0;
     bool reads = reads_params || reads_optim;
     bool has_sync = dt_grad_sync_state_bytes(t->sync) > 0;
     dt_status st = DT_OK, open_st = DT_OK;
@@ -588,7 +588,7 @@ dt_status dt__train_resume(trainer *t) {
     DT_CHECK_GOTO(agree(t, st, "parameters and optimizer state"), st, fail);
     if (sl.params_replicated) {
         DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
-        dt_group *dp = dt_mesh_group(t->mesh, DT_AXIS_DP);
+        dt_group *dp = dt_mesh_replica_group(t->mesh);
         for (size_t i = 0; dp && sl.optim_replicated && i < dt_optimizer_num_states(t->opt); i++) {
             DT_CHECK_GOTO(dt_group_broadcast(dp, dt_optimizer_state(t->opt, i, NULL),
                                              dt_optimizer_owned_count(t->opt), DT_F32, 0),

@@ -130,10 +130,9 @@ dt_status dt__train_check_config(const dt_train_config *c) {
                             c->zero, dt_codec_format(&c->compress, cb, sizeof cb),
                             dt_dtype_name(c->grad_dtype));
     }
-    if (c->cp > 1)
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "--cp %d: context-parallel training is not available yet; use --cp 1",
-                            c->cp);
+    dt_cp_mode cpm;
+    if (c->cp_mode && strcmp(c->cp_mode, "auto") != 0)
+        DT_CHECK(dt_cp_mode_parse("--cp-mode", c->cp_mode, &cpm));
     if (c->sp && c->tp < 2)
         return bad("--sp (sequence parallelism) needs --tp 2 or more (got --tp %d)", c->tp);
     if (c->loss_scaling < -1 || c->loss_scaling > 1)

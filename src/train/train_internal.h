@@ -32,12 +32,17 @@ typedef struct trainer {
      * directories of save_default, the bucket size. */
     dt_train_config cfg;
     char run_dir[4096], ckpt_dir[4096];
-    dt_model_file init;   /* --init-from, open from model_config to make_model */
-    dt_group *world;      /* the job's group (owned); NULL for a single process */
-    dt_mesh *mesh;        /* its layout; the groups the loop uses come from here */
-    int rank, size;       /* in the world */
-    int replica, dp;      /* data-parallel coordinate and degree: the loader's share */
+    dt_model_file init; /* --init-from, open from model_config to make_model */
+    dt_group *world;    /* the job's group (owned); NULL for a single process */
+    dt_mesh *mesh;      /* its layout; the groups the loop uses come from here */
+    int rank, size;     /* in the world */
+    int replica, dp;    /* data-parallel coordinate and degree: the loader's share */
+    /* In the gradient group (dp x cp, dt_mesh_replica_group): the ranks
+     * that average gradients, shard ZeRO's state and hold the same
+     * replicated parameters (rank 0 writes them). */
+    int sync_rank, sync_size;
     dt_tp *tp;            /* the model shard's communication points (NULL without --tp) */
+    dt_cp *cp;            /* the context-parallel ones (NULL without --cp) */
     dt_pp_schedule *pipe; /* the pipeline's schedule (NULL without --pp) */
     int threads;          /* per rank */
     /* Data. */
@@ -111,11 +116,15 @@ dt_status dt__train_batch(const dt_train_config *c, int dp, int world, int *B);
 dt_status dt__train_schedule(const dt_train_config *c, int K, dt_pp_schedule **out,
                              dt_pp_report *rep);
 /* World rank `rank`'s model options: pipeline stage and slots (pipe may be
- * NULL), tensor-parallel shard (regions NULL in a plan). */
+ * NULL), tensor-parallel shard, context-parallel share (regions and
+ * cp_regions NULL in a plan). */
 dt_status dt__train_model_options(const dt_train_config *c, const dt_gpt_config *mc,
                                   const dt_mesh_shape *shape, int rank, const dt_pp_schedule *pipe,
                                   const dt_pp_report *rep, const dt_tp_regions *regions,
-                                  dt_gpt_options *o);
+                                  const dt_cp_regions *cp_regions, dt_gpt_options *o);
+/* --cp-mode resolved: auto is Ulysses where the heads (per tp rank) and
+ * the sequence divide by cp, else the ring. */
+dt_cp_mode dt__train_cp_mode(const dt_train_config *c, const dt_gpt_config *mc);
 /* The optimizer's owned ranges of n parameters (ZeRO: the replica's
  * pieces; else all); *out is freed by the caller. */
 /* The DDP / ZeRO bucket size for a rank whose part holds n parameters:

@@ -196,8 +196,10 @@ static void test_layouts(void) {
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --mesh-order tp-dp", DTRAIN, corpus),
               2);
     EXPECT_OUT("--mesh-order \"tp-dp\"");
-    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --cp 2 --nproc 2", DTRAIN, corpus), 1);
-    EXPECT_OUT("context-parallel training is not available yet");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --cp 2 --nproc 2 --cp-mode rings",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--cp-mode \"rings\": expected ulysses or ring");
 }
 
 static void test_info(void) {
