@@ -274,8 +274,9 @@ static void cross_forward_block(const cross_args *x, float *out, float *lse, int
     }
 }
 
-void dt_attention_cross_forward(float *out, float *lse, size_t ld_lse, const float *q, size_t ldq,
-                                const float *kv, size_t ldkv, int Tq, int Tk, int C, int NH) {
+void dt__attention_cross_forward_tiles(float *out, float *lse, size_t ld_lse, const float *q,
+                                       size_t ldq, const float *kv, size_t ldkv, int Tq, int Tk,
+                                       int C, int NH) {
     DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS && Tk > 0);
     const cross_args x = {q, kv, ldq, ldkv, ld_lse, Tq, Tk, C, NH};
     const int nblk = (Tq + BLK - 1) / BLK;
@@ -321,14 +322,31 @@ static void cross_backward_head(const cross_args *x, float *dq, float *dkv, cons
     }
 }
 
+void dt__attention_cross_backward_tiles(float *dq, float *dkv, const float *dout, const float *q,
+                                        size_t ldq, const float *kv, size_t ldkv, const float *out,
+                                        const float *lse, size_t ld_lse, int Tq, int Tk, int C,
+                                        int NH, int h0, int h1) {
+    DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS);
+    const cross_args x = {q, kv, ldq, ldkv, ld_lse, Tq, Tk, C, NH};
+#pragma omp parallel for schedule(static) if (h1 - h0 > 1)
+    for (int h = h0; h < h1; h++)
+        cross_backward_head(&x, dq, dkv, dout, out, lse, h);
+}
+
+/* avx512 where it runs, tiles otherwise (as for causal attention). */
+void dt_attention_cross_forward(float *out, float *lse, size_t ld_lse, const float *q, size_t ldq,
+                                const float *kv, size_t ldkv, int Tq, int Tk, int C, int NH) {
+    if (!dt__attention_cross_forward_avx512(out, lse, ld_lse, q, ldq, kv, ldkv, Tq, Tk, C, NH))
+        dt__attention_cross_forward_tiles(out, lse, ld_lse, q, ldq, kv, ldkv, Tq, Tk, C, NH);
+}
+
 void dt_attention_cross_backward(float *dq, float *dkv, const float *dout, const float *q,
                                  size_t ldq, const float *kv, size_t ldkv, const float *out,
                                  const float *lse, size_t ld_lse, int Tq, int Tk, int C, int NH) {
-    DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS);
-    const cross_args x = {q, kv, ldq, ldkv, ld_lse, Tq, Tk, C, NH};
-#pragma omp parallel for schedule(static) if (NH > 1)
-    for (int h = 0; h < NH; h++)
-        cross_backward_head(&x, dq, dkv, dout, out, lse, h);
+    if (!dt__attention_cross_backward_avx512(dq, dkv, dout, q, ldq, kv, ldkv, out, lse, ld_lse, Tq,
+                                             Tk, C, NH))
+        dt__attention_cross_backward_tiles(dq, dkv, dout, q, ldq, kv, ldkv, out, lse, ld_lse, Tq,
+                                           Tk, C, NH, 0, NH);
 }
 
 void dt_attention_merge(float *out, float *lse, size_t ld_lse, const float *pout, const float *plse,
