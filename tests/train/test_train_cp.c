@@ -3,8 +3,9 @@
  * one rank.
  *
  *   equiv     cp 2 in each mode (Ulysses in fp32 and bf16, the ring in
- *             fp32), cp 4 ring, dp 2 x cp 2, cp 2 with ZeRO 1 and with
- *             recomputation: the loss and global gradient norm of each of
+ *             fp32), cp 4 ring, dp 2 x cp 2, cp 2 x tp 2 (with and without
+ *             --sp), cp 2 x pp 2 (1f1b and zero-bubble), cp 2 with ZeRO 1
+ *             and 3 and with recomputation: the loss and global gradient norm of each of
  *             20 steps and the final parameters (read back from the
  *             layout-independent checkpoint) equal the 1-rank run's within
  *             a tolerance for the summation order (fp32 2e-5 relative, bf16
@@ -51,33 +52,47 @@ static float *train(const char *name, const char *extra, int steps, size_t *n, d
 }
 
 static void test_equiv(void) {
+    /* The 1-rank references: fp32, bf16, fp32 in 2 micro-batches (pp). */
+    static const char *const refs[] = {"--precision fp32", "--precision bf16",
+                                       "--precision fp32 --accum 2"};
     static const struct {
-        const char *precision, *layout;
+        int ref;
+        const char *layout;
     } runs[] = {
-        {"fp32", "--nproc 2 --cp 2 --cp-mode ulysses"},
-        {"fp32", "--nproc 2 --cp 2 --cp-mode ring"},
-        {"fp32", "--nproc 4 --cp 4 --cp-mode ring"},
-        {"fp32", "--nproc 4 --cp 2 --cp-mode ulysses"}, /* dp 2 x cp 2 */
-        {"fp32", "--nproc 2 --cp 2 --cp-mode ring --zero 1"},
-        {"fp32", "--nproc 2 --cp 2 --cp-mode ring --recompute blocks"},
-        {"bf16", "--nproc 2 --cp 2 --cp-mode ulysses"},
+        {0, "--nproc 2 --cp 2 --cp-mode ulysses"},
+        {0, "--nproc 2 --cp 2 --cp-mode ring"},
+        {0, "--nproc 4 --cp 4 --cp-mode ring"},
+        {0, "--nproc 4 --cp 2 --cp-mode ulysses"}, /* dp 2 x cp 2 */
+        {0, "--nproc 4 --cp 2 --tp 2 --sp --cp-mode ring"},
+        {0, "--nproc 4 --cp 2 --tp 2 --cp-mode ulysses"},
+        {0, "--nproc 2 --cp 2 --cp-mode ring --zero 1"},
+        {0, "--nproc 2 --cp 2 --cp-mode ulysses --zero 3"},
+        {0, "--nproc 2 --cp 2 --cp-mode ring --recompute blocks"},
+        {1, "--nproc 2 --cp 2 --cp-mode ulysses"},
+        {2, "--nproc 4 --cp 2 --pp 2 --cp-mode ring"},
+        {2, "--nproc 4 --cp 2 --pp 2 --cp-mode ulysses --pp-schedule zb"},
     };
-    double l1[2][64], n1[2][64], l2[64], n2[64];
-    size_t na[2], nb;
-    float *one[2] = {train("one_fp32", "--precision fp32", STEPS, &na[0], l1[0], n1[0]),
-                     train("one_bf16", "--precision bf16", STEPS, &na[1], l1[1], n1[1])};
+    enum { NREF = sizeof refs / sizeof refs[0] };
+    double l1[NREF][64], n1[NREF][64], l2[64], n2[64];
+    size_t na[NREF], nb;
+    float *one[NREF];
+    for (int r = 0; r < NREF; r++) {
+        char name[32];
+        snprintf(name, sizeof name, "one_%d", r);
+        one[r] = train(name, refs[r], STEPS, &na[r], l1[r], n1[r]);
+    }
     for (size_t k = 0; k < sizeof runs / sizeof runs[0]; k++) {
-        int p = strcmp(runs[k].precision, "bf16") == 0;
+        int r = runs[k].ref;
         char name[32], extra[256];
         snprintf(name, sizeof name, "cp_%zu", k);
-        snprintf(extra, sizeof extra, "--precision %s %s", runs[k].precision, runs[k].layout);
+        snprintf(extra, sizeof extra, "%s %s", refs[r], runs[k].layout);
         float *pb = train(name, extra, STEPS, &nb, l2, n2);
-        ASSERT_EQ(na[p], nb);
-        tu_expect_close(extra, STEPS, l1[p], l2, n1[p], n2, one[p], pb, nb, p ? 5e-3 : 2e-5);
+        ASSERT_EQ(na[r], nb);
+        tu_expect_close(extra, STEPS, l1[r], l2, n1[r], n2, one[r], pb, nb, r == 1 ? 5e-3 : 2e-5);
         free(pb);
     }
-    free(one[0]);
-    free(one[1]);
+    for (int r = 0; r < NREF; r++)
+        free(one[r]);
 }
 
 /* Stop after 10 steps in layout a, resume in b; against a's uninterrupted run. */
