@@ -504,6 +504,11 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
         cs->pout = take(base, &off, N * z.Ct * 4);
         cs->plse = take(base, &off, B * z.NHt * z.T * 4);
         off = off > end2 ? off : end2;
+        if (low) {
+            cs->w_qkv = take(base, &off, N * 3 * z.Ct * 4);
+            cs->w_out = take(base, &off, N * z.Ct * 4);
+            cs->w_dqkv = take(base, &off, N * 3 * z.Ct * 4);
+        }
     }
     p.total = off;
     return p;
@@ -740,11 +745,6 @@ dt_status dt_gpt_create_with(dt_gpt **out, const dt_gpt_config *cfg, int max_bat
                             "sequence length %d must be in [1, %d] (the model's max_seq)", max_seq,
                             cfg->max_seq);
     DT_CHECK(dt_gpt_part_validate(cfg, &o.part, max_seq));
-    if (o.part.cp_size > 1 && o.part.cp_mode == DT_CP_RING && o.precision != DT_PRECISION_FP32)
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "--cp-mode ring runs in fp32 only in this build (precision %s); use "
-                            "--cp-mode ulysses or --precision fp32",
-                            dt_precision_name(o.precision));
     (void)dt_tensor_threads(); /* first use: apply DT_THREADS, one thread pool */
     dt_gpt *m = dt_calloc(1, sizeof *m);
     if (!m)

@@ -18,7 +18,7 @@
  * the local ones), a->atty in the local one (c_proj reads it); backward
  * gathers the output again rather than keeping a second copy.
  *
- * Ring (fp32). Rank r holds chunks r and 2cp-1-r of Tc = Tl/2 tokens. Its
+ * Ring (fp32; bf16/fp16 on fp32 copies). Rank r holds chunks r and 2cp-1-r of Tc = Tl/2 tokens. Its
  * own keys first: causal attention over its 2Tc rows in local order is
  * right as it stands (chunk 2cp-1-r sees all of chunk r, each chunk itself
  * causally). Then at step s = 1..cp-1 the keys and values of rank
@@ -211,14 +211,14 @@ static ring_step step_of(const gpt_dims *d, int Tl, int s) {
     return owner < d->cr ? (ring_step){0, Tl, Tc} : (ring_step){Tc, Tc, Tl};
 }
 
-static dt_status ring_forward(dt_gpt *m, const block_acts *a) {
+/* Forward over fp32 qkv (N,3Ct) into out (N,Ct) and lse (B,NHt,Tl). */
+static dt_status ring_forward(dt_gpt *m, const float *qkv, float *out, float *lse) {
     const gpt_dims *d = &m->d;
     const dt_cp_regions *g = m->opt.part.cp_regions;
     const int B = m->s->B, Tl = m->s->T, Ct = d->Ct, NHt = d->NHt, cp = d->cp;
     const size_t N = (size_t)B * Tl, C3 = 3 * (size_t)Ct, C2 = 2 * (size_t)Ct;
     const size_t bytes = N * C2 * sizeof(float);
-    const float *qkv = a->qkv;
-    float *out = a->atty, *lse = a->att_lse, **kv = m->cp.kv;
+    float **kv = m->cp.kv;
     pack_kv(kv[0], qkv, N, (size_t)Ct);
     REGION(m, g->shift_start(g->ctx, 0, kv[0], kv[1], bytes));
     dt_attention_forward(out, lse, qkv, B, Tl, Ct, NHt);
@@ -240,13 +240,14 @@ static dt_status ring_forward(dt_gpt *m, const block_acts *a) {
     return DT_OK;
 }
 
-static dt_status ring_backward(dt_gpt *m, const block_acts *a, const float *dout, float *dqkv) {
+/* Backward over fp32 qkv, out (final), lse and dout into dqkv (written). */
+static dt_status ring_backward(dt_gpt *m, const float *qkv, const float *out, const float *lse,
+                               const float *dout, float *dqkv) {
     const gpt_dims *d = &m->d;
     const dt_cp_regions *g = m->opt.part.cp_regions;
     const int B = m->s->B, Tl = m->s->T, Ct = d->Ct, NHt = d->NHt, cp = d->cp;
     const size_t N = (size_t)B * Tl, C3 = 3 * (size_t)Ct, C2 = 2 * (size_t)Ct;
     const size_t bytes = N * C2 * sizeof(float);
-    const float *qkv = a->qkv, *out = a->atty, *lse = a->att_lse;
     float **kv = m->cp.kv, **acc = m->cp.acc;
     pack_kv(kv[0], qkv, N, (size_t)Ct);
     REGION(m, g->shift_start(g->ctx, 0, kv[0], kv[1], bytes));
@@ -291,15 +292,33 @@ void *dt__gpt_cp_qkv_target(dt_gpt *m, const block_acts *a) {
     return m->d.cpm == DT_CP_ULYSSES ? m->dqkv : a->qkv;
 }
 
+/* bf16/fp16: the ring runs in fp32 on widened copies (what attention16
+ * does per head), its output and gradient rounded back. The blocks travel
+ * as fp32. */
 dt_status dt__gpt_cp_attention_forward(dt_gpt *m, const block_acts *a, const void *qkv_local) {
     if (m->d.cpm == DT_CP_ULYSSES)
         return ulysses_forward(m, a, qkv_local);
-    return ring_forward(m, a);
+    const dt_precision pr = m->opt.precision;
+    if (pr == DT_PRECISION_FP32)
+        return ring_forward(m, a->qkv, a->atty, a->att_lse);
+    const size_t N = (size_t)m->s->B * m->s->T, Ct = (size_t)m->d.Ct;
+    dt_act16_to_f32(pr, m->cp.w_qkv, a->qkv, N * 3 * Ct);
+    DT_CHECK(ring_forward(m, m->cp.w_qkv, m->cp.w_out, a->att_lse));
+    dt_act16_from_f32(pr, a->atty, m->cp.w_out, N * Ct);
+    return DT_OK;
 }
 
 dt_status dt__gpt_cp_attention_backward(dt_gpt *m, const block_acts *a, const float *dout,
                                         void *dqkv) {
     if (m->d.cpm == DT_CP_ULYSSES)
         return ulysses_backward(m, a, dout, dqkv);
-    return ring_backward(m, a, dout, dqkv);
+    const dt_precision pr = m->opt.precision;
+    if (pr == DT_PRECISION_FP32)
+        return ring_backward(m, a->qkv, a->atty, a->att_lse, dout, dqkv);
+    const size_t N = (size_t)m->s->B * m->s->T, Ct = (size_t)m->d.Ct;
+    dt_act16_to_f32(pr, m->cp.w_qkv, a->qkv, N * 3 * Ct);
+    dt_act16_to_f32(pr, m->cp.w_out, a->atty, N * Ct);
+    DT_CHECK(ring_backward(m, m->cp.w_qkv, m->cp.w_out, a->att_lse, dout, m->cp.w_dqkv));
+    dt_act16_from_f32(pr, dqkv, m->cp.w_dqkv, N * 3 * Ct);
+    return DT_OK;
 }

@@ -94,6 +94,8 @@ typedef struct cp_scratch {
      * out (N,Ct) and lse (B,NHt,Tl); backward's travelling dk|dv x 2
      * (sharing the partials' memory). */
     float *kv[2], *pout, *plse, *acc[2];
+    /* Ring in bf16/fp16: fp32 copies of qkv, out and dqkv (N,3Ct|Ct|3Ct). */
+    float *w_qkv, *w_out, *w_dqkv;
 } cp_scratch;
 
 /* What one micro-batch in flight keeps from its forward to its backward:
