@@ -6,8 +6,9 @@ TSAN_BUILD ?= build-tsan
 JOBS       ?= $(shell nproc)
 CMAKE_ARGS ?=
 CTEST_ARGS ?=
+PREFIX     ?= /usr/local
 
-.PHONY: all build deps test demo asan tsan format lint clean install-torch
+.PHONY: all build deps test demo asan tsan format lint clean install install-torch
 
 all: build
 
@@ -25,6 +26,11 @@ test: deps build
 
 demo: deps build
 	@scripts/demo.sh $(BUILD)
+
+# libdtrain.a and .so, the headers, the dtrain binary, dtrain.pc, the man
+# pages and the examples under PREFIX (default /usr/local).
+install: build
+	cmake --install $(BUILD) --prefix $(PREFIX) --component dtrain
 
 # The PyTorch backend (bindings/torch, built by `make` when PyTorch is
 # installed: scripts/install-deps.sh --torch) into the interpreter's site

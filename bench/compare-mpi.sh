@@ -43,7 +43,7 @@ for tp in ${TRANSPORTS:-shm tcp}; do
   for np in $NPS; do
     for op in $OPS; do
       for r in $(seq 1 "$REPS"); do
-        "$DTRAIN" bench comm --np "$np" --op "$op" --sizes "$lo:$hi" --transport "$tp" \
+        "$DTRAIN" bench comm --nproc "$np" --op "$op" --sizes "$lo:$hi" --transport "$tp" \
             --warmup 3 ${READ:+--read} | grep -v '^#' | awk -v r="$r" '{print r, $1, $3, $5, $6}' >> "$tmp/ours.$tp.$np.$op"
         if [ "$tp" = tcp ]; then mca=(--mca btl tcp,self); else mca=(); fi
         "${MPIRUN[@]}" -np "$np" "${mca[@]}" -x READ="${READ:-0}" "$tmp/mpi_bench" "$op" "$lo" "$hi" 2>/dev/null \

@@ -151,7 +151,7 @@ def run_dtrain(a, nproc, tmp):
            "--batch", str(a.batch), "--steps", str(a.steps), "--nproc", str(nproc),
            "--threads", "1", "--bucket-size", a.bucket_size, "--run-dir", run,
            "--val-split", "0", "--sample-tokens", "0", "--progress", "plain",
-           "--log-every", "1000000", "--peak-gflops", "1"]
+           "--log-every", "1000000", "--peak-flops", "1e9"]
     r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
     subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     r1 = resource.getrusage(resource.RUSAGE_CHILDREN)

@@ -30,7 +30,7 @@ scale=$(/usr/bin/python3 -c "import math; print(math.sqrt($k))")
 run() {
     local name=$1 b=$2 opt=$3 lr=$4
     "$dtrain" train --data "$data" --model shakespeare-char --layers 4 --dim 64 --heads 4 \
-        --seq 64 --global-batch "$b" --steps "$steps" --threads 2 --peak-gflops 1 \
+        --seq 64 --global-batch "$b" --steps "$steps" --threads 2 --peak-flops 1e9 \
         --sample-tokens 0 --progress plain --val-split 0.1 --eval-every "$every" \
         --eval-batches $((2048 / b)) --warmup 30 --schedule cosine --optimizer "$opt" \
         --lr "$lr" --run-dir "$work/$name" >"$work/$name.log" 2>&1 || {

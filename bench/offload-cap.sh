@@ -36,7 +36,7 @@ run() {
     sh -c 'echo $$ > "$1/cgroup.procs" && shift && exec "$@"' sh "$cg" \
         "$dtrain" train --data "$data" --model gpt2-124m --tokenizer byte --vocab 50257 \
         --batch 4 --seq 64 --steps 4 --lr 1e-4 --nproc 2 --threads 1 --zero 1 \
-        --peak-gflops 1 --sample-tokens 0 --progress plain --val-split 0 \
+        --peak-flops 1e9 --sample-tokens 0 --progress plain --val-split 0 \
         --run-dir "$work/$name" "$@" >"$work/$name.log" 2>&1
     local rc=$?
     printf '%-26s exit %d: ' "$name" "$rc"

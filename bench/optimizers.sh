@@ -94,7 +94,7 @@ for ((r = 0; r < repeat; r++)); do
         rm -rf "$dir"
         # shellcheck disable=SC2086
         if ! "$dtrain" train --data "$data" $model --global-batch "$batch" --steps "$steps" \
-            --threads 2 --peak-gflops 1 --sample-tokens 0 --progress plain --val-split 0.1 \
+            --threads 2 --peak-flops 1e9 --sample-tokens 0 --progress plain --val-split 0.1 \
             --eval-every "$steps" --eval-batches 16 --warmup "$warmup" --schedule cosine \
             --run-dir "$dir" "${flags[@]}" "${more[@]}" >"$dir.log" 2>&1; then
             echo "bench/optimizers.sh: $name failed:" >&2
@@ -112,7 +112,7 @@ steps = [r for r in rows if "step_ms" in r]
 # over the second half is the steady state.
 half = steps[len(steps) // 2:]
 val = [r["val_loss"] for r in rows if r.get("val_loss") is not None]
-print("\t".join(map(str, [name, "ok", cfg.get("optimizer_state_bytes_per_param", 0),
+print("\t".join(map(str, [name, "ok", cfg["info"].get("optimizer-state-bytes-per-param", 0),
                           statistics.median(r["step_ms"] for r in half), val[-1],
                           flags.replace(",", " ")])))
 EOF

@@ -17,7 +17,7 @@ train_run() {
     local name=$1
     shift
     rm -rf "${work:?}/$name"
-    "$dtrain" train --data "$data" --threads 1 --peak-gflops 1 --sample-tokens 0 \
+    "$dtrain" train --data "$data" --threads 1 --peak-flops 1e9 --sample-tokens 0 \
         --progress plain --val-split 0 --run-dir "$work/$name" "$@" >"$work/$name.log" 2>&1 || {
         echo "$(basename "$0"): dtrain train $* failed:" >&2
         tail -n 5 "$work/$name.log" >&2

@@ -7,12 +7,15 @@
 # package (/usr/share/games/fortunes, installed by scripts/install-deps.sh;
 # the ASCII-art collections are left out). No network needed.
 # Knobs (environment): STEPS (default 800), NPROC (2), OUT (BUILD_DIR/demo).
+# The learning-rate warm-up is a sixteenth of the steps (50 of 800), so any
+# STEPS works.
 # Each run starts afresh; RESUME=1 continues from the last checkpoint instead.
 set -euo pipefail
 BUILD=${1:-build}
 OUT=${OUT:-$BUILD/demo}
 STEPS=${STEPS:-800}
 NPROC=${NPROC:-2}
+WARMUP=$((STEPS / 16))
 mkdir -p "$OUT"
 resume=()
 if [[ "${RESUME:-0}" == 1 ]]; then
@@ -40,8 +43,8 @@ echo "demo: $(wc -c < "$corpus") bytes of text from $corpus; $NPROC processes, $
 "$BUILD/dtrain" train \
     --model shakespeare-char --layers 4 --dim 128 --heads 4 --seq 128 \
     --data "$corpus" --val-split 0.05 --nproc "$NPROC" --batch 8 --steps "$STEPS" \
-    --lr 2e-3 --min-lr 2e-4 --warmup 50 --schedule cosine --clip 1.0 --weight-decay 0.1 \
-    --eval-every 100 --eval-batches 16 --bucket-size 1M \
+    --lr 2e-3 --min-lr 2e-4 --warmup "$WARMUP" --schedule cosine --clip 1.0 --weight-decay 0.1 \
+    --eval-every 100 --eval-batches 16 \
     --ckpt-dir "$OUT/ckpt" --ckpt-every 100 --keep 2 "${resume[@]}" \
     --run-dir "$OUT/run" --sample-tokens 400
 

@@ -6,7 +6,8 @@
 #
 #   scripts/install-deps.sh            build, test and demo dependencies
 #   scripts/install-deps.sh --torch    also PyTorch and what the PyTorch backend
-#                                      (bindings/torch) builds against; its tests run
+#                                      (bindings/torch) builds against; its tests run;
+#                                      node and npm for the tokenizer's reference
 #   scripts/install-deps.sh --bench    the same, for the peers used by bench/
 #
 # Where python3-torch is already installed, the backend's headers come too:
@@ -20,6 +21,8 @@ PACKAGES=(
     pkg-config        # locating libraries
     libopenblas-dev   # sgemm for the training kernels
     libxxhash-dev     # XXH3 checksums for checkpoints
+    libjansson-dev    # JSON: config.json, --config, metrics.jsonl, bench --json, safetensors
+    help2man          # the man pages `make install` installs
     libdnnl-dev       # oneDNN: bf16 matrix multiply on AMX / AVX512-BF16
     libopenmpi-dev    # MPI backend and the Open MPI peer in bench/compare-mpi.sh
     openmpi-bin       # mpirun, for tests under MPI
@@ -29,6 +32,15 @@ PACKAGES=(
 TORCH_PACKAGES=(
     python3-torch     # PyTorch: the backend's host, test fixtures, the bench/ peer
     python3-numpy
+)
+# The GPT-2 tokenizer's reference (js-tiktoken, fetched from npm into a cache
+# by scripts/get-gpt2-tokenizer.sh): tests/tokenizer_gpt2.sh and
+# bench/tokenizer.sh run under node. Wanted with --torch / --bench only when
+# node or npm is not on the PATH already (a node from elsewhere, such as
+# NodeSource's, bundles its npm and must not be replaced).
+NODE_PACKAGES=(
+    nodejs
+    npm
 )
 TORCH_BUILD_PACKAGES=(
     libtorch-dev      # c10d headers and libraries the PyTorch backend builds against
@@ -42,7 +54,12 @@ installed() {
 want=("${PACKAGES[@]}")
 case "${1:-}" in
     "") ;;
-    --torch | --bench) want+=("${TORCH_PACKAGES[@]}" "${TORCH_BUILD_PACKAGES[@]}") ;;
+    --torch | --bench)
+        want+=("${TORCH_PACKAGES[@]}" "${TORCH_BUILD_PACKAGES[@]}")
+        if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
+            want+=("${NODE_PACKAGES[@]}")
+        fi
+        ;;
     *)
         echo "usage: $0 [--torch | --bench]" >&2
         exit 2

@@ -19,7 +19,7 @@ add_test(NAME cli_bench_gemm_bf16
 set_tests_properties(cli_bench_gemm_bf16 PROPERTIES TIMEOUT 120 LABELS "unit"
                      ENVIRONMENT "OMP_WAIT_POLICY=passive"
                      PASS_REGULAR_EXPRESSION "17 +9 +33 +tn +f16-sgemm")
-add_test(NAME cli_bench_amp_convert COMMAND dtrain_cli bench amp-convert -n 1000 --runs 3)
+add_test(NAME cli_bench_amp_convert COMMAND dtrain_cli bench amp-convert --count 1000 --runs 3)
 set_tests_properties(cli_bench_amp_convert PROPERTIES TIMEOUT 120 LABELS "unit"
                      PASS_REGULAR_EXPRESSION "unscale")
 add_test(NAME cli_bench_bad_isa COMMAND dtrain_cli bench gemm-bf16 --shapes 8x8x8)

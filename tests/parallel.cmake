@@ -20,6 +20,14 @@ foreach(n 2 4)
   set_tests_properties(test_gpt_tp_${n} PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess")
 endforeach()
 
+# A context-parallel part of the GPT (Ulysses and ring attention, fp32 and
+# bf16, recomputation) against the whole model, 2 and 4 ranks.
+dt_parallel_test_exe(test_gpt_cp)
+foreach(n 2 4)
+  add_test(NAME test_gpt_cp_${n} COMMAND test_gpt_cp cp_${n})
+  set_tests_properties(test_gpt_cp_${n} PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess")
+endforeach()
+
 # Pipeline schedules planned from the command line: a checked table, the
 # simulated bubble against the theory, and a refused combination.
 add_test(NAME cli_plan_pipeline

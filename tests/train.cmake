@@ -30,6 +30,7 @@ set_tests_properties(test_ckpt_info PROPERTIES TIMEOUT 60 LABELS "train")
 # --config FILE in the CLI's flag parser (compiled in directly).
 dt_train_test_exe(test_cli_config ${PROJECT_SOURCE_DIR}/src/cli/args.c)
 target_include_directories(test_cli_config PRIVATE ${PROJECT_SOURCE_DIR}/src)
+target_link_libraries(test_cli_config PRIVATE PkgConfig::JANSSON)
 add_test(NAME test_cli_config COMMAND test_cli_config)
 set_tests_properties(test_cli_config PROPERTIES TIMEOUT 60 LABELS "train")
 
@@ -96,9 +97,10 @@ endforeach()
 
 # The optimizers of docs/optim.md in `dtrain train`: bit-identical resume of
 # each, data-parallel against one rank, ZeRO 1 and 2 against DDP, 1-bit
-# Adam's compression stage, bad combinations.
+# Adam's compression stage, context parallelism against one rank, every
+# optimizer flag through config.json and back, bad combinations.
 dt_train_cli_test_exe(test_train_optim)
-foreach(case resume ddp zero zero3 offload onebit errors)
+foreach(case resume ddp zero zero3 cp config offload onebit errors)
   add_test(NAME test_train_optim_${case} COMMAND test_train_optim ${case})
   set_tests_properties(test_train_optim_${case} PROPERTIES TIMEOUT 300
                        LABELS "train;multiprocess")
@@ -111,6 +113,23 @@ foreach(case equiv resume memory offload errors)
   add_test(NAME test_train_zero_${case} COMMAND test_train_zero ${case})
   set_tests_properties(test_train_zero_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
 endforeach()
+
+# Context parallelism (Ulysses and ring attention) against one rank,
+# resumed across layouts, and the layouts it refuses.
+dt_train_cli_test_exe(test_train_cp)
+foreach(case equiv resume errors)
+  add_test(NAME test_train_cp_${case} COMMAND test_train_cp ${case})
+  set_tests_properties(test_train_cp_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
+endforeach()
+
+# Weights interop: safetensors and llm.c's format against the PyTorch
+# reference (skipped, 77, without python3-torch).
+dt_train_test_exe(logits_dump)
+add_test(NAME interop_safetensors
+         COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/interop_safetensors.sh $<TARGET_FILE:dtrain_cli>
+                 $<TARGET_FILE:logits_dump> ${PROJECT_SOURCE_DIR})
+set_tests_properties(interop_safetensors PROPERTIES TIMEOUT 180 LABELS "train" SKIP_RETURN_CODE 77)
+
 # The optimizer state offloaded to disk: a full disk (a tmpfs in a private
 # namespace) and a rank killed mid-stream.
 add_test(NAME cli_train_offload_disk

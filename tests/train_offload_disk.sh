@@ -39,7 +39,7 @@ fi
 wait $pid && fail "the job exited 0 after a rank was killed"
 echo "ok: killed rank $rank; the job exited in $((i / 10)) s: $(grep -m1 -E 'signal|killed|exited with' "$dir/run.log" | head -c 200)"
 [ -z "$(ls -A "$dir/off")" ] || fail "offload files left: $(ls "$dir/off")"
-out=$("$DTRAIN" train $MODEL --nproc 2 --zero 1 --steps 100000 --stop-after 2 --resume --ckpt-dir "$dir/ck" \
+out=$("$DTRAIN" train $MODEL --nproc 2 --zero 1 --steps 100000 --stop-after 2 --resume --ckpt-dir "$dir/ck" --run-dir "$dir/run" \
     --offload optimizer=disk:"$dir/off" 2>&1) || fail "resume failed: $(echo "$out" | tail -n 3)"
 case $out in *"resumed from"*) ;; *) fail "did not resume: $(echo "$out" | tail -n 3)" ;; esac
 echo "ok: the last checkpoint resumed, no file left in the offload directory"

@@ -5,11 +5,13 @@
  * --------
  * Text becomes training windows in three steps:
  *
- *   1. A tokenizer maps bytes to token ids. Two kinds, both with at most 256
- *      tokens: `byte` (V = 256, id = byte value; any file round-trips) and
- *      `char` (the distinct byte values of the corpus, sorted; a smaller V
- *      for small character-level models). The vocabulary travels with the
- *      data (in the .tok file) and with a run (in its checkpoint).
+ *   1. A tokenizer maps bytes to token ids. Three kinds: `byte` (V = 256,
+ *      id = byte value; any file round-trips), `char` (the distinct byte
+ *      values of the corpus, sorted; a smaller V for small character-level
+ *      models), and `bpe`, byte-level BPE as GPT-2 defines it (dt_bpe,
+ *      below: GPT-2's own 50257 tokens, or a vocabulary learned from a
+ *      corpus). The vocabulary travels with the data (in the .tok file: the
+ *      byte table, or the BPE's hash) and with a run (in its checkpoint).
  *   2. A token file holds the tokenizer and the tokens. `dt_data_prepare`
  *      writes one to disk (atomically: temp file, fsync, rename) and
  *      `dt_token_file_open` maps it read-only and validates all of it before
@@ -20,18 +22,19 @@
  *      part) into windows of T+1 tokens and hands out batches of B windows
  *      per rank, shuffled per epoch.
  *
- * The .tok format, version 1 (little-endian)
- * ------------------------------------------
+ * The .tok format, versions 1 and 2 (little-endian)
+ * -------------------------------------------------
  *     offset  size  field
  *          0     8  magic "DTTOKENS"
- *          8     4  version (1)
- *         12     4  tokenizer kind: 1 = byte, 2 = char
- *         16     4  vocabulary size V, 1..256
+ *          8     4  version (1: byte and char; 2: bpe)
+ *         12     4  tokenizer kind: 1 = byte, 2 = char, 3 = bpe (version 2)
+ *         16     4  vocabulary size V: 1..256, for bpe 257..65536
  *         20     4  bytes per token (2: unsigned 16-bit tokens)
  *         24     8  token count N >= 1
- *         32    32  reserved, zero
- *         64     V  vocabulary: the byte value of each token id, then zero
- *                   padding to a multiple of 8
+ *         32     8  bpe: dt_bpe_hash of its tokenizer; byte and char: zero
+ *         40    24  reserved, zero
+ *         64     V  byte and char: the byte value of each token id, then
+ *                   zero padding to a multiple of 8 (bpe: nothing)
  *          .    2N  tokens, then zero padding to a multiple of 8
  *          .     8  XXH3-64 (seed 0) of every byte before it
  * The file size is therefore fixed by the header, and a truncated file or one
@@ -82,18 +85,25 @@ extern "C" {
 typedef enum dt_tokenizer_kind {
     DT_TOKENIZER_BYTE, /* V = 256, id = byte value */
     DT_TOKENIZER_CHAR, /* the corpus's distinct byte values, sorted */
+    DT_TOKENIZER_BPE,  /* byte-level BPE (dt_bpe): GPT-2's, or learned */
     DT_TOKENIZER_COUNT
 } dt_tokenizer_kind;
 
-/* "byte", "char" (indexable by dt_tokenizer_kind). */
+/* "byte", "char", "bpe" (indexable by dt_tokenizer_kind). */
 extern const char *const dt_tokenizer_names[DT_TOKENIZER_COUNT];
 
-/* A tokenizer is a plain value: copy it, compare it, store its table. */
+typedef struct dt_bpe dt_bpe;
+
+/* A tokenizer is a plain value: copy it, compare it, store its table. A
+ * bpe tokenizer holds its dt_bpe by a borrowed pointer (NULL when only
+ * its hash is known, as in a .tok file read without the BPE's files). */
 typedef struct dt_tokenizer {
     dt_tokenizer_kind kind;
-    int vocab_size;          /* number of token ids, 1..256 */
+    int vocab_size;          /* number of token ids: 1..256, bpe up to 65536 */
     uint8_t id_to_byte[256]; /* byte value of each id; entries >= vocab_size are 0 */
     int16_t byte_to_id[256]; /* id of each byte value, or -1 if it has none */
+    dt_bpe *bpe;             /* bpe: the tokenizer (borrowed), or NULL */
+    uint64_t bpe_hash;       /* bpe: dt_bpe_hash, its identity */
 } dt_tokenizer;
 
 /* The byte tokenizer (V = 256). */
@@ -106,8 +116,18 @@ dt_status dt_tokenizer_init_char(dt_tokenizer *t, const void *text, size_t len);
  * increasing. DT_ERR_CORRUPT names the problem otherwise. */
 dt_status dt_tokenizer_init_table(dt_tokenizer *t, dt_tokenizer_kind kind, const uint8_t *table,
                                   int vocab_size);
-/* Same kind and same vocabulary. */
+/* The bpe tokenizer of b (borrowed: b must outlive every copy). */
+void dt_tokenizer_init_bpe(dt_tokenizer *t, dt_bpe *b);
+/* Same kind and same vocabulary (bpe: the same hash). */
 bool dt_tokenizer_equal(const dt_tokenizer *a, const dt_tokenizer *b);
+/* The bytes of token `id` (*len of them), or NULL for an id outside the
+ * vocabulary or a bpe tokenizer without its dt_bpe. */
+const uint8_t *dt_tokenizer_token(const dt_tokenizer *t, int32_t id, size_t *len);
+/* Any kind: encode text into *ids (grown with realloc; the caller frees),
+ * *n ids. char: DT_ERR_INVALID for a byte outside the vocabulary; bpe
+ * without its dt_bpe: DT_ERR_UNSUPPORTED. */
+dt_status dt_tokenizer_encode_any(const dt_tokenizer *t, const void *text, size_t len,
+                                  int32_t **ids, size_t *n);
 /* out[i] = id of text[i] (out holds len ids). DT_ERR_INVALID names the first
  * byte that has no id (possible only with a char tokenizer) and its offset. */
 dt_status dt_tokenizer_encode(const dt_tokenizer *t, const void *text, size_t len, int32_t *out);
@@ -116,18 +136,64 @@ dt_status dt_tokenizer_encode(const dt_tokenizer *t, const void *text, size_t le
 dt_status dt_tokenizer_decode(const dt_tokenizer *t, const int32_t *ids, size_t n, char *out);
 
 /* ------------------------------------------------------------------------ */
+/* Byte-level BPE (GPT-2)                                                   */
+/* ------------------------------------------------------------------------ */
+/*
+ * GPT-2's tokenizer: text is cut into pieces by GPT-2's pattern ('s, 't,
+ * letters, numbers, other symbols, each with an optional leading space;
+ * runs of whitespace), and each piece's bytes are merged pairwise, lowest
+ * rank first, as tiktoken does; the result is the same token for token as
+ * js-tiktoken's "gpt2" encoding (tested on whole corpora). The vocabulary
+ * comes in GPT-2's two files, encoder.json (token -> id) and vocab.bpe (the
+ * merges in order); scripts/get-gpt2-tokenizer.sh fetches GPT-2's into
+ * dt_bpe_dir(). dt_bpe_train learns a new vocabulary in the same format.
+ * Encoding keeps a cache of pieces, so a dt_bpe is not thread-safe.
+ */
+
+/* Load encoder.json and vocab.bpe; `name` (may be NULL) labels it. */
+dt_status dt_bpe_load(dt_bpe **out, const char *encoder_json, const char *vocab_bpe,
+                      const char *name);
+/* "gpt2": GPT-2's files from dt_bpe_dir(); anything else: a folder holding
+ * encoder.json and vocab.bpe. DT_ERR_NOT_FOUND says how to fetch them. */
+dt_status dt_bpe_open(dt_bpe **out, const char *spec);
+/* Where GPT-2's files are kept: DT_TOKENIZER_DIR, else
+ * $XDG_CACHE_HOME/dtrain/gpt2, else ~/.cache/dtrain/gpt2. */
+dt_status dt_bpe_dir(char *out, size_t len);
+void dt_bpe_destroy(dt_bpe *b);
+int dt_bpe_vocab_size(const dt_bpe *b);
+/* XXH3 of the tokens in id order: equal hashes, equal tokenizers. */
+uint64_t dt_bpe_hash(const dt_bpe *b);
+const char *dt_bpe_name(const dt_bpe *b); /* "gpt2", a folder, or "learned" */
+/* Encode len bytes into *ids (grown with realloc, the caller frees; *ids
+ * may be NULL), *n ids. */
+dt_status dt_bpe_encode(dt_bpe *b, const void *text, size_t len, int32_t **ids, size_t *n);
+/* The bytes of token id (*len), or NULL outside [0, V). */
+const uint8_t *dt_bpe_token(const dt_bpe *b, int32_t id, size_t *len);
+/* The length of the pre-tokenisation piece that starts at text[at]. */
+size_t dt_bpe_split(const void *text, size_t len, size_t at);
+/* Learn a vocabulary of vocab_size tokens (the 256 bytes, vocab_size - 257
+ * merges of the most frequent adjacent pair within pieces, ties to the
+ * smaller ids, and <|endoftext|>) from a corpus. Fewer merges when no pair
+ * occurs twice any more. */
+dt_status dt_bpe_train(dt_bpe **out, const void *text, size_t len, int vocab_size);
+/* Write dir/encoder.json and dir/vocab.bpe in GPT-2's format. */
+dt_status dt_bpe_save(const dt_bpe *b, const char *dir);
+
+/* ------------------------------------------------------------------------ */
 /* Token files                                                              */
 /* ------------------------------------------------------------------------ */
 
 typedef struct dt_token_file dt_token_file;
 
-#define DT_TOKEN_FILE_VERSION 1
+#define DT_TOKEN_FILE_VERSION 2 /* written for bpe; byte and char files stay version 1 */
 
 /* Tokenize a text file and write a .tok file atomically: the data goes to a
  * temporary file in the same directory, is fsync'ed and renamed over `out`,
  * then the directory is fsync'ed. A failure (missing or empty input, full
  * disk) leaves no partial `out` and no temporary file. */
 dt_status dt_data_prepare(const char *in_txt, const char *out_tok, dt_tokenizer_kind kind);
+/* The same with a given tokenizer (a bpe one, or a table to share). */
+dt_status dt_data_prepare_with(const char *in_txt, const char *out_tok, const dt_tokenizer *tok);
 
 /* Map a .tok file and validate all of it (see the format above). Every
  * problem is DT_ERR_CORRUPT with the file name and what is wrong, except a
@@ -135,8 +201,9 @@ dt_status dt_data_prepare(const char *in_txt, const char *out_tok, dt_tokenizer_
 dt_status dt_token_file_open(dt_token_file **out, const char *path);
 
 /* Read a text file and tokenize it in memory. With `vocab` NULL the
- * tokenizer is built from the text by `kind`; with a vocabulary (the
- * training data's, for a validation file), `kind` is ignored and a byte the
+ * tokenizer is built from the text by `kind` (byte or char); with a
+ * tokenizer (the training data's for a validation file, or a bpe one),
+ * `kind` is ignored and the text is encoded with it: a byte a char
  * vocabulary lacks is DT_ERR_INVALID. An empty file is DT_ERR_INVALID. */
 dt_status dt_token_file_from_text(dt_token_file **out, const char *path, dt_tokenizer_kind kind,
                                   const dt_tokenizer *vocab);

@@ -215,6 +215,50 @@ typedef struct dt_tp_regions {
     dt_status (*sum_partial_grads)(void *ctx, float *g, size_t count);
 } dt_tp_regions;
 
+/*
+ * Context parallelism (long sequences): the cp ranks of a group each hold
+ * Tl = T/cp tokens of every sequence, through every layer; only attention
+ * needs the others' tokens. Two ways, chosen by dt_cp_mode:
+ *
+ *   ULYSSES  (DeepSpeed-Ulysses) rank r holds the contiguous tokens
+ *            [r Tl, (r+1) Tl). Before attention an all-to-all turns this
+ *            rank's tokens of all heads into all tokens of NH/cp heads;
+ *            attention runs locally; a second all-to-all turns the output
+ *            back. The heads (per tensor-parallel rank) must divide by cp.
+ *   RING     (ring attention, zig-zag): the sequence is cut into 2 cp
+ *            chunks of Tc = T/(2cp) and rank r holds chunks r and 2cp-1-r,
+ *            in that order, so every rank has the same share of the causal
+ *            triangle. Queries stay; keys and values travel around the
+ *            ring, each arriving block attended to while the next one is
+ *            in flight, the partial results merged by their log-sum-exp;
+ *            backward sends keys and values round again, with their
+ *            gradients following one hop behind. T must divide by 2 cp.
+ *
+ * Forward takes the whole (B,T) inputs and targets of every sequence and
+ * uses this rank's tokens; the loss it reports is the mean over all the
+ * group's tokens (a sum over the group), while backward gives the gradient
+ * of this rank's tokens' mean: averaged over the cp group (as gradient
+ * synchronisation over dp x cp does) it is the whole sequence's.
+ * The points where a context-parallel part communicates, implemented by
+ * the parallel layer over the cp group (counts are bytes):
+ */
+typedef enum dt_cp_mode { DT_CP_ULYSSES, DT_CP_RING } dt_cp_mode;
+
+typedef struct dt_cp_regions {
+    void *ctx; /* passed to every call */
+    /* Ulysses: block j (`bytes` long) of buf goes to rank j, and block i
+     * of buf becomes rank i's block for this rank (in place). */
+    dt_status (*all_to_all)(void *ctx, void *buf, size_t bytes);
+    /* Ring: start sending `bytes` of send to the next rank (cp_rank + 1
+     * mod cp) while receiving as many from the previous one into recv, on
+     * channel 0 or 1 (one transfer per channel in flight); wait ends it.
+     * Every rank starts and waits in the same order. */
+    dt_status (*shift_start)(void *ctx, int channel, const void *send, void *recv, size_t bytes);
+    dt_status (*shift_wait)(void *ctx, int channel);
+    /* The loss: x (count) summed over the group, in place. */
+    dt_status (*sum)(void *ctx, float *x, size_t count);
+} dt_cp_regions;
+
 #define DT_GPT_MAX_CHUNKS 64
 
 typedef struct dt_layer_range {
@@ -225,10 +269,20 @@ typedef struct dt_gpt_part {
     int chunks; /* layer ranges held; 0: the whole model as one chunk */
     /* chunk c's blocks: non-empty, increasing, disjoint */
     dt_layer_range layers[DT_GPT_MAX_CHUNKS];
-    int tp_rank, tp_size;         /* this shard; tp_size 0 or 1: unsharded */
-    bool sequence_parallel;       /* Megatron sequence parallelism (tp_size > 1) */
-    const dt_tp_regions *regions; /* required when tp_size > 1; borrowed */
+    int tp_rank, tp_size;            /* this shard; tp_size 0 or 1: unsharded */
+    bool sequence_parallel;          /* Megatron sequence parallelism (tp_size > 1) */
+    const dt_tp_regions *regions;    /* required when tp_size > 1; borrowed */
+    int cp_rank, cp_size;            /* context-parallel share; cp_size 0 or 1: whole sequences */
+    dt_cp_mode cp_mode;              /* how attention meets the other ranks' tokens */
+    const dt_cp_regions *cp_regions; /* required when cp_size > 1; borrowed */
 } dt_gpt_part;
+
+/* The position in the sequence (of length T) of local token row i of a
+ * context-parallel part (i < T / cp_size; the identity without cp). */
+int dt_gpt_cp_position(const dt_gpt_part *part, int T, int i);
+/* "ulysses" / "ring"; and the parse (DT_ERR_INVALID names knob and text). */
+const char *dt_cp_mode_name(dt_cp_mode mode);
+dt_status dt_cp_mode_parse(const char *knob, const char *text, dt_cp_mode *out);
 
 /* Check a part against a configuration and the planned sequence length:
  * DT_ERR_INVALID names the setting (a tp that does not divide the heads, a

@@ -209,7 +209,7 @@ float dt_clip_scale(double sumsq, float max_norm);
  * Sharding. Per-tensor statistics are sums over a tensor's elements; a
  * rank that owns only part of a tensor adds up its part, and the config's
  * `reduce` function sums these partial sums over the ranks sharing the
- * tensors (an allreduce over the dp group under ZeRO; NULL when one rank
+ * tensors (an allreduce over the dp x cp group under ZeRO; NULL when one rank
  * owns every parameter). The statistics are a vector of doubles laid out by
  * the tensor table, the same on every rank, so the call is one allreduce
  * of the same length everywhere; a step makes at most three. Every rank

@@ -152,6 +152,15 @@ int dt_mesh_coord(const dt_mesh *m, dt_axis a);
 int dt_mesh_degree(const dt_mesh *m, dt_axis a);
 int dt_mesh_rank(const dt_mesh *m);
 int dt_mesh_size(const dt_mesh *m);
+/* The replicas of this rank's parameters: the ranks of its dp x cp plane
+ * (same tp and pp coordinates), which average their gradients (a
+ * context-parallel rank's gradient is that of its share of the tokens) and
+ * shard ZeRO's state. Its rank is dp coordinate x cp degree + cp
+ * coordinate; without cp it is the dp group itself (NULL in a single
+ * process). */
+dt_group *dt_mesh_replica_group(const dt_mesh *m);
+int dt_mesh_replica_rank(const dt_mesh_shape *s, const int coord[DT_AXIS_COUNT]);
+int dt_mesh_replica_size(const dt_mesh_shape *s);
 
 /* ------------------------------------------------------------------------ */
 /* Data parallelism: the bucket engine (see the overview)                   */
@@ -336,6 +345,33 @@ void dt_tp_destroy(dt_tp *t);
 const dt_tp_regions *dt_tp_regions_of(const dt_tp *t);
 /* Bytes this rank sent through the regions since the last call; resets. */
 uint64_t dt_tp_take_bytes(dt_tp *t);
+
+/* ------------------------------------------------------------------------ */
+/* Context parallelism: the model's communication points over the cp group  */
+/* ------------------------------------------------------------------------ */
+/*
+ * dt_cp implements nn's dt_cp_regions (nn.h, "Context parallelism") over
+ * one context-parallel group: Ulysses' all-to-all, the ring's neighbour
+ * shifts (two channels, each one transfer in flight, posted as one
+ * send/receive batch so a rank's send and receive never wait for each
+ * other), and the loss sum. Ownership: borrows the group; a shift in
+ * flight borrows its buffers until its wait.
+ *
+ *     dt_cp *cp;
+ *     DT_CHECK(dt_cp_create(&cp, dt_mesh_group(mesh, DT_AXIS_CP)));
+ *     opt.part.cp_rank = dt_mesh_coord(mesh, DT_AXIS_CP);
+ *     opt.part.cp_size = dt_mesh_degree(mesh, DT_AXIS_CP);
+ *     opt.part.cp_mode = DT_CP_RING;
+ *     opt.part.cp_regions = dt_cp_regions_of(cp);
+ */
+typedef struct dt_cp dt_cp;
+
+dt_status dt_cp_create(dt_cp **out, dt_group *group);
+/* Waits for (and ignores the result of) any shift still in flight. */
+void dt_cp_destroy(dt_cp *c);
+const dt_cp_regions *dt_cp_regions_of(const dt_cp *c);
+/* Bytes this rank sent through the regions since the last call; resets. */
+uint64_t dt_cp_take_bytes(dt_cp *c);
 
 /* ------------------------------------------------------------------------ */
 /* Pipeline schedules: tables of actions, checked before they run           */

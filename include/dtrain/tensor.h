@@ -200,6 +200,26 @@ void dt_attention_forward(float *out, float *lse, const float *qkv, int B, int T
 void dt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
                            const float *lse, int B, int T, int C, int NH);
 
+/* Blocks of context-parallel attention (ring attention): one sequence's
+ * queries against keys that all come before them, so every query sees every
+ * key (no mask). Rows hold C = NH * HS channels, heads contiguous:
+ *   q (Tq rows, stride ldq), kv (Tk rows, stride ldkv: k at kv, v at kv + C),
+ *   out (Tq, C) =, lse (NH rows of stride ld_lse) = the block's log-sum-exp.
+ * The partial result joins the running one with dt_attention_merge. */
+void dt_attention_cross_forward(float *out, float *lse, size_t ld_lse, const float *q, size_t ldq,
+                                const float *kv, size_t ldkv, int Tq, int Tk, int C, int NH);
+/* Its backward, ACCUMULATING into dq (stride ldq) and dkv (stride ldkv, dk
+ * at dkv, dv at dkv + C). out and lse are the FINAL ones (after every
+ * merge): with them one block's share of the gradient is exact. */
+void dt_attention_cross_backward(float *dq, float *dkv, const float *dout, const float *q,
+                                 size_t ldq, const float *kv, size_t ldkv, const float *out,
+                                 const float *lse, size_t ld_lse, int Tq, int Tk, int C, int NH);
+/* out, lse (Tq rows; lse as above) become the softmax over the union of
+ * their keys and those of a partial result (pout, plse of the same shape):
+ *   lse' = log(e^lse + e^plse),  out' = e^(lse-lse') out + e^(plse-lse') pout. */
+void dt_attention_merge(float *out, float *lse, size_t ld_lse, const float *pout, const float *plse,
+                        size_t ld_plse, int Tq, int C, int NH);
+
 /* Reference: stores the probabilities. att (B,NH,T,T) = (saved for
  * backward); out (B,T,C) =. */
 void dt_attention_naive_forward(float *out, float *att, const float *qkv, int B, int T, int C,

@@ -51,8 +51,9 @@ typedef struct dt_step_metrics {
     double compute_ms;      /* forward + backward + optimizer (step minus exposed comm) */
     double comm_ms;         /* time gradient communication was in flight */
     double exposed_comm_ms; /* communication not hidden behind compute */
-    double tp_comm_ms;      /* time in the model's tensor-parallel communication (exposed:
-                               a shard waits for it); NaN without tensor parallelism */
+    double tp_comm_ms;      /* time in the model's tensor- and context-parallel communication
+                               (exposed: a part waits for it, bar the ring's overlapped
+                               transfers); NaN without either */
     double pp_bubble;       /* pipeline: measured idle fraction of the stages in the step's
                                forwards and backwards (parallel.h, dt_run_result); NaN
                                without a pipeline */
@@ -76,32 +77,16 @@ dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, int64_t resum
 dt_status dt_metrics_log(dt_metrics *m, const dt_step_metrics *s);
 void dt_metrics_destroy(dt_metrics *m);
 
-/* Write `json` (a complete JSON document) to RUN_DIR/config.json atomically. */
+/* Write `json` (a complete JSON document) to RUN_DIR/config.json atomically.
+ * A run's config.json holds every option of `dtrain train` under its flag's
+ * name with the value the run used, so `dtrain train --config` reads it back
+ * and reproduces the run; what the run observed (parameter count, world
+ * size, buckets, version, directories) sits in its "info" object. */
 dt_status dt_metrics_write_config(const char *run_dir, const char *json);
 
 /* Format one metrics object as a JSON line (with '\n') into buf; returns the
  * length, or -1 if it does not fit. */
 int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s);
-
-/* A growable JSON text, for building config.json and the checkpoint's config
- * section. Keys and strings are escaped. Allocation failure is sticky and
- * reported by dt_json_finish. */
-typedef struct dt_json {
-    char *buf;   /* NUL-terminated text */
-    size_t len;  /* bytes used */
-    size_t cap;  /* bytes allocated */
-    bool first;  /* no member written yet in the current object */
-    bool failed; /* an allocation failed */
-} dt_json;
-
-void dt_json_begin(dt_json *j);                                   /* "{" */
-void dt_json_str(dt_json *j, const char *key, const char *value); /* NULL -> null */
-void dt_json_int(dt_json *j, const char *key, int64_t value);
-void dt_json_num(dt_json *j, const char *key, double value); /* non-finite -> null */
-void dt_json_bool(dt_json *j, const char *key, bool value);
-/* "}\n"; returns the text (owned by j) or NULL after an allocation failure. */
-const char *dt_json_finish(dt_json *j);
-void dt_json_free(dt_json *j);
 
 /* ------------------------------------------------------------------------ */
 /* Progress display (rank 0)                                                */
@@ -124,6 +109,68 @@ void dt_progress_destroy(dt_progress *p);
 char *dt_sparkline(char *buf, size_t len, const double *values, size_t n);
 
 /* ------------------------------------------------------------------------ */
+/* Model files                                                              */
+/* ------------------------------------------------------------------------ */
+
+typedef enum dt_model_format {
+    DT_MODEL_WEIGHTS,     /* dtrain's weights file (RUN_DIR/model.dtgw) */
+    DT_MODEL_CHECKPOINT,  /* a dtrain checkpoint (any layout) */
+    DT_MODEL_SAFETENSORS, /* Hugging Face GPT-2 names and layouts */
+    DT_MODEL_LLMC,        /* llm.c's gpt2_124M.bin (versions 3, fp32, and 5, bf16) */
+    DT_MODEL_FORMAT_COUNT
+} dt_model_format;
+
+extern const char *const dt_model_format_names[DT_MODEL_FORMAT_COUNT];
+
+/* A whole GPT read from a file, and what the file says of its tokenizer. */
+typedef struct dt_model_file {
+    dt_gpt *model;          /* the unsharded model (batch 1), owned */
+    dt_model_format format; /* what the file was */
+    char path[4096];        /* the file read (a folder resolved to it) */
+    int64_t step;           /* a checkpoint's step, else -1 */
+    int tok_kind;           /* dt_tokenizer_kind of the stored table, -1: none */
+    uint8_t vocab[256];     /* the char/byte tokenizer's table */
+    int vocab_len;          /* its length, 0 when the file holds none */
+} dt_model_file;
+
+/* Read a model from `path`, whatever it is: a weights file, a checkpoint
+ * file, a checkpoint folder (its newest valid checkpoint), a run folder
+ * (model.dtgw, else ckpt/), a safetensors file with Hugging Face GPT-2
+ * names, or llm.c's model file. The format is found from the first bytes,
+ * never the name; anything else is DT_ERR_INVALID naming what was
+ * expected. max_seq > 0 caps the positions the model is built for; heads
+ * > 0 gives the head count a safetensors file does not record (default:
+ * the file's dtrain.heads, else dim / 64 as in every GPT-2). */
+dt_status dt_model_open(dt_model_file *out, const char *path, int max_seq, int heads);
+void dt_model_close(dt_model_file *f);
+
+/* Write f's model as safetensors with Hugging Face GPT-2 names and
+ * layouts (Conv1D weights transposed), F32, atomically. Deterministic:
+ * open + export of the result gives the same bytes. */
+dt_status dt_model_export_safetensors(const dt_model_file *f, const char *path);
+
+/* ------------------------------------------------------------------------ */
+/* Peak FLOP/s, the denominator of MFU                                      */
+/* ------------------------------------------------------------------------ */
+
+/* The peak of one rank (docs/train.md, "MFU"): the best of several bursts
+ * of a square matrix multiply in the compute type `p` (fp32: sgemm; bf16:
+ * the bf16 GEMM, on AMX where the CPU has it; fp16: the fp16 GEMM) with the
+ * current dt_tensor_threads(). It is measured once per machine (CPU model,
+ * ISA level, threads, compute type) and cached in
+ * $XDG_CACHE_HOME/dtrain/peak.json (default ~/.cache/dtrain/peak.json), so
+ * MFU compares runs against one fixed number instead of a timing taken at
+ * each start under whatever load. `remeasure` measures longer (2048^3,
+ * best of 10; `dtrain bench peak`) and replaces the cached value. `from`
+ * (len bytes, may be NULL) says where the number came from. An unwritable
+ * cache is not an error: the value is then measured again next time. */
+dt_status dt_peak_flops(dt_precision p, bool remeasure, double *flops, char *from, size_t len);
+
+/* The cache file's path ($XDG_CACHE_HOME or $HOME/.cache, then
+ * dtrain/peak.json) into buf; DT_ERR_NOT_FOUND without either variable. */
+dt_status dt_peak_cache_path(char *buf, size_t len);
+
+/* ------------------------------------------------------------------------ */
 /* The training loop                                                        */
 /* ------------------------------------------------------------------------ */
 
@@ -139,18 +186,19 @@ extern const char *const dt_train_ident_names[DT_TRAIN_IDENT_COUNT];
 #define DT_TRAIN_RAMP_START 0.25
 
 typedef struct dt_train_config {
-    const char *model;      /* preset name ("tiny", "shakespeare-char", ...) */
-    int layers, dim, heads; /* override the preset when > 0 */
-    int seq;                /* T: sequence length; 0: the preset's max_seq */
-    int vocab;              /* 0: the data's vocabulary size */
-    const char *data;       /* training text (.txt, tokenized on the fly) or .tok */
-    const char *val_data;   /* validation file, or NULL to split off val_split */
-    double val_split;       /* fraction of `data` held out for validation, [0, 1) */
-    int tokenizer;          /* dt_tokenizer_kind for .txt files */
-    int batch;              /* B per rank (0: global_batch / world) */
-    int global_batch;       /* world * B (0: batch * world); must divide by world */
-    int accum;              /* K micro-batches per optimizer step */
-    int64_t steps;          /* optimizer steps of the whole run */
+    const char *model;           /* preset name ("tiny", "shakespeare-char", ...) */
+    int layers, dim, heads;      /* override the preset when > 0 */
+    int seq;                     /* T: sequence length; 0: the preset's max_seq */
+    int vocab;                   /* 0: the data's vocabulary size */
+    const char *data;            /* training text (.txt, tokenized on the fly) or .tok */
+    const char *val_data;        /* validation file, or NULL to split off val_split */
+    double val_split;            /* fraction of `data` held out for validation, [0, 1) */
+    int tokenizer;               /* dt_tokenizer_kind for .txt files */
+    const char *tokenizer_files; /* kind bpe: "gpt2" or a folder (dt_bpe_open) */
+    int batch;                   /* B per rank (0: global_batch / world) */
+    int global_batch;            /* world * B (0: batch * world); must divide by world */
+    int accum;                   /* K micro-batches per optimizer step */
+    int64_t steps;               /* optimizer steps of the whole run */
     dt_optim_kind optimizer;
     double lr, min_lr, weight_decay, momentum, clip;
     double beta1, beta2, eps; /* AdamW and the Adam family (RAdam, 8-bit, LAMB, 1-bit) */
@@ -179,9 +227,20 @@ typedef struct dt_train_config {
     uint64_t seed;
     int threads;         /* per rank; 0: CPUs / ranks on this host */
     const char *run_dir; /* metrics.jsonl, config.json, model.dtgw; NULL: none */
-    size_t bucket_bytes; /* DDP bucket size */
+    /* With run_dir NULL: rank 0 names a new run directory
+     * "runs/<model>-<YYYYmmdd-HHMMSS>" (suffixed -2, -3, ... if taken), and
+     * checkpoints go to RUN_DIR/ckpt unless ckpt_dir is given; with resume,
+     * the newest such directory of the model that holds a checkpoint is
+     * continued instead. The CLI's default (--no-save turns it off). */
+    bool save_default;
+    /* Start from these weights instead of a random initialisation: a
+     * weights file, a checkpoint (file, folder or run folder), a Hugging
+     * Face GPT-2 safetensors file or llm.c's gpt2_124M.bin
+     * (dt_model_open). The model's shape comes from the file; NULL: none. */
+    const char *init_from;
+    size_t bucket_bytes; /* DDP bucket size; 0: a quarter of the gradient bytes, 1-25 MiB */
     int64_t check_every; /* hash-compare parameters across ranks every N steps; 0: off */
-    double peak_gflops;  /* per rank, for MFU; 0: measure sgemm at start */
+    double peak_gflops;  /* per rank, for MFU; 0: dt_peak_flops (measured once, cached) */
     int sample_tokens;   /* generated at the end; 0: none */
     int64_t log_every;   /* plain progress lines; 0: about 20 per run */
     int progress;        /* -1: auto (TTY), 0: plain lines, 1: live line */
@@ -222,6 +281,10 @@ typedef struct dt_train_config {
      * tp, and the rank order of the axes (NULL: tp-cp-dp-pp). */
     int dp, tp, pp, cp;
     bool sp;
+    /* Context parallelism's attention with cp > 1 (docs/context-parallel.md):
+     * "ulysses", "ring" or "auto" (NULL: auto, Ulysses where the heads per
+     * tp rank divide by cp). */
+    const char *cp_mode;
     const char *mesh_order;
     /* The pipeline schedule with pp > 1 (docs/pipeline.md): "gpipe",
      * "1f1b", "interleaved:V" or "zb" (NULL: 1f1b); its micro-batches are
@@ -253,7 +316,7 @@ typedef struct dt_train_result {
     double val_loss;                 /* last validation loss, NaN if none */
     double tokens_per_s;             /* median over the steps after the first */
     double comm_ms, exposed_comm_ms; /* per step, medians */
-    double tp_comm_ms;               /* per step, median; NaN without tensor parallelism */
+    double tp_comm_ms;               /* per step, median; NaN without tp or cp */
     double pp_bubble;                /* per step, median; NaN without a pipeline */
     double seconds;                  /* wall time of the loop */
     char checkpoint[4096];           /* last checkpoint written, "" if none */

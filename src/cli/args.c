@@ -3,12 +3,18 @@
  *
  * A value comes from, in order of precedence: the flag, the DT_* variable,
  * the --config file (when the command has a "config" option), the default.
+ * The --config file is either `key = value` lines or a JSON object (a run's
+ * config.json), its keys the long option names. An unknown option gets a
+ * suggestion: the same name with dashes for underscores, the dtrain name of
+ * a nanoGPT / torchrun / DeepSpeed spelling, or the nearest name.
  */
 #include "cli.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <getopt.h>
+#include <jansson.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,8 +73,22 @@ void cli_print_help(const cli_cmd *cmd, FILE *out) {
                 fprintf(out, "%s%s", c ? "|" : "", o->choices[c]);
             fprintf(out, ")");
         }
-        if (o->def)
-            fprintf(out, " [default: %s]", o->def);
+        if (o->def) {
+            /* Defaults are shown as text a shell user could type: a newline
+             * as \n, an empty string as "". */
+            fprintf(out, " [default: ");
+            if (!*o->def)
+                fprintf(out, "\"\"");
+            for (const char *c = o->def; *c; c++) {
+                if (*c == '\n')
+                    fprintf(out, "\\n");
+                else if (*c == '\t')
+                    fprintf(out, "\\t");
+                else
+                    fputc(*c, out);
+            }
+            fprintf(out, "]");
+        }
         if (o->env)
             fprintf(out, " [env: %s]", o->env);
         fprintf(out, "\n");
@@ -97,10 +117,185 @@ void cli_usage_error(const cli_cmd *cmd, const char *fmt, ...) {
     exit(2);
 }
 
+const char *cli_error_text(void) {
+    static char buf[4096];
+    snprintf(buf, sizeof buf, "%s", dt_last_error());
+    if (dt_log_enabled(DT_LOG_LEVEL_DEBUG, NULL))
+        return buf;
+    /* Breadcrumbs are lines "\n    at FILE:LINE" appended by DT_CHECK. */
+    char *at;
+    while ((at = strstr(buf, "\n    at ")) != NULL) {
+        char *end = strchr(at + 1, '\n');
+        memmove(at, end ? end : at + strlen(at), strlen(end ? end : at + strlen(at)) + 1);
+    }
+    return buf;
+}
+
+int cli_default_threads(void) {
+    const char *omp = getenv("OMP_NUM_THREADS");
+    char *end = NULL;
+    long v = omp && *omp ? strtol(omp, &end, 10) : 0;
+    if (v >= 1 && v <= 4096 && end && *end == '\0')
+        return (int)v;
+    return dt_cpu_count();
+}
+
 int cli_fail(dt_status st) {
-    const char *msg = dt_last_error();
-    fprintf(stderr, "dtrain: error: %s\n", msg && *msg ? msg : dt_strerror(st));
+    const char *msg = cli_error_text();
+    fprintf(stderr, "dtrain: error: %s\n", *msg ? msg : dt_strerror(st));
     return st == DT_ERR_INVALID ? 2 : 1;
+}
+
+/* ------------------------------------------------------------------------ */
+/* Suggestions for an unknown option                                        */
+/* ------------------------------------------------------------------------ */
+
+/* Spellings of other tools (nanoGPT's configurator, torchrun, DeepSpeed,
+ * llm.c, HF Trainer) and the dtrain option each means; used only when the
+ * command has that option. Names are compared after '_' -> '-'. */
+/* clang-format off */
+static const char *const other_spellings[][2] = {
+    {"learning-rate", "lr"},        {"max-lr", "lr"},               {"min-learning-rate", "min-lr"},
+    {"batch-size", "batch"},        {"micro-batch-size", "batch"},  {"train-micro-batch-size-per-gpu", "batch"},
+    {"per-device-train-batch-size", "batch"}, {"global-batch-size", "global-batch"},
+    {"train-batch-size", "global-batch"},
+    {"max-iters", "steps"},         {"max-steps", "steps"},         {"iters", "steps"},
+    {"num-iterations", "steps"},    {"lr-decay-iters", "steps"},    {"train-iters", "steps"},
+    {"warmup-iters", "warmup"},     {"warmup-steps", "warmup"},     {"lr-warmup-iters", "warmup"},
+    {"gradient-accumulation-steps", "accum"}, {"grad-accum", "accum"},
+    {"grad-clip", "clip"},          {"max-grad-norm", "clip"},      {"clip-grad", "clip"},
+    {"eval-interval", "eval-every"}, {"val-loss-every", "eval-every"}, {"eval-steps", "eval-every"},
+    {"eval-iters", "eval-batches"}, {"val-max-steps", "eval-batches"},
+    {"out-dir", "run-dir"},         {"output-dir", "run-dir"},      {"save-dir", "ckpt-dir"},
+    {"checkpoint-dir", "ckpt-dir"}, {"save-interval", "ckpt-every"}, {"checkpoint-every", "ckpt-every"},
+    {"n-layer", "layers"},          {"num-layers", "layers"},       {"n-head", "heads"},
+    {"num-attention-heads", "heads"}, {"n-embd", "dim"},            {"hidden-size", "dim"},
+    {"block-size", "seq"},          {"seq-len", "seq"},             {"seq-length", "seq"},
+    {"sequence-length", "seq"},     {"vocab-size", "vocab"},        {"input-bin", "data"},
+    {"dataset", "data"},            {"train-data", "data"},         {"input-val-bin", "val-data"},
+    {"dtype", "precision"},         {"bf16", "precision"},          {"fp16", "precision"},
+    {"mixed-precision", "precision"}, {"activation-checkpointing", "recompute"},
+    {"gradient-checkpointing", "recompute"}, {"recompute-activations", "recompute"},
+    {"resume-from-checkpoint", "resume"},
+    {"nproc-per-node", "nproc"},    {"np", "nproc"},                {"world-size", "nproc"},
+    {"master-addr", "master"},      {"master-port", "master"},
+    {"rdzv-endpoint", "master"},    {"max-new-tokens", "tokens"},   {"start", "prompt"},
+    {"num-threads", "threads"},     {"omp-num-threads", "threads"}, {"wandb-log", "run-dir"},
+    {"beta-1", "beta1"},            {"beta-2", "beta2"},            {"adam-beta1", "beta1"},
+    {"adam-beta2", "beta2"},        {"adam-eps", "eps"},            {"adam-epsilon", "eps"},
+    {"lr-scheduler", "schedule"},   {"lr-decay-style", "schedule"}, {"decay-lr", "schedule"},
+    {"ddp-bucket-size", "bucket-size"}, {"bucket-cap-mb", "bucket-size"},
+    {"tensor-model-parallel-size", "tp"}, {"pipeline-model-parallel-size", "pp"},
+    {"sequence-parallel", "sp"},    {"ckpt", "ckpt-dir"},           {"checkpoint", "ckpt"},
+    {"model-path", "init-from"},    {"weights", "init-from"},       {"load", "init-from"},
+};
+/* clang-format on */
+
+/* Options of other tools that have no dtrain counterpart, and why: said
+ * instead of a suggestion, so that nobody hunts for the right spelling. */
+static const char *const no_counterpart[][2] = {
+    {"device", "dtrain trains on the CPU; there is no --device"},
+    {"compile", "dtrain's kernels are compiled ahead of time; there is no --compile"},
+    {"dropout", "dtrain's GPT has no dropout"},
+    {"bias", "dtrain's GPT always has biases, as GPT-2"},
+    {"wandb-project", "no experiment tracker: metrics.jsonl in the run folder has every step"},
+    {"backend", "the backend is chosen by DT_BACKEND=native|mpi, not a flag"},
+};
+
+static size_t edit_distance(const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    if (na > 63 || nb > 63)
+        return 99;
+    size_t row[64];
+    for (size_t j = 0; j <= nb; j++)
+        row[j] = j;
+    for (size_t i = 1; i <= na; i++) {
+        size_t diag = row[0];
+        row[0] = i;
+        for (size_t j = 1; j <= nb; j++) {
+            size_t up = row[j];
+            size_t best = diag + (a[i - 1] != b[j - 1]);
+            if (up + 1 < best)
+                best = up + 1;
+            if (row[j - 1] + 1 < best)
+                best = row[j - 1] + 1;
+            row[j] = best;
+            diag = up;
+        }
+    }
+    return row[nb];
+}
+
+static bool has_option(const cli_cmd *cmd, const char *name) {
+    for (int i = 0; cmd->opts && cmd->opts[i].name; i++)
+        if (strcmp(cmd->opts[i].name, name) == 0)
+            return true;
+    return false;
+}
+
+/* Write " (did you mean --X?)" for an unknown long option `given` (without
+ * dashes, possibly "name=value") into out, or "". */
+static void suggest(const cli_cmd *cmd, const char *given, char *out, size_t len) {
+    char norm[64];
+    size_t n = 0;
+    for (; given[n] && given[n] != '=' && n + 1 < sizeof norm; n++)
+        norm[n] = given[n] == '_' ? '-' : (char)tolower((unsigned char)given[n]);
+    norm[n] = '\0';
+    out[0] = '\0';
+    const char *best = NULL;
+    if (has_option(cmd, norm)) {
+        snprintf(out, len, " (did you mean '--%s'?)", norm);
+        return;
+    }
+    for (size_t i = 0; i < sizeof no_counterpart / sizeof no_counterpart[0]; i++)
+        if (strcmp(norm, no_counterpart[i][0]) == 0) {
+            snprintf(out, len, " (%s)", no_counterpart[i][1]);
+            return;
+        }
+    for (size_t i = 0; i < sizeof other_spellings / sizeof other_spellings[0]; i++)
+        if (strcmp(norm, other_spellings[i][0]) == 0 && has_option(cmd, other_spellings[i][1]))
+            best = other_spellings[i][1];
+    if (!best) {
+        size_t bd = n <= 3 ? 1 : n <= 6 ? 2 : 3;
+        for (int i = 0; cmd->opts && cmd->opts[i].name; i++) {
+            size_t d = edit_distance(norm, cmd->opts[i].name);
+            if (d <= bd && (!best || d < bd))
+                best = cmd->opts[i].name, bd = d;
+        }
+    }
+    if (best)
+        snprintf(out, len, " (did you mean '--%s'?)", best);
+}
+
+/* The options whose names start with `prefix` (an abbreviation getopt found
+ * ambiguous), as "--a, --b" into out. Returns how many. */
+static int prefix_matches(const cli_cmd *cmd, const char *prefix, char *out, size_t len) {
+    size_t n = strcspn(prefix, "=");
+    int count = 0;
+    size_t off = 0;
+    out[0] = '\0';
+    for (int i = 0; cmd->opts && cmd->opts[i].name; i++) {
+        if (strncmp(cmd->opts[i].name, prefix, n) != 0)
+            continue;
+        if (off < len)
+            off += (size_t)snprintf(out + off, len - off, "%s--%s", count ? ", " : "",
+                                    cmd->opts[i].name);
+        count++;
+    }
+    return count;
+}
+
+static _Noreturn void unknown_option(const cli_cmd *cmd, const char *arg) {
+    if (arg[0] == '-' && arg[1] == '-') {
+        char which[512];
+        if (prefix_matches(cmd, arg + 2, which, sizeof which) > 1)
+            cli_usage_error(cmd, "ambiguous option '%.*s': it could be %s", (int)strcspn(arg, "="),
+                            arg, which);
+        char hint[128];
+        suggest(cmd, arg + 2, hint, sizeof hint);
+        cli_usage_error(cmd, "unknown option '%.*s'%s", (int)strcspn(arg, "="), arg, hint);
+    }
+    cli_usage_error(cmd, "unknown option '%s'", arg);
 }
 
 /* What a parse hands out (positional lists, config values in use) lives
@@ -177,7 +372,7 @@ static char *slurp_config(const cli_cmd *cmd, const char *path, size_t *len) {
     if (n > CONFIG_MAX_BYTES)
         cli_usage_error(cmd,
                         "--config %s: larger than 1 MiB (a config file holds `key = value` "
-                        "lines)",
+                        "lines or one JSON object)",
                         path);
     text[n] = '\0';
     *len = n;
@@ -188,10 +383,99 @@ static char *slurp_config(const cli_cmd *cmd, const char *path, size_t *len) {
  * comment at the start of a line or after a space, a value may be quoted)
  * into text[] / knob[], indexed like cmd->opts. Strings live until exit,
  * like argv. Any problem is a usage error naming the file, line and key. */
+/* The index of the option a config key names ('_' read as '-', so that
+ * older config.json files and Python-style keys work too), or -1. */
+static int config_key_index(const cli_cmd *cmd, int n, const char *key) {
+    char norm[128];
+    size_t k = 0;
+    for (; key[k] && k + 1 < sizeof norm; k++)
+        norm[k] = key[k] == '_' ? '-' : key[k];
+    norm[k] = '\0';
+    for (int i = 0; i < n; i++)
+        if (strcmp(cmd->opts[i].name, norm) == 0)
+            return strcmp(norm, "config") == 0 ? -1 : i;
+    return -1;
+}
+
+static _Noreturn void unknown_key(const cli_cmd *cmd, const char *where, const char *key) {
+    char hint[128];
+    suggest(cmd, key, hint, sizeof hint);
+    cli_usage_error(cmd,
+                    "%s: unknown key '%s'%s (keys are the long option names of 'dtrain %s', "
+                    "without the dashes)",
+                    where, key, hint, cmd->name);
+}
+
+/* The shortest "%.Ng" text that reads back as v. */
+static void format_real(char *b, size_t len, double v) {
+    for (int prec = 15; prec <= 17; prec++) {
+        snprintf(b, len, "%.*g", prec, v);
+        if (strtod(b, NULL) == v)
+            return;
+    }
+}
+
+/* A JSON object (a run's config.json): each member a key as in the
+ * `key = value` form; null leaves the option unset; an object-valued
+ * "info" member (what a run records about itself) is skipped. */
+static void read_config_json(const cli_cmd *cmd, const char *path, const char *all, size_t size,
+                             int n, char **text, char **knob) {
+    json_error_t err;
+    json_t *root = json_loadb(all, size, JSON_REJECT_DUPLICATES, &err);
+    if (!root)
+        cli_usage_error(cmd, "--config %s:%d:%d: %s", path, err.line, err.column, err.text);
+    if (!json_is_object(root))
+        cli_usage_error(cmd, "--config %s: expected a JSON object of option names and values",
+                        path);
+    const char *key;
+    json_t *v;
+    json_object_foreach(root, key, v) {
+        if (strcmp(key, "info") == 0 && json_is_object(v))
+            continue;
+        char where[600];
+        snprintf(where, sizeof where, "%s: \"%s\"", path, key);
+        int idx = config_key_index(cmd, n, key);
+        if (idx < 0)
+            unknown_key(cmd, path, key);
+        if (text[idx])
+            cli_usage_error(cmd, "%s: '%s' is given twice (as '%s' and '%s')", path,
+                            cmd->opts[idx].name, cmd->opts[idx].name, key);
+        char buf[64];
+        const char *val;
+        switch (json_typeof(v)) {
+        case JSON_NULL: continue;
+        case JSON_STRING: val = json_string_value(v); break;
+        case JSON_INTEGER:
+            snprintf(buf, sizeof buf, "%" JSON_INTEGER_FORMAT, json_integer_value(v));
+            val = buf;
+            break;
+        case JSON_REAL:
+            format_real(buf, sizeof buf, json_real_value(v));
+            val = buf;
+            break;
+        case JSON_TRUE: val = "true"; break;
+        case JSON_FALSE: val = "false"; break;
+        default: cli_usage_error(cmd, "%s: expected a string, number, boolean or null", where);
+        }
+        text[idx] = strdup(val);
+        knob[idx] = strdup(where);
+        DT_ASSERT(text[idx] && knob[idx]);
+    }
+    json_decref(root);
+}
+
 static void read_config_file(const cli_cmd *cmd, const char *path, int n, char **text,
                              char **knob) {
     size_t size;
     char *all = slurp_config(cmd, path, &size);
+    size_t lead = 0;
+    while (lead < size && isspace((unsigned char)all[lead]))
+        lead++;
+    if (lead < size && all[lead] == '{') {
+        read_config_json(cmd, path, all, size, n, text, knob);
+        free(all);
+        return;
+    }
     int first_line[CLI_MAX_OPTS] = {0};
     int lineno = 0;
     for (size_t at = 0; at < size;) {
@@ -227,15 +511,12 @@ static void read_config_file(const cli_cmd *cmd, const char *path, int n, char *
             val[vl - 1] = '\0';
             val++;
         }
-        int idx = -1;
-        for (int i = 0; i < n; i++)
-            if (strcmp(cmd->opts[i].name, key) == 0)
-                idx = i;
-        if (idx < 0 || strcmp(key, "config") == 0)
-            cli_usage_error(cmd,
-                            "%s:%d: unknown key '%s' (keys are the long option names of "
-                            "'dtrain %s', without the dashes)",
-                            path, lineno, key, cmd->name);
+        int idx = config_key_index(cmd, n, key);
+        if (idx < 0) {
+            char where[600];
+            snprintf(where, sizeof where, "%s:%d", path, lineno);
+            unknown_key(cmd, where, key);
+        }
         if (first_line[idx])
             cli_usage_error(cmd, "%s:%d: duplicate key '%s' (first set on line %d)", path, lineno,
                             key, first_line[idx]);
@@ -255,7 +536,11 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
     out->raw_argc = argc;
     out->raw_argv = argv;
     int n = count_opts(cmd->opts);
-    struct option longopts[CLI_MAX_OPTS + 2];
+    int nalias = 0;
+    while (cmd->aliases && cmd->aliases[nalias].alias)
+        nalias++;
+    DT_ASSERT(nalias <= 16);
+    struct option longopts[CLI_MAX_OPTS + 2 + 16];
     char shortopts[2 * CLI_MAX_OPTS + 4];
     size_t sp = 0;
     shortopts[sp++] = cmd->stop_at_positional ? '+' : '-';
@@ -270,8 +555,18 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
                 shortopts[sp++] = ':';
         }
     }
-    longopts[n] = (struct option){"help", no_argument, NULL, 'h'};
-    longopts[n + 1] = (struct option){0};
+    for (int k = 0; k < nalias; k++) {
+        int idx = -1;
+        for (int i = 0; i < n; i++)
+            if (strcmp(cmd->opts[i].name, cmd->aliases[k].name) == 0)
+                idx = i;
+        DT_ASSERT(idx >= 0);
+        longopts[n + k] = (struct option){
+            cmd->aliases[k].alias,
+            cmd->opts[idx].kind == CLI_FLAG ? no_argument : required_argument, NULL, 1000 + idx};
+    }
+    longopts[n + nalias] = (struct option){"help", no_argument, NULL, 'h'};
+    longopts[n + nalias + 1] = (struct option){0};
     shortopts[sp++] = 'h';
     shortopts[sp] = '\0';
 
@@ -296,9 +591,9 @@ void cli_parse(const cli_cmd *cmd, int argc, char **argv, cli_args *out) {
             exit(0);
         }
         if (c == '?') {
-            if (optopt)
+            if (optopt && optopt < 1000)
                 cli_usage_error(cmd, "unknown option '-%c'", optopt);
-            cli_usage_error(cmd, "unknown option '%s'", argv[optind - 1]);
+            unknown_option(cmd, argv[optind - 1]);
         }
         if (c == ':')
             cli_usage_error(cmd, "option '%s' needs a value", argv[optind - 1]);
@@ -377,6 +672,17 @@ static int find(const cli_args *a, const char *name) {
     dt__assert_fail(name, __FILE__, __LINE__, "cli option lookup");
 }
 
+void cli_json_line(json_t *obj) {
+    DT_ASSERT(obj);
+    char *s = json_dumps(obj, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    DT_ASSERT(s);
+    printf("%s\n", s);
+    free(s);
+    json_decref(obj);
+}
+
+json_t *cli_json_num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
+
 const cli_value *cli_get(const cli_args *a, const char *name) { return &a->values[find(a, name)]; }
 const char *cli_str(const cli_args *a, const char *name) { return cli_get(a, name)->text; }
 int64_t cli_int(const cli_args *a, const char *name) { return cli_get(a, name)->i; }
@@ -385,6 +691,13 @@ double cli_double(const cli_args *a, const char *name) { return cli_get(a, name)
 bool cli_bool(const cli_args *a, const char *name) { return cli_get(a, name)->b; }
 int cli_enum(const cli_args *a, const char *name) { return cli_get(a, name)->e; }
 bool cli_is_set(const cli_args *a, const char *name) { return cli_get(a, name)->set; }
+
+const cli_cmd *cli_find_sub(const cli_cmd *cmd, const char *name) {
+    for (size_t i = 0; i < cmd->nsubs; i++)
+        if (strcmp(cmd->subs[i]->name, name) == 0)
+            return cmd->subs[i];
+    return NULL;
+}
 
 int cli_run_sub(cli_args *a, const cli_cmd *const *subs, size_t n, const char *what,
                 const char *hint) {

@@ -29,12 +29,13 @@ static const cli_opt act16_opts[] = {
     {"model", 'm', CLI_STRING, "PRESET", "gpt2-124m", NULL, "model preset (shapes)", NULL, 0, 0},
     {"batch", 'b', CLI_INT, "B", "4", NULL, "sequences per step", NULL, 1, 1 << 20},
     {"seq", 's', CLI_INT, "T", "64", NULL, "tokens per sequence", NULL, 1, 1 << 20},
-    {"precision", 'p', CLI_ENUM, NULL, "bf16", NULL, "16-bit type", prec_choices, 0, 0},
+    {"precision", 0, CLI_ENUM, NULL, "bf16", NULL, "16-bit type", prec_choices, 0, 0},
     {"runs", 'r', CLI_INT, "N", "5", NULL, "timed rounds per kernel (the median is shown)", NULL, 3,
      1000},
     {"min-time", 0, CLI_DOUBLE, "SEC", "0.05", NULL, "minimum duration of one round", NULL, 0,
      3600},
-    {"threads", 't', CLI_INT, "N", "0", NULL, "threads (0: all CPUs)", NULL, 0, 4096},
+    {"threads", 't', CLI_INT, "N", "0", NULL, "threads (0: OMP_NUM_THREADS, else all CPUs)", NULL,
+     0, 4096},
     {"only", 0, CLI_STRING, "KERNEL", "", NULL,
      "time only this kernel (a name of the first column, e.g. \"lm head\"; for perf)", NULL, 0, 0},
     {0},
@@ -186,7 +187,7 @@ static int run_act16(cli_args *a) {
     if (st != DT_OK)
         return cli_fail(st);
     int threads = (int)cli_int(a, "threads");
-    dt_tensor_set_threads(threads ? threads : dt_cpu_count());
+    dt_tensor_set_threads(threads ? threads : cli_default_threads());
     bufs u = {.p = cli_enum(a, "precision") == 0 ? DT_PRECISION_BF16 : DT_PRECISION_FP16,
               .B = (int)cli_int(a, "batch"),
               .T = (int)cli_int(a, "seq"),

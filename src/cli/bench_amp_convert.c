@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 static const cli_opt convert_opts[] = {
-    {"count", 'n', CLI_SIZE, "N", "4M", NULL, "elements per call", NULL, 1, 1e10},
+    {"count", 0, CLI_SIZE, "N", "4M", NULL, "elements per call", NULL, 1, 1e10},
     {"runs", 'r', CLI_INT, "N", "5", NULL, "timed runs per case (median shown)", NULL, 3, 1000},
     {0},
 };

@@ -25,8 +25,8 @@
 static const cli_opt att_opts[] = {
     {"batch", 'b', CLI_INT, "B", "8", NULL, "sequences", NULL, 1, 1 << 20},
     {"seq", 's', CLI_INT, "T", "256", NULL, "sequence length", NULL, 1, 1 << 20},
-    {"dim", 'c', CLI_INT, "C", "384", NULL, "model width (heads x head size)", NULL, 1, 1 << 20},
-    {"heads", 'H', CLI_INT, "NH", "6", NULL, "attention heads", NULL, 1, 4096},
+    {"dim", 0, CLI_INT, "C", "384", NULL, "model width (heads x head size)", NULL, 1, 1 << 20},
+    {"heads", 0, CLI_INT, "NH", "6", NULL, "attention heads", NULL, 1, 4096},
     {"threads", 't', CLI_INT, "N", "1", NULL, "threads", NULL, 1, 4096},
     {"runs", 'r', CLI_INT, "R", "5", NULL, "timed runs per method (median shown)", NULL, 1, 1000},
     {"min-time", 0, CLI_DOUBLE, "S", "0.2", NULL, "seconds per run", NULL, 0.001, 60},

@@ -34,20 +34,20 @@ enum { OP_SEL_ALL = 3, OP_SEL_LAYER = 4 };
 static const char *const out_choices[] = {"f32", "bf16", NULL}; /* order of dt_gemm_out */
 
 static const cli_opt gemm_opts[] = {
-    {"shapes", 's', CLI_STRING, "MxNxK,...",
+    {"shapes", 0, CLI_STRING, "MxNxK,...",
      "256x2304x768,256x768x768,256x3072x768,256x768x3072,256x50257x768", NULL,
      "shapes C(M,N) = A(M,K) B(K,N)", NULL, 0, 0},
     {"out", 0, CLI_ENUM, NULL, "f32", NULL, "C's type for the bf16 backends", out_choices, 0, 0},
     {"op", 0, CLI_ENUM, NULL, "nt", NULL,
      "nt, nn, tn, all (each on the shape), layer (fwd NT, bwd NN + TN shapes)", op_choices, 0, 0},
-    {"backends", 'b', CLI_STRING, "LIST", "onednn,openblas,amx,avx512,sgemm,f16", NULL,
+    {"backends", 0, CLI_STRING, "LIST", "onednn,openblas,amx,avx512,sgemm,f16", NULL,
      "backends to time (also: ref; f16 = dt_gemm_f16); unavailable ones are listed and skipped",
      NULL, 0, 0},
     {"runs", 'r', CLI_INT, "N", "5", NULL, "timed runs per case (the median is shown)", NULL, 3,
      1000},
     {"min-time", 0, CLI_DOUBLE, "SEC", "0.2", NULL, "minimum duration of one run", NULL, 0, 3600},
-    {"threads", 't', CLI_INT, "N", "0", NULL, "threads for every backend (0: all CPUs)", NULL, 0,
-     4096},
+    {"threads", 't', CLI_INT, "N", "0", NULL,
+     "threads for every backend (0: OMP_NUM_THREADS, else all CPUs)", NULL, 0, 4096},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print one JSON object per line instead of a table",
      NULL, 0, 0},
     {0},
@@ -150,7 +150,7 @@ static int run_gemm_bf16(cli_args *a) {
     }
     int threads = (int)cli_int(a, "threads");
     if (threads == 0)
-        threads = dt_cpu_count();
+        threads = cli_default_threads();
     /* As in training: OpenBLAS single-threaded, products split over the
      * OpenMP threads by dt_sgemm (the fp32 peer and the sgemm backends). */
     dt_tensor_set_threads(threads);
@@ -255,14 +255,15 @@ static int run_gemm_bf16(cli_args *a) {
                                        : dt_gemm_backend_name((dt_gemm_backend)bes[b]);
                 double ms = 2.0 * c.M * c.N * c.K / med * 1e-6;
                 if (json)
-                    printf("{\"bench\":\"gemm-bf16\",\"M\":%d,\"N\":%d,\"K\":%d,\"op\":\"%s\","
-                           "\"backend\":\"%s\",\"out\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
-                           "\"ms\":%.4f,"
-                           "\"gflops\":%.2f,\"gflops_min\":%.2f,\"gflops_max\":%.2f,"
-                           "\"vs_fp32\":%.3f,\"gflops_per_cpu_s\":%.2f}\n",
-                           c.M, c.N, c.K, op_names[oi], name, out_choices[out],
-                           dt_isa_name(dt_isa()), threads, ms, med, gb[0], gb[runs - 1], med / base,
-                           cmed);
+                    cli_json_line(json_pack(
+                        "{s:s, s:i, s:i, s:i, s:s, s:s, s:s, s:s, s:i, s:o, s:o, s:o, s:o, s:o, "
+                        "s:o}",
+                        "bench", "gemm-bf16", "M", c.M, "N", c.N, "K", c.K, "op", op_names[oi],
+                        "backend", name, "out", out_choices[out], "isa", dt_isa_name(dt_isa()),
+                        "threads", threads, "ms", cli_json_num(ms), "gflops", cli_json_num(med),
+                        "gflops_min", cli_json_num(gb[0]), "gflops_max", cli_json_num(gb[runs - 1]),
+                        "vs_fp32", cli_json_num(med / base), "gflops_per_cpu_s",
+                        cli_json_num(cmed)));
                 else
                     printf("%6d %6d %6d %3s  %-9s %10.3f %10.1f %10.1f %10.1f %7.2fx %10.1f\n", c.M,
                            c.N, c.K, op_names[oi], name, ms, med, gb[0], gb[runs - 1], med / base,

@@ -20,9 +20,8 @@
 #include <string.h>
 
 static const cli_opt tn_opts[] = {
-    {"shapes", 's', CLI_STRING, "MxNxK,...",
-     "1152x384x2048,384x384x2048,1536x384x2048,384x1536x2048", NULL,
-     "shapes dW(M,N) += dY(K,M)^T X(K,N)", NULL, 0, 0},
+    {"shapes", 0, CLI_STRING, "MxNxK,...", "1152x384x2048,384x384x2048,1536x384x2048,384x1536x2048",
+     NULL, "shapes dW(M,N) += dY(K,M)^T X(K,N)", NULL, 0, 0},
     {"runs", 'r', CLI_INT, "R", "5", NULL, "timed runs per method (median shown)", NULL, 1, 1000},
     {"min-time", 0, CLI_DOUBLE, "S", "0.2", NULL, "seconds per run", NULL, 0.001, 60},
     {0},

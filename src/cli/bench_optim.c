@@ -25,10 +25,10 @@
 #include <string.h>
 
 static const cli_opt optim_opts[] = {
-    {"params", 'n', CLI_SIZE, "N", "16M", NULL, "number of parameters (one flat buffer)", NULL, 1,
+    {"params", 0, CLI_SIZE, "N", "16M", NULL, "number of parameters (one flat buffer)", NULL, 1,
      1e12},
     {"threads", 't', CLI_INT, "K", "0", "DT_THREADS", "threads (0: every CPU)", NULL, 0, 4096},
-    {"steps", 's', CLI_INT, "S", "10", NULL, "timed calls per kernel (median shown)", NULL, 1, 1e6},
+    {"steps", 0, CLI_INT, "S", "10", NULL, "timed calls per kernel (median shown)", NULL, 1, 1e6},
     {"kernels", 'k', CLI_STRING, "LIST", "all", NULL,
      "comma-separated kernels to time (names as in the table), or all", NULL, 0, 0},
     {"model", 0, CLI_STRING, "PRESET", NULL, NULL,
@@ -149,9 +149,9 @@ static int state_table(const char *model, bool json) {
             dt_optimizer_destroy(o);
         }
         if (json)
-            printf("{\"model\": \"%s\", \"optimizer\": \"%s\", \"bytes_per_param\": %.4f, "
-                   "\"bytes_per_param_matrices\": %.4f}\n",
-                   model, dt_optim_names[k], per[0], per[1]);
+            cli_json_line(json_pack("{s:s, s:s, s:o, s:o}", "model", model, "optimizer",
+                                    dt_optim_names[k], "bytes_per_param", cli_json_num(per[0]),
+                                    "bytes_per_param_matrices", cli_json_num(per[1])));
         else
             printf("%-12s %16.4f %18.4f%s\n", dt_optim_names[k], per[0], per[1],
                    k == DT_OPTIM_LBFGS  ? "  (history 10)"
@@ -169,7 +169,7 @@ static int run_optim(cli_args *a) {
     const char *list = cli_str(a, "kernels");
     bool json = cli_bool(a, "json");
     if (threads == 0)
-        threads = dt_cpu_count();
+        threads = cli_default_threads();
     omp_set_num_threads(threads);
     if (cli_str(a, "model"))
         return state_table(cli_str(a, "model"), json);
@@ -242,9 +242,10 @@ static int run_optim(cli_args *a) {
         double med = times[steps / 2];
         double gbs = (double)n * kernels[k].bytes / med * 1e-9;
         if (json)
-            printf("{\"kernel\": \"%s\", \"params\": %zu, \"threads\": %d, \"steps\": %d, "
-                   "\"ms\": %.4f, \"gbps\": %.2f, \"state_bytes_per_param\": %.4f}\n",
-                   kernels[k].name, n, threads, steps, med * 1e3, gbs, state_per);
+            cli_json_line(json_pack(
+                "{s:s, s:I, s:i, s:i, s:o, s:o, s:o}", "kernel", kernels[k].name, "params",
+                (json_int_t)n, "threads", threads, "steps", steps, "ms", cli_json_num(med * 1e3),
+                "gbps", cli_json_num(gbs), "state_bytes_per_param", cli_json_num(state_per)));
         else
             printf("%-14s %12zu %8d %8d %10.3f %10.2f %12.4f\n", kernels[k].name, n, threads, steps,
                    med * 1e3, gbs, state_per);

@@ -13,6 +13,7 @@
 
 #include "dtrain/core.h"
 
+#include <jansson.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -54,6 +55,13 @@ typedef struct cli_value {
 
 typedef struct cli_cmd cli_cmd;
 
+/* A spelling accepted for an option but not shown in the help: an old name
+ * kept after a rename (`bench comm --np` for --nproc). */
+typedef struct cli_alias {
+    const char *alias; /* long name without "--" */
+    const char *name;  /* the option it stands for */
+} cli_alias;
+
 typedef struct cli_args {
     const cli_cmd *cmd;
     cli_value values[CLI_MAX_OPTS]; /* parallel to cmd->opts */
@@ -71,7 +79,11 @@ struct cli_cmd {
     const char *description; /* paragraph(s) for `dtrain help train`, may be NULL */
     const cli_opt *opts;     /* terminated by an entry with name == NULL */
     int (*run)(cli_args *args);
-    bool stop_at_positional; /* true: options end at the first positional (launch) */
+    bool stop_at_positional;    /* true: options end at the first positional (launch) */
+    const cli_alias *aliases;   /* hidden spellings, terminated by {NULL}; may be NULL */
+    const cli_cmd *const *subs; /* the actions of a command of subcommands (bench, data,
+                                   ckpt), for `dtrain help CMD ACTION`; NULL otherwise */
+    size_t nsubs;
 };
 
 /* Parse argv (argv[0] is the subcommand name). Exits 0 after printing help
@@ -96,9 +108,18 @@ _Noreturn void cli_usage_error(const cli_cmd *cmd, const char *fmt, ...)
  * usage error ("which WHAT? HINT", "unknown WHAT 'x' HINT"). */
 int cli_run_sub(cli_args *a, const cli_cmd *const *subs, size_t n, const char *what,
                 const char *hint);
+/* The action of `cmd` named `name` (cmd->subs), or NULL. */
+const cli_cmd *cli_find_sub(const cli_cmd *cmd, const char *name);
 /* Print "dtrain: error: <dt_last_error() or strerror>" and return an exit
- * code for the status (1 in general, 2 for DT_ERR_INVALID). */
+ * code for the status (1 in general, 2 for DT_ERR_INVALID). The library's
+ * "at file:line" breadcrumbs are left out unless DT_LOG is debug or trace. */
 int cli_fail(dt_status st);
+/* Threads when --threads is 0: OMP_NUM_THREADS when it holds a count
+ * (torchrun sets it per rank), else every CPU. */
+int cli_default_threads(void);
+/* dt_last_error() without its breadcrumbs (unless DT_LOG is debug or
+ * trace): what a user is shown. Points to a static buffer. */
+const char *cli_error_text(void);
 
 /* Subcommands, each defined in src/cli/cmd_<name>.c. */
 extern const cli_cmd cli_cmd_version;
@@ -106,8 +127,18 @@ extern const cli_cmd cli_cmd_bench;
 extern const cli_cmd cli_cmd_ckpt;
 extern const cli_cmd cli_cmd_sample;
 extern const cli_cmd cli_cmd_plan;
-extern const cli_cmd cli_bench_gemm, cli_bench_train; /* cmd_bench_engine.c */
+extern const cli_cmd cli_bench_gemm, cli_bench_train, cli_bench_peak; /* cmd_bench_engine.c */
 extern const cli_cmd cli_cmd_data;
+/* --json output: print `obj` (from json_pack) as one compact line on stdout
+ * and release it; a NULL obj (a failed json_pack) is a bug. Reals keep 9
+ * significant digits. cli_json_num: a real, or null when not finite. */
+void cli_json_line(json_t *obj);
+json_t *cli_json_num(double v);
+/* --tokenizer: "char", "byte", "gpt2" (GPT-2's BPE from dt_bpe_dir()) or a
+ * folder with encoder.json and vocab.bpe; *bpe is loaded for the last two
+ * (the caller destroys it), NULL otherwise. */
+typedef struct dt_bpe dt_bpe;
+dt_status cli_tokenizer(const char *spec, int *kind, dt_bpe **bpe);
 /* Sorts n timings ascending (median at n / 2): the benchmarks' one helper
  * for medians, minima and maxima (cmd_bench.c). */
 void cli_sort_doubles(double *v, size_t n);
@@ -119,7 +150,9 @@ extern const cli_cmd cli_bench_gemm_tn;     /* bench_gemm_tn.c */
 extern const cli_cmd cli_bench_amp_convert; /* bench_amp_convert.c */
 extern const cli_cmd cli_bench_act16;       /* bench_act16.c */
 extern const cli_cmd cli_bench_attention;   /* bench_attention.c */
+extern const cli_cmd cli_bench_tokenizer;   /* bench_tokenizer.c */
 extern const cli_cmd cli_cmd_launch;
+extern const cli_cmd cli_cmd_export;
 extern const cli_cmd cli_cmd_train;
 extern const cli_cmd cli_bench_comm, cli_bench_memcpy; /* cmd_bench_comm.c */
 

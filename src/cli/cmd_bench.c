@@ -12,7 +12,7 @@
 
 /* `dtrain bench rng`: Philox throughput, the cost of our random numbers. */
 static const cli_opt rng_opts[] = {
-    {"count", 'n', CLI_SIZE, "N", "64M", NULL, "32-bit numbers to draw", NULL, 1, 1e12},
+    {"count", 0, CLI_SIZE, "N", "64M", NULL, "32-bit numbers to draw", NULL, 1, 1e12},
     {"seed", 0, CLI_INT, "S", "1", NULL, "seed", NULL, 0, 9.2e18},
     {0},
 };
@@ -55,6 +55,7 @@ static const cli_cmd *const benches[] = {
     &bench_rng,
     &cli_bench_comm,
     &cli_bench_gemm,
+    &cli_bench_peak,
     &cli_bench_train,
     &cli_bench_optim,
     &cli_bench_compress,
@@ -64,6 +65,7 @@ static const cli_cmd *const benches[] = {
     &cli_bench_act16,
     &cli_bench_attention,
     &cli_bench_memcpy,
+    &cli_bench_tokenizer,
 };
 /* clang-format on */
 #define NBENCHES (sizeof benches / sizeof benches[0])
@@ -75,7 +77,8 @@ static const char bench_description[] =
     "  rng          Philox4x32-10 throughput\n"
     "  comm         collective bandwidth/latency (nccl-tests columns)\n"
     "  memcpy       memory bandwidth, the ceiling for shared-memory collectives\n"
-    "  gemm         OpenBLAS sgemm GFLOP/s (the peak MFU is measured against)\n"
+    "  gemm         OpenBLAS sgemm GFLOP/s\n"
+    "  peak         measure and cache the peak FLOP/s MFU is relative to\n"
     "  train        GPT training step: ms/step, tokens/s, GFLOP/s, MFU\n"
     "  optim        optimizer kernels (AdamW, SGD, clipping)\n"
     "  compress     gradient codecs: GB/s, bytes, error\n"
@@ -84,6 +87,7 @@ static const char bench_description[] =
     "  amp-convert  16-bit conversions per ISA level\n"
     "  act16        16-bit activation kernels vs fp32, per GPT step\n"
     "  attention    causal attention fwd/bwd: AVX-512 register tiles vs tile sgemm\n"
+    "  tokenizer    GPT-2 BPE encoding MB/s on a file (bench/tokenizer.sh: vs js-tiktoken)\n"
     "Run 'dtrain bench WHAT --help' for a benchmark's options.";
 
 static int run_bench(cli_args *a) {
@@ -98,4 +102,6 @@ const cli_cmd cli_cmd_bench = {
     .opts = bench_opts,
     .run = run_bench,
     .stop_at_positional = true,
+    .subs = benches,
+    .nsubs = NBENCHES,
 };

@@ -4,7 +4,7 @@
  * ceiling the shared-memory numbers should be read against.
  *
  * Run it under any launcher that sets DT_RANK/DT_WORLD_SIZE (or mpirun),
- * or give --np N and it starts N local ranks itself (fork/exec, a random
+ * or give --nproc N and it starts N local ranks itself (fork/exec, a random
  * job token and a free port). Every row is checked: before timing, each
  * rank contributes small integers whose reduction is exact, and #wrong
  * counts elements that differ from the expected value on any rank.
@@ -47,8 +47,9 @@ static const cli_opt comm_opts[] = {
     {"redop", 0, CLI_ENUM, "OP", "sum", NULL, "reduction", redop_choices, 0, 0},
     {"algo", 0, CLI_ENUM, "A", "auto", "DT_ALGO", "algorithm", algo_choices, 0, 0},
     {"transport", 0, CLI_ENUM, "T", "auto", "DT_TRANSPORT", "transport", transport_choices, 0, 0},
-    {"np", 'n', CLI_INT, "N", "0", NULL,
-     "start N local ranks (0: use DT_RANK/DT_WORLD_SIZE or mpirun's variables)", NULL, 0, 256},
+    {"nproc", 'n', CLI_INT, "N", "0", NULL,
+     "start N local ranks (0: join the job of dtrain launch, mpirun, srun or torchrun)", NULL, 0,
+     256},
     {"iters", 0, CLI_INT, "N", "0", NULL, "timed iterations per size (0: by size)", NULL, 0, 1e6},
     {"warmup", 0, CLI_INT, "N", "3", NULL, "untimed iterations per size", NULL, 0, 1e6},
     {"check", 0, CLI_BOOL, "BOOL", "true", NULL, "verify every row", NULL, 0, 0},
@@ -59,6 +60,9 @@ static const cli_opt comm_opts[] = {
      0},
     {0},
 };
+
+/* The option's name before it was --nproc, like train's and launch's. */
+static const cli_alias comm_aliases[] = {{"np", "nproc"}, {0}};
 
 /* --------------------------------------------------------------------- */
 /* Self-launch: start N ranks of this very command.                      */
@@ -73,8 +77,7 @@ static int self_launch(int np, const cli_args *a) {
     if (n <= 0)
         return 1;
     exe[n] = 0;
-    /* argv of the children: dtrain bench <argv without --np> */
-    /* the children re-run this command with the same settings, minus --np */
+    /* the children re-run this command with the same settings, minus --nproc */
     char **cargv = calloc(CLI_MAX_OPTS + 4, sizeof *cargv);
     char *texts[CLI_MAX_OPTS];
     int k = 0, nt = 0;
@@ -84,7 +87,7 @@ static int self_launch(int np, const cli_args *a) {
     for (int i = 0; a->cmd->opts[i].name; i++) {
         const cli_opt *o = &a->cmd->opts[i];
         const cli_value *v = &a->values[i];
-        if (!v->set || strcmp(o->name, "np") == 0)
+        if (!v->set || strcmp(o->name, "nproc") == 0)
             continue;
         if (o->kind == CLI_FLAG) {
             if (v->b) {
@@ -290,7 +293,7 @@ static void check_memory(const cli_args *a, int local_ranks, size_t hi) {
 }
 
 static int run_comm(cli_args *a) {
-    int np = (int)cli_int(a, "np");
+    int np = (int)cli_int(a, "nproc");
     bool launching = np > 0 && !getenv("DT_RANK") && !getenv("OMPI_COMM_WORLD_RANK");
     dt_coll coll = op_colls[cli_enum(a, "op")];
     dt_redop redop = (dt_redop)cli_enum(a, "redop");
@@ -390,11 +393,12 @@ static int run_comm(cli_args *a) {
             rc = 1;
         if (me == 0) {
             if (json)
-                printf("{\"op\":\"%s\",\"dtype\":\"%s\",\"ranks\":%d,\"transport\":\"%s\","
-                       "\"size\":%zu,\"count\":%zu,\"time_us\":%.3f,\"algbw\":%.4f,"
-                       "\"busbw\":%.4f,\"algo\":\"%s\",\"wrong\":%ld}\n",
-                       dt_coll_name(coll), dt_dtype_name(dt), n, dt_group_transport(g), bytes, cnt,
-                       t * 1e6, algbw, busbw, algo, wrong);
+                cli_json_line(json_pack(
+                    "{s:s, s:s, s:i, s:s, s:I, s:I, s:o, s:o, s:o, s:s, s:I}", "op",
+                    dt_coll_name(coll), "dtype", dt_dtype_name(dt), "ranks", n, "transport",
+                    dt_group_transport(g), "size", (json_int_t)bytes, "count", (json_int_t)cnt,
+                    "time_us", cli_json_num(t * 1e6), "algbw", cli_json_num(algbw), "busbw",
+                    cli_json_num(busbw), "algo", algo, "wrong", (json_int_t)wrong));
             else
                 printf("  %12zu %12zu %10.2f %12.3f %12.3f %8s %7ld\n", bytes, cnt, t * 1e6, algbw,
                        busbw, algo, wrong);
@@ -416,14 +420,15 @@ const cli_cmd cli_bench_comm = {
     .name = "comm",
     .parent = "bench",
     .summary = "collective bandwidth/latency (nccl-tests columns)",
-    .usage = "dtrain bench comm [--np N] [--op OP] [--sizes MIN:MAX] [--dtype T] [--algo A]",
+    .usage = "dtrain bench comm [--nproc N] [--op OP] [--sizes MIN:MAX] [--dtype T] [--algo A]",
     .description = "Times one collective over doubling sizes and prints size, count, time,\n"
                    "algbw, busbw, the algorithm that ran and #wrong (elements that differ\n"
-                   "from the exact expected result on any rank). Start it with --np N, under\n"
-                   "`dtrain launch`, or under mpirun/srun with DT_MASTER_ADDR/PORT and\n"
-                   "DT_JOB_TOKEN exported.",
+                   "from the exact expected result on any rank). Start it with --nproc N, or\n"
+                   "under `dtrain launch`, mpirun, srun or torchrun: each rank finds the job\n"
+                   "from the launcher's own variables, nothing needs exporting.",
     .opts = comm_opts,
     .run = run_comm,
+    .aliases = comm_aliases,
 };
 
 /* --------------------------------------------------------------------- */
@@ -432,7 +437,8 @@ const cli_cmd cli_bench_comm = {
 
 static const cli_opt memcpy_opts[] = {
     {"size", 0, CLI_SIZE, "SIZE", "256M", NULL, "bytes per buffer", NULL, 1 << 20, 1e12},
-    {"threads", 't', CLI_INT, "N", "0", NULL, "concurrent copies (0: one per CPU)", NULL, 0, 256},
+    {"threads", 't', CLI_INT, "N", "0", NULL,
+     "concurrent copies (0: OMP_NUM_THREADS, else one per CPU)", NULL, 0, 256},
     {"iters", 0, CLI_INT, "N", "10", NULL, "copies per thread", NULL, 1, 1e6},
     {0},
 };
@@ -465,7 +471,7 @@ static void *mc_main(void *p) {
 static int run_memcpy(cli_args *a) {
     int nt = (int)cli_int(a, "threads");
     if (nt == 0)
-        nt = dt_cpu_count();
+        nt = cli_default_threads();
     size_t size = cli_size(a, "size");
     int iters = (int)cli_int(a, "iters");
     printf("# memcpy bandwidth: %d thread(s), %zu MiB buffers; copy GB/s counts bytes copied,\n"

@@ -25,13 +25,12 @@ static const char *const all_codecs[] = {"none", "fp16",      "bf16",       "int
 #define NALL (sizeof all_codecs / sizeof all_codecs[0])
 
 static const cli_opt compress_opts[] = {
-    {"codec", 'c', CLI_STRING, "SPEC", "all", NULL,
+    {"codec", 0, CLI_STRING, "SPEC", "all", NULL,
      "codec spec (none|fp16|bf16|int8|qsgd:B|sign|topk:K|randk:K|powersgd:R) or all", NULL, 0, 0},
-    {"count", 'n', CLI_SIZE, "N", "4M", NULL, "values per tensor", NULL, 1, 1ull << 31},
+    {"count", 0, CLI_SIZE, "N", "4M", NULL, "values per tensor", NULL, 1, 1ull << 31},
     {"rows", 0, CLI_SIZE, "R", "0", NULL, "powersgd matrix rows (0: closest to square)", NULL, 0,
      1ull << 31},
-    {"iters", 'i', CLI_INT, "K", "5", NULL, "timed runs per codec (median reported)", NULL, 1,
-     1000},
+    {"iters", 0, CLI_INT, "K", "5", NULL, "timed runs per codec (median reported)", NULL, 1, 1000},
     {"seed", 0, CLI_INT, "S", "1", NULL, "seed of the data and the codecs", NULL, 0, 9.2e18},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print one JSON object per codec", NULL, 0, 0},
     {"cpu-time", 0, CLI_FLAG, NULL, NULL, NULL,
@@ -189,13 +188,14 @@ static int run_compress(cli_args *a) {
         double in = (double)n * 4;
         double ratio = in / (double)res.bytes, bpv = 8.0 * (double)res.bytes / (double)n;
         if (json)
-            printf("{\"bench\":\"compress\",\"codec\":\"%s\",\"count\":%zu,\"bytes\":%zu,"
-                   "\"ratio\":%.3f,\"bits_per_value\":%.4f,\"encode_gbps\":%.3f,"
-                   "\"decode_gbps\":%.3f,\"encode_ef_gbps\":%.3f,\"ef_default\":%s,"
-                   "\"rel_error\":%.6g,\"clock\":\"%s\"}\n",
-                   name, n, res.bytes, ratio, bpv, in / res.enc_s * 1e-9, in / res.dec_s * 1e-9,
-                   in / res.enc_ef_s * 1e-9, res.ef_default ? "true" : "false", res.rel_err,
-                   use_cpu_clock ? "cpu" : "wall");
+            cli_json_line(json_pack(
+                "{s:s, s:s, s:I, s:I, s:o, s:o, s:o, s:o, s:o, s:b, s:o, s:s}", "bench", "compress",
+                "codec", name, "count", (json_int_t)n, "bytes", (json_int_t)res.bytes, "ratio",
+                cli_json_num(ratio), "bits_per_value", cli_json_num(bpv), "encode_gbps",
+                cli_json_num(in / res.enc_s * 1e-9), "decode_gbps",
+                cli_json_num(in / res.dec_s * 1e-9), "encode_ef_gbps",
+                cli_json_num(in / res.enc_ef_s * 1e-9), "ef_default", (int)res.ef_default,
+                "rel_error", cli_json_num(res.rel_err), "clock", use_cpu_clock ? "cpu" : "wall"));
         else
             printf("%-12s %12zu %8.2f %9.3f %10.2f %10.2f %12.2f %4s %10.3g\n", name, res.bytes,
                    ratio, bpv, in / res.enc_s * 1e-9, in / res.dec_s * 1e-9,

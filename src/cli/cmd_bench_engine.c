@@ -15,7 +15,9 @@
 #include "cli.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/train.h"
 
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +30,7 @@ static double median(double *v, int n) {
 static int apply_threads(cli_args *a) {
     int t = (int)cli_int(a, "threads");
     if (t <= 0)
-        t = dt_cpu_count();
+        t = cli_default_threads();
     dt_tensor_set_threads(t);
     return t;
 }
@@ -62,8 +64,9 @@ static double sgemm_gflops(int n, int reps, double *best_ms) {
 /* ------------------------------------------------------------------------ */
 
 static const cli_opt gemm_opts[] = {
-    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0 = all CPUs", NULL, 0, 1024},
-    {"size", 'n', CLI_INT, "N", "0", NULL, "one size N (N x N x N); 0 = sweep 256..2048", NULL, 0,
+    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0: OMP_NUM_THREADS, else all CPUs",
+     NULL, 0, 1024},
+    {"size", 0, CLI_INT, "N", "0", NULL, "one size N (N x N x N); 0 = sweep 256..2048", NULL, 0,
      16384},
     {"reps", 0, CLI_INT, "R", "5", NULL, "timed repetitions per size (best is shown)", NULL, 1,
      1000},
@@ -92,10 +95,53 @@ static int run_gemm(cli_args *a) {
     return 0;
 }
 
+static const cli_opt peak_opts[] = {
+    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0: OMP_NUM_THREADS, else all CPUs",
+     NULL, 0, 1024},
+    {"precision", 0, CLI_STRING, "LIST", "fp32,bf16", "DT_PRECISION",
+     "compute types to measure (fp32, bf16, fp16)", NULL, 0, 0},
+    {0},
+};
+
+/* `dtrain bench peak`: measure the peak MFU divides by (2048^3, best of
+ * 10) and replace the cached values. */
+static int run_peak(cli_args *a) {
+    int threads = apply_threads(a);
+    char path[4096] = "(no cache: neither XDG_CACHE_HOME nor HOME is set)";
+    (void)dt_peak_cache_path(path, sizeof path);
+    printf("# peak FLOP/s per rank for MFU, %d thread(s), cached in %s\n", threads, path);
+    printf("%-10s %12s  %s\n", "precision", "GFLOP/s", "source");
+    char list[128];
+    snprintf(list, sizeof list, "%s", cli_str(a, "precision"));
+    for (char *save = NULL, *p = strtok_r(list, ",", &save); p; p = strtok_r(NULL, ",", &save)) {
+        dt_precision pr;
+        if (dt_precision_parse("--precision", p, &pr) != DT_OK)
+            cli_usage_error(a->cmd, "%s", dt_last_error());
+        double f;
+        char from[4400];
+        if (dt_peak_flops(pr, true, &f, from, sizeof from) != DT_OK)
+            return cli_fail(DT_ERR_INVALID);
+        printf("%-10s %12.1f  %s\n", dt_precision_name(pr), f * 1e-9, from);
+    }
+    return 0;
+}
+
+const cli_cmd cli_bench_peak = {
+    .name = "peak",
+    .parent = "bench",
+    .summary = "measure and cache the peak FLOP/s that MFU is relative to",
+    .usage = "dtrain bench peak [--threads N] [--precision fp32,bf16,fp16]",
+    .description = "Measures a 2048^3 GEMM in each compute type (best of 10) with this rank's\n"
+                   "threads and stores it in the cache `dtrain train` and `dtrain bench train`\n"
+                   "read (MFU = model FLOPs per second / this peak; docs/train.md).",
+    .opts = peak_opts,
+    .run = run_peak,
+};
+
 const cli_cmd cli_bench_gemm = {
     .name = "gemm",
     .parent = "bench",
-    .summary = "OpenBLAS sgemm GFLOP/s (the peak MFU is measured against)",
+    .summary = "OpenBLAS sgemm GFLOP/s over sizes",
     .usage = "dtrain bench gemm [--threads N] [--size N] [--reps R]",
     .opts = gemm_opts,
     .run = run_gemm,
@@ -111,14 +157,15 @@ static const cli_opt train_opts[] = {
      0, 1 << 20},
     {"vocab", 0, CLI_INT, "V", "0", NULL, "override the preset's vocabulary size; 0 = keep", NULL,
      0, 1 << 24},
-    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0 = all CPUs", NULL, 0, 1024},
+    {"threads", 't', CLI_INT, "N", "0", "DT_THREADS", "threads; 0: OMP_NUM_THREADS, else all CPUs",
+     NULL, 0, 1024},
     {"precision", 0, CLI_STRING, "LIST", "fp32", "DT_PRECISION",
      "compute types to run side by side: fp32, bf16, fp16, comma-separated", NULL, 0, 0},
     {"recompute", 0, CLI_STRING, "LIST", "none", "DT_RECOMPUTE",
      "activation recomputation modes (none, blocks, every:K), comma-separated", NULL, 0, 0},
     {"rounds", 0, CLI_INT, "R", "1", NULL,
      "rounds over all modes (alternating); medians over all rounds", NULL, 1, 1000},
-    {"steps", 'n', CLI_INT, "N", "10", NULL, "timed steps", NULL, 1, 1e6},
+    {"steps", 0, CLI_INT, "N", "10", NULL, "timed steps", NULL, 1, 1e6},
     {"warmup", 0, CLI_INT, "N", "2", NULL, "untimed steps first", NULL, 0, 1e6},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print one JSON object instead of the table", NULL, 0,
      0},
@@ -271,7 +318,9 @@ static int run_train(cli_args *a) {
     if (st != DT_OK)
         return cli_fail(st);
 
-    double peak = sgemm_gflops(1536, 3, NULL);
+    /* MFU against the same per-machine peak as `dtrain train` (per compute
+     * type: bf16 modes against the bf16 GEMM's). */
+    double peaks[DT_PRECISION_COUNT] = {0};
     size_t n = dt_gpt_config_num_params(&cfg), samples = (size_t)rounds * steps;
     int32_t *in = malloc((size_t)B * T * sizeof(int32_t));
     int32_t *tg = malloc((size_t)B * T * sizeof(int32_t));
@@ -330,21 +379,32 @@ static int run_train(cli_args *a) {
         double opt = median(bm->t_opt, ns) * 1e3;
         double tok_s = (double)B * T / (ms * 1e-3);
         double gflops = 3.0 * dt_gpt_flops_per_token(&cfg, T) * B * T / (ms * 1e-3) * 1e-9;
-        double mfu = peak > 0 ? gflops / peak : 0.0;
+        dt_precision pr = bm->opt.precision;
+        if (!(peaks[pr] > 0) && dt_peak_flops(pr, false, &peaks[pr], NULL, 0) != DT_OK)
+            peaks[pr] = NAN;
+        double peak = peaks[pr] * 1e-9;
+        double mfu = peak > 0 ? gflops / peak : NAN;
         char rc[32], act[32];
         dt_recompute_format(bm->opt.recompute_every, rc, sizeof rc);
         if (k == 0)
             tok_first = tok_s;
         if (json) {
-            printf("{\"model\":\"%s\",\"precision\":\"%s\",\"recompute\":\"%s\",\"batch\":%d,"
-                   "\"seq\":%d,\"threads\":%d,\"params\":%zu,\"steps\":%d,\"rounds\":%d,"
-                   "\"ms_per_step\":%.3f,\"fwd_ms\":%.3f,\"bwd_ms\":%.3f,\"opt_ms\":%.3f,"
-                   "\"tokens_per_s\":%.1f,\"gflops\":%.2f,\"peak_gflops\":%.2f,\"mfu\":%.4f,"
-                   "\"activation_bytes\":%zu,\"saved_bytes\":%zu,\"recompute_bytes\":%zu,"
-                   "\"weights16_bytes\":%zu,\"loss_first\":%.5f,\"loss_last\":%.5f}\n",
-                   cli_str(a, "model"), dt_precision_name(bm->opt.precision), rc, B, T, threads, n,
-                   steps, rounds, ms, fwd, bwd, opt, tok_s, gflops, peak, mfu, bm->mr.activations,
-                   bm->mr.saved, bm->mr.recompute, bm->mr.weights16, bm->first_loss, bm->loss);
+            json_t *o = json_pack(
+                "{s:s, s:s, s:s, s:i, s:i, s:i, s:I, s:i, s:i, s:o, s:o, s:o, s:o, s:o, s:o}",
+                "model", cli_str(a, "model"), "precision", dt_precision_name(bm->opt.precision),
+                "recompute", rc, "batch", B, "seq", T, "threads", threads, "params", (json_int_t)n,
+                "steps", steps, "rounds", rounds, "ms_per_step", cli_json_num(ms), "fwd_ms",
+                cli_json_num(fwd), "bwd_ms", cli_json_num(bwd), "opt_ms", cli_json_num(opt),
+                "tokens_per_s", cli_json_num(tok_s), "gflops", cli_json_num(gflops));
+            json_t *o2 = json_pack(
+                "{s:o, s:o, s:I, s:I, s:I, s:I, s:o, s:o}", "peak_gflops", cli_json_num(peak),
+                "mfu", cli_json_num(mfu), "activation_bytes", (json_int_t)bm->mr.activations,
+                "saved_bytes", (json_int_t)bm->mr.saved, "recompute_bytes",
+                (json_int_t)bm->mr.recompute, "weights16_bytes", (json_int_t)bm->mr.weights16,
+                "loss_first", cli_json_num(bm->first_loss), "loss_last", cli_json_num(bm->loss));
+            DT_ASSERT(o && o2 && json_object_update(o, o2) == 0);
+            json_decref(o2);
+            cli_json_line(o);
         } else {
             printf("%-18s %4d %5d %7d %5s %9s %10.2f %9.2f %9.2f %9.2f %11.1f %9.1f %6.1f%% %10s "
                    "%7.2fx\n",
@@ -355,10 +415,11 @@ static int run_train(cli_args *a) {
     }
     if (!json)
         printf("# median of %d rounds x %d steps after %d warm-up each (modes alternate per "
-               "round); MFU against the fp32 sgemm peak %.1f GFLOP/s; act peak = the activation "
-               "arena (forward/backward never allocate); loss %.4f -> %.4f in the first mode "
-               "(same batch every step)\n",
-               rounds, steps, warmup, peak, modes[0].first_loss, modes[0].loss);
+               "round); MFU against this machine's cached peak of each compute type (fp32 %.1f "
+               "GFLOP/s; dtrain bench peak); act peak = the activation arena (forward/backward "
+               "never allocate); loss %.4f -> %.4f in the first mode (same batch every step)\n",
+               rounds, steps, warmup, peaks[DT_PRECISION_FP32] * 1e-9, modes[0].first_loss,
+               modes[0].loss);
 done:
     free(buf);
     free(in), free(tg);

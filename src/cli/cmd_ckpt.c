@@ -1,5 +1,5 @@
 /*
- * cmd_ckpt.c — `dtrain ckpt info FILE|DIR`: what a checkpoint holds.
+ * cmd_ckpt.c — `dtrain ckpt info PATH`: what a checkpoint (or a model file) holds.
  *
  * Prints the format version, size, checksum status, the section table and
  * the small sections' values (step, schedule, RNG and loader positions) and
@@ -7,6 +7,7 @@
  * allows, with the checksum reported BAD and exit status 1.
  */
 #include "cli.h"
+#include "dtrain/data.h"
 #include "dtrain/parallel.h"
 #include "dtrain/train.h"
 
@@ -120,13 +121,50 @@ static int print_shards(const char *manifest, bool verify) {
     return 0;
 }
 
+/* A model file that is not a checkpoint (weights, safetensors, llm.c):
+ * what dt_model_open reads from it. */
+static int print_model(const char *path) {
+    dt_model_file mf;
+    dt_status st = dt_model_open(&mf, path, 0, 0);
+    if (st != DT_OK)
+        return cli_fail(st);
+    const dt_gpt_config *c = dt_gpt_get_config(mf.model);
+    char sz[32];
+    size_t n = dt_gpt_num_params(mf.model);
+    printf("file:      %s\n", mf.path);
+    printf("format:    %s\n", dt_model_format_names[mf.format]);
+    printf("model:     %d layers, dim %d, %d heads, seq %d, vocab %d: %zu parameters (%s)\n",
+           c->layers, c->dim, c->heads, c->max_seq, c->vocab, n,
+           dt_format_bytes((double)n * 4, sz, sizeof sz));
+    if (mf.tok_kind >= 0 && mf.tok_kind < DT_TOKENIZER_COUNT)
+        printf("tokenizer: %s, %d entries\n", dt_tokenizer_names[mf.tok_kind], mf.vocab_len);
+    else
+        printf("tokenizer: none recorded%s\n",
+               c->vocab == 50257 ? " (GPT-2's vocabulary size: --tokenizer gpt2)" : "");
+    dt_model_close(&mf);
+    return 0;
+}
+
 static int run_info(cli_args *a) {
     if (a->argc != 1)
-        cli_usage_error(a->cmd, "expected one checkpoint file or directory");
+        cli_usage_error(a->cmd, "expected one checkpoint, model file or folder");
     const char *path = a->argv[0];
     struct stat sb;
     dt_ckpt *ck = NULL;
     dt_status st;
+    char sub[4200];
+    snprintf(sub, sizeof sub, "%s/ckpt", path);
+    if (stat(sub, &sb) == 0 && S_ISDIR(sb.st_mode))
+        path = sub; /* a run folder: its checkpoints */
+    if (stat(path, &sb) == 0 && S_ISREG(sb.st_mode)) {
+        char magic[8] = "";
+        FILE *f = fopen(path, "rb");
+        size_t got = f ? fread(magic, 1, 8, f) : 0;
+        if (f)
+            fclose(f);
+        if (got == 8 && memcmp(magic, "DTRNCKPT", 8) != 0)
+            return print_model(path);
+    }
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         /* A directory: the checkpoint resume would pick. */
         st = dt_ckpt_open_latest(&ck, path);
@@ -206,26 +244,31 @@ static const cli_cmd ckpt_info = {
     .name = "info",
     .parent = "ckpt",
     .summary = "show what a checkpoint holds and whether it is intact",
-    .usage = "dtrain ckpt info [--no-verify] FILE|DIR",
-    .description = "FILE is a .dtck checkpoint; for a DIR, the checkpoint --resume would pick.\n"
-                   "Exit status 1 when the checksum does not match.",
+    .usage = "dtrain ckpt info [--no-verify] PATH",
+    .description = "PATH is a checkpoint (.dtck), a checkpoint folder or a run folder (the\n"
+                   "checkpoint --resume would pick), or a model file (.dtgw weights,\n"
+                   "safetensors, llm.c .bin: its shape and tokenizer). Exit status 1 when a\n"
+                   "checksum does not match.",
     .opts = info_opts,
     .run = run_info,
 };
 
 static const cli_opt ckpt_opts[] = {{0}};
 
+static const cli_cmd *const ckpt_subs[] = {&ckpt_info};
+
 static int run_ckpt(cli_args *a) {
-    static const cli_cmd *const subs[] = {&ckpt_info};
-    return cli_run_sub(a, subs, 1, "action", "(expected: info)");
+    return cli_run_sub(a, ckpt_subs, 1, "action", "(expected: info)");
 }
 
 const cli_cmd cli_cmd_ckpt = {
     .name = "ckpt",
-    .summary = "inspect checkpoints: dtrain ckpt info FILE|DIR",
-    .usage = "dtrain ckpt info FILE|DIR",
+    .summary = "inspect checkpoints and model files: dtrain ckpt info PATH",
+    .usage = "dtrain ckpt info PATH",
     .description = "actions:\n  info       sections, sizes, step, config and checksum status",
     .opts = ckpt_opts,
     .run = run_ckpt,
     .stop_at_positional = true,
+    .subs = ckpt_subs,
+    .nsubs = 1,
 };

@@ -20,7 +20,7 @@ static const cli_opt launch_opts[] = {
     {"master", 0, CLI_STRING, "ADDR:PORT", NULL, "DT_MASTER",
      "node 0's address and port (default 127.0.0.1 and a free port; required with --nnodes > 1)",
      NULL, 0, 0},
-    {"tag-output", 't', CLI_FLAG, NULL, NULL, "DT_TAG_OUTPUT", "prefix output lines with [rank]",
+    {"tag-output", 0, CLI_FLAG, NULL, NULL, "DT_TAG_OUTPUT", "prefix output lines with [rank]",
      NULL, 0, 0},
     {"max-restarts", 0, CLI_INT, "K", "0", "DT_MAX_RESTARTS",
      "restart the whole job after a failure, up to K times", NULL, 0, 1000000},

@@ -23,11 +23,11 @@ static const cli_opt pipeline_opts[] = {
     {"stages", 'P', CLI_INT, "P", "2", "DT_PP", "pipeline stages (ranks)", NULL, 1, 4096},
     {"micro-batches", 'M', CLI_INT, "M", "8", "DT_MICRO_BATCHES", "micro-batches per optimizer step", NULL, 1, 1 << 20},
     {"schedule", 0, CLI_STRING, "KIND", "1f1b", "DT_PP_SCHEDULE", "gpipe, 1f1b, interleaved:V or zb", NULL, 0, 0},
-    {"model", 0, CLI_STRING, "PRESET", "gpt2-124m", "DT_MODEL", "model preset for the memory figures", NULL, 0, 0},
+    {"model", 'm', CLI_STRING, "PRESET", "gpt2-124m", "DT_MODEL", "model preset for the memory figures", NULL, 0, 0},
     {"layers", 0, CLI_INT, "L", "0", "DT_LAYERS", "transformer blocks (0: the preset's)", NULL, 0, 1024},
     {"dim", 0, CLI_INT, "C", "0", "DT_DIM", "channels (0: the preset's)", NULL, 0, 65536},
     {"heads", 0, CLI_INT, "NH", "0", "DT_HEADS", "attention heads (0: the preset's)", NULL, 0, 4096},
-    {"seq", 0, CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
+    {"seq", 's', CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
     {"vocab", 0, CLI_INT, "V", "0", "DT_VOCAB", "vocabulary (0: the preset's)", NULL, 0, 1 << 24},
     {"batch", 'b', CLI_INT, "B", "4", "DT_BATCH", "sequences per micro-batch", NULL, 1, 1 << 20},
     {"precision", 0, CLI_ENUM, "TYPE", "fp32", "DT_PRECISION", "compute type", precisions, 0, 0},
@@ -174,25 +174,27 @@ static const cli_cmd plan_pipeline = {
 
 /* clang-format off */
 static const cli_opt memory_opts[] = {
-    {"model", 0, CLI_STRING, "PRESET", "gpt2-124m", "DT_MODEL", "model preset", NULL, 0, 0},
+    {"model", 'm', CLI_STRING, "PRESET", "gpt2-124m", "DT_MODEL", "model preset", NULL, 0, 0},
     {"layers", 0, CLI_INT, "L", "0", "DT_LAYERS", "transformer blocks (0: the preset's)", NULL, 0, 1024},
     {"dim", 0, CLI_INT, "C", "0", "DT_DIM", "channels (0: the preset's)", NULL, 0, 65536},
     {"heads", 0, CLI_INT, "NH", "0", "DT_HEADS", "attention heads (0: the preset's)", NULL, 0, 4096},
-    {"seq", 0, CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
+    {"seq", 's', CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
     {"vocab", 0, CLI_INT, "V", "0", "DT_VOCAB", "vocabulary (0: the preset's)", NULL, 0, 1 << 24},
     {"nproc", 'n', CLI_INT, "N", "1", "DT_NPROC", "ranks of the job", NULL, 1, 1 << 20},
     {"dp", 0, CLI_INT, "N", "0", "DT_DP", "data-parallel degree (0: the ranks left over)", NULL, 0, 1 << 20},
     {"tp", 0, CLI_INT, "N", "1", "DT_TP", "tensor-parallel degree", NULL, 1, 4096},
     {"sp", 0, CLI_FLAG, NULL, NULL, "DT_SP", "sequence parallelism with --tp", NULL, 0, 0},
     {"pp", 0, CLI_INT, "N", "1", "DT_PP", "pipeline stages", NULL, 1, 4096},
+    {"cp", 0, CLI_INT, "N", "1", "DT_CP", "context-parallel degree", NULL, 1, 4096},
+    {"cp-mode", 0, CLI_STRING, "MODE", "auto", "DT_CP_MODE", "ulysses, ring or auto (as dtrain train)", NULL, 0, 0},
     {"pp-schedule", 0, CLI_STRING, "KIND", NULL, "DT_PP_SCHEDULE", "gpipe, 1f1b, interleaved:V or zb", NULL, 0, 0},
     {"micro-batches", 0, CLI_INT, "M", "1", "DT_MICRO_BATCHES", "micro-batches per step", NULL, 1, 1 << 20},
-    {"zero", 0, CLI_INT, "S", "0", "DT_ZERO", "ZeRO stage (0, 1, 2)", NULL, 0, 3},
+    {"zero", 0, CLI_INT, "S", "0", "DT_ZERO", "ZeRO stage (0, 1, 2, 3)", NULL, 0, 3},
     {"batch", 'b', CLI_INT, "B", "8", "DT_BATCH", "sequences per data-parallel rank per micro-batch", NULL, 1, 1 << 20},
     {"precision", 0, CLI_ENUM, "TYPE", "fp32", "DT_PRECISION", "compute type", precisions, 0, 0},
     {"recompute", 0, CLI_STRING, "MODE", "none", "DT_RECOMPUTE", "none, blocks, every:K", NULL, 0, 0},
     {"optimizer", 0, CLI_ENUM, "NAME", "adamw", "DT_OPTIMIZER", "optimizer", optimizers, 0, 0},
-    {"bucket-size", 0, CLI_SIZE, "SIZE", "25M", "DT_BUCKET_SIZE", "gradient bucket size", NULL, 4, 1e12},
+    {"bucket-size", 0, CLI_SIZE, "SIZE", "0", "DT_BUCKET_SIZE", "gradient bucket size (0: a quarter of the gradient bytes, 1M-25M, as train's)", NULL, 0, 1e12},
     {0},
 };
 /* clang-format on */
@@ -214,6 +216,8 @@ static int run_memory(cli_args *a) {
     c.tp = (int)cli_int(a, "tp");
     c.sp = cli_bool(a, "sp");
     c.pp = (int)cli_int(a, "pp");
+    c.cp = (int)cli_int(a, "cp");
+    c.cp_mode = cli_str(a, "cp-mode");
     c.pp_schedule = cli_str(a, "pp-schedule");
     c.accum = (int)cli_int(a, "micro-batches");
     c.zero = (int)cli_int(a, "zero");
@@ -252,7 +256,8 @@ static const cli_cmd plan_memory = {
     .name = "memory",
     .parent = "plan",
     .summary = "the memory each rank of a layout will hold",
-    .usage = "dtrain plan memory --model M [--nproc N --dp N --tp N --pp N] --zero S [OPTIONS]",
+    .usage =
+        "dtrain plan memory --model M [--nproc N --dp N --tp N --pp N --cp N] --zero S [OPTIONS]",
     .description =
         "Plans every rank of the job with the trainer's own code: parameters, gradients\n"
         "(ZeRO 2: the resident peak), optimizer state, 16-bit weights and activations.\n"
@@ -265,9 +270,10 @@ static const cli_cmd plan_memory = {
 
 static const cli_opt plan_opts[] = {{0}};
 
+static const cli_cmd *const plan_subs[] = {&plan_pipeline, &plan_memory};
+
 static int run_plan(cli_args *a) {
-    static const cli_cmd *const subs[] = {&plan_pipeline, &plan_memory};
-    return cli_run_sub(a, subs, 2, "plan", "(expected: pipeline or memory)");
+    return cli_run_sub(a, plan_subs, 2, "plan", "(expected: pipeline or memory)");
 }
 
 const cli_cmd cli_cmd_plan = {
@@ -280,4 +286,6 @@ const cli_cmd cli_cmd_plan = {
     .opts = plan_opts,
     .run = run_plan,
     .stop_at_positional = true,
+    .subs = plan_subs,
+    .nsubs = 2,
 };

@@ -22,7 +22,6 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const tokenizers[] = {"char", "byte", NULL};
 /* dt_optim_names, in dt_optim_kind order. */
 static const char *const optimizers[] = {
     "adamw",       "sgd",   "adafactor", "adamw8bit", "lamb", "lars", "onebit-adam",
@@ -38,17 +37,17 @@ static const char *const on_off_auto[] = {"auto", "on", "off", NULL};
 
 /* clang-format off */
 static const cli_opt train_opts[] = {
-    {"config", 0, CLI_STRING, "FILE", NULL, "DT_CONFIG", "read 'key = value' defaults (keys: these long option names)", NULL, 0, 0},
-    {"model", 0, CLI_STRING, "PRESET", "tiny", "DT_MODEL", "model preset: tiny, shakespeare-char, gpt2-124m, gpt2-350m", NULL, 0, 0},
+    {"config", 'c', CLI_STRING, "FILE", NULL, "DT_CONFIG", "read defaults from 'key = value' lines or JSON (a run's config.json); keys: these long option names", NULL, 0, 0},
+    {"model", 'm', CLI_STRING, "PRESET", "tiny", "DT_MODEL", "model preset: tiny, shakespeare-char, gpt2-124m, gpt2-350m", NULL, 0, 0},
     {"layers", 0, CLI_INT, "L", "0", "DT_LAYERS", "transformer blocks (0: the preset's)", NULL, 0, 1024},
     {"dim", 0, CLI_INT, "C", "0", "DT_DIM", "channels (0: the preset's)", NULL, 0, 65536},
     {"heads", 0, CLI_INT, "NH", "0", "DT_HEADS", "attention heads (0: the preset's)", NULL, 0, 4096},
-    {"seq", 0, CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
+    {"seq", 's', CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 20},
     {"vocab", 0, CLI_INT, "V", "0", "DT_VOCAB", "vocabulary size (0: the data's)", NULL, 0, 1 << 24},
     {"data", 0, CLI_STRING, "FILE", NULL, "DT_DATA", "training text (.txt, tokenized on the fly) or token file (.tok)", NULL, 0, 0},
     {"val-data", 0, CLI_STRING, "FILE", NULL, "DT_VAL_DATA", "validation file (default: split off --data)", NULL, 0, 0},
     {"val-split", 0, CLI_DOUBLE, "F", "0.05", "DT_VAL_SPLIT", "fraction of --data held out for validation (0: none)", NULL, 0, 0.99},
-    {"tokenizer", 0, CLI_ENUM, "KIND", "char", "DT_TOKENIZER", "tokenizer for .txt data", tokenizers, 0, 0},
+    {"tokenizer", 0, CLI_STRING, "KIND", "char", "DT_TOKENIZER", "tokenizer for .txt data: char, byte, gpt2 (GPT-2's BPE, V=50257) or a folder with encoder.json and vocab.bpe", NULL, 0, 0},
     {"nproc", 'n', CLI_INT, "N", "1", "DT_NPROC", "ranks to start on this machine", NULL, 1, 4096},
     {"batch", 'b', CLI_INT, "B", "8", "DT_BATCH", "sequences per rank per micro-batch (with --global-batch: G / ranks)", NULL, 1, 1 << 20},
     {"global-batch", 0, CLI_INT, "G", "0", "DT_GLOBAL_BATCH", "sequences per micro-batch over all ranks; must divide by the ranks", NULL, 0, 1 << 24},
@@ -99,11 +98,13 @@ static const cli_opt train_opts[] = {
     {"resume", 0, CLI_FLAG, NULL, NULL, "DT_RESUME", "continue from the newest good checkpoint in --ckpt-dir, if any", NULL, 0, 0},
     {"stop-after", 0, CLI_INT, "N", "0", "DT_STOP_AFTER", "stop with a checkpoint after N steps of this invocation (0: off)", NULL, 0, 1e15},
     {"seed", 0, CLI_INT, "X", "1337", "DT_SEED", "seed of initialisation, data order and sampling", NULL, 0, 9.2e18},
-    {"threads", 0, CLI_INT, "K", "0", "DT_THREADS", "threads per rank (0: CPUs / ranks on this machine)", NULL, 0, 1024},
-    {"run-dir", 0, CLI_STRING, "DIR", NULL, "DT_RUN_DIR", "write metrics.jsonl and config.json here", NULL, 0, 0},
-    {"bucket-size", 0, CLI_SIZE, "SIZE", "25M", "DT_BUCKET_SIZE", "gradient bucket size for the overlapped allreduce", NULL, 4, 1e12},
+    {"threads", 't', CLI_INT, "K", "0", "DT_THREADS", "threads per rank (0: OMP_NUM_THREADS, else CPUs / ranks on this machine)", NULL, 0, 1024},
+    {"run-dir", 0, CLI_STRING, "DIR", NULL, "DT_RUN_DIR", "write config.json, metrics.jsonl, model.dtgw and ckpt/ here (default: runs/MODEL-YYYYmmdd-HHMMSS)", NULL, 0, 0},
+    {"no-save", 0, CLI_FLAG, NULL, NULL, "DT_NO_SAVE", "write no run directory and no checkpoint unless --run-dir / --ckpt-dir ask for one", NULL, 0, 0},
+    {"init-from", 0, CLI_STRING, "PATH", NULL, "DT_INIT_FROM", "start from these weights: a .dtgw, a checkpoint, a run folder, a GPT-2 .safetensors or llm.c .bin (the shape comes from the file)", NULL, 0, 0},
+    {"bucket-size", 0, CLI_SIZE, "SIZE", "0", "DT_BUCKET_SIZE", "gradient bucket size for the overlapped allreduce (0: a quarter of the gradient bytes, 1M-25M)", NULL, 0, 1e12},
     {"check-every", 0, CLI_INT, "N", "0", "DT_CHECK_EVERY", "compare parameter hashes across ranks every N steps (0: off; 50 with DT_LOG=debug)", NULL, 0, 1e15},
-    {"peak-gflops", 0, CLI_DOUBLE, "X", "0", "DT_PEAK_GFLOPS", "per-rank peak for MFU (0: measure sgemm at start)", NULL, 0, 1e9},
+    {"peak-flops", 0, CLI_DOUBLE, "X", "0", "DT_PEAK_FLOPS", "per-rank peak FLOP/s for MFU (0: this machine's, measured once and cached; dtrain bench peak)", NULL, 0, 1e18},
     {"sample-tokens", 0, CLI_INT, "N", "256", "DT_SAMPLE_TOKENS", "tokens generated at the end (0: none)", NULL, 0, 1 << 20},
     {"log-every", 0, CLI_INT, "N", "0", "DT_LOG_EVERY", "plain progress line every N steps (0: about 20 per run)", NULL, 0, 1e15},
     {"progress", 0, CLI_ENUM, "MODE", "auto", "DT_PROGRESS", "live line on a terminal, plain lines otherwise", progress_modes, 0, 0},
@@ -117,7 +118,7 @@ static const cli_opt train_opts[] = {
     {"isa", 0, CLI_STRING, "LEVEL", NULL, "DT_ISA", "cap the kernels' instruction set: scalar, avx2, avx512, avx512bf16, amx (default: the CPU's best)", NULL, 0, 0},
     {"grad-dtype", 0, CLI_ENUM, "TYPE", "fp32", "DT_GRAD_DTYPE", "dtype of the gradient allreduce (sums accumulate in fp32)", grad_dtypes, 0, 0},
     {"compress", 0, CLI_STRING, "CODEC", "none", "DT_COMPRESS", "gradient codec: none, fp16, bf16, int8, qsgd:BITS, sign, topk:F, randk:F, powersgd:RANK", NULL, 0, 0},
-    {"compress-ef", 0, CLI_STRING, "MODE", "auto", "DT_COMPRESS_EF", "error feedback: auto (on for sign, topk, powersgd), on, off", NULL, 0, 0},
+    {"compress-ef", 0, CLI_STRING, "MODE", "auto", "DT_COMPRESS_EF", "error feedback: auto (on for sign, topk, randk, powersgd), on, off", NULL, 0, 0},
     {"compress-freeze-v", 0, CLI_FLAG, NULL, NULL, "DT_COMPRESS_FREEZE_V", "freeze AdamW's second moment when compression starts (1-bit Adam)", NULL, 0, 0},
     {"compress-start", 0, CLI_INT, "N", "0", "DT_COMPRESS_START", "dense warm-up: the first N steps send uncompressed fp32 gradients", NULL, 0, 1e15},
     {"compress-ramp", 0, CLI_INT, "N", "0", "DT_COMPRESS_RAMP", "topk density ramp: the N steps after the warm-up keep 25% falling exponentially to F", NULL, 0, 1e15},
@@ -128,7 +129,8 @@ static const cli_opt train_opts[] = {
     {"zero", 0, CLI_INT, "S", "0", "DT_ZERO", "ZeRO stage on the dp axis: 0 (replicated), 1 (optimizer state sharded), 2 (and gradients), 3 (and parameters; fp32)", NULL, 0, 3},
     {"offload", 0, CLI_STRING, "WHAT", NULL, "DT_OFFLOAD", "where the optimizer state lives: optimizer=disk:DIR (a file in DIR, streamed through memory; every optimizer but kfac and lbfgs) or optimizer=cpu (memory)", NULL, 0, 0},
     {"micro-batches", 0, CLI_INT, "M", "1", "DT_MICRO_BATCHES", "micro-batches per optimizer step (the same as --accum)", NULL, 1, 1 << 20},
-    {"cp", 0, CLI_INT, "N", "1", "DT_CP", "context-parallel degree (the mesh axis; not available yet)", NULL, 1, 4096},
+    {"cp", 0, CLI_INT, "N", "1", "DT_CP", "context-parallel degree: every rank of a cp group holds 1/cp of each sequence", NULL, 1, 4096},
+    {"cp-mode", 0, CLI_STRING, "MODE", "auto", "DT_CP_MODE", "context parallelism's attention: ulysses (all-to-all by heads), ring (keys and values around the ring, zig-zag chunks) or auto", NULL, 0, 0},
     {"dp", 0, CLI_INT, "N", "0", "DT_DP", "data-parallel degree (0: ranks / (tp x pp x cp))", NULL, 0, 1 << 20},
     {"mesh-order", 0, CLI_STRING, "ORDER", "tp-cp-dp-pp", "DT_MESH_ORDER", "rank order of the mesh axes, fastest-varying first", NULL, 0, 0},
     {"compress-dense-below", 0, CLI_INT, "N", "0", "DT_COMPRESS_DENSE_BELOW", "tensors of fewer than N values (biases, LayerNorm) are averaged exactly (fp32)", NULL, 0, 1e15},
@@ -142,11 +144,14 @@ static const char train_description[] =
     "tensor-parallel shards (--tp, with --sp for sequence parallelism). Gradients are\n"
     "averaged with bucketed allreduces that overlap backward. Checkpoints are written\n"
     "atomically, each rank its own shards, and --resume continues bit-identically, also\n"
-    "in another layout. Metrics go to RUN_DIR/metrics.jsonl. See docs/train.md and\n"
+    "in another layout. Every run is saved in a run directory (config.json, which\n"
+    "--config reads back; metrics.jsonl; model.dtgw; ckpt/), by default\n"
+    "runs/MODEL-YYYYmmdd-HHMMSS; --no-save writes nothing. See docs/train.md and\n"
     "docs/parallel.md.\n"
     "Example:\n"
     "  dtrain train --model shakespeare-char --data input.txt --nproc 2 --batch 8 \\\n"
-    "               --steps 500 --ckpt-dir ckpt --run-dir run";
+    "               --steps 500 --warmup 50 --eval-every 100 --ckpt-every 100 --run-dir run\n"
+    "  dtrain train --config run/config.json --run-dir run --resume --steps 1000";
 
 /* SIGINT/SIGTERM (also forwarded by a launcher) ask the run to finish its
  * step, save a checkpoint and stop; a second one ends the process at once.
@@ -241,7 +246,12 @@ static int run_train(cli_args *a) {
     c.data = cli_str(a, "data");
     c.val_data = cli_str(a, "val-data");
     c.val_split = cli_double(a, "val-split");
-    c.tokenizer = cli_enum(a, "tokenizer") == 0 ? DT_TOKENIZER_CHAR : DT_TOKENIZER_BYTE;
+    const char *tk = cli_str(a, "tokenizer");
+    c.tokenizer = strcmp(tk, "char") == 0   ? DT_TOKENIZER_CHAR
+                  : strcmp(tk, "byte") == 0 ? DT_TOKENIZER_BYTE
+                                            : DT_TOKENIZER_BPE;
+    if (c.tokenizer == DT_TOKENIZER_BPE)
+        c.tokenizer_files = tk;
     c.global_batch = (int)cli_int(a, "global-batch");
     /* The default batch yields to --global-batch; a given one must agree. */
     c.batch = c.global_batch && !cli_is_set(a, "batch") ? 0 : (int)cli_int(a, "batch");
@@ -294,9 +304,11 @@ static int run_train(cli_args *a) {
     c.seed = (uint64_t)cli_int(a, "seed");
     c.threads = (int)cli_int(a, "threads");
     c.run_dir = cli_str(a, "run-dir");
+    c.save_default = !cli_bool(a, "no-save");
+    c.init_from = cli_str(a, "init-from");
     c.bucket_bytes = cli_size(a, "bucket-size");
     c.check_every = cli_int(a, "check-every");
-    c.peak_gflops = cli_double(a, "peak-gflops");
+    c.peak_gflops = cli_double(a, "peak-flops") * 1e-9;
     c.sample_tokens = (int)cli_int(a, "sample-tokens");
     c.log_every = cli_int(a, "log-every");
     int pm = cli_enum(a, "progress");
@@ -337,7 +349,9 @@ static int run_train(cli_args *a) {
         c.pp_schedule = cli_str(a, "pp-schedule");
     if (cli_is_set(a, "micro-batches")) {
         int m = (int)cli_int(a, "micro-batches");
-        if (cli_is_set(a, "accum") && c.accum != m)
+        /* Both given by hand must agree; a --config file's accum yields. */
+        if (cli_is_set(a, "accum") && strcmp(cli_get(a, "accum")->from, "config") != 0 &&
+            c.accum != m)
             cli_usage_error(a->cmd,
                             "--micro-batches %d and --accum %d: they are the same "
                             "setting (give one)",
@@ -345,6 +359,7 @@ static int run_train(cli_args *a) {
         c.accum = m;
     }
     c.cp = (int)cli_int(a, "cp");
+    c.cp_mode = cli_str(a, "cp-mode");
     c.dp = (int)cli_int(a, "dp");
     c.mesh_order = cli_str(a, "mesh-order");
     if (!c.data)

@@ -17,6 +17,7 @@ static const cli_cmd *const commands[] = {
     &cli_cmd_sample,
     &cli_cmd_data,
     &cli_cmd_ckpt,
+    &cli_cmd_export,
     &cli_cmd_plan,
     &cli_cmd_bench,
     &cli_cmd_version,
@@ -71,6 +72,17 @@ int main(int argc, char **argv) {
             fprintf(stderr, "dtrain: error: unknown command '%s'\n\n", argv[2]);
             print_main_help(stderr);
             return 2;
+        }
+        /* `dtrain help bench comm`: the action's own help. */
+        for (int i = 3; i < argc && cmd->nsubs; i++) {
+            const cli_cmd *sub = cli_find_sub(cmd, argv[i]);
+            if (!sub) {
+                fprintf(stderr, "dtrain: error: 'dtrain %s' has no action '%s'\n\n", cmd->name,
+                        argv[i]);
+                cli_print_help(cmd, stderr);
+                return 2;
+            }
+            cmd = sub;
         }
         cli_print_help(cmd, stdout);
         return 0;

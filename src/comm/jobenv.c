@@ -14,8 +14,8 @@
 #include <string.h>
 #include <unistd.h>
 
-static const char *const launcher_names[] = {"none", "dtrain launch", "Open MPI", "MPICH/PMI",
-                                             "Slurm"};
+static const char *const launcher_names[] = {"none",     "dtrain launch", "torchrun",
+                                             "Open MPI", "MPICH/PMI",     "Slurm"};
 _Static_assert(sizeof launcher_names / sizeof launcher_names[0] == DT__LAUNCHER_COUNT,
                "launcher names out of sync");
 
@@ -127,7 +127,30 @@ static dt_status read_launcher(dt__jobenv *e) {
         e->launcher = DT__LAUNCHER_DTRAIN;
         return DT_OK;
     }
-    /* 2. Open MPI */
+    /* 2. torchrun (and anything that follows PyTorch's env:// convention):
+     * RANK and WORLD_SIZE alone are too common names to mean a job, so a
+     * master address must be there too. */
+    if (env("RANK") && env("WORLD_SIZE") && env("MASTER_ADDR")) {
+        e->launcher = DT__LAUNCHER_TORCH;
+        DT_CHECK(env_int("RANK", 0, INT32_MAX, &e->rank, NULL));
+        DT_CHECK(env_int("WORLD_SIZE", 1, INT32_MAX, &e->size, NULL));
+        DT_CHECK(env_int("LOCAL_RANK", 0, INT32_MAX, &e->local_rank, NULL));
+        DT_CHECK(env_int("LOCAL_WORLD_SIZE", 1, INT32_MAX, &e->local_size, NULL));
+        DT_CHECK(env_int("GROUP_RANK", 0, INT32_MAX, &e->node_rank, NULL));
+        DT_CHECK(env_int("MASTER_PORT", 1, 65535, &e->master_port, NULL));
+        const char *agent = env("TORCHELASTIC_USE_AGENT_STORE");
+        if (e->master_port && agent && strcmp(agent, "True") == 0)
+            e->master_port = e->master_port < 65535 ? e->master_port + 1 : 65534;
+        if (strlen(env("MASTER_ADDR")) >= sizeof e->master_addr)
+            return dt_error_set(DT_ERR_INVALID, "MASTER_ADDR: \"%.40s...\" is too long",
+                                env("MASTER_ADDR"));
+        snprintf(e->master_addr, sizeof e->master_addr, "%s", env("MASTER_ADDR"));
+        const char *run = env("TORCHELASTIC_RUN_ID"), *restart = env("TORCHELASTIC_RESTART_COUNT");
+        snprintf(e->job_id, sizeof e->job_id, "torch-%.40s-%.40s:%d-%.8s", run ? run : "none",
+                 e->master_addr, e->master_port, restart ? restart : "0");
+        return DT_OK;
+    }
+    /* 3. Open MPI */
     DT_CHECK(env_int("OMPI_COMM_WORLD_RANK", 0, INT32_MAX, &e->rank, &r));
     DT_CHECK(env_int("OMPI_COMM_WORLD_SIZE", 1, INT32_MAX, &e->size, &s));
     if (r && s) {
@@ -143,7 +166,7 @@ static dt_status read_launcher(dt__jobenv *e) {
             snprintf(e->job_id, sizeof e->job_id, "ompi-%s", id);
         return DT_OK;
     }
-    /* 3. MPICH / Hydra */
+    /* 4. MPICH / Hydra */
     DT_CHECK(env_int("PMI_RANK", 0, INT32_MAX, &e->rank, &r));
     DT_CHECK(env_int("PMI_SIZE", 1, INT32_MAX, &e->size, &s));
     if (r && s) {
@@ -155,7 +178,7 @@ static dt_status read_launcher(dt__jobenv *e) {
             snprintf(e->job_id, sizeof e->job_id, "pmi-%s", id);
         return DT_OK;
     }
-    /* 4. srun: only inside a job step (a batch script has SLURM_PROCID=0
+    /* 5. srun: only inside a job step (a batch script has SLURM_PROCID=0
      * too, and is not a rank of anything). */
     if (env("SLURM_STEP_ID") && env("SLURM_PROCID") &&
         (env("SLURM_STEP_NUM_TASKS") || env("SLURM_NTASKS"))) {
@@ -194,11 +217,10 @@ dt_status dt__jobenv_read(dt__jobenv *out) {
     e.local_rank = e.local_size = e.node_rank = -1;
     DT_CHECK(read_launcher(&e));
     const char *who = dt__launcher_name(e.launcher);
-    static const char *const vars[][2] = {{"rank", "size"},
-                                          {"DT_RANK", "DT_WORLD_SIZE"},
-                                          {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
-                                          {"PMI_RANK", "PMI_SIZE"},
-                                          {"SLURM_PROCID", "SLURM_NTASKS"}};
+    static const char *const vars[][2] = {
+        {"rank", "size"},         {"DT_RANK", "DT_WORLD_SIZE"},
+        {"RANK", "WORLD_SIZE"},   {"OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE"},
+        {"PMI_RANK", "PMI_SIZE"}, {"SLURM_PROCID", "SLURM_NTASKS"}};
     _Static_assert(sizeof vars / sizeof vars[0] == DT__LAUNCHER_COUNT, "vars out of sync");
     if (e.rank >= e.size)
         return dt_error_set(DT_ERR_INVALID, "%s=%d is not below %s=%d (from %s)",
@@ -284,7 +306,8 @@ dt_status dt__jobenv_export(void) {
      * random token is not worth it (and MPI_Init under srun depends on how
      * Slurm and MPI were built), unless the mpi backend needs MPI anyway. */
     const char *be = getenv("DT_BACKEND");
-    bool use_mpi = e.launcher != DT__LAUNCHER_SLURM || (be && strcmp(be, "mpi") == 0);
+    bool use_mpi = e.launcher == DT__LAUNCHER_OMPI || e.launcher == DT__LAUNCHER_PMI ||
+                   (e.launcher == DT__LAUNCHER_SLURM && be && strcmp(be, "mpi") == 0);
     dt_status st = use_mpi ? dt__mpi_bootstrap(&e) : DT_ERR_UNSUPPORTED;
     if (st == DT_ERR_UNSUPPORTED) /* not wanted, or MPI does not see this job */
         st = fill_without_mpi(&e, who);

@@ -7,9 +7,10 @@
  * them in a fixed order and says where each answer came from:
  *
  *   1. DT_RANK + DT_WORLD_SIZE                  dtrain launch (or by hand)
- *   2. OMPI_COMM_WORLD_RANK + _SIZE             Open MPI mpirun
- *   3. PMI_RANK + PMI_SIZE                      MPICH / Hydra mpiexec
- *   4. SLURM_PROCID + SLURM_NTASKS, in a step   srun
+ *   2. RANK + WORLD_SIZE + MASTER_ADDR          torchrun (PyTorch's env://)
+ *   3. OMPI_COMM_WORLD_RANK + _SIZE             Open MPI mpirun
+ *   4. PMI_RANK + PMI_SIZE                      MPICH / Hydra mpiexec
+ *   5. SLURM_PROCID + SLURM_NTASKS, in a step   srun
  *
  * Every other DT_* variable (DT_LOCAL_RANK, DT_LOCAL_WORLD_SIZE,
  * DT_NODE_RANK, DT_MASTER_ADDR, DT_MASTER_PORT, DT_JOB_ID, DT_JOB_TOKEN)
@@ -19,8 +20,13 @@
  * What a foreign launcher cannot give is filled where it can be:
  *   - Slurm: master address = the first host of SLURM_STEP_NODELIST (or
  *     SLURM_JOB_NODELIST), port = 20000 + (hash of the job/step id % 20000).
+ *   - torchrun: LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK (the node),
+ *     MASTER_ADDR and MASTER_PORT; when torchrun's own agent serves its
+ *     store on MASTER_PORT (TORCHELASTIC_USE_AGENT_STORE=True, its static
+ *     rendezvous), rank 0 serves dtrain's on MASTER_PORT + 1.
  *   - job id: SLURM_JOB_ID.SLURM_STEP_ID, OMPI's jobid or PMIx namespace,
- *     MPICH's PMI_KVSNAME.
+ *     MPICH's PMI_KVSNAME, torchrun's TORCHELASTIC_RUN_ID with the master
+ *     and the restart count.
  *   - token: when none is given, one derived from the job id
  *     (token_derived = true). Every rank derives the same one, which keeps
  *     unrelated jobs apart, but it is not a secret: export DT_JOB_TOKEN, or
@@ -39,6 +45,7 @@
 typedef enum dt__launcher {
     DT__LAUNCHER_NONE,   /* no variables at all: a single process */
     DT__LAUNCHER_DTRAIN, /* DT_RANK / DT_WORLD_SIZE */
+    DT__LAUNCHER_TORCH,  /* torchrun: RANK / WORLD_SIZE / MASTER_ADDR */
     DT__LAUNCHER_OMPI,   /* Open MPI */
     DT__LAUNCHER_PMI,    /* MPICH Hydra (PMI-1/2) */
     DT__LAUNCHER_SLURM,  /* srun */

@@ -11,11 +11,13 @@
 #include "dtrain/data.h"
 
 #include <ctype.h>
+#include <stdlib.h>
 #include <string.h>
 
 const char *const dt_tokenizer_names[DT_TOKENIZER_COUNT] = {
     [DT_TOKENIZER_BYTE] = "byte",
     [DT_TOKENIZER_CHAR] = "char",
+    [DT_TOKENIZER_BPE] = "bpe",
 };
 _Static_assert(sizeof dt_tokenizer_names / sizeof dt_tokenizer_names[0] == DT_TOKENIZER_COUNT,
                "one name per tokenizer kind");
@@ -76,9 +78,46 @@ dt_status dt_tokenizer_init_table(dt_tokenizer *t, dt_tokenizer_kind kind, const
     return DT_OK;
 }
 
+void dt_tokenizer_init_bpe(dt_tokenizer *t, dt_bpe *b) {
+    memset(t, 0, sizeof *t);
+    t->kind = DT_TOKENIZER_BPE;
+    t->vocab_size = dt_bpe_vocab_size(b);
+    for (int c = 0; c < 256; c++)
+        t->byte_to_id[c] = -1;
+    t->bpe = b;
+    t->bpe_hash = dt_bpe_hash(b);
+}
+
 bool dt_tokenizer_equal(const dt_tokenizer *a, const dt_tokenizer *b) {
+    if (a->kind == DT_TOKENIZER_BPE || b->kind == DT_TOKENIZER_BPE)
+        return a->kind == b->kind && a->vocab_size == b->vocab_size && a->bpe_hash == b->bpe_hash;
     return a->kind == b->kind && a->vocab_size == b->vocab_size &&
            memcmp(a->id_to_byte, b->id_to_byte, (size_t)a->vocab_size) == 0;
+}
+
+const uint8_t *dt_tokenizer_token(const dt_tokenizer *t, int32_t id, size_t *len) {
+    if (id < 0 || id >= t->vocab_size)
+        return NULL;
+    if (t->kind == DT_TOKENIZER_BPE)
+        return t->bpe ? dt_bpe_token(t->bpe, id, len) : NULL;
+    *len = 1;
+    return &t->id_to_byte[id];
+}
+
+dt_status dt_tokenizer_encode_any(const dt_tokenizer *t, const void *text, size_t len,
+                                  int32_t **ids, size_t *n) {
+    if (t->kind == DT_TOKENIZER_BPE) {
+        if (!t->bpe)
+            return dt_error_set(DT_ERR_UNSUPPORTED,
+                                "this BPE tokenizer is known only by its hash: load its files");
+        return dt_bpe_encode(t->bpe, text, len, ids, n);
+    }
+    int32_t *g = realloc(*ids, (len ? len : 1) * sizeof *g);
+    if (!g)
+        return dt_error_set(DT_ERR_NOMEM, "%zu token ids", len);
+    *ids = g;
+    *n = len;
+    return dt_tokenizer_encode(t, text, len, g);
 }
 
 dt_status dt_tokenizer_encode(const dt_tokenizer *t, const void *text, size_t len, int32_t *out) {

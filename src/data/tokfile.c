@@ -73,22 +73,27 @@ static dt_status validate(dt_token_file *f, const char *path, const uint8_t *img
     uint32_t version = rd32(img + 8), kind = rd32(img + 12), vocab = rd32(img + 16);
     uint32_t width = rd32(img + 20);
     uint64_t count = rd64(img + 24);
-    if (version != DT_TOKEN_FILE_VERSION)
-        return dt_error_set(DT_ERR_CORRUPT, "%s: unsupported version %u (this build reads %d)",
-                            path, version, DT_TOKEN_FILE_VERSION);
-    if (kind < 1 || kind > DT_TOKENIZER_COUNT)
-        return dt_error_set(DT_ERR_CORRUPT, "%s: unknown tokenizer kind %u (1 byte, 2 char)", path,
-                            kind);
-    if (vocab < 1 || vocab > 256)
-        return dt_error_set(DT_ERR_CORRUPT, "%s: vocabulary size %u is outside 1..256", path,
-                            vocab);
+    if (version != 1 && version != DT_TOKEN_FILE_VERSION)
+        return dt_error_set(DT_ERR_CORRUPT,
+                            "%s: unsupported version %u (this build reads 1 and %d)", path, version,
+                            DT_TOKEN_FILE_VERSION);
+    if (kind < 1 || kind > DT_TOKENIZER_COUNT || (kind == 3 && version < 2))
+        return dt_error_set(DT_ERR_CORRUPT,
+                            "%s: unknown tokenizer kind %u (1 byte, 2 char, 3 bpe from version 2)",
+                            path, kind);
+    bool bpe = kind == DT_TOKENIZER_BPE + 1;
+    if (bpe ? vocab < 257 || vocab > 65536 : vocab < 1 || vocab > 256)
+        return dt_error_set(DT_ERR_CORRUPT, "%s: vocabulary size %u is outside %s", path, vocab,
+                            bpe ? "257..65536" : "1..256");
+    /* The byte table's length in the file (bpe has none). */
+    uint32_t table = bpe ? 0 : vocab;
     if (width != TOK_TOKEN_BYTES)
         return dt_error_set(DT_ERR_CORRUPT, "%s: token width %u bytes is not supported (2)", path,
                             width);
     if (count == 0)
         return dt_error_set(DT_ERR_CORRUPT, "%s: the header says it holds no tokens", path);
     /* The size the header describes, bounded by the real size before use. */
-    size_t fixed = TOK_HEADER + pad8(vocab) + TOK_TRAILER;
+    size_t fixed = TOK_HEADER + pad8(table) + TOK_TRAILER;
     uint64_t fits = len > fixed ? (len - fixed) / TOK_TOKEN_BYTES : 0;
     if (count > fits)
         return dt_error_set(DT_ERR_CORRUPT,
@@ -112,12 +117,12 @@ static dt_status validate(dt_token_file *f, const char *path, const uint8_t *img
                             "%s: checksum mismatch (stored %016llx, computed %016llx): the file "
                             "is damaged",
                             path, (unsigned long long)stored, (unsigned long long)computed);
-    for (int i = 32; i < TOK_HEADER; i++)
+    for (int i = bpe ? 40 : 32; i < TOK_HEADER; i++)
         if (img[i] != 0)
             return dt_error_set(DT_ERR_CORRUPT, "%s: reserved header byte %d is not zero", path, i);
     /* Padding is zero by the format; anything else is a writer bug or damage. */
-    size_t tok_end = TOK_HEADER + pad8(vocab) + (size_t)count * TOK_TOKEN_BYTES;
-    for (size_t i = TOK_HEADER + vocab; i < TOK_HEADER + pad8(vocab); i++)
+    size_t tok_end = TOK_HEADER + pad8(table) + (size_t)count * TOK_TOKEN_BYTES;
+    for (size_t i = TOK_HEADER + table; i < TOK_HEADER + pad8(table); i++)
         if (img[i] != 0)
             return dt_error_set(DT_ERR_CORRUPT,
                                 "%s: padding byte %zu after the vocabulary is not zero", path, i);
@@ -125,18 +130,27 @@ static dt_status validate(dt_token_file *f, const char *path, const uint8_t *img
         if (img[i] != 0)
             return dt_error_set(DT_ERR_CORRUPT, "%s: padding byte %zu after the tokens is not zero",
                                 path, i);
-    dt_status st = dt_tokenizer_init_table(&f->tok, (dt_tokenizer_kind)(kind - 1), img + TOK_HEADER,
-                                           (int)vocab);
-    if (st != DT_OK) {
-        dt_error_prefix("%s: ", path);
-        return st;
+    if (bpe) {
+        memset(&f->tok, 0, sizeof f->tok);
+        f->tok.kind = DT_TOKENIZER_BPE;
+        f->tok.vocab_size = (int)vocab;
+        for (int c = 0; c < 256; c++)
+            f->tok.byte_to_id[c] = -1;
+        f->tok.bpe_hash = rd64(img + 32);
+    } else {
+        dt_status st = dt_tokenizer_init_table(&f->tok, (dt_tokenizer_kind)(kind - 1),
+                                               img + TOK_HEADER, (int)vocab);
+        if (st != DT_OK) {
+            dt_error_prefix("%s: ", path);
+            return st;
+        }
     }
-    const uint16_t *tokens = (const uint16_t *)(const void *)(img + TOK_HEADER + pad8(vocab));
+    const uint16_t *tokens = (const uint16_t *)(const void *)(img + TOK_HEADER + pad8(table));
     /* A max scan (vectorises) first; the index is looked up only on failure. */
     uint16_t max = 0;
     for (size_t i = 0; i < count; i++)
         max = tokens[i] > max ? tokens[i] : max;
-    if (max >= vocab) {
+    if ((uint32_t)max >= vocab) {
         size_t i = 0;
         while (tokens[i] < vocab)
             i++;
@@ -155,25 +169,48 @@ static dt_status validate(dt_token_file *f, const char *path, const uint8_t *img
 /* Encode `text` with `tok` into a complete file image (dt_alloc'ed). */
 static dt_status build_image(const char *path, const dt_tokenizer *tok, const uint8_t *text,
                              size_t len, uint8_t **out, size_t *out_len) {
+    bool bpe = tok->kind == DT_TOKENIZER_BPE;
+    int32_t *ids = NULL;
+    if (bpe) { /* the ids first: their count sizes the image */
+        size_t n = 0;
+        dt_status st = dt_tokenizer_encode_any(tok, text, len, &ids, &n);
+        if (st != DT_OK) {
+            free(ids);
+            dt_error_prefix("%s", path);
+            return st;
+        }
+        len = n;
+    }
     size_t tok_bytes;
-    if (!dt_mul_size(len, TOK_TOKEN_BYTES, &tok_bytes) || tok_bytes > SIZE_MAX / 2)
+    if (!dt_mul_size(len, TOK_TOKEN_BYTES, &tok_bytes) || tok_bytes > SIZE_MAX / 2) {
+        free(ids);
         return dt_error_set(DT_ERR_INVALID, "%s: %zu bytes is too large", path, len);
-    size_t vpad = pad8((size_t)tok->vocab_size);
+    }
+    size_t vpad = bpe ? 0 : pad8((size_t)tok->vocab_size);
     size_t total = TOK_HEADER + vpad + pad8(tok_bytes) + TOK_TRAILER;
     uint8_t *img = dt_alloc(total);
-    if (!img)
+    if (!img) {
+        free(ids);
         return dt_error_set(DT_ERR_NOMEM, "%s: cannot allocate %zu bytes for its tokens", path,
                             total);
+    }
     memset(img, 0, total);
-    uint32_t hdr32[4] = {DT_TOKEN_FILE_VERSION, (uint32_t)tok->kind + 1, (uint32_t)tok->vocab_size,
-                         TOK_TOKEN_BYTES};
+    /* byte and char files stay version 1, as before bpe existed. */
+    uint32_t hdr32[4] = {bpe ? DT_TOKEN_FILE_VERSION : 1, (uint32_t)tok->kind + 1,
+                         (uint32_t)tok->vocab_size, TOK_TOKEN_BYTES};
     uint64_t count = len;
     memcpy(img, TOK_MAGIC, 8);
     memcpy(img + 8, hdr32, sizeof hdr32);
     memcpy(img + 24, &count, 8);
-    memcpy(img + TOK_HEADER, tok->id_to_byte, (size_t)tok->vocab_size);
+    if (bpe)
+        memcpy(img + 32, &tok->bpe_hash, 8);
+    else
+        memcpy(img + TOK_HEADER, tok->id_to_byte, (size_t)tok->vocab_size);
     uint16_t *tokens = (uint16_t *)(void *)(img + TOK_HEADER + vpad);
-    for (size_t i = 0; i < len; i++) {
+    for (size_t i = 0; bpe && i < len; i++)
+        tokens[i] = (uint16_t)ids[i];
+    free(ids);
+    for (size_t i = 0; !bpe && i < len; i++) {
         int id = tok->byte_to_id[text[i]];
         if (id < 0) {
             dt_free(img);
@@ -266,8 +303,11 @@ dt_status dt_token_file_open(dt_token_file **out, const char *path) {
 dt_status dt_token_file_from_text(dt_token_file **out, const char *path, dt_tokenizer_kind kind,
                                   const dt_tokenizer *vocab) {
     *out = NULL;
-    if (!vocab && (unsigned)kind >= DT_TOKENIZER_COUNT)
-        return dt_error_set(DT_ERR_INVALID, "unknown tokenizer kind %d", (int)kind);
+    if (!vocab && ((unsigned)kind >= DT_TOKENIZER_COUNT || kind == DT_TOKENIZER_BPE))
+        return dt_error_set(DT_ERR_INVALID,
+                            "tokenizer kind %d: byte or char, or give the "
+                            "tokenizer (bpe)",
+                            (int)kind);
     const uint8_t *text;
     size_t len;
     DT_CHECK(map_file(path, &text, &len));
@@ -287,6 +327,8 @@ dt_status dt_token_file_from_text(dt_token_file **out, const char *path, dt_toke
     DT_CHECK_GOTO(build_image(path, &tok, text, len, &img, &img_len), st, fail);
     DT_CHECK_GOTO(new_file(&f, path), st, fail);
     DT_CHECK_GOTO(validate(f, path, img, img_len), st, fail);
+    if (tok.kind == DT_TOKENIZER_BPE)
+        f->tok.bpe = tok.bpe;
     munmap((void *)text, len);
     *out = f;
     return DT_OK;
@@ -309,7 +351,7 @@ dt_status dt_data_open(dt_token_file **out, const char *path, dt_tokenizer_kind 
     if (!ends_with(path, ".tok"))
         return dt_token_file_from_text(out, path, kind, vocab);
     DT_CHECK(dt_token_file_open(out, path));
-    const dt_tokenizer *t = &(*out)->tok;
+    dt_tokenizer *t = &(*out)->tok;
     if (vocab && !dt_tokenizer_equal(t, vocab)) {
         dt_status st = dt_error_set(
             DT_ERR_MISMATCH,
@@ -320,6 +362,8 @@ dt_status dt_data_open(dt_token_file **out, const char *path, dt_tokenizer_kind 
         *out = NULL;
         return st;
     }
+    if (vocab && t->kind == DT_TOKENIZER_BPE)
+        t->bpe = vocab->bpe; /* the same BPE: decodable now */
     return DT_OK;
 }
 
@@ -345,9 +389,22 @@ const char *dt_token_file_path(const dt_token_file *f) { return f->path; }
 
 /* ---- writing ---- */
 
+dt_status dt_data_prepare_with(const char *in_txt, const char *out_tok, const dt_tokenizer *tok) {
+    if (!out_tok || !*out_tok)
+        return dt_error_set(DT_ERR_INVALID, "dt_data_prepare: no output path");
+    dt_token_file *f = NULL;
+    DT_CHECK(dt_token_file_from_text(&f, in_txt, tok->kind, tok));
+    dt_status st = dt_file_write_atomic(out_tok, &(dt_file_part){f->image, f->image_len}, 1);
+    dt_token_file_close(f);
+    return st;
+}
+
 dt_status dt_data_prepare(const char *in_txt, const char *out_tok, dt_tokenizer_kind kind) {
-    if ((unsigned)kind >= DT_TOKENIZER_COUNT)
-        return dt_error_set(DT_ERR_INVALID, "unknown tokenizer kind %d", (int)kind);
+    if ((unsigned)kind >= DT_TOKENIZER_COUNT || kind == DT_TOKENIZER_BPE)
+        return dt_error_set(DT_ERR_INVALID,
+                            "tokenizer kind %d: byte or char (a bpe tokenizer "
+                            "goes to dt_data_prepare_with)",
+                            (int)kind);
     if (!out_tok || !*out_tok)
         return dt_error_set(DT_ERR_INVALID, "dt_data_prepare: no output path");
     dt_token_file *f = NULL;

@@ -174,7 +174,9 @@ bool dt_launch_in_job(void) {
         if (v && *v)
             return true;
     }
-    return false;
+    /* torchrun: RANK and WORLD_SIZE with a master (see comm's jobenv.h). */
+    const char *r = getenv("RANK"), *w = getenv("WORLD_SIZE"), *m = getenv("MASTER_ADDR");
+    return r && *r && w && *w && m && *m;
 }
 
 dt_status dt_launch_new_token(char *out) {

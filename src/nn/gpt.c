@@ -100,6 +100,8 @@ static dt_gpt_part part_of(const dt_gpt_config *c, const dt_gpt_part *p) {
     }
     if (q.tp_size == 0)
         q.tp_size = 1;
+    if (q.cp_size == 0)
+        q.cp_size = 1;
     return q;
 }
 
@@ -138,6 +140,33 @@ dt_status dt_gpt_part_validate(const dt_gpt_config *c, const dt_gpt_part *part, 
                             "--sp: the sequence length %d is not a multiple of --tp %d (sequence "
                             "parallelism gives every rank 1/tp of the tokens)",
                             max_seq, p.tp_size);
+    if (p.cp_size < 1 || p.cp_rank < 0 || p.cp_rank >= p.cp_size)
+        return dt_error_set(DT_ERR_INVALID, "model part: context-parallel rank %d of %d", p.cp_rank,
+                            p.cp_size);
+    if (p.cp_size == 1)
+        return DT_OK;
+    if (!p.cp_regions)
+        return dt_error_set(DT_ERR_INVALID,
+                            "model part: context parallelism (cp %d) needs its communication "
+                            "points (dt_gpt_part.cp_regions)",
+                            p.cp_size);
+    if (p.cp_mode == DT_CP_ULYSSES && (c->heads / p.tp_size) % p.cp_size != 0)
+        return dt_error_set(DT_ERR_INVALID,
+                            "--cp-mode ulysses: --cp %d does not divide the %d attention heads%s "
+                            "(each rank attends to 1/cp of them); use --cp-mode ring",
+                            p.cp_size, c->heads / p.tp_size,
+                            p.tp_size > 1 ? " per tensor-parallel rank" : "");
+    int split = p.cp_mode == DT_CP_RING ? 2 * p.cp_size : p.cp_size;
+    if (max_seq % split != 0)
+        return dt_error_set(
+            DT_ERR_INVALID, "--cp %d (%s): the sequence length %d is not a multiple of %d (%s)",
+            p.cp_size, dt_cp_mode_name(p.cp_mode), max_seq, split,
+            p.cp_mode == DT_CP_RING ? "ring attention gives every rank 2 of 2 cp equal chunks"
+                                    : "every rank holds T/cp tokens");
+    if (p.sequence_parallel && (max_seq / p.cp_size) % p.tp_size != 0)
+        return dt_error_set(DT_ERR_INVALID,
+                            "--sp with --cp %d: a rank's %d tokens are not a multiple of --tp %d",
+                            p.cp_size, max_seq / p.cp_size, p.tp_size);
     return DT_OK;
 }
 
@@ -164,6 +193,9 @@ static gpt_dims dims_of(const dt_gpt_config *c, const dt_gpt_part *part) {
     d.V = c->vocab;
     d.Vp = (c->vocab + d.tp - 1) / d.tp * d.tp;
     d.Vl = d.Vp / d.tp;
+    d.cp = p.cp_size;
+    d.cr = p.cp_rank;
+    d.cpm = p.cp_mode;
     return d;
 }
 
@@ -307,8 +339,10 @@ static size_t take_block(char *base, size_t *off, block_acts *a, const sizes *z)
  * chunk and the backward scratch. */
 static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gpt_options *o) {
     gpt_dims d = dims_of(c, &o->part);
+    /* Context parallelism: a rank's share of each sequence through every
+     * layer; attention's scratch below. */
     sizes z = {.B = (size_t)B_,
-               .T = (size_t)T_,
+               .T = (size_t)(T_ / d.cp),
                .C = (size_t)c->dim,
                .Ct = (size_t)d.Ct,
                .NHt = (size_t)d.NHt,
@@ -431,7 +465,12 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     end = off;
     off = phase;
     m->dqkv = take(base, &off, N * 3 * z.Ct * A);
-    m->attn_work = low ? take(base, &off, dt_attention16_workspace(B_, T_, d.Ct, d.NHt) * 4) : NULL;
+    /* Ulysses attends NHt/cp heads over all T tokens. */
+    int acp = d.cp > 1 && d.cpm == DT_CP_ULYSSES ? d.cp : 1;
+    m->attn_work =
+        low ? take(base, &off,
+                   dt_attention16_workspace(B_, T_ / d.cp * acp, d.Ct / acp, d.NHt / acp) * 4)
+            : NULL;
     end = off > end ? off : end;
     off = phase;
     bool last_rows = d.last && (chunked || tp > 1);
@@ -440,7 +479,37 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     off = off > end ? off : end;
     m->dres16 = low ? take(base, &off, N * C * 2) : NULL;
     m->row16 = low && d.last ? take(base, &off, Vb * 2) : NULL;
-    m->gscratch = d.sp ? take(base, &off, (4 * C > z.T * C ? 4 * C : z.T * C) * 4) : NULL;
+    /* SP: wpe's partial gradient covers the positions of every rank's tokens. */
+    size_t Tg = (size_t)T_;
+    m->gscratch = d.sp ? take(base, &off, (4 * C > Tg * C ? 4 * C : Tg * C) * 4) : NULL;
+    /* Context parallelism's attention scratch (gpt_cp.c): Ulysses' one
+     * all-to-all buffer and the gathered dout, out and dqkv; the ring's two
+     * key/value blocks, then forward's partials sharing memory with
+     * backward's two travelling gradient blocks. */
+    cp_scratch *cs = &m->cp;
+    if (d.cp > 1 && d.cpm == DT_CP_ULYSSES) {
+        cs->a2a = take(base, &off, N * 3 * z.Ct * A); /* >= dout's N Ct fp32 */
+        cs->g_dout = take(base, &off, N * z.Ct * 4);
+        cs->g_out = take(base, &off, N * z.Ct * A);
+        cs->g_dqkv = take(base, &off, N * 3 * z.Ct * A);
+    } else if (d.cp > 1) {
+        size_t kvb = N * 2 * z.Ct * 4;
+        cs->kv[0] = take(base, &off, kvb);
+        cs->kv[1] = take(base, &off, kvb);
+        size_t shared = off;
+        cs->acc[0] = take(base, &off, kvb);
+        cs->acc[1] = take(base, &off, kvb);
+        size_t end2 = off;
+        off = shared;
+        cs->pout = take(base, &off, N * z.Ct * 4);
+        cs->plse = take(base, &off, B * z.NHt * z.T * 4);
+        off = off > end2 ? off : end2;
+        if (low) {
+            cs->w_qkv = take(base, &off, N * 3 * z.Ct * 4);
+            cs->w_out = take(base, &off, N * z.Ct * 4);
+            cs->w_dqkv = take(base, &off, N * 3 * z.Ct * 4);
+        }
+    }
     p.total = off;
     return p;
 }

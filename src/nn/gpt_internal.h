@@ -80,7 +80,23 @@ typedef struct gpt_dims {
     int C, NH, Ct; /* channels, heads; channels of q/k/v here */
     int NHt, Ft;   /* heads here; MLP hidden channels here */
     int V, Vp, Vl; /* vocabulary, padded to tp, rows here */
+    int cp, cr;    /* context-parallel size and this rank (1, 0: whole sequences) */
+    dt_cp_mode cpm;
 } gpt_dims;
+
+/* Scratch of context-parallel attention (gpt_cp.c), in the arena. */
+typedef struct cp_scratch {
+    /* Ulysses: the all-to-all buffer (N,3Ct) and the gathered dout (fp32),
+     * out and dqkv of this rank's heads for every token. */
+    void *a2a, *g_out, *g_dqkv;
+    float *g_dout;
+    /* Ring: the key/value blocks in flight (N,2Ct) x 2; forward's partial
+     * out (N,Ct) and lse (B,NHt,Tl); backward's travelling dk|dv x 2
+     * (sharing the partials' memory). */
+    float *kv[2], *pout, *plse, *acc[2];
+    /* Ring in bf16/fp16: fp32 copies of qkv, out and dqkv (N,3Ct|Ct|3Ct). */
+    float *w_qkv, *w_out, *w_dqkv;
+} cp_scratch;
 
 /* What one micro-batch in flight keeps from its forward to its backward:
  * a model holds `slots` of these (dt_gpt_options.slots: a pipeline stage
@@ -145,7 +161,8 @@ struct dt_gpt {
     float *attn_work;     // 16-bit: dt_attention16_workspace() floats
     float *gscratch;      // sequence parallelism: max(4C, T·C) floats, a replicated tensor's
                           // partial gradient on its way to the group sum
-    double comm_ms;       /* time spent in the tensor-parallel communication points */
+    cp_scratch cp;        /* context parallelism's buffers (all NULL without it) */
+    double comm_ms;       /* time spent in the tensor- and context-parallel communication */
     dt_param_hooks hooks; /* parameters kept elsewhere (fetch NULL: none) */
     dt_linear_stats_fn lstats; /* the linear layers' statistics (NULL: none) */
     void *lstats_user;
@@ -172,6 +189,36 @@ static inline block_acts *acts_of(const dt_gpt *m, int l) { return &m->s->acts[l
 
 /* Bytes of one activation element: fp32, or 16 bits in bf16/fp16. */
 static inline size_t dt__act_size(dt_precision p) { return p == DT_PRECISION_FP32 ? 4 : 2; }
+
+/* Time a communication point (the model's exposed tensor- and
+ * context-parallel communication); return its error. */
+#define REGION(m, call)                                                                            \
+    do {                                                                                           \
+        double t0_ = dt_now();                                                                     \
+        dt_status st_ = (call);                                                                    \
+        (m)->comm_ms += (dt_now() - t0_) * 1e3;                                                    \
+        if (st_ != DT_OK)                                                                          \
+            return st_;                                                                            \
+    } while (0)
+
+/* The sequence position of local token row i (of Tl = T/cp) on this rank. */
+static inline int cp_position(const gpt_dims *d, int Tl, int i) {
+    if (d->cp == 1)
+        return i;
+    if (d->cpm == DT_CP_ULYSSES)
+        return d->cr * Tl + i;
+    int Tc = Tl / 2; /* zig-zag: chunks cr and 2cp-1-cr */
+    return i < Tc ? d->cr * Tc + i : (2 * d->cp - 1 - d->cr) * Tc + (i - Tc);
+}
+
+/* gpt_cp.c: attention of block activations a with context parallelism.
+ * Forward: qkv_local (N,3Ct), the c_attn output (for Ulysses written to
+ * the scratch that dt__gpt_cp_qkv_target names, else a->qkv) into a->atty
+ * and a->att_lse. Backward: dout (N,Ct) fp32 into dqkv (N,3Ct), written. */
+void *dt__gpt_cp_qkv_target(dt_gpt *m, const block_acts *a);
+dt_status dt__gpt_cp_attention_forward(dt_gpt *m, const block_acts *a, const void *qkv_local);
+dt_status dt__gpt_cp_attention_backward(dt_gpt *m, const block_acts *a, const float *dout,
+                                        void *dqkv);
 
 /* gpt_pass.c: forward of block l from its input x (Ns,C) into its
  * activations (`full` false: stop once what backward reads is there). */

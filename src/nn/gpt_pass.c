@@ -48,16 +48,6 @@ static size_t rows_here(const dt_gpt *m) {
     return m->d.sp ? N / (size_t)m->d.tp : N;
 }
 
-/* Time a region call (the model's exposed tensor-parallel communication). */
-#define REGION(m, call)                                                                            \
-    do {                                                                                           \
-        double t0_ = dt_now();                                                                     \
-        dt_status st_ = (call);                                                                    \
-        (m)->comm_ms += (dt_now() - t0_) * 1e3;                                                    \
-        if (st_ != DT_OK)                                                                          \
-            return st_;                                                                            \
-    } while (0)
-
 /* f: the input of a column-parallel linear. Forward: the identity, or with
  * SP the all-gather of the local rows (elements of `esize` bytes) into
  * m->gathered. *full is the (N,C) input. */
@@ -171,7 +161,7 @@ static dt_status embed_forward(dt_gpt *m) {
     const int B = m->s->B, T = m->s->T, C = m->d.C;
     const float *wte = m->params + m->info[m->wte].offset,
                 *wpe = m->params + m->info[m->wpe].offset;
-    if (m->d.tp == 1) {
+    if (m->d.tp == 1 && m->d.cp == 1) {
         dt_embedding_forward(m->s->encoded, m->s->tokens, wte, wpe, B, T, C);
         return DT_OK;
     }
@@ -187,7 +177,7 @@ static dt_status embed_forward(dt_gpt *m) {
     DT_CHECK(region_out_forward(m, m->dbuf, &e));
     size_t ns = rows_here(m), row0 = m->d.sp ? (size_t)m->d.r * ns : 0;
     for (size_t i = 0; i < ns; i++) {
-        const float *p = wpe + ((row0 + i) % (size_t)T) * C;
+        const float *p = wpe + (size_t)cp_position(&m->d, T, (int)((row0 + i) % (size_t)T)) * C;
         for (int j = 0; j < C; j++)
             m->s->encoded[i * C + j] = e[i * C + j] + p[j];
     }
@@ -218,8 +208,14 @@ dt_status dt__gpt_block_forward(dt_gpt *m, int l, const float *x, bool full, boo
             dt_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
                                  bt(m, p, l, P_LN1B), Ns, C);
         DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
-        dt_matmul_forward(a->qkv, in, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * Ct);
-        dt_attention_forward(a->atty, a->att_lse, a->qkv, B, T, Ct, NHt);
+        if (d->cp == 1) {
+            dt_matmul_forward(a->qkv, in, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * Ct);
+            dt_attention_forward(a->atty, a->att_lse, a->qkv, B, T, Ct, NHt);
+        } else {
+            float *qkv = dt__gpt_cp_qkv_target(m, a);
+            dt_matmul_forward(qkv, in, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * Ct);
+            DT_CHECK(dt__gpt_cp_attention_forward(m, a, qkv));
+        }
         /* The biases of c_proj and c_fc are added by the pass that reads
          * the product next (residual add, GELU), not seeded into the
          * product's output: one write and one read of that output fewer
@@ -256,9 +252,13 @@ dt_status dt__gpt_block_forward(dt_gpt *m, int l, const float *x, bool full, boo
     dt_layernorm16_forward(pr, a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
                            bt(m, p, l, P_LN1B), Ns, C);
     DT_CHECK(region_in_forward(m, a->ln1, &in, 2));
-    DT_CHECK(dt_linear16_forward(pr, a->qkv, false, in, wt(m, l, P_QKVW), bt(m, p, l, P_QKVB), N, C,
+    void *qkv = d->cp == 1 ? a->qkv : dt__gpt_cp_qkv_target(m, a);
+    DT_CHECK(dt_linear16_forward(pr, qkv, false, in, wt(m, l, P_QKVW), bt(m, p, l, P_QKVB), N, C,
                                  3 * Ct));
-    dt_attention16_forward(pr, a->atty, a->att_lse, a->qkv, B, T, Ct, NHt, m->attn_work);
+    if (d->cp == 1)
+        dt_attention16_forward(pr, a->atty, a->att_lse, a->qkv, B, T, Ct, NHt, m->attn_work);
+    else
+        DT_CHECK(dt__gpt_cp_attention_forward(m, a, qkv));
     DT_CHECK(dt_linear16_forward(pr, m->dbuf, true, a->atty, wt(m, l, P_ATTPROJW),
                                  sharded ? NULL : bt(m, p, l, P_ATTPROJB), N, Ct, C));
     DT_CHECK(region_out_forward(m, m->dbuf, &y));
@@ -520,6 +520,15 @@ static dt_status use_slot(dt_gpt *m, int chunk, int slot) {
     return DT_OK;
 }
 
+/* dst (B,Tl) = this rank's tokens of src (B,T): all of them without
+ * context parallelism. */
+static void take_tokens(const dt_gpt *m, int32_t *dst, const int32_t *src, int B, int T) {
+    const int Tl = T / m->d.cp;
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < Tl; i++)
+            dst[(size_t)b * Tl + i] = src[(size_t)b * T + cp_position(&m->d, Tl, i)];
+}
+
 /* Tokens must be in [0, V). */
 static dt_status check_tokens(const int32_t *tok, int N, int V, const char *what) {
     for (int i = 0; tok && i < N; i++)
@@ -534,7 +543,7 @@ static dt_status check_tokens(const int32_t *tok, int N, int V, const char *what
 static dt_status head_pass(dt_gpt *m, const float *x, const int32_t *targets, int B, int T,
                            float *mean_loss) {
     const gpt_dims *d = &m->d;
-    const int C = d->C, N = B * T;
+    const int C = d->C;
     const dt_precision pr = m->opt.precision;
     const size_t ns = rows_here(m);
     const float *p = m->params;
@@ -554,11 +563,16 @@ static dt_status head_pass(dt_gpt *m, const float *x, const int32_t *targets, in
         return d->tp > 1 ? gather_last(m) : DT_OK;
     }
     if (targets)
-        memcpy(m->s->targets, targets, sizeof(int32_t) * N);
+        take_tokens(m, m->s->targets, targets, B, T * d->cp);
     float loss;
     DT_CHECK(head_forward(m, xf, targets != NULL, &loss));
     if (!targets)
         return d->tp > 1 ? gather_last(m) : DT_OK;
+    if (d->cp > 1) { /* the mean over every rank's tokens (equal counts) */
+        const dt_cp_regions *g = m->opt.part.cp_regions;
+        REGION(m, g->sum(g->ctx, &loss, 1));
+        loss /= (float)d->cp;
+    }
     if (mean_loss)
         *mean_loss = loss;
     m->s->have_targets = true;
@@ -583,26 +597,35 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
             DT_ERR_INVALID,
             "forward with B=%d T=%d, but the model was created for B <= %d, T <= %d", B, T,
             m->max_B, m->max_T);
-    if (d->sp && T % d->tp != 0)
+    const int split = d->cp > 1 && d->cpm == DT_CP_RING ? 2 * d->cp : d->cp;
+    if (T % split != 0)
         return dt_error_set(DT_ERR_INVALID,
-                            "forward with T=%d: sequence parallelism needs a multiple of tp %d", T,
-                            d->tp);
+                            "forward with T=%d: context parallelism (%s, cp %d) needs a multiple "
+                            "of %d",
+                            T, dt_cp_mode_name(d->cpm), d->cp, split);
+    if (d->cp > 1 && !targets && s->head)
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "forward without targets (sampling) of a context-parallel model part: "
+                            "the last positions are on one rank; sample from the saved model");
+    if (d->sp && (T / d->cp) % d->tp != 0)
+        return dt_error_set(DT_ERR_INVALID,
+                            "forward with T=%d: sequence parallelism needs a multiple of tp %d%s",
+                            T, d->tp, d->cp > 1 ? " tokens per context-parallel rank" : "");
     if (s->embeds ? !inputs : !x_in)
         return dt_error_set(DT_ERR_INVALID, "forward of a model part: %s",
                             s->embeds ? "the first stage embeds tokens (inputs is NULL)"
                                       : "a later stage takes the residual stream (x_in is NULL)");
-    const int N = B * T;
-    DT_CHECK(check_tokens(s->embeds ? inputs : NULL, N, V, "input"));
-    DT_CHECK(check_tokens(s->head ? targets : NULL, N, V, "target"));
+    DT_CHECK(check_tokens(s->embeds ? inputs : NULL, B * T, V, "input"));
+    DT_CHECK(check_tokens(s->head ? targets : NULL, B * T, V, "target"));
     s->B = B;
-    s->T = T;
+    s->T = T / d->cp; /* this rank's tokens of each sequence */
     s->have_targets = false;
     const size_t ns = rows_here(m);
     if (pr != DT_PRECISION_FP32)
         cast_weights(m);
     prefetch(m, block_unit(m, s->L0));
     if (s->embeds) {
-        memcpy(s->tokens, inputs, sizeof(int32_t) * N);
+        take_tokens(m, s->tokens, inputs, B, T);
         DT_CHECK(fetch(m, other_unit(m, U_WTE)));
         DT_CHECK(fetch(m, other_unit(m, U_WPE)));
         DT_CHECK(embed_forward(m));
@@ -618,7 +641,7 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
         return DT_OK;
     }
     DT_CHECK(fetch(m, other_unit(m, U_WTE))); /* the tied head; ln_f was fetched */
-    dt_status hst = head_pass(m, x, targets, B, T, mean_loss);
+    dt_status hst = head_pass(m, x, targets, B, s->T, mean_loss);
     release(m, other_unit(m, U_WTE));
     release(m, other_unit(m, U_LNF));
     return hst;
@@ -800,7 +823,10 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode m
         dt_matmul_backward_mode(m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout, a->atty,
                                 bt(m, p, l, P_ATTPROJW), N, Ct, C, mode);
         linear_stats(m, weights, l, P_ATTPROJW, a->atty, dout, N, Ct, C);
-        dt_attention_backward(dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt);
+        if (d->cp == 1)
+            dt_attention_backward(dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt);
+        else
+            DT_CHECK(dt__gpt_cp_attention_backward(m, a, m->dbuf, dqkv));
         if (weights)
             DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
         dt_matmul_backward_mode(m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in, bt(m, p, l, P_QKVW), N, C,
@@ -810,8 +836,11 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode m
         uint16_t *dqkv = w ? w->d_qkv : m->dqkv;
         DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout, a->atty,
                                            wt(m, l, P_ATTPROJW), N, Ct, C, mode));
-        dt_attention16_backward(pr, dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt,
-                                m->attn_work);
+        if (d->cp == 1)
+            dt_attention16_backward(pr, dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt,
+                                    m->attn_work);
+        else
+            DT_CHECK(dt__gpt_cp_attention_backward(m, a, m->dbuf, dqkv));
         if (weights)
             DT_CHECK(region_in_forward(m, a->ln1, &in, 2));
         DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in,
@@ -889,10 +918,12 @@ static dt_status block_weights(dt_gpt *m, int l, const float *x, dt_grad_mode mo
 static dt_status embed_backward(dt_gpt *m, dt_grad_mode mode) {
     const int B = m->s->B, T = m->s->T, C = m->d.C;
     float *dwte = m->grads + m->info[m->wte].offset, *dwpe = m->grads + m->info[m->wpe].offset;
-    const size_t rows = (size_t)m->d.Vl, tail = (size_t)m->cfg.max_seq - (size_t)T;
+    /* wpe rows of every rank's positions (Tg: the whole sequence) */
+    const size_t Tg = (size_t)T * m->d.cp;
+    const size_t rows = (size_t)m->d.Vl, tail = (size_t)m->cfg.max_seq - Tg;
     if (!m->d.last && mode == DT_GRAD_OVERWRITE)
         memset(dwte, 0, rows * C * sizeof(float));
-    if (m->d.tp == 1) {
+    if (m->d.tp == 1 && m->d.cp == 1) {
         dt_embedding_backward_mode(dwte, dwpe, m->dres, m->s->tokens, B, T, C, mode);
     } else {
         /* wte: every token row of this rank's vocabulary, from all N rows
@@ -914,17 +945,18 @@ static dt_status embed_backward(dt_gpt *m, dt_grad_mode mode) {
         float *dst = m->d.sp ? m->gscratch : dwpe;
         size_t row0 = m->d.sp ? (size_t)m->d.r * ns : 0;
         if (m->d.sp || mode == DT_GRAD_OVERWRITE)
-            memset(dst, 0, (size_t)T * C * sizeof(float));
+            memset(dst, 0, Tg * C * sizeof(float));
         for (size_t i = 0; i < ns; i++) {
-            float *w = dst + ((row0 + i) % (size_t)T) * C;
+            int pos = cp_position(&m->d, T, (int)((row0 + i) % (size_t)T));
+            float *w = dst + (size_t)pos * C;
             for (int j = 0; j < C; j++)
                 w[j] += m->dres[i * C + j];
         }
         if (m->d.sp)
-            DT_CHECK(sum_partial(m, dwpe, m->gscratch, (size_t)T * C, mode));
+            DT_CHECK(sum_partial(m, dwpe, m->gscratch, Tg * C, mode));
     }
     if (mode == DT_GRAD_OVERWRITE)
-        memset(dwpe + (size_t)T * C, 0, sizeof(float) * tail * C);
+        memset(dwpe + Tg * C, 0, sizeof(float) * tail * C);
     return DT_OK;
 }
 

@@ -21,6 +21,7 @@ struct dt_mesh {
     dt_mesh_shape s;
     dt_group *world;                /* borrowed */
     dt_group *group[DT_AXIS_COUNT]; /* owned; NULL in a single process */
+    dt_group *replicas;             /* dp x cp; owned when cp > 1, else group[DT_AXIS_DP] */
     int coord[DT_AXIS_COUNT];       /* this rank's coordinates */
     int rank, size;                 /* in the world */
 };
@@ -159,6 +160,17 @@ dt_status dt_mesh_create(dt_mesh **out, dt_group *world, const dt_mesh_shape *s)
             return st;
         }
     }
+    if (st == DT_OK && world && s->degree[DT_AXIS_CP] > 1) {
+        int c = m->coord[DT_AXIS_TP] + s->degree[DT_AXIS_TP] * m->coord[DT_AXIS_PP];
+        st = dt_group_split(world, c, dt_mesh_replica_rank(s, m->coord), &m->replicas);
+        if (st != DT_OK) {
+            dt_error_prefix("mesh: the dp x cp group");
+            dt_mesh_destroy(m);
+            return st;
+        }
+    } else {
+        m->replicas = m->group[DT_AXIS_DP];
+    }
     /* Tensor parallelism communicates in every layer: its ranks belong on
      * one host, where shared memory carries it. */
     dt_group *tp = m->group[DT_AXIS_TP];
@@ -174,6 +186,8 @@ dt_status dt_mesh_create(dt_mesh **out, dt_group *world, const dt_mesh_shape *s)
 void dt_mesh_destroy(dt_mesh *m) {
     if (!m)
         return;
+    if (m->replicas != m->group[DT_AXIS_DP])
+        dt_group_destroy(m->replicas);
     for (int a = 0; a < DT_AXIS_COUNT; a++)
         dt_group_destroy(m->group[a]);
     dt_free(m);
@@ -186,3 +200,10 @@ int dt_mesh_coord(const dt_mesh *m, dt_axis a) { return m->coord[a]; }
 int dt_mesh_degree(const dt_mesh *m, dt_axis a) { return m->s.degree[a]; }
 int dt_mesh_rank(const dt_mesh *m) { return m->rank; }
 int dt_mesh_size(const dt_mesh *m) { return m->size; }
+dt_group *dt_mesh_replica_group(const dt_mesh *m) { return m->replicas; }
+int dt_mesh_replica_rank(const dt_mesh_shape *s, const int coord[DT_AXIS_COUNT]) {
+    return coord[DT_AXIS_DP] * s->degree[DT_AXIS_CP] + coord[DT_AXIS_CP];
+}
+int dt_mesh_replica_size(const dt_mesh_shape *s) {
+    return s->degree[DT_AXIS_DP] * s->degree[DT_AXIS_CP];
+}

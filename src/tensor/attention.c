@@ -224,6 +224,153 @@ void dt_attention_backward(float *dqkv, const float *dout, const float *qkv, con
 }
 
 /* ------------------------------------------------------------------------ */
+/* Cross blocks: queries against keys that all precede them (ring attention) */
+/* ------------------------------------------------------------------------ */
+/*
+ * The same tile scheme without the mask: forward keeps an online softmax
+ * over KCH-key tiles per BLK-query block; backward runs per head, key block
+ * outer, accumulating dQ, dK, dV (the caller sums a block's share into the
+ * running gradients, so beta is always 1).
+ */
+
+typedef struct cross_args {
+    const float *q, *kv;
+    size_t ldq, ldkv, ld_lse;
+    int Tq, Tk, C, NH;
+} cross_args;
+
+static void cross_forward_block(const cross_args *x, float *out, float *lse, int h, int i0) {
+    const int HS = x->C / x->NH, i1 = i0 + BLK < x->Tq ? i0 + BLK : x->Tq, nq = i1 - i0;
+    const float scale = 1.0f / sqrtf((float)HS);
+    const float *qb = x->q + (size_t)h * HS + (size_t)i0 * x->ldq;
+    const float *kb = x->kv + (size_t)h * HS, *vb = kb + x->C;
+    float S[BLK * KCH], O[BLK * MAX_HS], m[BLK], l[BLK];
+    for (int r = 0; r < nq; r++) {
+        m[r] = -INFINITY;
+        l[r] = 0.0f;
+    }
+    memset(O, 0, sizeof(float) * (size_t)nq * HS);
+    for (int j0 = 0; j0 < x->Tk; j0 += KCH) {
+        const int nk = j0 + KCH < x->Tk ? KCH : x->Tk - j0;
+        mm(false, true, nq, nk, HS, scale, qb, x->ldq, kb + (size_t)j0 * x->ldkv, x->ldkv, 0.0f, S,
+           KCH);
+        for (int r = 0; r < nq; r++) {
+            float *srow = S + (size_t)r * KCH;
+            float mb = dt__max(srow, (size_t)nk), mnew = mb > m[r] ? mb : m[r];
+            float corr = expf(m[r] - mnew);
+            l[r] = l[r] * corr + dt__exp_shift_sum(srow, srow, mnew, (size_t)nk);
+            m[r] = mnew;
+            if (j0 != 0 && corr != 1.0f)
+                dt__scal(O + (size_t)r * HS, corr, (size_t)HS);
+        }
+        mm(false, false, nq, HS, nk, 1.0f, S, KCH, vb + (size_t)j0 * x->ldkv, x->ldkv, 1.0f, O, HS);
+    }
+    for (int r = 0; r < nq; r++) {
+        float inv = 1.0f / l[r];
+        float *dst = out + (size_t)(i0 + r) * x->C + (size_t)h * HS;
+        for (int d = 0; d < HS; d++)
+            dst[d] = O[(size_t)r * HS + d] * inv;
+        lse[(size_t)h * x->ld_lse + i0 + r] = m[r] + logf(l[r]);
+    }
+}
+
+void dt__attention_cross_forward_tiles(float *out, float *lse, size_t ld_lse, const float *q,
+                                       size_t ldq, const float *kv, size_t ldkv, int Tq, int Tk,
+                                       int C, int NH) {
+    DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS && Tk > 0);
+    const cross_args x = {q, kv, ldq, ldkv, ld_lse, Tq, Tk, C, NH};
+    const int nblk = (Tq + BLK - 1) / BLK;
+#pragma omp parallel for collapse(2) schedule(static) if (NH * nblk > 1)
+    for (int h = 0; h < NH; h++)
+        for (int ib = 0; ib < nblk; ib++)
+            cross_forward_block(&x, out, lse, h, ib * BLK);
+}
+
+static void cross_backward_head(const cross_args *x, float *dq, float *dkv, const float *dout,
+                                const float *out, const float *lse, int h) {
+    const int HS = x->C / x->NH, C = x->C;
+    const float scale = 1.0f / sqrtf((float)HS);
+    const size_t ho = (size_t)h * HS;
+    const float *qb = x->q + ho, *kb = x->kv + ho, *vb = kb + C;
+    float *dqb = dq + ho, *dkb = dkv + ho, *dvb = dkb + C;
+    const float *lrow = lse + (size_t)h * x->ld_lse;
+    float P[KCH * BLK], dP[KCH * BLK];
+    for (int j0 = 0; j0 < x->Tk; j0 += BLK) {
+        const int nk = j0 + BLK < x->Tk ? BLK : x->Tk - j0;
+        const float *Kj = kb + (size_t)j0 * x->ldkv, *Vj = vb + (size_t)j0 * x->ldkv;
+        for (int i0 = 0; i0 < x->Tq; i0 += KCH) {
+            const int nq = i0 + KCH < x->Tq ? KCH : x->Tq - i0;
+            const float *Qi = qb + (size_t)i0 * x->ldq, *dOi = dout + (size_t)i0 * C + ho;
+            mm(false, true, nq, nk, HS, scale, Qi, x->ldq, Kj, x->ldkv, 0.0f, P, BLK);
+            mm(false, true, nq, nk, HS, 1.0f, dOi, C, Vj, x->ldkv, 0.0f, dP, BLK);
+            for (int r = 0; r < nq; r++) {
+                const int t = i0 + r;
+                float *prow = P + (size_t)r * BLK, *dsrow = dP + (size_t)r * BLK;
+                dt__exp_shift_sum(prow, prow, lrow[t], (size_t)nk);
+                const float Dt =
+                    dt__dot(dout + (size_t)t * C + ho, out + (size_t)t * C + ho, (size_t)HS);
+                for (int c = 0; c < nk; c++)
+                    dsrow[c] = prow[c] * (dsrow[c] - Dt) * scale;
+            }
+            mm(true, false, nk, HS, nq, 1.0f, P, BLK, dOi, C, 1.0f, dvb + (size_t)j0 * x->ldkv,
+               x->ldkv);
+            mm(true, false, nk, HS, nq, 1.0f, dP, BLK, Qi, x->ldq, 1.0f, dkb + (size_t)j0 * x->ldkv,
+               x->ldkv);
+            mm(false, false, nq, HS, nk, 1.0f, dP, BLK, Kj, x->ldkv, 1.0f,
+               dqb + (size_t)i0 * x->ldq, x->ldq);
+        }
+    }
+}
+
+void dt__attention_cross_backward_tiles(float *dq, float *dkv, const float *dout, const float *q,
+                                        size_t ldq, const float *kv, size_t ldkv, const float *out,
+                                        const float *lse, size_t ld_lse, int Tq, int Tk, int C,
+                                        int NH, int h0, int h1) {
+    DT_ASSERT(C % NH == 0 && C / NH <= MAX_HS);
+    const cross_args x = {q, kv, ldq, ldkv, ld_lse, Tq, Tk, C, NH};
+#pragma omp parallel for schedule(static) if (h1 - h0 > 1)
+    for (int h = h0; h < h1; h++)
+        cross_backward_head(&x, dq, dkv, dout, out, lse, h);
+}
+
+/* avx512 where it runs, tiles otherwise (as for causal attention). */
+void dt_attention_cross_forward(float *out, float *lse, size_t ld_lse, const float *q, size_t ldq,
+                                const float *kv, size_t ldkv, int Tq, int Tk, int C, int NH) {
+    if (!dt__attention_cross_forward_avx512(out, lse, ld_lse, q, ldq, kv, ldkv, Tq, Tk, C, NH))
+        dt__attention_cross_forward_tiles(out, lse, ld_lse, q, ldq, kv, ldkv, Tq, Tk, C, NH);
+}
+
+void dt_attention_cross_backward(float *dq, float *dkv, const float *dout, const float *q,
+                                 size_t ldq, const float *kv, size_t ldkv, const float *out,
+                                 const float *lse, size_t ld_lse, int Tq, int Tk, int C, int NH) {
+    if (!dt__attention_cross_backward_avx512(dq, dkv, dout, q, ldq, kv, ldkv, out, lse, ld_lse, Tq,
+                                             Tk, C, NH))
+        dt__attention_cross_backward_tiles(dq, dkv, dout, q, ldq, kv, ldkv, out, lse, ld_lse, Tq,
+                                           Tk, C, NH, 0, NH);
+}
+
+void dt_attention_merge(float *out, float *lse, size_t ld_lse, const float *pout, const float *plse,
+                        size_t ld_plse, int Tq, int C, int NH) {
+    const int HS = C / NH;
+#pragma omp parallel for schedule(static) if ((size_t)Tq * C > 65536)
+    for (int t = 0; t < Tq; t++)
+        for (int h = 0; h < NH; h++) {
+            float *l = lse + (size_t)h * ld_lse + t;
+            const float a = *l, b = plse[(size_t)h * ld_plse + t];
+            const float mx = a > b ? a : b;
+            if (mx == -INFINITY) /* neither saw a key */
+                continue;
+            const float wa = expf(a - mx), wb = expf(b - mx), s = wa + wb;
+            float *o = out + (size_t)t * C + (size_t)h * HS;
+            const float *po = pout + (size_t)t * C + (size_t)h * HS;
+            const float ca = wa / s, cb = wb / s;
+            for (int d = 0; d < HS; d++)
+                o[d] = ca * o[d] + cb * po[d];
+            *l = mx + logf(s);
+        }
+}
+
+/* ------------------------------------------------------------------------ */
 /* Naive reference: scalar loops, the (T,T) probabilities stored            */
 /* ------------------------------------------------------------------------ */
 

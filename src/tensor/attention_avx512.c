@@ -238,16 +238,18 @@ INLINE __m512 log16(__m512 x) {
 /* ------------------------------------------------------------------------ */
 
 typedef struct fwd_ctx {
-    const float *qb, *kb, *vb; /* head's columns of q, k, v (row stride C3) */
-    size_t C3;
-    int T, HS, i0, i1;
+    const float *qb, *kb, *vb; /* head's columns of q (row stride ldq), k and v (ldkv) */
+    size_t ldq, ldkv;
+    int nk;      /* keys: causal, those up to the block's last query (i1) */
+    bool causal; /* false: a cross block, every query sees all nk keys */
+    int HS, i0, i1;
     float scale;
     float *qt; /* (HS, QB): the block's Q^T */
     float *st; /* (i1, QB): S^T, then P^T */
     float *mx; /* (QB): running max per query */
     float *ob; /* head's columns of out (row stride ldo) */
     size_t ldo;
-    float *lrow; /* head's lse (T) */
+    float *lrow; /* head's lse (its queries) */
 } fwd_ctx;
 
 /* Rows i of a tile: row r0 + i, the last valid one repeated past `rows`
@@ -257,23 +259,30 @@ static void tile_rows(const float *a[MR], const float *base, size_t stride, int 
         a[i] = base + (size_t)(i < rows ? i : rows - 1) * stride;
 }
 
+/* Query vectors a key group starting at jg skips (all of them before it). */
+static inline int skipped(const fwd_ctx *f, int jg) {
+    return f->causal && jg > f->i0 ? (jg - f->i0) / 16 : 0;
+}
+
 AVX512_TARGET static void fwd_block(const fwd_ctx *f) {
-    const int i0 = f->i0, i1 = f->i1, nvh = f->HS / 16;
+    const int i0 = f->i0, i1 = f->i1, nk = f->nk, nvh = f->HS / 16;
     const __m512 ninf = _mm512_set1_ps(-INFINITY);
     float c[MR * TL] __attribute__((aligned(64)));
     const float *a[MR];
-    pack_t(f->qt, QB, f->qb + (size_t)i0 * f->C3, f->C3, i1 - i0, QB, f->HS, f->scale);
+    pack_t(f->qt, QB, f->qb + (size_t)i0 * f->ldq, f->ldq, i1 - i0, QB, f->HS, f->scale);
     for (int q = 0; q < QB; q += 16)
         _mm512_store_ps(f->mx + q, ninf);
-    /* Step 1: S^T by 6-key groups; query vectors below vs (queries < jg) skipped. */
-    for (int jg = 0; jg < i1; jg += MR) {
-        int rows = i1 - jg < MR ? i1 - jg : MR, vs = jg > i0 ? (jg - i0) / 16 : 0;
-        tile_rows(a, f->kb + (size_t)jg * f->C3, f->C3, rows);
+    /* Step 1: S^T by 6-key groups; query vectors below vs (queries < jg) skipped.
+     * A cross block masks only the lanes past the last query (key 0 is
+     * visible to every query). */
+    for (int jg = 0; jg < nk; jg += MR) {
+        int rows = nk - jg < MR ? nk - jg : MR, vs = skipped(f, jg);
+        tile_rows(a, f->kb + (size_t)jg * f->ldkv, f->ldkv, rows);
         tile(c, QB / 16 - vs, f->HS, a, 1, f->qt + 16 * vs, QB);
         for (int i = 0; i < rows; i++) {
             float *srow = f->st + (size_t)(jg + i) * QB;
             for (int v = vs; v < QB / 16; v++) {
-                __mmask16 m = causal_mask(i0 + 16 * v, jg + i, i1);
+                __mmask16 m = causal_mask(i0 + 16 * v, f->causal ? jg + i : 0, i1);
                 __m512 x = _mm512_load_ps(c + i * TL + 16 * (v - vs));
                 if (m != 0xFFFF)
                     x = _mm512_mask_blend_ps(m, ninf, x);
@@ -290,14 +299,14 @@ AVX512_TARGET static void fwd_block(const fwd_ctx *f) {
         l[v] = _mm512_setzero_ps();
         mv[v] = _mm512_load_ps(f->mx + 16 * v);
     }
-    for (int j = 0; j < i1; j++) {
-        int jg = j - j % MR, vs = jg > i0 ? (jg - i0) / 16 : 0;
+    for (int j = 0; j < nk; j++) {
+        int vs = skipped(f, j - j % MR);
         float *srow = f->st + (size_t)j * QB;
 #pragma GCC unroll 4
         for (int v = 0; v < QB / 16; v++) {
             __m512 p = _mm512_setzero_ps(); /* never written in step 1: queries < jg */
             if (v >= vs) {
-                __mmask16 m = causal_mask(i0 + 16 * v, j, i1);
+                __mmask16 m = causal_mask(i0 + 16 * v, f->causal ? j : 0, i1);
                 p = dt__exp16(_mm512_sub_ps(_mm512_load_ps(srow + 16 * v), mv[v]));
                 if (m != 0xFFFF)
                     p = _mm512_maskz_mov_ps(m, p);
@@ -316,7 +325,7 @@ AVX512_TARGET static void fwd_block(const fwd_ctx *f) {
     for (int r0 = i0; r0 < i1; r0 += MR) {
         int rows = i1 - r0 < MR ? i1 - r0 : MR;
         tile_rows(a, f->st + (r0 - i0), 1, rows);
-        tile(c, nvh, r0 + rows, a, QB, f->vb, f->C3);
+        tile(c, nvh, f->causal ? r0 + rows : nk, a, QB, f->vb, f->ldkv);
         for (int i = 0; i < rows; i++) {
             __m512 inv = _mm512_set1_ps(linv[r0 - i0 + i]);
             for (int v = 0; v < nvh; v++)
@@ -331,11 +340,14 @@ AVX512_TARGET static void fwd_block(const fwd_ctx *f) {
 /* ------------------------------------------------------------------------ */
 
 typedef struct bwd_ctx {
-    const float *qb, *kb, *vb; /* head's columns of q, k, v (row stride C3) */
+    const float *qb, *kb, *vb; /* head's columns of q (row stride ldq), k, v (ldkv) */
     const float *dob, *ob;     /* head's columns of dout, out (row stride C) */
-    float *dqb, *dkb, *dvb;    /* head's columns of dq, dk, dv (row stride C3) */
-    size_t C3, C;
-    int T, Tp, HS;
+    float *dqb, *dkb, *dvb;    /* head's columns of dq (ldq), dk, dv (ldkv) */
+    size_t ldq, ldkv, C;
+    int T, Tp, HS; /* queries, padded to 16 */
+    int Tk;        /* keys (causal: T) */
+    bool causal;   /* false: a cross block (every query sees every key),
+                      whose dq, dk, dv are added to */
     float scale;
     float *qt, *dot; /* (HS, Tp): Q^T, dO^T, zero past T */
     float *lp, *dp;  /* (Tp): lse and D = dO . O per query, zero past T */
@@ -347,19 +359,19 @@ AVX512_TARGET static void bwd_scores(const bwd_ctx *g, int j0, int jg, int rows,
     float c[MR * TL] __attribute__((aligned(64)));
     const float *a[MR];
     const __m512 vscale = _mm512_set1_ps(g->scale);
-    tile_rows(a, g->kb + (size_t)jg * g->C3, g->C3, rows);
+    tile_rows(a, g->kb + (size_t)jg * g->ldkv, g->ldkv, rows);
     tile(c, nv, g->HS, a, 1, g->qt + q0, (size_t)g->Tp);
     for (int i = 0; i < rows; i++) {
         float *prow = g->pt + (size_t)(jg + i - j0) * g->Tp + q0;
         for (int v = 0; v < nv; v++) {
-            __mmask16 m = causal_mask(q0 + 16 * v, jg + i, g->T);
+            __mmask16 m = causal_mask(q0 + 16 * v, g->causal ? jg + i : 0, g->T);
             __m512 x = _mm512_sub_ps(_mm512_load_ps(c + i * TL + 16 * v),
                                      _mm512_load_ps(g->lp + q0 + 16 * v));
             x = dt__exp16(x);
             _mm512_store_ps(prow + 16 * v, m == 0xFFFF ? x : _mm512_maskz_mov_ps(m, x));
         }
     }
-    tile_rows(a, g->vb + (size_t)jg * g->C3, g->C3, rows);
+    tile_rows(a, g->vb + (size_t)jg * g->ldkv, g->ldkv, rows);
     tile(c, nv, g->HS, a, 1, g->dot + q0, (size_t)g->Tp);
     for (int i = 0; i < rows; i++) {
         size_t row = (size_t)(jg + i - j0) * g->Tp + q0;
@@ -384,10 +396,11 @@ AVX512_TARGET static void put_rows(float *d, size_t ld, const float *c, int rows
 }
 
 AVX512_TARGET static void bwd_head(const bwd_ctx *g) {
-    const int T = g->T, Tp = g->Tp, HS = g->HS, nvh = HS / 16;
+    const int T = g->T, Tp = g->Tp, Tk = g->Tk, HS = g->HS, nvh = HS / 16;
+    const bool causal = g->causal;
     float c[MR * TL] __attribute__((aligned(64)));
     const float *a[MR];
-    pack_t(g->qt, (size_t)Tp, g->qb, g->C3, T, Tp, HS, g->scale);
+    pack_t(g->qt, (size_t)Tp, g->qb, g->ldq, T, Tp, HS, g->scale);
     pack_t(g->dot, (size_t)Tp, g->dob, g->C, T, Tp, HS, 1.0f);
     for (int t = 0; t < Tp; t++) {
         float d = 0.0f;
@@ -400,38 +413,43 @@ AVX512_TARGET static void bwd_head(const bwd_ctx *g) {
         }
         g->dp[t] = d;
     }
-    for (int j0 = 0; j0 < T; j0 += KB) {
-        const int j1 = j0 + KB < T ? j0 + KB : T;
+    /* A cross block's queries all see every key: they start at 0 for
+     * every key block, and its gradients are added to. */
+    for (int j0 = 0; j0 < Tk; j0 += KB) {
+        const int j1 = j0 + KB < Tk ? j0 + KB : Tk;
         /* Query chunk outer, key group inner: the chunk's Q^T and dO^T
          * columns (2 x 16 KiB at HS = 64) stay in L1 across the block's
          * key groups. A group starts at its first 16-aligned query. */
-        for (int q0 = j0; q0 < Tp; q0 += 64)
+        for (int q0 = causal ? j0 : 0; q0 < Tp; q0 += 64)
             for (int jg = j0; jg < j1; jg += MR) {
-                int lo = jg / 16 * 16 > q0 ? jg / 16 * 16 : q0, hi = q0 + 64 < Tp ? q0 + 64 : Tp;
+                int first = causal ? jg / 16 * 16 : 0;
+                int lo = first > q0 ? first : q0, hi = q0 + 64 < Tp ? q0 + 64 : Tp;
                 if (lo < hi)
                     bwd_scores(g, j0, jg, j1 - jg < MR ? j1 - jg : MR, lo, (hi - lo) / 16);
             }
         for (int jg = j0; jg < j1; jg += MR) {
-            int rows = j1 - jg < MR ? j1 - jg : MR;
-            /* dK = dS^T Q and dV = P^T dO over queries jg..T-1 (the queries
-             * in [jg, key) have P = dS = 0), each row written once. */
-            size_t off = (size_t)(jg - j0) * Tp + jg;
+            int rows = j1 - jg < MR ? j1 - jg : MR, q0 = causal ? jg : 0;
+            /* dK = dS^T Q and dV = P^T dO over queries q0..T-1 (causal: the
+             * queries in [jg, key) have P = dS = 0), each row written once. */
+            size_t off = (size_t)(jg - j0) * Tp + q0;
             tile_rows(a, g->dst + off, (size_t)Tp, rows);
-            tile(c, nvh, T - jg, a, 1, g->qb + (size_t)jg * g->C3, g->C3);
-            put_rows(g->dkb + (size_t)jg * g->C3, g->C3, c, rows, nvh, false);
+            tile(c, nvh, T - q0, a, 1, g->qb + (size_t)q0 * g->ldq, g->ldq);
+            put_rows(g->dkb + (size_t)jg * g->ldkv, g->ldkv, c, rows, nvh, !causal);
             tile_rows(a, g->pt + off, (size_t)Tp, rows);
-            tile(c, nvh, T - jg, a, 1, g->dob + (size_t)jg * g->C, g->C);
-            put_rows(g->dvb + (size_t)jg * g->C3, g->C3, c, rows, nvh, false);
+            tile(c, nvh, T - q0, a, 1, g->dob + (size_t)q0 * g->C, g->C);
+            put_rows(g->dvb + (size_t)jg * g->ldkv, g->ldkv, c, rows, nvh, !causal);
         }
         /* Step 2: dQ rows r0.. (+)= dS K over the block's keys <= their own.
          * Query and key groups both start at j0 in steps of MR, so every
          * key group read here started at or before r0: its dS^T row was
-         * written from column jg/16*16 <= r0 on. */
-        for (int r0 = j0; r0 < T; r0 += MR) {
-            int rows = T - r0 < MR ? T - r0 : MR, kend = r0 + rows < j1 ? r0 + rows : j1;
+         * written from column jg/16*16 <= r0 on. (Cross: every row of the
+         * block, over all its keys.) */
+        for (int r0 = causal ? j0 : 0; r0 < T; r0 += MR) {
+            int rows = T - r0 < MR ? T - r0 : MR;
+            int kend = causal && r0 + rows < j1 ? r0 + rows : j1;
             tile_rows(a, g->dst + r0, 1, rows);
-            tile(c, nvh, kend - j0, a, (size_t)Tp, g->kb + (size_t)j0 * g->C3, g->C3);
-            put_rows(g->dqb + (size_t)r0 * g->C3, g->C3, c, rows, nvh, j0 > 0);
+            tile(c, nvh, kend - j0, a, (size_t)Tp, g->kb + (size_t)j0 * g->ldkv, g->ldkv);
+            put_rows(g->dqb + (size_t)r0 * g->ldq, g->ldq, c, rows, nvh, !causal || j0 > 0);
         }
     }
 }
@@ -457,15 +475,18 @@ bool dt__attention_forward_avx512(float *out, float *lse, const float *qkv, int 
                     continue;
                 }
                 const float *qb = qkv + (size_t)b * T * C3 + (size_t)h * HS;
+                const int i1 = (ib + 1) * QB < T ? (ib + 1) * QB : T;
                 fwd_ctx f = {
                     .qb = qb,
                     .kb = qb + C,
                     .vb = qb + 2 * (size_t)C,
-                    .C3 = C3,
-                    .T = T,
+                    .ldq = C3,
+                    .ldkv = C3,
+                    .nk = i1,
+                    .causal = true,
                     .HS = HS,
                     .i0 = ib * QB,
-                    .i1 = (ib + 1) * QB < T ? (ib + 1) * QB : T,
+                    .i1 = i1,
                     .scale = 1.0f / sqrtf((float)HS),
                     .qt = ws,
                     .mx = ws + (size_t)HS * QB,
@@ -512,10 +533,13 @@ bool dt__attention_backward_avx512(float *dqkv, const float *dout, const float *
                 .dqb = dqb,
                 .dkb = dqb + C,
                 .dvb = dqb + 2 * (size_t)C,
-                .C3 = C3,
+                .ldq = C3,
+                .ldkv = C3,
                 .C = (size_t)C,
                 .T = T,
                 .Tp = Tp,
+                .Tk = T,
+                .causal = true,
                 .HS = HS,
                 .scale = 1.0f / sqrtf((float)HS),
                 .qt = ws,
@@ -533,6 +557,107 @@ bool dt__attention_backward_avx512(float *dqkv, const float *dout, const float *
     return !fail;
 #else
     (void)dqkv, (void)dout, (void)qkv, (void)out, (void)lse, (void)B, (void)T;
+    return false;
+#endif
+}
+
+bool dt__attention_cross_forward_avx512(float *out, float *lse, size_t ld_lse, const float *q,
+                                        size_t ldq, const float *kv, size_t ldkv, int Tq, int Tk,
+                                        int C, int NH) {
+    if (!dt__attention_avx512_ok(C, NH))
+        return false;
+#if HAVE_ATT_AVX512
+    const int HS = C / NH, nblk = (Tq + QB - 1) / QB;
+    int fail = 0;
+#pragma omp parallel for collapse(2) schedule(static) if (NH * nblk > 1) reduction(| : fail)
+    for (int h = 0; h < NH; h++)
+        for (int ib = 0; ib < nblk; ib++) {
+            float *ws = get_scratch((size_t)(HS + 1 + Tk) * QB);
+            if (!ws) {
+                fail = 1;
+                continue;
+            }
+            const float *kb = kv + (size_t)h * HS;
+            fwd_ctx f = {
+                .qb = q + (size_t)h * HS,
+                .kb = kb,
+                .vb = kb + C,
+                .ldq = ldq,
+                .ldkv = ldkv,
+                .nk = Tk,
+                .causal = false,
+                .HS = HS,
+                .i0 = ib * QB,
+                .i1 = (ib + 1) * QB < Tq ? (ib + 1) * QB : Tq,
+                .scale = 1.0f / sqrtf((float)HS),
+                .qt = ws,
+                .mx = ws + (size_t)HS * QB,
+                .st = ws + (size_t)(HS + 1) * QB,
+                .ob = out + (size_t)h * HS,
+                .ldo = (size_t)C,
+                .lrow = lse + (size_t)h * ld_lse,
+            };
+            fwd_block(&f);
+        }
+    return !fail;
+#else
+    (void)out, (void)lse, (void)ld_lse, (void)q, (void)ldq, (void)kv, (void)ldkv, (void)Tq;
+    (void)Tk;
+    return false;
+#endif
+}
+
+bool dt__attention_cross_backward_avx512(float *dq, float *dkv, const float *dout, const float *q,
+                                         size_t ldq, const float *kv, size_t ldkv, const float *out,
+                                         const float *lse, size_t ld_lse, int Tq, int Tk, int C,
+                                         int NH) {
+    if (!dt__attention_avx512_ok(C, NH))
+        return false;
+#if HAVE_ATT_AVX512
+    const int HS = C / NH, Tp = (Tq + 15) / 16 * 16;
+#pragma omp parallel for schedule(dynamic, 1) if (NH > 1)
+    for (int h = 0; h < NH; h++) {
+        float *ws = get_scratch((size_t)(2 * HS + 2 + 2 * KB) * Tp);
+        if (!ws) { /* this head in tiles: it adds, so no other head may redo */
+            dt__attention_cross_backward_tiles(dq, dkv, dout, q, ldq, kv, ldkv, out, lse, ld_lse,
+                                               Tq, Tk, C, NH, h, h + 1);
+            continue;
+        }
+        const size_t ho = (size_t)h * HS;
+        bwd_ctx g = {
+            .qb = q + ho,
+            .kb = kv + ho,
+            .vb = kv + ho + C,
+            .dob = dout + ho,
+            .ob = out + ho,
+            .dqb = dq + ho,
+            .dkb = dkv + ho,
+            .dvb = dkv + ho + C,
+            .ldq = ldq,
+            .ldkv = ldkv,
+            .C = (size_t)C,
+            .T = Tq,
+            .Tp = Tp,
+            .Tk = Tk,
+            .causal = false,
+            .HS = HS,
+            .scale = 1.0f / sqrtf((float)HS),
+            .qt = ws,
+            .dot = ws + (size_t)HS * Tp,
+            .lp = ws + (size_t)2 * HS * Tp,
+            .dp = ws + (size_t)(2 * HS + 1) * Tp,
+            .pt = ws + (size_t)(2 * HS + 2) * Tp,
+            .dst = ws + (size_t)(2 * HS + 2 + KB) * Tp,
+        };
+        const float *lrow = lse + (size_t)h * ld_lse;
+        for (int t = 0; t < Tp; t++)
+            g.lp[t] = t < Tq ? lrow[t] : 0.0f;
+        bwd_head(&g);
+    }
+    return true;
+#else
+    (void)dq, (void)dkv, (void)dout, (void)q, (void)ldq, (void)kv, (void)ldkv, (void)out;
+    (void)lse, (void)ld_lse, (void)Tq, (void)Tk;
     return false;
 #endif
 }

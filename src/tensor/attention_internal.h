@@ -36,4 +36,24 @@ bool dt__attention_forward_avx512(float *out, float *lse, const float *qkv, int 
 bool dt__attention_backward_avx512(float *dqkv, const float *dout, const float *qkv,
                                    const float *out, const float *lse, int B, int T, int C, int NH);
 
+/* The cross blocks of ring attention (tensor.h), tiles and avx512, under
+ * the same rules; the public functions choose as for causal attention. */
+void dt__attention_cross_forward_tiles(float *out, float *lse, size_t ld_lse, const float *q,
+                                       size_t ldq, const float *kv, size_t ldkv, int Tq, int Tk,
+                                       int C, int NH);
+/* Heads [h0, h1) of the backward (added to, like every cross backward). */
+void dt__attention_cross_backward_tiles(float *dq, float *dkv, const float *dout, const float *q,
+                                        size_t ldq, const float *kv, size_t ldkv, const float *out,
+                                        const float *lse, size_t ld_lse, int Tq, int Tk, int C,
+                                        int NH, int h0, int h1);
+bool dt__attention_cross_forward_avx512(float *out, float *lse, size_t ld_lse, const float *q,
+                                        size_t ldq, const float *kv, size_t ldkv, int Tq, int Tk,
+                                        int C, int NH);
+/* false only where the kernels cannot run (nothing added); a head whose
+ * scratch cannot be allocated runs in tiles instead. */
+bool dt__attention_cross_backward_avx512(float *dq, float *dkv, const float *dout, const float *q,
+                                         size_t ldq, const float *kv, size_t ldkv, const float *out,
+                                         const float *lse, size_t ld_lse, int Tq, int Tk, int C,
+                                         int NH);
+
 #endif /* DTRAIN_TENSOR_ATTENTION_INTERNAL_H */

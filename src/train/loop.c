@@ -96,8 +96,9 @@ typedef struct step_stats {
 /* Forward, backward and the gradient synchronisation of the step's
  * micro-batches (read first when `read`), then one small allreduce over
  * the world that makes every rank agree on: the loss (counted once per
- * replica: by its first tensor-parallel rank of the stage with the head),
- * the counted sums of squares (each element once over the world), "a stop
+ * replica: by its first tensor- and context-parallel rank of the stage with
+ * the head; a cp part's loss is already its whole sequences'), the counted
+ * sums of squares (each element once over the world), "a stop
  * was requested on some rank" and "some rank found an inf/nan gradient". */
 static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bool read) {
     const dt_train_config *c = t->c;
@@ -127,7 +128,8 @@ static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bo
         s->r.found_inf = true;
         s->r.sumsq = INFINITY;
     }
-    bool counts_loss = dt_mesh_coord(t->mesh, DT_AXIS_TP) == 0 && s->run.has_loss;
+    bool counts_loss = dt_mesh_coord(t->mesh, DT_AXIS_TP) == 0 &&
+                       dt_mesh_coord(t->mesh, DT_AXIS_CP) == 0 && s->run.has_loss;
     double v[4] = {counts_loss ? loss / t->K : 0.0, s->r.sumsq,
                    c->stop && atomic_load_explicit(c->stop, memory_order_relaxed) ? 1.0 : 0.0,
                    s->r.found_inf ? 1.0 : 0.0};
@@ -227,7 +229,7 @@ typedef struct display {
     dt_progress *prog;
     FILE *tty; /* /dev/tty when the live line cannot go to stderr */
     double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW],
-        bubble[MEDIAN_WINDOW];
+        bubble[MEDIAN_WINDOW], mfu[MEDIAN_WINDOW];
     int peak_live; /* the most micro-batches this rank kept alive in a step */
     size_t nrec;   /* records so far (the window holds the newest) */
 } display;
@@ -261,6 +263,7 @@ static void display_close(display *d) {
 static void record(display *d, const dt_step_metrics *sm) {
     size_t i = d->nrec++ % MEDIAN_WINDOW;
     d->tps[i] = sm->tokens_per_s;
+    d->mfu[i] = sm->mfu;
     d->comm[i] = sm->comm_ms;
     d->exposed[i] = sm->exposed_comm_ms;
     d->tp[i] = sm->tp_comm_ms;
@@ -279,9 +282,15 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
     res->exposed_comm_ms = dt__median(d->exposed, n);
     res->tp_comm_ms = dt__median(d->tp, n);
     res->pp_bubble = dt__median(d->bubble, n);
+    double mfu = dt__median(d->mfu, n);
     if (t->rank != 0)
         return DT_OK;
     dt_progress_finish(d->prog);
+    if (run_steps == 0 && t->resumed[0])
+        fprintf(stderr,
+                "nothing to train: %s is at step %" PRId64 " of --steps %" PRId64
+                "; give a larger --steps to train further\n",
+                t->resumed, t->step, c->steps);
     if (run_steps > 0) {
         fprintf(stderr, "done: steps %" PRId64 "..%" PRId64 " in %.1f s, loss %.4f -> %.4f",
                 res->first_step, res->last_step, res->seconds, res->first_loss, res->last_loss);
@@ -292,8 +301,14 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
         if (t->scaling)
             fprintf(stderr, ", loss scale %g, %" PRId64 " step(s) skipped",
                     (double)dt__train_applied_scale(t), t->skipped);
-        if (isfinite(res->tp_comm_ms))
-            fprintf(stderr, ", tensor-parallel comm %.1f ms/step (exposed)", res->tp_comm_ms);
+        if (isfinite(res->tp_comm_ms)) {
+            const dt_gpt_part *part = dt_gpt_get_part(t->m);
+            fprintf(stderr, ", %s comm %.1f ms/step (exposed)",
+                    part->cp_size == 1   ? "tensor-parallel"
+                    : part->tp_size == 1 ? "context-parallel"
+                                         : "tensor- and context-parallel",
+                    res->tp_comm_ms);
+        }
         if (isfinite(res->pp_bubble))
             fprintf(stderr,
                     ", pipeline bubble %.1f%% (theory %.1f%%), %d micro-batch(es) alive "
@@ -302,7 +317,7 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                     100 * dt_pp_theoretical_bubble(t->pipe->kind, t->pipe->stages, t->pipe->chunks,
                                                    t->pipe->micro),
                     d->peak_live);
-        if (t->dp > 1 && isfinite(res->comm_ms)) {
+        if (t->sync_size > 1 && isfinite(res->comm_ms)) {
             char wb[32];
             fprintf(stderr,
                     ", comm %.1f ms/step of which %.1f ms exposed (%.0f%%); %d of %d "
@@ -313,6 +328,14 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                     dt_format_bytes((double)last->r.bytes_sent, wb, sizeof wb));
         }
         fprintf(stderr, "\n");
+        /* Above 100% the peak is wrong, not the run: a cached peak taken
+         * while the machine was busy, or a --peak-flops below this CPU's. */
+        if (mfu > 1.0)
+            fprintf(stderr,
+                    "warning: MFU %.0f%% (median) is above 100%%: the peak it is relative to is "
+                    "lower than this machine reaches; `dtrain bench peak` measures it again (or "
+                    "give --peak-flops)\n",
+                    100 * mfu);
     }
     uint64_t rss, peak;
     if (dt_mem_resident(&rss, &peak)) {
@@ -324,15 +347,22 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                 dt_format_bytes((double)peak, a, sizeof a),
                 dt_format_bytes((double)t->rss_base, b, sizeof b));
     }
+    if (c->run_dir)
+        fprintf(stderr, "run:        %s (config.json, metrics.jsonl, model.dtgw)\n", c->run_dir);
     if (res->checkpoint[0])
-        fprintf(stderr, "checkpoint: %s\n", res->checkpoint);
+        fprintf(stderr, "checkpoint: %s (the same command with --resume continues)\n",
+                res->checkpoint);
+    if (!c->run_dir && !c->ckpt_dir)
+        fprintf(stderr, "saved:      nothing (%s)\n",
+                c->save_default ? "no --run-dir or --ckpt-dir" : "--no-save");
     if (whole && c->run_dir) {
         /* The final weights in the engine's plain format, for `dtrain
          * sample` (the checkpoint holds the optimizer state too). */
         char wpath[4096];
         snprintf(wpath, sizeof wpath, "%s/model.dtgw", c->run_dir);
-        DT_CHECK(dt_gpt_save_weights(whole, wpath, t->tok->id_to_byte, t->tok->vocab_size));
-        fprintf(stderr, "metrics:    %s/metrics.jsonl\n", c->run_dir);
+        bool table = t->tok->kind != DT_TOKENIZER_BPE; /* a bpe model is sampled with --tokenizer */
+        DT_CHECK(dt_gpt_save_weights(whole, wpath, table ? t->tok->id_to_byte : NULL,
+                                     table ? t->tok->vocab_size : 0));
         fprintf(stderr, "weights:    %s (dtrain sample --ckpt %s)\n", wpath, wpath);
     }
     if (whole && c->sample_tokens > 0 && t->step == c->steps)
@@ -352,6 +382,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     if (!d)
         return DT_ERR_NOMEM;
     DT_CHECK_GOTO(dt__train_setup(t), st, fail);
+    c = t->c; /* with the directories and sizes setup resolved */
     DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
     if (c->resume) {
         if (!c->ckpt_dir) {
@@ -366,20 +397,30 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     if (check_every > 0)
         DT_CHECK_GOTO(dt_grad_sync_check(t->sync, t->step), st, fail);
 
-    double peak = c->peak_gflops > 0 ? c->peak_gflops : dt__train_peak_gflops();
+    /* MFU's denominator: --peak-flops, else the cached peak of this
+     * machine in this compute type (dt_peak_flops). */
+    double peak = c->peak_gflops;
+    char peak_from[4400] = "--peak-flops";
+    if (!(peak > 0)) {
+        double f = NAN;
+        if (dt_peak_flops(c->precision, false, &f, peak_from, sizeof peak_from) != DT_OK)
+            snprintf(peak_from, sizeof peak_from, "unknown: %s", dt_last_error());
+        peak = f * 1e-9;
+    }
     double flops_per_token = 3.0 * dt_gpt_flops_per_token(&t->mc, t->T);
     int64_t tokens_per_step = (int64_t)t->dp * t->B * t->T * t->K;
     if (t->rank == 0) {
         DT_CHECK_GOTO(display_open(t, d), st, fail);
-        dt__train_print_header(t, peak, stderr);
+        dt__train_print_header(t, peak, peak_from, stderr);
     }
 
     int64_t nsteps = c->steps - t->step, run_steps = 0;
     res->first_step = t->step + 1;
     double loop_t0 = dt_now();
     step_stats s = {0};
-    bool split = dt_gpt_get_part(t->m)->tp_size > 1;
-    (void)dt_gpt_take_comm_ms(t->m); /* count from the first step */
+    const dt_gpt_part *part = dt_gpt_get_part(t->m);
+    bool split = part->tp_size > 1 || part->cp_size > 1; /* the model communicates itself */
+    (void)dt_gpt_take_comm_ms(t->m);                     /* count from the first step */
     while (t->step < c->steps) {
         double t0 = dt_now();
         float lr = dt_schedule_lr(&t->sched, t->step);

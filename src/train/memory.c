@@ -70,7 +70,7 @@ dt_status dt__train_schedule(const dt_train_config *c, int K, dt_pp_schedule **o
 dt_status dt__train_model_options(const dt_train_config *c, const dt_gpt_config *mc,
                                   const dt_mesh_shape *shape, int rank, const dt_pp_schedule *pipe,
                                   const dt_pp_report *rep, const dt_tp_regions *regions,
-                                  dt_gpt_options *o) {
+                                  const dt_cp_regions *cp_regions, dt_gpt_options *o) {
     int coord[DT_AXIS_COUNT];
     dt_mesh_coords_of(shape, rank, coord);
     *o = dt_gpt_options_default();
@@ -81,6 +81,12 @@ dt_status dt__train_model_options(const dt_train_config *c, const dt_gpt_config 
                                 .tp_size = c->tp,
                                 .sequence_parallel = c->sp,
                                 .regions = regions};
+    if (c->cp > 1) {
+        o->part.cp_rank = coord[DT_AXIS_CP];
+        o->part.cp_size = c->cp;
+        o->part.cp_mode = dt__train_cp_mode(c, mc);
+        o->part.cp_regions = cp_regions;
+    }
     if (pipe) {
         o->slots = dt_pp_slots(pipe, rep, coord[DT_AXIS_PP]);
         o->split_weight_grads = pipe->split_w;
@@ -89,14 +95,36 @@ dt_status dt__train_model_options(const dt_train_config *c, const dt_gpt_config 
     return DT_OK;
 }
 
+dt_cp_mode dt__train_cp_mode(const dt_train_config *c, const dt_gpt_config *mc) {
+    dt_cp_mode m;
+    if (c->cp_mode && dt_cp_mode_parse("--cp-mode", c->cp_mode, &m) == DT_OK)
+        return m;
+    bool heads = (mc->heads / c->tp) % c->cp == 0, seq = mc->max_seq % c->cp == 0;
+    return heads && seq ? DT_CP_ULYSSES : DT_CP_RING;
+}
+
+size_t dt__train_bucket_bytes(const dt_train_config *c, size_t n) {
+    if (c->bucket_bytes)
+        return c->bucket_bytes;
+    /* A quarter of the gradient bytes, so that three of four buckets start
+     * while backward still runs, kept within 1 MiB (smaller buckets cost
+     * more in latency than overlap gains) and 25 MiB (PyTorch DDP's
+     * default, enough for any model). */
+    size_t quarter = n * sizeof(float) / 4;
+    return quarter < ((size_t)1 << 20)    ? (size_t)1 << 20
+           : quarter > ((size_t)25 << 20) ? (size_t)25 << 20
+                                          : quarter;
+}
+
 dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replica, dt_range **out,
                           size_t *nr) {
-    size_t cap = c->zero ? dt_ddp_shard_count(n, c->bucket_bytes, dp) : 1;
+    size_t bucket = dt__train_bucket_bytes(c, n);
+    size_t cap = c->zero ? dt_ddp_shard_count(n, bucket, dp) : 1;
     *out = dt_calloc(cap + 1, sizeof **out);
     if (!*out)
         return DT_ERR_NOMEM;
     if (c->zero) {
-        *nr = dt_ddp_shard_ranges(n, c->bucket_bytes, dp, replica, *out);
+        *nr = dt_ddp_shard_ranges(n, bucket, dp, replica, *out);
     } else {
         (*out)[0] = (dt_range){0, n};
         *nr = 1;
@@ -205,7 +233,8 @@ static size_t resident(size_t n, size_t owned, size_t held) {
 static size_t grads_resident(const dt_train_config *c, const dt_gpt_config *mc,
                              const dt_gpt_options *o, size_t n, size_t owned, int dp) {
     part_sizes z = sizes_of(mc, o, n);
-    size_t held = z.wte - z.wte / (size_t)dp + z.block + 2 * (c->bucket_bytes / sizeof(float));
+    size_t held =
+        z.wte - z.wte / (size_t)dp + z.block + 2 * (dt__train_bucket_bytes(c, n) / sizeof(float));
     return resident(n, owned, held);
 }
 
@@ -221,7 +250,8 @@ static size_t params_resident(const dt_train_config *c, const dt_gpt_config *mc,
     part_sizes z = sizes_of(mc, o, n);
     size_t blocks = 3 * z.block, embeds = z.wte + (z.wpe > z.block ? z.wpe : z.block);
     size_t whole = blocks > embeds ? blocks : embeds;
-    return resident(n, owned, whole - whole / (size_t)dp + c->bucket_bytes / sizeof(float));
+    return resident(n, owned,
+                    whole - whole / (size_t)dp + dt__train_bucket_bytes(c, n) / sizeof(float));
 }
 
 dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc, int world,
@@ -241,13 +271,15 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
     if (c->pp > 1)
         DT_CHECK(dt__train_schedule(c, c->accum, &pipe, &rep));
     dt_gpt_options o;
-    dt_status st = dt__train_model_options(c, mc, &shape, rank, pipe, &rep, NULL, &o);
+    dt_status st = dt__train_model_options(c, mc, &shape, rank, pipe, &rep, NULL, NULL, &o);
     if (st == DT_OK) {
-        /* A plan has no tensor-parallel group: check the part as the
-         * trainer's, which has one. */
+        /* A plan has no tensor- or context-parallel group: check the part
+         * as the trainer's, which has them. */
         static const dt_tp_regions planned = {0};
+        static const dt_cp_regions cp_planned = {0};
         dt_gpt_part q = o.part;
         q.regions = q.tp_size > 1 ? &planned : NULL;
+        q.cp_regions = q.cp_size > 1 ? &cp_planned : NULL;
         st = dt_gpt_part_validate(mc, &q, mc->max_seq);
     }
     if (pipe) {
@@ -258,7 +290,9 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
     dt_gpt_memory_plan_with(mc, B, mc->max_seq, &o, &out->model);
     size_t n = out->model.params / sizeof(float), nr;
     dt_range *owned;
-    DT_CHECK(dt__train_owned(c, n, dp, coord[DT_AXIS_DP], &owned, &nr));
+    /* ZeRO shards over the gradient group, dp x cp. */
+    const int sync = dt_mesh_replica_size(&shape);
+    DT_CHECK(dt__train_owned(c, n, sync, dt_mesh_replica_rank(&shape, coord), &owned, &nr));
     size_t count = 0;
     for (size_t k = 0; k < nr; k++)
         count += owned[k].end - owned[k].begin;
@@ -267,9 +301,9 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
     out->world = world;
     out->rank = rank;
     out->params =
-        c->zero >= 3 && dp > 1 ? params_resident(c, mc, &o, n, count, dp) : out->model.params;
+        c->zero >= 3 && sync > 1 ? params_resident(c, mc, &o, n, count, sync) : out->model.params;
     out->grads =
-        c->zero >= 2 && dp > 1 ? grads_resident(c, mc, &o, n, count, dp) : out->model.grads;
+        c->zero >= 2 && sync > 1 ? grads_resident(c, mc, &o, n, count, sync) : out->model.grads;
     out->weights16 = out->model.weights16;
     out->optimizer = dt_optimizer_plan_resident(&oc, count);
     out->optimizer_file = oc.offload_dir ? dt_optimizer_plan_bytes(&oc, count) : 0;

@@ -1,6 +1,6 @@
 /*
- * metrics.c — RUN_DIR/metrics.jsonl (one JSON object per optimizer step),
- * RUN_DIR/config.json, and the small JSON writer both use.
+ * metrics.c — RUN_DIR/metrics.jsonl (one JSON object per optimizer step)
+ * and RUN_DIR/config.json, both read and written with jansson.
  *
  * Invariants: every metrics line is complete and flushed before the next
  * step starts, so a crashed run's file ends at its last finished step (a
@@ -11,116 +11,12 @@
 
 #include <errno.h>
 #include <inttypes.h>
+#include <jansson.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* ------------------------------------------------------------------------ */
-/* JSON writer                                                              */
-/* ------------------------------------------------------------------------ */
-
-static void json_put(dt_json *j, const char *s, size_t n) {
-    if (j->failed)
-        return;
-    if (j->len + n + 1 > j->cap) {
-        size_t cap = j->cap ? j->cap : 256;
-        while (j->len + n + 1 > cap)
-            cap *= 2;
-        char *b = realloc(j->buf, cap);
-        if (!b) {
-            j->failed = true;
-            return;
-        }
-        j->buf = b;
-        j->cap = cap;
-    }
-    memcpy(j->buf + j->len, s, n);
-    j->len += n;
-    j->buf[j->len] = '\0';
-}
-
-static void json_puts(dt_json *j, const char *s) { json_put(j, s, strlen(s)); }
-
-static void json_printf(dt_json *j, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void json_printf(dt_json *j, const char *fmt, ...) {
-    char b[64];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(b, sizeof b, fmt, ap);
-    va_end(ap);
-    DT_ASSERT(n >= 0 && (size_t)n < sizeof b);
-    json_put(j, b, (size_t)n);
-}
-
-static void json_string(dt_json *j, const char *s) {
-    json_puts(j, "\"");
-    for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
-        switch (*p) {
-        case '"': json_puts(j, "\\\""); break;
-        case '\\': json_puts(j, "\\\\"); break;
-        case '\n': json_puts(j, "\\n"); break;
-        case '\t': json_puts(j, "\\t"); break;
-        case '\r': json_puts(j, "\\r"); break;
-        default:
-            if (*p < 0x20)
-                json_printf(j, "\\u%04x", *p);
-            else
-                json_put(j, (const char *)p, 1);
-        }
-    }
-    json_puts(j, "\"");
-}
-
-static void json_key(dt_json *j, const char *key) {
-    json_puts(j, j->first ? "\n  " : ",\n  ");
-    j->first = false;
-    json_string(j, key);
-    json_puts(j, ": ");
-}
-
-void dt_json_begin(dt_json *j) {
-    memset(j, 0, sizeof *j);
-    j->first = true;
-    json_puts(j, "{");
-}
-
-void dt_json_str(dt_json *j, const char *key, const char *value) {
-    json_key(j, key);
-    if (value)
-        json_string(j, value);
-    else
-        json_puts(j, "null");
-}
-
-void dt_json_int(dt_json *j, const char *key, int64_t value) {
-    json_key(j, key);
-    json_printf(j, "%" PRId64, value);
-}
-
-void dt_json_num(dt_json *j, const char *key, double value) {
-    json_key(j, key);
-    if (isfinite(value))
-        json_printf(j, "%.17g", value);
-    else
-        json_puts(j, "null");
-}
-
-void dt_json_bool(dt_json *j, const char *key, bool value) {
-    json_key(j, key);
-    json_puts(j, value ? "true" : "false");
-}
-
-const char *dt_json_finish(dt_json *j) {
-    json_puts(j, j->first ? "}\n" : "\n}\n");
-    return j->failed ? NULL : j->buf;
-}
-
-void dt_json_free(dt_json *j) {
-    free(j->buf);
-    memset(j, 0, sizeof *j);
-}
 
 /* ------------------------------------------------------------------------ */
 /* metrics.jsonl                                                            */
@@ -131,36 +27,30 @@ struct dt_metrics {
     char *path; /* for messages */
 };
 
-/* "%.9g" or null: nine significant digits round-trip a float exactly. */
-static int fmt_num(char *b, size_t len, double v) {
-    return isfinite(v) ? snprintf(b, len, "%.9g", v) : snprintf(b, len, "null");
-}
+/* A real, or null when not finite (JSON has no NaN). */
+static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
 int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
-    char loss[32], val[32], lr[32], gn[32], tps[32], step[32], comp[32], comm[32], exp[32], mfu[32],
-        scale[32], tpc[32], bub[32];
-    fmt_num(loss, sizeof loss, s->loss);
-    fmt_num(val, sizeof val, s->val_loss);
-    fmt_num(lr, sizeof lr, s->lr);
-    fmt_num(gn, sizeof gn, s->grad_norm);
-    fmt_num(tps, sizeof tps, s->tokens_per_s);
-    fmt_num(step, sizeof step, s->step_ms);
-    fmt_num(comp, sizeof comp, s->compute_ms);
-    fmt_num(comm, sizeof comm, s->comm_ms);
-    fmt_num(exp, sizeof exp, s->exposed_comm_ms);
-    fmt_num(tpc, sizeof tpc, s->tp_comm_ms);
-    fmt_num(bub, sizeof bub, s->pp_bubble);
-    fmt_num(mfu, sizeof mfu, s->mfu);
-    fmt_num(scale, sizeof scale, s->loss_scale);
-    int n = snprintf(buf, len,
-                     "{\"step\":%" PRId64 ",\"loss\":%s,\"val_loss\":%s,\"lr\":%s,\"grad_norm\":%s,"
-                     "\"tokens_per_s\":%s,\"step_ms\":%s,\"compute_ms\":%s,\"comm_ms\":%s,"
-                     "\"exposed_comm_ms\":%s,\"tp_comm_ms\":%s,\"pp_bubble\":%s,"
-                     "\"pp_peak_live\":%d,\"mfu\":%s,\"bytes_sent\":%" PRIu64 ",\"tokens\":%" PRId64
-                     ",\"loss_scale\":%s,\"skipped_steps\":%" PRId64 "}\n",
-                     s->step, loss, val, lr, gn, tps, step, comp, comm, exp, tpc, bub,
-                     s->pp_peak_live, mfu, s->bytes_sent, s->tokens, scale, s->skipped_steps);
-    return n < 0 || (size_t)n >= len ? -1 : n;
+    json_t *o = json_pack(
+        "{s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:I, s:I, s:o, "
+        "s:I}",
+        "step", (json_int_t)s->step, "loss", num(s->loss), "val_loss", num(s->val_loss), "lr",
+        num(s->lr), "grad_norm", num(s->grad_norm), "tokens_per_s", num(s->tokens_per_s), "step_ms",
+        num(s->step_ms), "compute_ms", num(s->compute_ms), "comm_ms", num(s->comm_ms),
+        "exposed_comm_ms", num(s->exposed_comm_ms), "tp_comm_ms", num(s->tp_comm_ms), "pp_bubble",
+        num(s->pp_bubble), "pp_peak_live", s->pp_peak_live, "mfu", num(s->mfu), "bytes_sent",
+        (json_int_t)s->bytes_sent, "tokens", (json_int_t)s->tokens, "loss_scale",
+        num(s->loss_scale), "skipped_steps", (json_int_t)s->skipped_steps);
+    if (!o)
+        return -1;
+    /* Nine significant digits read back as the same float. */
+    size_t n = json_dumpb(o, buf, len, JSON_COMPACT | JSON_REAL_PRECISION(9));
+    json_decref(o);
+    if (n == 0 || n + 2 > len)
+        return -1;
+    buf[n] = '\n';
+    buf[n + 1] = '\0';
+    return (int)n + 1;
 }
 
 /* Keep the lines of steps <= upto (a resumed run replays later steps):
@@ -184,8 +74,11 @@ static dt_status keep_steps_upto(const char *path, int64_t upto) {
                               path, MAX_LINE - 1);
             break;
         }
-        long long step;
-        if (sscanf(line, "{\"step\":%lld", &step) != 1 || step > upto)
+        json_t *o = json_loadb(line, n, 0, NULL);
+        json_t *sv = o ? json_object_get(o, "step") : NULL;
+        json_int_t step = json_is_integer(sv) ? json_integer_value(sv) : -1;
+        json_decref(o);
+        if (step < 0 || step > upto) /* a torn or foreign line goes too */
             continue;
         if (klen + n > kcap) {
             kcap = (klen + n) * 2;

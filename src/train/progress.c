@@ -147,7 +147,7 @@ void dt_progress_update(dt_progress *p, const dt_step_metrics *s) {
         char head[64], tail[400], tpc[64] = "";
         int o = 0;
         if (isfinite(s->tp_comm_ms))
-            o = snprintf(tpc, sizeof tpc, " + tp %.0f", s->tp_comm_ms);
+            o = snprintf(tpc, sizeof tpc, " + model %.0f", s->tp_comm_ms);
         if (isfinite(s->pp_bubble))
             snprintf(tpc + o, sizeof tpc - (size_t)o, " | bubble %.0f%%", 100 * s->pp_bubble);
         int hl = snprintf(head, sizeof head, "step %lld/%lld | loss %.4f", (long long)s->step,
@@ -185,7 +185,7 @@ void dt_progress_update(dt_progress *p, const dt_step_metrics *s) {
     char tpc[64] = "";
     int o = 0;
     if (isfinite(s->tp_comm_ms))
-        o = snprintf(tpc, sizeof tpc, ", tp %.1f", s->tp_comm_ms);
+        o = snprintf(tpc, sizeof tpc, ", model %.1f", s->tp_comm_ms);
     if (isfinite(s->pp_bubble))
         snprintf(tpc + o, sizeof tpc - (size_t)o, ", bubble %.1f%%", 100 * s->pp_bubble);
     fprintf(p->f,

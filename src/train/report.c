@@ -1,7 +1,6 @@
 /*
  * report.c — what rank 0 prints: the header before the first step, the
- * generated sample at the end, and the helpers they share (the measured
- * sgemm peak for MFU, medians).
+ * generated sample at the end, and the helpers they share (medians).
  */
 #include "dtrain/tensor.h"
 #include "train_internal.h"
@@ -11,30 +10,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-/* Achievable fp32 GFLOP/s of one rank: the best of 5 bursts of 1024^3
- * sgemm (about 0.05-0.1 s), i.e. what the BLAS reaches with this rank's
- * threads, not the data-sheet peak. The best burst is the least disturbed
- * by other load. 1024 because 512^3 reached only a quarter of the plateau
- * here, and small models then showed an MFU above 100%. */
-double dt__train_peak_gflops(void) {
-    enum { N = 1024 };
-    float *a = dt_alloc(3 * N * N * sizeof(float));
-    if (!a)
-        return NAN;
-    for (int i = 0; i < 3 * N * N; i++)
-        a[i] = (float)(i % 7) * 0.1f;
-    double best = 0;
-    for (int burst = 0; burst < 6; burst++) {
-        double t0 = dt_now();
-        dt_sgemm(false, false, N, N, N, 1.0f, a, N, a + N * N, N, 0.0f, a + 2 * N * N, N);
-        double gf = 2.0 * N * N * N / (dt_now() - t0) * 1e-9;
-        if (burst > 0) /* the first one warms caches and the BLAS's threads */
-            best = gf > best ? gf : best;
-    }
-    dt_free(a);
-    return best;
-}
 
 /* The header's precision and memory lines: compute type, loss scaling,
  * recomputation, and the bytes each rank holds. */
@@ -74,7 +49,7 @@ static void print_precision(const trainer *t, FILE *f) {
 
 /* The lines printed before the first step: the model, the layout and the
  * batch, the gradient wire format, precision and memory, and the resume. */
-void dt__train_print_header(const trainer *t, double peak, FILE *f) {
+void dt__train_print_header(const trainer *t, double peak, const char *peak_from, FILE *f) {
     const dt_train_config *c = t->c;
     dt_sync_cost cost;
     dt_grad_sync_cost(t->sync, &cost);
@@ -87,16 +62,17 @@ void dt__train_print_header(const trainer *t, double peak, FILE *f) {
                  c->sp ? " with sequence parallelism" : "", t->n, t->dp);
     size_t total = dt_gpt_config_num_params(&t->mc);
     fprintf(f,
-            "dtrain train: %s model, %zu parameters (%s), %d layers, dim %d, %d heads, "
+            "dtrain train: %s%s model, %zu parameters (%s), %d layers, dim %d, %d heads, "
             "seq %d, vocab %d\n"
             "  %d rank(s)%s x batch %d x accum %d = %" PRId64 " tokens/step, %d bucket(s) of "
             "<= %s, %d thread(s)/rank, transport %s\n"
-            "  MFU relative to %.1f GFLOP/s per rank (%s)\n",
-            c->model, total, dt_format_bytes((double)total * 4, pb, sizeof pb), t->mc.layers,
-            t->mc.dim, t->mc.heads, t->T, t->mc.vocab, t->size, layout, t->B, t->K, tokens_per_step,
-            cost.pieces, dt_format_bytes((double)c->bucket_bytes, bb, sizeof bb), t->threads,
-            t->world ? dt_group_transport(t->world) : "self", peak,
-            c->peak_gflops > 0 ? "--peak-gflops" : "measured sgemm 1024^3");
+            "  MFU relative to %.1f GFLOP/s per rank (%s peak: %s)\n",
+            c->init_from ? "--init-from " : "", c->init_from ? c->init_from : c->model, total,
+            dt_format_bytes((double)total * 4, pb, sizeof pb), t->mc.layers, t->mc.dim, t->mc.heads,
+            t->T, t->mc.vocab, t->size, layout, t->B, t->K, tokens_per_step, cost.pieces,
+            dt_format_bytes((double)c->bucket_bytes, bb, sizeof bb), t->threads,
+            t->world ? dt_group_transport(t->world) : "self", peak, dt_precision_name(c->precision),
+            peak_from);
     print_precision(t, f);
     if (t->pipe) {
         const dt_gpt_part *pt = dt_gpt_get_part(t->m);
@@ -111,7 +87,7 @@ void dt__train_print_header(const trainer *t, double peak, FILE *f) {
         fprintf(f, " and keeps up to %d micro-batch(es) per chunk\n",
                 dt_gpt_get_options(t->m)->slots);
     }
-    if (t->dp > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
+    if (t->sync_size > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
         fprintf(f, "  gradients: %s", dt_grad_sync_state_ident(t->sync));
         if (c->compress.kind != DT_CODEC_NONE && c->compress_start > 0)
             fprintf(f, ", dense (fp32) for steps 1-%" PRId64, c->compress_start);
@@ -140,14 +116,18 @@ void dt__train_print_header(const trainer *t, double peak, FILE *f) {
 dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out) {
     int ntok = t->c->sample_tokens, V = t->mc.vocab, Vd = t->tok->vocab_size, T = t->T;
     int32_t *ids = dt_alloc((size_t)(ntok + 1) * sizeof *ids);
-    char *text = dt_alloc((size_t)ntok + 1);
     float *probs = dt_alloc((size_t)V * sizeof *probs);
     dt_status st = DT_OK;
-    if (!ids || !text || !probs) {
+    if (!ids || !probs) {
         st = DT_ERR_NOMEM;
         goto done;
     }
-    ids[0] = t->tok->byte_to_id['\n'] >= 0 ? t->tok->byte_to_id['\n'] : 0;
+    /* The first token: a newline's (its first token with bpe), else 0. */
+    int32_t *nl = NULL;
+    size_t nnl = 0;
+    ids[0] = dt_tokenizer_encode_any(t->tok, "\n", 1, &nl, &nnl) == DT_OK && nnl > 0 ? nl[0] : 0;
+    free(nl);
+    dt_error_clear();
     dt_rng rng;
     dt_rng_init(&rng, t->c->seed, dt_rng_stream_id(0, 0, DT_RNG_SAMPLE));
     for (int i = 0; i < ntok; i++) {
@@ -173,16 +153,22 @@ dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out) {
         }
         ids[len] = pick;
     }
-    DT_CHECK_GOTO(dt_tokenizer_decode(t->tok, ids + 1, (size_t)ntok, text), st, done);
-    for (int i = 0; i < ntok; i++)
-        if (text[i] == '\0' ||
-            ((unsigned char)text[i] < 0x20 && text[i] != '\n' && text[i] != '\t'))
-            text[i] = '?';
-    text[ntok] = '\0';
-    fprintf(out, "---- sample (%d tokens, temperature 0.8) ----\n%s\n----\n", ntok, text);
+    /* The tokens' bytes (one each, or a bpe token's several). */
+    fprintf(out, "---- sample (%d tokens, temperature 0.8) ----\n", ntok);
+    for (int i = 1; i <= ntok; i++) {
+        size_t len;
+        const uint8_t *b = dt_tokenizer_token(t->tok, ids[i], &len);
+        if (!b) {
+            fprintf(out, "(cannot decode: the bpe tokenizer's files are not loaded; give "
+                         "--tokenizer)");
+            break;
+        }
+        for (size_t k = 0; k < len; k++)
+            fputc(b[k] == '\0' || (b[k] < 0x20 && b[k] != '\n' && b[k] != '\t') ? '?' : b[k], out);
+    }
+    fprintf(out, "\n----\n");
 done:
     dt_free(ids);
-    dt_free(text);
     dt_free(probs);
     return st;
 }
@@ -197,12 +183,13 @@ static int cmp_double(const void *a, const void *b) {
  * owns to rank 0, which copies them into an unsharded model. */
 dt_status dt__train_whole_model(trainer *t, dt_gpt **out) {
     *out = NULL;
-    if (dt_gpt_get_part(t->m)->tp_size == 1 && !t->pipe) {
+    const dt_gpt_part *part = dt_gpt_get_part(t->m);
+    if (part->tp_size == 1 && part->cp_size == 1 && !t->pipe) {
         *out = t->rank == 0 ? t->m : NULL;
         return DT_OK;
     }
-    dt_group *mg = NULL; /* the first replica, ordered by world rank */
-    DT_CHECK(dt_group_split(t->world, t->replica == 0 ? 0 : DT_UNDEFINED, t->rank, &mg));
+    dt_group *mg = NULL; /* the first replica (dp and cp 0), ordered by world rank */
+    DT_CHECK(dt_group_split(t->world, t->sync_rank == 0 ? 0 : DT_UNDEFINED, t->rank, &mg));
     if (!mg)
         return DT_OK;
     int nr = dt_group_size(mg), me = dt_group_rank(mg);

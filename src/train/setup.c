@@ -12,10 +12,15 @@
 #include "dtrain/tensor.h"
 #include "train_internal.h"
 
+#include <dirent.h>
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
 
 /* Test hooks, acting on the first attempt of a job only (DT_RESTART_COUNT
  * unset or 0): DT_FAULT_KILL="RANK:STEP" makes that rank SIGKILL itself
@@ -49,8 +54,93 @@ static dt_status join(trainer *t) {
     DT_CHECK(dt_mesh_create(&t->mesh, t->world, &shape));
     t->replica = dt_mesh_coord(t->mesh, DT_AXIS_DP);
     t->dp = dt_mesh_degree(t->mesh, DT_AXIS_DP);
+    int coord[DT_AXIS_COUNT];
+    dt_mesh_coords_of(&shape, t->rank, coord);
+    t->sync_rank = dt_mesh_replica_rank(&shape, coord);
+    t->sync_size = dt_mesh_replica_size(&shape);
+    if (c->cp > 1)
+        DT_CHECK(dt_cp_create(&t->cp, dt_mesh_group(t->mesh, DT_AXIS_CP)));
     if (c->tp > 1)
         DT_CHECK(dt_tp_create(&t->tp, dt_mesh_group(t->mesh, DT_AXIS_TP)));
+    return DT_OK;
+}
+
+/* save_default, rank 0: the newest runs/<model>-* directory holding a
+ * checkpoint (resume), else a new one named after the model and the time. */
+static dt_status name_run_dir(const trainer *t, char *out, size_t len) {
+    const dt_train_config *c = t->c;
+    const char *model = c->model ? c->model : "model";
+    char prefix[256];
+    snprintf(prefix, sizeof prefix, "%s-", model);
+    out[0] = '\0';
+    if (c->resume && !c->ckpt_dir) {
+        DIR *d = opendir("runs");
+        struct dirent *e;
+        while (d && (e = readdir(d)) != NULL) {
+            char ck[4096];
+            struct stat sb;
+            if (strncmp(e->d_name, prefix, strlen(prefix)) != 0 ||
+                (out[0] && strcmp(e->d_name, out + 5) <= 0))
+                continue;
+            snprintf(ck, sizeof ck, "runs/%s/ckpt", e->d_name);
+            if (stat(ck, &sb) == 0 && S_ISDIR(sb.st_mode))
+                snprintf(out, len, "runs/%s", e->d_name);
+        }
+        if (d)
+            closedir(d);
+        if (out[0])
+            return DT_OK;
+    }
+    char stamp[32];
+    time_t now = time(NULL);
+    struct tm tm;
+    strftime(stamp, sizeof stamp, "%Y%m%d-%H%M%S", localtime_r(&now, &tm));
+    DT_CHECK(dt_mkdir_p("runs"));
+    /* mkdir, not mkdir -p: two runs started in the same second get two
+     * directories. */
+    for (int k = 1; k < 1000; k++) {
+        if (k == 1)
+            snprintf(out, len, "runs/%s%s", prefix, stamp);
+        else
+            snprintf(out, len, "runs/%s%s-%d", prefix, stamp, k);
+        if (mkdir(out, 0777) == 0)
+            return DT_OK;
+        if (errno != EEXIST)
+            return dt_error_set_errno(DT_ERR_IO, "cannot create the run directory %s", out);
+    }
+    return dt_error_set(DT_ERR_IO, "runs/%s%s-*: too many runs started in one second", prefix,
+                        stamp);
+}
+
+/* The directories of save_default, the same on every rank (rank 0 names
+ * the run directory and tells the others). */
+static dt_status resolve_dirs(trainer *t) {
+    dt_train_config *c = &t->cfg;
+    if (!c->save_default)
+        return DT_OK;
+    if (!c->run_dir) {
+        struct {
+            int64_t status;
+            char text[4096];
+        } msg = {DT_OK, ""};
+        if (t->rank == 0) {
+            msg.status = name_run_dir(t, t->run_dir, sizeof t->run_dir);
+            snprintf(msg.text, sizeof msg.text, "%s",
+                     msg.status == DT_OK ? t->run_dir : dt_last_error());
+        }
+        if (t->world)
+            DT_CHECK(dt_group_broadcast(t->world, &msg, sizeof msg, DT_U8, 0));
+        if (msg.status != DT_OK)
+            return dt_error_set((dt_status)msg.status, "%s", msg.text);
+        snprintf(t->run_dir, sizeof t->run_dir, "%s", msg.text);
+        c->run_dir = t->run_dir;
+    }
+    if (!c->ckpt_dir) {
+        int n = snprintf(t->ckpt_dir, sizeof t->ckpt_dir, "%s/ckpt", c->run_dir);
+        if (n < 0 || (size_t)n >= sizeof t->ckpt_dir)
+            return bad("--run-dir %s: the name is too long", c->run_dir);
+        c->ckpt_dir = t->ckpt_dir;
+    }
     return DT_OK;
 }
 
@@ -59,6 +149,14 @@ static dt_status join(trainer *t) {
 static dt_status sizes(trainer *t) {
     const dt_train_config *c = t->c;
     int threads = c->threads;
+    /* OMP_NUM_THREADS (torchrun sets it to 1 per rank by default) is the
+     * next best answer after --threads / DT_THREADS. */
+    const char *omp = getenv("OMP_NUM_THREADS");
+    if (threads <= 0 && omp && *omp) {
+        int64_t v;
+        DT_CHECK(dt_config_parse_int("OMP_NUM_THREADS", omp, 1, 1024, &v));
+        threads = (int)v;
+    }
     if (threads <= 0) {
         int local = t->world ? dt_group_local_size(t->world) : 1;
         threads = dt_cpu_count() / (local > 0 ? local : 1);
@@ -74,12 +172,29 @@ static dt_status sizes(trainer *t) {
 /* Open --data (and --val-data, with the training data's vocabulary). */
 static dt_status open_data(trainer *t) {
     const dt_train_config *c = t->c;
-    dt_status st = dt_data_open(&t->data, c->data, (dt_tokenizer_kind)c->tokenizer, NULL);
+    const dt_tokenizer *given = NULL;
+    if (c->tokenizer == DT_TOKENIZER_BPE) {
+        dt_status st = dt_bpe_open(&t->bpe, c->tokenizer_files ? c->tokenizer_files : "gpt2");
+        if (st != DT_OK) {
+            dt_error_prefix("--tokenizer");
+            return st;
+        }
+        dt_tokenizer_init_bpe(&t->bpe_tok, t->bpe);
+        given = &t->bpe_tok;
+    }
+    dt_status st = dt_data_open(&t->data, c->data, (dt_tokenizer_kind)c->tokenizer, given);
     if (st != DT_OK) {
         dt_error_prefix("--data");
         return st;
     }
     t->tok = dt_token_file_tokenizer(t->data);
+    /* A bpe .tok read without --tokenizer: GPT-2's, when it is that one
+     * (only the final sample needs it). */
+    if (!given && t->tok->kind == DT_TOKENIZER_BPE && dt_bpe_open(&t->bpe, "gpt2") == DT_OK &&
+        dt_bpe_hash(t->bpe) == t->tok->bpe_hash) {
+        dt_tokenizer_init_bpe(&t->bpe_tok, t->bpe);
+        t->tok = &t->bpe_tok;
+    }
     if (c->val_data) {
         st = dt_data_open(&t->val_data, c->val_data, (dt_tokenizer_kind)c->tokenizer, t->tok);
         if (st != DT_OK) {
@@ -95,6 +210,13 @@ static dt_status open_data(trainer *t) {
 static dt_status model_config(trainer *t) {
     const dt_train_config *c = t->c;
     dt_gpt_config mc;
+    if (c->init_from) {
+        DT_CHECK(dt__train_init_config(t, &mc));
+        DT_CHECK(dt_gpt_config_validate(&mc));
+        t->mc = mc;
+        t->T = mc.max_seq;
+        return DT_OK;
+    }
     DT_CHECK(dt_gpt_preset(c->model, &mc));
     if (c->layers)
         mc.layers = c->layers;
@@ -104,10 +226,18 @@ static dt_status model_config(trainer *t) {
         mc.heads = c->heads;
     if (c->seq)
         mc.max_seq = c->seq;
+    /* A preset is one model everywhere: the GPT-2 presets keep GPT-2's
+     * vocabulary (50257) whatever the data, as in `dtrain bench train`; the
+     * character-level presets take the data's. */
     int V = t->tok->vocab_size;
+    bool gpt2 = strncmp(c->model, "gpt2", 4) == 0;
     if (c->vocab && c->vocab < V)
         return bad("--vocab %d is smaller than the data's vocabulary (%d tokens)", c->vocab, V);
-    mc.vocab = c->vocab ? c->vocab : V;
+    if (!c->vocab && gpt2 && V > mc.vocab)
+        return bad("--model %s has GPT-2's vocabulary of %d tokens, the data has %d: give "
+                   "--vocab %d",
+                   c->model, mc.vocab, V, V);
+    mc.vocab = c->vocab ? c->vocab : gpt2 ? mc.vocab : V;
     DT_CHECK(dt_gpt_config_validate(&mc));
     t->mc = mc;
     t->T = mc.max_seq;
@@ -149,6 +279,46 @@ static dt_status make_loaders(trainer *t) {
     return DT_OK;
 }
 
+/* After a model did not fit: what would, from the memory plan of the same
+ * part with recomputation, 16-bit activations, both, or a smaller batch
+ * with more accumulation (the same global batch), added to the message. */
+static dt_status explain_oom(const trainer *t, const dt_gpt_options *mo) {
+    char msg[1024], a[32], b[32], c3[32], d[32], ram[32];
+    snprintf(msg, sizeof msg, "%s", dt_last_error());
+    dt_gpt_options o = *mo;
+    dt_memory_report r;
+    o.recompute_every = 1;
+    dt_gpt_memory_plan_with(&t->mc, t->B, t->T, &o, &r);
+    size_t rec = r.activations;
+    o = *mo;
+    o.precision = DT_PRECISION_BF16;
+    dt_gpt_memory_plan_with(&t->mc, t->B, t->T, &o, &r);
+    size_t half = r.activations;
+    o.recompute_every = 1;
+    dt_gpt_memory_plan_with(&t->mc, t->B, t->T, &o, &r);
+    size_t both = r.activations;
+    double phys = (double)sysconf(_SC_PHYS_PAGES) * (double)sysconf(_SC_PAGESIZE);
+    /* The largest batch (halving) whose plan takes at most half the RAM. */
+    int B = t->B;
+    dt_gpt_memory_plan_with(&t->mc, B, t->T, mo, &r);
+    while (B > 1 && (double)r.activations > phys / 2) {
+        B /= 2;
+        dt_gpt_memory_plan_with(&t->mc, B, t->T, mo, &r);
+    }
+    char smaller[160] = "";
+    if (B < t->B)
+        snprintf(smaller, sizeof smaller, "; --batch %d --accum %d (the same tokens per step): %s",
+                 B, t->K * ((t->B + B - 1) / B),
+                 dt_format_bytes((double)r.activations, d, sizeof d));
+    return dt_error_set(DT_ERR_NOMEM,
+                        "%s; this machine has %s. Activations would take: --recompute blocks %s, "
+                        "--precision bf16 %s, both %s%s",
+                        msg, dt_format_bytes(phys, ram, sizeof ram),
+                        dt_format_bytes((double)rec, a, sizeof a),
+                        dt_format_bytes((double)half, b, sizeof b),
+                        dt_format_bytes((double)both, c3, sizeof c3), smaller);
+}
+
 /* This rank's part of the model: its pipeline stage's layers (with the
  * activation slots its schedule keeps alive, the schedule checked before
  * anything runs) and its tensor-parallel shard (memory.c decides both). */
@@ -159,13 +329,19 @@ static dt_status make_model(trainer *t) {
         DT_CHECK(dt__train_schedule(c, t->K, &t->pipe, &rep));
     dt_gpt_options mo;
     dt_status st = dt__train_model_options(c, &t->mc, dt_mesh_get_shape(t->mesh), t->rank, t->pipe,
-                                           &rep, t->tp ? dt_tp_regions_of(t->tp) : NULL, &mo);
+                                           &rep, t->tp ? dt_tp_regions_of(t->tp) : NULL,
+                                           t->cp ? dt_cp_regions_of(t->cp) : NULL, &mo);
     if (t->pipe)
         dt_pp_report_free(&rep);
     DT_CHECK(st);
-    DT_CHECK(dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo));
+    st = dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo);
+    if (st == DT_ERR_NOMEM)
+        return explain_oom(t, &mo);
+    DT_CHECK(st);
     t->n = dt_gpt_num_params(t->m);
     dt_gpt_init_params(t->m, c->seed);
+    if (c->init_from)
+        DT_CHECK(dt__train_init_params(t));
     if (t->pipe)
         return dt_pp_runner_create(
             &t->runner, &(dt_pp_runner_config){.model = t->m,
@@ -216,17 +392,18 @@ static dt_status make_optimizer(trainer *t) {
     dt_optim_config oc = dt__train_optim_config(c);
     /* Per-tensor statistics (LAMB and LARS trust ratios, Adafactor's
      * factors, centralisation's row means) need the sum over the replicas
-     * that share a tensor's parameters: under ZeRO each owns a piece. */
-    if (c->zero && t->dp > 1) {
+     * that share a tensor's parameters: under ZeRO each of the dp x cp
+     * gradient group owns a piece. */
+    if (c->zero && t->sync_size > 1) {
         oc.reduce = dt__train_optim_reduce;
         oc.reduce_user = t;
     }
-    /* K-FAC averages its factors over the dp group and spreads the
-     * inverses over its ranks. */
+    /* K-FAC averages its factors over the dp x cp gradient group (each of
+     * its ranks saw other tokens) and spreads the inverses over its ranks. */
     if (c->optimizer == DT_OPTIM_KFAC) {
-        oc.rank = t->replica;
-        oc.nranks = t->dp;
-        if (t->dp > 1) {
+        oc.rank = t->sync_rank;
+        oc.nranks = t->sync_size;
+        if (t->sync_size > 1) {
             oc.reduce = dt__train_optim_reduce;
             oc.bcast = dt__train_optim_bcast;
             oc.reduce_user = t;
@@ -235,7 +412,7 @@ static dt_status make_optimizer(trainer *t) {
     /* ZeRO: this replica's piece of every bucket; else all of it. */
     dt_range *owned;
     size_t nr;
-    dt_status st = dt__train_owned(c, t->n, t->dp, t->replica, &owned, &nr);
+    dt_status st = dt__train_owned(c, t->n, t->sync_size, t->sync_rank, &owned, &nr);
     if (st != DT_OK) {
         dt_free(tens);
         return st;
@@ -250,13 +427,13 @@ static dt_status make_optimizer(trainer *t) {
 
 dt_status dt__train_optim_bcast(void *user, float *values, size_t n, int root) {
     trainer *t = user;
-    dt_group *dp = dt_mesh_group(t->mesh, DT_AXIS_DP);
+    dt_group *dp = dt_mesh_replica_group(t->mesh);
     return dp ? dt_group_broadcast(dp, values, n, DT_F32, root) : DT_OK;
 }
 
 dt_status dt__train_optim_reduce(void *user, double *values, size_t n) {
     trainer *t = user;
-    dt_group *dp = dt_mesh_group(t->mesh, DT_AXIS_DP);
+    dt_group *dp = dt_mesh_replica_group(t->mesh);
     return dp ? dt_group_allreduce(dp, values, values, n, DT_F64, DT_SUM) : DT_OK;
 }
 
@@ -286,11 +463,15 @@ static dt_status make_sync(trainer *t) {
         else
             norm[nn++] = (dt_range){pi.offset, pi.offset + pi.rows * pi.cols};
     }
+    /* The default bucket comes from the model (dt__train_bucket_bytes, as
+     * the optimizer's owned ranges did); the header and config.json show
+     * the value used. */
+    t->cfg.bucket_bytes = dt__train_bucket_bytes(c, t->n);
     dt_status st;
     if (c->zero) {
         dt_zero_sync_config zc = {.stage = c->zero,
                                   .accum = t->K,
-                                  .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
+                                  .group = dt_mesh_replica_group(t->mesh),
                                   .params = dt_gpt_params(t->m),
                                   .grads = dt_gpt_grads(t->m),
                                   .n = t->n,
@@ -304,7 +485,7 @@ static dt_status make_sync(trainer *t) {
         return st;
     }
     dt_ddp_sync_config sc = {
-        .group = dt_mesh_group(t->mesh, DT_AXIS_DP),
+        .group = dt_mesh_replica_group(t->mesh),
         .params = dt_gpt_params(t->m),
         .grads = dt_gpt_grads(t->m),
         .n = t->n,
@@ -317,6 +498,10 @@ static dt_status make_sync(trainer *t) {
         .nnorm = nn,
     };
     sc.ddp.bucket_bytes = c->bucket_bytes;
+    if (t->sync_size == 1 && t->rank == 0 &&
+        (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
+        DT_WARN("--compress / --grad-dtype have no effect here: with one data-parallel rank no "
+                "gradient is exchanged");
     sc.ddp.grad_dtype = c->grad_dtype;
     sc.ddp.codec = c->compress;
     sc.ddp.ef = c->compress_ef;
@@ -349,137 +534,14 @@ static dt_status make_schedule(trainer *t) {
     return DT_OK;
 }
 
-static void build_config_json(trainer *t) {
-    const dt_train_config *c = t->c;
-    dt_json *j = &t->cfg_json;
-    dt_sync_cost cost;
-    dt_grad_sync_cost(t->sync, &cost);
-    dt_json_begin(j);
-    dt_json_str(j, "model", c->model);
-    dt_json_int(j, "layers", t->mc.layers);
-    dt_json_int(j, "dim", t->mc.dim);
-    dt_json_int(j, "heads", t->mc.heads);
-    dt_json_int(j, "seq", t->mc.max_seq);
-    dt_json_int(j, "vocab", t->mc.vocab);
-    dt_json_int(j, "params", (int64_t)t->n);
-    dt_json_str(j, "data", c->data);
-    dt_json_str(j, "val_data", c->val_data);
-    dt_json_num(j, "val_split", c->val_split);
-    dt_json_str(j, "tokenizer", dt_tokenizer_names[t->tok->kind]);
-    dt_json_int(j, "nproc", t->size);
-    const dt_mesh_shape *ms = dt_mesh_get_shape(t->mesh);
-    for (int a = 0; a < DT_AXIS_COUNT; a++)
-        dt_json_int(j, dt_axis_names[a], ms->degree[a]);
-    dt_json_bool(j, "sp", c->sp);
-    dt_json_str(j, "pp_schedule", t->pipe ? dt_runner_name(t->runner) : NULL);
-    if (t->pipe)
-        dt_json_int(j, "pp_chunks", t->pipe->chunks);
-    dt_json_int(j, "batch", t->B);
-    dt_json_int(j, "global_batch", (int64_t)t->B * t->dp);
-    dt_json_int(j, "accum", t->K);
-    dt_json_int(j, "steps", c->steps);
-    dt_json_str(j, "optimizer", dt_optim_names[c->optimizer]);
-    dt_json_num(j, "lr", c->lr);
-    dt_json_num(j, "min_lr", c->min_lr);
-    const dt_optim_config *oc = dt_optimizer_config(t->opt);
-    dt_json_num(j, "weight_decay", oc->weight_decay);
-    dt_optim_kind k = c->optimizer == DT_OPTIM_LOOKAHEAD ? c->lookahead_inner : c->optimizer;
-    if (c->optimizer == DT_OPTIM_LOOKAHEAD) {
-        dt_json_str(j, "lookahead_inner", dt_optim_names[k]);
-        dt_json_int(j, "lookahead_k", c->lookahead_k);
-        dt_json_num(j, "lookahead_alpha", c->lookahead_alpha);
-    }
-    if (k == DT_OPTIM_SGD || k == DT_OPTIM_LARS || k == DT_OPTIM_KFAC) {
-        dt_json_num(j, "momentum", c->momentum);
-        dt_json_bool(j, "nesterov", c->nesterov);
-    }
-    if (k == DT_OPTIM_LARS) {
-        dt_json_num(j, "trust_coeff", c->trust_coeff);
-        dt_json_num(j, "trust_eps", c->trust_eps);
-    }
-    if (k == DT_OPTIM_ADAMW || k == DT_OPTIM_RADAM || k == DT_OPTIM_ADAMW8BIT ||
-        k == DT_OPTIM_LAMB || k == DT_OPTIM_ONEBIT_ADAM || k == DT_OPTIM_ONEBIT_LAMB) {
-        dt_json_num(j, "beta1", c->beta1);
-        dt_json_num(j, "beta2", c->beta2);
-        dt_json_num(j, "eps", c->eps);
-    }
-    if (k == DT_OPTIM_ADAMW8BIT)
-        dt_json_int(j, "adamw8bit_block", c->quant_block);
-    if (k == DT_OPTIM_ADAFACTOR) {
-        dt_json_num(j, "adafactor_beta1", c->adafactor.beta1);
-        dt_json_num(j, "adafactor_decay", c->adafactor.decay_rate);
-        dt_json_num(j, "adafactor_eps1", c->adafactor.eps1);
-        dt_json_num(j, "adafactor_eps2", c->adafactor.eps2);
-        dt_json_num(j, "adafactor_clip", c->adafactor.clip_threshold);
-        dt_json_bool(j, "adafactor_relative_step", c->adafactor.relative_step);
-        dt_json_bool(j, "adafactor_scale_parameter", c->adafactor.scale_parameter);
-        dt_json_bool(j, "adafactor_warmup_init", c->adafactor.warmup_init);
-    }
-    if (k == DT_OPTIM_KFAC) {
-        dt_json_num(j, "kfac_damping", c->kfac.damping);
-        dt_json_int(j, "kfac_inv_every", c->kfac.inv_every);
-        dt_json_num(j, "kfac_ema", c->kfac.ema);
-        dt_json_num(j, "kfac_kl_clip", c->kfac.kl_clip);
-    }
-    if (k == DT_OPTIM_LBFGS) {
-        dt_json_int(j, "lbfgs_history", oc->lbfgs.history);
-        dt_json_int(j, "lbfgs_max_iter", oc->lbfgs.max_iter);
-        dt_json_int(j, "lbfgs_max_eval", oc->lbfgs.max_eval);
-        dt_json_num(j, "lbfgs_tolerance_grad", oc->lbfgs.tolerance_grad);
-        dt_json_num(j, "lbfgs_tolerance_change", oc->lbfgs.tolerance_change);
-        dt_json_bool(j, "lbfgs_line_search", oc->lbfgs.line_search);
-    }
-    dt_json_bool(j, "grad_centralization", c->grad_centralization);
-    dt_json_num(j, "optimizer_state_bytes_per_param",
-                t->n ? (double)dt_optimizer_state_bytes(t->opt) / (double)t->n : 0.0);
-    dt_json_str(j, "schedule", dt_schedule_names[c->schedule]);
-    dt_json_int(j, "warmup", c->warmup);
-    dt_json_num(j, "clip", c->clip);
-    char rc[32];
-    dt_recompute_format(c->recompute_every, rc, sizeof rc);
-    dt_json_str(j, "precision", dt_precision_name(c->precision));
-    dt_json_str(j, "recompute", rc);
-    dt_json_bool(j, "loss_scaling", t->scaling);
-    if (t->scaling) {
-        dt_json_num(j, "loss_scale_init", t->scaler.cfg.init_scale);
-        dt_json_num(j, "loss_scale_growth", t->scaler.cfg.growth_factor);
-        dt_json_num(j, "loss_scale_backoff", t->scaler.cfg.backoff_factor);
-        dt_json_int(j, "loss_scale_interval", t->scaler.cfg.growth_interval);
-    }
-    dt_json_int(j, "eval_every", c->eval_every);
-    dt_json_int(j, "eval_batches", c->eval_batches);
-    dt_json_str(j, "ckpt_dir", c->ckpt_dir);
-    dt_json_int(j, "ckpt_every", c->ckpt_every);
-    dt_json_int(j, "keep", c->keep);
-    dt_json_int(j, "seed", (int64_t)c->seed);
-    dt_json_int(j, "threads", dt_tensor_threads());
-    dt_json_str(j, "grad_sync", dt_grad_sync_name(t->sync));
-    dt_json_int(j, "zero", c->zero);
-    if (c->offload)
-        dt_json_str(j, "offload", c->offload);
-    dt_json_int(j, "bucket_bytes", (int64_t)c->bucket_bytes);
-    dt_json_int(j, "buckets", cost.pieces);
-    char cb[64];
-    dt_json_str(j, "grad_dtype", dt_dtype_name(c->grad_dtype));
-    dt_json_str(j, "compress", dt_codec_format(&c->compress, cb, sizeof cb));
-    dt_json_int(j, "compress_start", c->compress_start);
-    dt_json_bool(j, "compress_freeze_v", c->compress_freeze_v);
-    dt_json_int(j, "compress_ramp", c->compress_ramp);
-    dt_json_int(j, "compress_dense_below", c->compress_dense_below);
-    dt_json_str(j, "compress_ef",
-                c->compress_ef == DT_EF_ON    ? "on"
-                : c->compress_ef == DT_EF_OFF ? "off"
-                                              : "auto");
-    dt_json_str(j, "transport", t->world ? dt_group_transport(t->world) : "self");
-    dt_json_str(j, "version", DT_VERSION_STRING);
-    t->cfg_text = dt_json_finish(j);
-}
-
 dt_status dt__train_setup(trainer *t) {
+    t->cfg = *t->c;
+    t->c = &t->cfg;
     uint64_t peak;
     if (!dt_mem_resident(&t->rss_base, &peak))
         t->rss_base = 0;
     DT_CHECK(join(t));
+    DT_CHECK(resolve_dirs(t));
     t->kill_at = fault_step(t, "DT_FAULT_KILL");
     t->perturb_at = fault_step(t, "DT_FAULT_PERTURB");
     t->overflow_at = fault_step(t, "DT_FAULT_OVERFLOW");
@@ -498,13 +560,15 @@ dt_status dt__train_setup(trainer *t) {
     if (hooks)
         DT_CHECK(dt_gpt_set_param_hooks(t->m, hooks));
     DT_CHECK(make_schedule(t));
-    build_config_json(t);
+    t->cfg_text = dt__train_config_json(t);
     if (!t->cfg_text)
         return dt_error_set(DT_ERR_NOMEM, "config text");
     return DT_OK;
 }
 
 void dt__train_free(trainer *t) {
+    dt_model_close(&t->init);
+    dt_bpe_destroy(t->bpe);
     dt_runner_destroy(t->runner);
     dt_pp_schedule_destroy(t->pipe);
     dt_grad_sync_destroy(t->sync);
@@ -516,8 +580,9 @@ void dt__train_free(trainer *t) {
     dt_token_file_close(t->data);
     dt_free(t->inputs);
     dt_free(t->targets);
-    dt_json_free(&t->cfg_json);
+    free(t->cfg_text);
     dt_tp_destroy(t->tp);
+    dt_cp_destroy(t->cp);
     dt_mesh_destroy(t->mesh);
     dt_group_destroy(t->world);
 }

@@ -174,14 +174,14 @@ static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p) {
                             : DT_ERR_NOMEM;
         dt_free(owned);
         DT_CHECK(st);
-    } else if (!sl.params_replicated || t->replica == 0) {
+    } else if (!sl.params_replicated || t->sync_rank == 0) {
         DT_CHECK(add_state(&p->l, sh, "params", dt_gpt_params(t->m), &all, 1, &p->map_names[0]));
     }
     /* Optimizer state: each per-parameter state over its own ranges (a
      * state kept another way, 8-bit codes, is written as the fp32 values
      * it holds), the per-tensor state keyed by tensor, the scalars once
      * (rank 0, in the manifest). */
-    bool writes = !sl.optim_replicated || t->replica == 0;
+    bool writes = !sl.optim_replicated || t->sync_rank == 0;
     size_t ns = dt_optimizer_num_states(t->opt);
     DT_ASSERT(ns <= MAX_OPTIM_STATES);
     for (size_t i = 0; writes && i < ns; i++) {
@@ -251,7 +251,11 @@ static dt_status write_manifest(trainer *t, const shards *sh, rank_part *p,
     add(&m, "schedule", DT_CKPT_F64, sched, 5);
     add(&m, "rng", DT_CKPT_U64, rng, 2);
     add(&m, "tokenizer", DT_CKPT_I64, tokinfo, 2);
-    add(&m, "vocab", DT_CKPT_BYTES, t->tok->id_to_byte, (size_t)t->tok->vocab_size);
+    /* The byte table; a bpe tokenizer is named by its hash. */
+    if (t->tok->kind == DT_TOKENIZER_BPE)
+        add(&m, "vocab", DT_CKPT_BYTES, &t->tok->bpe_hash, sizeof t->tok->bpe_hash);
+    else
+        add(&m, "vocab", DT_CKPT_BYTES, t->tok->id_to_byte, (size_t)t->tok->vocab_size);
     /* Mixed precision: the compute type (informational: a resume may change
      * it), the skipped steps (AdamW's step count is step - skipped_steps),
      * and the loss scaler when it is on. */
@@ -401,14 +405,19 @@ static dt_status load_train_state(trainer *t, const dt_ckpt *ck, header *h) {
     DT_CHECK(dt_ckpt_read(ck, "tokenizer", DT_CKPT_I64, tokinfo, 2));
     dt_ckpt_info vi;
     DT_CHECK(dt_ckpt_find(ck, "vocab", &vi));
-    if (tokinfo[0] != t->tok->kind || tokinfo[1] != t->tok->vocab_size ||
-        vi.bytes != (size_t)t->tok->vocab_size ||
-        memcmp(vi.data, t->tok->id_to_byte, vi.bytes) != 0)
-        return dt_error_set(DT_ERR_MISMATCH,
-                            "checkpoint %s: vocabulary mismatch (%s tokenizer with %" PRId64
-                            " tokens in the checkpoint, %s with %d in the data %s)",
-                            f, tokinfo[0] == DT_TOKENIZER_BYTE ? "byte" : "char", tokinfo[1],
-                            dt_tokenizer_names[t->tok->kind], t->tok->vocab_size, t->c->data);
+    bool bpe = t->tok->kind == DT_TOKENIZER_BPE;
+    const void *table = bpe ? (const void *)&t->tok->bpe_hash : (const void *)t->tok->id_to_byte;
+    size_t tlen = bpe ? sizeof t->tok->bpe_hash : (size_t)t->tok->vocab_size;
+    if (tokinfo[0] != t->tok->kind || tokinfo[1] != t->tok->vocab_size || vi.bytes != tlen ||
+        memcmp(vi.data, table, vi.bytes) != 0)
+        return dt_error_set(
+            DT_ERR_MISMATCH,
+            "checkpoint %s: vocabulary mismatch (%s tokenizer with %" PRId64
+            " tokens in the checkpoint, %s with %d in the data %s)",
+            f,
+            tokinfo[0] >= 0 && tokinfo[0] < DT_TOKENIZER_COUNT ? dt_tokenizer_names[tokinfo[0]]
+                                                               : "?",
+            tokinfo[1], dt_tokenizer_names[t->tok->kind], t->tok->vocab_size, t->c->data);
     uint64_t loader[2];
     DT_CHECK(dt_ckpt_read(ck, "step", DT_CKPT_I64, &h->step, 1));
     DT_CHECK(dt_ckpt_read(ck, "tokens", DT_CKPT_I64, &h->tokens, 1));
@@ -417,6 +426,22 @@ static dt_status load_train_state(trainer *t, const dt_ckpt *ck, header *h) {
         return dt_error_set(DT_ERR_MISMATCH,
                             "checkpoint %s is at step %" PRId64 ", beyond --steps %" PRId64, f,
                             h->step, t->c->steps);
+    /* A run resumed with another --steps gets another schedule: the decay
+     * is stretched (or squeezed) to the new length, which moves the lr at
+     * once. Allowed, since it is how a run is extended, but said. */
+    double sched[5];
+    if (dt_ckpt_read(ck, "schedule", DT_CKPT_F64, sched, 5) == DT_OK &&
+        (int64_t)sched[4] != t->c->steps && h->step < t->c->steps) {
+        dt_schedule old = t->sched;
+        old.total = (int64_t)sched[4];
+        float was = dt_schedule_lr(&old, h->step), now = dt_schedule_lr(&t->sched, h->step);
+        if (was != now)
+            DT_WARN("--resume: the checkpoint's run had --steps %" PRId64 ", this one %" PRId64
+                    ": the %s schedule is stretched to the new length, so the learning rate of "
+                    "step %" PRId64 " becomes %.3g instead of %.3g",
+                    (int64_t)sched[4], t->c->steps, dt_schedule_names[t->sched.kind], h->step + 1,
+                    (double)now, (double)was);
+    }
     h->epoch = (int64_t)loader[0];
     h->loader_step = (int64_t)loader[1];
     /* Mixed precision: the compute type may differ from this run's (bf16 ->
@@ -631,17 +656,22 @@ static dt_status agree(trainer *t, dt_status st, const char *what) {
     char msg[1024] = "";
     if (st != DT_OK)
         snprintf(msg, sizeof msg, "%s", dt_last_error());
-    int64_t failed = st != DT_OK;
+    /* The lowest failing rank's message goes to every rank (see resume). */
+    int64_t first = st != DT_OK ? t->rank : INT64_MAX;
     if (t->world)
-        DT_CHECK(dt_group_allreduce(t->world, &failed, &failed, 1, DT_I64, DT_MAX));
+        DT_CHECK(dt_group_allreduce(t->world, &first, &first, 1, DT_I64, DT_MIN));
+    if (first == INT64_MAX)
+        return DT_OK;
+    if (t->world)
+        DT_CHECK(dt_group_broadcast(t->world, msg, sizeof msg, DT_U8, (int)first));
     if (st != DT_OK)
         return dt_error_set(st, "--resume: %s: %s", what, msg);
-    if (failed)
-        return dt_error_set(DT_ERR_ABORTED, "--resume: another rank failed to read the %s", what);
-    return DT_OK;
+    return dt_error_set(DT_ERR_ABORTED, "--resume: rank %d failed to read the %s: %s", (int)first,
+                        what, msg);
 }
 
-/* The first replica's optimizer state to the others of its dp group. */
+/* The first replica's optimizer state to the others of its gradient group
+ * (dp x cp). */
 static dt_status broadcast_optimizer(trainer *t, dt_group *dp) {
     for (size_t i = 0; i < dt_optimizer_num_states(t->opt); i++) {
         float *buf = dt_optimizer_state(t->opt, i, NULL);
@@ -698,10 +728,12 @@ dt_status dt__train_resume(trainer *t) {
     if (t->world)
         DT_CHECK(dt_group_broadcast(t->world, &h, sizeof h, DT_U8, 0));
     if (h.status != DT_OK) {
+        /* Every rank reports rank 0's reason, so that whichever exits first
+         * (and is quoted by a launcher) names the cause. */
         dt_ckpt_set_close(set);
-        if (t->rank == 0)
-            return dt_error_set((dt_status)h.status, "--resume: %s", msg);
-        return dt_error_set(DT_ERR_ABORTED, "--resume: rank 0 could not load the checkpoint");
+        if (t->world)
+            DT_CHECK(dt_group_broadcast(t->world, msg, sizeof msg, DT_U8, 0));
+        return dt_error_set((dt_status)h.status, "--resume: %s", msg);
     }
     if (!h.found)
         return DT_OK;
@@ -710,8 +742,8 @@ dt_status dt__train_resume(trainer *t) {
     /* Every rank that reads opens the same checkpoint (rank 0 verified it). */
     dt_sync_layout sl;
     dt_grad_sync_layout(t->sync, &sl);
-    bool reads_params = !sl.params_replicated || t->replica == 0;
-    bool reads_optim = !sl.optim_replicated || t->replica == 0;
+    bool reads_params = !sl.params_replicated || t->sync_rank == 0;
+    bool reads_optim = !sl.optim_replicated || t->sync_rank == 0;
     bool reads = reads_params || reads_optim;
     bool has_sync = dt_grad_sync_state_bytes(t->sync) > 0;
     dt_status st = DT_OK, open_st = DT_OK;
@@ -727,7 +759,7 @@ dt_status dt__train_resume(trainer *t) {
     DT_CHECK_GOTO(agree(t, st, "parameters and optimizer state"), st, fail);
     if (sl.params_replicated) {
         DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
-        dt_group *dp = dt_mesh_group(t->mesh, DT_AXIS_DP);
+        dt_group *dp = dt_mesh_replica_group(t->mesh);
         if (dp && sl.optim_replicated)
             DT_CHECK_GOTO(broadcast_optimizer(t, dp), st, fail);
     }

@@ -52,7 +52,7 @@ void dt_train_config_init(dt_train_config *c) {
     c->eval_batches = 8;
     c->keep = 3;
     c->seed = 1337;
-    c->bucket_bytes = DT_DDP_DEFAULT_BUCKET_BYTES;
+    c->bucket_bytes = 0; /* a quarter of the gradient bytes, within 1-25 MiB */
     c->sample_tokens = 256;
     c->progress = -1;
     c->tp = c->pp = c->cp = 1;
@@ -119,7 +119,7 @@ dt_status dt__train_check_config(const dt_train_config *c) {
             return dt_error_set(DT_ERR_UNSUPPORTED,
                                 "--optimizer kfac with --tp %d --pp %d: K-FAC preconditions whole "
                                 "weight matrices with statistics from one backward pass; it runs "
-                                "with data parallelism only",
+                                "with data and context parallelism only",
                                 c->tp, c->pp);
         if (c->zero)
             return bad("--optimizer kfac with --zero %d: K-FAC preconditions whole weight "
@@ -133,8 +133,8 @@ dt_status dt__train_check_config(const dt_train_config *c) {
         if (c->tp > 1 || c->pp > 1)
             return dt_error_set(DT_ERR_UNSUPPORTED,
                                 "--optimizer lbfgs with --tp %d --pp %d: L-BFGS takes dot "
-                                "products over all parameters and runs with data parallelism "
-                                "only",
+                                "products over all parameters and runs with data and context "
+                                "parallelism only",
                                 c->tp, c->pp);
         if (c->loss_scaling == 1 || (c->loss_scaling < 0 && c->precision == DT_PRECISION_FP16))
             return bad("--optimizer lbfgs with loss scaling: its line search needs the loss "
@@ -212,10 +212,9 @@ dt_status dt__train_check_config(const dt_train_config *c) {
                             c->zero, dt_codec_format(&c->compress, cb, sizeof cb),
                             dt_dtype_name(c->grad_dtype));
     }
-    if (c->cp > 1)
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "--cp %d: context-parallel training is not available yet; use --cp 1",
-                            c->cp);
+    dt_cp_mode cpm;
+    if (c->cp_mode && strcmp(c->cp_mode, "auto") != 0)
+        DT_CHECK(dt_cp_mode_parse("--cp-mode", c->cp_mode, &cpm));
     if (c->sp && c->tp < 2)
         return bad("--sp (sequence parallelism) needs --tp 2 or more (got --tp %d)", c->tp);
     if (c->loss_scaling < -1 || c->loss_scaling > 1)

@@ -27,17 +27,29 @@
 #define DT__MAX_APPLIED_SCALE 0x1p126f
 
 typedef struct trainer {
-    const dt_train_config *c;
-    dt_group *world;      /* the job's group (owned); NULL for a single process */
-    dt_mesh *mesh;        /* its layout; the groups the loop uses come from here */
-    int rank, size;       /* in the world */
-    int replica, dp;      /* data-parallel coordinate and degree: the loader's share */
+    const dt_train_config *c; /* &cfg once set up */
+    /* The caller's config with what setup resolved: the run and checkpoint
+     * directories of save_default, the bucket size. */
+    dt_train_config cfg;
+    char run_dir[4096], ckpt_dir[4096];
+    dt_model_file init; /* --init-from, open from model_config to make_model */
+    dt_group *world;    /* the job's group (owned); NULL for a single process */
+    dt_mesh *mesh;      /* its layout; the groups the loop uses come from here */
+    int rank, size;     /* in the world */
+    int replica, dp;    /* data-parallel coordinate and degree: the loader's share */
+    /* In the gradient group (dp x cp, dt_mesh_replica_group): the ranks
+     * that average gradients, shard ZeRO's state and hold the same
+     * replicated parameters (rank 0 writes them). */
+    int sync_rank, sync_size;
     dt_tp *tp;            /* the model shard's communication points (NULL without --tp) */
+    dt_cp *cp;            /* the context-parallel ones (NULL without --cp) */
     dt_pp_schedule *pipe; /* the pipeline's schedule (NULL without --pp) */
     int threads;          /* per rank */
     /* Data. */
     dt_token_file *data, *val_data; /* val_data NULL: validation is a split of data */
     const dt_tokenizer *tok;
+    dt_bpe *bpe;          /* a bpe tokenizer's files (owned), or NULL */
+    dt_tokenizer bpe_tok; /* its tokenizer value */
     dt_loader *train, *val;
     int B, T, K;               /* per-rank batch, sequence, micro-batches per step */
     int32_t *inputs, *targets; /* (K,B,T): a step's micro-batches */
@@ -51,8 +63,7 @@ typedef struct trainer {
     dt_schedule sched;
     bool scaling; /* dynamic loss scaling (docs/amp.md) */
     dt_scaler scaler;
-    dt_json cfg_json; /* the resolved config */
-    const char *cfg_text;
+    char *cfg_text; /* config.json: the resolved config (dt__train_config_json) */
     /* Progress of the trajectory (what a checkpoint restores). */
     int64_t step;    /* steps completed */
     int64_t tokens;  /* tokens processed by all ranks so far */
@@ -105,13 +116,20 @@ dt_status dt__train_batch(const dt_train_config *c, int dp, int world, int *B);
 dt_status dt__train_schedule(const dt_train_config *c, int K, dt_pp_schedule **out,
                              dt_pp_report *rep);
 /* World rank `rank`'s model options: pipeline stage and slots (pipe may be
- * NULL), tensor-parallel shard (regions NULL in a plan). */
+ * NULL), tensor-parallel shard, context-parallel share (regions and
+ * cp_regions NULL in a plan). */
 dt_status dt__train_model_options(const dt_train_config *c, const dt_gpt_config *mc,
                                   const dt_mesh_shape *shape, int rank, const dt_pp_schedule *pipe,
                                   const dt_pp_report *rep, const dt_tp_regions *regions,
-                                  dt_gpt_options *o);
+                                  const dt_cp_regions *cp_regions, dt_gpt_options *o);
+/* --cp-mode resolved: auto is Ulysses where the heads (per tp rank) and
+ * the sequence divide by cp, else the ring. */
+dt_cp_mode dt__train_cp_mode(const dt_train_config *c, const dt_gpt_config *mc);
 /* The optimizer's owned ranges of n parameters (ZeRO: the replica's
  * pieces; else all); *out is freed by the caller. */
+/* The DDP / ZeRO bucket size for a rank whose part holds n parameters:
+ * --bucket-size, else a quarter of the gradient bytes within 1-25 MiB. */
+size_t dt__train_bucket_bytes(const dt_train_config *c, size_t n);
 dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replica, dt_range **out,
                           size_t *nr);
 dt_optim_config dt__train_optim_config(const dt_train_config *c);
@@ -125,19 +143,28 @@ dt_status dt__train_offload_dir(const dt_train_config *c, const char **dir);
 dt_status dt__train_setup(trainer *t);
 void dt__train_free(trainer *t);
 /* The optimizer's reduce hook (dt_optim_reduce_fn, user = the trainer): a
- * sum over the dp group, for an optimizer that owns a share of its
- * replica's parameters (ZeRO). */
+ * sum over the gradient group (dp x cp, dt_mesh_replica_group), for an
+ * optimizer that owns a share of its replica's parameters (ZeRO) or
+ * averages statistics (K-FAC's factors). */
 dt_status dt__train_optim_reduce(void *user, double *values, size_t n);
-/* Its broadcast over the dp group (K-FAC's inverses). */
+/* Its broadcast over the gradient group (K-FAC's inverses). */
 dt_status dt__train_optim_bcast(void *user, float *values, size_t n, int root);
 
 /* state.c: every rank calls both (collective over the world). */
 dt_status dt__train_save(trainer *t, char *path, size_t len);
 dt_status dt__train_resume(trainer *t);
 
+/* model_io.c, --init-from: the model shape of the file (checked against
+ * the flags and the data), and this rank's part of its parameters. */
+dt_status dt__train_init_config(trainer *t, dt_gpt_config *mc);
+dt_status dt__train_init_params(trainer *t);
+
+/* config_json.c: the text of config.json (malloc'ed), NULL when out of
+ * memory. */
+char *dt__train_config_json(const trainer *t);
+
 /* report.c (rank 0) */
-double dt__train_peak_gflops(void);
-void dt__train_print_header(const trainer *t, double peak, FILE *f);
+void dt__train_print_header(const trainer *t, double peak, const char *peak_from, FILE *f);
 dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out);
 /* Collective over the first replica: the unsharded model on rank 0 (t->m
  * itself when the model is not split; otherwise a new one the caller

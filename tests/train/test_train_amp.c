@@ -28,7 +28,7 @@
 
 #define DTRAIN DT_CLI_PATH
 #define TINY                                                                                       \
-    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --val-split 0 --bucket-size 16K --lr 1e-3 --warmup 1 "     \
     "--schedule linear --min-lr 1e-4 --global-batch 4 --nproc 2"
 
@@ -268,7 +268,7 @@ static void test_overflow(void) {
  * steps, 8 batches) of bf16 and fp16 must be within 2% of fp32's. A few
  * seconds per run in Release. */
 #define SMALL                                                                                      \
-    "--model tiny --layers 2 --dim 64 --heads 4 --seq 64 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 2 --dim 64 --heads 4 --seq 64 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --log-every 1000 --val-split 0.1 --global-batch 8 "        \
     "--nproc 2 --lr 3e-3 --warmup 10 --eval-batches 8 --eval-every 50 --steps 300"
 #define EVALS 6

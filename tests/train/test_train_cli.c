@@ -15,7 +15,7 @@
 #define DTRAIN DT_CLI_PATH
 /* A small model that still has several tensors per block. */
 #define TINY                                                                                       \
-    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --val-split 0.1 --eval-batches 2"
 
 static char corpus[128], corpus2[128];
@@ -157,7 +157,8 @@ static void test_token_file(void) {
                      DTRAIN, corpus, tu_dir),
               0);
     EXPECT_OUT("vocab 300");
-    EXPECT_RC(tu_run("%s sample --ckpt %s/v300/model.dtgw -n 40 --prompt the", DTRAIN, tu_dir), 0);
+    EXPECT_RC(
+        tu_run("%s sample --ckpt %s/v300/model.dtgw --tokens 40 --prompt the", DTRAIN, tu_dir), 0);
     EXPECT_RC(tu_run("%s train --data %s --val-data %s --batch 2 --steps 2 " TINY, DTRAIN, corpus,
                      corpus2),
               2);
@@ -172,7 +173,7 @@ static void test_config_file(void) {
     ASSERT_TRUE(f != NULL);
     fprintf(f,
             "# a training run\nmodel = tiny\nlayers = 1\ndim = 32\nheads = 2\nseq = 32\n"
-            "batch = 2\nsteps = 4\nthreads = 1\npeak-gflops = 1\nsample-tokens = 0\n"
+            "batch = 2\nsteps = 4\nthreads = 1\npeak-flops = 1e9\nsample-tokens = 0\n"
             "data = %s\nrun-dir = %s/cfgrun\n",
             corpus, tu_dir);
     fclose(f);
@@ -190,7 +191,7 @@ static void test_config_file(void) {
     ASSERT_TRUE(strstr(json, "\"layers\": 1,") != NULL);
     ASSERT_TRUE(strstr(json, "\"steps\": 3,") != NULL);
     /* The run directory's final weights feed `dtrain sample`. */
-    EXPECT_RC(tu_run("%s sample --ckpt %s/cfgrun/model.dtgw -n 20", DTRAIN, tu_dir), 0);
+    EXPECT_RC(tu_run("%s sample --ckpt %s/cfgrun/model.dtgw --tokens 20", DTRAIN, tu_dir), 0);
     f = fopen(cfg, "a");
     fprintf(f, "learning-rate = 0.1\n");
     fclose(f);
@@ -254,7 +255,7 @@ static void test_sigkill_resume(void) {
             execl(DTRAIN, "dtrain", "train", "--data", corpus, "--batch", "2", "--steps", "100000",
                   "--ckpt-dir", dir, "--ckpt-every", "1", "--keep", "2", "--resume", "--model",
                   "tiny", "--layers", "2", "--dim", "32", "--heads", "2", "--seq", "32",
-                  "--threads", "1", "--peak-gflops", "1", "--val-split", "0", (char *)NULL);
+                  "--threads", "1", "--peak-flops", "1e9", "--val-split", "0", (char *)NULL);
             _exit(127);
         }
         /* Wait for a checkpoint newer than the last, then kill at random. */
@@ -298,8 +299,8 @@ static void test_sigint_saves(void) {
     const char *args[] = {
         "--data",  corpus,        "--batch", "2",          "--steps",   "1000000", "--ckpt-every",
         "5",       "--model",     "tiny",    "--layers",   "2",         "--dim",   "32",
-        "--heads", "2",           "--seq",   "32",         "--threads", "1",       "--peak-gflops",
-        "1",       "--val-split", "0",       "--progress", "plain",     NULL};
+        "--heads", "2",           "--seq",   "32",         "--threads", "1",       "--peak-flops",
+        "1e9",     "--val-split", "0",       "--progress", "plain",     NULL};
     int64_t last, saved;
     ASSERT_EQ(tu_interrupt(dir, SIGINT, args, &last, &saved), 128 + SIGINT);
     ASSERT_TRUE(last >= 5);
@@ -319,7 +320,7 @@ static void test_second_signal_ends(void) {
         (void)f;
         execl(DT_CLI_PATH, DT_CLI_PATH, "train", "--data", corpus, "--batch", "2", "--steps",
               "1000000", "--ckpt-every", "5", "--model", "tiny", "--layers", "2", "--dim", "32",
-              "--heads", "2", "--seq", "32", "--threads", "1", "--peak-gflops", "1", "--val-split",
+              "--heads", "2", "--seq", "32", "--threads", "1", "--peak-flops", "1e9", "--val-split",
               "0", "--progress", "plain", "--ckpt-dir", dir, (char *)NULL);
         _exit(127);
     }

@@ -49,7 +49,7 @@
 
 #define DTRAIN DT_CLI_PATH
 #define TINY                                                                                       \
-    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --val-split 0 --bucket-size 16K --lr 3e-3 --warmup 2 "     \
     "--global-batch 8 --nproc 2"
 
@@ -379,8 +379,8 @@ static void test_config(void) {
     json[fread(json, 1, sizeof json - 1, f)] = '\0';
     fclose(f);
     ASSERT_TRUE(strstr(json, "\"compress\": \"topk:0.02\"") != NULL);
-    ASSERT_TRUE(strstr(json, "\"compress_ef\": \"on\"") != NULL);
-    ASSERT_TRUE(strstr(json, "\"compress_start\": 1") != NULL);
+    ASSERT_TRUE(strstr(json, "\"compress-ef\": \"on\"") != NULL);
+    ASSERT_TRUE(strstr(json, "\"compress-start\": 1") != NULL);
     /* Every other codec and dtype: a few steps with the ranks in sync. */
     const char *more[] = {"--compress fp16",  "--compress bf16 --compress-ef on",
                           "--compress int8",  "--compress qsgd:4",

@@ -37,7 +37,7 @@
  * differ by ~1e-4 relative on those elements, with 1e-4 by ~1e-6. SGD (also
  * tested) has no such amplification. */
 #define TINY                                                                                       \
-    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --val-split 0 --bucket-size 16K --lr 1e-3 --warmup 1 "     \
     "--schedule linear --min-lr 1e-4 --eps 1e-4"
 
@@ -264,8 +264,8 @@ static void test_sigterm(void) {
                           "32",
                           "--threads",
                           "1",
-                          "--peak-gflops",
-                          "1",
+                          "--peak-flops",
+                          "1e9",
                           "--val-split",
                           "0",
                           "--progress",

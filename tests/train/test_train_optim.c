@@ -30,6 +30,14 @@
  *            zero 0, 1 and 3 and the 1-bit kinds' compression stage; 8-bit
  *            AdamW and LAMB resumed bit-identically (also into memory); no
  *            file left in DIR.
+ *   cp       context parallelism (--cp 2, both attention modes) against 1
+ *            rank: LAMB, Adafactor, K-FAC and L-BFGS see the gradient
+ *            averaged over the dp x cp group (K-FAC also its factors), and
+ *            with --zero 1 over that group the per-tensor kinds sum their
+ *            pieces' statistics over it: the same bits as without ZeRO.
+ *   config   config.json holds every optimizer flag under its name (those
+ *            of the optimizers that did not run too), and --config of it
+ *            runs the same training bit for bit.
  *   onebit   1-bit Adam: 2 ranks learn; the warm-up steps send fp32, the
  *            compression stage sign bits (about 28x fewer bytes); v stays
  *            as the warm-up left it.
@@ -41,7 +49,7 @@
 
 #define DTRAIN DT_CLI_PATH
 #define TINY                                                                                       \
-    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 2 --dim 32 --heads 2 --seq 32 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --val-split 0 --warmup 2 --global-batch 8"
 
 static char corpus[128];
@@ -145,6 +153,34 @@ static void test_ddp(void) {
     ddp_case("kfac", "--optimizer kfac --lr 0.3 --kfac-inv-every 2 --kfac-damping 0.1");
     ddp_case("kfac_accum",
              "--optimizer kfac --lr 0.3 --kfac-inv-every 2 --kfac-damping 0.1 --accum 2");
+}
+
+/* One rank against two context-parallel ranks (each holding half of every
+ * sequence), the same global batch: the losses and parameters agree to
+ * the rounding of the gradient's allreduce (and of the ring's merge). */
+static void cp_case(const char *tag, const char *flags) {
+    double a[64], b[64];
+    char one[64], two[64], extra[256];
+    snprintf(one, sizeof one, "%s_1", tag);
+    snprintf(two, sizeof two, "%s_cp2", tag);
+    train(one, 5, flags, a);
+    snprintf(extra, sizeof extra, "%s --nproc 2 --cp 2", flags);
+    train(two, 5, extra, b);
+    size_t na, nb;
+    float *pa = params_of(one, &na), *pb = params_of(two, &nb);
+    ASSERT_EQ(na, nb);
+    double wl = 0, wp = 0;
+    for (int s = 1; s <= 5; s++)
+        wl = fmax(wl, fabs(a[s] - b[s]) / fabs(a[s]));
+    for (size_t i = 0; i < na; i++)
+        wp = fmax(wp, fabs((double)pa[i] - pb[i]) / fmax(fabs((double)pa[i]), 1e-2));
+    printf("  %-12s cp 2 vs 1 rank: loss %.6f vs %.6f at step 5 (worst %.2g), parameters "
+           "within %.2g\n",
+           tag, b[5], a[5], wl, wp);
+    ASSERT_TRUE(wl < 1e-5);
+    ASSERT_TRUE(wp < 1e-3);
+    free(pa);
+    free(pb);
 }
 
 /* Runs a and b: same losses and parameters, bit for bit (rel 0) or within
@@ -258,6 +294,89 @@ static void test_zero3(void) {
     zero_case("lamb_z3_dp3", f[0], "--nproc 3", "--nproc 3 --zero 3", 1e-6, 1e-4);
     resume_case("adafactor_z3", "--optimizer adafactor --adafactor-beta1 0.9 --nproc 2 --zero 3 "
                                 "--bucket-size 16K");
+}
+
+static void test_cp(void) {
+    cp_case("lamb", "--optimizer lamb --lr 1e-2 --eps 1e-4");
+    cp_case("lamb_ring", "--optimizer lamb --lr 1e-2 --eps 1e-4 --cp-mode ring");
+    cp_case("adafactor", "--optimizer adafactor --adafactor-eps1 1e-8");
+    cp_case("kfac", "--optimizer kfac --lr 0.3 --kfac-inv-every 2 --kfac-damping 0.1");
+    cp_case("lbfgs", "--optimizer lbfgs --lr 1 --lbfgs-max-iter 3 --lbfgs-history 2");
+    /* ZeRO over the dp x cp group: at dp 1 the two cp ranks each own half
+     * of every bucket, so the trust ratios need the pieces' sums. */
+    zero_case("lamb_cp_z1", "--optimizer lamb --lr 1e-2", "--nproc 2 --cp 2",
+              "--nproc 2 --cp 2 --zero 1", 0, 0);
+    zero_case("lars_cp_z3", "--optimizer lars --lr 0.5", "--nproc 2 --cp 2 --zero 1",
+              "--nproc 2 --cp 2 --zero 3", 0, 0);
+}
+
+static void test_config(void) {
+    /* Lookahead over LARS with every setting away from its default. */
+    const char *flags =
+        "--optimizer lookahead --lookahead-inner lars --lookahead-k 3 --lookahead-alpha 0.6 "
+        "--lr 0.3 --nesterov --trust-coeff 0.002 --trust-eps 1e-7 --grad-centralization "
+        "--adafactor-beta1 0.5 --adafactor-decay -0.7 --adafactor-eps1 1e-20 "
+        "--adafactor-eps2 0.002 --adafactor-clip 2 --adafactor-relative-step off "
+        "--adafactor-scale-parameter off --adafactor-warmup-init --adamw8bit-block 512 "
+        "--lbfgs-history 4 --lbfgs-max-iter 9 --lbfgs-max-eval 7 --lbfgs-tolerance-grad 1e-6 "
+        "--lbfgs-tolerance-change 1e-8 --lbfgs-line-search off --kfac-damping 0.01 "
+        "--kfac-inv-every 3 --kfac-ema 0.9 --kfac-kl-clip 0.002";
+    double a[64], b[64];
+    train("cfg_a", 5, flags, a);
+    char path[192], json[8192];
+    snprintf(path, sizeof path, "%s/cfg_a/config.json", tu_dir);
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    json[fread(json, 1, sizeof json - 1, f)] = '\0';
+    fclose(f);
+    static const char *const keys[] = {"\"optimizer\": \"lookahead\"",
+                                       "\"lookahead-inner\": \"lars\"",
+                                       "\"lookahead-k\": 3,",
+                                       "\"lookahead-alpha\": 0.6,",
+                                       "\"nesterov\": true,",
+                                       "\"trust-coeff\": 0.002,",
+                                       "\"trust-eps\": 1e-7,",
+                                       "\"grad-centralization\": true,",
+                                       "\"adafactor-beta1\": 0.5,",
+                                       "\"adafactor-decay\": -0.7,",
+                                       "\"adafactor-eps1\": 1e-20,",
+                                       "\"adafactor-eps2\": 0.002,",
+                                       "\"adafactor-clip\": 2.0,",
+                                       "\"adafactor-relative-step\": \"off\"",
+                                       "\"adafactor-scale-parameter\": \"off\"",
+                                       "\"adafactor-warmup-init\": true,",
+                                       "\"adamw8bit-block\": 512,",
+                                       "\"lbfgs-history\": 4,",
+                                       "\"lbfgs-max-iter\": 9,",
+                                       "\"lbfgs-max-eval\": 7,",
+                                       "\"lbfgs-tolerance-grad\": 1e-6,",
+                                       "\"lbfgs-tolerance-change\": 1e-8,",
+                                       "\"lbfgs-line-search\": \"off\"",
+                                       "\"kfac-damping\": 0.01,",
+                                       "\"kfac-inv-every\": 3,",
+                                       "\"kfac-ema\": 0.9,",
+                                       "\"kfac-kl-clip\": 0.002,",
+                                       "\"optimizer-state-bytes-per-param\": "};
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (!strstr(json, keys[i]))
+            TEST_FAILF("config.json lacks %s:\n%.900s", keys[i], json);
+    /* Read back with nothing else given: the same run. */
+    EXPECT_RC(tu_run("%s train --config %s --run-dir %s/cfg_b --ckpt-dir %s/cfg_b/ck", DTRAIN, path,
+                     tu_dir, tu_dir),
+              0);
+    snprintf(path, sizeof path, "%s/cfg_b/metrics.jsonl", tu_dir);
+    ASSERT_EQ(tu_losses(path, b, 63), 5);
+    for (int s = 1; s <= 5; s++)
+        if (a[s] != b[s])
+            TEST_FAILF("--config config.json: step %d loss %.9g, the run's %.9g", s, b[s], a[s]);
+    size_t na, nb;
+    float *pa = params_of("cfg_a", &na), *pb = params_of("cfg_b", &nb);
+    ASSERT_EQ(na, nb);
+    ASSERT_TRUE(memcmp(pa, pb, na * sizeof *pa) == 0);
+    free(pa);
+    free(pb);
+    printf("  config.json: %zu optimizer keys; --config of it: the same 5 losses and parameters\n",
+           sizeof keys / sizeof keys[0]);
 }
 
 static char offdir[160];
@@ -398,9 +517,9 @@ static void test_errors(void) {
 }
 
 static const test_case cases[] = {
-    {"resume", test_resume}, {"ddp", test_ddp},         {"zero", test_zero},
-    {"zero3", test_zero3},   {"offload", test_offload}, {"onebit", test_onebit},
-    {"errors", test_errors},
+    {"resume", test_resume},   {"ddp", test_ddp},       {"zero", test_zero},
+    {"zero3", test_zero3},     {"cp", test_cp},         {"config", test_config},
+    {"offload", test_offload}, {"onebit", test_onebit}, {"errors", test_errors},
 };
 
 int main(int argc, char **argv) {

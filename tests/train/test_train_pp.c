@@ -35,7 +35,7 @@
 
 #define DTRAIN DT_CLI_PATH
 #define TINY                                                                                       \
-    "--model tiny --layers 8 --dim 32 --heads 4 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 8 --dim 32 --heads 4 --seq 32 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --val-split 0 --lr 1e-3 --warmup 1 --schedule linear "     \
     "--min-lr 1e-4 --eps 1e-4 --global-batch 4 --clip 0.5"
 #define STEPS 20
@@ -259,7 +259,7 @@ static void test_kill(void) {
         execl(DTRAIN, "dtrain", "train", "--data", corpus, "--nproc", "4", "--pp", "4",
               "--micro-batches", "8", "--global-batch", "8", "--steps", "100000", "--model", "tiny",
               "--layers", "8", "--dim", "128", "--heads", "4", "--seq", "64", "--threads", "1",
-              "--peak-gflops", "1", "--val-split", "0", "--progress", "plain", "--run-dir", run,
+              "--peak-flops", "1e9", "--val-split", "0", "--progress", "plain", "--run-dir", run,
               (char *)NULL);
         _exit(127);
     }

@@ -33,7 +33,7 @@
  * depends on the summation order, and Adam with eps 1e-8 would amplify
  * that noise by lr/eps. */
 #define TINY                                                                                       \
-    "--model tiny --layers 2 --dim 32 --heads 4 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 2 --dim 32 --heads 4 --seq 32 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --val-split 0 --lr 1e-3 --warmup 1 --schedule linear "     \
     "--min-lr 1e-4 --eps 1e-4 --global-batch 4"
 #define STEPS 20
@@ -196,8 +196,10 @@ static void test_layouts(void) {
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --mesh-order tp-dp", DTRAIN, corpus),
               2);
     EXPECT_OUT("--mesh-order \"tp-dp\"");
-    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --cp 2 --nproc 2", DTRAIN, corpus), 1);
-    EXPECT_OUT("context-parallel training is not available yet");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --cp 2 --nproc 2 --cp-mode rings",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--cp-mode \"rings\": expected ulysses or ring");
 }
 
 static void test_info(void) {

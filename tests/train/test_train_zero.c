@@ -43,7 +43,7 @@
 
 #define DTRAIN DT_CLI_PATH
 #define TINY                                                                                       \
-    "--model tiny --layers 4 --dim 32 --heads 4 --seq 32 --threads 1 --peak-gflops 1 "             \
+    "--model tiny --layers 4 --dim 32 --heads 4 --seq 32 --threads 1 --peak-flops 1e9 "            \
     "--sample-tokens 0 --progress plain --val-split 0 --lr 1e-3 --warmup 1 --schedule linear "     \
     "--min-lr 1e-4 --eps 1e-4 --global-batch 12 --clip 0.5 --bucket-size 16K"
 #define STEPS 12
@@ -177,7 +177,7 @@ static double bytes_after(const char *key) { return bytes_after_in(NULL, key); }
 
 #define MEMMODEL                                                                                   \
     "--model shakespeare-char --layers 8 --dim 768 --heads 12 --seq 32 --threads 1 "               \
-    "--peak-gflops 1 --sample-tokens 0 --progress plain --val-split 0 --batch 2 --steps 2"
+    "--peak-flops 1e9 --sample-tokens 0 --progress plain --val-split 0 --batch 2 --steps 2"
 
 static void test_memory(void) {
     double plan[4], peak[4], base[4], opt[4];

@@ -8,7 +8,11 @@
  *     copy (B = 1, C = HS, NH = 1: what attention16 runs) as on the full
  *     tensor;
  *   - the dispatch: which head sizes the kernels take, and the public
- *     functions equal to tiles bit for bit when dt_isa() is below AVX-512.
+ *     functions equal to tiles bit for bit when dt_isa() is below AVX-512;
+ *   - the cross blocks of ring attention: a causal sequence [prefix; x]
+ *     computed as x's own causal attention merged with x against the
+ *     prefix (forward), and its gradients as the sum of both blocks'
+ *     shares, against naive attention of the whole sequence.
  * Skips the avx512 parts (saying so) where the CPU lacks AVX-512.
  */
 #include "tensor/attention_internal.h"
@@ -131,6 +135,75 @@ static void test_dispatch(void) {
     free(qkv), free(dout);
 }
 
+/* Naive causal attention over T = Tk + Tq rows, against the ring's split:
+ * the last Tq rows attend causally to themselves (dt_attention_forward)
+ * and wholly to the first Tk (dt_attention_cross_forward), merged. dout is
+ * zero on the first Tk rows, so their k/v gradients come from the last
+ * rows only: what the cross block's backward must produce. */
+static void check_cross(int Tq, int Tk, int C, int NH, bool packed_kv, bool avx512) {
+    const int T = Tq + Tk, HS = C / NH;
+    const size_t C3 = 3 * (size_t)C, TC = (size_t)T * C, QC = (size_t)Tq * C;
+    float *qkv = randv(3 * TC, 1.5f), *dout = randv(TC, 1.0f);
+    memset(dout, 0, (size_t)Tk * C * sizeof(float));
+    float *on = zerov(TC), *att = zerov((size_t)NH * T * T), *dn = zerov(3 * TC);
+    dt_attention_naive_forward(on, att, qkv, 1, T, C, NH);
+    dt_attention_naive_backward(dn, dout, qkv, att, 1, T, C, NH);
+    /* the prefix's k|v rows, as the ring passes them (packed) or in place */
+    float *kvp = zerov((size_t)Tk * 2 * C);
+    for (int t = 0; t < Tk; t++)
+        memcpy(kvp + (size_t)t * 2 * C, qkv + (size_t)t * C3 + C, 2 * (size_t)C * sizeof(float));
+    const float *kv = packed_kv ? kvp : qkv + C;
+    const size_t ldkv = packed_kv ? 2 * (size_t)C : C3;
+    const float *ql = qkv + (size_t)Tk * C3; /* the last Tq rows: a (Tq,3C) qkv */
+    float *o = zerov(QC), *l = zerov((size_t)NH * Tq), *po = zerov(QC),
+          *pl = zerov((size_t)NH * Tq);
+    dt_attention_forward(o, l, ql, 1, Tq, C, NH);
+    if (avx512)
+        ASSERT_TRUE(dt__attention_cross_forward_avx512(po, pl, (size_t)Tq, ql, C3, kv, ldkv, Tq, Tk,
+                                                       C, NH));
+    else
+        dt__attention_cross_forward_tiles(po, pl, (size_t)Tq, ql, C3, kv, ldkv, Tq, Tk, C, NH);
+    dt_attention_merge(o, l, (size_t)Tq, po, pl, (size_t)Tq, Tq, C, NH);
+    char what[96];
+    const char *impl = avx512 ? "avx512" : "tiles";
+    snprintf(what, sizeof what, "%s cross+merge out (Tq=%d Tk=%d HS=%d)", impl, Tq, Tk, HS);
+    check_close(what, o, on + (size_t)Tk * C, QC, 1e-5);
+    float *dq = zerov(3 * QC), *dkv = zerov((size_t)Tk * ldkv);
+    dt_attention_backward(dq, dout + (size_t)Tk * C, ql, o, l, 1, Tq, C, NH);
+    if (avx512)
+        ASSERT_TRUE(dt__attention_cross_backward_avx512(dq, dkv, dout + (size_t)Tk * C, ql, C3, kv,
+                                                        ldkv, o, l, (size_t)Tq, Tq, Tk, C, NH));
+    else
+        dt__attention_cross_backward_tiles(dq, dkv, dout + (size_t)Tk * C, ql, C3, kv, ldkv, o, l,
+                                           (size_t)Tq, Tq, Tk, C, NH, 0, NH);
+    snprintf(what, sizeof what, "%s cross dqkv of x (Tq=%d Tk=%d HS=%d)", impl, Tq, Tk, HS);
+    check_close(what, dq, dn + (size_t)Tk * C3, 3 * QC, 1e-4);
+    /* dk|dv of the prefix, compared row by row (the naive rows are 3C wide) */
+    float *want = zerov((size_t)Tk * 2 * C), *got = zerov((size_t)Tk * 2 * C);
+    for (int t = 0; t < Tk; t++) {
+        memcpy(want + (size_t)t * 2 * C, dn + (size_t)t * C3 + C, 2 * (size_t)C * sizeof(float));
+        memcpy(got + (size_t)t * 2 * C, dkv + (size_t)t * ldkv, 2 * (size_t)C * sizeof(float));
+    }
+    snprintf(what, sizeof what, "%s cross dkv of the prefix (Tq=%d Tk=%d HS=%d)", impl, Tq, Tk, HS);
+    check_close(what, got, want, (size_t)Tk * 2 * C, 1e-4);
+    free(qkv), free(dout), free(on), free(att), free(dn), free(kvp), free(o), free(l), free(po);
+    free(pl), free(dq), free(dkv), free(want), free(got);
+}
+
+static void test_cross(void) {
+    static const int Ts[][2] = {{1, 1},    {5, 17},   {17, 5},   {64, 64},
+                                {65, 130}, {130, 65}, {300, 33}, {100, 200}};
+    static const int HSs[] = {12, 16, 64};
+    for (size_t h = 0; h < sizeof HSs / sizeof HSs[0]; h++)
+        for (size_t k = 0; k < sizeof Ts / sizeof Ts[0]; k++) {
+            check_cross(Ts[k][0], Ts[k][1], 2 * HSs[h], 2, k % 2 == 0, false);
+            if (dt__attention_avx512_ok(2 * HSs[h], 2))
+                check_cross(Ts[k][0], Ts[k][1], 2 * HSs[h], 2, k % 2 == 0, true);
+        }
+    if (!have_avx512())
+        printf("# no AVX-512: the avx512 cross blocks not tested\n");
+}
+
 int main(void) {
     dt_rng_init(&g_rng, 7, dt_rng_stream_id(0, 0, DT_RNG_TEST));
     dt_tensor_set_threads(2);
@@ -139,5 +212,6 @@ int main(void) {
     RUN(test_vs_naive);
     RUN(test_invariance);
     RUN(test_dispatch);
+    RUN(test_cross);
     return TEST_SUMMARY();
 }

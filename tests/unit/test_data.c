@@ -114,7 +114,7 @@ static void test_prepare_and_open(void) {
     size_t n = 5000;
     char *text = make_text(n, 1);
     write_file(txt, text, n);
-    for (int kind = 0; kind < DT_TOKENIZER_COUNT; kind++) {
+    for (int kind = 0; kind < DT_TOKENIZER_BPE; kind++) {
         ASSERT_OK(dt_data_prepare(txt, tok, (dt_tokenizer_kind)kind));
         dt_token_file *f, *g;
         ASSERT_OK(dt_token_file_open(&f, tok));
@@ -262,9 +262,9 @@ static void test_corruption(void) {
     memcpy(bad, "GGUF\0\0\0\0", 8);
     expect_corrupt("magic.tok", bad, len, "bad magic \"GGUF????\"");
     memcpy(bad, img, len);
-    bad[8] = 2;
+    bad[8] = 3;
     reseal(bad, len);
-    expect_corrupt("version.tok", bad, len, "unsupported version 2 (this build reads 1)");
+    expect_corrupt("version.tok", bad, len, "unsupported version 3 (this build reads 1 and 2)");
     memcpy(bad, img, len);
     bad[12] = 9;
     reseal(bad, len);
@@ -519,6 +519,76 @@ static void test_loader_bad_arguments(void) {
     dt_token_file_close(f);
 }
 
+/* ---- byte-level BPE (the GPT-2 comparison is tests/tokenizer_gpt2.sh) ---- */
+
+static void test_bpe(void) {
+    /* GPT-2's pattern, by hand: contractions, one space kept before a
+     * word, a run of spaces giving up its last, a newline never leading. */
+    const char *s = "I'm  here\n\n  x 12ab,,!  ";
+    const char *want[] = {"I", "'m", " ", " here", "\n\n ", " x", " 12", "ab", ",,!", "  "};
+    size_t at = 0, len = strlen(s);
+    for (size_t k = 0; k < sizeof want / sizeof want[0]; k++) {
+        size_t n = dt_bpe_split(s, len, at);
+        ASSERT_EQ(n, strlen(want[k]));
+        ASSERT_TRUE(memcmp(s + at, want[k], n) == 0);
+        at += n;
+    }
+    ASSERT_EQ(at, len);
+    /* Letters of other scripts and numbers of other scripts are runs too. */
+    const char *u = "Привет мир ١٢٣ 日本語";
+    ASSERT_EQ(dt_bpe_split(u, strlen(u), 0), strlen("Привет"));
+    ASSERT_EQ(dt_bpe_split(u, strlen(u), strlen("Привет мир")), strlen(" ١٢٣"));
+
+    /* Learn, save, load: the same tokens, and text round-trips. */
+    size_t n = 20000;
+    char *text = make_text(n, 7);
+    dt_bpe *b, *c;
+    ASSERT_OK(dt_bpe_train(&b, text, n, 300));
+    ASSERT_EQ(dt_bpe_vocab_size(b), 300);
+    ASSERT_OK(dt_bpe_save(b, tmpdir));
+    ASSERT_OK(dt_bpe_open(&c, tmpdir));
+    ASSERT_EQ(dt_bpe_hash(b), dt_bpe_hash(c));
+    int32_t *ids = NULL;
+    size_t nids = 0;
+    ASSERT_OK(dt_bpe_encode(c, text, n, &ids, &nids));
+    ASSERT_TRUE(nids < n); /* merges happened */
+    char *back = malloc(n + 1);
+    size_t m = 0;
+    for (size_t i = 0; i < nids; i++) {
+        size_t l;
+        const uint8_t *t = dt_bpe_token(c, ids[i], &l);
+        ASSERT_TRUE(t != NULL && m + l <= n);
+        memcpy(back + m, t, l);
+        m += l;
+    }
+    ASSERT_EQ(m, n);
+    ASSERT_TRUE(memcmp(back, text, n) == 0);
+    /* A .tok of it (version 2) opens with the same tokens and hash. */
+    char txt[128], tokp[128];
+    path_in_tmp(txt, sizeof txt, "bpe.txt");
+    path_in_tmp(tokp, sizeof tokp, "bpe.tok");
+    write_file(txt, text, n);
+    dt_tokenizer tk;
+    dt_tokenizer_init_bpe(&tk, c);
+    ASSERT_OK(dt_data_prepare_with(txt, tokp, &tk));
+    dt_token_file *f;
+    ASSERT_OK(dt_token_file_open(&f, tokp));
+    ASSERT_EQ(dt_token_file_count(f), nids);
+    ASSERT_EQ(dt_token_file_tokenizer(f)->kind, DT_TOKENIZER_BPE);
+    ASSERT_EQ(dt_token_file_tokenizer(f)->bpe_hash, dt_bpe_hash(c));
+    ASSERT_TRUE(dt_tokenizer_equal(dt_token_file_tokenizer(f), &tk));
+    for (size_t i = 0; i < nids; i++)
+        ASSERT_EQ(dt_token_file_tokens(f)[i], (uint16_t)ids[i]);
+    dt_token_file_close(f);
+    ASSERT_STATUS(dt_bpe_train(&b, text, n, 100), DT_ERR_INVALID);
+    ASSERT_STATUS(dt_bpe_open(&b, "/nonexistent"), DT_ERR_NOT_FOUND);
+    free(back);
+    free(ids);
+    free(text);
+    dt_bpe_destroy(c);
+    dt_bpe_destroy(b);
+}
+
 int main(void) {
     const char *base = getenv("TMPDIR");
     snprintf(tmpdir, sizeof tmpdir, "%s/dt_test_data_XXXXXX", base && *base ? base : "/tmp");
@@ -532,6 +602,7 @@ int main(void) {
     RUN(test_loader_shards);
     RUN(test_loader_determinism_and_resume);
     RUN(test_loader_bad_arguments);
+    RUN(test_bpe);
     /* Remove the scratch directory (flat). */
     DIR *d = opendir(tmpdir);
     struct dirent *e;
