@@ -881,6 +881,12 @@ double dt_gpt_take_comm_ms(dt_gpt *m) {
     return ms;
 }
 
+double dt_gpt_take_attention_ms(dt_gpt *m) {
+    double ms = m->cp_attn_ms;
+    m->cp_attn_ms = 0;
+    return ms;
+}
+
 /* GPT-2 initialisation of tensor i: each global tensor draws from its own
  * Philox stream (seed, DT_RNG_INIT, global index), element e of the global
  * tensor from position 2e of the stream (a normal takes two 32-bit

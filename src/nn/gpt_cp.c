@@ -295,7 +295,7 @@ void *dt__gpt_cp_qkv_target(dt_gpt *m, const block_acts *a) {
 /* bf16/fp16: the ring runs in fp32 on widened copies (what attention16
  * does per head), its output and gradient rounded back. The blocks travel
  * as fp32. */
-dt_status dt__gpt_cp_attention_forward(dt_gpt *m, const block_acts *a, const void *qkv_local) {
+static dt_status attention_forward(dt_gpt *m, const block_acts *a, const void *qkv_local) {
     if (m->d.cpm == DT_CP_ULYSSES)
         return ulysses_forward(m, a, qkv_local);
     const dt_precision pr = m->opt.precision;
@@ -308,8 +308,7 @@ dt_status dt__gpt_cp_attention_forward(dt_gpt *m, const block_acts *a, const voi
     return DT_OK;
 }
 
-dt_status dt__gpt_cp_attention_backward(dt_gpt *m, const block_acts *a, const float *dout,
-                                        void *dqkv) {
+static dt_status attention_backward(dt_gpt *m, const block_acts *a, const float *dout, void *dqkv) {
     if (m->d.cpm == DT_CP_ULYSSES)
         return ulysses_backward(m, a, dout, dqkv);
     const dt_precision pr = m->opt.precision;
@@ -321,4 +320,19 @@ dt_status dt__gpt_cp_attention_backward(dt_gpt *m, const block_acts *a, const fl
     DT_CHECK(ring_backward(m, m->cp.w_qkv, m->cp.w_out, a->att_lse, dout, m->cp.w_dqkv));
     dt_act16_from_f32(pr, dqkv, m->cp.w_dqkv, N * 3 * Ct);
     return DT_OK;
+}
+
+dt_status dt__gpt_cp_attention_forward(dt_gpt *m, const block_acts *a, const void *qkv_local) {
+    double t0 = dt_now();
+    dt_status st = attention_forward(m, a, qkv_local);
+    m->cp_attn_ms += (dt_now() - t0) * 1e3;
+    return st;
+}
+
+dt_status dt__gpt_cp_attention_backward(dt_gpt *m, const block_acts *a, const float *dout,
+                                        void *dqkv) {
+    double t0 = dt_now();
+    dt_status st = attention_backward(m, a, dout, dqkv);
+    m->cp_attn_ms += (dt_now() - t0) * 1e3;
+    return st;
 }

@@ -163,6 +163,7 @@ struct dt_gpt {
                           // partial gradient on its way to the group sum
     cp_scratch cp;        /* context parallelism's buffers (all NULL without it) */
     double comm_ms;       /* time spent in the tensor- and context-parallel communication */
+    double cp_attn_ms;    /* time in context-parallel attention (compute and communication) */
     dt_param_hooks hooks; /* parameters kept elsewhere (fetch NULL: none) */
 };
 
