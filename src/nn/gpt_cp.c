@@ -16,7 +16,11 @@
  *
  * a->qkv and a->att_lse are kept in the gathered layout (the same sizes as
  * the local ones), a->atty in the local one (c_proj reads it); backward
- * gathers the output again rather than keeping a second copy.
+ * gathers the output again rather than keeping a second copy. The
+ * gathered attention output (forward) and dqkv (backward) are computed in
+ * the (N,3Ct) buffer that the local qkv was (forward: m->dqkv, free once
+ * gathered) or that dqkv will be (backward), so the scratch is the one
+ * all-to-all buffer and the gathered dout and out.
  *
  * Ring (fp32; bf16/fp16 on fp32 copies). Rank r holds chunks r and 2cp-1-r of Tc = Tl/2 tokens. Its
  * own keys first: causal attention over its 2Tc rows in local order is
@@ -167,10 +171,10 @@ static dt_status ulysses_forward(dt_gpt *m, const block_acts *a, const void *qkv
     reshape z3 = reshape_of(m, 3, A), z1 = reshape_of(m, 1, A);
     DT_CHECK(gather_heads(m, &z3, a->qkv, qkv_local));
     if (pr == DT_PRECISION_FP32)
-        dt_attention_forward(m->cp.g_out, a->att_lse, a->qkv, B, T, Hc, NHc);
+        dt_attention_forward(m->dqkv, a->att_lse, a->qkv, B, T, Hc, NHc);
     else
-        dt_attention16_forward(pr, m->cp.g_out, a->att_lse, a->qkv, B, T, Hc, NHc, m->attn_work);
-    return scatter_heads(m, &z1, a->atty, m->cp.g_out);
+        dt_attention16_forward(pr, m->dqkv, a->att_lse, a->qkv, B, T, Hc, NHc, m->attn_work);
+    return scatter_heads(m, &z1, a->atty, m->dqkv);
 }
 
 static dt_status ulysses_backward(dt_gpt *m, const block_acts *a, const float *dout, void *dqkv) {
@@ -182,12 +186,11 @@ static dt_status ulysses_backward(dt_gpt *m, const block_acts *a, const float *d
     DT_CHECK(gather_heads(m, &zd, m->cp.g_dout, dout));
     DT_CHECK(gather_heads(m, &z1, m->cp.g_out, a->atty));
     if (pr == DT_PRECISION_FP32)
-        dt_attention_backward(m->cp.g_dqkv, m->cp.g_dout, a->qkv, m->cp.g_out, a->att_lse, B, T, Hc,
-                              NHc);
+        dt_attention_backward(dqkv, m->cp.g_dout, a->qkv, m->cp.g_out, a->att_lse, B, T, Hc, NHc);
     else
-        dt_attention16_backward(pr, m->cp.g_dqkv, m->cp.g_dout, a->qkv, m->cp.g_out, a->att_lse, B,
-                                T, Hc, NHc, m->attn_work);
-    return scatter_heads(m, &z3, dqkv, m->cp.g_dqkv);
+        dt_attention16_backward(pr, dqkv, m->cp.g_dout, a->qkv, m->cp.g_out, a->att_lse, B, T, Hc,
+                                NHc, m->attn_work);
+    return scatter_heads(m, &z3, dqkv, dqkv); /* through the a2a buffer */
 }
 
 /* ------------------------------------------------------------------------ */

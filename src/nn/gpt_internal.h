@@ -86,9 +86,9 @@ typedef struct gpt_dims {
 
 /* Scratch of context-parallel attention (gpt_cp.c), in the arena. */
 typedef struct cp_scratch {
-    /* Ulysses: the all-to-all buffer (N,3Ct) and the gathered dout (fp32),
-     * out and dqkv of this rank's heads for every token. */
-    void *a2a, *g_out, *g_dqkv;
+    /* Ulysses: the all-to-all buffer (N,3Ct), and the gathered dout (fp32)
+     * and out of this rank's heads for every token. */
+    void *a2a, *g_out;
     float *g_dout;
     /* Ring: the key/value blocks in flight (N,2Ct) x 2; forward's partial
      * out (N,Ct) and lse (B,NHt,Tl); backward's travelling dk|dv x 2
