@@ -428,9 +428,13 @@ dt_status dt_gpt_set_linear_stats(dt_gpt *m, dt_linear_stats_fn fn, void *user);
 const dt_gpt_options *dt_gpt_get_options(const dt_gpt *m);
 /* The part this model holds (normalised: chunks >= 1, tp_size >= 1). */
 const dt_gpt_part *dt_gpt_get_part(const dt_gpt *m);
-/* Milliseconds spent in the tensor-parallel communication points since
- * the last call (all of it exposed: a shard waits for them); resets. */
+/* Milliseconds spent in the tensor- and context-parallel communication
+ * points since the last call (exposed: a part waits for them; the ring's
+ * transfers count only while waited for); resets. */
 double dt_gpt_take_comm_ms(dt_gpt *m);
+/* Milliseconds in context-parallel attention (its kernels and the
+ * communication above, forward and backward) since the last call; resets. */
+double dt_gpt_take_attention_ms(dt_gpt *m);
 
 /* The last forward's logits, fp32, valid until the next backward:
  *  - recompute_every == 0: all of them, (B,T,V);

@@ -54,6 +54,8 @@ typedef struct dt_step_metrics {
     double tp_comm_ms;      /* time in the model's tensor- and context-parallel communication
                                (exposed: a part waits for it, bar the ring's overlapped
                                transfers); NaN without either */
+    double cp_attention_ms; /* context parallelism: time in attention, its communication
+                               included; NaN without cp */
     double pp_bubble;       /* pipeline: measured idle fraction of the stages in the step's
                                forwards and backwards (parallel.h, dt_run_result); NaN
                                without a pipeline */
@@ -317,6 +319,7 @@ typedef struct dt_train_result {
     double tokens_per_s;             /* median over the steps after the first */
     double comm_ms, exposed_comm_ms; /* per step, medians */
     double tp_comm_ms;               /* per step, median; NaN without tp or cp */
+    double cp_attention_ms;          /* per step, median; NaN without cp */
     double pp_bubble;                /* per step, median; NaN without a pipeline */
     double seconds;                  /* wall time of the loop */
     char checkpoint[4096];           /* last checkpoint written, "" if none */

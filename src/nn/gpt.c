@@ -483,7 +483,7 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     size_t Tg = (size_t)T_;
     m->gscratch = d.sp ? take(base, &off, (4 * C > Tg * C ? 4 * C : Tg * C) * 4) : NULL;
     /* Context parallelism's attention scratch (gpt_cp.c): Ulysses' one
-     * all-to-all buffer and the gathered dout, out and dqkv; the ring's two
+     * all-to-all buffer and the gathered dout and out; the ring's two
      * key/value blocks, then forward's partials sharing memory with
      * backward's two travelling gradient blocks. */
     cp_scratch *cs = &m->cp;
@@ -491,7 +491,6 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
         cs->a2a = take(base, &off, N * 3 * z.Ct * A); /* >= dout's N Ct fp32 */
         cs->g_dout = take(base, &off, N * z.Ct * 4);
         cs->g_out = take(base, &off, N * z.Ct * A);
-        cs->g_dqkv = take(base, &off, N * 3 * z.Ct * A);
     } else if (d.cp > 1) {
         size_t kvb = N * 2 * z.Ct * 4;
         cs->kv[0] = take(base, &off, kvb);
@@ -888,6 +887,12 @@ void dt_gpt_zero_grads(dt_gpt *m) { memset(m->grads, 0, m->nparams * sizeof(floa
 double dt_gpt_take_comm_ms(dt_gpt *m) {
     double ms = m->comm_ms;
     m->comm_ms = 0;
+    return ms;
+}
+
+double dt_gpt_take_attention_ms(dt_gpt *m) {
+    double ms = m->cp_attn_ms;
+    m->cp_attn_ms = 0;
     return ms;
 }
 

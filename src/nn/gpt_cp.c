@@ -16,7 +16,11 @@
  *
  * a->qkv and a->att_lse are kept in the gathered layout (the same sizes as
  * the local ones), a->atty in the local one (c_proj reads it); backward
- * gathers the output again rather than keeping a second copy.
+ * gathers the output again rather than keeping a second copy. The
+ * gathered attention output (forward) and dqkv (backward) are computed in
+ * the (N,3Ct) buffer that the local qkv was (forward: m->dqkv, free once
+ * gathered) or that dqkv will be (backward), so the scratch is the one
+ * all-to-all buffer and the gathered dout and out.
  *
  * Ring (fp32; bf16/fp16 on fp32 copies). Rank r holds chunks r and 2cp-1-r of Tc = Tl/2 tokens. Its
  * own keys first: causal attention over its 2Tc rows in local order is
@@ -167,10 +171,10 @@ static dt_status ulysses_forward(dt_gpt *m, const block_acts *a, const void *qkv
     reshape z3 = reshape_of(m, 3, A), z1 = reshape_of(m, 1, A);
     DT_CHECK(gather_heads(m, &z3, a->qkv, qkv_local));
     if (pr == DT_PRECISION_FP32)
-        dt_attention_forward(m->cp.g_out, a->att_lse, a->qkv, B, T, Hc, NHc);
+        dt_attention_forward(m->dqkv, a->att_lse, a->qkv, B, T, Hc, NHc);
     else
-        dt_attention16_forward(pr, m->cp.g_out, a->att_lse, a->qkv, B, T, Hc, NHc, m->attn_work);
-    return scatter_heads(m, &z1, a->atty, m->cp.g_out);
+        dt_attention16_forward(pr, m->dqkv, a->att_lse, a->qkv, B, T, Hc, NHc, m->attn_work);
+    return scatter_heads(m, &z1, a->atty, m->dqkv);
 }
 
 static dt_status ulysses_backward(dt_gpt *m, const block_acts *a, const float *dout, void *dqkv) {
@@ -182,12 +186,11 @@ static dt_status ulysses_backward(dt_gpt *m, const block_acts *a, const float *d
     DT_CHECK(gather_heads(m, &zd, m->cp.g_dout, dout));
     DT_CHECK(gather_heads(m, &z1, m->cp.g_out, a->atty));
     if (pr == DT_PRECISION_FP32)
-        dt_attention_backward(m->cp.g_dqkv, m->cp.g_dout, a->qkv, m->cp.g_out, a->att_lse, B, T, Hc,
-                              NHc);
+        dt_attention_backward(dqkv, m->cp.g_dout, a->qkv, m->cp.g_out, a->att_lse, B, T, Hc, NHc);
     else
-        dt_attention16_backward(pr, m->cp.g_dqkv, m->cp.g_dout, a->qkv, m->cp.g_out, a->att_lse, B,
-                                T, Hc, NHc, m->attn_work);
-    return scatter_heads(m, &z3, dqkv, m->cp.g_dqkv);
+        dt_attention16_backward(pr, dqkv, m->cp.g_dout, a->qkv, m->cp.g_out, a->att_lse, B, T, Hc,
+                                NHc, m->attn_work);
+    return scatter_heads(m, &z3, dqkv, dqkv); /* through the a2a buffer */
 }
 
 /* ------------------------------------------------------------------------ */
@@ -295,7 +298,7 @@ void *dt__gpt_cp_qkv_target(dt_gpt *m, const block_acts *a) {
 /* bf16/fp16: the ring runs in fp32 on widened copies (what attention16
  * does per head), its output and gradient rounded back. The blocks travel
  * as fp32. */
-dt_status dt__gpt_cp_attention_forward(dt_gpt *m, const block_acts *a, const void *qkv_local) {
+static dt_status attention_forward(dt_gpt *m, const block_acts *a, const void *qkv_local) {
     if (m->d.cpm == DT_CP_ULYSSES)
         return ulysses_forward(m, a, qkv_local);
     const dt_precision pr = m->opt.precision;
@@ -308,8 +311,7 @@ dt_status dt__gpt_cp_attention_forward(dt_gpt *m, const block_acts *a, const voi
     return DT_OK;
 }
 
-dt_status dt__gpt_cp_attention_backward(dt_gpt *m, const block_acts *a, const float *dout,
-                                        void *dqkv) {
+static dt_status attention_backward(dt_gpt *m, const block_acts *a, const float *dout, void *dqkv) {
     if (m->d.cpm == DT_CP_ULYSSES)
         return ulysses_backward(m, a, dout, dqkv);
     const dt_precision pr = m->opt.precision;
@@ -321,4 +323,19 @@ dt_status dt__gpt_cp_attention_backward(dt_gpt *m, const block_acts *a, const fl
     DT_CHECK(ring_backward(m, m->cp.w_qkv, m->cp.w_out, a->att_lse, dout, m->cp.w_dqkv));
     dt_act16_from_f32(pr, dqkv, m->cp.w_dqkv, N * 3 * Ct);
     return DT_OK;
+}
+
+dt_status dt__gpt_cp_attention_forward(dt_gpt *m, const block_acts *a, const void *qkv_local) {
+    double t0 = dt_now();
+    dt_status st = attention_forward(m, a, qkv_local);
+    m->cp_attn_ms += (dt_now() - t0) * 1e3;
+    return st;
+}
+
+dt_status dt__gpt_cp_attention_backward(dt_gpt *m, const block_acts *a, const float *dout,
+                                        void *dqkv) {
+    double t0 = dt_now();
+    dt_status st = attention_backward(m, a, dout, dqkv);
+    m->cp_attn_ms += (dt_now() - t0) * 1e3;
+    return st;
 }

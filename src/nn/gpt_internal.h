@@ -86,9 +86,9 @@ typedef struct gpt_dims {
 
 /* Scratch of context-parallel attention (gpt_cp.c), in the arena. */
 typedef struct cp_scratch {
-    /* Ulysses: the all-to-all buffer (N,3Ct) and the gathered dout (fp32),
-     * out and dqkv of this rank's heads for every token. */
-    void *a2a, *g_out, *g_dqkv;
+    /* Ulysses: the all-to-all buffer (N,3Ct), and the gathered dout (fp32)
+     * and out of this rank's heads for every token. */
+    void *a2a, *g_out;
     float *g_dout;
     /* Ring: the key/value blocks in flight (N,2Ct) x 2; forward's partial
      * out (N,Ct) and lse (B,NHt,Tl); backward's travelling dk|dv x 2
@@ -163,6 +163,7 @@ struct dt_gpt {
                           // partial gradient on its way to the group sum
     cp_scratch cp;        /* context parallelism's buffers (all NULL without it) */
     double comm_ms;       /* time spent in the tensor- and context-parallel communication */
+    double cp_attn_ms;    /* time in context-parallel attention (compute and communication) */
     dt_param_hooks hooks; /* parameters kept elsewhere (fetch NULL: none) */
     dt_linear_stats_fn lstats; /* the linear layers' statistics (NULL: none) */
     void *lstats_user;

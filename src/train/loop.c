@@ -229,7 +229,7 @@ typedef struct display {
     dt_progress *prog;
     FILE *tty; /* /dev/tty when the live line cannot go to stderr */
     double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW],
-        bubble[MEDIAN_WINDOW], mfu[MEDIAN_WINDOW];
+        cpa[MEDIAN_WINDOW], bubble[MEDIAN_WINDOW], mfu[MEDIAN_WINDOW];
     int peak_live; /* the most micro-batches this rank kept alive in a step */
     size_t nrec;   /* records so far (the window holds the newest) */
 } display;
@@ -267,6 +267,7 @@ static void record(display *d, const dt_step_metrics *sm) {
     d->comm[i] = sm->comm_ms;
     d->exposed[i] = sm->exposed_comm_ms;
     d->tp[i] = sm->tp_comm_ms;
+    d->cpa[i] = sm->cp_attention_ms;
     d->bubble[i] = sm->pp_bubble;
     d->peak_live = sm->pp_peak_live > d->peak_live ? sm->pp_peak_live : d->peak_live;
 }
@@ -281,6 +282,7 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
     res->comm_ms = dt__median(d->comm, n);
     res->exposed_comm_ms = dt__median(d->exposed, n);
     res->tp_comm_ms = dt__median(d->tp, n);
+    res->cp_attention_ms = dt__median(d->cpa, n);
     res->pp_bubble = dt__median(d->bubble, n);
     double mfu = dt__median(d->mfu, n);
     if (t->rank != 0)
@@ -308,6 +310,11 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                     : part->tp_size == 1 ? "context-parallel"
                                          : "tensor- and context-parallel",
                     res->tp_comm_ms);
+            if (isfinite(res->cp_attention_ms))
+                fprintf(stderr, " in %.1f ms/step of context-parallel attention (%.0f%%)",
+                        res->cp_attention_ms,
+                        res->cp_attention_ms > 0 ? 100 * res->tp_comm_ms / res->cp_attention_ms
+                                                 : 0.0);
         }
         if (isfinite(res->pp_bubble))
             fprintf(stderr,
@@ -421,6 +428,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     const dt_gpt_part *part = dt_gpt_get_part(t->m);
     bool split = part->tp_size > 1 || part->cp_size > 1; /* the model communicates itself */
     (void)dt_gpt_take_comm_ms(t->m);                     /* count from the first step */
+    (void)dt_gpt_take_attention_ms(t->m);
     while (t->step < c->steps) {
         double t0 = dt_now();
         float lr = dt_schedule_lr(&t->sched, t->step);
@@ -440,6 +448,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             .comm_ms = s.r.comm_ms,
             .exposed_comm_ms = s.r.exposed_comm_ms,
             .tp_comm_ms = split ? dt_gpt_take_comm_ms(t->m) : NAN,
+            .cp_attention_ms = part->cp_size > 1 ? dt_gpt_take_attention_ms(t->m) : NAN,
             .pp_bubble = t->pipe ? s.run.bubble : NAN,
             .pp_peak_live = t->pipe ? s.run.peak_live : 0,
             .bytes_sent = s.r.bytes_sent,
@@ -465,6 +474,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             DT_CHECK_GOTO(evaluate(t, &sm.val_loss), st, fail);
             res->val_loss = sm.val_loss;
             (void)dt_gpt_take_comm_ms(t->m); /* not the next step's */
+            (void)dt_gpt_take_attention_ms(t->m);
         }
         if (check_every > 0 && t->step % check_every == 0)
             DT_CHECK_GOTO(dt_grad_sync_check(t->sync, t->step), st, fail);

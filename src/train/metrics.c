@@ -32,15 +32,16 @@ static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); 
 
 int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
     json_t *o = json_pack(
-        "{s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:I, s:I, s:o, "
-        "s:I}",
+        "{s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:I, s:I, "
+        "s:o, s:I}",
         "step", (json_int_t)s->step, "loss", num(s->loss), "val_loss", num(s->val_loss), "lr",
         num(s->lr), "grad_norm", num(s->grad_norm), "tokens_per_s", num(s->tokens_per_s), "step_ms",
         num(s->step_ms), "compute_ms", num(s->compute_ms), "comm_ms", num(s->comm_ms),
-        "exposed_comm_ms", num(s->exposed_comm_ms), "tp_comm_ms", num(s->tp_comm_ms), "pp_bubble",
-        num(s->pp_bubble), "pp_peak_live", s->pp_peak_live, "mfu", num(s->mfu), "bytes_sent",
-        (json_int_t)s->bytes_sent, "tokens", (json_int_t)s->tokens, "loss_scale",
-        num(s->loss_scale), "skipped_steps", (json_int_t)s->skipped_steps);
+        "exposed_comm_ms", num(s->exposed_comm_ms), "tp_comm_ms", num(s->tp_comm_ms),
+        "cp_attention_ms", num(s->cp_attention_ms), "pp_bubble", num(s->pp_bubble), "pp_peak_live",
+        s->pp_peak_live, "mfu", num(s->mfu), "bytes_sent", (json_int_t)s->bytes_sent, "tokens",
+        (json_int_t)s->tokens, "loss_scale", num(s->loss_scale), "skipped_steps",
+        (json_int_t)s->skipped_steps);
     if (!o)
         return -1;
     /* Nine significant digits read back as the same float. */

@@ -5,7 +5,7 @@
  * also builds the unsharded model from the same seed. Checked per rank,
  * for each mode, fp32 and bf16 (and the ring in fp16), with and without
  * recomputation, at sequence lengths whose per-rank share is even
- * and odd:
+ * and odd, at head sizes 16 (the register-tile kernels) and 8 (the tiles):
  *   - two accumulated micro-batches: the loss each forward reports is the
  *     whole model's (the mean over every rank's tokens), and the average
  *     over the group of each rank's gradients (what synchronisation over
@@ -26,6 +26,8 @@
 #include <math.h>
 
 static const dt_gpt_config cfg = {.layers = 2, .dim = 64, .heads = 4, .max_seq = 48, .vocab = 97};
+/* Head size 8: attention in the tile kernels (the register tiles take 16-64). */
+static const dt_gpt_config cfg8 = {.layers = 1, .dim = 64, .heads = 8, .max_seq = 48, .vocab = 97};
 enum { B = 2, MAXN = B * 48 };
 
 static void tokens(int32_t *x, int n, uint64_t stream) {
@@ -59,20 +61,20 @@ static void compare_grads(const char *what, dt_gpt *part, const float *g, dt_gpt
     }
 }
 
-static void run_variant(dt_group *w, dt_cp *cp, int rank, int size, dt_cp_mode mode,
-                        dt_precision pr, int recompute, int T) {
+static void run_model(const dt_gpt_config *mc, dt_group *w, dt_cp *cp, int rank, int size,
+                      dt_cp_mode mode, dt_precision pr, int recompute, int T) {
     char what[128];
-    snprintf(what, sizeof what, "cp %d %s %s recompute %d T %d", size, dt_cp_mode_name(mode),
-             dt_precision_name(pr), recompute, T);
+    snprintf(what, sizeof what, "cp %d %s %s recompute %d T %d heads %d", size,
+             dt_cp_mode_name(mode), dt_precision_name(pr), recompute, T, mc->heads);
     dt_gpt_options wo = {.precision = pr, .recompute_every = recompute};
     dt_gpt_options co = wo;
     co.part = (dt_gpt_part){
         .cp_rank = rank, .cp_size = size, .cp_mode = mode, .cp_regions = dt_cp_regions_of(cp)};
     dt_gpt *whole, *part, *split;
-    ASSERT_OK(dt_gpt_create_with(&whole, &cfg, B, T, &wo));
-    ASSERT_OK(dt_gpt_create_with(&part, &cfg, B, T, &co));
+    ASSERT_OK(dt_gpt_create_with(&whole, mc, B, T, &wo));
+    ASSERT_OK(dt_gpt_create_with(&part, mc, B, T, &co));
     co.split_weight_grads = true;
-    ASSERT_OK(dt_gpt_create_with(&split, &cfg, B, T, &co));
+    ASSERT_OK(dt_gpt_create_with(&split, mc, B, T, &co));
     dt_gpt_init_params(whole, 7);
     dt_gpt_init_params(part, 7);
     dt_gpt_init_params(split, 7);
@@ -121,6 +123,11 @@ static void run_variant(dt_group *w, dt_cp *cp, int rank, int size, dt_cp_mode m
         printf("  %s: ok\n", what);
 }
 
+static void run_variant(dt_group *w, dt_cp *cp, int rank, int size, dt_cp_mode mode,
+                        dt_precision pr, int recompute, int T) {
+    run_model(&cfg, w, cp, rank, size, mode, pr, recompute, T);
+}
+
 static void refusals(dt_cp *cp) {
     dt_gpt_options o = dt_gpt_options_default();
     dt_gpt *m = NULL;
@@ -156,6 +163,8 @@ static void cp_case(int rank, int size) {
     run_variant(w, cp, rank, size, DT_CP_ULYSSES, DT_PRECISION_BF16, 1, 3 * size);
     run_variant(w, cp, rank, size, DT_CP_RING, DT_PRECISION_BF16, 0, 8 * size);
     run_variant(w, cp, rank, size, DT_CP_RING, DT_PRECISION_FP16, 1, 6 * size);
+    run_model(&cfg8, w, cp, rank, size, DT_CP_ULYSSES, DT_PRECISION_FP32, 0, 10 * size);
+    run_model(&cfg8, w, cp, rank, size, DT_CP_RING, DT_PRECISION_FP32, 1, 10 * size);
     refusals(cp);
     dt_cp_destroy(cp);
     dt_group_destroy(w);

@@ -41,6 +41,7 @@ static dt_step_metrics sample(int64_t step) {
                              .comm_ms = 20,
                              .exposed_comm_ms = 10,
                              .tp_comm_ms = step == 2 ? 2.5 : NAN,
+                             .cp_attention_ms = step == 2 ? 7.5 : NAN,
                              .pp_bubble = step == 2 ? 0.25 : NAN,
                              .pp_peak_live = step == 2 ? 3 : 0,
                              .mfu = NAN,
@@ -66,11 +67,13 @@ static void test_metrics_file(void) {
     ASSERT_CONTAINS(text, "{\"step\":1,\"loss\":4.25,\"val_loss\":null,\"lr\":0.001,"
                           "\"grad_norm\":1.5,\"tokens_per_s\":12000.0,\"step_ms\":50.0,"
                           "\"compute_ms\":40.0,\"comm_ms\":20.0,\"exposed_comm_ms\":10.0,"
-                          "\"tp_comm_ms\":null,\"pp_bubble\":null,\"pp_peak_live\":0,\"mfu\":null,"
+                          "\"tp_comm_ms\":null,\"cp_attention_ms\":null,\"pp_bubble\":null,\"pp_"
+                          "peak_live\":0,\"mfu\":null,"
                           "\"bytes_sent\":1048576,\"tokens\":600,\"loss_scale\":null,"
                           "\"skipped_steps\":0}\n");
     ASSERT_CONTAINS(text, "{\"step\":5,\"loss\":3.25,\"val_loss\":3.0,");
-    ASSERT_CONTAINS(text, "\"exposed_comm_ms\":10.0,\"tp_comm_ms\":2.5,\"pp_bubble\":0.25,\"pp_"
+    ASSERT_CONTAINS(text, "\"exposed_comm_ms\":10.0,\"tp_comm_ms\":2.5,\"cp_attention_ms\":7.5,"
+                          "\"pp_bubble\":0.25,\"pp_"
                           "peak_live\":3,\"mfu\"");
 
     /* A run resumed from step 3 keeps steps 1..3 and appends; a fresh one
