@@ -31,6 +31,10 @@
  * Without tensor parallelism (tp = 1) every region is the identity and the
  * calls below are exactly the unsharded model's (the same bits as before
  * the seam existed).
+ *
+ * Context parallelism (cp > 1) changes only which tokens a part holds
+ * (take_tokens, the position embedding by cp_position) and attention,
+ * which gpt_cp.c runs with the other ranks' tokens.
  */
 #include "../tensor/simd.h"
 #include "gpt_internal.h"

@@ -310,7 +310,7 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                     : part->tp_size == 1 ? "context-parallel"
                                          : "tensor- and context-parallel",
                     res->tp_comm_ms);
-            if (isfinite(res->cp_attention_ms))
+            if (isfinite(res->cp_attention_ms) && part->tp_size == 1) /* all of it in attention */
                 fprintf(stderr, " in %.1f ms/step of context-parallel attention (%.0f%%)",
                         res->cp_attention_ms,
                         res->cp_attention_ms > 0 ? 100 * res->tp_comm_ms / res->cp_attention_ms

@@ -16,7 +16,8 @@
  *             with the same losses within float tolerance.
  *   errors    what cannot be split exits 2 naming the numbers (heads not
  *             divisible by cp with Ulysses, T not divisible by 2 cp with the
- *             ring, an unknown mode); --cp-mode
+ *             ring, an unknown mode); a rank killed mid-run ends the job
+ *             naming it; --cp-mode
  *             auto picks the ring where Ulysses cannot split the heads and
  *             config.json records the mode used.
  * Run one case per process: test_train_cp CASE.
@@ -147,6 +148,15 @@ static void test_errors(void) {
                      DTRAIN, corpus),
               2);
     EXPECT_OUT("the sequence length 30 is not a multiple of 4");
+    /* A rank killed between ring steps: the job ends naming it, in seconds. */
+    double t0 = dt_now();
+    EXPECT_RC(tu_run("DT_FAULT_KILL=1:3 %s train --data %s " TINY " --steps 10 --nproc 2 --cp 2 "
+                     "--cp-mode ring",
+                     DTRAIN, corpus),
+              128 + 9); /* the first failure's status, as the launcher passes it on */
+    EXPECT_OUT("rank 1 (node 0, local rank 1");
+    EXPECT_OUT("killed by signal 9");
+    ASSERT_TRUE(dt_now() - t0 < 30);
     /* auto: 4 heads do not divide by cp 3, so the ring (30 = 5 x 2 cp),
      * and config.json says so. */
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 2 --nproc 3 --cp 3 --seq 30 "
