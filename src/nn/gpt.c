@@ -471,6 +471,21 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
         low ? take(base, &off,
                    dt_attention16_workspace(B_, T_ / d.cp * acp, d.Ct / acp, d.NHt / acp) * 4)
             : NULL;
+    /* The ring's travelling dk|dv blocks live only in attention's backward,
+     * next to its dqkv; forward's partials take the same place (neither
+     * outlives the attention call). */
+    cp_scratch *cs = &m->cp;
+    const bool ring = d.cp > 1 && d.cpm == DT_CP_RING;
+    const size_t kvb = N * 2 * z.Ct * 4;
+    if (ring) {
+        size_t at = off;
+        cs->acc[0] = take(base, &off, kvb);
+        cs->acc[1] = take(base, &off, kvb);
+        end = off > end ? off : end;
+        off = at;
+        cs->pout = take(base, &off, N * z.Ct * 4);
+        cs->plse = take(base, &off, B * z.NHt * z.T * 4);
+    }
     end = off > end ? off : end;
     off = phase;
     bool last_rows = d.last && (chunked || tp > 1);
@@ -484,25 +499,14 @@ static plan carve(dt_gpt *m, const dt_gpt_config *c, int B_, int T_, const dt_gp
     m->gscratch = d.sp ? take(base, &off, (4 * C > Tg * C ? 4 * C : Tg * C) * 4) : NULL;
     /* Context parallelism's attention scratch (gpt_cp.c): Ulysses' one
      * all-to-all buffer and the gathered dout and out; the ring's two
-     * key/value blocks, then forward's partials sharing memory with
-     * backward's two travelling gradient blocks. */
-    cp_scratch *cs = &m->cp;
+     * key/value blocks in flight (and in 16 bits its fp32 copies). */
     if (d.cp > 1 && d.cpm == DT_CP_ULYSSES) {
         cs->a2a = take(base, &off, N * 3 * z.Ct * A); /* >= dout's N Ct fp32 */
         cs->g_dout = take(base, &off, N * z.Ct * 4);
         cs->g_out = take(base, &off, N * z.Ct * A);
-    } else if (d.cp > 1) {
-        size_t kvb = N * 2 * z.Ct * 4;
+    } else if (ring) {
         cs->kv[0] = take(base, &off, kvb);
         cs->kv[1] = take(base, &off, kvb);
-        size_t shared = off;
-        cs->acc[0] = take(base, &off, kvb);
-        cs->acc[1] = take(base, &off, kvb);
-        size_t end2 = off;
-        off = shared;
-        cs->pout = take(base, &off, N * z.Ct * 4);
-        cs->plse = take(base, &off, B * z.NHt * z.T * 4);
-        off = off > end2 ? off : end2;
         if (low) {
             cs->w_qkv = take(base, &off, N * 3 * z.Ct * 4);
             cs->w_out = take(base, &off, N * z.Ct * 4);
