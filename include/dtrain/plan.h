@@ -148,6 +148,7 @@ typedef struct dt_plan_request {
     int zero, recompute;
     int pp_kind;           /* -1: search 1f1b, interleaved:2/4 and zb */
     bool no_dtrain_limits; /* model other implementations (ZeRO 3 in 16 bits) */
+    int keep;              /* fitting layouts to evaluate exactly (0: all) */
 } dt_plan_request;
 
 dt_plan_request dt_plan_request_default(void);
@@ -192,7 +193,14 @@ dt_status dt_plan_request_validate(const dt_plan_request *rq, const dt_cluster *
  * with the reason in dt_last_error() when the layout cannot run. */
 dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl,
                            const dt_plan_layout *l, dt_plan_candidate *out);
-/* Every layout of rq->devices the fixed choices allow, ranked. */
+/* The same from the formulas alone (no memory plan, the theoretical
+ * bubble): what the search orders its candidates by. */
+dt_status dt_plan_estimate(const dt_plan_request *rq, const dt_cluster *cl,
+                           const dt_plan_layout *l, dt_plan_candidate *out);
+/* Every layout of rq->devices the fixed choices allow, ranked. The search
+ * estimates every layout, then evaluates them (memory and the simulated
+ * schedule) in the order of their estimates until rq->keep fit; the rest
+ * are counted under "not evaluated" (keep 0: evaluate all). */
 dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_plan_result *out);
 void dt_plan_result_free(dt_plan_result *r);
 

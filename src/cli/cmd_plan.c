@@ -300,6 +300,7 @@ static const cli_opt plan_opts[] = {
     {"recompute", 0, CLI_STRING, "MODE", "search", "DT_RECOMPUTE", "fix recomputation: none, blocks, every:K (search: none and blocks)", NULL, 0, 0},
     {"no-dtrain-limits", 0, CLI_FLAG, NULL, NULL, NULL, "model layouts dtrain does not run yet (ZeRO 3 in 16 bits), for other frameworks' runs", NULL, 0, 0},
     {"top", 'k', CLI_INT, "K", "5", NULL, "candidates shown", NULL, 1, 1 << 20},
+    {"keep", 0, CLI_INT, "K", "64", NULL, "layouts evaluated exactly (memory plan, simulated schedule), fastest estimates first; 0: all", NULL, 0, 1 << 20},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print the ranked candidates and the pruning reasons as JSON", NULL, 0, 0},
     {"timeline", 0, CLI_FLAG, NULL, NULL, NULL, "print the best layout's predicted step breakdown and pipeline timeline", NULL, 0, 0},
     {"save-cluster", 0, CLI_STRING, "FILE", NULL, NULL, "write the cluster description used (with --cluster this: the measurement)", NULL, 0, 0},
@@ -380,6 +381,9 @@ static int run_search(cli_args *a) {
     rq.micro_batch = (int)cli_int(a, "micro-batch");
     rq.zero = (int)cli_int(a, "zero");
     rq.no_dtrain_limits = cli_bool(a, "no-dtrain-limits");
+    rq.keep = (int)cli_int(a, "keep");
+    if (rq.keep && rq.keep < cli_int(a, "top"))
+        rq.keep = (int)cli_int(a, "top");
     const char *sched = cli_str(a, "pp-schedule"), *rec = cli_str(a, "recompute");
     if (strcmp(sched, "search") != 0) {
         dt_pp_kind kind;

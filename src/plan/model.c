@@ -135,10 +135,10 @@ static double item_time(const dt_comm_cost *c, const dt_plan_layout *l, const pl
 /* ------------------------------------------------------------------------ */
 
 /* Micro-batches the pipeline is simulated (and its memory planned) with:
- * from 4 x P on, one more micro-batch adds one steady-state F+B to every
+ * from 2 x P on, one more micro-batch adds one steady-state F+B to every
  * rank and changes no rank's peak (docs/planner.md). */
 static int sim_micro(const dt_plan_layout *l) {
-    int cap = 4 * l->pp;
+    int cap = 2 * l->pp;
     return l->pp > 1 && l->micro > cap ? cap : l->micro;
 }
 
@@ -206,10 +206,11 @@ static dt_cost_query query_of(const dt_plan_request *rq, const dt_plan_layout *l
                            .bucket_bytes = 0};
 }
 
-dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl,
-                           const dt_plan_layout *l, dt_plan_candidate *out) {
-    memset(out, 0, sizeof *out);
-    out->layout = *l;
+static dt_status predict(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                         bool exact, dt_plan_candidate *out);
+
+static dt_status check_layout(const dt_plan_request *rq, const dt_cluster *cl,
+                              const dt_plan_layout *l) {
     const dt_gpt_config *m = &rq->model;
     int devices = l->dp * l->tp * l->pp * l->cp;
     if (devices != rq->devices)
@@ -227,6 +228,47 @@ dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl,
     if (l->zero == 3 && l->precision != DT_PRECISION_FP32 && !rq->no_dtrain_limits)
         return dt_error_set(DT_ERR_UNSUPPORTED, "zero 3 gathers fp32 parameters (dtrain's "
                                                 "ZeRO 3 is fp32 only)");
+    return DT_OK;
+}
+
+dt_status dt_plan_estimate(const dt_plan_request *rq, const dt_cluster *cl,
+                           const dt_plan_layout *l, dt_plan_candidate *out) {
+    memset(out, 0, sizeof *out);
+    out->layout = *l;
+    dt_status st = check_layout(rq, cl, l);
+    if (st != DT_OK)
+        return st;
+    /* A lower bound of the memory, to skip layouts that cannot fit before
+     * the exact plan: fp32 parameters and gradients, AdamW's two moments
+     * (sharded by ZeRO as the stages shard them), and each live
+     * micro-batch's residual stream at every block's input (what even full
+     * recomputation keeps). */
+    dt_cost_query q = query_of(rq, l);
+    placement p;
+    place(cl, l, &p);
+    double rep = (double)l->dp * l->cp, n = q.params;
+    double states = n * 4 / (l->zero >= 3 ? rep : 1) + n * 4 / (l->zero >= 2 ? rep : 1) +
+                    n * 8 / (l->zero >= 1 ? rep : 1);
+    double live = l->pp > 1 ? (l->micro < l->pp ? l->micro : l->pp) : 1;
+    double acts = live * q.layers * (double)l->micro_batch * rq->model.max_seq / l->cp *
+                  rq->model.dim * 4;
+    if (states + acts > p.memory) {
+        char need[32], have[32];
+        return dt_error_set(DT_ERR_NOMEM, "needs %s per device, %s usable (at least: the model "
+                                          "states and block inputs)",
+                            dt_format_bytes(states + acts, need, sizeof need),
+                            dt_format_bytes(p.memory, have, sizeof have));
+    }
+    return predict(rq, cl, l, false, out);
+}
+
+dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl,
+                           const dt_plan_layout *l, dt_plan_candidate *out) {
+    memset(out, 0, sizeof *out);
+    out->layout = *l;
+    dt_status st = check_layout(rq, cl, l);
+    if (st != DT_OK)
+        return st;
     DT_CHECK(plan_memory(rq, l, out));
     placement p;
     place(cl, l, &p);
@@ -236,19 +278,31 @@ dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl,
                             dt_format_bytes(out->memory, need, sizeof need),
                             dt_format_bytes(p.memory, have, sizeof have));
     }
+    return predict(rq, cl, l, true, out);
+}
 
+/* The step of l: exact (the trainer's float count, the simulated
+ * schedule) or estimated (the formula's float count, the theoretical
+ * bubble), for ordering the search. */
+static dt_status predict(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                         bool exact, dt_plan_candidate *out) {
+    const dt_gpt_config *m = &rq->model;
+    const int devices = rq->devices;
+    placement p;
+    place(cl, l, &p);
     /* Compute of one micro-batch on the busiest pipeline rank: its blocks
      * and the LM head (the last stage). */
     dt_cost_query q = query_of(rq, l);
     /* The fullest rank's float count, as the trainer lays it out, and its
      * bucket size (the trainer's rule: a quarter of the gradient bytes,
      * kept within 1 and 25 MiB). */
-    q.params = (double)out->mem.model.params / sizeof(float);
+    if (exact)
+        q.params = (double)out->mem.model.params / sizeof(float);
     double quarter = q.params * sizeof(float) / 4;
     q.bucket_bytes = (size_t)fmin(fmax(quarter, 1 << 20), 25 << 20);
     const double C = m->dim, T = m->max_seq, tokens = (double)l->micro_batch * T / l->cp;
     const double layer_fpt = 24.0 * C * C + 2.0 * C * (T + 1), head_fpt = 2.0 * C * m->vocab;
-    const double speed = p.peak * dt_cluster_efficiency(cl, C / l->tp);
+    const double speed = p.peak * dt_cluster_efficiency(cl, C);
     const double fwd_blocks = q.layers * layer_fpt * tokens / l->tp / speed;
     const double fwd = fwd_blocks + head_fpt * tokens / l->tp / speed;
     pass_costs pc = {.f = fwd, .b = 2 * fwd + (l->recompute_every ? fwd_blocks : 0)};
@@ -304,7 +358,12 @@ dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl,
     /* The passes: the schedule simulated with these durations, or the
      * micro-batches one after another. */
     double passes;
-    if (l->pp > 1) {
+    if (l->pp > 1 && !exact) {
+        double per = f_all + b_all + pc.w + 2 * pc.p2p / l->chunks;
+        passes = l->micro * per / (1 - dt_pp_theoretical_bubble(l->schedule, l->pp, l->chunks,
+                                                                 l->micro));
+        out->bubble = 1 - l->micro * (f_all + b_all + pc.w) / passes;
+    } else if (l->pp > 1) {
         int Ms = sim_micro(l);
         dt_pp_schedule *s;
         DT_CHECK(dt_pp_schedule_create(&s, l->schedule, l->pp, l->chunks, Ms));

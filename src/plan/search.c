@@ -88,11 +88,11 @@ static dt_status keep(acc *a, const dt_plan_candidate *c) {
     return DT_OK;
 }
 
+/* Phase 1: the estimate of every layout (kept in res->ranked). */
 static dt_status try_layout(acc *a, const dt_plan_request *rq, const dt_cluster *cl,
                             const dt_plan_layout *l) {
-    a->res->considered++;
     dt_plan_candidate c;
-    dt_status st = dt_plan_evaluate(rq, cl, l, &c);
+    dt_status st = dt_plan_estimate(rq, cl, l, &c);
     if (st == DT_OK)
         return keep(a, &c);
     if (st != DT_ERR_INVALID && st != DT_ERR_NOMEM && st != DT_ERR_UNSUPPORTED)
@@ -202,10 +202,31 @@ dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_pla
         dt_plan_result_free(out);
         return st;
     }
+    /* Phase 2: in the order of the estimates, the exact evaluation (the
+     * trainer's memory plan, the simulated schedule), until rq->keep fit. */
+    qsort(out->ranked, out->n, sizeof *out->ranked, by_step);
+    size_t estimated = out->n, fit = 0, i = 0;
+    for (; i < estimated && (!rq->keep || fit < (size_t)rq->keep) && st == DT_OK; i++) {
+        dt_plan_candidate c;
+        dt_plan_layout l = out->ranked[i].layout;
+        st = dt_plan_evaluate(rq, cl, &l, &c);
+        if (st == DT_OK)
+            out->ranked[fit++] = c;
+        else if (st == DT_ERR_INVALID || st == DT_ERR_NOMEM || st == DT_ERR_UNSUPPORTED)
+            st = prune(&a, &l, dt_last_error());
+    }
+    for (size_t j = i; j < estimated && st == DT_OK; j++)
+        st = prune(&a, &out->ranked[j].layout,
+                   "not evaluated: estimated slower than the fitting layouts kept (--keep)");
+    if (st != DT_OK) {
+        dt_plan_result_free(out);
+        return st;
+    }
+    out->n = fit;
     /* Layouts refused before a prediction count as considered too. */
     out->considered = out->n;
-    for (size_t i = 0; i < out->npruned; i++)
-        out->considered += out->pruned[i].count;
+    for (size_t k = 0; k < out->npruned; k++)
+        out->considered += out->pruned[k].count;
     qsort(out->ranked, out->n, sizeof *out->ranked, by_step);
     qsort(out->pruned, out->npruned, sizeof *out->pruned, by_count);
     out->seconds = dt_now() - t0;
