@@ -223,13 +223,13 @@ dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_pla
         return st;
     }
     out->n = fit;
+    out->seconds = dt_now() - t0;
     /* Layouts refused before a prediction count as considered too. */
     out->considered = out->n;
     for (size_t k = 0; k < out->npruned; k++)
         out->considered += out->pruned[k].count;
     qsort(out->ranked, out->n, sizeof *out->ranked, by_step);
     qsort(out->pruned, out->npruned, sizeof *out->pruned, by_count);
-    out->seconds = dt_now() - t0;
     return DT_OK;
 }
 
