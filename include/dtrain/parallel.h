@@ -830,18 +830,18 @@ dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c);
 
 typedef struct dt_cost_query {
     const dt_gpt_config *model;
-    int B, T;                    /* sequences and tokens (whole sequence) per micro-batch */
-    int micro;                   /* micro-batches per step on this rank */
-    dt_precision precision;      /* compute type */
-    int recompute_every;         /* 0: keep every activation */
-    int degree[DT_AXIS_COUNT];   /* dp, tp, pp, cp */
-    bool sp;                     /* Megatron sequence parallelism with tp */
-    dt_cp_mode cp_mode;          /* with cp > 1 */
-    int chunks;                  /* pipeline chunks per rank (interleaving) */
-    int layers;                  /* blocks this rank holds (all its chunks) */
-    int zero;                    /* ZeRO stage on the replica group */
-    double params;               /* floats of this rank's model part */
-    size_t bucket_bytes;         /* gradient buckets */
+    int B, T;                  /* sequences and tokens (whole sequence) per micro-batch */
+    int micro;                 /* micro-batches per step on this rank */
+    dt_precision precision;    /* compute type */
+    int recompute_every;       /* 0: keep every activation */
+    int degree[DT_AXIS_COUNT]; /* dp, tp, pp, cp */
+    bool sp;                   /* Megatron sequence parallelism with tp */
+    dt_cp_mode cp_mode;        /* with cp > 1 */
+    int chunks;                /* pipeline chunks per rank (interleaving) */
+    int layers;                /* blocks this rank holds (all its chunks) */
+    int zero;                  /* ZeRO stage on the replica group */
+    double params;             /* floats of this rank's model part */
+    size_t bucket_bytes;       /* gradient buckets */
 } dt_cost_query;
 
 typedef struct dt_comm_cost {

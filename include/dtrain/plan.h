@@ -84,10 +84,10 @@ extern "C" {
  * node's, shared by the ranks placed on it.
  */
 typedef struct dt_link {
-    double bw;          /* bytes/s, one direction (intra: per device; inter: per node) */
-    double alpha;       /* seconds per message (latency) */
-    int rails;          /* inter: network ports per node */
-    char topology[32];  /* documentation only ("nvswitch", "fat-tree", "shm") */
+    double bw;         /* bytes/s, one direction (intra: per device; inter: per node) */
+    double alpha;      /* seconds per message (latency) */
+    int rails;         /* inter: network ports per node */
+    char topology[32]; /* documentation only ("nvswitch", "fat-tree", "shm") */
 } dt_link;
 
 typedef struct dt_cluster {
@@ -122,15 +122,15 @@ double dt_cluster_efficiency(const dt_cluster *c, double w);
 /* ------------------------------------------------------------------------ */
 
 typedef struct dt_plan_layout {
-    int dp, tp, pp, cp;    /* degrees, product = devices */
-    int chunks;            /* pipeline chunks per rank (1, or V of interleaved:V) */
-    dt_pp_kind schedule;   /* with pp > 1 */
-    int micro_batch;       /* sequences per micro-batch per data-parallel rank */
-    int micro;             /* micro-batches per step: global batch / (dp x micro_batch) */
-    int zero;              /* ZeRO stage over the replica group */
-    int recompute_every;   /* 0: none; 1: every block */
-    bool sp;               /* sequence parallelism with tp */
-    dt_cp_mode cp_mode;    /* with cp > 1 */
+    int dp, tp, pp, cp;  /* degrees, product = devices */
+    int chunks;          /* pipeline chunks per rank (1, or V of interleaved:V) */
+    dt_pp_kind schedule; /* with pp > 1 */
+    int micro_batch;     /* sequences per micro-batch per data-parallel rank */
+    int micro;           /* micro-batches per step: global batch / (dp x micro_batch) */
+    int zero;            /* ZeRO stage over the replica group */
+    int recompute_every; /* 0: none; 1: every block */
+    bool sp;             /* sequence parallelism with tp */
+    dt_cp_mode cp_mode;  /* with cp > 1 */
     dt_precision precision;
 } dt_plan_layout;
 
@@ -139,10 +139,10 @@ char *dt_plan_layout_format(const dt_plan_layout *l, char *buf, size_t len);
 
 typedef struct dt_plan_request {
     dt_gpt_config model;
-    int global_batch;      /* sequences per optimizer step, all replicas */
-    int devices;           /* ranks of the job */
+    int global_batch; /* sequences per optimizer step, all replicas */
+    int devices;      /* ranks of the job */
     dt_precision precision;
-    bool any_precision;    /* search every precision the cluster has */
+    bool any_precision; /* search every precision the cluster has */
     /* Fixed choices (0, or -1 for zero and recompute: search). */
     int dp, tp, pp, cp, chunks, micro_batch;
     int zero, recompute;
@@ -156,20 +156,20 @@ dt_plan_request dt_plan_request_default(void);
 /* One predicted layout. Times in seconds per optimizer step. */
 typedef struct dt_plan_candidate {
     dt_plan_layout layout;
-    double step_s;          /* the prediction */
-    double passes_s;        /* forwards and backwards (with the pipeline's bubble and
-                               the blocking tp/cp communication) */
-    double compute_s;       /* of which pure computation on the busiest rank */
-    double bubble;          /* pipeline idle fraction (simulated); 0 without pp */
-    double model_comm_s;    /* tp/cp/pp communication on the critical path */
-    double sync_s;          /* gradient/parameter synchronisation not hidden */
-    double optimizer_s;     /* the update */
-    double tokens_per_s;    /* the whole job */
-    double tflops_device;   /* model FLOPs (3 x forward) per device per second, /1e12 */
-    double hw_tflops_device;/* counting recomputation's forward (4 x forward), /1e12 */
-    double mfu;             /* model FLOPs / (devices x peak) */
-    double memory;          /* bytes of the fullest rank */
-    dt_rank_memory mem;     /* its breakdown (dt_train_plan_memory) */
+    double step_s;           /* the prediction */
+    double passes_s;         /* forwards and backwards (with the pipeline's bubble and
+                                the blocking tp/cp communication) */
+    double compute_s;        /* of which pure computation on the busiest rank */
+    double bubble;           /* pipeline idle fraction (simulated); 0 without pp */
+    double model_comm_s;     /* tp/cp/pp communication on the critical path */
+    double sync_s;           /* gradient/parameter synchronisation not hidden */
+    double optimizer_s;      /* the update */
+    double tokens_per_s;     /* the whole job */
+    double tflops_device;    /* model FLOPs (3 x forward) per device per second, /1e12 */
+    double hw_tflops_device; /* counting recomputation's forward (4 x forward), /1e12 */
+    double mfu;              /* model FLOPs / (devices x peak) */
+    double memory;           /* bytes of the fullest rank */
+    dt_rank_memory mem;      /* its breakdown (dt_train_plan_memory) */
 } dt_plan_candidate;
 
 typedef struct dt_plan_pruned {
@@ -181,22 +181,22 @@ typedef struct dt_plan_pruned {
 typedef struct dt_plan_result {
     dt_plan_candidate *ranked; /* (n) fastest first */
     size_t n;
-    size_t considered;         /* layouts enumerated */
-    dt_plan_pruned *pruned;    /* (npruned) one per kind of reason */
+    size_t considered;      /* layouts enumerated */
+    dt_plan_pruned *pruned; /* (npruned) one per kind of reason */
     size_t npruned;
-    double seconds;            /* time the search took */
+    double seconds; /* time the search took */
 } dt_plan_result;
 
 /* Validate a request against a cluster (DT_ERR_INVALID names the field). */
 dt_status dt_plan_request_validate(const dt_plan_request *rq, const dt_cluster *cl);
 /* Predict one layout. DT_ERR_INVALID (or DT_ERR_NOMEM for "does not fit")
  * with the reason in dt_last_error() when the layout cannot run. */
-dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl,
-                           const dt_plan_layout *l, dt_plan_candidate *out);
+dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                           dt_plan_candidate *out);
 /* The same from the formulas alone (no memory plan, the theoretical
  * bubble): what the search orders its candidates by. */
-dt_status dt_plan_estimate(const dt_plan_request *rq, const dt_cluster *cl,
-                           const dt_plan_layout *l, dt_plan_candidate *out);
+dt_status dt_plan_estimate(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                           dt_plan_candidate *out);
 /* Every layout of rq->devices the fixed choices allow, ranked. The search
  * estimates every layout, then evaluates them (memory and the simulated
  * schedule) in the order of their estimates until rq->keep fit; the rest
@@ -211,8 +211,8 @@ void dt_plan_layout_to_config(const dt_plan_layout *l, dt_train_config *c);
 
 /* Print a predicted timeline of one step of l (each pipeline rank's
  * forwards, backwards and the synchronisation) as text. */
-dt_status dt_plan_timeline(const dt_plan_request *rq, const dt_cluster *cl,
-                           const dt_plan_layout *l, FILE *f);
+dt_status dt_plan_timeline(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                           FILE *f);
 
 #ifdef __cplusplus
 }

@@ -287,7 +287,7 @@ static const cli_opt plan_opts[] = {
     {"seq", 's', CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 22},
     {"vocab", 0, CLI_INT, "V", "0", "DT_VOCAB", "vocabulary (0: the preset's)", NULL, 0, 1 << 24},
     {"global-batch", 0, CLI_INT, "B", "0", "DT_GLOBAL_BATCH", "sequences per optimizer step (0: 8 per device)", NULL, 0, 1 << 24},
-    {"devices", 'n', CLI_INT, "N", "1", "DT_NPROC", "ranks (devices) of the job", NULL, 1, 1 << 20},
+    {"devices", 0, CLI_INT, "N", "1", "DT_NPROC", "ranks (devices) of the job", NULL, 1, 1 << 20},
     {"cluster", 0, CLI_STRING, "FILE", "this", "DT_CLUSTER", "cluster file, or 'this' (measure this machine)", NULL, 0, 0},
     {"precision", 0, CLI_ENUM, "TYPE", "bf16", "DT_PRECISION", "compute type, or any (search them)", plan_precisions, 0, 0},
     {"dp", 0, CLI_INT, "N", "0", "DT_DP", "fix the data-parallel degree (0: search)", NULL, 0, 1 << 20},
@@ -337,14 +337,14 @@ static int print_json(const dt_plan_request *rq, const dt_cluster *cl, const dt_
     }
     for (size_t i = 0; i < r->npruned; i++)
         json_array_append_new(pruned, json_pack("{s:s, s:I, s:o}", "reason", r->pruned[i].reason,
-                                                "count", (json_int_t)r->pruned[i].count,
-                                                "example", layout_json(&r->pruned[i].example)));
+                                                "count", (json_int_t)r->pruned[i].count, "example",
+                                                layout_json(&r->pruned[i].example)));
     json_t *root = json_pack(
         "{s:{s:i, s:i, s:i, s:i, s:i}, s:i, s:i, s:s, s:I, s:I, s:f, s:o, s:o}", "model", "layers",
-        rq->model.layers, "dim", rq->model.dim, "heads", rq->model.heads, "seq",
-        rq->model.max_seq, "vocab", rq->model.vocab, "global_batch", rq->global_batch, "devices",
-        rq->devices, "cluster", cl->name, "considered", (json_int_t)r->considered, "fit",
-        (json_int_t)r->n, "seconds", r->seconds, "candidates", cands, "pruned", pruned);
+        rq->model.layers, "dim", rq->model.dim, "heads", rq->model.heads, "seq", rq->model.max_seq,
+        "vocab", rq->model.vocab, "global_batch", rq->global_batch, "devices", rq->devices,
+        "cluster", cl->name, "considered", (json_int_t)r->considered, "fit", (json_int_t)r->n,
+        "seconds", r->seconds, "candidates", cands, "pruned", pruned);
     char *text = root ? json_dumps(root, JSON_INDENT(2)) : NULL;
     json_decref(root);
     if (!text)
@@ -426,8 +426,8 @@ static int run_search(cli_args *a) {
     printf("searched: %zu layouts in %.3f s: %zu fit, %zu pruned\n", r.considered, r.seconds, r.n,
            r.considered - r.n);
     if (r.n)
-        printf("%-4s %-78s %10s %12s %9s %6s %10s\n", "#", "layout", "step", "tokens/s",
-               "TFLOP/s", "MFU", "mem/dev");
+        printf("%-4s %-78s %10s %12s %9s %6s %10s\n", "#", "layout", "step", "tokens/s", "TFLOP/s",
+               "MFU", "mem/dev");
     for (size_t i = 0; i < r.n && (int)i < top; i++) {
         const dt_plan_candidate *c = &r.ranked[i];
         char lb[200], mb[32];

@@ -500,21 +500,23 @@ void dt_zero_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
                                              .overlapped = true,
                                              .what = "zero gradient reduce-scatter"});
     if (!sharded_params) {
-        dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_ALLGATHER,
-                                                 .axis = DT_AXIS_DP,
-                                                 .bytes = bytes / buckets,
-                                                 .calls = buckets,
-                                                 .what = "zero parameter allgather after the update"});
+        dt_strategy_cost_add(out,
+                             (dt_comm_cost){.coll = DT_COLL_ALLGATHER,
+                                            .axis = DT_AXIS_DP,
+                                            .bytes = bytes / buckets,
+                                            .calls = buckets,
+                                            .what = "zero parameter allgather after the update"});
         return;
     }
     for (int pass = 0; pass < 2; pass++)
-        dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_ALLGATHER,
-                                                 .axis = DT_AXIS_DP,
-                                                 .bytes = bytes / buckets,
-                                                 .calls = buckets,
-                                                 .per_micro = true,
-                                                 .backward = pass == 1,
-                                                 .overlapped = true,
-                                                 .what = pass ? "zero-3 parameter gather (backward)"
-                                                              : "zero-3 parameter gather (forward)"});
+        dt_strategy_cost_add(out,
+                             (dt_comm_cost){.coll = DT_COLL_ALLGATHER,
+                                            .axis = DT_AXIS_DP,
+                                            .bytes = bytes / buckets,
+                                            .calls = buckets,
+                                            .per_micro = true,
+                                            .backward = pass == 1,
+                                            .overlapped = true,
+                                            .what = pass ? "zero-3 parameter gather (backward)"
+                                                         : "zero-3 parameter gather (forward)"});
 }

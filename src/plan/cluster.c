@@ -44,8 +44,7 @@ static void text(json_t *obj, const char *key, char *out, size_t len) {
         snprintf(out, len, "%s", json_string_value(v));
 }
 
-static dt_status link_of(const char *path, json_t *root, const char *key, bool inter,
-                         dt_link *l) {
+static dt_status link_of(const char *path, json_t *root, const char *key, bool inter, dt_link *l) {
     json_t *o = json_object_get(root, key);
     char f[64];
     double bw = 0, lat = 0, rails = 1;
@@ -80,8 +79,8 @@ dt_status dt_cluster_load(const char *path, dt_cluster *out) {
     snprintf(out->name, sizeof out->name, "%s", path);
     text(root, "name", out->name, sizeof out->name);
     text(root, "source", out->source, sizeof out->source);
-    if ((st = number(path, root, "devices_per_node", "devices_per_node", true, 0, 1, 4096,
-                     &dpn)) != DT_OK ||
+    if ((st = number(path, root, "devices_per_node", "devices_per_node", true, 0, 1, 4096, &dpn)) !=
+            DT_OK ||
         (st = number(path, root, "nodes", "nodes", false, 0, 0, 1e6, &nodes)) != DT_OK)
         goto done;
     out->devices_per_node = (int)dpn;
@@ -116,8 +115,8 @@ dt_status dt_cluster_load(const char *path, dt_cluster *out) {
     out->memory = v * 1073741824.0;
     if ((st = number(path, dev, "memory_usable", "device.memory_usable", false, 0.9, 0.05, 1,
                      &out->memory_usable)) != DT_OK ||
-        (st = number(path, dev, "memory_bw_gbs", "device.memory_bw_gbs", true, 0, 1e-3, 1e6,
-                     &v)) != DT_OK)
+        (st = number(path, dev, "memory_bw_gbs", "device.memory_bw_gbs", true, 0, 1e-3, 1e6, &v)) !=
+            DT_OK)
         goto done;
     out->mem_bw = v * 1e9;
     if ((st = link_of(path, root, "intra", false, &out->intra)) != DT_OK)
@@ -134,8 +133,9 @@ done:
 dt_status dt_cluster_write(const dt_cluster *c, FILE *f) {
     fprintf(f, "{\n  \"name\": \"%s\",\n  \"source\": \"%s\",\n", c->name, c->source);
     fprintf(f, "  \"devices_per_node\": %d,\n  \"nodes\": %d,\n", c->devices_per_node, c->nodes);
-    fprintf(f, "  \"device\": {\"memory_gib\": %.3f, \"memory_usable\": %.2f, "
-               "\"memory_bw_gbs\": %.2f,\n",
+    fprintf(f,
+            "  \"device\": {\"memory_gib\": %.3f, \"memory_usable\": %.2f, "
+            "\"memory_bw_gbs\": %.2f,\n",
             c->memory / 1073741824.0, c->memory_usable, c->mem_bw / 1e9);
     fprintf(f, "             \"peak_tflops\": {\"fp32\": %.4g, \"bf16\": %.4g, \"fp16\": %.4g},\n",
             c->peak[DT_PRECISION_FP32] / 1e12, c->peak[DT_PRECISION_BF16] / 1e12,
@@ -146,8 +146,9 @@ dt_status dt_cluster_write(const dt_cluster *c, FILE *f) {
     fprintf(f, "  \"intra\": {\"bw_gbs\": %.3f, \"latency_us\": %.2f, \"topology\": \"%s\"}",
             c->intra.bw / 1e9, c->intra.alpha * 1e6, c->intra.topology);
     if (c->nodes != 1)
-        fprintf(f, ",\n  \"inter\": {\"bw_gbs\": %.3f, \"latency_us\": %.2f, \"rails\": %d, "
-                   "\"topology\": \"%s\"}",
+        fprintf(f,
+                ",\n  \"inter\": {\"bw_gbs\": %.3f, \"latency_us\": %.2f, \"rails\": %d, "
+                "\"topology\": \"%s\"}",
                 c->inter.bw / 1e9, c->inter.alpha * 1e6, c->inter.rails, c->inter.topology);
     fprintf(f, "\n}\n");
     return ferror(f) ? dt_error_set(DT_ERR_IO, "writing the cluster file") : DT_OK;

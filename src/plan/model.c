@@ -23,9 +23,8 @@ char *dt_plan_layout_format(const dt_plan_layout *l, char *buf, size_t len) {
     }
     snprintf(buf, len, "dp %d x tp %d%s x pp %d%s x cp %d%s, mb %d x %d, zero %d, recompute %s, %s",
              l->dp, l->tp, l->sp ? "+sp" : "", l->pp, sched, l->cp,
-             l->cp > 1 ? (l->cp_mode == DT_CP_RING ? " (ring)" : " (ulysses)") : "",
-             l->micro_batch, l->micro, l->zero,
-             dt_recompute_format(l->recompute_every, rec, sizeof rec),
+             l->cp > 1 ? (l->cp_mode == DT_CP_RING ? " (ring)" : " (ulysses)") : "", l->micro_batch,
+             l->micro, l->zero, dt_recompute_format(l->recompute_every, rec, sizeof rec),
              dt_precision_name(l->precision));
     return buf;
 }
@@ -57,10 +56,10 @@ void dt_plan_layout_to_config(const dt_plan_layout *l, dt_train_config *c) {
 /* ------------------------------------------------------------------------ */
 
 typedef struct placement {
-    int ranks_on_node; /* ranks sharing one node */
-    double peak;       /* FLOP/s of one rank */
-    double mem_bw;     /* bytes/s of one rank */
-    double memory;     /* bytes one rank may fill */
+    int ranks_on_node;           /* ranks sharing one node */
+    double peak;                 /* FLOP/s of one rank */
+    double mem_bw;               /* bytes/s of one rank */
+    double memory;               /* bytes one rank may fill */
     dt_link link[DT_AXIS_COUNT]; /* the link each axis's group crosses, per rank */
 } placement;
 
@@ -70,16 +69,16 @@ typedef struct placement {
  * shares the node's network ports. */
 static void place(const dt_cluster *cl, const dt_plan_layout *l, placement *p) {
     int devices = l->dp * l->tp * l->pp * l->cp;
-    p->ranks_on_node = cl->nodes == 1 ? devices
-                                      : (devices < cl->devices_per_node ? devices
-                                                                        : cl->devices_per_node);
+    p->ranks_on_node = cl->nodes == 1
+                           ? devices
+                           : (devices < cl->devices_per_node ? devices : cl->devices_per_node);
     double share = cl->shared_compute ? p->ranks_on_node : 1;
     p->peak = cl->peak[l->precision] / share;
     p->mem_bw = cl->mem_bw / share;
     p->memory = cl->memory * cl->memory_usable / share;
     const dt_axis order[DT_AXIS_COUNT] = {DT_AXIS_TP, DT_AXIS_CP, DT_AXIS_DP, DT_AXIS_PP};
-    const int deg[DT_AXIS_COUNT] = {[DT_AXIS_DP] = l->dp, [DT_AXIS_TP] = l->tp,
-                                    [DT_AXIS_PP] = l->pp, [DT_AXIS_CP] = l->cp};
+    const int deg[DT_AXIS_COUNT] = {
+        [DT_AXIS_DP] = l->dp, [DT_AXIS_TP] = l->tp, [DT_AXIS_PP] = l->pp, [DT_AXIS_CP] = l->cp};
     long stride = 1;
     for (int i = 0; i < DT_AXIS_COUNT; i++) {
         dt_axis a = order[i];
@@ -102,27 +101,20 @@ static double coll_time(const dt_comm_cost *c, int n, const dt_link *k) {
         return 0;
     double f = (double)(n - 1) / n;
     switch (c->coll) {
-    case DT_COLL_ALLREDUCE:
-        return 2 * f * c->bytes / k->bw + 2 * (n - 1) * k->alpha;
+    case DT_COLL_ALLREDUCE: return 2 * f * c->bytes / k->bw + 2 * (n - 1) * k->alpha;
     case DT_COLL_REDUCE_SCATTER:
     case DT_COLL_ALLGATHER:
-    case DT_COLL_ALLTOALL:
-        return f * c->bytes / k->bw + (n - 1) * k->alpha;
-    default: /* point to point */
-        return c->bytes / k->bw + k->alpha;
+    case DT_COLL_ALLTOALL: return f * c->bytes / k->bw + (n - 1) * k->alpha;
+    default: /* point to point */ return c->bytes / k->bw + k->alpha;
     }
 }
 
 static int group_size(const dt_plan_layout *l, dt_axis a) {
     switch (a) {
-    case DT_AXIS_DP:
-        return l->dp * l->cp; /* the replica group */
-    case DT_AXIS_TP:
-        return l->tp;
-    case DT_AXIS_PP:
-        return l->pp;
-    default:
-        return l->cp;
+    case DT_AXIS_DP: return l->dp * l->cp; /* the replica group */
+    case DT_AXIS_TP: return l->tp;
+    case DT_AXIS_PP: return l->pp;
+    default: return l->cp;
     }
 }
 
@@ -174,10 +166,10 @@ static dt_status plan_memory(const dt_plan_request *rq, const dt_plan_layout *l,
 /* ------------------------------------------------------------------------ */
 
 typedef struct pass_costs {
-    double f, b, w;         /* compute of one micro-batch on the busiest rank (whole share) */
-    double f_comm, b_comm;  /* blocking model communication in them */
-    double f_hide, b_hide;  /* overlapped model communication (exposed beyond compute) */
-    double p2p;             /* one pipeline transfer */
+    double f, b, w;        /* compute of one micro-batch on the busiest rank (whole share) */
+    double f_comm, b_comm; /* blocking model communication in them */
+    double f_hide, b_hide; /* overlapped model communication (exposed beyond compute) */
+    double p2p;            /* one pipeline transfer */
 } pass_costs;
 
 static dt_cost_query query_of(const dt_plan_request *rq, const dt_plan_layout *l) {
@@ -222,8 +214,9 @@ static dt_status check_layout(const dt_plan_request *rq, const dt_cluster *cl,
     if (m->heads % l->tp)
         return dt_error_set(DT_ERR_INVALID, "%d heads do not split over tp %d", m->heads, l->tp);
     if ((long)l->dp * l->micro_batch * l->micro != rq->global_batch)
-        return dt_error_set(DT_ERR_INVALID, "dp %d x micro-batch %d x %d micro-batches != global "
-                                            "batch %d",
+        return dt_error_set(DT_ERR_INVALID,
+                            "dp %d x micro-batch %d x %d micro-batches != global "
+                            "batch %d",
                             l->dp, l->micro_batch, l->micro, rq->global_batch);
     if (l->zero == 3 && l->precision != DT_PRECISION_FP32 && !rq->no_dtrain_limits)
         return dt_error_set(DT_ERR_UNSUPPORTED, "zero 3 gathers fp32 parameters (dtrain's "
@@ -231,8 +224,8 @@ static dt_status check_layout(const dt_plan_request *rq, const dt_cluster *cl,
     return DT_OK;
 }
 
-dt_status dt_plan_estimate(const dt_plan_request *rq, const dt_cluster *cl,
-                           const dt_plan_layout *l, dt_plan_candidate *out) {
+dt_status dt_plan_estimate(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                           dt_plan_candidate *out) {
     memset(out, 0, sizeof *out);
     out->layout = *l;
     dt_status st = check_layout(rq, cl, l);
@@ -250,20 +243,21 @@ dt_status dt_plan_estimate(const dt_plan_request *rq, const dt_cluster *cl,
     double states = n * 4 / (l->zero >= 3 ? rep : 1) + n * 4 / (l->zero >= 2 ? rep : 1) +
                     n * 8 / (l->zero >= 1 ? rep : 1);
     double live = l->pp > 1 ? (l->micro < l->pp ? l->micro : l->pp) : 1;
-    double acts = live * q.layers * (double)l->micro_batch * rq->model.max_seq / l->cp *
-                  rq->model.dim * 4;
+    double acts =
+        live * q.layers * (double)l->micro_batch * rq->model.max_seq / l->cp * rq->model.dim * 4;
     if (states + acts > p.memory) {
         char need[32], have[32];
-        return dt_error_set(DT_ERR_NOMEM, "needs %s per device, %s usable (at least: the model "
-                                          "states and block inputs)",
+        return dt_error_set(DT_ERR_NOMEM,
+                            "needs %s per device, %s usable (at least: the model "
+                            "states and block inputs)",
                             dt_format_bytes(states + acts, need, sizeof need),
                             dt_format_bytes(p.memory, have, sizeof have));
     }
     return predict(rq, cl, l, false, out);
 }
 
-dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl,
-                           const dt_plan_layout *l, dt_plan_candidate *out) {
+dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                           dt_plan_candidate *out) {
     memset(out, 0, sizeof *out);
     out->layout = *l;
     dt_status st = check_layout(rq, cl, l);
@@ -360,8 +354,8 @@ static dt_status predict(const dt_plan_request *rq, const dt_cluster *cl, const 
     double passes;
     if (l->pp > 1 && !exact) {
         double per = f_all + b_all + pc.w + 2 * pc.p2p / l->chunks;
-        passes = l->micro * per / (1 - dt_pp_theoretical_bubble(l->schedule, l->pp, l->chunks,
-                                                                 l->micro));
+        passes = l->micro * per /
+                 (1 - dt_pp_theoretical_bubble(l->schedule, l->pp, l->chunks, l->micro));
         out->bubble = 1 - l->micro * (f_all + b_all + pc.w) / passes;
     } else if (l->pp > 1) {
         int Ms = sim_micro(l);
@@ -404,12 +398,13 @@ static dt_status predict(const dt_plan_request *rq, const dt_cluster *cl, const 
     return DT_OK;
 }
 
-dt_status dt_plan_timeline(const dt_plan_request *rq, const dt_cluster *cl,
-                           const dt_plan_layout *l, FILE *f) {
+dt_status dt_plan_timeline(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                           FILE *f) {
     dt_plan_candidate c;
     DT_CHECK(dt_plan_evaluate(rq, cl, l, &c));
-    fprintf(f, "predicted step %.4g s: passes %.4g s (compute %.4g s, model communication %.4g s, "
-               "bubble %.1f%%), synchronisation %.4g s, optimizer %.4g s\n",
+    fprintf(f,
+            "predicted step %.4g s: passes %.4g s (compute %.4g s, model communication %.4g s, "
+            "bubble %.1f%%), synchronisation %.4g s, optimizer %.4g s\n",
             c.step_s, c.passes_s, c.compute_s, c.model_comm_s, 100 * c.bubble, c.sync_s,
             c.optimizer_s);
     if (l->pp <= 1)

@@ -11,10 +11,8 @@
 #include <string.h>
 
 dt_plan_request dt_plan_request_default(void) {
-    return (dt_plan_request){.precision = DT_PRECISION_BF16,
-                             .zero = -1,
-                             .recompute = -1,
-                             .pp_kind = -1};
+    return (dt_plan_request){
+        .precision = DT_PRECISION_BF16, .zero = -1, .recompute = -1, .pp_kind = -1};
 }
 
 dt_status dt_plan_request_validate(const dt_plan_request *rq, const dt_cluster *cl) {
@@ -23,10 +21,11 @@ dt_status dt_plan_request_validate(const dt_plan_request *rq, const dt_cluster *
         return dt_error_set(DT_ERR_INVALID, "--devices %d: expected >= 1", rq->devices);
     if (rq->global_batch < 1)
         return dt_error_set(DT_ERR_INVALID, "--global-batch %d: expected >= 1", rq->global_batch);
-    if (cl->nodes > 0 && rq->devices > (long)cl->nodes * cl->devices_per_node && !cl->shared_compute)
+    if (cl->nodes > 0 && rq->devices > (long)cl->nodes * cl->devices_per_node &&
+        !cl->shared_compute)
         return dt_error_set(DT_ERR_INVALID,
-                            "--devices %d: the cluster %s has %d node(s) of %d devices", rq->devices,
-                            cl->name, cl->nodes, cl->devices_per_node);
+                            "--devices %d: the cluster %s has %d node(s) of %d devices",
+                            rq->devices, cl->name, cl->nodes, cl->devices_per_node);
     if (!rq->any_precision && cl->peak[rq->precision] <= 0)
         return dt_error_set(DT_ERR_INVALID, "--precision %s: the cluster %s gives no peak for it",
                             dt_precision_name(rq->precision), cl->name);
@@ -135,8 +134,8 @@ dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_pla
             continue;
         }
         for (int cp = 1; cp <= N / tp && st == DT_OK; cp++) {
-            if ((N / tp) % cp || (rq->cp ? cp != rq->cp : cp > 1 && rq->model.max_seq < 4096 &&
-                                                              !cl->shared_compute))
+            if ((N / tp) % cp ||
+                (rq->cp ? cp != rq->cp : cp > 1 && rq->model.max_seq < 4096 && !cl->shared_compute))
                 continue; /* context parallelism only for long sequences, unless asked */
             for (int pp = 1; pp <= N / tp / cp && st == DT_OK; pp++) {
                 if ((N / tp / cp) % pp || (rq->pp && pp != rq->pp))
@@ -144,8 +143,13 @@ dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_pla
                 int dp = N / tp / cp / pp;
                 if (rq->dp && dp != rq->dp)
                     continue;
-                dt_plan_layout l = {.dp = dp, .tp = tp, .pp = pp, .cp = cp, .chunks = 1,
-                                    .schedule = DT_PP_1F1B, .sp = false};
+                dt_plan_layout l = {.dp = dp,
+                                    .tp = tp,
+                                    .pp = pp,
+                                    .cp = cp,
+                                    .chunks = 1,
+                                    .schedule = DT_PP_1F1B,
+                                    .sp = false};
                 l.cp_mode = (rq->model.heads / tp) % cp == 0 && rq->model.max_seq % cp == 0
                                 ? DT_CP_ULYSSES
                                 : DT_CP_RING;
@@ -171,8 +175,9 @@ dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_pla
                         if (pp > 1 && rq->chunks && l.chunks != rq->chunks)
                             continue;
                         if (l.chunks > 1 && (l.micro % pp || pp * l.chunks > L)) {
-                            st = prune(&a, &l, "interleaving needs micro-batches a multiple of "
-                                               "pp and a layer per virtual stage");
+                            st = prune(&a, &l,
+                                       "interleaving needs micro-batches a multiple of "
+                                       "pp and a layer per virtual stage");
                             continue;
                         }
                         for (int z = 0; z <= 3 && st == DT_OK; z++) {
@@ -182,8 +187,8 @@ dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_pla
                             for (int rc = 0; rc <= 1 && st == DT_OK; rc++) {
                                 if (rq->recompute >= 0 && rc != (rq->recompute > 0))
                                     continue;
-                                l.recompute_every = rc ? (rq->recompute > 0 ? rq->recompute : 1)
-                                                       : 0;
+                                l.recompute_every =
+                                    rc ? (rq->recompute > 0 ? rq->recompute : 1) : 0;
                                 for (int p = 0; p < DT_PRECISION_COUNT && st == DT_OK; p++) {
                                     if (rq->any_precision ? cl->peak[p] <= 0
                                                           : p != (int)rq->precision)
