@@ -49,3 +49,29 @@ foreach(n 2 3 4)
   add_test(NAME test_pipeline_run_${n} COMMAND test_pipeline_run pp_${n})
   set_tests_properties(test_pipeline_run_${n} PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess;tsan")
 endforeach()
+
+# The planner (docs/planner.md): a search on a cluster file ranks layouts
+# and says why the others were pruned; --json carries the layout and the
+# predictions; a bad cluster file is refused naming the field (exit 2); the
+# planner's memory for a layout is `plan memory`'s (the trainer's plan); and
+# the published large-scale runs it is calibrated and checked against stay
+# within 10% (bench/planner-published.sh --check).
+add_test(NAME cli_plan_search
+         COMMAND dtrain_cli plan --model gpt2-350m --global-batch 512 --devices 64
+                 --cluster ${PROJECT_SOURCE_DIR}/examples/clusters/dgx-a100.json --top 3 --timeline)
+set_tests_properties(cli_plan_search PROPERTIES TIMEOUT 60 LABELS "parallel"
+                     PASS_REGULAR_EXPRESSION "searched: [0-9]+ layouts in [0-9.]+ s: [0-9]+ fit(.|\n)*1    dp [0-9]+ x tp(.|\n)*pruned \\(count, reason(.|\n)*predicted step")
+add_test(NAME cli_plan_json
+         COMMAND sh -c "$<TARGET_FILE:dtrain_cli> plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 51200 --global-batch 1536 --devices 1024 --cluster ${PROJECT_SOURCE_DIR}/examples/clusters/dgx-a100.json --precision fp16 --json --top 2 | python3 -c 'import json,sys; r=json.load(sys.stdin); c=r[\"candidates\"]; assert len(c)==2 and c[0][\"step_s\"]<=c[1][\"step_s\"], c; l=c[0][\"layout\"]; assert l[\"dp\"]*l[\"tp\"]*l[\"pp\"]*l[\"cp\"]==1024, l; assert r[\"seconds\"]<1.0, r[\"seconds\"]; assert r[\"pruned\"]; print(\"ok\", l, r[\"seconds\"])'")
+set_tests_properties(cli_plan_json PROPERTIES TIMEOUT 60 LABELS "parallel" PASS_REGULAR_EXPRESSION "^ok ")
+file(WRITE ${CMAKE_BINARY_DIR}/bad_cluster.json "{\"devices_per_node\": 8, \"device\": {\"memory_gib\": 80, \"memory_bw_gbs\": 2000, \"peak_tflops\": {\"bf16\": -3}}, \"intra\": {\"bw_gbs\": 300}}")
+add_test(NAME cli_plan_bad_cluster
+         COMMAND sh -c "$<TARGET_FILE:dtrain_cli> plan --devices 8 --cluster ${CMAKE_BINARY_DIR}/bad_cluster.json; echo exit=$?")
+set_tests_properties(cli_plan_bad_cluster PROPERTIES TIMEOUT 60 LABELS "parallel"
+                     PASS_REGULAR_EXPRESSION "device.peak_tflops.bf16 = -3: expected 0..1e\\+06(.|\n)*exit=2")
+add_test(NAME cli_plan_memory_agrees
+         COMMAND sh ${PROJECT_SOURCE_DIR}/tests/plan_memory.sh $<TARGET_FILE:dtrain_cli> ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli_plan_memory_agrees PROPERTIES TIMEOUT 60 LABELS "parallel" PASS_REGULAR_EXPRESSION "all passed")
+add_test(NAME plan_published_runs
+         COMMAND sh ${PROJECT_SOURCE_DIR}/bench/planner-published.sh $<TARGET_FILE:dtrain_cli> --check)
+set_tests_properties(plan_published_runs PROPERTIES TIMEOUT 120 LABELS "parallel")

@@ -804,6 +804,81 @@ typedef struct dt_zero_sync_config {
 
 dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c);
 
+/* ------------------------------------------------------------------------ */
+/* Planning costs: what each strategy sends, described by the strategy      */
+/* ------------------------------------------------------------------------ */
+/*
+ * The planner (plan.h) predicts a layout's step without building it, so
+ * each strategy describes, next to its own code, the collectives it issues
+ * for a layout: which collective, on which mesh axis, how many bytes per
+ * call, how many calls per micro-batch or per step, and whether the code
+ * overlaps it with computation. The planner prices each item on the link
+ * its group crosses; it never names a strategy. Rules:
+ *
+ *   1. bytes is the size of one call's buffer as the collective sees it (an
+ *      allreduce's whole vector, an all-gather's gathered output, an
+ *      all-to-all's whole send buffer, a point-to-point message).
+ *   2. per_micro items repeat for every micro-batch; the others run once
+ *      per optimizer step.
+ *   3. overlapped items run while this rank computes (buckets during
+ *      backward, prefetched gathers, the ring's shifts); the others block
+ *      the rank that issues them.
+ *   4. A hook only appends to `out` (up to DT_COST_MAX items) and reads q.
+ *
+ * Example (DDP, 124M parameters over 8 replicas, 25 MiB buckets):
+ *     dt_cost_query q = {.model = &cfg, .B = 8, .T = 1024, .micro = 4,
+ *                        .degree = {8, 1, 1, 1}, .params = 124e6, ...};
+ *     dt_strategy_cost c = {0};
+ *     dt_grad_sync_plan_cost(&q, &c);
+ *     // c.item[0]: allreduce on dp, 496 MB, 1 call per step, overlapped
+ */
+#define DT_COST_MAX 12
+
+typedef struct dt_cost_query {
+    const dt_gpt_config *model;
+    int B, T;                  /* sequences and tokens (whole sequence) per micro-batch */
+    int micro;                 /* micro-batches per step on this rank */
+    dt_precision precision;    /* compute type */
+    int recompute_every;       /* 0: keep every activation */
+    int degree[DT_AXIS_COUNT]; /* dp, tp, pp, cp */
+    bool sp;                   /* Megatron sequence parallelism with tp */
+    dt_cp_mode cp_mode;        /* with cp > 1 */
+    int chunks;                /* pipeline chunks per rank (interleaving) */
+    int layers;                /* blocks this rank holds (all its chunks) */
+    int zero;                  /* ZeRO stage on the replica group */
+    double params;             /* floats of this rank's model part */
+    size_t bucket_bytes;       /* gradient buckets */
+} dt_cost_query;
+
+typedef struct dt_comm_cost {
+    dt_coll coll;     /* DT_COLL_ALLREDUCE, _REDUCE_SCATTER, _ALLGATHER, _ALLTOALL or _SEND */
+    dt_axis axis;     /* the group it runs on (DT_AXIS_DP: the replica group, dp x cp) */
+    double bytes;     /* one call's buffer (rule 1) */
+    double calls;     /* per micro-batch or per step (rule 2) */
+    bool per_micro;   /* repeats every micro-batch */
+    bool backward;    /* issued during backward (else forward, or after the passes) */
+    bool overlapped;  /* hidden behind computation when there is enough of it (rule 3) */
+    const char *what; /* "dp gradient allreduce" */
+} dt_comm_cost;
+
+typedef struct dt_strategy_cost {
+    dt_comm_cost item[DT_COST_MAX];
+    int n;
+} dt_strategy_cost;
+
+/* Append an item (the hooks' helper); drops it when out is full. */
+void dt_strategy_cost_add(dt_strategy_cost *out, dt_comm_cost c);
+
+/* The hooks, each in its strategy's file. The gradient synchronisation's
+ * is chosen by q->zero through a table in sync.c (the same choice the
+ * trainer's setup makes): DDP for 0, ZeRO's for 1-3. */
+void dt_ddp_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_zero_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_grad_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_tp_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_cp_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_pp_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -9,7 +9,10 @@
 #include "cli.h"
 #include "dtrain/nn.h"
 #include "dtrain/parallel.h"
+#include "dtrain/plan.h"
 #include "dtrain/train.h"
+
+#include <jansson.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -268,21 +271,216 @@ static const cli_cmd plan_memory = {
     .run = run_memory,
 };
 
-static const cli_opt plan_opts[] = {{0}};
+/* ------------------------------------------------------------------------ */
+/* dtrain plan --model ... --devices N --cluster FILE: the search           */
+/* ------------------------------------------------------------------------ */
+
+static const char *const plan_precisions[] = {"fp32", "bf16", "fp16", "any", NULL};
+
+/* clang-format off */
+static const cli_opt plan_opts[] = {
+    {"model", 'm', CLI_STRING, "PRESET", "gpt2-124m", "DT_MODEL", "model preset", NULL, 0, 0},
+    {"layers", 0, CLI_INT, "L", "0", "DT_LAYERS", "transformer blocks (0: the preset's)", NULL, 0, 1024},
+    {"dim", 0, CLI_INT, "C", "0", "DT_DIM", "channels (0: the preset's)", NULL, 0, 1 << 20},
+    {"hidden", 0, CLI_INT, "H", "0", NULL, "the same as --dim", NULL, 0, 1 << 20},
+    {"heads", 0, CLI_INT, "NH", "0", "DT_HEADS", "attention heads (0: the preset's)", NULL, 0, 4096},
+    {"seq", 's', CLI_INT, "T", "0", "DT_SEQ", "sequence length (0: the preset's)", NULL, 0, 1 << 22},
+    {"vocab", 0, CLI_INT, "V", "0", "DT_VOCAB", "vocabulary (0: the preset's)", NULL, 0, 1 << 24},
+    {"global-batch", 0, CLI_INT, "B", "0", "DT_GLOBAL_BATCH", "sequences per optimizer step (0: 8 per device)", NULL, 0, 1 << 24},
+    {"devices", 0, CLI_INT, "N", "1", "DT_NPROC", "ranks (devices) of the job", NULL, 1, 1 << 20},
+    {"cluster", 0, CLI_STRING, "FILE", "this", "DT_CLUSTER", "cluster file, or 'this' (measure this machine)", NULL, 0, 0},
+    {"precision", 0, CLI_ENUM, "TYPE", "bf16", "DT_PRECISION", "compute type, or any (search them)", plan_precisions, 0, 0},
+    {"dp", 0, CLI_INT, "N", "0", "DT_DP", "fix the data-parallel degree (0: search)", NULL, 0, 1 << 20},
+    {"tp", 0, CLI_INT, "N", "0", "DT_TP", "fix the tensor-parallel degree (0: search)", NULL, 0, 4096},
+    {"pp", 0, CLI_INT, "N", "0", "DT_PP", "fix the pipeline stages (0: search)", NULL, 0, 4096},
+    {"cp", 0, CLI_INT, "N", "0", "DT_CP", "fix the context-parallel degree (0: search; long sequences only)", NULL, 0, 4096},
+    {"pp-schedule", 0, CLI_STRING, "KIND", "search", "DT_PP_SCHEDULE", "fix the schedule: gpipe, 1f1b, interleaved:V, zb (search: 1f1b, interleaved:2/4, zb)", NULL, 0, 0},
+    {"micro-batch", 0, CLI_INT, "B", "0", "DT_BATCH", "fix the sequences per micro-batch (0: search powers of 2)", NULL, 0, 1 << 20},
+    {"zero", 0, CLI_INT, "S", "-1", "DT_ZERO", "fix the ZeRO stage (-1: search 0-3)", NULL, -1, 3},
+    {"recompute", 0, CLI_STRING, "MODE", "search", "DT_RECOMPUTE", "fix recomputation: none, blocks, every:K (search: none and blocks)", NULL, 0, 0},
+    {"no-dtrain-limits", 0, CLI_FLAG, NULL, NULL, NULL, "model layouts dtrain does not run yet (ZeRO 3 in 16 bits), for other frameworks' runs", NULL, 0, 0},
+    {"top", 'k', CLI_INT, "K", "5", NULL, "candidates shown", NULL, 1, 1 << 20},
+    {"keep", 0, CLI_INT, "K", "64", NULL, "layouts evaluated exactly (memory plan, simulated schedule), fastest estimates first; 0: all", NULL, 0, 1 << 20},
+    {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print the ranked candidates and the pruning reasons as JSON", NULL, 0, 0},
+    {"timeline", 0, CLI_FLAG, NULL, NULL, NULL, "print the best layout's predicted step breakdown and pipeline timeline", NULL, 0, 0},
+    {"save-cluster", 0, CLI_STRING, "FILE", NULL, NULL, "write the cluster description used (with --cluster this: the measurement)", NULL, 0, 0},
+    {0},
+};
+/* clang-format on */
+
+static json_t *layout_json(const dt_plan_layout *l) {
+    char rec[24];
+    dt_train_config c;
+    dt_train_config_init(&c);
+    dt_plan_layout_to_config(l, &c);
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:s, s:b, s:s?}", "dp",
+                     l->dp, "tp", l->tp, "pp", l->pp, "cp", l->cp, "virtual_stages", l->chunks,
+                     "pp_schedule", l->pp > 1 ? c.pp_schedule : "none", "micro_batch",
+                     l->micro_batch, "micro_batches", l->micro, "zero", l->zero, "recompute",
+                     dt_recompute_format(l->recompute_every, rec, sizeof rec), "precision",
+                     dt_precision_name(l->precision), "sp", l->sp, "cp_mode", c.cp_mode);
+}
+
+static int print_json(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_result *r,
+                      int top) {
+    json_t *cands = json_array(), *pruned = json_array();
+    for (size_t i = 0; i < r->n && (int)i < top; i++) {
+        const dt_plan_candidate *c = &r->ranked[i];
+        json_t *o = json_pack(
+            "{s:i, s:o, s:f, s:f, s:f, s:f, s:f, s:I, s:{s:f, s:f, s:f, s:f, s:f, s:f}}", "rank",
+            (int)i + 1, "layout", layout_json(&c->layout), "step_s", c->step_s, "tokens_per_s",
+            c->tokens_per_s, "tflops_per_device", c->tflops_device, "hw_tflops_per_device",
+            c->hw_tflops_device, "mfu", c->mfu, "memory_per_device", (json_int_t)c->memory,
+            "breakdown", "passes_s", c->passes_s, "compute_s", c->compute_s, "bubble", c->bubble,
+            "model_comm_s", c->model_comm_s, "sync_s", c->sync_s, "optimizer_s", c->optimizer_s);
+        json_array_append_new(cands, o);
+    }
+    for (size_t i = 0; i < r->npruned; i++)
+        json_array_append_new(pruned, json_pack("{s:s, s:I, s:o}", "reason", r->pruned[i].reason,
+                                                "count", (json_int_t)r->pruned[i].count, "example",
+                                                layout_json(&r->pruned[i].example)));
+    json_t *root = json_pack(
+        "{s:{s:i, s:i, s:i, s:i, s:i}, s:i, s:i, s:s, s:I, s:I, s:f, s:o, s:o}", "model", "layers",
+        rq->model.layers, "dim", rq->model.dim, "heads", rq->model.heads, "seq", rq->model.max_seq,
+        "vocab", rq->model.vocab, "global_batch", rq->global_batch, "devices", rq->devices,
+        "cluster", cl->name, "considered", (json_int_t)r->considered, "fit", (json_int_t)r->n,
+        "seconds", r->seconds, "candidates", cands, "pruned", pruned);
+    char *text = root ? json_dumps(root, JSON_INDENT(2)) : NULL;
+    json_decref(root);
+    if (!text)
+        return cli_fail(DT_ERR_NOMEM);
+    puts(text);
+    free(text);
+    return 0;
+}
+
+static int run_search(cli_args *a) {
+    if (a->argc > 0)
+        cli_usage_error(a->cmd, "unknown plan '%s' (expected: pipeline, memory, or options)",
+                        a->argv[0]);
+    dt_plan_request rq = dt_plan_request_default();
+    if (dt_gpt_preset(cli_str(a, "model"), &rq.model) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
+    static const char *const dims[] = {"layers", "dim", "hidden", "heads", "seq", "vocab"};
+    int *fields[] = {&rq.model.layers, &rq.model.dim,     &rq.model.dim,
+                     &rq.model.heads,  &rq.model.max_seq, &rq.model.vocab};
+    for (int i = 0; i < 6; i++)
+        if (cli_int(a, dims[i]) > 0)
+            *fields[i] = (int)cli_int(a, dims[i]);
+    if (dt_gpt_config_validate(&rq.model) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
+    rq.devices = (int)cli_int(a, "devices");
+    rq.global_batch = cli_int(a, "global-batch") ? (int)cli_int(a, "global-batch") : 8 * rq.devices;
+    int prec = cli_enum(a, "precision");
+    rq.any_precision = prec == DT_PRECISION_COUNT;
+    rq.precision = rq.any_precision ? DT_PRECISION_BF16 : (dt_precision)prec;
+    rq.dp = (int)cli_int(a, "dp");
+    rq.tp = (int)cli_int(a, "tp");
+    rq.pp = (int)cli_int(a, "pp");
+    rq.cp = (int)cli_int(a, "cp");
+    rq.micro_batch = (int)cli_int(a, "micro-batch");
+    rq.zero = (int)cli_int(a, "zero");
+    rq.no_dtrain_limits = cli_bool(a, "no-dtrain-limits");
+    rq.keep = (int)cli_int(a, "keep");
+    if (rq.keep && rq.keep < cli_int(a, "top"))
+        rq.keep = (int)cli_int(a, "top");
+    const char *sched = cli_str(a, "pp-schedule"), *rec = cli_str(a, "recompute");
+    if (strcmp(sched, "search") != 0) {
+        dt_pp_kind kind;
+        if (dt_pp_kind_parse("--pp-schedule", sched, &kind, &rq.chunks) != DT_OK)
+            cli_usage_error(a->cmd, "%s (or search)", dt_last_error());
+        rq.pp_kind = (int)kind;
+    }
+    if (strcmp(rec, "search") != 0 &&
+        dt_recompute_parse("--recompute", rec, &rq.recompute) != DT_OK)
+        cli_usage_error(a->cmd, "%s (or search)", dt_last_error());
+
+    dt_cluster cl;
+    const char *file = cli_str(a, "cluster");
+    dt_status st = !strcmp(file, "this") ? dt_cluster_measure(&cl) : dt_cluster_load(file, &cl);
+    if (st != DT_OK)
+        cli_usage_error(a->cmd, "--cluster %s: %s", file, dt_last_error());
+    const char *save = cli_str(a, "save-cluster");
+    if (save) {
+        FILE *f = fopen(save, "w");
+        if (!f || dt_cluster_write(&cl, f) != DT_OK || fclose(f) != 0)
+            cli_usage_error(a->cmd, "--save-cluster %s: cannot write it", save);
+    }
+    if (dt_plan_request_validate(&rq, &cl) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
+    dt_plan_result r;
+    st = dt_plan_search(&rq, &cl, &r);
+    if (st != DT_OK)
+        return cli_fail(st);
+    int top = (int)cli_int(a, "top");
+    if (cli_bool(a, "json")) {
+        int rc = print_json(&rq, &cl, &r, top);
+        dt_plan_result_free(&r);
+        return rc;
+    }
+    printf("plan: %s (L%d C%d NH%d T%d V%d), global batch %d, %d device(s) on %s\n",
+           cli_str(a, "model"), rq.model.layers, rq.model.dim, rq.model.heads, rq.model.max_seq,
+           rq.model.vocab, rq.global_batch, rq.devices, cl.name);
+    if (cl.source[0])
+        printf("cluster:  %s\n", cl.source);
+    printf("searched: %zu layouts in %.3f s: %zu fit, %zu pruned\n", r.considered, r.seconds, r.n,
+           r.considered - r.n);
+    if (r.n)
+        printf("%-4s %-78s %10s %12s %9s %6s %10s\n", "#", "layout", "step", "tokens/s", "TFLOP/s",
+               "MFU", "mem/dev");
+    for (size_t i = 0; i < r.n && (int)i < top; i++) {
+        const dt_plan_candidate *c = &r.ranked[i];
+        char lb[200], mb[32];
+        printf("%-4zu %-78s %8.4g s %12.4g %9.3g %5.1f%% %10s\n", i + 1,
+               dt_plan_layout_format(&c->layout, lb, sizeof lb), c->step_s, c->tokens_per_s,
+               c->tflops_device, 100 * c->mfu, dt_format_bytes(c->memory, mb, sizeof mb));
+    }
+    if (r.npruned)
+        printf("pruned (count, reason, first example):\n");
+    for (size_t i = 0; i < r.npruned; i++) {
+        char lb[200];
+        printf("  %-6zu %s (%s)\n", r.pruned[i].count, r.pruned[i].reason,
+               dt_plan_layout_format(&r.pruned[i].example, lb, sizeof lb));
+    }
+    if (!r.n)
+        printf("no layout fits: see the reasons above\n");
+    st = DT_OK;
+    if (r.n && cli_bool(a, "timeline")) {
+        const dt_plan_candidate *c = &r.ranked[0];
+        printf("best: memory per device: ");
+        dt_rank_memory_print(&c->mem, stdout);
+        printf("\n");
+        st = dt_plan_timeline(&rq, &cl, &c->layout, stdout);
+    }
+    int rc = r.n ? 0 : 1;
+    dt_plan_result_free(&r);
+    return st != DT_OK ? cli_fail(st) : rc;
+}
 
 static const cli_cmd *const plan_subs[] = {&plan_pipeline, &plan_memory};
 
 static int run_plan(cli_args *a) {
-    return cli_run_sub(a, plan_subs, 2, "plan", "(expected: pipeline or memory)");
+    if (a->argc > 0 && (!strcmp(a->argv[0], "pipeline") || !strcmp(a->argv[0], "memory")))
+        return cli_run_sub(a, plan_subs, 2, "plan", "(expected: pipeline or memory)");
+    return run_search(a);
 }
 
 const cli_cmd cli_cmd_plan = {
     .name = "plan",
-    .summary = "plan a layout before running it: dtrain plan pipeline|memory ...",
-    .usage = "dtrain plan pipeline|memory [OPTIONS]",
+    .summary = "choose and predict a layout: dtrain plan --devices N --cluster FILE, or "
+               "plan pipeline|memory",
+    .usage = "dtrain plan --model M|--layers L --hidden H --heads A --seq T --vocab V "
+             "--global-batch B --devices N --cluster FILE|this [--top K] [--json]\n"
+             "       dtrain plan pipeline|memory [OPTIONS]",
     .description =
+        "Searches every layout of N devices (dp x tp x pp x cp, virtual stages, micro-batch,\n"
+        "ZeRO stage, recomputation, precision) that fits memory, ranked by predicted step\n"
+        "time, with the reason each pruned layout failed (docs/planner.md).\n"
         "plans:\n  pipeline   schedule table, check, memory per stage, bubble, timeline\n"
-        "  memory     every rank's memory for a layout (ZeRO, tp, pp, precision)",
+        "  memory     every rank's memory for a layout (ZeRO, tp, pp, precision)\n"
+        "Example:\n"
+        "  dtrain plan --model gpt2-350m --global-batch 512 --devices 64 "
+        "--cluster examples/clusters/dgx-a100.json",
     .opts = plan_opts,
     .run = run_plan,
     .stop_at_positional = true,

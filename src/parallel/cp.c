@@ -85,3 +85,51 @@ uint64_t dt_cp_take_bytes(dt_cp *c) {
     c->bytes = 0;
     return b;
 }
+
+/* The planner's view (parallel.h, "Planning costs"), as gpt_cp.c runs it.
+ * Ulysses: per block, the forward sends q|k|v to the heads' owners and
+ * brings the output back (all-to-alls of 3 and 1 local streams in the
+ * activation type), the backward the reverse; recomputation repeats the
+ * forward's; they block. Ring: cp - 1 shifts of the local k|v (fp32) per
+ * block forward, and in the backward cp - 1 of k|v and cp - 1 of dk|dv,
+ * each overlapped with a block of attention. */
+void dt_cp_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
+    const int cp = q->degree[DT_AXIS_CP];
+    if (cp <= 1)
+        return;
+    const double act = q->precision == DT_PRECISION_FP32 ? 4 : 2;
+    double local = (double)q->B * q->T / cp * q->model->dim / q->degree[DT_AXIS_TP];
+    double L = q->layers, rec = q->recompute_every ? 1 : 0;
+    if (q->cp_mode == DT_CP_ULYSSES) {
+        dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_ALLTOALL,
+                                                 .axis = DT_AXIS_CP,
+                                                 .bytes = 4 * local * act,
+                                                 .calls = L,
+                                                 .per_micro = true,
+                                                 .what = "cp Ulysses all-to-all (forward)"});
+        dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_ALLTOALL,
+                                                 .axis = DT_AXIS_CP,
+                                                 .bytes = 4 * local * act,
+                                                 .calls = L * (1 + rec),
+                                                 .per_micro = true,
+                                                 .backward = true,
+                                                 .what = "cp Ulysses all-to-all (backward)"});
+        return;
+    }
+    double kv = 2 * local * sizeof(float);
+    dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_SEND,
+                                             .axis = DT_AXIS_CP,
+                                             .bytes = kv,
+                                             .calls = L * (cp - 1),
+                                             .per_micro = true,
+                                             .overlapped = true,
+                                             .what = "cp ring k|v shifts (forward)"});
+    dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_SEND,
+                                             .axis = DT_AXIS_CP,
+                                             .bytes = kv,
+                                             .calls = L * (cp - 1) * (2 + rec),
+                                             .per_micro = true,
+                                             .backward = true,
+                                             .overlapped = true,
+                                             .what = "cp ring k|v and dk|dv shifts (backward)"});
+}

@@ -268,3 +268,19 @@ fail:
     sync_destroy(&s->base);
     return st;
 }
+
+/* The planner's view (parallel.h, "Planning costs"): one allreduce per
+ * bucket over the replica group after the step's last backward, started as
+ * backward finishes each bucket. */
+void dt_ddp_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
+    double bytes = q->params * sizeof(float), buckets = ceil(bytes / (double)q->bucket_bytes);
+    if (q->degree[DT_AXIS_DP] * q->degree[DT_AXIS_CP] <= 1 || buckets < 1)
+        return;
+    dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_ALLREDUCE,
+                                             .axis = DT_AXIS_DP,
+                                             .bytes = bytes / buckets,
+                                             .calls = buckets,
+                                             .backward = true,
+                                             .overlapped = true,
+                                             .what = "dp gradient allreduce (buckets)"});
+}

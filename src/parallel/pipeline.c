@@ -738,3 +738,37 @@ dt_status dt_pp_timeline_svg(const dt_pp_schedule *s, const dt_pp_report *r, con
         return dt_error_set(DT_ERR_IO, "cannot write %s", path);
     return DT_OK;
 }
+
+/* The planner's view (parallel.h, "Planning costs"): per micro-batch and
+ * chunk, a stage sends its (B,T,C) fp32 output forward and receives the
+ * gradient of it backward: one message each way per stage boundary it
+ * owns. The executor posts them non-blocking and a compute action waits
+ * only for its input, so they count on the schedule's critical path (the
+ * simulator's transfer cost, dt_pp_costs.comm), not here as overlap. The
+ * tied embedding's gradient is summed over the first and last stages once
+ * per step (blocking). */
+void dt_pp_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
+    const int pp = q->degree[DT_AXIS_PP];
+    if (pp <= 1)
+        return;
+    double stream = (double)q->B * q->T / q->degree[DT_AXIS_CP] * q->model->dim * sizeof(float);
+    dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_SEND,
+                                             .axis = DT_AXIS_PP,
+                                             .bytes = stream,
+                                             .calls = q->chunks,
+                                             .per_micro = true,
+                                             .what = "pp activation send"});
+    dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_SEND,
+                                             .axis = DT_AXIS_PP,
+                                             .bytes = stream,
+                                             .calls = q->chunks,
+                                             .per_micro = true,
+                                             .backward = true,
+                                             .what = "pp gradient send"});
+    double wte = (double)q->model->vocab / q->degree[DT_AXIS_TP] * q->model->dim * sizeof(float);
+    dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_ALLREDUCE,
+                                             .axis = DT_AXIS_PP,
+                                             .bytes = wte,
+                                             .calls = 1,
+                                             .what = "pp tied-embedding gradient sum"});
+}

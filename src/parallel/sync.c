@@ -82,3 +82,19 @@ double dt__norm_ranges_sumsq(const dt__norm_ranges *nr, const float *grads, size
     }
     return sum;
 }
+
+void dt_strategy_cost_add(dt_strategy_cost *out, dt_comm_cost c) {
+    if (out->n < DT_COST_MAX)
+        out->item[out->n++] = c;
+}
+
+/* The gradient synchronisation a ZeRO stage selects: the trainer's setup
+ * makes the same choice (DDP without ZeRO, zero_sync for stages 1-3). */
+typedef void (*plan_cost_fn)(const dt_cost_query *q, dt_strategy_cost *out);
+static const plan_cost_fn grad_sync_plan_costs[4] = {
+    dt_ddp_sync_plan_cost, dt_zero_sync_plan_cost, dt_zero_sync_plan_cost, dt_zero_sync_plan_cost};
+
+void dt_grad_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
+    DT_ASSERT(q->zero >= 0 && q->zero <= 3);
+    grad_sync_plan_costs[q->zero](q, out);
+}

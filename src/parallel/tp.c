@@ -110,3 +110,46 @@ uint64_t dt_tp_take_bytes(dt_tp *t) {
     t->bytes = 0;
     return b;
 }
+
+/* The planner's view (parallel.h, "Planning costs"): per block, f and g
+ * (file comment) each allreduce the (B,T,C) fp32 residual stream once in
+ * the forward and once in the backward: two each way (the attention's and
+ * the MLP's); recomputation repeats the forward's. With sequence
+ * parallelism each allreduce becomes an all-gather and a reduce-scatter of
+ * the same stream: the same ring volume. The vocabulary-parallel loss
+ * gathers (B,T) statistics: negligible, left out. All block the rank. */
+void dt_tp_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
+    const int tp = q->degree[DT_AXIS_TP];
+    if (tp <= 1)
+        return;
+    double stream = (double)q->B * q->T / q->degree[DT_AXIS_CP] * q->model->dim * sizeof(float);
+    double fwd = 2.0 * q->layers, bwd = 2.0 * q->layers + (q->recompute_every ? fwd : 0);
+    for (int pass = 0; pass < 2; pass++) {
+        double calls = pass ? bwd : fwd;
+        if (q->sp) {
+            dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_ALLGATHER,
+                                                     .axis = DT_AXIS_TP,
+                                                     .bytes = stream,
+                                                     .calls = calls,
+                                                     .per_micro = true,
+                                                     .backward = pass == 1,
+                                                     .what = "tp sequence all-gather"});
+            dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_REDUCE_SCATTER,
+                                                     .axis = DT_AXIS_TP,
+                                                     .bytes = stream,
+                                                     .calls = calls,
+                                                     .per_micro = true,
+                                                     .backward = pass == 1,
+                                                     .what = "tp sequence reduce-scatter"});
+        } else {
+            dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_ALLREDUCE,
+                                                     .axis = DT_AXIS_TP,
+                                                     .bytes = stream,
+                                                     .calls = calls,
+                                                     .per_micro = true,
+                                                     .backward = pass == 1,
+                                                     .what = pass ? "tp allreduce (backward)"
+                                                                  : "tp allreduce (forward)"});
+        }
+    }
+}

@@ -480,3 +480,44 @@ fail:
     zero_destroy(&s->base);
     return st;
 }
+
+/* The planner's view (parallel.h, "Planning costs"), following the file
+ * comment: buckets reduce-scattered during backward (stage 1: the last
+ * micro-batch's; stages 2 and 3: every micro-batch's); stages 1 and 2
+ * allgather the updated parameters after the update (not overlapped);
+ * stage 3 allgathers each block's buckets before its forward and again
+ * before its backward, the next block's prefetched while one runs. */
+void dt_zero_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
+    double bytes = q->params * sizeof(float), buckets = ceil(bytes / (double)q->bucket_bytes);
+    if (q->degree[DT_AXIS_DP] * q->degree[DT_AXIS_CP] <= 1 || buckets < 1)
+        return;
+    const bool every_micro = q->zero >= 2, sharded_params = q->zero >= 3;
+    dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_REDUCE_SCATTER,
+                                             .axis = DT_AXIS_DP,
+                                             .bytes = bytes / buckets,
+                                             .calls = buckets,
+                                             .per_micro = every_micro,
+                                             .backward = true,
+                                             .overlapped = true,
+                                             .what = "zero gradient reduce-scatter"});
+    if (!sharded_params) {
+        dt_strategy_cost_add(out,
+                             (dt_comm_cost){.coll = DT_COLL_ALLGATHER,
+                                            .axis = DT_AXIS_DP,
+                                            .bytes = bytes / buckets,
+                                            .calls = buckets,
+                                            .what = "zero parameter allgather after the update"});
+        return;
+    }
+    for (int pass = 0; pass < 2; pass++)
+        dt_strategy_cost_add(out,
+                             (dt_comm_cost){.coll = DT_COLL_ALLGATHER,
+                                            .axis = DT_AXIS_DP,
+                                            .bytes = bytes / buckets,
+                                            .calls = buckets,
+                                            .per_micro = true,
+                                            .backward = pass == 1,
+                                            .overlapped = true,
+                                            .what = pass ? "zero-3 parameter gather (backward)"
+                                                         : "zero-3 parameter gather (forward)"});
+}
