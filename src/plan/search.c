@@ -208,8 +208,10 @@ dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_pla
         return st;
     }
     /* Phase 2: in the order of the estimates, the exact evaluation (the
-     * trainer's memory plan, the simulated schedule), until rq->keep fit. */
-    qsort(out->ranked, out->n, sizeof *out->ranked, by_step);
+     * trainer's memory plan, the simulated schedule), until rq->keep fit.
+     * (qsort's array may not be NULL, even when empty.) */
+    if (out->n)
+        qsort(out->ranked, out->n, sizeof *out->ranked, by_step);
     size_t estimated = out->n, fit = 0, i = 0;
     for (; i < estimated && (!rq->keep || fit < (size_t)rq->keep) && st == DT_OK; i++) {
         dt_plan_candidate c;
@@ -233,8 +235,10 @@ dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_pla
     out->considered = out->n;
     for (size_t k = 0; k < out->npruned; k++)
         out->considered += out->pruned[k].count;
-    qsort(out->ranked, out->n, sizeof *out->ranked, by_step);
-    qsort(out->pruned, out->npruned, sizeof *out->pruned, by_count);
+    if (out->n)
+        qsort(out->ranked, out->n, sizeof *out->ranked, by_step);
+    if (out->npruned)
+        qsort(out->pruned, out->npruned, sizeof *out->pruned, by_count);
     return DT_OK;
 }
 
