@@ -74,61 +74,37 @@ typedef struct reshape {
     const gpt_dims *d;
 } reshape;
 
-/* The byte offset of (b, t, part p, block j of Hc) in X and in G for the
- * token of rank i at local row t. */
-static size_t x_at(const reshape *z, size_t b, size_t t, size_t p, size_t j) {
-    return (((b * z->Tl + t) * z->P + p) * (size_t)z->cp + j) * z->Hc * z->es;
-}
-static size_t g_at(const reshape *z, size_t b, int i, size_t t, size_t p) {
-    gpt_dims di = *z->d;
-    di.cr = i;
-    size_t T = z->Tl * (size_t)z->cp, pos = (size_t)cp_position(&di, (int)z->Tl, (int)t);
+/* Which layout a tensor is in: this rank's tokens of all heads (X), or
+ * every token of this rank's heads (G). */
+typedef enum { LOCAL, GATHERED } layout;
+
+/* The byte offset, in a tensor of layout `l`, of the Hc channels that block
+ * j of the a2a buffer holds for (b, t, part p): in X, rank j's heads of
+ * local token t; in G, rank j's token t (its sequence position). */
+static size_t tensor_at(const reshape *z, layout l, int j, size_t b, size_t t, size_t p) {
+    if (l == LOCAL)
+        return (((b * z->Tl + t) * z->P + p) * (size_t)z->cp + (size_t)j) * z->Hc * z->es;
+    gpt_dims dj = *z->d;
+    dj.cr = j;
+    size_t T = z->Tl * (size_t)z->cp, pos = (size_t)cp_position(&dj, (int)z->Tl, (int)t);
     return ((b * T + pos) * z->P + p) * z->Hc * z->es;
 }
 static size_t buf_at(const reshape *z, int j, size_t b, size_t t, size_t p) {
     return ((((size_t)j * z->B + b) * z->Tl + t) * z->P + p) * z->Hc * z->es;
 }
 
-/* to_buf: X -> buf (by head group) or G -> buf (by token owner);
- * from_buf: buf -> G (by token owner) or buf -> X (by head group). */
-static void x_to_buf(const reshape *z, char *buf, const char *X) {
+/* Copy between the a2a buffer's cp blocks and a tensor of layout l, into
+ * the buffer (to_buf) or out of it. */
+static void copy_blocks(const reshape *z, layout l, char *buf, char *tensor, bool to_buf) {
     const long rows = (long)(z->B * z->Tl);
 #pragma omp parallel for schedule(static) if (rows > 256)
     for (long r = 0; r < rows; r++) {
         size_t b = (size_t)r / z->Tl, t = (size_t)r % z->Tl;
         for (int j = 0; j < z->cp; j++)
-            for (size_t p = 0; p < z->P; p++)
-                memcpy(buf + buf_at(z, j, b, t, p), X + x_at(z, b, t, p, (size_t)j), z->Hc * z->es);
-    }
-}
-static void buf_to_x(const reshape *z, char *X, const char *buf) {
-    const long rows = (long)(z->B * z->Tl);
-#pragma omp parallel for schedule(static) if (rows > 256)
-    for (long r = 0; r < rows; r++) {
-        size_t b = (size_t)r / z->Tl, t = (size_t)r % z->Tl;
-        for (int j = 0; j < z->cp; j++)
-            for (size_t p = 0; p < z->P; p++)
-                memcpy(X + x_at(z, b, t, p, (size_t)j), buf + buf_at(z, j, b, t, p), z->Hc * z->es);
-    }
-}
-static void g_to_buf(const reshape *z, char *buf, const char *G) {
-    const long rows = (long)(z->B * z->Tl);
-#pragma omp parallel for schedule(static) if (rows > 256)
-    for (long r = 0; r < rows; r++) {
-        size_t b = (size_t)r / z->Tl, t = (size_t)r % z->Tl;
-        for (int i = 0; i < z->cp; i++)
-            for (size_t p = 0; p < z->P; p++)
-                memcpy(buf + buf_at(z, i, b, t, p), G + g_at(z, b, i, t, p), z->Hc * z->es);
-    }
-}
-static void buf_to_g(const reshape *z, char *G, const char *buf) {
-    const long rows = (long)(z->B * z->Tl);
-#pragma omp parallel for schedule(static) if (rows > 256)
-    for (long r = 0; r < rows; r++) {
-        size_t b = (size_t)r / z->Tl, t = (size_t)r % z->Tl;
-        for (int i = 0; i < z->cp; i++)
-            for (size_t p = 0; p < z->P; p++)
-                memcpy(G + g_at(z, b, i, t, p), buf + buf_at(z, i, b, t, p), z->Hc * z->es);
+            for (size_t p = 0; p < z->P; p++) {
+                char *x = tensor + tensor_at(z, l, j, b, t, p), *y = buf + buf_at(z, j, b, t, p);
+                memcpy(to_buf ? y : x, to_buf ? x : y, z->Hc * z->es);
+            }
     }
 }
 
@@ -143,24 +119,21 @@ static reshape reshape_of(const dt_gpt *m, size_t parts, size_t es) {
                      .d = d};
 }
 
-/* Local X -> gathered G through the all-to-all. */
-static dt_status gather_heads(dt_gpt *m, const reshape *z, void *G, const void *X) {
+/* src (in layout `from`) -> dst (in the other layout) through the
+ * all-to-all. dst may be src (the buffer stands between them). */
+static dt_status reshuffle(dt_gpt *m, const reshape *z, layout from, void *dst, const void *src) {
     const dt_cp_regions *g = m->opt.part.cp_regions;
     size_t block = z->B * z->Tl * z->P * z->Hc * z->es;
-    x_to_buf(z, m->cp.a2a, X);
+    copy_blocks(z, from, m->cp.a2a, (char *)src, true); /* read only */
     REGION(m, g->all_to_all(g->ctx, m->cp.a2a, block));
-    buf_to_g(z, G, m->cp.a2a);
+    copy_blocks(z, from == LOCAL ? GATHERED : LOCAL, m->cp.a2a, dst, false);
     return DT_OK;
 }
-
-/* Gathered G -> local X through the all-to-all. */
+static dt_status gather_heads(dt_gpt *m, const reshape *z, void *G, const void *X) {
+    return reshuffle(m, z, LOCAL, G, X);
+}
 static dt_status scatter_heads(dt_gpt *m, const reshape *z, void *X, const void *G) {
-    const dt_cp_regions *g = m->opt.part.cp_regions;
-    size_t block = z->B * z->Tl * z->P * z->Hc * z->es;
-    g_to_buf(z, m->cp.a2a, G);
-    REGION(m, g->all_to_all(g->ctx, m->cp.a2a, block));
-    buf_to_x(z, X, m->cp.a2a);
-    return DT_OK;
+    return reshuffle(m, z, GATHERED, X, G);
 }
 
 static dt_status ulysses_forward(dt_gpt *m, const block_acts *a, const void *qkv_local) {
