@@ -33,23 +33,10 @@
 
 static char corpus[128];
 
-/* Train into tu_dir/NAME: losses and norms of the metrics, the final
- * global parameters. */
+/* tu_train with this test's flags. */
 static float *train(const char *name, const char *extra, int steps, size_t *n, double *loss,
                     double *norm) {
-    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --ckpt-dir %s/%s/ck --run-dir "
-                     "%s/%s %s",
-                     DTRAIN, corpus, steps, tu_dir, name, tu_dir, name, extra),
-              0);
-    char p[192];
-    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
-    ASSERT_EQ(tu_losses(p, loss, 63), steps);
-    char text[64][64];
-    ASSERT_EQ(tu_metric_text(name, "grad_norm", text, 63), steps);
-    for (int s = 1; s <= steps; s++)
-        norm[s] = strtod(text[s - 1] + strlen("\"grad_norm\":"), NULL);
-    snprintf(p, sizeof p, "%s/%s/ck", tu_dir, name);
-    return tu_global_params(p, n);
+    return tu_train(TINY, corpus, name, extra, steps, n, loss, norm);
 }
 
 static void test_equiv(void) {
@@ -97,34 +84,9 @@ static void test_equiv(void) {
         free(one[r]);
 }
 
-/* Stop after 10 steps in layout a, resume in b; against a's uninterrupted run. */
+/* tu_reshard with this test's flags, stopping after STEPS / 2. */
 static void resume(const char *name, const char *a, const char *b, bool bitwise) {
-    double lu[64], nu[64], lr[64], nr[64];
-    size_t n1, n2;
-    char un[64], rs[64], extra[256];
-    snprintf(un, sizeof un, "%s_whole", name);
-    snprintf(rs, sizeof rs, "%s_resumed", name);
-    float *pu = train(un, a, STEPS, &n1, lu, nu);
-    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --ckpt-dir %s/%s/ck --run-dir %s/%s "
-                     "--stop-after 10 %s",
-                     DTRAIN, corpus, STEPS, tu_dir, rs, tu_dir, rs, a),
-              0);
-    snprintf(extra, sizeof extra, "--resume %s", b);
-    float *pr = train(rs, extra, STEPS, &n2, lr, nr);
-    EXPECT_OUT("resumed from");
-    ASSERT_EQ(n1, n2);
-    if (bitwise) {
-        for (int s = 1; s <= STEPS; s++)
-            if (lu[s] != lr[s])
-                TEST_FAILF("%s: step %d loss %.9g uninterrupted, %.9g resumed", name, s, lu[s],
-                           lr[s]);
-        ASSERT_TRUE(memcmp(pu, pr, n1 * sizeof *pu) == 0);
-        printf("  %s: bit-identical\n", name);
-    } else {
-        tu_expect_close(name, STEPS, lu, lr, nu, nr, pu, pr, n1, 2e-5);
-    }
-    free(pu);
-    free(pr);
+    tu_reshard(TINY, corpus, name, a, b, bitwise ? 0 : 2e-5, STEPS);
 }
 
 static void test_resume(void) {

@@ -324,4 +324,57 @@ static void tu_expect_close(const char *what, int steps, const double *la, const
            la[steps], wl, wp);
 }
 
+/* The layout tests' run (tp, pp, cp): `dtrain train` with the test's
+ * common flags and `extra` into tu_dir/NAME for `steps` steps. Fills
+ * loss[s] and norm[s] from its metrics (s = 1..steps); returns its final
+ * global parameters (caller frees). */
+static float *tu_train(const char *common, const char *corpus, const char *name, const char *extra,
+                       int steps, size_t *n, double *loss, double *norm) {
+    EXPECT_RC(tu_run("%s train --data %s %s --steps %d --ckpt-dir %s/%s/ck --run-dir %s/%s %s",
+                     DT_CLI_PATH, corpus, common, steps, tu_dir, name, tu_dir, name, extra),
+              0);
+    char p[192];
+    snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, name);
+    ASSERT_EQ(tu_losses(p, loss, 63), steps);
+    char text[64][64];
+    ASSERT_EQ(tu_metric_text(name, "grad_norm", text, 63), steps);
+    for (int s = 1; s <= steps; s++)
+        norm[s] = strtod(text[s - 1] + strlen("\"grad_norm\":"), NULL);
+    snprintf(p, sizeof p, "%s/%s/ck", tu_dir, name);
+    return tu_global_params(p, n);
+}
+
+/* Stop after steps/2 in layout a, resume in layout b, against a's
+ * uninterrupted run: bit-identical (losses and parameters) with rel 0,
+ * else within rel. */
+static void tu_reshard(const char *common, const char *corpus, const char *name, const char *a,
+                       const char *b, double rel, int steps) {
+    double lu[64], nu[64], lr[64], nr[64];
+    size_t n1, n2;
+    char un[64], rs[64], extra[256];
+    snprintf(un, sizeof un, "%s_whole", name);
+    snprintf(rs, sizeof rs, "%s_resumed", name);
+    float *pu = tu_train(common, corpus, un, a, steps, &n1, lu, nu);
+    EXPECT_RC(tu_run("%s train --data %s %s --steps %d --ckpt-dir %s/%s/ck --run-dir %s/%s "
+                     "--stop-after %d %s",
+                     DT_CLI_PATH, corpus, common, steps, tu_dir, rs, tu_dir, rs, steps / 2, a),
+              0);
+    snprintf(extra, sizeof extra, "--resume %s", b);
+    float *pr = tu_train(common, corpus, rs, extra, steps, &n2, lr, nr);
+    EXPECT_OUT("resumed from");
+    ASSERT_EQ(n1, n2);
+    if (rel == 0) {
+        for (int s = 1; s <= steps; s++)
+            if (lu[s] != lr[s])
+                TEST_FAILF("%s: step %d loss %.9g uninterrupted, %.9g resumed", name, s, lu[s],
+                           lr[s]);
+        ASSERT_TRUE(memcmp(pu, pr, n1 * sizeof *pu) == 0);
+        printf("  %s: bit-identical\n", name);
+    } else {
+        tu_expect_close(name, steps, lu, lr, nu, nr, pu, pr, n1, rel);
+    }
+    free(pu);
+    free(pr);
+}
+
 #endif
