@@ -75,6 +75,12 @@ set_tests_properties(cli_plan_bad_cluster PROPERTIES TIMEOUT 60 LABELS "parallel
 add_test(NAME cli_plan_memory_agrees
          COMMAND sh ${PROJECT_SOURCE_DIR}/tests/plan_memory.sh $<TARGET_FILE:dtrain_cli> ${PROJECT_SOURCE_DIR})
 set_tests_properties(cli_plan_memory_agrees PROPERTIES TIMEOUT 60 LABELS "parallel" PASS_REGULAR_EXPRESSION "all passed")
+# dtrain train --layout auto runs what dtrain plan ranks first (launcher,
+# fixed flags, external launcher, nothing fits).
+add_test(NAME cli_train_layout_auto
+         COMMAND sh ${PROJECT_SOURCE_DIR}/tests/train_layout_auto.sh $<TARGET_FILE:dtrain_cli> ${PROJECT_SOURCE_DIR})
+set_tests_properties(cli_train_layout_auto PROPERTIES TIMEOUT 180 LABELS "parallel;multiprocess"
+                     PASS_REGULAR_EXPRESSION "all passed")
 add_test(NAME plan_published_runs
          COMMAND sh ${PROJECT_SOURCE_DIR}/bench/planner-published.sh $<TARGET_FILE:dtrain_cli> --check)
 set_tests_properties(plan_published_runs PROPERTIES TIMEOUT 120 LABELS "parallel")

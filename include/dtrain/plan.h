@@ -146,9 +146,10 @@ typedef struct dt_plan_request {
     /* Fixed choices (0, or -1 for zero and recompute: search). */
     int dp, tp, pp, cp, chunks, micro_batch;
     int zero, recompute;
-    int pp_kind;           /* -1: search 1f1b, interleaved:2/4 and zb */
-    bool no_dtrain_limits; /* model other implementations (ZeRO 3 in 16 bits) */
-    int keep;              /* fitting layouts to evaluate exactly (0: all) */
+    int pp_kind;             /* -1: search 1f1b, interleaved:2/4 and zb */
+    bool no_dtrain_limits;   /* model other implementations (ZeRO 3 in 16 bits) */
+    dt_optim_kind optimizer; /* whose state the memory counts (default AdamW) */
+    int keep;                /* fitting layouts to evaluate exactly (0: all) */
 } dt_plan_request;
 
 dt_plan_request dt_plan_request_default(void);
@@ -208,6 +209,10 @@ void dt_plan_result_free(dt_plan_result *r);
  * auto` and `dtrain plan memory`): dp, tp, pp, cp, sp, pp_schedule (a
  * static string), batch, accum, zero, recompute, precision. */
 void dt_plan_layout_to_config(const dt_plan_layout *l, dt_train_config *c);
+
+/* The same as `dtrain train` flags ("--dp 2 --tp 1 ... --precision bf16"),
+ * made from dt_plan_layout_to_config so the two cannot disagree. */
+char *dt_plan_layout_args(const dt_plan_layout *l, char *buf, size_t len);
 
 /* Print a predicted timeline of one step of l (each pipeline rank's
  * forwards, backwards and the synchronisation) as text. */

@@ -338,6 +338,12 @@ typedef struct dt_rank_memory {
     dt_memory_report model; /* the model part's own report */
 } dt_rank_memory;
 
+/* The model c trains, resolved as the run resolves it (the preset, the
+ * flags that override it, the data's vocabulary or --init-from's model):
+ * opens c->data to read its vocabulary and closes it again. For planning
+ * before the run (`dtrain train --layout auto`). */
+dt_status dt_train_model_config(const dt_train_config *c, dt_gpt_config *out);
+
 /* Plan world rank `rank` of a job of `world` ranks training model mc under
  * c (its mesh, batch, pipeline, ZeRO stage, optimizer, precision,
  * recomputation). DT_ERR_INVALID for a layout the trainer would refuse. */

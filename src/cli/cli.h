@@ -121,6 +121,17 @@ int cli_default_threads(void);
  * trace): what a user is shown. Points to a static buffer. */
 const char *cli_error_text(void);
 
+/* `dtrain train --layout auto` (train_layout.c): the planner's fastest
+ * layout for c's model and samples per step on `world` ranks, printed to
+ * stderr unless quiet; 0 or an exit code. cli_train_job_world: the size
+ * and rank of the job this process belongs to (a cluster file is needed
+ * when there are several). */
+typedef struct dt_train_config dt_train_config;
+typedef struct dt_plan_layout dt_plan_layout;
+int cli_train_plan_layout(const cli_args *a, const dt_train_config *c, int world, bool quiet,
+                          dt_plan_layout *out);
+int cli_train_job_world(const cli_args *a, int *world, int *rank);
+
 /* Subcommands, each defined in src/cli/cmd_<name>.c. */
 extern const cli_cmd cli_cmd_version;
 extern const cli_cmd cli_cmd_bench;

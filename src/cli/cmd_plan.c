@@ -309,16 +309,17 @@ static const cli_opt plan_opts[] = {
 /* clang-format on */
 
 static json_t *layout_json(const dt_plan_layout *l) {
-    char rec[24];
+    char rec[24], args[320];
     dt_train_config c;
     dt_train_config_init(&c);
     dt_plan_layout_to_config(l, &c);
-    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:s, s:b, s:s?}", "dp",
-                     l->dp, "tp", l->tp, "pp", l->pp, "cp", l->cp, "virtual_stages", l->chunks,
-                     "pp_schedule", l->pp > 1 ? c.pp_schedule : "none", "micro_batch",
+    return json_pack("{s:i, s:i, s:i, s:i, s:i, s:s, s:i, s:i, s:i, s:s, s:s, s:b, s:s?, s:s}",
+                     "dp", l->dp, "tp", l->tp, "pp", l->pp, "cp", l->cp, "virtual_stages",
+                     l->chunks, "pp_schedule", l->pp > 1 ? c.pp_schedule : "none", "micro_batch",
                      l->micro_batch, "micro_batches", l->micro, "zero", l->zero, "recompute",
                      dt_recompute_format(l->recompute_every, rec, sizeof rec), "precision",
-                     dt_precision_name(l->precision), "sp", l->sp, "cp_mode", c.cp_mode);
+                     dt_precision_name(l->precision), "sp", l->sp, "cp_mode", c.cp_mode,
+                     "train_args", dt_plan_layout_args(l, args, sizeof args));
 }
 
 static int print_json(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_result *r,
@@ -434,6 +435,11 @@ static int run_search(cli_args *a) {
         printf("%-4zu %-78s %8.4g s %12.4g %9.3g %5.1f%% %10s\n", i + 1,
                dt_plan_layout_format(&c->layout, lb, sizeof lb), c->step_s, c->tokens_per_s,
                c->tflops_device, 100 * c->mfu, dt_format_bytes(c->memory, mb, sizeof mb));
+    }
+    if (r.n) {
+        char args[320];
+        printf("run #1:   dtrain train %s\n",
+               dt_plan_layout_args(&r.ranked[0].layout, args, sizeof args));
     }
     if (r.npruned)
         printf("pruned (count, reason, first example):\n");

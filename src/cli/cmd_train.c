@@ -11,6 +11,7 @@
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
+#include "dtrain/plan.h"
 #include "dtrain/train.h"
 
 #include <math.h>
@@ -34,6 +35,7 @@ static const char *const progress_modes[] = {"auto", "plain", "live", NULL};
 static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const grad_dtypes[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const on_off_auto[] = {"auto", "on", "off", NULL};
+static const char *const layouts[] = {"manual", "auto", NULL};
 
 /* clang-format off */
 static const cli_opt train_opts[] = {
@@ -131,6 +133,8 @@ static const cli_opt train_opts[] = {
     {"micro-batches", 0, CLI_INT, "M", "1", "DT_MICRO_BATCHES", "micro-batches per optimizer step (the same as --accum)", NULL, 1, 1 << 20},
     {"cp", 0, CLI_INT, "N", "1", "DT_CP", "context-parallel degree: every rank of a cp group holds 1/cp of each sequence", NULL, 1, 4096},
     {"cp-mode", 0, CLI_STRING, "MODE", "auto", "DT_CP_MODE", "context parallelism's attention: ulysses (all-to-all by heads), ring (keys and values around the ring, zig-zag chunks) or auto", NULL, 0, 0},
+    {"layout", 0, CLI_ENUM, "MODE", "manual", "DT_LAYOUT", "auto: the planner chooses dp x tp x pp x cp, micro-batches, ZeRO and recomputation for --nproc ranks and the samples per step the flags give (layout flags given by hand stay fixed; docs/planner.md)", layouts, 0, 0},
+    {"cluster", 0, CLI_STRING, "FILE", "this", "DT_CLUSTER", "--layout auto plans for this cluster file (docs/planner.md), or 'this': this machine, measured (a few seconds)", NULL, 0, 0},
     {"dp", 0, CLI_INT, "N", "0", "DT_DP", "data-parallel degree (0: ranks / (tp x pp x cp))", NULL, 0, 1 << 20},
     {"mesh-order", 0, CLI_STRING, "ORDER", "tp-cp-dp-pp", "DT_MESH_ORDER", "rank order of the mesh axes, fastest-varying first", NULL, 0, 0},
     {"compress-dense-below", 0, CLI_INT, "N", "0", "DT_COMPRESS_DENSE_BELOW", "tensors of fewer than N values (biases, LayerNorm) are averaged exactly (fp32)", NULL, 0, 1e15},
@@ -209,30 +213,45 @@ static void catch_stop_signals(void) {
     }
 }
 
-static int run_train(cli_args *a) {
-    int nproc = (int)cli_int(a, "nproc");
-    if (nproc > 1 && !dt_launch_in_job()) {
-        /* dt_launch_self drops argv[0]: give it "dtrain train ARGS...". */
-        char **argv = calloc((size_t)a->raw_argc + 2, sizeof *argv);
-        if (!argv)
-            return cli_fail(DT_ERR_NOMEM);
-        argv[0] = "dtrain";
-        for (int i = 0; i < a->raw_argc; i++)
-            argv[i + 1] = a->raw_argv[i];
-        /* The ranks' stderr is a pipe: tell rank 0 a terminal is watching,
-         * so it draws the live progress line there (see train.c). */
-        if (isatty(STDERR_FILENO) && !getenv("DT_PROGRESS"))
-            setenv("DT_PROGRESS", "live", 1);
-        dt_launch_options o;
-        dt_launch_options_init(&o);
-        o.nproc = nproc;
-        int code = 1;
-        dt_status st = dt_launch_self(&o, a->raw_argc + 1, argv, "--nproc", &code);
-        free(argv);
-        if (st != DT_OK)
-            fprintf(stderr, "dtrain train: error: %s\n", dt_last_error());
-        return code;
+/* --nproc N outside a job: start N ranks of this command line, plus the
+ * layout chosen here for --layout auto (as flags, which win over the
+ * user's: cli args keep the last value). */
+static int launch_ranks(cli_args *a, int nproc, const char *layout_args) {
+    char extra[512];
+    snprintf(extra, sizeof extra, "%s", layout_args ? layout_args : "");
+    char *words[64];
+    int nw = 0;
+    for (char *w = strtok(extra, " "); w && nw < 62; w = strtok(NULL, " "))
+        words[nw++] = w;
+    if (layout_args) {
+        words[nw++] = "--layout";
+        words[nw++] = "manual";
     }
+    /* dt_launch_self drops argv[0]: give it "dtrain train ARGS...". */
+    char **argv = calloc((size_t)a->raw_argc + (size_t)nw + 2, sizeof *argv);
+    if (!argv)
+        return cli_fail(DT_ERR_NOMEM);
+    argv[0] = "dtrain";
+    for (int i = 0; i < a->raw_argc; i++)
+        argv[i + 1] = a->raw_argv[i];
+    for (int i = 0; i < nw; i++)
+        argv[a->raw_argc + 1 + i] = words[i];
+    /* The ranks' stderr is a pipe: tell rank 0 a terminal is watching,
+     * so it draws the live progress line there (see train.c). */
+    if (isatty(STDERR_FILENO) && !getenv("DT_PROGRESS"))
+        setenv("DT_PROGRESS", "live", 1);
+    dt_launch_options o;
+    dt_launch_options_init(&o);
+    o.nproc = nproc;
+    int code = 1;
+    dt_status st = dt_launch_self(&o, a->raw_argc + 1 + nw, argv, "--nproc", &code);
+    free(argv);
+    if (st != DT_OK)
+        fprintf(stderr, "dtrain train: error: %s\n", dt_last_error());
+    return code;
+}
+
+static int run_train(cli_args *a) {
     if (a->argc > 0)
         cli_usage_error(a->cmd, "unexpected argument '%s'", a->argv[0]);
     dt_train_config c;
@@ -366,6 +385,24 @@ static int run_train(cli_args *a) {
         cli_usage_error(a->cmd, "--data FILE is required (a .txt corpus or a .tok file)");
     if (c.min_lr > c.lr)
         cli_usage_error(a->cmd, "--min-lr %g is above --lr %g", c.min_lr, c.lr);
+    bool auto_layout = cli_enum(a, "layout") == 1;
+    int nproc = (int)cli_int(a, "nproc"), rc;
+    dt_plan_layout layout;
+    char args[320];
+    if (nproc > 1 && !dt_launch_in_job()) {
+        if (auto_layout && (rc = cli_train_plan_layout(a, &c, nproc, false, &layout)) != 0)
+            return rc;
+        return launch_ranks(a, nproc,
+                            auto_layout ? dt_plan_layout_args(&layout, args, sizeof args) : NULL);
+    }
+    if (auto_layout) {
+        int world = 1, rank = 0;
+        if (dt_launch_in_job() && (rc = cli_train_job_world(a, &world, &rank)) != 0)
+            return rc;
+        if ((rc = cli_train_plan_layout(a, &c, world, rank != 0, &layout)) != 0)
+            return rc;
+        dt_plan_layout_to_config(&layout, &c);
+    }
     catch_stop_signals();
     c.stop = &stop_signal;
     dt_train_result r;

@@ -51,6 +51,26 @@ void dt_plan_layout_to_config(const dt_plan_layout *l, dt_train_config *c) {
     c->precision = l->precision;
 }
 
+char *dt_plan_layout_args(const dt_plan_layout *l, char *buf, size_t len) {
+    dt_train_config c;
+    dt_train_config_init(&c);
+    dt_plan_layout_to_config(l, &c);
+    char rec[24];
+    int n = snprintf(buf, len,
+                     "--dp %d --tp %d --pp %d --cp %d --batch %d --global-batch 0 --accum %d "
+                     "--micro-batches %d --zero %d --recompute %s --precision %s",
+                     c.dp, c.tp, c.pp, c.cp, c.batch, c.accum, c.accum, c.zero,
+                     dt_recompute_format(c.recompute_every, rec, sizeof rec),
+                     dt_precision_name(c.precision));
+    if (c.pp_schedule && n >= 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, " --pp-schedule %s", c.pp_schedule);
+    if (c.cp_mode && n >= 0 && (size_t)n < len)
+        n += snprintf(buf + n, len - (size_t)n, " --cp-mode %s", c.cp_mode);
+    if (c.sp && n >= 0 && (size_t)n < len)
+        snprintf(buf + n, len - (size_t)n, " --sp");
+    return buf;
+}
+
 /* ------------------------------------------------------------------------ */
 /* Links and collectives                                                    */
 /* ------------------------------------------------------------------------ */
@@ -141,6 +161,7 @@ static dt_status plan_memory(const dt_plan_request *rq, const dt_plan_layout *l,
     dt_plan_layout_to_config(l, &c);
     c.accum = sim_micro(l);
     c.model = "plan";
+    c.optimizer = rq->optimizer;
     int world = l->dp * l->tp * l->pp * l->cp;
     dt_mesh_shape shape = dt_mesh_shape_default();
     shape.degree[DT_AXIS_DP] = l->dp;
@@ -232,7 +253,7 @@ dt_status dt_plan_estimate(const dt_plan_request *rq, const dt_cluster *cl, cons
     if (st != DT_OK)
         return st;
     /* A lower bound of the memory, to skip layouts that cannot fit before
-     * the exact plan: fp32 parameters and gradients, AdamW's two moments
+     * the exact plan: fp32 parameters and gradients, the optimizer's state
      * (sharded by ZeRO as the stages shard them), and each live
      * micro-batch's residual stream at every block's input (what even full
      * recomputation keeps). */
@@ -240,8 +261,10 @@ dt_status dt_plan_estimate(const dt_plan_request *rq, const dt_cluster *cl, cons
     placement p;
     place(cl, l, &p);
     double rep = (double)l->dp * l->cp, n = q.params;
+    dt_optim_config oc = dt_optim_config_default();
+    oc.kind = rq->optimizer;
     double states = n * 4 / (l->zero >= 3 ? rep : 1) + n * 4 / (l->zero >= 2 ? rep : 1) +
-                    n * 8 / (l->zero >= 1 ? rep : 1);
+                    (double)dt_optimizer_plan_bytes(&oc, (size_t)n) / (l->zero >= 1 ? rep : 1);
     double live = l->pp > 1 ? (l->micro < l->pp ? l->micro : l->pp) : 1;
     double acts =
         live * q.layers * (double)l->micro_batch * rq->model.max_seq / l->cp * rq->model.dim * 4;

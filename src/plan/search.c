@@ -11,8 +11,11 @@
 #include <string.h>
 
 dt_plan_request dt_plan_request_default(void) {
-    return (dt_plan_request){
-        .precision = DT_PRECISION_BF16, .zero = -1, .recompute = -1, .pp_kind = -1};
+    return (dt_plan_request){.precision = DT_PRECISION_BF16,
+                             .zero = -1,
+                             .recompute = -1,
+                             .pp_kind = -1,
+                             .optimizer = DT_OPTIM_ADAMW};
 }
 
 dt_status dt_plan_request_validate(const dt_plan_request *rq, const dt_cluster *cl) {
@@ -102,6 +105,49 @@ static dt_status try_layout(acc *a, const dt_plan_request *rq, const dt_cluster 
 static int by_step(const void *x, const void *y) {
     const dt_plan_candidate *a = x, *b = y;
     return a->step_s < b->step_s ? -1 : a->step_s > b->step_s;
+}
+
+/* Among layouts predicted within PLAN_TIE of the fastest of their group
+ * (closer than the model can tell apart), what the model does not price
+ * decides: fewer micro-batches first (each pass has a fixed cost, and small
+ * products run below the fitted efficiency), then the lower ZeRO stage
+ * (fewer collectives, whose overlap the model takes as free), then less
+ * memory, then the degrees, so that equal predictions always come out in
+ * one order. */
+#define PLAN_TIE 0.01
+static int by_preference(const void *x, const void *y) {
+    const dt_plan_candidate *a = x, *b = y;
+    const dt_plan_layout *p = &a->layout, *q = &b->layout;
+    double keys[][2] = {
+        {p->micro, q->micro},
+        {p->zero, q->zero},
+        {a->memory, b->memory},
+        {p->tp, q->tp},
+        {p->pp, q->pp},
+        {p->cp, q->cp},
+        {p->chunks, q->chunks},
+        {p->schedule, q->schedule},
+        {p->recompute_every, q->recompute_every},
+        {p->cp_mode, q->cp_mode},
+        {p->precision, q->precision},
+        {a->step_s, b->step_s},
+    };
+    for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
+        if (keys[i][0] != keys[i][1])
+            return keys[i][0] < keys[i][1] ? -1 : 1;
+    return 0;
+}
+
+/* Fastest first, ties (above) broken by preference. */
+static void rank_candidates(dt_plan_candidate *c, size_t n) {
+    if (n == 0) /* qsort's array may not be NULL, even when empty */
+        return;
+    qsort(c, n, sizeof *c, by_step);
+    for (size_t i = 0, j; i < n; i = j) {
+        for (j = i + 1; j < n && c[j].step_s <= c[i].step_s * (1 + PLAN_TIE); j++)
+            ;
+        qsort(c + i, j - i, sizeof *c, by_preference);
+    }
 }
 
 static int by_count(const void *x, const void *y) {
@@ -208,10 +254,8 @@ dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_pla
         return st;
     }
     /* Phase 2: in the order of the estimates, the exact evaluation (the
-     * trainer's memory plan, the simulated schedule), until rq->keep fit.
-     * (qsort's array may not be NULL, even when empty.) */
-    if (out->n)
-        qsort(out->ranked, out->n, sizeof *out->ranked, by_step);
+     * trainer's memory plan, the simulated schedule), until rq->keep fit. */
+    rank_candidates(out->ranked, out->n);
     size_t estimated = out->n, fit = 0, i = 0;
     for (; i < estimated && (!rq->keep || fit < (size_t)rq->keep) && st == DT_OK; i++) {
         dt_plan_candidate c;
@@ -235,8 +279,7 @@ dt_status dt_plan_search(const dt_plan_request *rq, const dt_cluster *cl, dt_pla
     out->considered = out->n;
     for (size_t k = 0; k < out->npruned; k++)
         out->considered += out->pruned[k].count;
-    if (out->n)
-        qsort(out->ranked, out->n, sizeof *out->ranked, by_step);
+    rank_candidates(out->ranked, out->n);
     if (out->npruned)
         qsort(out->pruned, out->npruned, sizeof *out->pruned, by_count);
     return DT_OK;

@@ -244,6 +244,21 @@ static dt_status model_config(trainer *t) {
     return DT_OK;
 }
 
+dt_status dt_train_model_config(const dt_train_config *c, dt_gpt_config *out) {
+    trainer *t = calloc(1, sizeof *t);
+    if (!t)
+        return dt_error_set(DT_ERR_NOMEM, "trainer");
+    t->c = c;
+    dt_status st = open_data(t);
+    if (st == DT_OK)
+        st = model_config(t);
+    if (st == DT_OK)
+        *out = t->mc;
+    dt__train_free(t);
+    free(t);
+    return st;
+}
+
 /* Loaders over the training range and the validation range (a file or the
  * tail split off the training data); each data-parallel replica reads its
  * share. */
