@@ -6,7 +6,8 @@
 # and prints the median measured step time (metrics.jsonl, steps after the
 # third) beside the planner's prediction for the same layout (`dtrain plan
 # --dp .. --tp .. --json`), and the measured peak resident memory of rank 0
-# (less what the process held before the model) beside the planned total.
+# (less what the process held before the model) beside the planned total
+# (with a split model, plus rank 0's assembly of the whole model at the end).
 # Run it under `flock -x /tmp/dtrain-cpu.lock` on a quiet machine.
 set -euo pipefail
 dtrain=${1:-build/dtrain}
@@ -61,7 +62,9 @@ m = statistics.median(float(x) for x in mems.split())
 if not c:
     print("%-34s %10.1f %10s" % (name, t, "(no plan)")); sys.exit(0)
 p = c[0]["step_s"] * 1e3
-pm = c[0]["memory_per_device"] / 2**20
+# Rank 0's peak comes at the end when the model is split: the plan's
+# memory per device plus its assembly of the whole model.
+pm = (c[0]["memory_per_device"] + c[0].get("assembly_rank0", 0)) / 2**20
 print("%-34s %10.1f %10.1f %+6.1f%% %10.1f %10.1f %+6.1f%%" % (name, t, p, 100 * (p / t - 1), m, pm, 100 * (pm / m - 1)))
 PY
 }

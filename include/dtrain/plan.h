@@ -171,6 +171,7 @@ typedef struct dt_plan_candidate {
     double mfu;              /* model FLOPs / (devices x peak) */
     double memory;           /* bytes of the fullest rank */
     dt_rank_memory mem;      /* its breakdown (dt_train_plan_memory) */
+    double assembly;         /* rank 0 after training: the whole model (dt_rank_memory) */
 } dt_plan_candidate;
 
 typedef struct dt_plan_pruned {

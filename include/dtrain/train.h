@@ -334,6 +334,11 @@ typedef struct dt_rank_memory {
     int world, rank;
     size_t params, grads, weights16, optimizer, activations;
     size_t optimizer_file; /* --offload optimizer=disk: the state's file (not in total) */
+    /* Rank 0 at the end of a run whose model is split (tp, cp, pp) and
+     * that writes a weights file or samples: the whole model's parameters,
+     * one received part and, with a sample, its activations (not in total:
+     * it comes after training, on top of it). */
+    size_t assembly;
     size_t total;
     dt_memory_report model; /* the model part's own report */
 } dt_rank_memory;

@@ -214,6 +214,7 @@ static int run_memory(cli_args *a) {
             *fields[i] = (int)cli_int(a, dims[i]);
     dt_train_config c;
     dt_train_config_init(&c);
+    c.save_default = true; /* as `dtrain train`: the end assembles a split model */
     c.model = cli_str(a, "model");
     c.dp = (int)cli_int(a, "dp");
     c.tp = (int)cli_int(a, "tp");
@@ -328,12 +329,13 @@ static int print_json(const dt_plan_request *rq, const dt_cluster *cl, const dt_
     for (size_t i = 0; i < r->n && (int)i < top; i++) {
         const dt_plan_candidate *c = &r->ranked[i];
         json_t *o = json_pack(
-            "{s:i, s:o, s:f, s:f, s:f, s:f, s:f, s:I, s:{s:f, s:f, s:f, s:f, s:f, s:f}}", "rank",
-            (int)i + 1, "layout", layout_json(&c->layout), "step_s", c->step_s, "tokens_per_s",
-            c->tokens_per_s, "tflops_per_device", c->tflops_device, "hw_tflops_per_device",
-            c->hw_tflops_device, "mfu", c->mfu, "memory_per_device", (json_int_t)c->memory,
-            "breakdown", "passes_s", c->passes_s, "compute_s", c->compute_s, "bubble", c->bubble,
-            "model_comm_s", c->model_comm_s, "sync_s", c->sync_s, "optimizer_s", c->optimizer_s);
+            "{s:i, s:o, s:f, s:f, s:f, s:f, s:f, s:I, s:I, s:{s:f, s:f, s:f, s:f, s:f, s:f}}",
+            "rank", (int)i + 1, "layout", layout_json(&c->layout), "step_s", c->step_s,
+            "tokens_per_s", c->tokens_per_s, "tflops_per_device", c->tflops_device,
+            "hw_tflops_per_device", c->hw_tflops_device, "mfu", c->mfu, "memory_per_device",
+            (json_int_t)c->memory, "assembly_rank0", (json_int_t)c->assembly, "breakdown",
+            "passes_s", c->passes_s, "compute_s", c->compute_s, "bubble", c->bubble, "model_comm_s",
+            c->model_comm_s, "sync_s", c->sync_s, "optimizer_s", c->optimizer_s);
         json_array_append_new(cands, o);
     }
     for (size_t i = 0; i < r->npruned; i++)

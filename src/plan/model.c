@@ -162,6 +162,8 @@ static dt_status plan_memory(const dt_plan_request *rq, const dt_plan_layout *l,
     c.accum = sim_micro(l);
     c.model = "plan";
     c.optimizer = rq->optimizer;
+    c.save_default = true; /* as `dtrain train` does: the end assembles the model, */
+    c.sample_tokens = 0;   /* for its weights file; a sample is not planned */
     int world = l->dp * l->tp * l->pp * l->cp;
     dt_mesh_shape shape = dt_mesh_shape_default();
     shape.degree[DT_AXIS_DP] = l->dp;
@@ -174,6 +176,8 @@ static dt_status plan_memory(const dt_plan_request *rq, const dt_plan_layout *l,
         coord[DT_AXIS_PP] = s ? l->pp - 1 : 0;
         dt_rank_memory m;
         DT_CHECK(dt_train_plan_memory(&c, &rq->model, world, dt_mesh_rank_of(&shape, coord), &m));
+        if (s == 0)
+            out->assembly = (double)m.assembly;
         if ((double)m.total > out->memory) {
             out->memory = (double)m.total;
             out->mem = m;

@@ -346,11 +346,14 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
     }
     uint64_t rss, peak;
     if (dt_mem_resident(&rss, &peak)) {
-        char a[32], b[32], p[32];
+        char a[32], b[32], p[32], w[64] = "";
+        if (whole && t->plan.assembly)
+            snprintf(w, sizeof w, " + %s at the end (the whole model)",
+                     dt_format_bytes((double)t->plan.assembly, a, sizeof a));
         fprintf(stderr,
-                "memory:     planned %s per rank (rank 0), measured peak resident %s of "
+                "memory:     planned %s per rank (rank 0)%s, measured peak resident %s of "
                 "which %s before the model\n",
-                dt_format_bytes((double)t->plan.total, p, sizeof p),
+                dt_format_bytes((double)t->plan.total, p, sizeof p), w,
                 dt_format_bytes((double)peak, a, sizeof a),
                 dt_format_bytes((double)t->rss_base, b, sizeof b));
     }

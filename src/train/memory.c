@@ -309,6 +309,18 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
     out->optimizer_file = oc.offload_dir ? dt_optimizer_plan_bytes(&oc, count) : 0;
     out->activations = out->model.activations;
     out->total = out->params + out->grads + out->weights16 + out->optimizer + out->activations;
+    /* dt__train_whole_model: the unsharded model's parameters (its
+     * gradients stay untouched, so not resident), rank 0's own part's worth
+     * of received parameters, and with a sample the activations of its
+     * one-sequence forward. */
+    bool split = c->tp > 1 || c->cp > 1 || c->pp > 1;
+    if (rank == 0 && split && (c->run_dir || c->save_default || c->sample_tokens > 0)) {
+        dt_memory_report whole;
+        dt_gpt_options wo = dt_gpt_options_default();
+        dt_gpt_memory_plan_with(mc, 1, mc->max_seq, &wo, &whole);
+        out->assembly = whole.params + out->model.params +
+                        (c->sample_tokens > 0 ? whole.activations : 0);
+    }
     return DT_OK;
 }
 
@@ -323,4 +335,7 @@ void dt_rank_memory_print(const dt_rank_memory *m, FILE *f) {
             m->weights16 ? dt_format_bytes((double)m->weights16, d, sizeof d) : "",
             dt_format_bytes((double)m->activations, e, sizeof e),
             dt_format_bytes((double)m->total, t, sizeof t));
+    if (m->assembly)
+        fprintf(f, " (+%s at the end: the whole model assembled)",
+                dt_format_bytes((double)m->assembly, a, sizeof a));
 }

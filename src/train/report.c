@@ -178,9 +178,11 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-/* The whole model from the parts of the first replica (its tensor- and
- * pipeline-parallel ranks): each sends its parameters and the boxes it
- * owns to rank 0, which copies them into an unsharded model. */
+/* The whole model from the parts of the first replica (its tensor-,
+ * context- and pipeline-parallel ranks): each sends its parameters and the
+ * boxes it owns to rank 0, which copies them into an unsharded model one
+ * part at a time, so that it holds the whole model and one part at most
+ * (dt_train_plan_memory's "assembly"). */
 dt_status dt__train_whole_model(trainer *t, dt_gpt **out) {
     *out = NULL;
     const dt_gpt_part *part = dt_gpt_get_part(t->m);
@@ -199,32 +201,36 @@ dt_status dt__train_whole_model(trainer *t, dt_gpt **out) {
         dt_group_destroy(mg);
         return st;
     }
-    /* Parts differ in size (pipeline stages): every rank sends the largest. */
+    /* Parts differ in size (pipeline stages): every rank sends its own
+     * count, rank 0 receives into a buffer of the largest. */
     int64_t most[2] = {(int64_t)t->n, (int64_t)sh.nt};
-    float *mine_p = NULL, *params = NULL;
+    float *recv = NULL;
     dt_ckpt_box *boxes = NULL, *mine = NULL, *want = NULL;
+    int64_t *counts = NULL;
     dt_gpt *whole = NULL;
     DT_CHECK_GOTO(dt_group_allreduce(mg, most, most, 2, DT_I64, DT_MAX), st, done);
     size_t np = (size_t)most[0], nb = (size_t)most[1];
-    mine_p = dt_calloc(np, sizeof *mine_p);
     mine = dt_calloc(nb, sizeof *mine);
     boxes = dt_calloc((size_t)nr * nb, sizeof *boxes);
-    params = me == 0 ? dt_alloc((size_t)nr * np * sizeof(float)) : NULL;
-    if (!mine_p || !mine || !boxes || (me == 0 && !params)) {
+    counts = dt_calloc((size_t)nr, sizeof *counts);
+    recv = me == 0 && nr > 1 ? dt_alloc(np * sizeof(float)) : NULL;
+    if (!mine || !boxes || !counts || (me == 0 && nr > 1 && !recv)) {
         st = dt_error_set(DT_ERR_NOMEM, "assembling the whole model on rank 0");
         goto done;
     }
-    memcpy(mine_p, dt_gpt_params(t->m), t->n * sizeof(float));
     /* A tensor part this rank does not own, and the padding, are empty boxes. */
     for (size_t i = 0; i < nb; i++) {
         mine[i].tensor = UINT32_MAX;
         if (i < sh.nt && sh.owned[i])
             mine[i] = sh.whole[i];
     }
-    DT_CHECK_GOTO(dt_group_gather(mg, mine_p, params, np, DT_F32, 0), st, done);
+    int64_t n_me = (int64_t)t->n;
     DT_CHECK_GOTO(dt_group_allgather(mg, mine, boxes, nb * sizeof *boxes, DT_U8), st, done);
-    if (me != 0)
+    DT_CHECK_GOTO(dt_group_allgather(mg, &n_me, counts, 1, DT_I64), st, done);
+    if (me != 0) {
+        st = dt_group_send(mg, dt_gpt_params(t->m), t->n, DT_F32, 0, 0);
         goto done;
+    }
     dt_gpt_options o = dt_gpt_options_default();
     DT_CHECK_GOTO(dt_gpt_create_with(&whole, &t->mc, 1, t->T, &o), st, done);
     size_t nt = dt_gpt_num_tensors(whole);
@@ -241,19 +247,24 @@ dt_status dt__train_whole_model(trainer *t, dt_gpt **out) {
                                 .offset = pi.offset};
         need += dt_ckpt_box_volume(&want[i]);
     }
-    for (int r = 0; r < nr; r++)
-        got += dt_ckpt_copy_boxes(boxes + (size_t)r * nb, nb, params + (size_t)r * np, want, nt,
-                                  dt_gpt_params(whole));
+    for (int r = 0; r < nr; r++) {
+        const float *src = dt_gpt_params(t->m);
+        if (r > 0) {
+            DT_CHECK_GOTO(dt_group_recv(mg, recv, (size_t)counts[r], DT_F32, r, 0), st, done);
+            src = recv;
+        }
+        got += dt_ckpt_copy_boxes(boxes + (size_t)r * nb, nb, src, want, nt, dt_gpt_params(whole));
+    }
     DT_ASSERT(got == need); /* the parts tile the model: a bug otherwise */
     *out = whole;
     whole = NULL;
 done:
     dt_gpt_destroy(whole);
     dt_free(want);
+    dt_free(counts);
     dt_free(boxes);
-    dt_free(params);
+    dt_free(recv);
     dt_free(mine);
-    dt_free(mine_p);
     dt__shards_free(&sh);
     dt_group_destroy(mg);
     return st;
