@@ -135,10 +135,14 @@ void *dt_alloc(size_t bytes) {
         return NULL;
     }
     if (rounded >= HUGE_FROM && rounded >= bytes) {
-        rounded = dt_align_up(rounded, HUGE_PAGE);
+        /* Huge pages for the whole 2 MiB pages of the buffer only: advising
+         * (or allocating) past its end would make the kernel back the tail
+         * with a whole huge page, up to 2 MiB resident that nothing uses;
+         * the tail takes small pages, touched as far as used. */
         if (posix_memalign(&p, HUGE_PAGE, rounded) == 0) {
 #ifdef MADV_HUGEPAGE
-            (void)madvise(p, rounded, MADV_HUGEPAGE); /* advice only: failure is harmless */
+            /* advice only: failure is harmless */
+            (void)madvise(p, rounded / HUGE_PAGE * HUGE_PAGE, MADV_HUGEPAGE);
 #endif
             return p;
         }
