@@ -25,7 +25,7 @@ row() {
     shift 9
     V=$1 prec=$2 dp=$3 tp=$4 pp=$5 mb=$6 zero=$7 pub=$8
     shift 8
-    common="--layers $L --hidden $H --heads $A --seq $T --vocab $V --global-batch $gb --devices $n --cluster $C/$cl.json --precision $prec --no-dtrain-limits $*"
+    common="--layers $L --hidden $H --heads $A --seq $T --vocab $V --global-batch $gb --devices $n --cluster $C/$cl.json --precision $prec $*"
     # shellcheck disable=SC2086
     fixed=$("$DTRAIN" plan $common --dp "$dp" --tp "$tp" --pp "$pp" --micro-batch "$mb" --zero "$zero" --recompute blocks --pp-schedule 1f1b --json --top 1)
     # shellcheck disable=SC2086

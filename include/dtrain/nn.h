@@ -407,8 +407,10 @@ typedef struct dt_param_hooks {
     void (*release)(void *user, size_t begin, size_t end);
 } dt_param_hooks;
 
-/* Install (NULL: remove) the parameter hooks; copied. The parameters must
- * be fp32 (bf16/fp16 cast the whole buffer at every forward). */
+/* Install (NULL: remove) the parameter hooks; copied. With bf16/fp16
+ * compute, a unit's 16-bit weights are cast as it is fetched and their
+ * pages given back as it is released (instead of the whole buffer cast at
+ * every forward). */
 dt_status dt_gpt_set_param_hooks(dt_gpt *m, const dt_param_hooks *h);
 
 /* The linear layers' statistics (K-FAC): during a backward that writes

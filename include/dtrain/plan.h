@@ -147,7 +147,6 @@ typedef struct dt_plan_request {
     int dp, tp, pp, cp, chunks, micro_batch;
     int zero, recompute;
     int pp_kind;             /* -1: search 1f1b, interleaved:2/4 and zb */
-    bool no_dtrain_limits;   /* model other implementations (ZeRO 3 in 16 bits) */
     dt_optim_kind optimizer; /* whose state the memory counts (default AdamW) */
     int keep;                /* fitting layouts to evaluate exactly (0: all) */
 } dt_plan_request;

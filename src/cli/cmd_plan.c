@@ -299,7 +299,6 @@ static const cli_opt plan_opts[] = {
     {"micro-batch", 0, CLI_INT, "B", "0", "DT_BATCH", "fix the sequences per micro-batch (0: search powers of 2)", NULL, 0, 1 << 20},
     {"zero", 0, CLI_INT, "S", "-1", "DT_ZERO", "fix the ZeRO stage (-1: search 0-3)", NULL, -1, 3},
     {"recompute", 0, CLI_STRING, "MODE", "search", "DT_RECOMPUTE", "fix recomputation: none, blocks, every:K (search: none and blocks)", NULL, 0, 0},
-    {"no-dtrain-limits", 0, CLI_FLAG, NULL, NULL, NULL, "model layouts dtrain does not run yet (ZeRO 3 in 16 bits), for other frameworks' runs", NULL, 0, 0},
     {"top", 0, CLI_INT, "K", "5", NULL, "candidates shown", NULL, 1, 1 << 20},
     {"keep", 0, CLI_INT, "K", "64", NULL, "layouts evaluated exactly (memory plan, simulated schedule), fastest estimates first; 0: all", NULL, 0, 1 << 20},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print the ranked candidates and the pruning reasons as JSON", NULL, 0, 0},
@@ -383,7 +382,6 @@ static int run_search(cli_args *a) {
     rq.cp = (int)cli_int(a, "cp");
     rq.micro_batch = (int)cli_int(a, "micro-batch");
     rq.zero = (int)cli_int(a, "zero");
-    rq.no_dtrain_limits = cli_bool(a, "no-dtrain-limits");
     rq.keep = (int)cli_int(a, "keep");
     if (rq.keep && rq.keep < cli_int(a, "top"))
         rq.keep = (int)cli_int(a, "top");

@@ -847,11 +847,6 @@ const dt_gpt_options *dt_gpt_get_options(const dt_gpt *m) { return &m->opt; }
 dt_status dt_gpt_set_param_hooks(dt_gpt *m, const dt_param_hooks *h) {
     if (h && (!h->fetch || !h->prefetch || !h->release))
         return dt_error_set(DT_ERR_INVALID, "parameter hooks: fetch, prefetch and release needed");
-    if (h && m->opt.precision != DT_PRECISION_FP32)
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "parameter hooks (ZeRO stage 3) need fp32 parameters and compute: %s "
-                            "casts every weight at each forward",
-                            dt_precision_name(m->opt.precision));
     m->hooks = h ? *h : (dt_param_hooks){0};
     return DT_OK;
 }

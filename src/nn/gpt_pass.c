@@ -477,16 +477,28 @@ static span other_unit(const dt_gpt *m, unit_kind k) {
     size_t n = p->rows * p->cols * (k == U_LNF ? 2 : 1); /* ln_f: weight and bias */
     return (span){p->offset, p->offset + n};
 }
+/* With the hooks, bf16/fp16 round a unit's weights into w16 as it is
+ * fetched (the whole buffer is not there to cast at the forward's start)
+ * and give w16's pages back as it is released: only the units in use hold
+ * 16-bit copies, as only they hold fp32 parameters. */
 static dt_status fetch(dt_gpt *m, span r) {
-    return m->hooks.fetch ? m->hooks.fetch(m->hooks.user, r.begin, r.end) : DT_OK;
+    if (!m->hooks.fetch)
+        return DT_OK;
+    DT_CHECK(m->hooks.fetch(m->hooks.user, r.begin, r.end));
+    if (m->w16)
+        dt_act16_from_f32(m->opt.precision, m->w16 + r.begin, m->params + r.begin, r.end - r.begin);
+    return DT_OK;
 }
 static void prefetch(dt_gpt *m, span r) {
     if (m->hooks.prefetch)
         m->hooks.prefetch(m->hooks.user, r.begin, r.end);
 }
 static void release(dt_gpt *m, span r) {
-    if (m->hooks.release)
-        m->hooks.release(m->hooks.user, r.begin, r.end);
+    if (!m->hooks.release)
+        return;
+    m->hooks.release(m->hooks.user, r.begin, r.end);
+    if (m->w16)
+        dt_mem_discard(m->w16 + r.begin, (r.end - r.begin) * sizeof *m->w16);
 }
 
 /* Forward of the current slot's blocks from x, with the parameter hooks:
@@ -625,7 +637,7 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
     s->T = T / d->cp; /* this rank's tokens of each sequence */
     s->have_targets = false;
     const size_t ns = rows_here(m);
-    if (pr != DT_PRECISION_FP32)
+    if (pr != DT_PRECISION_FP32 && !m->hooks.fetch) /* with hooks: per unit, in fetch() */
         cast_weights(m);
     prefetch(m, block_unit(m, s->L0));
     if (s->embeds) {

@@ -243,9 +243,6 @@ static dt_status check_layout(const dt_plan_request *rq, const dt_cluster *cl,
                             "dp %d x micro-batch %d x %d micro-batches != global "
                             "batch %d",
                             l->dp, l->micro_batch, l->micro, rq->global_batch);
-    if (l->zero == 3 && l->precision != DT_PRECISION_FP32 && !rq->no_dtrain_limits)
-        return dt_error_set(DT_ERR_UNSUPPORTED, "zero 3 gathers fp32 parameters (dtrain's "
-                                                "ZeRO 3 is fp32 only)");
     return DT_OK;
 }
 

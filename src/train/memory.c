@@ -254,6 +254,18 @@ static size_t params_resident(const dt_train_config *c, const dt_gpt_config *mc,
                     whole - whole / (size_t)dp + dt__train_bucket_bytes(c, n) / sizeof(float));
 }
 
+/* ZeRO 3 with bf16/fp16: the 16-bit copies resident at the peak. A unit's
+ * copy is cast as it is fetched and its pages given back as it is released
+ * (gpt_pass.c), so only fetched units have one. The peak comes as the
+ * backward starts (every activation still held): the head's tied
+ * embedding and ln_f, then one block at a time. (The forward holds two
+ * blocks' copies, but few activations yet.) */
+static size_t weights16_resident(const dt_gpt_config *mc, const dt_gpt_options *o, size_t n) {
+    part_sizes z = sizes_of(mc, o, n);
+    size_t head = z.wte + z.lnf, whole = z.block > head ? z.block : head;
+    return (whole < n ? whole : n) * sizeof(uint16_t);
+}
+
 dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc, int world,
                                int rank, dt_rank_memory *out) {
     memset(out, 0, sizeof *out);
@@ -304,7 +316,9 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
         c->zero >= 3 && sync > 1 ? params_resident(c, mc, &o, n, count, sync) : out->model.params;
     out->grads =
         c->zero >= 2 && sync > 1 ? grads_resident(c, mc, &o, n, count, sync) : out->model.grads;
-    out->weights16 = out->model.weights16;
+    out->weights16 = c->zero >= 3 && sync > 1 && out->model.weights16
+                         ? weights16_resident(mc, &o, n)
+                         : out->model.weights16;
     out->optimizer = dt_optimizer_plan_resident(&oc, count);
     out->optimizer_file = oc.offload_dir ? dt_optimizer_plan_bytes(&oc, count) : 0;
     out->activations = out->model.activations;
@@ -318,8 +332,8 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
         dt_memory_report whole;
         dt_gpt_options wo = dt_gpt_options_default();
         dt_gpt_memory_plan_with(mc, 1, mc->max_seq, &wo, &whole);
-        out->assembly = whole.params + out->model.params +
-                        (c->sample_tokens > 0 ? whole.activations : 0);
+        out->assembly =
+            whole.params + out->model.params + (c->sample_tokens > 0 ? whole.activations : 0);
     }
     return DT_OK;
 }

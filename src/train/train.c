@@ -198,12 +198,6 @@ dt_status dt__train_check_config(const dt_train_config *c) {
     }
     if (c->zero < 0 || c->zero > 3)
         return bad("--zero %d: the ZeRO stage is 0, 1, 2 or 3", c->zero);
-    if (c->zero == 3 && c->precision != DT_PRECISION_FP32)
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "--zero 3 with --precision %s: stage 3 gathers fp32 parameters per "
-                            "block, and 16-bit compute casts every weight at each forward; use "
-                            "--zero 2, or fp32",
-                            dt_precision_name(c->precision));
     if (c->zero && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
         char cb[64];
         return dt_error_set(DT_ERR_UNSUPPORTED,

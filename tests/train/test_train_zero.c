@@ -10,7 +10,9 @@
  *                every micro-batch: within 1e-5); tp 2 x dp 2 and
  *                pp 2 x dp 2 bit-identical. Zero 3 gathers each block's
  *                parameters around its use: the same bits, with
- *                accumulation within 1e-5 as zero 2.
+ *                accumulation within 1e-5 as zero 2; in bf16 the same
+ *                bits, fp16 with loss scaling, 2 micro-batches and
+ *                recomputation within 1e-5.
  *   resume       zero 2 stopped and resumed in its own layout is
  *                bit-identical; zero 0 resumes as zero 2 (bit-identical:
  *                the optimizer state read into shards) and zero 1 at dp 2
@@ -19,7 +21,7 @@
  *                its parameter pieces) and as zero 1 at dp 3.
  *   memory       per rank at dp 2: the optimizer state halves with zero 1,
  *                the resident gradients fall with zero 2 and the
- *                parameters with zero 3, measured as the
+ *                parameters with zero 3 (also in bf16), measured as the
  *                peak resident memory of rank 0; `dtrain plan memory`
  *                prints the trainer's own plan, and the measured peak (less
  *                what the process held before the model) is within 10% of
@@ -122,6 +124,11 @@ static void test_equiv(void) {
     compare("tp2_z3", "--nproc 4 --tp 2 --sp", "--nproc 4 --tp 2 --sp --zero 3", 0);
     compare("pp2_z3", "--nproc 4 --pp 2 --micro-batches 2 --pp-schedule zb",
             "--nproc 4 --pp 2 --micro-batches 2 --pp-schedule zb --zero 3", 0);
+    /* 16-bit: each fetched block's weights cast as the whole buffer was. */
+    compare("bf16_z3", "--nproc 2 --precision bf16 --sample-tokens 16",
+            "--nproc 2 --precision bf16 --zero 3 --sample-tokens 16", 0);
+    compare("fp16_z3", "--nproc 2 --precision fp16 --accum 2 --recompute blocks",
+            "--nproc 2 --precision fp16 --accum 2 --recompute blocks --zero 3", 1e-5);
 }
 
 /* Stop after 6 steps with settings A, resume with B; against an
@@ -180,30 +187,43 @@ static double bytes_after(const char *key) { return bytes_after_in(NULL, key); }
     "--peak-flops 1e9 --sample-tokens 0 --progress plain --val-split 0 --batch 2 --steps 2"
 
 static void test_memory(void) {
-    double plan[4], peak[4], base[4], opt[4];
-    for (int z = 0; z < 4; z++) {
-        EXPECT_RC(tu_run("%s train --data %s " MEMMODEL " --nproc 2 --zero %d", DTRAIN, corpus, z),
+    /* Stages 0-3 in fp32, then stage 3 in bf16 (its 16-bit copies exist
+     * only for the fetched blocks). */
+    static const char *const prec[5] = {"fp32", "fp32", "fp32", "fp32", "bf16"};
+    double plan[5], peak[5], base[5], opt[5];
+    for (int k = 0; k < 5; k++) {
+        int z = k < 4 ? k : 3;
+        EXPECT_RC(tu_run("%s train --data %s " MEMMODEL " --nproc 2 --zero %d --precision %s",
+                         DTRAIN, corpus, z, prec[k]),
                   0);
-        opt[z] = bytes_after(", optimizer ");
-        plan[z] = bytes_after("memory:     planned ");
-        peak[z] = bytes_after("measured peak resident ");
-        base[z] = bytes_after_in(strstr(tu_out, "measured peak resident"), " of which ");
-        double err = (peak[z] - base[z] - plan[z]) / plan[z];
-        printf("  zero %d: plan %.0f MiB, measured %.0f MiB (+ %.0f MiB before the model), "
+        opt[k] = bytes_after(", optimizer ");
+        plan[k] = bytes_after("memory:     planned ");
+        peak[k] = bytes_after("measured peak resident ");
+        base[k] = bytes_after_in(strstr(tu_out, "measured peak resident"), " of which ");
+        double err = (peak[k] - base[k] - plan[k]) / plan[k];
+        printf("  zero %d %s: plan %.0f MiB, measured %.0f MiB (+ %.0f MiB before the model), "
                "error %+.1f%%\n",
-               z, plan[z] / 1048576, (peak[z] - base[z]) / 1048576, base[z] / 1048576, 100 * err);
-        if (fabs(err) > 0.10)
-            TEST_FAILF("zero %d: measured peak %.0f MiB is not within 10%% of the plan %.0f MiB", z,
-                       (peak[z] - base[z]) / 1048576, plan[z] / 1048576);
+               z, prec[k], plan[k] / 1048576, (peak[k] - base[k]) / 1048576, base[k] / 1048576,
+               100 * err);
+        if (k < 4 && fabs(err) > 0.10)
+            TEST_FAILF("zero %d %s: measured peak %.0f MiB is not within 10%% of the plan %.0f MiB",
+                       z, prec[k], (peak[k] - base[k]) / 1048576, plan[k] / 1048576);
         /* dtrain plan memory prints the same plan. */
         char line[160];
         snprintf(line, sizeof line, "%.*s", 60, strstr(tu_out, "memory plan/rank") + 48);
         EXPECT_RC(tu_run("%s plan memory --model shakespeare-char --layers 8 --dim 768 --heads 12 "
-                         "--seq 32 --vocab 26 --batch 2 --nproc 2 --zero %d",
-                         DTRAIN, z),
+                         "--seq 32 --vocab 26 --batch 2 --nproc 2 --zero %d --precision %s",
+                         DTRAIN, z, prec[k]),
                   0);
         EXPECT_OUT(line);
     }
+    /* Stage 3 in bf16: the peak moves from run to run (gathers in flight
+     * at the moment the activations peak: 545-579 MiB measured for the
+     * fp32 plan of 601), and the plan adds each buffer's own peak, which
+     * need not coincide; what a plan must not do is fall short. */
+    if ((peak[4] - base[4]) > 1.10 * plan[4])
+        TEST_FAILF("zero 3 bf16: measured peak %.0f MiB is above the plan %.0f MiB by > 10%%",
+                   (peak[4] - base[4]) / 1048576, plan[4] / 1048576);
     ASSERT_TRUE(fabs(opt[1] / opt[0] - 0.5) < 0.01);
     ASSERT_TRUE(peak[1] < peak[0] && peak[2] < peak[1] && peak[3] < peak[2]);
 }
@@ -291,10 +311,6 @@ static void test_errors(void) {
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --zero 4", DTRAIN, corpus),
               2);
     EXPECT_OUT("--zero");
-    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --zero 3 --precision bf16",
-                     DTRAIN, corpus),
-              1);
-    EXPECT_OUT("--zero 3 with --precision bf16");
     EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --zero 1 --compress int8",
                      DTRAIN, corpus),
               1);
