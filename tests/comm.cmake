@@ -1,7 +1,8 @@
 # Multi-process tests of the comm layer (tests/comm/*.c, each its own
 # program that fork/execs its ranks on loopback). Labels: "comm"; the ones
 # that exercise shared memory and the progress thread also "tsan".
-foreach(prog test_comm_sweep test_comm_groups test_comm_fail test_comm_init test_comm_fuzz)
+foreach(prog test_comm_sweep test_comm_groups test_comm_fail test_comm_init test_comm_fuzz
+             test_comm_det)
   add_executable(${prog} ${CMAKE_CURRENT_SOURCE_DIR}/comm/${prog}.c)
   target_include_directories(${prog} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(${prog} PRIVATE _GNU_SOURCE)
@@ -46,3 +47,8 @@ set_tests_properties(comm_fuzz_shm comm_fuzz_tcp comm_mismatch PROPERTIES TIMEOU
 add_test(NAME comm_fuzz_small COMMAND test_comm_fuzz fuzz_shm_3 fuzz_tcp_3 mismatch_shm_3
                                       mismatch_tcp_3)
 set_tests_properties(comm_fuzz_small PROPERTIES TIMEOUT 600 LABELS "comm;tsan")
+# DT_DETERMINISTIC=1: allreduce and reduce-scatter bit-identical to the
+# rank-ordered fold under every DT_ALGO, on shm, tcp and two simulated hosts,
+# with tiny and default chunks; and a control showing the ring differs.
+add_test(NAME comm_det COMMAND test_comm_det)
+set_tests_properties(comm_det PROPERTIES TIMEOUT 300 LABELS "comm")

@@ -126,6 +126,8 @@ typedef enum dt_algo {
     DT_ALGO_TREE,
     DT_ALGO_DIRECT,
     DT_ALGO_HIER,
+    DT_ALGO_TORUS2D, /* X x Y grid: rings along rows, then columns, then rows */
+    DT_ALGO_ORDERED, /* the rank-ordered reduction of DT_DETERMINISTIC=1 */
     DT_ALGO_COUNT
 } dt_algo;
 const char *dt_algo_name(dt_algo algo);

@@ -316,6 +316,8 @@ typedef struct dt__config {
     double timeout;      /* DT_TIMEOUT seconds */
     int transport;       /* 0 auto, 1 shm, 2 tcp */
     dt_algo algo;        /* DT_ALGO */
+    bool deterministic;  /* DT_DETERMINISTIC: rank-ordered allreduce/reduce-scatter */
+    int torus_x;         /* DT_TORUS_X: torus2d grid columns (0: ranks per host) */
     size_t chunk;        /* DT_CHUNK_SIZE: ring pipeline chunk */
     size_t shm_slot;     /* DT_SHM_SLOT */
     int shm_slots;       /* DT_SHM_SLOTS */
@@ -505,6 +507,16 @@ dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, 
                                size_t count);
 dt_status dt__direct_broadcast(dt__op *op, const dt__team *t, void *buf, size_t bytes, int root);
 dt_status dt__hier_allreduce(dt__op *op, const void *send, void *recv, size_t count);
+/* 2D torus over the grid of DT_TORUS_X, or of hosts x ranks per host
+ * (torus2d.c); _ok says whether a grid fits the group. */
+dt_status dt__torus2d_allreduce(dt__op *op, const void *send, void *recv, size_t count);
+bool dt__torus2d_ok(const dt_group *g);
+/* Rank-ordered reductions (ordered.c): bits depend only on the inputs and
+ * the team size. Reduce-scatter has the group layout (count per rank). */
+dt_status dt__ordered_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
+                                size_t count);
+dt_status dt__ordered_reduce_scatter(dt__op *op, const dt__team *t, const void *send, void *recv,
+                                     size_t count);
 /* True if every member of the team shares memory with me. */
 dt_status dt__direct_barrier(dt__op *op, const dt__team *t);
 bool dt__team_shared(dt__op *op, const dt__team *t);

@@ -72,11 +72,22 @@ static bool applicable(const dt_group *g, dt_coll c, dt_algo a) {
                (c == DT_COLL_ALLREDUCE || c == DT_COLL_REDUCE_SCATTER || c == DT_COLL_ALLGATHER ||
                 c == DT_COLL_BROADCAST || c == DT_COLL_BARRIER);
     case DT_ALGO_HIER: return c == DT_COLL_ALLREDUCE && dt__hier_ok(g);
+    case DT_ALGO_TORUS2D: return c == DT_COLL_ALLREDUCE && dt__torus2d_ok(g);
+    case DT_ALGO_ORDERED: return c == DT_COLL_ALLREDUCE || c == DT_COLL_REDUCE_SCATTER;
     default: return false;
     }
 }
 
+/* DT_DETERMINISTIC: only schedules that evaluate the rank-ordered fold
+ * (ordered.c) may reduce, whatever DT_ALGO says; the direct algorithm is
+ * one of them and the fastest where it runs. */
+static bool ordered_only(const dt_group *g, dt_coll c) {
+    return g->cfg.deterministic && (c == DT_COLL_ALLREDUCE || c == DT_COLL_REDUCE_SCATTER);
+}
+
 dt_algo dt__tune_choose(const dt_group *g, dt_coll coll, size_t bytes) {
+    if (ordered_only(g, coll))
+        return group_shared(g) ? DT_ALGO_DIRECT : DT_ALGO_ORDERED;
     if (g->cfg.algo != DT_ALGO_AUTO && applicable(g, coll, g->cfg.algo))
         return g->cfg.algo;
     bool shared = group_shared(g), multi = dt__hier_ok(g);

@@ -22,7 +22,6 @@
 #include "harness.h"
 #include "reference.h"
 
-static const char *const algo_names[] = {"auto", "ring", "rhd", "tree", "direct", "hier"};
 static const size_t counts[] = {0, 1, 7, 1000, 1000003};
 #define NCOUNTS 5
 
@@ -197,7 +196,7 @@ static void sweep(int rank, int size) {
     uint64_t seed = mix((uint64_t)size * 131 + (uint64_t)tp[0] + (nodes ? 7 : 0));
     int ran = 0, big = 0;
     for (int a = 0; a < DT_ALGO_COUNT; a++) {
-        setenv("DT_ALGO", algo_names[a], 1);
+        setenv("DT_ALGO", dt_algo_name((dt_algo)a), 1);
         dt_group *g = NULL;
         ASSERT_OK(dt_group_split(world, 0, rank, &g));
         ASSERT_EQ(dt_group_size(g), size);
@@ -228,7 +227,7 @@ static void sweep(int rank, int size) {
                                 p = k < 4 || dt == size % DT_DTYPE_COUNT ? 1 : 0;
                             if (!full && (double)(c.salt >> 11) * 0x1p-53 >= p)
                                 continue;
-                            run_combo(g, &c, algo_names[a]);
+                            run_combo(g, &c, dt_algo_name((dt_algo)a));
                             ran++;
                             big += k == 4;
                         }
