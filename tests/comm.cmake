@@ -12,7 +12,8 @@ endforeach()
 add_test(NAME comm_sweep_shm COMMAND test_comm_sweep "shm_*")
 add_test(NAME comm_sweep_tcp COMMAND test_comm_sweep "tcp_*")
 add_test(NAME comm_sweep_hier COMMAND test_comm_sweep "hier_*")
-set_tests_properties(comm_sweep_shm comm_sweep_tcp comm_sweep_hier PROPERTIES TIMEOUT 300
+add_test(NAME comm_sweep_torus COMMAND test_comm_sweep "torus_*")
+set_tests_properties(comm_sweep_shm comm_sweep_tcp comm_sweep_hier comm_sweep_torus PROPERTIES TIMEOUT 300
                      LABELS "comm")
 target_link_libraries(test_comm_groups PRIVATE Threads::Threads)
 add_test(NAME comm_groups COMMAND test_comm_groups)
@@ -52,3 +53,11 @@ set_tests_properties(comm_fuzz_small PROPERTIES TIMEOUT 600 LABELS "comm;tsan")
 # with tiny and default chunks; and a control showing the ring differs.
 add_test(NAME comm_det COMMAND test_comm_det)
 set_tests_properties(comm_det PROPERTIES TIMEOUT 300 LABELS "comm")
+# torus2d, ring and hier across 4 hosts x 2 ranks made of network namespaces
+# (scripts/netns-cluster.sh) with 1 Gbit/s links: exact results, the
+# algorithm asked for, and a busbw table. Needs root, ip and tc: skipped
+# otherwise.
+add_test(NAME comm_torus_netns
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/comm/torus_netns.sh $<TARGET_FILE:dtrain_cli> 1gbit 2 1)
+set_tests_properties(comm_torus_netns PROPERTIES TIMEOUT 180 LABELS "comm;netns"
+                     SKIP_RETURN_CODE 77 RESOURCE_LOCK netns_eval)

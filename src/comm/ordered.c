@@ -18,7 +18,8 @@
  *      rotated so that no owner is everyone's first target)
  *   2. owner r folds A0 op A1 op A2 op A3 (its own block, in rank order),
  *      piece by piece as the pieces arrive
- *   3. allgather of the folded blocks (ring): copies, no arithmetic
+ *   3. allgather of the folded blocks, every owner to every rank at once:
+ *      copies, no arithmetic
  *
  * Each rank sends and receives (n-1)/n of the vector in step 1 and again in
  * step 3, like the ring; what it gives up is the ring's neighbour-only
@@ -99,23 +100,27 @@ static dt_status ordered_fold(ordered_plan *p, const char *send, char *out) {
         memcpy(stage + (size_t)me * bytes, own, bytes);
     else
         in[me] = (char *)own;
-    for (int s = 1; s < n; s++) { /* receives first, from my left going back */
-        int i = (me - s + n) % n;
-        for (size_t k = 0; k < p->npieces; k++) {
-            size_t at = k * p->piece, c = mine - at < p->piece ? mine - at : p->piece;
-            DT_CHECK_GOTO(dt__post_recv(op, &rx[(size_t)i * p->npieces + k], t->ranks[i],
-                                        in[i] + at * es, c * es),
-                          st, out);
-        }
-    }
+    /* Step s: receive from the rank s to my left, send to the rank s to
+     * my right, pieces of the two interleaved so both directions stream. */
     size_t nt = 0;
-    for (int s = 1; s < n; s++) { /* then sends, to my right going on */
-        int b = (me + s) % n;
-        const char *blk = send + p->displs[b] * es;
-        for (size_t at = 0; at < p->counts[b]; at += p->piece) {
-            size_t c = p->counts[b] - at < p->piece ? p->counts[b] - at : p->piece;
-            DT_CHECK_GOTO(dt__post_send(op, &tx[nt++], t->ranks[b], blk + at * es, c * es), st,
-                          out);
+    for (int s = 1; s < n; s++) {
+        int from = (me - s + n) % n, to = (me + s) % n;
+        const char *blk = send + p->displs[to] * es;
+        size_t sc = p->counts[to], ns = pieces_of(sc, p->piece);
+        size_t most = ns > p->npieces ? ns : p->npieces;
+        for (size_t k = 0; k < most; k++) {
+            size_t at = k * p->piece;
+            if (k < p->npieces) {
+                size_t c = mine - at < p->piece ? mine - at : p->piece;
+                DT_CHECK_GOTO(dt__post_recv(op, &rx[(size_t)from * p->npieces + k],
+                                            t->ranks[from], in[from] + at * es, c * es),
+                              st, out);
+            }
+            if (k < ns) {
+                size_t c = sc - at < p->piece ? sc - at : p->piece;
+                DT_CHECK_GOTO(dt__post_send(op, &tx[nt++], t->ranks[to], blk + at * es, c * es),
+                              st, out);
+            }
         }
     }
     for (size_t k = 0; k < p->npieces; k++)
@@ -124,6 +129,43 @@ static dt_status ordered_fold(ordered_plan *p, const char *send, char *out) {
 out:
     free(rx);
     free(in);
+    return st;
+}
+
+/* Step 3: every rank's folded block to every other rank, the same pattern
+ * as steps 1 and 2 (no arithmetic, so any route gives the same bits; this
+ * one has no store-and-forward chain). buf holds every block at displs. */
+static dt_status allgather_pairwise(const ordered_plan *p, char *buf) {
+    dt__op *op = p->op;
+    const dt__team *t = p->t;
+    int n = t->n, me = t->me;
+    size_t es = p->es, mine = p->counts[me], total = 0;
+    for (int b = 0; b < n; b++)
+        total += pieces_of(p->counts[b], p->piece);
+    total += (size_t)(n - 1) * pieces_of(mine, p->piece);
+    dt__xfer *x = calloc(total + 1, sizeof *x);
+    if (!x)
+        return dt_error_set(DT_ERR_NOMEM, "ordered: out of memory for %d ranks", n);
+    dt_status st = DT_OK;
+    size_t nx = 0;
+    const char *blk = buf + p->displs[me] * es;
+    for (int s = 1; s < n && st == DT_OK; s++) {
+        int from = (me - s + n) % n, to = (me + s) % n;
+        size_t rc = p->counts[from], nr = pieces_of(rc, p->piece), ns = pieces_of(mine, p->piece);
+        char *dst = buf + p->displs[from] * es;
+        for (size_t k = 0; k < (nr > ns ? nr : ns) && st == DT_OK; k++) {
+            size_t at = k * p->piece;
+            if (k < nr)
+                st = dt__post_recv(op, &x[nx++], t->ranks[from], dst + at * es,
+                                   (rc - at < p->piece ? rc - at : p->piece) * es);
+            if (k < ns && st == DT_OK)
+                st = dt__post_send(op, &x[nx++], t->ranks[to], blk + at * es,
+                                   (mine - at < p->piece ? mine - at : p->piece) * es);
+        }
+    }
+    if (st == DT_OK)
+        st = dt__waitall(op, x, (int)nx);
+    free(x);
     return st;
 }
 
@@ -169,7 +211,7 @@ dt_status dt__ordered_allreduce(dt__op *op, const dt__team *t, const void *send,
      * after every send of step 1 has completed. */
     dt_status st = ordered_fold(&p, send, (char *)recv + displs[t->me] * es);
     if (st == DT_OK)
-        st = dt__ring_allgather(op, t, recv, counts, displs);
+        st = allgather_pairwise(&p, recv);
     free(counts);
     free(displs);
     return st;
