@@ -61,3 +61,10 @@ add_test(NAME comm_torus_netns
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/comm/torus_netns.sh $<TARGET_FILE:dtrain_cli> 1gbit 2 1)
 set_tests_properties(comm_torus_netns PROPERTIES TIMEOUT 180 LABELS "comm;netns"
                      SKIP_RETURN_CODE 77 RESOURCE_LOCK netns_eval)
+# `dtrain bench topo` on network namespaces: shapes 2x2, 4x1, 1x4 and 4x2
+# recognised, and the chooser picking the hierarchy from measured links when
+# the links between hosts are shaped to 100 Mbit/s. Root, ip, tc, python3.
+add_test(NAME comm_topo_netns
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/comm/topo_netns.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(comm_topo_netns PROPERTIES TIMEOUT 240 LABELS "comm;netns"
+                     SKIP_RETURN_CODE 77 RESOURCE_LOCK netns_eval)

@@ -293,6 +293,12 @@ struct dt__transport {
 
 typedef struct dt__backend dt__backend;
 
+/* Measured link classes (topo.c), indexed by dt_link_class. */
+typedef struct dt__links {
+    bool valid; /* a probe ran */
+    double alpha[DT_LINK_CLASS_COUNT], beta[DT_LINK_CLASS_COUNT];
+} dt__links;
+
 /* Job-wide state shared by the world group and every group split from it. */
 typedef struct dt__job {
     char token[DT__TOKEN_LEN + 1];
@@ -308,7 +314,8 @@ typedef struct dt__job {
     pthread_mutex_t store_mu; /* groups may split concurrently */
     dt__store_server *server;
     _Atomic int refs;
-    double timeout; /* DT_TIMEOUT */
+    double timeout;  /* DT_TIMEOUT */
+    dt__links links; /* the last probe's, for groups created after it (store_mu) */
 } dt__job;
 
 /* Settings read once per group from DT_* variables. */
@@ -318,6 +325,7 @@ typedef struct dt__config {
     dt_algo algo;        /* DT_ALGO */
     bool deterministic;  /* DT_DETERMINISTIC: rank-ordered allreduce/reduce-scatter */
     int torus_x;         /* DT_TORUS_X: torus2d grid columns (0: ranks per host) */
+    bool topo_probe;     /* DT_TOPO_PROBE: quick link probe when the world is created */
     size_t chunk;        /* DT_CHUNK_SIZE: ring pipeline chunk */
     size_t shm_slot;     /* DT_SHM_SLOT */
     int shm_slots;       /* DT_SHM_SLOTS */
@@ -377,6 +385,7 @@ struct dt_group {
     uint64_t direct_chunk; /* direct algorithm's chunks, for window halves */
     char *scratch;         /* per-op temporary, grown on demand */
     size_t scratch_size;
+    dt__links links; /* measured link classes, for the chooser (topo.c) */
 };
 
 /* The running operation: its descriptor and arguments. */

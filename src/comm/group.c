@@ -227,7 +227,10 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     g->rank = rank;
     g->size = size;
     DT_CHECK_GOTO(dt__config_read(&g->cfg), st, fail);
-    g->cfg.timeout = job->timeout; /* DT_TIMEOUT, unless dt_group_init was given one */
+    g->cfg.timeout = job->timeout;      /* DT_TIMEOUT, unless dt_group_init was given one */
+    pthread_mutex_lock(&job->store_mu); /* links measured by an earlier probe */
+    g->links = job->links;
+    pthread_mutex_unlock(&job->store_mu);
     g->world = malloc((size_t)size * sizeof *g->world);
     g->host = malloc((size_t)size * sizeof *g->host);
     g->ident = malloc((size_t)size * sizeof *g->ident);
@@ -382,6 +385,15 @@ dt_status dt_group_init(dt_group **out, const dt_group_options *o) {
     job_release(job, st == DT_OK); /* the group holds its own reference */
     if (st != DT_OK)
         dt_error_prefix("rank %d: creating the world group", rank);
+    if (st == DT_OK && (*out)->cfg.topo_probe && size > 1) { /* DT_TOPO_PROBE=1 */
+        dt_topology topo;
+        st = dt_group_probe(*out, false, 256 << 10, &topo, NULL, NULL);
+        if (st != DT_OK) {
+            dt_error_prefix("rank %d: DT_TOPO_PROBE", rank);
+            dt_group_destroy(*out);
+            *out = NULL;
+        }
+    }
     return st;
 }
 

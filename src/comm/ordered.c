@@ -112,14 +112,14 @@ static dt_status ordered_fold(ordered_plan *p, const char *send, char *out) {
             size_t at = k * p->piece;
             if (k < p->npieces) {
                 size_t c = mine - at < p->piece ? mine - at : p->piece;
-                DT_CHECK_GOTO(dt__post_recv(op, &rx[(size_t)from * p->npieces + k],
-                                            t->ranks[from], in[from] + at * es, c * es),
+                DT_CHECK_GOTO(dt__post_recv(op, &rx[(size_t)from * p->npieces + k], t->ranks[from],
+                                            in[from] + at * es, c * es),
                               st, out);
             }
             if (k < ns) {
                 size_t c = sc - at < p->piece ? sc - at : p->piece;
-                DT_CHECK_GOTO(dt__post_send(op, &tx[nt++], t->ranks[to], blk + at * es, c * es),
-                              st, out);
+                DT_CHECK_GOTO(dt__post_send(op, &tx[nt++], t->ranks[to], blk + at * es, c * es), st,
+                              out);
             }
         }
     }

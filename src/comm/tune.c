@@ -78,6 +78,50 @@ static bool applicable(const dt_group *g, dt_coll c, dt_algo a) {
     }
 }
 
+/* Measured links (dt_group_probe, topo.c): a multi-host allreduce is timed
+ * in the alpha-beta model for each candidate and the fastest runs, instead
+ * of the fixed rows. A flat ring or halving-doubling crosses the
+ * between-host links at every step; hier and torus2d take 2(L-1) steps
+ * inside each host so that only 1/L of the vector crosses, with the L
+ * column streams sharing each host's link. Which wins depends on how much
+ * faster the inside links are, which only a measurement knows (over TCP
+ * inside hosts too, DT_TRANSPORT=tcp, the flat algorithms can win). */
+static double t_ring(int n, double bytes, double alpha, double beta) {
+    return n < 2 ? 0 : 2.0 * (n - 1) * (alpha + bytes / n / beta);
+}
+
+static double t_rhd(int n, double bytes, double alpha, double beta) {
+    int steps = 0;
+    while ((1 << steps) < n)
+        steps++;
+    return n < 2 ? 0 : 2.0 * steps * alpha + 2.0 * (n - 1) / n * bytes / beta;
+}
+
+static dt_algo model_choice(const dt_group *g, size_t bytes) {
+    const dt__links *l = &g->links;
+    int L = g->local_size, H = g->nhosts;
+    double ai = l->alpha[DT_LINK_INTRA], bi = l->beta[DT_LINK_INTRA];
+    double ax = l->alpha[DT_LINK_INTER], bx = l->beta[DT_LINK_INTER], S = (double)bytes;
+    if (bx <= 0 || (L > 1 && bi <= 0))
+        return DT_ALGO_AUTO; /* a class was not measured */
+    double inside = t_ring(L, S, ai, bi), col = S / L, col_beta = bx / L;
+    /* hier's column allreduce: halving-doubling below 64 KiB (hier.c) */
+    double hier =
+        inside + (col < 64 * 1024 ? t_rhd(H, col, ax, col_beta) : t_ring(H, col, ax, col_beta));
+    const struct {
+        dt_algo algo;
+        double t;
+    } cand[] = {{DT_ALGO_HIER, hier},
+                {DT_ALGO_TORUS2D, inside + t_ring(H, col, ax, col_beta)},
+                {DT_ALGO_RHD, t_rhd(g->size, S, ax, bx)},
+                {DT_ALGO_RING, t_ring(g->size, S, ax, bx)}};
+    size_t best = 0;
+    for (size_t i = 1; i < sizeof cand / sizeof cand[0]; i++)
+        if (cand[i].t < cand[best].t)
+            best = i;
+    return cand[best].algo;
+}
+
 /* DT_DETERMINISTIC: only schedules that evaluate the rank-ordered fold
  * (ordered.c) may reduce, whatever DT_ALGO says; the direct algorithm is
  * one of them and the fastest where it runs. */
@@ -91,6 +135,11 @@ dt_algo dt__tune_choose(const dt_group *g, dt_coll coll, size_t bytes) {
     if (g->cfg.algo != DT_ALGO_AUTO && applicable(g, coll, g->cfg.algo))
         return g->cfg.algo;
     bool shared = group_shared(g), multi = dt__hier_ok(g);
+    if (coll == DT_COLL_ALLREDUCE && multi && g->links.valid) {
+        dt_algo a = model_choice(g, bytes);
+        if (a != DT_ALGO_AUTO)
+            return a;
+    }
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         const tune_row *r = &table[i];
         if (r->coll != coll || bytes < r->min_bytes)

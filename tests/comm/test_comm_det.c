@@ -122,8 +122,8 @@ static size_t det_compare(const char *what, const void *got, const void *want, s
 }
 
 /* One collective; returns how many elements differ from the fold. */
-static size_t det_one(dt_group *g, dt_coll coll, dt_dtype dt, dt_redop op, size_t cnt,
-                      bool inplace, uint64_t salt, const char *algo, bool must_match) {
+static size_t det_one(dt_group *g, dt_coll coll, dt_dtype dt, dt_redop op, size_t cnt, bool inplace,
+                      uint64_t salt, const char *algo, bool must_match) {
     int n = dt_group_size(g), me = dt_group_rank(g);
     size_t es = dt_dtype_size(dt), N = (size_t)n;
     size_t total = coll == DT_COLL_ALLREDUCE ? cnt : N * cnt;
@@ -183,8 +183,8 @@ static void det_sweep(int rank, int size) {
                             if (k == 5 && (d != 0 || o != (size_t)(a % 4) || ip != a % 2))
                                 continue;
                             dt_coll coll = c ? DT_COLL_REDUCE_SCATTER : DT_COLL_ALLREDUCE;
-                            uint64_t salt = mix(((uint64_t)d << 16) ^ (o << 8) ^ k ^
-                                                ((uint64_t)c << 24));
+                            uint64_t salt =
+                                mix(((uint64_t)d << 16) ^ (o << 8) ^ k ^ ((uint64_t)c << 24));
                             det_one(g, coll, det_dtypes[d], det_ops[o], det_counts[k], ip == 1,
                                     salt, algo, true);
                             ran++;
@@ -221,7 +221,7 @@ static void det_control(int rank, int size) {
 /* Tiny chunks and windows on some cases, so pieces, slots and the
  * windowed direct path are exercised; the single-copy direct path on one. */
 #define DET(name, n, a, b, c)                                                                      \
-    {name, n, det_sweep, {"DT_DETERMINISTIC=1", a, b, c, NULL}, -1, 120}
+    { name, n, det_sweep, {"DT_DETERMINISTIC=1", a, b, c, NULL}, -1, 120 }
 static const hcase cases[] = {
     DET("shm_2", 2, "DT_TRANSPORT=auto", NULL, NULL),
     DET("shm_3", 3, "DT_TRANSPORT=auto", "DT_SHM_WINDOW=64K", "DT_SHM_CMA=off"),

@@ -25,7 +25,6 @@
 #include "harness.h"
 #include "reference.h"
 
-
 static double fuzz_seconds(void) {
     const char *s = getenv("DT_TEST_FUZZ_SECONDS");
     return s && atof(s) > 0 ? atof(s) : 1.5;

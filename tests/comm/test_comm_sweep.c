@@ -269,20 +269,34 @@ static void sweep(int rank, int size) {
 #define TORUS(name, n, tp, grid)                                                                   \
     {                                                                                              \
         name, n, sweep,                                                                            \
-            {tp, grid, "DT_TEST_ONLY_ALGO=torus2d", "DT_CHUNK_SIZE=4096", "DT_SHM_SLOT=4096",     \
-             "DT_TCP_STRIPE_MIN=8K", NULL},                                                        \
+            {tp,                                                                                   \
+             grid,                                                                                 \
+             "DT_TEST_ONLY_ALGO=torus2d",                                                          \
+             "DT_CHUNK_SIZE=4096",                                                                 \
+             "DT_SHM_SLOT=4096",                                                                   \
+             "DT_TCP_STRIPE_MIN=8K",                                                               \
+             NULL},                                                                                \
             -1, 240                                                                                \
     }
 static const hcase cases[] = {
-    SW("shm_1", 1, "DT_TRANSPORT=auto"), SW("shm_2", 2, "DT_TRANSPORT=auto"),
-    SW("shm_3", 3, "DT_TRANSPORT=auto"), SW("shm_4", 4, "DT_TRANSPORT=auto"),
-    SW("shm_5", 5, "DT_TRANSPORT=auto"), SW("shm_6", 6, "DT_TRANSPORT=auto"),
-    SW("shm_7", 7, "DT_TRANSPORT=auto"), SW("shm_8", 8, "DT_TRANSPORT=auto"),
-    SW("tcp_2", 2, "DT_TRANSPORT=tcp"),  SW("tcp_3", 3, "DT_TRANSPORT=tcp"),
-    SW("tcp_4", 4, "DT_TRANSPORT=tcp"),  SW("tcp_5", 5, "DT_TRANSPORT=tcp"),
-    SW("tcp_6", 6, "DT_TRANSPORT=tcp"),  SW("tcp_7", 7, "DT_TRANSPORT=tcp"),
-    SW("tcp_8", 8, "DT_TRANSPORT=tcp"),  SW("hier_4", 4, "DT_TEST_NODES=2"),
-    SW("hier_5", 5, "DT_TEST_NODES=2"),  SW("hier_6", 6, "DT_TEST_NODES=2"),
+    SW("shm_1", 1, "DT_TRANSPORT=auto"),
+    SW("shm_2", 2, "DT_TRANSPORT=auto"),
+    SW("shm_3", 3, "DT_TRANSPORT=auto"),
+    SW("shm_4", 4, "DT_TRANSPORT=auto"),
+    SW("shm_5", 5, "DT_TRANSPORT=auto"),
+    SW("shm_6", 6, "DT_TRANSPORT=auto"),
+    SW("shm_7", 7, "DT_TRANSPORT=auto"),
+    SW("shm_8", 8, "DT_TRANSPORT=auto"),
+    SW("tcp_2", 2, "DT_TRANSPORT=tcp"),
+    SW("tcp_3", 3, "DT_TRANSPORT=tcp"),
+    SW("tcp_4", 4, "DT_TRANSPORT=tcp"),
+    SW("tcp_5", 5, "DT_TRANSPORT=tcp"),
+    SW("tcp_6", 6, "DT_TRANSPORT=tcp"),
+    SW("tcp_7", 7, "DT_TRANSPORT=tcp"),
+    SW("tcp_8", 8, "DT_TRANSPORT=tcp"),
+    SW("hier_4", 4, "DT_TEST_NODES=2"),
+    SW("hier_5", 5, "DT_TEST_NODES=2"),
+    SW("hier_6", 6, "DT_TEST_NODES=2"),
     /* torus2d on several grids (X columns x Y rows): DT_TORUS_X in rank
      * order over TCP and shared memory, and one row per simulated host */
     TORUS("torus_2x2_tcp", 4, "DT_TRANSPORT=tcp", "DT_TORUS_X=2"),

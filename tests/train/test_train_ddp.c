@@ -368,8 +368,12 @@ static void test_deterministic(void) {
 
 static const test_case cases[] = {
     {"deterministic", test_deterministic},
-    {"equiv", test_equiv},         {"accum", test_accum},     {"resume", test_resume},
-    {"restart", test_restart},     {"sigterm", test_sigterm}, {"check", test_check},
+    {"equiv", test_equiv},
+    {"accum", test_accum},
+    {"resume", test_resume},
+    {"restart", test_restart},
+    {"sigterm", test_sigterm},
+    {"check", test_check},
     {"divisible", test_divisible},
 };
 
