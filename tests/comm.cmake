@@ -12,7 +12,7 @@ endforeach()
 add_test(NAME comm_sweep_shm COMMAND test_comm_sweep "shm_*")
 add_test(NAME comm_sweep_tcp COMMAND test_comm_sweep "tcp_*")
 add_test(NAME comm_sweep_hier COMMAND test_comm_sweep "hier_*")
-add_test(NAME comm_sweep_torus COMMAND test_comm_sweep "torus_*")
+add_test(NAME comm_sweep_torus COMMAND test_comm_sweep "torus_*" probe_hosts_4)
 set_tests_properties(comm_sweep_shm comm_sweep_tcp comm_sweep_hier comm_sweep_torus PROPERTIES TIMEOUT 300
                      LABELS "comm")
 target_link_libraries(test_comm_groups PRIVATE Threads::Threads)
@@ -68,3 +68,7 @@ add_test(NAME comm_topo_netns
          COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/comm/topo_netns.sh $<TARGET_FILE:dtrain_cli>)
 set_tests_properties(comm_topo_netns PROPERTIES TIMEOUT 240 LABELS "comm;netns"
                      SKIP_RETURN_CODE 77 RESOURCE_LOCK netns_eval)
+# `dtrain bench topo` on one host: every pair measured, the shape reported.
+add_test(NAME comm_bench_topo COMMAND dtrain_cli bench topo --nproc 3 --bytes 64K)
+set_tests_properties(comm_bench_topo PROPERTIES TIMEOUT 60 LABELS "comm"
+                     PASS_REGULAR_EXPRESSION "hierarchy: 1 host\\(s\\) x 3 rank\\(s\\).*intra +3 ")

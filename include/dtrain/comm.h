@@ -274,7 +274,7 @@ typedef struct dt_topology {
  * 8 bytes for latency and `bytes` (1 KiB .. 1 GiB) for bandwidth. Fills
  * *out; lat and bw, if not NULL, get size*size matrices (seconds, bytes/s;
  * 0 on the diagonal and for pairs not measured). The class parameters are
- * kept in g, and for groups created afterwards, where the algorithm
+ * kept in g, and in groups split from g afterwards, where the algorithm
  * chooser reads them (docs/comm.md); no other thread may use g meanwhile.
  * DT_TOPO_PROBE=1 runs a quick probe when the world group is created. */
 dt_status dt_group_probe(dt_group *g, bool all_pairs, size_t bytes, dt_topology *out, double *lat,

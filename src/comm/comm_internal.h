@@ -314,8 +314,7 @@ typedef struct dt__job {
     pthread_mutex_t store_mu; /* groups may split concurrently */
     dt__store_server *server;
     _Atomic int refs;
-    double timeout;  /* DT_TIMEOUT */
-    dt__links links; /* the last probe's, for groups created after it (store_mu) */
+    double timeout; /* DT_TIMEOUT */
 } dt__job;
 
 /* Settings read once per group from DT_* variables. */
@@ -385,7 +384,10 @@ struct dt_group {
     uint64_t direct_chunk; /* direct algorithm's chunks, for window halves */
     char *scratch;         /* per-op temporary, grown on demand */
     size_t scratch_size;
-    dt__links links; /* measured link classes, for the chooser (topo.c) */
+    /* Measured link classes for the chooser (topo.c): equal on every member
+     * (probed together, or inherited from the group split), so every rank
+     * picks the same algorithm. */
+    dt__links links;
 };
 
 /* The running operation: its descriptor and arguments. */

@@ -227,10 +227,7 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     g->rank = rank;
     g->size = size;
     DT_CHECK_GOTO(dt__config_read(&g->cfg), st, fail);
-    g->cfg.timeout = job->timeout;      /* DT_TIMEOUT, unless dt_group_init was given one */
-    pthread_mutex_lock(&job->store_mu); /* links measured by an earlier probe */
-    g->links = job->links;
-    pthread_mutex_unlock(&job->store_mu);
+    g->cfg.timeout = job->timeout; /* DT_TIMEOUT, unless dt_group_init was given one */
     g->world = malloc((size_t)size * sizeof *g->world);
     g->host = malloc((size_t)size * sizeof *g->host);
     g->ident = malloc((size_t)size * sizeof *g->ident);
@@ -884,6 +881,8 @@ dt_status dt_group_split(dt_group *g, int color, int key, dt_group **out) {
     st = group_create(g->job, id, me, n, world, out);
     if (st != DT_OK)
         dt_error_prefix("splitting group %s (color %d)", g->id, color);
+    else /* every member had the same (probed together, or inherited) */
+        (*out)->links = g->links;
 out:
     free(all);
     free(members);

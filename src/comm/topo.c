@@ -21,8 +21,8 @@
  *
  * A full probe measures every pair (n(n-1)/2 ping-pongs in turn: `dtrain
  * bench topo`); a quick one only one pair per class (DT_TOPO_PROBE=1 at
- * group creation). Either way the class parameters are kept in the group,
- * and in the job for groups created after it, where tune.c reads them.
+ * world creation). Either way the class parameters are kept in the group
+ * and inherited by groups split from it, where tune.c reads them.
  */
 #include "comm_internal.h"
 
@@ -215,17 +215,14 @@ dt_status dt_group_probe(dt_group *g, bool all_pairs, size_t bytes, dt_topology 
         if (bw)
             bw[i] = a == b ? 0 : w;
     }
-    /* Kept for the chooser: in this group, and in the job for groups
-     * created from now on (tune.c). */
+    /* Kept for the chooser (tune.c), in this group and the groups split
+     * from it later: the same on every member, from the summed matrices. */
     dt__links links = {true, {0}, {0}};
     for (int cls = 0; cls < DT_LINK_CLASS_COUNT; cls++) {
         links.alpha[cls] = out->link[cls].alpha;
         links.beta[cls] = out->link[cls].beta;
     }
     g->links = links;
-    pthread_mutex_lock(&g->job->store_mu);
-    g->job->links = links;
-    pthread_mutex_unlock(&g->job->store_mu);
 out:
     free(m);
     dt_free(buf);

@@ -306,6 +306,9 @@ static const hcase cases[] = {
     TORUS("torus_4x2_shm", 8, "DT_TRANSPORT=auto", "DT_TORUS_X=4"),
     TORUS("torus_2x2_hosts", 4, "DT_TEST_NODES=2", "DT_TORUS_X=0"),
     TORUS("torus_3x2_hosts", 6, "DT_TEST_NODES=2", "DT_TORUS_X=0"),
+    /* links measured at creation (DT_TOPO_PROBE): the chooser's alpha-beta
+     * model picks the multi-host allreduce, the same on every rank */
+    {"probe_hosts_4", 4, sweep, {"DT_TEST_NODES=2", "DT_TOPO_PROBE=1", NULL}, -1, 240},
 };
 
 int main(int argc, char **argv) {
