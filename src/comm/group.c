@@ -337,6 +337,13 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
                           bname);
         goto fail;
     }
+    if (g->cfg.deterministic && g->backend != &dt__backend_native) {
+        st = dt_error_set(DT_ERR_UNSUPPORTED,
+                          "DT_DETERMINISTIC=1 needs the native backend (DT_BACKEND=%s reduces "
+                          "in an order dtrain does not control)",
+                          bname);
+        goto fail;
+    }
     DT_ASSERT(g->backend->api_version == DT__BACKEND_API);
     if (g->backend->init)
         DT_CHECK_GOTO(g->backend->init(g), st, fail);

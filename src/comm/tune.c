@@ -2,7 +2,10 @@
  * tune.c — which algorithm runs an operation: one table, read top to bottom,
  * first matching row wins. DT_ALGO forces a choice when it can run the
  * operation on this group's topology; otherwise the table decides (and the
- * benchmark's "algo" column shows what really ran).
+ * benchmark's "algo" column shows what really ran). Two things come before
+ * both: DT_DETERMINISTIC, which gives allreduce and reduce-scatter only to
+ * rank-ordered schedules, and, once links were measured (topo.c), an
+ * alpha-beta model that picks a multi-host allreduce.
  *
  * The thresholds come from `dtrain bench comm` on the development machine
  * (2 cores, loopback; see docs/comm.md): on one host the direct algorithm
