@@ -2,7 +2,7 @@
 # torus_netns.sh DTRAIN [RATE] [ITERS] [RUNS] — torus2d across 4 hosts x 2
 # ranks made of network namespaces (scripts/netns-cluster.sh), each host's
 # link shaped to RATE (default 1gbit; "none": unshaped), against the ring
-# and the hierarchical algorithm: `dtrain bench comm` for each algorithm,
+# halving-doubling and the hierarchical algorithm: `dtrain bench comm` for each,
 # 4-16 MiB, RUNS rounds interleaved (default 1). Every row must be exact
 # (#wrong 0) and run the algorithm asked for; the table prints each
 # algorithm's median busbw and torus2d's ratio to ring and hier (reported,
@@ -49,7 +49,7 @@ run_all() {
     ((rc == 0)) || fail "bench comm $*: exit $rc: $(cat "$dir"/node*.err | tail -n 20)"
 }
 
-algos=(ring hier torus2d)
+algos=(ring rhd hier torus2d)
 for ((r = 0; r < runs; r++)); do
     for a in "${algos[@]}"; do
         run_all "$dir/$a.$r" --sizes 4M:16M --iters "$iters" --warmup 1 --algo "$a"
@@ -61,16 +61,16 @@ for ((r = 0; r < runs; r++)); do
         fi
     done
 done
-echo "ok: ring, hier and torus2d exact across $hosts hosts x 2 ranks (link ${rate}), $runs round(s)"
+echo "ok: ring, rhd, hier and torus2d exact across $hosts hosts x 2 ranks (link ${rate}), $runs round(s)"
 median() { sort -g | awk '{v[NR] = $1} END {print v[int((NR + 1) / 2)]}'; }
 printf '# %d hosts x 2 ranks, link %s, busbw GB/s (median of %d runs, %d iters each)\n' \
     $hosts "$rate" "$runs" "$iters"
-printf '%10s %8s %8s %8s %12s %12s\n' bytes ring hier torus2d torus/ring torus/hier
+printf '%10s %8s %8s %8s %8s %12s %12s\n' bytes ring rhd hier torus2d torus/ring torus/hier
 for size in 4194304 8388608 16777216; do
     declare -A m=()
     for a in "${algos[@]}"; do
         m[$a]=$(cat "$dir/$a".* | awk -v s=$size '$1 == s {print $5}' | median)
     done
-    awk -v s=$size -v r="${m[ring]}" -v h="${m[hier]}" -v t="${m[torus2d]}" \
-        'BEGIN {printf "%10d %8.3f %8.3f %8.3f %11.2fx %11.2fx\n", s, r, h, t, t / r, t / h}'
+    awk -v s=$size -v r="${m[ring]}" -v d="${m[rhd]}" -v h="${m[hier]}" -v t="${m[torus2d]}" \
+        'BEGIN {printf "%10d %8.3f %8.3f %8.3f %8.3f %11.2fx %11.2fx\n", s, r, d, h, t, t / r, t / h}'
 done
