@@ -114,19 +114,19 @@ static dt_status ordered_fold(ordered_plan *p, const char *send, char *out) {
                 size_t c = mine - at < p->piece ? mine - at : p->piece;
                 DT_CHECK_GOTO(dt__post_recv(op, &rx[(size_t)from * p->npieces + k], t->ranks[from],
                                             in[from] + at * es, c * es),
-                              st, out);
+                              st, done);
             }
             if (k < ns) {
                 size_t c = sc - at < p->piece ? sc - at : p->piece;
                 DT_CHECK_GOTO(dt__post_send(op, &tx[nt++], t->ranks[to], blk + at * es, c * es), st,
-                              out);
+                              done);
             }
         }
     }
     for (size_t k = 0; k < p->npieces; k++)
-        DT_CHECK_GOTO(fold_piece(p, k, in, rx, out), st, out);
+        DT_CHECK_GOTO(fold_piece(p, k, in, rx, out), st, done);
     st = dt__waitall(op, tx, (int)nt);
-out:
+done:
     free(rx);
     free(in);
     return st;
