@@ -1,7 +1,8 @@
 # Multi-process tests of the comm layer (tests/comm/*.c, each its own
 # program that fork/execs its ranks on loopback). Labels: "comm"; the ones
 # that exercise shared memory and the progress thread also "tsan".
-foreach(prog test_comm_sweep test_comm_groups test_comm_fail test_comm_init test_comm_fuzz)
+foreach(prog test_comm_sweep test_comm_groups test_comm_fail test_comm_init test_comm_fuzz
+             test_comm_det)
   add_executable(${prog} ${CMAKE_CURRENT_SOURCE_DIR}/comm/${prog}.c)
   target_include_directories(${prog} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(${prog} PRIVATE _GNU_SOURCE)
@@ -11,7 +12,8 @@ endforeach()
 add_test(NAME comm_sweep_shm COMMAND test_comm_sweep "shm_*")
 add_test(NAME comm_sweep_tcp COMMAND test_comm_sweep "tcp_*")
 add_test(NAME comm_sweep_hier COMMAND test_comm_sweep "hier_*")
-set_tests_properties(comm_sweep_shm comm_sweep_tcp comm_sweep_hier PROPERTIES TIMEOUT 300
+add_test(NAME comm_sweep_torus COMMAND test_comm_sweep "torus_*" probe_hosts_4)
+set_tests_properties(comm_sweep_shm comm_sweep_tcp comm_sweep_hier comm_sweep_torus PROPERTIES TIMEOUT 300
                      LABELS "comm")
 target_link_libraries(test_comm_groups PRIVATE Threads::Threads)
 add_test(NAME comm_groups COMMAND test_comm_groups)
@@ -46,3 +48,27 @@ set_tests_properties(comm_fuzz_shm comm_fuzz_tcp comm_mismatch PROPERTIES TIMEOU
 add_test(NAME comm_fuzz_small COMMAND test_comm_fuzz fuzz_shm_3 fuzz_tcp_3 mismatch_shm_3
                                       mismatch_tcp_3)
 set_tests_properties(comm_fuzz_small PROPERTIES TIMEOUT 600 LABELS "comm;tsan")
+# DT_DETERMINISTIC=1: allreduce and reduce-scatter bit-identical to the
+# rank-ordered fold under every DT_ALGO, on shm, tcp and two simulated hosts,
+# with tiny and default chunks; and a control showing the ring differs.
+add_test(NAME comm_det COMMAND test_comm_det)
+set_tests_properties(comm_det PROPERTIES TIMEOUT 300 LABELS "comm")
+# torus2d, ring and hier across 4 hosts x 2 ranks made of network namespaces
+# (scripts/netns-cluster.sh) with 1 Gbit/s links: exact results, the
+# algorithm asked for, and a busbw table. Needs root, ip and tc: skipped
+# otherwise.
+add_test(NAME comm_torus_netns
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/comm/torus_netns.sh $<TARGET_FILE:dtrain_cli> 1gbit 2 1)
+set_tests_properties(comm_torus_netns PROPERTIES TIMEOUT 180 LABELS "comm;netns"
+                     SKIP_RETURN_CODE 77 RESOURCE_LOCK netns_eval)
+# `dtrain bench topo` on network namespaces: shapes 2x2, 4x1, 1x4 and 4x2
+# recognised, and the chooser picking the hierarchy from measured links when
+# the links between hosts are shaped to 100 Mbit/s. Root, ip, tc, python3.
+add_test(NAME comm_topo_netns
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/comm/topo_netns.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(comm_topo_netns PROPERTIES TIMEOUT 240 LABELS "comm;netns"
+                     SKIP_RETURN_CODE 77 RESOURCE_LOCK netns_eval)
+# `dtrain bench topo` on one host: every pair measured, the shape reported.
+add_test(NAME comm_bench_topo COMMAND dtrain_cli bench topo --nproc 3 --bytes 64K)
+set_tests_properties(comm_bench_topo PROPERTIES TIMEOUT 60 LABELS "comm"
+                     PASS_REGULAR_EXPRESSION "hierarchy: 1 host\\(s\\) x 3 rank\\(s\\).*intra +3 ")

@@ -42,10 +42,12 @@ set_tests_properties(test_train_cli PROPERTIES TIMEOUT 120 LABELS "train")
 
 # Data-parallel training with real processes, one case per ctest entry.
 dt_train_cli_test_exe(test_train_ddp)
-foreach(case equiv accum resume restart sigterm check divisible)
+foreach(case equiv accum resume restart sigterm check divisible deterministic)
   add_test(NAME test_train_ddp_${case} COMMAND test_train_ddp ${case})
   set_tests_properties(test_train_ddp_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
 endforeach()
+# Two launchers on loopback pick a port themselves.
+set_tests_properties(test_train_ddp_deterministic PROPERTIES RESOURCE_LOCK launch_ports)
 
 # Mixed precision in `dtrain train` with real processes: loss-scaler overflow
 # handling agreed across ranks, and bf16/fp16 validation loss against fp32.

@@ -22,10 +22,18 @@
  *     doubling allgather, power-of-two rank counts), tree (binomial
  *     broadcast/reduce), direct (one host: each rank reduces its slice by
  *     reading every peer's shared window), hier (reduce-scatter inside each
- *     host, allreduce across hosts, allgather inside each host). A table in
- *     src/comm/tune.c picks one by operation, size and topology;
- *     DT_ALGO=ring|rhd|tree|direct|hier forces one (an algorithm that cannot
- *     run an operation falls back to the table's choice).
+ *     host, allreduce across hosts, allgather inside each host), torus2d
+ *     (the same three phases as rings on an X x Y grid, DT_TORUS_X), ordered
+ *     (below). A table in src/comm/tune.c picks one by operation, size and
+ *     topology, or by the alpha-beta model once links were measured
+ *     (dt_group_probe); DT_ALGO=ring|rhd|tree|direct|hier|torus2d|ordered
+ *     forces one (an algorithm that cannot run an operation falls back to
+ *     the table's choice).
+ *   - Determinism. With DT_DETERMINISTIC=1, allreduce and reduce-scatter
+ *     compute every element as the left fold in rank order,
+ *     (x0 op x1) op x2 ..., whatever DT_ALGO, the transports, the hosts or
+ *     DT_CHUNK_SIZE: the bits depend only on the inputs and the group size
+ *     (direct on one host, ordered elsewhere; docs/comm.md).
  *   - Progress. Each group owns one progress thread. Operations run in the
  *     order they were issued on that group; a non-blocking call returns a
  *     dt_work at once and the thread runs it while the caller computes.
@@ -126,6 +134,8 @@ typedef enum dt_algo {
     DT_ALGO_TREE,
     DT_ALGO_DIRECT,
     DT_ALGO_HIER,
+    DT_ALGO_TORUS2D, /* X x Y grid: rings along rows, then columns, then rows */
+    DT_ALGO_ORDERED, /* the rank-ordered reduction of DT_DETERMINISTIC=1 */
     DT_ALGO_COUNT
 } dt_algo;
 const char *dt_algo_name(dt_algo algo);
@@ -229,6 +239,46 @@ const char *dt_group_transport(const dt_group *g);
 dt_algo dt_group_algo_for(const dt_group *g, dt_coll coll, size_t bytes);
 /* The algorithm the last completed operation on g used (for benchmarks). */
 dt_algo dt_group_last_algo(const dt_group *g);
+
+/* ------------------------------------------------------------------------ */
+/* Topology discovery                                                       */
+/* ------------------------------------------------------------------------ */
+
+/* Link classes: two ranks on one host, or on two hosts. */
+typedef enum dt_link_class { DT_LINK_INTRA, DT_LINK_INTER, DT_LINK_CLASS_COUNT } dt_link_class;
+
+/* The alpha-beta model of one link class: an m-byte message takes
+ * alpha + m / beta seconds. Medians over the pairs measured. */
+typedef struct dt_link_params {
+    double alpha; /* seconds (half an 8-byte round trip) */
+    double beta;  /* bytes per second (from an m-byte round trip) */
+    int pairs;    /* pairs of this class measured (0: none, alpha = beta = 0) */
+} dt_link_params;
+
+typedef struct dt_topology {
+    int size;           /* ranks */
+    int nhosts;         /* hosts (ranks that share memory: one host) */
+    int ranks_per_host; /* the same on every host, else 0 */
+    /* latency confirms the hosts: inside-host alpha <= half the
+     * between-host alpha (false when a class was not measured) */
+    bool hosts_confirmed;
+    /* groups of hosts whose mutual latency is clearly lower than to the
+     * others (a switch each); 1 when latency shows no such level or the
+     * probe was quick */
+    int switches;
+    dt_link_params link[DT_LINK_CLASS_COUNT];
+} dt_topology;
+
+/* Collective: measure the links of g by ping-pongs between pairs of ranks,
+ * one pair at a time (all_pairs: every pair; else one pair per class),
+ * 8 bytes for latency and `bytes` (1 KiB .. 1 GiB) for bandwidth. Fills
+ * *out; lat and bw, if not NULL, get size*size matrices (seconds, bytes/s;
+ * 0 on the diagonal and for pairs not measured). The class parameters are
+ * kept in g, and in groups split from g afterwards, where the algorithm
+ * chooser reads them (docs/comm.md); no other thread may use g meanwhile.
+ * DT_TOPO_PROBE=1 runs a quick probe when the world group is created. */
+dt_status dt_group_probe(dt_group *g, bool all_pairs, size_t bytes, dt_topology *out, double *lat,
+                         double *bw);
 
 /* ------------------------------------------------------------------------ */
 /* Non-blocking handles                                                     */

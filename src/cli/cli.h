@@ -166,5 +166,9 @@ extern const cli_cmd cli_cmd_launch;
 extern const cli_cmd cli_cmd_export;
 extern const cli_cmd cli_cmd_train;
 extern const cli_cmd cli_bench_comm, cli_bench_memcpy; /* cmd_bench_comm.c */
+extern const cli_cmd cli_bench_topo;                   /* cmd_bench_topo.c */
+/* `dtrain bench NAME` with a's flags (minus --nproc) as np local ranks
+ * under dtrain launch; returns the exit code (cmd_bench_comm.c). */
+int cli_bench_self_launch(int np, const cli_args *a);
 
 #endif /* DTRAIN_CLI_H */

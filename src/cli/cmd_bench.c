@@ -54,6 +54,7 @@ void cli_sort_doubles(double *v, size_t n) { qsort(v, n, sizeof *v, cmp_double);
 static const cli_cmd *const benches[] = {
     &bench_rng,
     &cli_bench_comm,
+    &cli_bench_topo,
     &cli_bench_gemm,
     &cli_bench_peak,
     &cli_bench_train,
@@ -76,6 +77,7 @@ static const char bench_description[] =
     "benchmarks:\n"
     "  rng          Philox4x32-10 throughput\n"
     "  comm         collective bandwidth/latency (nccl-tests columns)\n"
+    "  topo         link latency/bandwidth per pair of ranks, hierarchy, alpha-beta\n"
     "  memcpy       memory bandwidth, the ceiling for shared-memory collectives\n"
     "  gemm         OpenBLAS sgemm GFLOP/s\n"
     "  peak         measure and cache the peak FLOP/s MFU is relative to\n"

@@ -34,7 +34,8 @@ static const char *const op_choices[] = {"allreduce", "reduce_scatter", "allgath
                                          "broadcast", "alltoall",       NULL};
 static const dt_coll op_colls[] = {DT_COLL_ALLREDUCE, DT_COLL_REDUCE_SCATTER, DT_COLL_ALLGATHER,
                                    DT_COLL_BROADCAST, DT_COLL_ALLTOALL};
-static const char *const algo_choices[] = {"auto", "ring", "rhd", "tree", "direct", "hier", NULL};
+static const char *const algo_choices[] = {"auto", "ring",    "rhd",     "tree", "direct",
+                                           "hier", "torus2d", "ordered", NULL};
 static const char *const transport_choices[] = {"auto", "shm", "tcp", NULL};
 static const char *const redop_choices[] = {"sum", "avg", "prod", "min", "max", NULL};
 
@@ -47,6 +48,9 @@ static const cli_opt comm_opts[] = {
     {"redop", 0, CLI_ENUM, "OP", "sum", NULL, "reduction", redop_choices, 0, 0},
     {"algo", 0, CLI_ENUM, "A", "auto", "DT_ALGO", "algorithm", algo_choices, 0, 0},
     {"transport", 0, CLI_ENUM, "T", "auto", "DT_TRANSPORT", "transport", transport_choices, 0, 0},
+    {"deterministic", 0, CLI_FLAG, NULL, NULL, "DT_DETERMINISTIC",
+     "rank-ordered allreduce and reduce-scatter: the same bits on every algorithm and layout", NULL,
+     0, 0},
     {"nproc", 'n', CLI_INT, "N", "0", NULL,
      "start N local ranks (0: join the job of dtrain launch, mpirun, srun or torchrun)", NULL, 0,
      256},
@@ -71,7 +75,7 @@ static const cli_alias comm_aliases[] = {{"np", "nproc"}, {0}};
 /* Through the launcher (src/launch): the children get the DT_* job
  * environment, a failing rank stops the others with a summary, and nothing
  * outlives the command. */
-static int self_launch(int np, const cli_args *a) {
+int cli_bench_self_launch(int np, const cli_args *a) {
     char exe[4096];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n <= 0)
@@ -108,7 +112,7 @@ static int self_launch(int np, const cli_args *a) {
     o.argv = cargv;
     int rc = 1;
     if (dt_launch_run(&o, &rc) != DT_OK)
-        fprintf(stderr, "dtrain bench comm: error: %s\n", dt_last_error());
+        fprintf(stderr, "dtrain bench %s: error: %s\n", a->cmd->name, dt_last_error());
     for (int i = 0; i < nt; i++)
         free(texts[i]);
     free(cargv);
@@ -306,7 +310,7 @@ static int run_comm(cli_args *a) {
         cli_usage_error(a->cmd, "%s", dt_last_error());
     if (launching) {
         check_memory(a, np, hi);
-        return self_launch(np, a);
+        return cli_bench_self_launch(np, a);
     }
     /* Under a launcher: every rank judges for the ranks of its host (all
      * refuse together instead of leaving the others waiting). */
@@ -315,6 +319,8 @@ static int run_comm(cli_args *a) {
     /* the flags win over the environment: hand them to comm through it */
     setenv("DT_ALGO", cli_str(a, "algo"), 1);
     setenv("DT_TRANSPORT", cli_str(a, "transport"), 1);
+    if (cli_bool(a, "deterministic"))
+        setenv("DT_DETERMINISTIC", "1", 1);
     dt_group *g = NULL;
     st = dt_group_init_from_env(&g);
     if (st != DT_OK)

@@ -100,6 +100,7 @@ static const cli_opt train_opts[] = {
     {"resume", 0, CLI_FLAG, NULL, NULL, "DT_RESUME", "continue from the newest good checkpoint in --ckpt-dir, if any", NULL, 0, 0},
     {"stop-after", 0, CLI_INT, "N", "0", "DT_STOP_AFTER", "stop with a checkpoint after N steps of this invocation (0: off)", NULL, 0, 1e15},
     {"seed", 0, CLI_INT, "X", "1337", "DT_SEED", "seed of initialisation, data order and sampling", NULL, 0, 9.2e18},
+    {"deterministic", 0, CLI_FLAG, NULL, NULL, "DT_DETERMINISTIC", "rank-ordered gradient reductions: the same bits on every algorithm, transport and host layout (docs/comm.md)", NULL, 0, 0},
     {"threads", 't', CLI_INT, "K", "0", "DT_THREADS", "threads per rank (0: OMP_NUM_THREADS, else CPUs / ranks on this machine)", NULL, 0, 1024},
     {"run-dir", 0, CLI_STRING, "DIR", NULL, "DT_RUN_DIR", "write config.json, metrics.jsonl, model.dtgw and ckpt/ here (default: runs/MODEL-YYYYmmdd-HHMMSS)", NULL, 0, 0},
     {"no-save", 0, CLI_FLAG, NULL, NULL, "DT_NO_SAVE", "write no run directory and no checkpoint unless --run-dir / --ckpt-dir ask for one", NULL, 0, 0},
@@ -254,6 +255,8 @@ static int launch_ranks(cli_args *a, int nproc, const char *layout_args) {
 static int run_train(cli_args *a) {
     if (a->argc > 0)
         cli_usage_error(a->cmd, "unexpected argument '%s'", a->argv[0]);
+    if (cli_bool(a, "deterministic")) /* comm reads it when the groups are made */
+        setenv("DT_DETERMINISTIC", "1", 1);
     dt_train_config c;
     dt_train_config_init(&c);
     c.model = cli_str(a, "model");

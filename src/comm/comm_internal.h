@@ -293,6 +293,12 @@ struct dt__transport {
 
 typedef struct dt__backend dt__backend;
 
+/* Measured link classes (topo.c), indexed by dt_link_class. */
+typedef struct dt__links {
+    bool valid; /* a probe ran */
+    double alpha[DT_LINK_CLASS_COUNT], beta[DT_LINK_CLASS_COUNT];
+} dt__links;
+
 /* Job-wide state shared by the world group and every group split from it. */
 typedef struct dt__job {
     char token[DT__TOKEN_LEN + 1];
@@ -316,6 +322,9 @@ typedef struct dt__config {
     double timeout;      /* DT_TIMEOUT seconds */
     int transport;       /* 0 auto, 1 shm, 2 tcp */
     dt_algo algo;        /* DT_ALGO */
+    bool deterministic;  /* DT_DETERMINISTIC: rank-ordered allreduce/reduce-scatter */
+    int torus_x;         /* DT_TORUS_X: torus2d grid columns (0: ranks per host) */
+    bool topo_probe;     /* DT_TOPO_PROBE: quick link probe when the world is created */
     size_t chunk;        /* DT_CHUNK_SIZE: ring pipeline chunk */
     size_t shm_slot;     /* DT_SHM_SLOT */
     int shm_slots;       /* DT_SHM_SLOTS */
@@ -375,6 +384,10 @@ struct dt_group {
     uint64_t direct_chunk; /* direct algorithm's chunks, for window halves */
     char *scratch;         /* per-op temporary, grown on demand */
     size_t scratch_size;
+    /* Measured link classes for the chooser (topo.c): equal on every member
+     * (probed together, or inherited from the group split), so every rank
+     * picks the same algorithm. */
+    dt__links links;
 };
 
 /* The running operation: its descriptor and arguments. */
@@ -505,6 +518,16 @@ dt_status dt__direct_allgather(dt__op *op, const dt__team *t, const void *send, 
                                size_t count);
 dt_status dt__direct_broadcast(dt__op *op, const dt__team *t, void *buf, size_t bytes, int root);
 dt_status dt__hier_allreduce(dt__op *op, const void *send, void *recv, size_t count);
+/* 2D torus over the grid of DT_TORUS_X, or of hosts x ranks per host
+ * (torus2d.c); _ok says whether a grid fits the group. */
+dt_status dt__torus2d_allreduce(dt__op *op, const void *send, void *recv, size_t count);
+bool dt__torus2d_ok(const dt_group *g);
+/* Rank-ordered reductions (ordered.c): bits depend only on the inputs and
+ * the team size. Reduce-scatter has the group layout (count per rank). */
+dt_status dt__ordered_allreduce(dt__op *op, const dt__team *t, const void *send, void *recv,
+                                size_t count);
+dt_status dt__ordered_reduce_scatter(dt__op *op, const dt__team *t, const void *send, void *recv,
+                                     size_t count);
 /* True if every member of the team shares memory with me. */
 dt_status dt__direct_barrier(dt__op *op, const dt__team *t);
 bool dt__team_shared(dt__op *op, const dt__team *t);

@@ -7,7 +7,8 @@
 
 static const char *const transport_names[] = {"auto", "shm", "tcp"};
 static const char *const cma_names[] = {"auto", "on", "off"};
-static const char *const algo_env_names[] = {"auto", "ring", "rhd", "tree", "direct", "hier"};
+static const char *const algo_env_names[] = {"auto",   "ring", "rhd",     "tree",
+                                             "direct", "hier", "torus2d", "ordered"};
 _Static_assert(sizeof algo_env_names / sizeof *algo_env_names == DT_ALGO_COUNT, "algo names");
 
 dt_status dt__config_read(dt__config *c) {
@@ -17,6 +18,12 @@ dt_status dt__config_read(dt__config *c) {
     DT_CHECK(dt_config_env_enum("DT_TRANSPORT", 0, transport_names, 3, &c->transport));
     DT_CHECK(dt_config_env_enum("DT_ALGO", 0, algo_env_names, DT_ALGO_COUNT, &e));
     c->algo = (dt_algo)e;
+    DT_CHECK(dt_config_env_int("DT_DETERMINISTIC", 0, 0, 1, &v));
+    c->deterministic = v == 1;
+    DT_CHECK(dt_config_env_int("DT_TORUS_X", 0, 0, 1 << 20, &v));
+    c->torus_x = (int)v;
+    DT_CHECK(dt_config_env_int("DT_TOPO_PROBE", 0, 0, 1, &v));
+    c->topo_probe = v == 1;
     DT_CHECK(dt_config_env_size("DT_CHUNK_SIZE", 1 << 20, 4096, (size_t)1 << 30, &c->chunk));
     DT_CHECK(dt_config_env_size("DT_SHM_SLOT", 128 << 10, 4096, (size_t)64 << 20, &c->shm_slot));
     DT_CHECK(dt_config_env_int("DT_SHM_SLOTS", 8, 2, 1024, &v));

@@ -298,8 +298,10 @@ static dt_status allreduce_small(dctx *d, const void *send, void *recv, size_t c
 /* dst = every rank's c elements at byte offset `at` of its send buffer,
  * combined in rank order: my own read from `own`, the peers' pulled with
  * process_vm_readv into the two-piece staging buffer, or straight into dst
- * when `into_dst` (dst is then free to hold one input: the first peer of
- * ranks 0 and 1 goes there). */
+ * when `into_dst` (dst is then free to hold one input: rank 0's, on every
+ * rank but 0, so that it stays dt_reduce's first operand like the
+ * accumulator after it; min and max of +0 and -0 depend on which operand
+ * is first, and DT_DETERMINISTIC needs the same roles on every path). */
 static dt_status reduce_piece(dctx *d, char *dst, const char *own, uint64_t at, size_t c,
                               char *stage, bool into_dst) {
     dt__op *op = d->op;
@@ -307,10 +309,14 @@ static dt_status reduce_piece(dctx *d, char *dst, const char *own, uint64_t at, 
     size_t es = dt_dtype_size(op->dtype), bytes = c * es;
     const char *in[2];
     for (int i = 0; i < 2; i++) {
-        char *to = !into_dst || (i == 1 && me > 1) ? stage + (size_t)i * CMA_PIECE : dst;
+        char *to = into_dst && i == 0 ? dst : stage + (size_t)i * CMA_PIECE;
         if (i != me)
             DT_CHECK(pull(d, i, to, peer_addr(d, i, 0) + at, bytes));
         in[i] = i == me ? own : to;
+    }
+    if (in[1] == dst) { /* rank 1 in place: rank 0's value must stay the first operand */
+        memcpy(stage + CMA_PIECE, dst, bytes);
+        in[1] = stage + CMA_PIECE;
     }
     dt_reduce(dst, in[0], in[1], c, op->dtype, op->redop);
     for (int i = 2; i < n; i++) {

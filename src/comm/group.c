@@ -337,6 +337,13 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
                           bname);
         goto fail;
     }
+    if (g->cfg.deterministic && g->backend != &dt__backend_native) {
+        st = dt_error_set(DT_ERR_UNSUPPORTED,
+                          "DT_DETERMINISTIC=1 needs the native backend (DT_BACKEND=%s reduces "
+                          "in an order dtrain does not control)",
+                          bname);
+        goto fail;
+    }
     DT_ASSERT(g->backend->api_version == DT__BACKEND_API);
     if (g->backend->init)
         DT_CHECK_GOTO(g->backend->init(g), st, fail);
@@ -382,6 +389,15 @@ dt_status dt_group_init(dt_group **out, const dt_group_options *o) {
     job_release(job, st == DT_OK); /* the group holds its own reference */
     if (st != DT_OK)
         dt_error_prefix("rank %d: creating the world group", rank);
+    if (st == DT_OK && (*out)->cfg.topo_probe && size > 1) { /* DT_TOPO_PROBE=1 */
+        dt_topology topo;
+        st = dt_group_probe(*out, false, 256 << 10, &topo, NULL, NULL);
+        if (st != DT_OK) {
+            dt_error_prefix("rank %d: DT_TOPO_PROBE", rank);
+            dt_group_destroy(*out);
+            *out = NULL;
+        }
+    }
     return st;
 }
 
@@ -872,6 +888,8 @@ dt_status dt_group_split(dt_group *g, int color, int key, dt_group **out) {
     st = group_create(g->job, id, me, n, world, out);
     if (st != DT_OK)
         dt_error_prefix("splitting group %s (color %d)", g->id, color);
+    else /* every member had the same (probed together, or inherited) */
+        (*out)->links = g->links;
 out:
     free(all);
     free(members);

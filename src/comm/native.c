@@ -83,6 +83,8 @@ static dt_status nat_allreduce(dt__op *op) {
     switch (op->algo) {
     case DT_ALGO_DIRECT: return dt__direct_allreduce(op, &all, op->send, op->recv, op->count);
     case DT_ALGO_HIER: return dt__hier_allreduce(op, op->send, op->recv, op->count);
+    case DT_ALGO_TORUS2D: return dt__torus2d_allreduce(op, op->send, op->recv, op->count);
+    case DT_ALGO_ORDERED: return dt__ordered_allreduce(op, &all, op->send, op->recv, op->count);
     case DT_ALGO_RHD: return dt__rhd_allreduce(op, &all, op->send, op->recv, op->count);
     case DT_ALGO_TREE:
         DT_CHECK(dt__tree_reduce(op, &all, op->send, op->recv, op->count, 0));
@@ -108,6 +110,8 @@ static dt_status nat_reduce_scatter(dt__op *op) {
     op->algo = dt__tune_choose(g, DT_COLL_REDUCE_SCATTER, op->count * es * n);
     if (op->algo == DT_ALGO_DIRECT)
         return dt__direct_reduce_scatter(op, &all, op->send, op->recv, op->count);
+    if (op->algo == DT_ALGO_ORDERED)
+        return dt__ordered_reduce_scatter(op, &all, op->send, op->recv, op->count);
     op->algo = DT_ALGO_RING;
     size_t *counts = malloc(n * sizeof *counts), *displs = malloc(n * sizeof *displs);
     if (!counts || !displs) {

@@ -21,7 +21,7 @@ static const char *const dtype_names[DT_DTYPE_COUNT] =
     {"f32", "f64", "f16", "bf16", "i8", "u8", "i32", "i64"};
 static const char *const redop_names[DT_REDOP_COUNT] = {"sum", "avg", "prod", "min", "max"};
 static const char *const algo_names[DT_ALGO_COUNT] =
-    {"auto", "ring", "rhd", "tree", "direct", "hier"};
+    {"auto", "ring", "rhd", "tree", "direct", "hier", "torus2d", "ordered"};
 static const char *const coll_names[DT_COLL_COUNT] =
     {"allreduce", "reduce_scatter", "allgather", "broadcast", "reduce", "gather", "scatter",
      "alltoall", "barrier", "send", "recv", "sendrecv_batch"};

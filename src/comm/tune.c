@@ -2,7 +2,10 @@
  * tune.c — which algorithm runs an operation: one table, read top to bottom,
  * first matching row wins. DT_ALGO forces a choice when it can run the
  * operation on this group's topology; otherwise the table decides (and the
- * benchmark's "algo" column shows what really ran).
+ * benchmark's "algo" column shows what really ran). Two things come before
+ * both: DT_DETERMINISTIC, which gives allreduce and reduce-scatter only to
+ * rank-ordered schedules, and, once links were measured (topo.c), an
+ * alpha-beta model that picks a multi-host allreduce.
  *
  * The thresholds come from `dtrain bench comm` on the development machine
  * (2 cores, loopback; see docs/comm.md): on one host the direct algorithm
@@ -72,14 +75,74 @@ static bool applicable(const dt_group *g, dt_coll c, dt_algo a) {
                (c == DT_COLL_ALLREDUCE || c == DT_COLL_REDUCE_SCATTER || c == DT_COLL_ALLGATHER ||
                 c == DT_COLL_BROADCAST || c == DT_COLL_BARRIER);
     case DT_ALGO_HIER: return c == DT_COLL_ALLREDUCE && dt__hier_ok(g);
+    case DT_ALGO_TORUS2D: return c == DT_COLL_ALLREDUCE && dt__torus2d_ok(g);
+    case DT_ALGO_ORDERED: return c == DT_COLL_ALLREDUCE || c == DT_COLL_REDUCE_SCATTER;
     default: return false;
     }
 }
 
+/* Measured links (dt_group_probe, topo.c): a multi-host allreduce is timed
+ * in the alpha-beta model for each candidate and the fastest runs, instead
+ * of the fixed rows. A flat ring or halving-doubling crosses the
+ * between-host links at every step; hier and torus2d take 2(L-1) steps
+ * inside each host so that only 1/L of the vector crosses, with the L
+ * column streams sharing each host's link. Which wins depends on how much
+ * faster the inside links are, which only a measurement knows (over TCP
+ * inside hosts too, DT_TRANSPORT=tcp, the flat algorithms can win). */
+static double t_ring(int n, double bytes, double alpha, double beta) {
+    return n < 2 ? 0 : 2.0 * (n - 1) * (alpha + bytes / n / beta);
+}
+
+static double t_rhd(int n, double bytes, double alpha, double beta) {
+    int steps = 0;
+    while ((1 << steps) < n)
+        steps++;
+    return n < 2 ? 0 : 2.0 * steps * alpha + 2.0 * (n - 1) / n * bytes / beta;
+}
+
+static dt_algo model_choice(const dt_group *g, size_t bytes) {
+    const dt__links *l = &g->links;
+    int L = g->local_size, H = g->nhosts;
+    double ai = l->alpha[DT_LINK_INTRA], bi = l->beta[DT_LINK_INTRA];
+    double ax = l->alpha[DT_LINK_INTER], bx = l->beta[DT_LINK_INTER], S = (double)bytes;
+    if (bx <= 0 || (L > 1 && bi <= 0))
+        return DT_ALGO_AUTO; /* a class was not measured */
+    double inside = t_ring(L, S, ai, bi), col = S / L, col_beta = bx / L;
+    /* hier's column allreduce: halving-doubling below 64 KiB (hier.c) */
+    double hier =
+        inside + (col < 64 * 1024 ? t_rhd(H, col, ax, col_beta) : t_ring(H, col, ax, col_beta));
+    const struct {
+        dt_algo algo;
+        double t;
+    } cand[] = {{DT_ALGO_HIER, hier},
+                {DT_ALGO_TORUS2D, inside + t_ring(H, col, ax, col_beta)},
+                {DT_ALGO_RHD, t_rhd(g->size, S, ax, bx)},
+                {DT_ALGO_RING, t_ring(g->size, S, ax, bx)}};
+    size_t best = 0;
+    for (size_t i = 1; i < sizeof cand / sizeof cand[0]; i++)
+        if (cand[i].t < cand[best].t)
+            best = i;
+    return cand[best].algo;
+}
+
+/* DT_DETERMINISTIC: only schedules that evaluate the rank-ordered fold
+ * (ordered.c) may reduce, whatever DT_ALGO says; the direct algorithm is
+ * one of them and the fastest where it runs. */
+static bool ordered_only(const dt_group *g, dt_coll c) {
+    return g->cfg.deterministic && (c == DT_COLL_ALLREDUCE || c == DT_COLL_REDUCE_SCATTER);
+}
+
 dt_algo dt__tune_choose(const dt_group *g, dt_coll coll, size_t bytes) {
+    if (ordered_only(g, coll))
+        return group_shared(g) ? DT_ALGO_DIRECT : DT_ALGO_ORDERED;
     if (g->cfg.algo != DT_ALGO_AUTO && applicable(g, coll, g->cfg.algo))
         return g->cfg.algo;
     bool shared = group_shared(g), multi = dt__hier_ok(g);
+    if (coll == DT_COLL_ALLREDUCE && multi && g->links.valid) {
+        dt_algo a = model_choice(g, bytes);
+        if (a != DT_ALGO_AUTO)
+            return a;
+    }
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         const tune_row *r = &table[i];
         if (r->coll != coll || bytes < r->min_bytes)

@@ -25,8 +25,6 @@
 #include "harness.h"
 #include "reference.h"
 
-static const char *const algo_names[] = {"auto", "ring", "rhd", "tree", "direct", "hier"};
-
 static double fuzz_seconds(void) {
     const char *s = getenv("DT_TEST_FUZZ_SECONDS");
     return s && atof(s) > 0 ? atof(s) : 1.5;
@@ -396,7 +394,7 @@ static void fuzz_case(int rank, int size) {
     enum { NG = DT_ALGO_COUNT + 1 };
     dt_group *groups[NG];
     for (int a = 0; a < DT_ALGO_COUNT; a++) {
-        setenv("DT_ALGO", algo_names[a], 1);
+        setenv("DT_ALGO", dt_algo_name((dt_algo)a), 1);
         ASSERT_OK(dt_group_split(world, 0, rank, &groups[a]));
     }
     setenv("DT_ALGO", "auto", 1);
@@ -535,7 +533,7 @@ static void mismatch_case(int rank, int size) {
         ASSERT_OK(dt_group_allreduce(world, &more, &more, 1, DT_I32, DT_MIN));
         if (!more)
             break;
-        setenv("DT_ALGO", algo_names[below(&shared, DT_ALGO_COUNT)], 1);
+        setenv("DT_ALGO", dt_algo_name((dt_algo)below(&shared, DT_ALGO_COUNT)), 1);
         dt_group *g = NULL;
         ASSERT_OK(dt_group_split(world, 0, rank, &g));
         /* a few good calls first, so sequence numbers and algorithms vary */

@@ -22,7 +22,6 @@
 #include "harness.h"
 #include "reference.h"
 
-static const char *const algo_names[] = {"auto", "ring", "rhd", "tree", "direct", "hier"};
 static const size_t counts[] = {0, 1, 7, 1000, 1000003};
 #define NCOUNTS 5
 
@@ -196,12 +195,15 @@ static void sweep(int rank, int size) {
     ASSERT_OK(dt_group_init_from_env(&world));
     uint64_t seed = mix((uint64_t)size * 131 + (uint64_t)tp[0] + (nodes ? 7 : 0));
     int ran = 0, big = 0;
+    const char *only = getenv("DT_TEST_ONLY_ALGO"); /* a case that sweeps one algorithm */
     for (int a = 0; a < DT_ALGO_COUNT; a++) {
-        setenv("DT_ALGO", algo_names[a], 1);
+        if (only && strcmp(only, dt_algo_name((dt_algo)a)) != 0)
+            continue;
+        setenv("DT_ALGO", dt_algo_name((dt_algo)a), 1);
         dt_group *g = NULL;
         ASSERT_OK(dt_group_split(world, 0, rank, &g));
         ASSERT_EQ(dt_group_size(g), size);
-        if (a == 0)
+        if (a == 0 || only)
             real_sums(g);
         for (size_t ci = 0; ci < sizeof colls / sizeof colls[0]; ci++) {
             dt_coll coll = colls[ci];
@@ -226,9 +228,13 @@ static void sweep(int rank, int size) {
                              * one dtype per world size, both placements */
                             if (a == DT_ALGO_RHD && coll == DT_COLL_ALLGATHER)
                                 p = k < 4 || dt == size % DT_DTYPE_COUNT ? 1 : 0;
+                            /* torus2d: everything below 1M elements, one
+                             * dtype at 1M+3 (both placements) */
+                            if (a == DT_ALGO_TORUS2D)
+                                p = k < 4 || dt == size % DT_DTYPE_COUNT ? 1 : 0;
                             if (!full && (double)(c.salt >> 11) * 0x1p-53 >= p)
                                 continue;
-                            run_combo(g, &c, algo_names[a]);
+                            run_combo(g, &c, dt_algo_name((dt_algo)a));
                             ran++;
                             big += k == 4;
                         }
@@ -236,6 +242,8 @@ static void sweep(int rank, int size) {
         ASSERT_OK(dt_group_barrier(g));
         dt_group_destroy(g);
     }
+    if (only) /* the algorithm could run here and did */
+        ASSERT_TRUE(ran > 0);
     if (rank == 0)
         printf("rank 0: %d combinations (%d with 1M+3 elements), transport %s\n", ran, big,
                dt_group_transport(world));
@@ -256,16 +264,51 @@ static void sweep(int rank, int size) {
              NULL},                                                                                \
             -1, 240                                                                                \
     }
+/* One algorithm (torus2d) on a grid, with the small chunks and windows of
+ * odd sizes at every size. */
+#define TORUS(name, n, tp, grid)                                                                   \
+    {                                                                                              \
+        name, n, sweep,                                                                            \
+            {tp,                                                                                   \
+             grid,                                                                                 \
+             "DT_TEST_ONLY_ALGO=torus2d",                                                          \
+             "DT_CHUNK_SIZE=4096",                                                                 \
+             "DT_SHM_SLOT=4096",                                                                   \
+             "DT_TCP_STRIPE_MIN=8K",                                                               \
+             NULL},                                                                                \
+            -1, 240                                                                                \
+    }
 static const hcase cases[] = {
-    SW("shm_1", 1, "DT_TRANSPORT=auto"), SW("shm_2", 2, "DT_TRANSPORT=auto"),
-    SW("shm_3", 3, "DT_TRANSPORT=auto"), SW("shm_4", 4, "DT_TRANSPORT=auto"),
-    SW("shm_5", 5, "DT_TRANSPORT=auto"), SW("shm_6", 6, "DT_TRANSPORT=auto"),
-    SW("shm_7", 7, "DT_TRANSPORT=auto"), SW("shm_8", 8, "DT_TRANSPORT=auto"),
-    SW("tcp_2", 2, "DT_TRANSPORT=tcp"),  SW("tcp_3", 3, "DT_TRANSPORT=tcp"),
-    SW("tcp_4", 4, "DT_TRANSPORT=tcp"),  SW("tcp_5", 5, "DT_TRANSPORT=tcp"),
-    SW("tcp_6", 6, "DT_TRANSPORT=tcp"),  SW("tcp_7", 7, "DT_TRANSPORT=tcp"),
-    SW("tcp_8", 8, "DT_TRANSPORT=tcp"),  SW("hier_4", 4, "DT_TEST_NODES=2"),
-    SW("hier_5", 5, "DT_TEST_NODES=2"),  SW("hier_6", 6, "DT_TEST_NODES=2"),
+    SW("shm_1", 1, "DT_TRANSPORT=auto"),
+    SW("shm_2", 2, "DT_TRANSPORT=auto"),
+    SW("shm_3", 3, "DT_TRANSPORT=auto"),
+    SW("shm_4", 4, "DT_TRANSPORT=auto"),
+    SW("shm_5", 5, "DT_TRANSPORT=auto"),
+    SW("shm_6", 6, "DT_TRANSPORT=auto"),
+    SW("shm_7", 7, "DT_TRANSPORT=auto"),
+    SW("shm_8", 8, "DT_TRANSPORT=auto"),
+    SW("tcp_2", 2, "DT_TRANSPORT=tcp"),
+    SW("tcp_3", 3, "DT_TRANSPORT=tcp"),
+    SW("tcp_4", 4, "DT_TRANSPORT=tcp"),
+    SW("tcp_5", 5, "DT_TRANSPORT=tcp"),
+    SW("tcp_6", 6, "DT_TRANSPORT=tcp"),
+    SW("tcp_7", 7, "DT_TRANSPORT=tcp"),
+    SW("tcp_8", 8, "DT_TRANSPORT=tcp"),
+    SW("hier_4", 4, "DT_TEST_NODES=2"),
+    SW("hier_5", 5, "DT_TEST_NODES=2"),
+    SW("hier_6", 6, "DT_TEST_NODES=2"),
+    /* torus2d on several grids (X columns x Y rows): DT_TORUS_X in rank
+     * order over TCP and shared memory, and one row per simulated host */
+    TORUS("torus_2x2_tcp", 4, "DT_TRANSPORT=tcp", "DT_TORUS_X=2"),
+    TORUS("torus_3x2_tcp", 6, "DT_TRANSPORT=tcp", "DT_TORUS_X=3"),
+    TORUS("torus_2x3_tcp", 6, "DT_TRANSPORT=tcp", "DT_TORUS_X=2"),
+    TORUS("torus_1x3_tcp", 3, "DT_TRANSPORT=tcp", "DT_TORUS_X=1"),
+    TORUS("torus_4x2_shm", 8, "DT_TRANSPORT=auto", "DT_TORUS_X=4"),
+    TORUS("torus_2x2_hosts", 4, "DT_TEST_NODES=2", "DT_TORUS_X=0"),
+    TORUS("torus_3x2_hosts", 6, "DT_TEST_NODES=2", "DT_TORUS_X=0"),
+    /* links measured at creation (DT_TOPO_PROBE): the chooser's alpha-beta
+     * model picks the multi-host allreduce, the same on every rank */
+    {"probe_hosts_4", 4, sweep, {"DT_TEST_NODES=2", "DT_TOPO_PROBE=1", NULL}, -1, 240},
 };
 
 int main(int argc, char **argv) {

@@ -22,11 +22,20 @@
  *   check        --check-every catches a rank whose parameters drifted
  *                (DT_FAULT_PERTURB changes one on purpose).
  *   divisible    --global-batch not divisible by the ranks is refused.
+ *   deterministic  --deterministic: 4 ranks over TCP with DT_ALGO ring, rhd
+ *                and tree, 4 ranks on shared memory, and 2 hosts x 2 ranks
+ *                (two launchers on loopback: shm inside, TCP between) all
+ *                give bit-identical losses and parameters; without it the
+ *                ring and rhd runs differ (so the comparison can fail).
  * Run one case per process: test_train_ddp CASE.
  */
 #include "train_util.h"
 
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #define DTRAIN DT_CLI_PATH
 /* AdamW's eps is 1e-4 here, not 1e-8: some gradients are zero in exact
@@ -298,9 +307,73 @@ static void test_divisible(void) {
     EXPECT_OUT("--global-batch 8 is not divisible by the 3 ranks");
 }
 
+/* A free TCP port on loopback for a launcher's store. */
+static int free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in sa = {.sin_family = AF_INET};
+    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof sa;
+    ASSERT_TRUE(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
+                getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
+    close(fd);
+    return ntohs(sa.sin_port);
+}
+
+static void det_run(const char *name, const char *env, const char *flags) {
+    EXPECT_RC(tu_run("%s %s train --data %s " TINY " --global-batch 8 --steps 5 --ckpt-dir "
+                     "%s/%s/ck --run-dir %s/%s %s",
+                     env, DTRAIN, corpus, tu_dir, name, tu_dir, name, flags),
+              0);
+}
+
+static void test_deterministic(void) {
+    const char *det = "--deterministic --nproc 4";
+    det_run("ring", "DT_TRANSPORT=tcp DT_ALGO=ring", det);
+    det_run("rhd", "DT_TRANSPORT=tcp DT_ALGO=rhd", det);
+    det_run("tree", "DT_TRANSPORT=tcp DT_ALGO=tree", det);
+    det_run("shm", "DT_ALGO=ring", det);
+    tu_compare_runs("ring", "rhd", 5);
+    tu_compare_runs("ring", "tree", 5);
+    tu_compare_runs("ring", "shm", 5);
+    /* 2 hosts x 2 ranks: two launchers on loopback, node 1 first. */
+    int port = free_port();
+    char train[1024];
+    snprintf(train, sizeof train,
+             "%s train --data %s " TINY " --global-batch 8 --steps 5 --ckpt-dir %s/hosts/ck "
+             "--run-dir %s/hosts --deterministic",
+             DTRAIN, corpus, tu_dir, tu_dir);
+    EXPECT_RC(tu_run("DT_TIMEOUT=60 %s launch --nnodes 2 --node-rank 1 --master 127.0.0.1:%d -n 2 "
+                     "%s & n1=$!; DT_TIMEOUT=60 %s launch --nnodes 2 --node-rank 0 --master "
+                     "127.0.0.1:%d -n 2 %s; rc=$?; wait $n1 && exit $rc",
+                     DTRAIN, port, train, DTRAIN, port, train),
+              0);
+    tu_compare_runs("ring", "hosts", 5);
+    /* The control: the same two algorithms without the mode differ. */
+    det_run("ring-free", "DT_TRANSPORT=tcp DT_ALGO=ring", "--nproc 4");
+    det_run("rhd-free", "DT_TRANSPORT=tcp DT_ALGO=rhd", "--nproc 4");
+    char pa[192], pb[192];
+    snprintf(pa, sizeof pa, "%s/ring-free/ck", tu_dir);
+    snprintf(pb, sizeof pb, "%s/rhd-free/ck", tu_dir);
+    size_t na, nb;
+    float *x = tu_params(pa, &na), *y = tu_params(pb, &nb);
+    ASSERT_EQ(na, nb);
+    size_t differ = 0;
+    for (size_t i = 0; i < na; i++)
+        differ += memcmp(&x[i], &y[i], sizeof *x) != 0;
+    printf("  without --deterministic, ring and rhd differ in %zu of %zu parameters\n", differ, na);
+    ASSERT_TRUE(differ > 0);
+    free(x);
+    free(y);
+}
+
 static const test_case cases[] = {
-    {"equiv", test_equiv},         {"accum", test_accum},     {"resume", test_resume},
-    {"restart", test_restart},     {"sigterm", test_sigterm}, {"check", test_check},
+    {"deterministic", test_deterministic},
+    {"equiv", test_equiv},
+    {"accum", test_accum},
+    {"resume", test_resume},
+    {"restart", test_restart},
+    {"sigterm", test_sigterm},
+    {"check", test_check},
     {"divisible", test_divisible},
 };
 
