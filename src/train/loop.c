@@ -219,6 +219,7 @@ static dt_status step(trainer *t, step_stats *s) {
     }
     DT_CHECK(dt_grad_sync_apply(t->sync, s->skip,
                                 clip ? dt_clip_scale(s->sumsq, (float)c->clip) : 1.0f));
+    dt_grad_sync_apply_report(t->sync, &s->r);
     dt_optimizer_end(t->opt, !s->skip);
     return DT_OK;
 }
@@ -456,6 +457,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             .loss_scale = t->scaling ? (double)s.scale : NAN,
             .skipped_steps = t->skipped,
             .skipped = s.skip,
+            .has_consensus = isfinite(s.r.consensus),
+            .consensus = s.r.consensus,
         };
         sm.compute_ms = sm.step_ms - sm.exposed_comm_ms - (split ? sm.tp_comm_ms : 0);
         sm.tokens_per_s = (double)tokens_per_step / (t1 - t0);

@@ -509,7 +509,8 @@ static dt_status make_sync(trainer *t) {
     sc.ddp.tensors = shapes;
     sc.ddp.ntensors = nt;
     sc.ddp.dense_below = (size_t)c->compress_dense_below;
-    st = dt_ddp_sync_create(&t->sync, &sc);
+    st = c->dp_mode == DT_DP_MODE_DDP ? dt_ddp_sync_create(&t->sync, &sc)
+                                      : dt__train_make_dp_mode_sync(t, &sc);
     dt_free(shapes);
     dt_free(norm);
     return st;

@@ -150,6 +150,12 @@ dt_status dt__train_optim_reduce(void *user, double *values, size_t n);
 /* Its broadcast over the gradient group (K-FAC's inverses). */
 dt_status dt__train_optim_bcast(void *user, float *values, size_t n, int root);
 
+/* dp_mode.c: --dp-mode local and gossip (docs/async.md). The checks made
+ * before anything is built; and the gradient synchronisation of those
+ * modes over the replica group, with the ranges counted in the norm. */
+dt_status dt__train_check_dp_mode(const dt_train_config *c);
+dt_status dt__train_make_dp_mode_sync(trainer *t, const dt_ddp_sync_config *ddp);
+
 /* state.c: every rank calls both (collective over the world). */
 dt_status dt__train_save(trainer *t, char *path, size_t len);
 dt_status dt__train_resume(trainer *t);
