@@ -613,6 +613,14 @@ dt_status dt_grad_sync_apply(dt_grad_sync *s, bool skip, float clip_scale);
  * exchanges: time, bytes, messages) to the step's result; nothing for
  * strategies that communicate only before finish() returns. */
 void dt_grad_sync_apply_report(dt_grad_sync *s, dt_sync_result *out);
+/* Whether the loop agrees on step `step`'s statistics over the world (the
+ * loss, the norm, "stop", "skip": one small allreduce). DDP and ZeRO: every
+ * step. Local SGD and gossip only at the steps where their replicas meet
+ * anyway (an average, a consensus measurement, the last step): between
+ * them each replica runs on its own, with its own loss, norm (finish()
+ * then reports its whole sum of squares) and clipping, and a stop request
+ * waits for the next agreed step — so that no step is a global barrier. */
+bool dt_grad_sync_agrees(const dt_grad_sync *s, int64_t step);
 /* Make the replicas' parameters identical (from the first replica): at the
  * start and after a resume. */
 dt_status dt_grad_sync_replicate(dt_grad_sync *s);
@@ -847,9 +855,11 @@ dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c);
  * parameters and optimizer state (and local SGD's anchor and outer
  * momentum) are its dt_grad_sync state, so a checkpoint resumes every
  * replica exactly; the checkpoint's shared parameters are replica 0's.
- * Gradients reach the optimizer unscaled; res.sumsq is this replica's own
- * counted sum of squares divided by the replica count, so the world's sum
- * is the mean over replicas (clipping uses that norm on every replica).
+ * The loop agrees on statistics only where the replicas meet anyway
+ * (dt_grad_sync_agrees); there res.sumsq is this replica's own counted sum
+ * of squares divided by the replica count, so the world's sum is the mean
+ * over replicas (clipping then uses that norm on every replica); between
+ * them each replica clips by its own norm. No loss scaling (fp16).
  * The parameter exchange happens in apply(), after the update; its time,
  * bytes and messages reach the step's result through
  * dt_grad_sync_apply_report. Data-parallel only (no ZeRO, codec or

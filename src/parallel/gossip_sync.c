@@ -170,10 +170,16 @@ static void gossip_ready(dt_grad_sync *base, size_t ready_from) {
     (void)ready_from;
 }
 
+/* The consensus measurement and the final average are the only global
+ * collectives: the loop agrees on those steps only. */
+static bool gossip_agrees(const dt_grad_sync *base, int64_t step) {
+    return step % CONSENSUS_EVERY == 0 || averages_after((const gossip_sync *)base, step);
+}
+
 static dt_status gossip_finish(dt_grad_sync *base, dt_sync_result *out) {
     gossip_sync *s = (gossip_sync *)base;
     int64_t step = s->core.step.step;
-    dt__local_finish(&s->core, out);
+    dt__local_finish(&s->core, gossip_agrees(base, step), out);
     if (s->core.dp > 1 && step % CONSENSUS_EVERY == 0)
         DT_CHECK(consensus(s, &out->consensus));
     return DT_OK;
@@ -302,6 +308,7 @@ static const dt__sync_ops gossip_ops = {
     .reset_state = gossip_reset_state,
     .destroy = gossip_destroy,
     .apply_report = gossip_apply_report,
+    .agrees = gossip_agrees,
 };
 
 dt_status dt_gossip_sync_create(dt_grad_sync **out, const dt_gossip_sync_config *c) {

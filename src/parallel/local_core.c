@@ -41,10 +41,10 @@ dt_grad_mode dt__local_begin_backward(dt__local_core *c) {
     return c->backwards++ == 0 ? DT_GRAD_OVERWRITE : DT_GRAD_ACCUMULATE;
 }
 
-void dt__local_finish(dt__local_core *c, dt_sync_result *out) {
+void dt__local_finish(dt__local_core *c, bool agreed, dt_sync_result *out) {
     if (c->step.loss_scaling)
         out->found_inf = dt_unscale(c->grads, c->n, 1.0f / c->step.loss_scale);
-    out->sumsq = dt__norm_ranges_sumsq(&c->norm, c->grads, 0, c->n) / c->dp;
+    out->sumsq = dt__norm_ranges_sumsq(&c->norm, c->grads, 0, c->n) / (agreed ? c->dp : 1);
 }
 
 dt_status dt__local_apply(dt__local_core *c, bool skip, float clip_scale) {

@@ -35,8 +35,9 @@ void dt__local_begin_step(dt__local_core *c, const dt_sync_step *st);
 /* The step's first backward overwrites, the others add to it. */
 dt_grad_mode dt__local_begin_backward(dt__local_core *c);
 /* Unscale this replica's gradients (loss scaling: report inf/nan) and count
- * their sum of squares divided by the replica count (parallel.h). */
-void dt__local_finish(dt__local_core *c, dt_sync_result *out);
+ * their sum of squares: divided by the replica count on a step the loop
+ * agrees on over the world (`agreed`), else whole (parallel.h). */
+void dt__local_finish(dt__local_core *c, bool agreed, dt_sync_result *out);
 /* Clip-scale and step the optimizer on this replica's gradients. */
 dt_status dt__local_apply(dt__local_core *c, bool skip, float clip_scale);
 

@@ -80,8 +80,14 @@ static dt_status local_finish(dt_grad_sync *base, dt_sync_result *out) {
     if (s->synchronous)
         DT_CHECK(dt_grad_sync_finish(s->ddp, out));
     else
-        dt__local_finish(&s->core, out);
+        dt__local_finish(&s->core, averages_after(s, s->core.step.step), out);
     return DT_OK;
+}
+
+/* Synchronous steps and averages meet anyway: the loop agrees there only. */
+static bool local_agrees(const dt_grad_sync *base, int64_t step) {
+    const local_sync *s = (const local_sync *)base;
+    return step < s->post || (s->H == 1 && s->plain) || averages_after(s, step);
 }
 
 /* The outer optimizer on the averaged parameters p (see the file comment):
@@ -260,6 +266,7 @@ static const dt__sync_ops local_ops = {
     .reset_state = local_reset_state,
     .destroy = local_destroy,
     .apply_report = local_apply_report,
+    .agrees = local_agrees,
 };
 
 static dt_status check_config(const dt_local_sync_config *c) {

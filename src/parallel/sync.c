@@ -30,6 +30,9 @@ void dt_grad_sync_apply_report(dt_grad_sync *s, dt_sync_result *out) {
     if (s->ops->apply_report)
         s->ops->apply_report(s, out);
 }
+bool dt_grad_sync_agrees(const dt_grad_sync *s, int64_t step) {
+    return s->ops->agrees ? s->ops->agrees(s, step) : true;
+}
 dt_status dt_grad_sync_replicate(dt_grad_sync *s) { return s->ops->replicate(s); }
 dt_status dt_grad_sync_check(dt_grad_sync *s, int64_t step) { return s->ops->check(s, step); }
 const char *dt_grad_sync_name(const dt_grad_sync *s) { return s->ops->name; }

@@ -31,6 +31,10 @@ dt_status dt__train_check_dp_mode(const dt_train_config *c) {
         return bad("--dp-mode %s with --optimizer %s: that optimizer communicates over the "
                    "replicas itself (use adamw, sgd, lamb, ...)",
                    mode, dt_optim_names[c->optimizer]);
+    if (c->loss_scaling == 1 || (c->loss_scaling < 0 && c->precision == DT_PRECISION_FP16))
+        return bad("--dp-mode %s with loss scaling (--precision fp16 or --loss-scaling on): "
+                   "replicas step on their own and would need one scale (use bf16 or fp32)",
+                   mode);
     if (c->sync_every < 1)
         return bad("--sync-every %" PRId64 ": must be >= 1", c->sync_every);
     if (c->gossip_every < 1)

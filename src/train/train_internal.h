@@ -76,6 +76,9 @@ typedef struct trainer {
     dt_rank_memory plan;
     /* Test hooks (loop.c): the step at which this rank acts, or -1. */
     int64_t kill_at, perturb_at, overflow_at;
+    /* DT_FAULT_SLOW (loop.c): this rank's slow-down factor (1: none) and
+     * its last step's compute time, which sets the next step's sleep. */
+    double slow_factor, last_busy_ms;
 } trainer;
 
 /* A rejected configuration value. */
