@@ -12,8 +12,9 @@
 #   --dtrain PATH   the dtrain binary (default: build/dtrain)
 #   --nproc N       ranks (default 4)
 #   --steps N       DDP's steps; the target is its validation loss there
-#                   (default 60)
-#   --eval-every E  evaluation interval (default 10)
+#                   (default 64)
+#   --eval-every E  evaluation interval (default 8: local SGD's H, so that an
+#                   evaluation, itself a meeting of the replicas, adds none)
 #   --slow R:F      DT_FAULT_SLOW: rank R computes F times slower (default
 #                   1:2; "none" for no straggler)
 #   --repeat K      runs per mode, round robin; the table shows medians
@@ -31,7 +32,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dtrain=$root/build/dtrain
-nproc=4 steps=60 eval_every=10 slow=1:2 repeat=3 out=
+nproc=4 steps=64 eval_every=8 slow=1:2 repeat=3 out=
 modes="ddp=--dp-mode ddp;local-h8=--dp-mode local --sync-every 8;gossip-ring=--dp-mode gossip --gossip-topology ring"
 extra=()
 die() {
