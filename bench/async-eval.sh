@@ -20,7 +20,8 @@
 #   --repeat K      runs per mode, round robin; the table shows medians
 #                   (default 3)
 #   --modes LIST    semicolon-separated NAME=FLAGS (default: ddp, local with
-#                   H 8, gossip on a ring)
+#                   H 8, gossip on a ring, a parameter server with 4 shards
+#                   and staleness 4)
 #   --out DIR       keep the runs here (default: a temporary directory)
 #   -- ARGS         more `dtrain train` flags for every run
 #
@@ -33,7 +34,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dtrain=$root/build/dtrain
 nproc=4 steps=64 eval_every=8 slow=1:2 repeat=3 out=
-modes="ddp=--dp-mode ddp;local-h8=--dp-mode local --sync-every 8;gossip-ring=--dp-mode gossip --gossip-topology ring"
+modes="ddp=--dp-mode ddp;local-h8=--dp-mode local --sync-every 8;gossip-ring=--dp-mode gossip --gossip-topology ring;ps-k4-s4=--dp-mode ps --ps-servers 4 --staleness 4"
 extra=()
 die() {
     echo "async-eval: error: $*" >&2
@@ -65,9 +66,11 @@ fi
 mkdir -p "$out"
 
 # The model and schedule of every run: a constant learning rate after the
-# warm-up, so a run of 2N steps passes through the same schedule as DDP's N.
+# warm-up, so a run of 2N steps passes through the same schedule as DDP's
+# N; plain SGD, which is what the parameter server steps.
 common=(--data "$data" --model tiny --layers 4 --dim 128 --heads 4 --seq 64 --global-batch 32
-    --lr 3e-3 --warmup 10 --schedule constant --threads 1 --peak-flops 1e9 --sample-tokens 0
+    --optimizer sgd --momentum 0 --weight-decay 0 --lr 0.3 --warmup 10 --schedule constant
+    --threads 1 --peak-flops 1e9 --sample-tokens 0
     --progress plain --val-split 0.05 --eval-every "$eval_every" --eval-batches 4 --seed 1337
     --nproc "$nproc")
 

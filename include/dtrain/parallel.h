@@ -578,6 +578,8 @@ typedef struct dt_sync_result {
     int launched_in_backward; /* of which started before backward ended */
     double consensus;         /* gossip: mean squared distance of the replicas' parameters
                                  to their average, NaN when not measured this step */
+    int64_t staleness;        /* parameter server: the largest staleness of this rank's
+                                 pushes in the step (by apply_report), -1 for others */
 } dt_sync_result;
 
 /* What one step of a strategy costs on the wire, for the planner: the
@@ -913,6 +915,63 @@ typedef struct dt_gossip_sync_config {
 } dt_gossip_sync_config;
 
 dt_status dt_gossip_sync_create(dt_grad_sync **out, const dt_gossip_sync_config *c);
+
+/* --- Parameter server ---------------------------------------------------- */
+/*
+ * An asynchronous parameter server on the training ranks (BytePS-style):
+ * the parameters are cut into `servers` equal shards, rank k < servers
+ * serves shard k from a thread of its own, every rank is a worker that
+ * pushes its gradient shards and reads the parameters back, never waiting
+ * for the others but under SSP: a worker more than `staleness` steps ahead
+ * of the slowest waits for its reply. The server steps plain SGD with the
+ * pushed learning rate over 1/W of each push and compensates the delay
+ * (docs/async.md):
+ *
+ *     none     g
+ *     seed     g / (1 + tau)
+ *     dcasgd   g + lambda g*g*(w_now - w_then)    (DC-ASGD, Zheng et al. 2017)
+ *
+ * tau: the push's staleness in steps (its step minus the slowest worker's
+ * clock when the parameters it used were read); every server asserts
+ * tau <= staleness for every update and counts it (dt_ps_sync_histogram).
+ * The last step of the run is a meeting: every rank ends with the servers'
+ * parameters. Not reproducible bit for bit; no consistent intermediate
+ * checkpoint; the run goes to total_steps (no early stop).
+ */
+typedef enum dt_delay_comp {
+    DT_DELAY_COMP_NONE,
+    DT_DELAY_COMP_SEED,
+    DT_DELAY_COMP_DCASGD,
+    DT_DELAY_COMP_COUNT
+} dt_delay_comp;
+/* "none", "seed", "dcasgd" (indexable by dt_delay_comp). */
+extern const char *const dt_delay_comp_names[DT_DELAY_COMP_COUNT];
+
+#define DT_PS_HIST        64 /* staleness histogram bins (the last: >= 63) */
+#define DT_PS_MAX_SERVERS 64 /* shards */
+
+typedef struct dt_ps_sync_config {
+    dt_group *group; /* the replica group (NULL: one worker, plain SGD) */
+    float *params;   /* (n) */
+    float *grads;    /* (n) */
+    size_t n;
+    const dt_range *norm_ranges; /* as dt_ddp_sync_config; copied */
+    size_t nnorm;
+    int servers;       /* K in [1, group size] */
+    int64_t staleness; /* S in [0, DT_PS_HIST - 2] */
+    dt_delay_comp delay_comp;
+    double dc_lambda;    /* dcasgd's lambda */
+    int64_t total_steps; /* the step total_steps - 1 is the meeting */
+} dt_ps_sync_config;
+
+/* Collective over the group (splits two groups per worker-server pair). */
+dt_status dt_ps_sync_create(dt_grad_sync **out, const dt_ps_sync_config *c);
+/* g <- the compensated gradient (see above), g, w_now, w_then (n). */
+void dt_ps_delay_compensate(dt_delay_comp kind, float lambda, int64_t tau, float *g,
+                            const float *w_now, const float *w_then, size_t n);
+/* Collective over the group: the staleness counts of every server's
+ * updates so far, summed. DT_ERR_INVALID for another strategy. */
+dt_status dt_ps_sync_histogram(const dt_grad_sync *s, int64_t hist[DT_PS_HIST]);
 
 /* ------------------------------------------------------------------------ */
 /* Planning costs: what each strategy sends, described by the strategy      */

@@ -21,6 +21,7 @@ void dt_grad_sync_ready(void *s, size_t ready_from) {
 dt_status dt_grad_sync_finish(dt_grad_sync *s, dt_sync_result *out) {
     memset(out, 0, sizeof *out);
     out->consensus = NAN; /* measured by the strategies that mix parameters */
+    out->staleness = -1;  /* the parameter server's */
     return s->ops->finish(s, out);
 }
 dt_status dt_grad_sync_apply(dt_grad_sync *s, bool skip, float clip_scale) {

@@ -180,6 +180,12 @@ char *dt__train_config_json(const trainer *t) {
         put(o, "outer-momentum", real(c->outer_momentum), &ok);
         put(o, "sync-optim-state", json_boolean(c->sync_optim_state), &ok);
     }
+    if (c->dp_mode == DT_DP_MODE_PS) {
+        put(o, "ps-servers", json_integer(c->ps_servers), &ok);
+        put(o, "staleness", json_integer(c->staleness), &ok);
+        put(o, "delay-comp", str(dt_delay_comp_names[c->delay_comp]), &ok);
+        put(o, "dc-lambda", real(c->dc_lambda), &ok);
+    }
     if (c->dp_mode == DT_DP_MODE_GOSSIP) {
         put(o, "gossip-topology", str(dt_gossip_names[c->gossip_topology]), &ok);
         put(o, "gossip-every", json_integer(c->gossip_every), &ok);

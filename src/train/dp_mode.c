@@ -6,12 +6,13 @@
 #include "train_internal.h"
 
 #include <inttypes.h>
+#include <stdio.h>
 
-const char *const dt_dp_mode_names[DT_DP_MODE_COUNT] = {"ddp", "local", "gossip"};
+const char *const dt_dp_mode_names[DT_DP_MODE_COUNT] = {"ddp", "local", "gossip", "ps"};
 
 dt_status dt__train_check_dp_mode(const dt_train_config *c) {
     if ((int)c->dp_mode < 0 || c->dp_mode >= DT_DP_MODE_COUNT)
-        return bad("--dp-mode %d: ddp, local or gossip", (int)c->dp_mode);
+        return bad("--dp-mode %d: ddp, local, gossip or ps", (int)c->dp_mode);
     if (c->dp_mode == DT_DP_MODE_DDP)
         return DT_OK;
     const char *mode = dt_dp_mode_names[c->dp_mode];
@@ -45,6 +46,15 @@ dt_status dt__train_check_dp_mode(const dt_train_config *c) {
         return bad("--outer %d: sgd, slowmo or nesterov", c->outer);
     if (c->gossip_topology < 0 || c->gossip_topology >= DT_GOSSIP_COUNT)
         return bad("--gossip-topology %d: ring, exp, random or hypercube", c->gossip_topology);
+    if (c->dp_mode == DT_DP_MODE_PS && (c->optimizer != DT_OPTIM_SGD || c->momentum != 0))
+        return bad("--dp-mode ps with --optimizer %s --momentum %g: the servers step plain SGD "
+                   "(give --optimizer sgd --momentum 0)",
+                   dt_optim_names[c->optimizer], c->momentum);
+    if (c->dp_mode == DT_DP_MODE_PS && c->stop_after > 0)
+        return bad("--dp-mode ps with --stop-after %" PRId64 ": the servers run to --steps",
+                   c->stop_after);
+    if (c->delay_comp < 0 || c->delay_comp >= DT_DELAY_COMP_COUNT)
+        return bad("--delay-comp %d: none, seed or dcasgd", c->delay_comp);
     if (!(c->outer_lr > 0))
         return bad("--outer-lr %g: must be > 0", c->outer_lr);
     if (!(c->outer_momentum >= 0 && c->outer_momentum < 1))
@@ -65,6 +75,20 @@ dt_status dt__train_make_dp_mode_sync(trainer *t, const dt_ddp_sync_config *ddp)
                                    .sync_optim_state = c->sync_optim_state};
         return dt_local_sync_create(&t->sync, &lc);
     }
+    if (c->dp_mode == DT_DP_MODE_PS) {
+        dt_ps_sync_config pc = {.group = ddp->group,
+                                .params = ddp->params,
+                                .grads = ddp->grads,
+                                .n = ddp->n,
+                                .norm_ranges = ddp->norm_ranges,
+                                .nnorm = ddp->nnorm,
+                                .servers = c->ps_servers,
+                                .staleness = c->staleness,
+                                .delay_comp = (dt_delay_comp)c->delay_comp,
+                                .dc_lambda = c->dc_lambda,
+                                .total_steps = c->steps};
+        return dt_ps_sync_create(&t->sync, &pc);
+    }
     DT_ASSERT(c->dp_mode == DT_DP_MODE_GOSSIP);
     dt_gossip_sync_config gc = {.group = ddp->group,
                                 .params = ddp->params,
@@ -78,4 +102,26 @@ dt_status dt__train_make_dp_mode_sync(trainer *t, const dt_ddp_sync_config *ddp)
                                 .total_steps = c->steps,
                                 .seed = c->seed};
     return dt_gossip_sync_create(&t->sync, &gc);
+}
+
+dt_status dt__train_dp_mode_report(trainer *t, FILE *f) {
+    if (t->c->dp_mode != DT_DP_MODE_PS)
+        return DT_OK;
+    int64_t hist[DT_PS_HIST];
+    DT_CHECK(dt_ps_sync_histogram(t->sync, hist));
+    if (t->rank != 0)
+        return DT_OK;
+    int64_t total = 0, max = -1;
+    for (int i = 0; i < DT_PS_HIST; i++) {
+        total += hist[i];
+        max = hist[i] ? i : max;
+    }
+    fprintf(f,
+            "parameter server: %" PRId64 " updates, staleness max %" PRId64 " (bound %" PRId64
+            "), distribution",
+            total, max, t->c->staleness);
+    for (int i = 0; i <= max; i++)
+        fprintf(f, " %d:%" PRId64, i, hist[i]);
+    fprintf(f, "\n");
+    return DT_OK;
 }

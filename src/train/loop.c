@@ -472,6 +472,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             .loss_scale = t->scaling ? (double)s.scale : NAN,
             .skipped_steps = t->skipped,
             .skipped = s.skip,
+            .has_staleness = s.r.staleness >= 0,
+            .staleness = s.r.staleness,
             .has_consensus = isfinite(s.r.consensus),
             .consensus = s.r.consensus,
         };
@@ -536,7 +538,10 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         DT_CHECK_GOTO(dt_grad_sync_gather_params(t->sync, true), st, fail);
         DT_CHECK_GOTO(dt__train_whole_model(t, &whole), st, fail);
     }
-    st = finish_report(t, d, res, run_steps, &s, whole);
+    if (st == DT_OK)
+        st = dt__train_dp_mode_report(t, stderr); /* collective: the strategy's summary */
+    if (st == DT_OK)
+        st = finish_report(t, d, res, run_steps, &s, whole);
     if (whole != t->m)
         dt_gpt_destroy(whole);
     if (assemble) {

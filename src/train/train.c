@@ -61,6 +61,9 @@ void dt_train_config_init(dt_train_config *c) {
     c->outer_lr = 1.0;
     c->outer_momentum = 0.9;
     c->gossip_every = 1;
+    c->ps_servers = 1;
+    c->staleness = 4;
+    c->dc_lambda = 0.04;
 }
 
 dt_status dt__train_check_config(const dt_train_config *c) {

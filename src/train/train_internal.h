@@ -158,6 +158,9 @@ dt_status dt__train_optim_bcast(void *user, float *values, size_t n, int root);
  * modes over the replica group, with the ranges counted in the norm. */
 dt_status dt__train_check_dp_mode(const dt_train_config *c);
 dt_status dt__train_make_dp_mode_sync(trainer *t, const dt_ddp_sync_config *ddp);
+/* After the run, every rank: the mode's summary line on rank 0 (the
+ * parameter server's staleness distribution over all servers). */
+dt_status dt__train_dp_mode_report(trainer *t, FILE *f);
 
 /* state.c: every rank calls both (collective over the world). */
 dt_status dt__train_save(trainer *t, char *path, size_t len);

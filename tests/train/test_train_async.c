@@ -35,11 +35,24 @@
  *   errors        settings the modes refuse exit naming them.
  *   slow          DT_FAULT_SLOW=0:4 makes a step at least 2x slower (4x
  *                 expected; the margin is for a loaded machine).
+ *   ps_train      --dp-mode ps at 4 ranks with rank 1 three times slower:
+ *                 K 2 S 2, K 4 S 0, K 1 S 4 with the seeds' compensation,
+ *                 K 2 S 4 with DC-ASGD: every update counted (steps x 4
+ *                 workers x K shards), none applied staler than S (the
+ *                 servers' histogram; rank 0's per-step staleness in the
+ *                 metrics), some stale when S > 0, validation loss no more
+ *                 than 10% above DDP's (SGD) at equal samples (20% with
+ *                 the seeds' rule, which shrinks stale steps).
+ *   ps_delay      the delay compensation against a double-precision
+ *                 serial reference of its formulas.
+ *   ps_fault      a worker (rank 2) and a server (rank 1) killed mid-run:
+ *                 the job fails within seconds, naming them.
  * Run one case per process: test_train_async CASE.
  */
 #include "train_util.h"
 
 #include "dtrain/ckpt.h"
+#include "dtrain/parallel.h"
 
 #include <math.h>
 
@@ -382,6 +395,116 @@ static void test_slow(void) {
         TEST_FAILF("DT_FAULT_SLOW=0:4: median step %.2f ms, unslowed %.2f ms", slow, fast);
 }
 
+/* --dp-mode ps: plain SGD on the servers. */
+#define PS_FLAGS LONG " --optimizer sgd --momentum 0 --lr 0.3 --weight-decay 0"
+
+/* "staleness max M (bound S)" and the update count of the summary. */
+static void ps_summary(int64_t *updates, int64_t *max) {
+    const char *at = strstr(tu_out, "parameter server: ");
+    long long u, m;
+    if (!at || sscanf(at, "parameter server: %lld updates, staleness max %lld", &u, &m) != 2) {
+        fprintf(stderr, "output was:\n%s\n", tu_out);
+        TEST_FAILF("no parameter-server summary in the output");
+    }
+    *updates = u;
+    *max = m;
+}
+
+static void test_ps_train(void) {
+    train("ps_ddp", PS_FLAGS, LONG_STEPS, "--nproc 4");
+    double ref = val_loss();
+    /* Rank 1 three times slower, so that the bound is reached. */
+    static const struct {
+        const char *name, *flags;
+        int K, S;
+        double tol; /* above DDP's validation loss */
+    } runs[] = {
+        {"ps_k2_s2", "--ps-servers 2 --staleness 2", 2, 2, 0.10},
+        {"ps_k4_s0", "--ps-servers 4 --staleness 0", 4, 0, 0.10},
+        /* g / (1 + tau) shrinks the stale steps: slower progress. */
+        {"ps_k1_s4_seed", "--ps-servers 1 --staleness 4 --delay-comp seed", 1, 4, 0.20},
+        {"ps_k2_s4_dc", "--ps-servers 2 --staleness 4 --delay-comp dcasgd", 2, 4, 0.10},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "%s --nproc 4 --dp-mode ps %s", PS_FLAGS, runs[i].flags);
+        EXPECT_RC(tu_run("DT_FAULT_SLOW=1:3 %s train --data %s %s --steps %d --ckpt-dir %s/%s/ck "
+                         "--run-dir %s/%s",
+                         DTRAIN, corpus, cmd, LONG_STEPS, tu_dir, runs[i].name, tu_dir,
+                         runs[i].name),
+                  0);
+        double v = val_loss();
+        int64_t updates, max;
+        ps_summary(&updates, &max);
+        ASSERT_EQ(updates, (int64_t)LONG_STEPS * 4 * runs[i].K);
+        if (max > runs[i].S)
+            TEST_FAILF("%s: an update was applied with staleness %lld > %d", runs[i].name,
+                       (long long)max, runs[i].S);
+        if (runs[i].S > 0 && max < 1)
+            TEST_FAILF("%s: no stale update with a straggler: the bound was not exercised",
+                       runs[i].name);
+        /* Rank 0's per-step staleness in the metrics: within the bound too. */
+        char text[128][64];
+        int steps = tu_metric_text(runs[i].name, "staleness", text, 128);
+        ASSERT_EQ(steps, LONG_STEPS);
+        for (int k = 0; k < steps; k++)
+            ASSERT_TRUE(atoi(text[k] + strlen("\"staleness\":")) <= runs[i].S);
+        printf("  %s: staleness max %lld (bound %d), val loss %.4f (DDP %.4f, %+.1f%%)\n",
+               runs[i].name, (long long)max, runs[i].S, v, ref, 100 * (v - ref) / ref);
+        if (!(v <= (1 + runs[i].tol) * ref && v >= 0.8 * ref))
+            TEST_FAILF("%s: val loss %.4f is more than %.0f%% above DDP's %.4f", runs[i].name, v,
+                       100 * runs[i].tol, ref);
+    }
+}
+
+/* The delay compensation against a double-precision serial reference of
+ * the formulas, on random values. */
+static void test_ps_delay(void) {
+    enum { N = 1000 };
+    static float g[N], now[N], then[N], out[N];
+    dt_rng r;
+    dt_rng_init(&r, 3, dt_rng_stream_id(0, 0, DT_RNG_TEST));
+    for (int i = 0; i < N; i++) {
+        g[i] = dt_rng_normal(&r);
+        now[i] = dt_rng_normal(&r);
+        then[i] = now[i] + 0.1f * dt_rng_normal(&r);
+    }
+    for (int kind = 0; kind < DT_DELAY_COMP_COUNT; kind++)
+        for (int tau = 0; tau <= 5; tau += 5) {
+            memcpy(out, g, sizeof g);
+            dt_ps_delay_compensate((dt_delay_comp)kind, 0.5f, tau, out, now, then, N);
+            double worst = 0;
+            for (int i = 0; i < N; i++) {
+                double want = kind == DT_DELAY_COMP_NONE ? g[i]
+                              : kind == DT_DELAY_COMP_SEED
+                                  ? (double)g[i] / (1.0 + tau)
+                                  : g[i] + 0.5 * (double)g[i] * g[i] * ((double)now[i] - then[i]);
+                double d = fabs(out[i] - want);
+                if (!(d <= 1e-6 * fabs(want) + 1e-7))
+                    TEST_FAILF("%s, tau %d, element %d: %.9g, reference %.9g",
+                               dt_delay_comp_names[kind], tau, i, out[i], want);
+                worst = fmax(worst, d);
+            }
+            printf("  %s, tau %d: worst difference %.2g\n", dt_delay_comp_names[kind], tau, worst);
+        }
+}
+
+/* A worker and a server killed mid-run: every rank stops with an error
+ * (no hang), naming the lost rank. */
+static void test_ps_fault(void) {
+    EXPECT_RC(tu_run("DT_FAULT_KILL=2:20 DT_TIMEOUT=30 %s train --data %s %s --steps %d --nproc 4 "
+                     "--dp-mode ps --ps-servers 2 --no-save",
+                     DTRAIN, corpus, PS_FLAGS, LONG_STEPS),
+              137);
+    EXPECT_OUT("serving worker rank 2");
+    EXPECT_OUT("rank 2 (node 0, local rank 2");
+    EXPECT_RC(tu_run("DT_FAULT_KILL=1:20 DT_TIMEOUT=30 %s train --data %s %s --steps %d --nproc 4 "
+                     "--dp-mode ps --ps-servers 2 --no-save",
+                     DTRAIN, corpus, PS_FLAGS, LONG_STEPS),
+              137);
+    EXPECT_OUT("with the server of shard 1 (rank 1)");
+}
+
 int main(int argc, char **argv) {
     static const test_case cases[] = {
         {"local_equiv", test_local_equiv},
@@ -391,6 +514,9 @@ int main(int argc, char **argv) {
         {"gossip_bytes", test_gossip_bytes},
         {"errors", test_errors},
         {"slow", test_slow},
+        {"ps_train", test_ps_train},
+        {"ps_delay", test_ps_delay},
+        {"ps_fault", test_ps_fault},
     };
     return tu_main(argc, argv, cases, sizeof cases / sizeof cases[0], corpus, sizeof corpus);
 }
