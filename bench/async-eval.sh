@@ -27,7 +27,8 @@
 #
 # Columns: mode; wall-clock to the target (median, and the speed-up over
 # DDP's median); samples/s over the whole run; bytes each rank sent per
-# step (mean); validation loss at step --steps (equal samples; median);
+# step (mean; the parameter server: pushes and the replies of its server
+# thread); validation loss at step --steps (equal samples; median);
 # the step that reached the target. Run it alone: flock -x
 # /tmp/dtrain-cpu.lock bench/async-eval.sh. See docs/async.md.
 set -euo pipefail

@@ -79,6 +79,7 @@ typedef struct ps_server {
     bool *waiting;            /* (W) a reply is due once SSP allows */
     dt_work **posted;         /* (W) the receive of each remote worker's next header */
     int64_t hist[DT_PS_HIST]; /* staleness counts (the last bin: >= DT_PS_HIST - 1) */
+    uint64_t sent;            /* reply bytes sent and not yet reported by this rank's worker */
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t thread;
@@ -211,6 +212,9 @@ static void *server_main(void *arg) {
                 st = dt_group_send(s->sreply[w], hdr, HDR, DT_I64, 0, PS_TAG);
                 if (st == DT_OK)
                     st = dt_group_send(s->sreply[w], copy, v->len, DT_F32, 0, PS_TAG);
+                pthread_mutex_lock(&v->mu);
+                v->sent += HDR * sizeof(int64_t) + v->len * sizeof(float);
+                pthread_mutex_unlock(&v->mu);
                 if (st != DT_OK) {
                     bad = w;
                     break;
@@ -388,8 +392,16 @@ static dt_status ps_apply(dt_grad_sync *base, bool skip, float clip_scale) {
     return DT_OK;
 }
 
+/* Bytes: this worker's pushes, and the replies this rank's server sent
+ * since the last report. */
 static void ps_apply_report(dt_grad_sync *base, dt_sync_result *out) {
     ps_sync *s = (ps_sync *)base;
+    if (s->srv) {
+        pthread_mutex_lock(&s->srv->mu);
+        out->bytes_sent += s->srv->sent;
+        s->srv->sent = 0;
+        pthread_mutex_unlock(&s->srv->mu);
+    }
     out->comm_ms += s->done.comm_ms;
     out->exposed_comm_ms += s->done.comm_ms;
     out->bytes_sent += s->done.bytes_sent;

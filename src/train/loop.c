@@ -538,8 +538,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         DT_CHECK_GOTO(dt_grad_sync_gather_params(t->sync, true), st, fail);
         DT_CHECK_GOTO(dt__train_whole_model(t, &whole), st, fail);
     }
-    if (st == DT_OK)
-        st = dt__train_dp_mode_report(t, stderr); /* collective: the strategy's summary */
+    st = dt__train_dp_mode_report(t, stderr); /* collective: the strategy's summary */
     if (st == DT_OK)
         st = finish_report(t, d, res, run_steps, &s, whole);
     if (whole != t->m)
