@@ -1,7 +1,8 @@
 /*
- * dp_mode.c — --dp-mode local and gossip (docs/async.md): their checks and
- * the dt_grad_sync each builds (parallel/local_sync.c, gossip_sync.c). The
- * loop drives them like DDP; only setup's choice of sync names them.
+ * dp_mode.c — --dp-mode local, gossip and ps (docs/async.md): their checks,
+ * the dt_grad_sync each builds (parallel/local_sync.c, gossip_sync.c,
+ * ps_sync.c) and the parameter server's summary line. The loop drives them
+ * like DDP; only setup's choice of sync names them.
  */
 #include "train_internal.h"
 

@@ -153,7 +153,7 @@ dt_status dt__train_optim_reduce(void *user, double *values, size_t n);
 /* Its broadcast over the gradient group (K-FAC's inverses). */
 dt_status dt__train_optim_bcast(void *user, float *values, size_t n, int root);
 
-/* dp_mode.c: --dp-mode local and gossip (docs/async.md). The checks made
+/* dp_mode.c: --dp-mode local, gossip and ps (docs/async.md). The checks made
  * before anything is built; and the gradient synchronisation of those
  * modes over the replica group, with the ranges counted in the norm. */
 dt_status dt__train_check_dp_mode(const dt_train_config *c);
