@@ -124,6 +124,17 @@ foreach(case equiv resume errors)
   set_tests_properties(test_train_cp_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
 endforeach()
 
+# --dp-mode local and gossip (docs/async.md) against DDP: bit-identical
+# where they must be, within a stated loss tolerance at equal samples,
+# bytes per step constant in the ranks, resumed bit-identically.
+dt_train_cli_test_exe(test_train_async)
+foreach(case local_equiv local_loss local_resume gossip_equiv gossip_bytes errors slow
+             ps_train ps_delay ps_fault)
+  add_test(NAME test_train_async_${case} COMMAND test_train_async ${case})
+  set_tests_properties(test_train_async_${case} PROPERTIES TIMEOUT 300
+                       LABELS "train;multiprocess")
+endforeach()
+
 # Weights interop: safetensors and llm.c's format against the PyTorch
 # reference (skipped, 77, without python3-torch).
 dt_train_test_exe(logits_dump)

@@ -356,6 +356,7 @@ typedef enum dt_rng_purpose {
     DT_RNG_COMPRESS, /* stochastic quantisation, random-k */
     DT_RNG_SAMPLE,   /* text generation */
     DT_RNG_TEST,     /* tests and benchmarks */
+    DT_RNG_GOSSIP,   /* gossip's random matchings */
     DT_RNG_PURPOSE_COUNT
 } dt_rng_purpose;
 

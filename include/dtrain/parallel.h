@@ -576,6 +576,10 @@ typedef struct dt_sync_result {
     uint64_t bytes_sent;      /* gradient bytes this rank sent */
     int collectives;          /* gradient collectives of the step (DDP: buckets) */
     int launched_in_backward; /* of which started before backward ended */
+    double consensus;         /* gossip: mean squared distance of the replicas' parameters
+                                 to their average, NaN when not measured this step */
+    int64_t staleness;        /* parameter server: the largest staleness of this rank's
+                                 pushes in the step (by apply_report), -1 for others */
 } dt_sync_result;
 
 /* What one step of a strategy costs on the wire, for the planner: the
@@ -607,6 +611,18 @@ dt_status dt_grad_sync_finish(dt_grad_sync *s, dt_sync_result *out);
  * rank owns (unless finish already did). A skipped step (an inf/nan
  * gradient on some rank) leaves parameters and optimizer state alone. */
 dt_status dt_grad_sync_apply(dt_grad_sync *s, bool skip, float clip_scale);
+/* Add the communication apply() did (local SGD's and gossip's parameter
+ * exchanges: time, bytes, messages) to the step's result; nothing for
+ * strategies that communicate only before finish() returns. */
+void dt_grad_sync_apply_report(dt_grad_sync *s, dt_sync_result *out);
+/* Whether the loop agrees on step `step`'s statistics over the world (the
+ * loss, the norm, "stop", "skip": one small allreduce). DDP and ZeRO: every
+ * step. Local SGD and gossip only at the steps where their replicas meet
+ * anyway (an average, a consensus measurement, the last step): between
+ * them each replica runs on its own, with its own loss, norm (finish()
+ * then reports its whole sum of squares) and clipping, and a stop request
+ * waits for the next agreed step — so that no step is a global barrier. */
+bool dt_grad_sync_agrees(const dt_grad_sync *s, int64_t step);
 /* Make the replicas' parameters identical (from the first replica): at the
  * start and after a resume. */
 dt_status dt_grad_sync_replicate(dt_grad_sync *s);
@@ -803,6 +819,159 @@ typedef struct dt_zero_sync_config {
 } dt_zero_sync_config;
 
 dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c);
+
+/* --- Beyond synchronous data parallelism: local SGD and gossip ---------- */
+/*
+ * docs/async.md. Both let every replica step its own optimizer on its own
+ * gradients and communicate parameters, not gradients, between steps:
+ *
+ *   - local SGD (Stich 2019; Lin et al. 2020 "post-local SGD"; SlowMo,
+ *     Wang et al. 2020; DiLoCo, Douillard et al. 2023): H local steps, then
+ *     the parameters (optionally the optimizer state) are averaged over the
+ *     replica group, and an outer optimizer steps the parameters of the
+ *     last synchronisation (the anchor) along the averaged delta
+ *     (anchor - average):
+ *
+ *         sgd       anchor -= lr_o * delta          (lr_o 1: plain averaging)
+ *         slowmo    u = beta u + delta; anchor -= lr_o * u
+ *         nesterov  u = beta u + delta; anchor -= lr_o * (delta + beta u)
+ *
+ *     Steps before post_local_after, and every step when H is 1 with plain
+ *     averaging, are synchronous: their gradients are averaged by DDP's
+ *     bucket engine, so such a run equals DDP bit for bit.
+ *   - gossip (decentralised SGD, Lian et al. 2017): after every `every`-th
+ *     local step each replica mixes its parameters with a few peers' by
+ *     point-to-point messages, never a global collective: "ring" averages
+ *     with both ring neighbours (weights 1/3; 1/2 with two replicas),
+ *     "exp" with one peer 2^(r mod log2 N) away (pairwise, N a power of
+ *     two), "random" with its partner of a random perfect matching drawn
+ *     per round from the seed (an odd replica out keeps its own), and
+ *     "hypercube" runs all log2 N pairwise rounds (an exact average: a test
+ *     and reference topology whose bytes grow with log N). Every 10 steps
+ *     finish() measures the consensus distance (1/N) sum_i |w_i - mean|^2
+ *     of the parameters the step used (a monitoring allreduce, not counted
+ *     in bytes_sent).
+ *
+ * Both average the parameters over the whole group at the run's last step
+ * (total_steps), so the final model is one model. Each rank's own
+ * parameters and optimizer state (and local SGD's anchor and outer
+ * momentum) are its dt_grad_sync state, so a checkpoint resumes every
+ * replica exactly; the checkpoint's shared parameters are replica 0's.
+ * The loop agrees on statistics only where the replicas meet anyway
+ * (dt_grad_sync_agrees); there res.sumsq is this replica's own counted sum
+ * of squares divided by the replica count, so the world's sum is the mean
+ * over replicas (clipping then uses that norm on every replica); between
+ * them each replica clips by its own norm. No loss scaling (fp16).
+ * The parameter exchange happens in apply(), after the update; its time,
+ * bytes and messages reach the step's result through
+ * dt_grad_sync_apply_report. Data-parallel only (no ZeRO, codec or
+ * 16-bit gradients).
+ */
+typedef enum dt_outer_kind {
+    DT_OUTER_SGD,
+    DT_OUTER_SLOWMO,
+    DT_OUTER_NESTEROV,
+    DT_OUTER_COUNT
+} dt_outer_kind;
+/* "sgd", "slowmo", "nesterov" (indexable by dt_outer_kind). */
+extern const char *const dt_outer_names[DT_OUTER_COUNT];
+
+typedef struct dt_local_sync_config {
+    dt_ddp_sync_config ddp;   /* group, buffers, optimizer, norm ranges, buckets: its engine
+                                 runs the synchronous steps (no codec, f32) */
+    int64_t sync_every;       /* H >= 1 local steps between averages */
+    int64_t post_local_after; /* steps 0..N-1 are synchronous (DDP); >= 0 */
+    int64_t total_steps;      /* the step total_steps - 1 always averages */
+    dt_outer_kind outer;
+    double outer_lr;       /* > 0 */
+    double outer_momentum; /* [0, 1): slowmo and nesterov */
+    bool sync_optim_state; /* average the optimizer state with the parameters */
+} dt_local_sync_config;
+
+dt_status dt_local_sync_create(dt_grad_sync **out, const dt_local_sync_config *c);
+
+typedef enum dt_gossip_topology {
+    DT_GOSSIP_RING,
+    DT_GOSSIP_EXP,
+    DT_GOSSIP_RANDOM,
+    DT_GOSSIP_HYPERCUBE,
+    DT_GOSSIP_COUNT
+} dt_gossip_topology;
+/* "ring", "exp", "random", "hypercube" (indexable by dt_gossip_topology). */
+extern const char *const dt_gossip_names[DT_GOSSIP_COUNT];
+
+typedef struct dt_gossip_sync_config {
+    dt_group *group; /* the replica group (NULL or size 1: nothing to mix) */
+    float *params;   /* (n) */
+    float *grads;    /* (n) */
+    size_t n;
+    dt_optimizer *opt;           /* steps over [0, n) */
+    const dt_range *norm_ranges; /* as dt_ddp_sync_config; copied */
+    size_t nnorm;
+    dt_gossip_topology topology; /* exp and hypercube need a power-of-two group */
+    int64_t every;               /* mix after every `every`-th step, >= 1 */
+    int64_t total_steps;         /* the step total_steps - 1 averages over the group */
+    uint64_t seed;               /* keys the random topology's matchings */
+} dt_gossip_sync_config;
+
+dt_status dt_gossip_sync_create(dt_grad_sync **out, const dt_gossip_sync_config *c);
+
+/* --- Parameter server ---------------------------------------------------- */
+/*
+ * An asynchronous parameter server on the training ranks (BytePS-style):
+ * the parameters are cut into `servers` equal shards, rank k < servers
+ * serves shard k from a thread of its own, every rank is a worker that
+ * pushes its gradient shards and reads the parameters back, never waiting
+ * for the others but under SSP: a worker more than `staleness` steps ahead
+ * of the slowest waits for its reply. The server steps plain SGD with the
+ * pushed learning rate over 1/W of each push and compensates the delay
+ * (docs/async.md):
+ *
+ *     none     g
+ *     seed     g / (1 + tau)
+ *     dcasgd   g + lambda g*g*(w_now - w_then)    (DC-ASGD, Zheng et al. 2017)
+ *
+ * tau: the push's staleness in steps (its step minus the slowest worker's
+ * clock when the parameters it used were read); every server asserts
+ * tau <= staleness for every update and counts it (dt_ps_sync_histogram).
+ * The last step of the run is a meeting: every rank ends with the servers'
+ * parameters. Not reproducible bit for bit; no consistent intermediate
+ * checkpoint; the run goes to total_steps (no early stop).
+ */
+typedef enum dt_delay_comp {
+    DT_DELAY_COMP_NONE,
+    DT_DELAY_COMP_SEED,
+    DT_DELAY_COMP_DCASGD,
+    DT_DELAY_COMP_COUNT
+} dt_delay_comp;
+/* "none", "seed", "dcasgd" (indexable by dt_delay_comp). */
+extern const char *const dt_delay_comp_names[DT_DELAY_COMP_COUNT];
+
+#define DT_PS_HIST        64 /* staleness histogram bins (the last: >= 63) */
+#define DT_PS_MAX_SERVERS 64 /* shards */
+
+typedef struct dt_ps_sync_config {
+    dt_group *group; /* the replica group (NULL: one worker, plain SGD) */
+    float *params;   /* (n) */
+    float *grads;    /* (n) */
+    size_t n;
+    const dt_range *norm_ranges; /* as dt_ddp_sync_config; copied */
+    size_t nnorm;
+    int servers;       /* K in [1, group size] */
+    int64_t staleness; /* S in [0, DT_PS_HIST - 2] */
+    dt_delay_comp delay_comp;
+    double dc_lambda;    /* dcasgd's lambda */
+    int64_t total_steps; /* the step total_steps - 1 is the meeting */
+} dt_ps_sync_config;
+
+/* Collective over the group (splits two groups per worker-server pair). */
+dt_status dt_ps_sync_create(dt_grad_sync **out, const dt_ps_sync_config *c);
+/* g <- the compensated gradient (see above), g, w_now, w_then (n). */
+void dt_ps_delay_compensate(dt_delay_comp kind, float lambda, int64_t tau, float *g,
+                            const float *w_now, const float *w_then, size_t n);
+/* Collective over the group: the staleness counts of every server's
+ * updates so far, summed. DT_ERR_INVALID for another strategy. */
+dt_status dt_ps_sync_histogram(const dt_grad_sync *s, int64_t hist[DT_PS_HIST]);
 
 /* ------------------------------------------------------------------------ */
 /* Planning costs: what each strategy sends, described by the strategy      */

@@ -66,6 +66,10 @@ typedef struct dt_step_metrics {
     double loss_scale;      /* loss scale this step used, NaN when scaling is off */
     int64_t skipped_steps;  /* steps skipped for inf/nan gradients so far (cumulative) */
     bool skipped;           /* this step's update was skipped */
+    bool has_staleness;     /* --dp-mode ps (written then): */
+    int64_t staleness;      /* the largest staleness of rank 0's pushes in the step */
+    bool has_consensus;     /* --dp-mode gossip measured (every 10 steps, written then): */
+    double consensus;       /* the replicas' mean squared distance to their average */
 } dt_step_metrics;
 
 typedef struct dt_metrics dt_metrics;
@@ -187,6 +191,17 @@ extern const char *const dt_train_ident_names[DT_TRAIN_IDENT_COUNT];
 /* Top-k density at the first step of --compress-ramp (DGC's first stage). */
 #define DT_TRAIN_RAMP_START 0.25
 
+/* How the data-parallel replicas combine their work (docs/async.md). */
+typedef enum dt_dp_mode {
+    DT_DP_MODE_DDP,    /* average the gradients every step */
+    DT_DP_MODE_LOCAL,  /* local SGD: average the parameters every H steps */
+    DT_DP_MODE_GOSSIP, /* mix the parameters with a few peers */
+    DT_DP_MODE_PS,     /* an asynchronous parameter server with bounded staleness */
+    DT_DP_MODE_COUNT
+} dt_dp_mode;
+/* "ddp", "local", "gossip", "ps" (indexable by dt_dp_mode). */
+extern const char *const dt_dp_mode_names[DT_DP_MODE_COUNT];
+
 typedef struct dt_train_config {
     const char *model;           /* preset name ("tiny", "shakespeare-char", ...) */
     int layers, dim, heads;      /* override the preset when > 0 */
@@ -301,6 +316,25 @@ typedef struct dt_train_config {
      * streamed through a window of memory). "params=disk:DIR" is not built
      * yet. */
     const char *offload;
+    /* Data parallelism beyond synchronous gradient averaging (docs/async.md,
+     * parallel.h "Beyond synchronous data parallelism"): DT_DP_MODE_DDP
+     * (the default), DT_DP_MODE_LOCAL (local SGD: sync_every,
+     * post_local_after, the outer optimizer, sync_optim_state) or
+     * DT_DP_MODE_GOSSIP (gossip_topology, gossip_every) or DT_DP_MODE_PS
+     * (ps_servers, staleness, delay_comp, dc_lambda). */
+    dt_dp_mode dp_mode;
+    int64_t sync_every;       /* H >= 1 (default 8) */
+    int64_t post_local_after; /* synchronous steps first (default 0) */
+    int outer;                /* dt_outer_kind (default sgd) */
+    double outer_lr;          /* default 1 */
+    double outer_momentum;    /* slowmo, nesterov (default 0.9) */
+    bool sync_optim_state;    /* average the optimizer state with the parameters */
+    int gossip_topology;      /* dt_gossip_topology (default ring) */
+    int64_t gossip_every;     /* default 1 */
+    int ps_servers;           /* shards, on ranks 0..K-1 (default 1) */
+    int64_t staleness;        /* SSP bound S (default 4) */
+    int delay_comp;           /* dt_delay_comp (default none) */
+    double dc_lambda;         /* DC-ASGD's lambda (default 0.04) */
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. Set from any thread

@@ -36,6 +36,16 @@ static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const grad_dtypes[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const on_off_auto[] = {"auto", "on", "off", NULL};
 static const char *const layouts[] = {"manual", "auto", NULL};
+/* In the order of dt_dp_mode, dt_outer_kind and dt_gossip_topology. */
+static const char *const dp_modes[] = {"ddp", "local", "gossip", "ps", NULL};
+static const char *const delay_comps[] = {"none", "seed", "dcasgd", NULL};
+static const char *const outer_kinds[] = {"sgd", "slowmo", "nesterov", NULL};
+static const char *const gossip_topologies[] = {"ring", "exp", "random", "hypercube", NULL};
+_Static_assert(sizeof dp_modes / sizeof *dp_modes == DT_DP_MODE_COUNT + 1, "dp modes");
+_Static_assert(sizeof delay_comps / sizeof *delay_comps == DT_DELAY_COMP_COUNT + 1, "delay comp");
+_Static_assert(sizeof outer_kinds / sizeof *outer_kinds == DT_OUTER_COUNT + 1, "outer kinds");
+_Static_assert(sizeof gossip_topologies / sizeof *gossip_topologies == DT_GOSSIP_COUNT + 1,
+               "gossip topologies");
 
 /* clang-format off */
 static const cli_opt train_opts[] = {
@@ -138,6 +148,19 @@ static const cli_opt train_opts[] = {
     {"cluster", 0, CLI_STRING, "FILE", "this", "DT_CLUSTER", "--layout auto plans for this cluster file (docs/planner.md), or 'this': this machine, measured (a few seconds)", NULL, 0, 0},
     {"dp", 0, CLI_INT, "N", "0", "DT_DP", "data-parallel degree (0: ranks / (tp x pp x cp))", NULL, 0, 1 << 20},
     {"mesh-order", 0, CLI_STRING, "ORDER", "tp-cp-dp-pp", "DT_MESH_ORDER", "rank order of the mesh axes, fastest-varying first", NULL, 0, 0},
+    {"dp-mode", 0, CLI_ENUM, "MODE", "ddp", "DT_DP_MODE", "how replicas combine their work: ddp (average gradients every step), local (local SGD: average parameters every --sync-every steps), gossip (mix parameters with a few peers), ps (asynchronous parameter server); docs/async.md", dp_modes, 0, 0},
+    {"sync-every", 0, CLI_INT, "H", "8", "DT_SYNC_EVERY", "--dp-mode local: local steps between parameter averages (1 with plain averaging: DDP)", NULL, 1, 1e15},
+    {"post-local-after", 0, CLI_INT, "N", "0", "DT_POST_LOCAL_AFTER", "--dp-mode local: the first N steps average gradients (post-local SGD)", NULL, 0, 1e15},
+    {"outer", 0, CLI_ENUM, "KIND", "sgd", "DT_OUTER", "--dp-mode local: outer optimizer on the averaged delta: sgd, slowmo, nesterov (DiLoCo)", outer_kinds, 0, 0},
+    {"outer-lr", 0, CLI_DOUBLE, "X", "1", "DT_OUTER_LR", "--dp-mode local: outer learning rate (sgd 1: plain averaging)", NULL, 1e-6, 100},
+    {"outer-momentum", 0, CLI_DOUBLE, "X", "0.9", "DT_OUTER_MOMENTUM", "--dp-mode local: outer momentum of slowmo and nesterov", NULL, 0, 0.999999},
+    {"sync-optim-state", 0, CLI_FLAG, NULL, NULL, "DT_SYNC_OPTIM_STATE", "--dp-mode local: average the optimizer state with the parameters", NULL, 0, 0},
+    {"gossip-topology", 0, CLI_ENUM, "KIND", "ring", "DT_GOSSIP_TOPOLOGY", "--dp-mode gossip: peers of each round: ring, exp (2^k apart), random (a matching per round), hypercube (exact average, log2 N rounds)", gossip_topologies, 0, 0},
+    {"gossip-every", 0, CLI_INT, "K", "1", "DT_GOSSIP_EVERY", "--dp-mode gossip: mix parameters after every K-th step", NULL, 1, 1e15},
+    {"ps-servers", 0, CLI_INT, "K", "1", "DT_PS_SERVERS", "--dp-mode ps: parameter shards, served by ranks 0..K-1 (threads beside their workers)", NULL, 1, 64},
+    {"staleness", 0, CLI_INT, "S", "4", "DT_STALENESS", "--dp-mode ps: SSP bound, a worker more than S steps ahead of the slowest waits", NULL, 0, 62},
+    {"delay-comp", 0, CLI_ENUM, "KIND", "none", "DT_DELAY_COMP", "--dp-mode ps: delay compensation: none, seed (g / (1 + tau)), dcasgd (g + lambda g*g*(w - w_read))", delay_comps, 0, 0},
+    {"dc-lambda", 0, CLI_DOUBLE, "X", "0.04", "DT_DC_LAMBDA", "--dp-mode ps --delay-comp dcasgd: lambda", NULL, 0, 100},
     {"compress-dense-below", 0, CLI_INT, "N", "0", "DT_COMPRESS_DENSE_BELOW", "tensors of fewer than N values (biases, LayerNorm) are averaged exactly (fp32)", NULL, 0, 1e15},
     {0},
 };
@@ -384,6 +407,19 @@ static int run_train(cli_args *a) {
     c.cp_mode = cli_str(a, "cp-mode");
     c.dp = (int)cli_int(a, "dp");
     c.mesh_order = cli_str(a, "mesh-order");
+    c.dp_mode = (dt_dp_mode)cli_enum(a, "dp-mode");
+    c.sync_every = cli_int(a, "sync-every");
+    c.post_local_after = cli_int(a, "post-local-after");
+    c.outer = cli_enum(a, "outer");
+    c.outer_lr = cli_double(a, "outer-lr");
+    c.outer_momentum = cli_double(a, "outer-momentum");
+    c.sync_optim_state = cli_bool(a, "sync-optim-state");
+    c.gossip_topology = cli_enum(a, "gossip-topology");
+    c.gossip_every = cli_int(a, "gossip-every");
+    c.ps_servers = (int)cli_int(a, "ps-servers");
+    c.staleness = cli_int(a, "staleness");
+    c.delay_comp = cli_enum(a, "delay-comp");
+    c.dc_lambda = cli_double(a, "dc-lambda");
     if (!c.data)
         cli_usage_error(a->cmd, "--data FILE is required (a .txt corpus or a .tok file)");
     if (c.min_lr > c.lr)

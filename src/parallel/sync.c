@@ -5,6 +5,7 @@
 #include "dtrain/optim.h"
 #include "sync_internal.h"
 
+#include <math.h>
 #include <string.h>
 
 dt_status dt_grad_sync_begin_step(dt_grad_sync *s, const dt_sync_step *step) {
@@ -19,10 +20,19 @@ void dt_grad_sync_ready(void *s, size_t ready_from) {
 }
 dt_status dt_grad_sync_finish(dt_grad_sync *s, dt_sync_result *out) {
     memset(out, 0, sizeof *out);
+    out->consensus = NAN; /* measured by the strategies that mix parameters */
+    out->staleness = -1;  /* the parameter server's */
     return s->ops->finish(s, out);
 }
 dt_status dt_grad_sync_apply(dt_grad_sync *s, bool skip, float clip_scale) {
     return s->ops->apply(s, skip, clip_scale);
+}
+void dt_grad_sync_apply_report(dt_grad_sync *s, dt_sync_result *out) {
+    if (s->ops->apply_report)
+        s->ops->apply_report(s, out);
+}
+bool dt_grad_sync_agrees(const dt_grad_sync *s, int64_t step) {
+    return s->ops->agrees ? s->ops->agrees(s, step) : true;
 }
 dt_status dt_grad_sync_replicate(dt_grad_sync *s) { return s->ops->replicate(s); }
 dt_status dt_grad_sync_check(dt_grad_sync *s, int64_t step) { return s->ops->check(s, step); }

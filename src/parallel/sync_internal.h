@@ -29,6 +29,10 @@ typedef struct dt__sync_ops {
     /* Optional (NULL: every parameter stays in place). */
     const dt_param_hooks *(*param_hooks)(const dt_grad_sync *s);
     dt_status (*gather_params)(dt_grad_sync *s, bool whole);
+    /* Optional (NULL: apply communicates nothing). */
+    void (*apply_report)(dt_grad_sync *s, dt_sync_result *out);
+    /* Optional (NULL: every step is agreed). */
+    bool (*agrees)(const dt_grad_sync *s, int64_t step);
 } dt__sync_ops;
 
 struct dt_grad_sync {

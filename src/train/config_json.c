@@ -171,6 +171,25 @@ char *dt__train_config_json(const trainer *t) {
     put(o, "zero", json_integer(c->zero), &ok);
     if (c->offload)
         put(o, "offload", str(c->offload), &ok);
+    put(o, "dp-mode", str(dt_dp_mode_names[c->dp_mode]), &ok);
+    if (c->dp_mode == DT_DP_MODE_LOCAL) {
+        put(o, "sync-every", json_integer(c->sync_every), &ok);
+        put(o, "post-local-after", json_integer(c->post_local_after), &ok);
+        put(o, "outer", str(dt_outer_names[c->outer]), &ok);
+        put(o, "outer-lr", real(c->outer_lr), &ok);
+        put(o, "outer-momentum", real(c->outer_momentum), &ok);
+        put(o, "sync-optim-state", json_boolean(c->sync_optim_state), &ok);
+    }
+    if (c->dp_mode == DT_DP_MODE_PS) {
+        put(o, "ps-servers", json_integer(c->ps_servers), &ok);
+        put(o, "staleness", json_integer(c->staleness), &ok);
+        put(o, "delay-comp", str(dt_delay_comp_names[c->delay_comp]), &ok);
+        put(o, "dc-lambda", real(c->dc_lambda), &ok);
+    }
+    if (c->dp_mode == DT_DP_MODE_GOSSIP) {
+        put(o, "gossip-topology", str(dt_gossip_names[c->gossip_topology]), &ok);
+        put(o, "gossip-every", json_integer(c->gossip_every), &ok);
+    }
     put(o, "check-every", json_integer(c->check_every), &ok);
     if (c->peak_gflops > 0)
         put(o, "peak-flops", real(c->peak_gflops * 1e9), &ok);

@@ -29,6 +29,7 @@
 #include "dtrain/launch.h"
 #include "train_internal.h"
 
+#include <errno.h>
 #include <float.h>
 #include <inttypes.h>
 #include <math.h>
@@ -36,6 +37,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 
 /* Steps whose throughput and communication times enter the summary's
@@ -65,6 +67,12 @@ static dt_status evaluate(trainer *t, double *out) {
         DT_CHECK(dt_group_allreduce(dp, &v, &v, 1, DT_F64, DT_AVG));
     *out = v;
     return DT_OK;
+}
+
+static void sleep_ms(double ms) {
+    struct timespec ts = {.tv_sec = (time_t)(ms / 1e3), .tv_nsec = (long)(fmod(ms, 1e3) * 1e6)};
+    while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+    }
 }
 
 static void maybe_fault(trainer *t) {
@@ -112,6 +120,8 @@ static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bo
     size_t bt = (size_t)t->B * t->T;
     for (int k = 0; read && k < t->K; k++)
         DT_CHECK(dt_loader_next(t->train, t->inputs + k * bt, t->targets + k * bt));
+    if (t->slow_factor > 1) /* DT_FAULT_SLOW: a straggler starts its passes late */
+        sleep_ms((t->slow_factor - 1) * t->last_busy_ms);
     DT_CHECK(dt_runner_step(t->runner,
                             &(dt_run_batch){.inputs = t->inputs,
                                             .targets = t->targets,
@@ -120,6 +130,7 @@ static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bo
                                             .T = t->T,
                                             .grad_scale = s->scale / (float)t->K},
                             t->sync, &s->run));
+    t->last_busy_ms = s->run.busy_ms;
     double loss = s->run.loss;
     DT_CHECK(dt_grad_sync_finish(t->sync, &s->r));
     if (t->step + 1 == t->overflow_at) {
@@ -133,12 +144,16 @@ static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bo
     double v[4] = {counts_loss ? loss / t->K : 0.0, s->r.sumsq,
                    c->stop && atomic_load_explicit(c->stop, memory_order_relaxed) ? 1.0 : 0.0,
                    s->r.found_inf ? 1.0 : 0.0};
-    if (t->world)
+    /* Strategies whose replicas run on their own between meetings (local
+     * SGD, gossip) agree only at those: else this replica's own values,
+     * and a stop request waits for the next agreed step. */
+    bool agree = dt_grad_sync_agrees(t->sync, t->step);
+    if (t->world && agree)
         DT_CHECK(dt_group_allreduce(t->world, v, v, 4, DT_F64, DT_SUM));
-    s->loss = v[0] / t->dp;
+    s->loss = agree ? v[0] / t->dp : v[0];
     s->sumsq = v[1];
     s->norm = sqrt(v[1]);
-    s->stop = v[2] > 0;
+    s->stop = agree && v[2] > 0;
     s->skip = t->scaling && v[3] > 0;
     return DT_OK;
 }
@@ -219,6 +234,7 @@ static dt_status step(trainer *t, step_stats *s) {
     }
     DT_CHECK(dt_grad_sync_apply(t->sync, s->skip,
                                 clip ? dt_clip_scale(s->sumsq, (float)c->clip) : 1.0f));
+    dt_grad_sync_apply_report(t->sync, &s->r);
     dt_optimizer_end(t->opt, !s->skip);
     return DT_OK;
 }
@@ -459,6 +475,10 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             .loss_scale = t->scaling ? (double)s.scale : NAN,
             .skipped_steps = t->skipped,
             .skipped = s.skip,
+            .has_staleness = s.r.staleness >= 0,
+            .staleness = s.r.staleness,
+            .has_consensus = isfinite(s.r.consensus),
+            .consensus = s.r.consensus,
         };
         sm.compute_ms = sm.step_ms - sm.exposed_comm_ms - (split ? sm.tp_comm_ms : 0);
         sm.tokens_per_s = (double)tokens_per_step / (t1 - t0);
@@ -521,7 +541,9 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         DT_CHECK_GOTO(dt_grad_sync_gather_params(t->sync, true), st, fail);
         DT_CHECK_GOTO(dt__train_whole_model(t, &whole), st, fail);
     }
-    st = finish_report(t, d, res, run_steps, &s, whole);
+    st = dt__train_dp_mode_report(t, stderr); /* collective: the strategy's summary */
+    if (st == DT_OK)
+        st = finish_report(t, d, res, run_steps, &s, whole);
     if (whole != t->m)
         dt_gpt_destroy(whole);
     if (assemble) {

@@ -44,6 +44,10 @@ int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
         (json_int_t)s->skipped_steps);
     if (!o)
         return -1;
+    if (s->has_staleness)
+        json_object_set_new(o, "staleness", json_integer(s->staleness));
+    if (s->has_consensus) /* only the steps that measured it */
+        json_object_set_new(o, "consensus", json_real(s->consensus));
     /* Nine significant digits read back as the same float. */
     size_t n = json_dumpb(o, buf, len, JSON_COMPACT | JSON_REAL_PRECISION(9));
     json_decref(o);

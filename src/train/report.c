@@ -74,6 +74,9 @@ void dt__train_print_header(const trainer *t, double peak, const char *peak_from
             t->world ? dt_group_transport(t->world) : "self", peak, dt_precision_name(c->precision),
             peak_from);
     print_precision(t, f);
+    if (c->dp_mode != DT_DP_MODE_DDP) /* the strategy's own description of its settings */
+        fprintf(f, "  --dp-mode %s: %s (docs/async.md)\n", dt_dp_mode_names[c->dp_mode],
+                dt_grad_sync_state_ident(t->sync));
     if (t->pipe) {
         const dt_gpt_part *pt = dt_gpt_get_part(t->m);
         const dt_pp_schedule *ps = t->pipe;

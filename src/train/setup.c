@@ -39,6 +39,27 @@ static int64_t fault_step(const trainer *t, const char *var) {
     return s;
 }
 
+/* DT_FAULT_SLOW="RANK:FACTOR" (straggler emulation, every attempt): that
+ * rank computes FACTOR times slower, the loop sleeping (FACTOR - 1) times
+ * its previous step's forward and backward time before each step's
+ * passes. Read once; 1 on the other ranks. */
+static dt_status slow_factor(trainer *t) {
+    const char *f = getenv("DT_FAULT_SLOW");
+    int r;
+    double x;
+    char tail;
+    t->slow_factor = 1;
+    if (!f || !*f)
+        return DT_OK;
+    if (sscanf(f, "%d:%lf%c", &r, &x, &tail) != 2 || r < 0 || !(x >= 1 && x <= 1000))
+        return bad("DT_FAULT_SLOW=%s: expected RANK:FACTOR with a rank >= 0 and a factor in "
+                   "[1, 1000]",
+                   f);
+    if (r == t->rank)
+        t->slow_factor = x;
+    return DT_OK;
+}
+
 /* The job (or a single process) and its layout: the mesh from --tp, --pp,
  * --cp and --dp (the ranks left over) in --mesh-order. */
 static dt_status join(trainer *t) {
@@ -524,7 +545,8 @@ static dt_status make_sync(trainer *t) {
     sc.ddp.tensors = shapes;
     sc.ddp.ntensors = nt;
     sc.ddp.dense_below = (size_t)c->compress_dense_below;
-    st = dt_ddp_sync_create(&t->sync, &sc);
+    st = c->dp_mode == DT_DP_MODE_DDP ? dt_ddp_sync_create(&t->sync, &sc)
+                                      : dt__train_make_dp_mode_sync(t, &sc);
     dt_free(shapes);
     dt_free(norm);
     return st;
@@ -560,6 +582,7 @@ dt_status dt__train_setup(trainer *t) {
     t->kill_at = fault_step(t, "DT_FAULT_KILL");
     t->perturb_at = fault_step(t, "DT_FAULT_PERTURB");
     t->overflow_at = fault_step(t, "DT_FAULT_OVERFLOW");
+    DT_CHECK(slow_factor(t));
     t->ckpt_precision = t->c->precision;
     DT_CHECK(sizes(t));
     DT_CHECK(open_data(t));

@@ -56,6 +56,14 @@ void dt_train_config_init(dt_train_config *c) {
     c->sample_tokens = 256;
     c->progress = -1;
     c->tp = c->pp = c->cp = 1;
+    c->dp_mode = DT_DP_MODE_DDP;
+    c->sync_every = 8;
+    c->outer_lr = 1.0;
+    c->outer_momentum = 0.9;
+    c->gossip_every = 1;
+    c->ps_servers = 1;
+    c->staleness = 4;
+    c->dc_lambda = 0.04;
 }
 
 dt_status dt__train_check_config(const dt_train_config *c) {
@@ -206,6 +214,7 @@ dt_status dt__train_check_config(const dt_train_config *c) {
                             c->zero, dt_codec_format(&c->compress, cb, sizeof cb),
                             dt_dtype_name(c->grad_dtype));
     }
+    DT_CHECK(dt__train_check_dp_mode(c));
     dt_cp_mode cpm;
     if (c->cp_mode && strcmp(c->cp_mode, "auto") != 0)
         DT_CHECK(dt_cp_mode_parse("--cp-mode", c->cp_mode, &cpm));

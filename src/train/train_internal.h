@@ -76,6 +76,9 @@ typedef struct trainer {
     dt_rank_memory plan;
     /* Test hooks (loop.c): the step at which this rank acts, or -1. */
     int64_t kill_at, perturb_at, overflow_at;
+    /* DT_FAULT_SLOW (loop.c): this rank's slow-down factor (1: none) and
+     * its last step's compute time, which sets the next step's sleep. */
+    double slow_factor, last_busy_ms;
 } trainer;
 
 /* A rejected configuration value. */
@@ -149,6 +152,15 @@ void dt__train_free(trainer *t);
 dt_status dt__train_optim_reduce(void *user, double *values, size_t n);
 /* Its broadcast over the gradient group (K-FAC's inverses). */
 dt_status dt__train_optim_bcast(void *user, float *values, size_t n, int root);
+
+/* dp_mode.c: --dp-mode local, gossip and ps (docs/async.md). The checks made
+ * before anything is built; and the gradient synchronisation of those
+ * modes over the replica group, with the ranges counted in the norm. */
+dt_status dt__train_check_dp_mode(const dt_train_config *c);
+dt_status dt__train_make_dp_mode_sync(trainer *t, const dt_ddp_sync_config *ddp);
+/* After the run, every rank: the mode's summary line on rank 0 (the
+ * parameter server's staleness distribution over all servers). */
+dt_status dt__train_dp_mode_report(trainer *t, FILE *f);
 
 /* state.c: every rank calls both (collective over the world). */
 dt_status dt__train_save(trainer *t, char *path, size_t len);

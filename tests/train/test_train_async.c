@@ -1,0 +1,530 @@
+/*
+ * test_train_async.c — --dp-mode local and gossip (docs/async.md) as real
+ * processes, against synchronous DDP.
+ *
+ *   local_equiv   --sync-every 1 (plain averaging) and a run that stays in
+ *                 post-local SGD's synchronous phase are DDP bit for bit
+ *                 (every loss, the final parameters); --sync-every 4 is
+ *                 not (it must differ: the local steps are real), and
+ *                 --check-every 4 finds the replicas equal after each
+ *                 average.
+ *   local_loss    80 steps at equal samples: local SGD (H 4, 8, SlowMo,
+ *                 DiLoCo's Nesterov outer step) ends no more than 5%
+ *                 above DDP's validation loss at 2 ranks and 10% at 4
+ *                 ranks (smaller per-rank batches; an outer momentum may
+ *                 end below DDP, down to 0.8x is accepted); every rank's final
+ *                 parameters are equal (the last step averages).
+ *   local_resume  stopped mid-period (step 6 of H 4) and resumed: bit-
+ *                 identical to the uninterrupted run (each rank's own
+ *                 parameters, optimizer state, anchor and outer momentum
+ *                 come back), with SlowMo and the optimizer state averaged.
+ *   gossip_equiv  the hypercube topology (an exact average every step) with
+ *                 plain SGD equals DDP within float tolerance (1e-5) at 2
+ *                 and 4 ranks: the losses the ranks agree on, the
+ *                 validation loss every 2 steps and the final parameters
+ *                 (parameter averaging after an SGD step is gradient
+ *                 averaging, up to rounding).
+ *   gossip_bytes  bytes per step do not grow with the ranks: exp sends one
+ *                 vector at 2 and 4 ranks, ring two at 3 and 4; the
+ *                 consensus distance is in the metrics every 10 steps,
+ *                 0 at the start and for two replicas (a pair's mix is an
+ *                 exact average), in (0, 1) for more; the final parameters of every
+ *                 rank are equal; ring, exp and random at 4 ranks end no
+ *                 more than 10% above DDP's validation loss; ring and
+ *                 random resume bit-identically.
+ *   errors        settings the modes refuse exit naming them.
+ *   slow          DT_FAULT_SLOW=0:4 makes a step at least 2x slower (4x
+ *                 expected; the margin is for a loaded machine).
+ *   ps_train      --dp-mode ps at 4 ranks with rank 1 three times slower:
+ *                 K 2 S 2, K 4 S 0, K 1 S 4 with the seeds' compensation,
+ *                 K 2 S 4 with DC-ASGD: every update counted (steps x 4
+ *                 workers x K shards), none applied staler than S (the
+ *                 servers' histogram; rank 0's per-step staleness in the
+ *                 metrics), some stale when S > 0, validation loss no more
+ *                 than 10% above DDP's (SGD) at equal samples (20% with
+ *                 the seeds' rule, which shrinks stale steps).
+ *   ps_delay      the delay compensation against a double-precision
+ *                 serial reference of its formulas.
+ *   ps_fault      a worker (rank 2) and a server (rank 1) killed mid-run:
+ *                 the job fails within seconds (no hang), the lost rank
+ *                 named.
+ * Run one case per process: test_train_async CASE.
+ */
+#include "train_util.h"
+
+#include "dtrain/ckpt.h"
+#include "dtrain/parallel.h"
+
+#include <math.h>
+
+#define DTRAIN DT_CLI_PATH
+#define TINY                                                                                       \
+    "--model tiny --layers 4 --dim 32 --heads 4 --seq 32 --threads 1 --peak-flops 1e9 "            \
+    "--sample-tokens 0 --progress plain --val-split 0 --lr 1e-3 --warmup 1 --schedule linear "     \
+    "--min-lr 1e-4 --eps 1e-4 --global-batch 12 --clip 0.5 --bucket-size 16K"
+/* Longer runs with a validation loss (local_loss, gossip_bytes). */
+#define LONG                                                                                       \
+    "--model tiny --layers 4 --dim 32 --heads 4 --seq 32 --threads 1 --peak-flops 1e9 "            \
+    "--sample-tokens 0 --progress plain --val-split 0.1 --eval-batches 4 --lr 3e-3 --warmup 5 "    \
+    "--schedule cosine --min-lr 3e-4 --global-batch 24 --clip 1 --bucket-size 16K"
+#define STEPS      12
+#define LONG_STEPS 80
+
+static char corpus[128];
+
+/* Train into tu_dir/NAME (checkpoints in NAME/ck). */
+static void train(const char *name, const char *flags, int steps, const char *extra) {
+    EXPECT_RC(tu_run("%s train --data %s %s --steps %d --ckpt-dir %s/%s/ck --run-dir %s/%s %s",
+                     DTRAIN, corpus, flags, steps, tu_dir, name, tu_dir, name, extra),
+              0);
+}
+
+/* The last validation loss of run NAME (its summary line). */
+static double val_loss(void) {
+    const char *at = strstr(tu_out, "val loss ");
+    if (!at) {
+        fprintf(stderr, "output was:\n%s\n", tu_out);
+        TEST_FAILF("no validation loss in the summary");
+    }
+    return strtod(at + strlen("val loss "), NULL);
+}
+
+/* Every rank's own parameters (the first n floats of its sync state) in
+ * the newest checkpoint of NAME are equal. */
+static void ranks_agree(const char *name, size_t n, int ranks) {
+    char dir[192];
+    snprintf(dir, sizeof dir, "%s/%s/ck", tu_dir, name);
+    dt_ckpt_set *set;
+    ASSERT_OK(dt_ckpt_set_open_latest(&set, dir));
+    dt_ckpt_info first = {0};
+    for (int r = 0; r < ranks; r++) {
+        dt_ckpt_info info;
+        const dt_ckpt *f = dt_ckpt_set_file_of(set, r);
+        ASSERT_TRUE(f != NULL);
+        ASSERT_OK(dt_ckpt_find(f, "sync.state", &info));
+        ASSERT_TRUE(info.bytes >= n * sizeof(float));
+        if (r == 0)
+            first = info;
+        else if (memcmp(first.data, info.data, n * sizeof(float)) != 0)
+            TEST_FAILF("%s: rank %d's final parameters differ from rank 0's", name, r);
+    }
+    dt_ckpt_set_close(set);
+}
+
+static void test_local_equiv(void) {
+    train("ddp", TINY, STEPS, "--nproc 2");
+    train("h1", TINY, STEPS, "--nproc 2 --dp-mode local --sync-every 1");
+    tu_compare_runs("ddp", "h1", STEPS);
+    train("post", TINY, STEPS, "--nproc 2 --dp-mode local --sync-every 4 --post-local-after 12");
+    tu_compare_runs("ddp", "post", STEPS);
+    printf("  --sync-every 1 and the post-local warm-up: DDP's bits\n");
+    /* Local steps: other losses, replicas equal after every average. */
+    train("h4", TINY, STEPS, "--nproc 2 --dp-mode local --sync-every 4 --check-every 4");
+    double ld[64], lh[64];
+    char p[192];
+    snprintf(p, sizeof p, "%s/ddp/metrics.jsonl", tu_dir);
+    tu_losses(p, ld, 63);
+    snprintf(p, sizeof p, "%s/h4/metrics.jsonl", tu_dir);
+    tu_losses(p, lh, 63);
+    ASSERT_EQ(ld[1], lh[1]); /* the same start */
+    int differ = 0;
+    for (int s = 2; s <= STEPS; s++)
+        differ += ld[s] != lh[s];
+    if (differ < STEPS - 2)
+        TEST_FAILF("--sync-every 4 matched DDP at %d of %d steps: no local steps?",
+                   STEPS - 1 - differ, STEPS - 1);
+}
+
+static void test_local_loss(void) {
+    static const char *const modes[] = {
+        "--dp-mode local --sync-every 4",
+        "--dp-mode local --sync-every 8",
+        "--dp-mode local --sync-every 8 --outer slowmo --outer-lr 1 --outer-momentum 0.5",
+        "--dp-mode local --sync-every 8 --outer nesterov --outer-lr 0.7 --outer-momentum 0.9",
+    };
+    for (int np = 2; np <= 4; np += 2) {
+        char extra[256], name[32];
+        snprintf(extra, sizeof extra, "--nproc %d", np);
+        snprintf(name, sizeof name, "ddp%d", np);
+        train(name, LONG, LONG_STEPS, extra);
+        double ref = val_loss(), tol = np == 2 ? 0.05 : 0.10;
+        size_t n;
+        snprintf(extra, sizeof extra, "%s/%s/ck", tu_dir, name);
+        free(tu_params(extra, &n));
+        for (size_t m = 0; m < sizeof modes / sizeof *modes; m++) {
+            snprintf(extra, sizeof extra, "--nproc %d %s", np, modes[m]);
+            snprintf(name, sizeof name, "local%d_%zu", np, m);
+            train(name, LONG, LONG_STEPS, extra);
+            double v = val_loss();
+            printf("  %d ranks, %s: val loss %.4f, DDP %.4f (%+.1f%%)\n", np, modes[m], v, ref,
+                   100 * (v - ref) / ref);
+            /* An outer momentum may do better than DDP (a larger step). */
+            if (!(v <= (1 + tol) * ref && v >= 0.8 * ref))
+                TEST_FAILF("%s at %d ranks: val loss %.4f is more than %.0f%% above DDP's %.4f "
+                           "(or implausibly below)",
+                           modes[m], np, v, 100 * tol, ref);
+            ranks_agree(name, n, np);
+        }
+    }
+}
+
+/* Stop after `stop` steps and resume, against the uninterrupted run. */
+static void resume_case(const char *name, const char *flags, int stop) {
+    char whole[64], part[64], extra[256];
+    snprintf(whole, sizeof whole, "%s_whole", name);
+    snprintf(part, sizeof part, "%s_resumed", name);
+    train(whole, TINY, STEPS, flags);
+    snprintf(extra, sizeof extra, "%s --stop-after %d", flags, stop);
+    train(part, TINY, STEPS, extra);
+    snprintf(extra, sizeof extra, "%s --resume", flags);
+    train(part, TINY, STEPS, extra);
+    EXPECT_OUT("resumed from");
+    tu_compare_runs(whole, part, STEPS);
+    printf("  %s: stopped after %d, resumed: bit-identical\n", name, stop);
+}
+
+static void test_local_resume(void) {
+    resume_case("local", "--nproc 2 --dp-mode local --sync-every 4", 6);
+    resume_case("slowmo",
+                "--nproc 2 --dp-mode local --sync-every 4 --outer slowmo --outer-lr 0.8 "
+                "--sync-optim-state",
+                6);
+    resume_case("post", "--nproc 2 --dp-mode local --sync-every 3 --post-local-after 4", 5);
+}
+
+/* Validation losses of run NAME by step (NaN where it did not evaluate). */
+static void val_losses(const char *name, double *out, int steps) {
+    char text[64][64];
+    ASSERT_EQ(tu_metric_text(name, "val_loss", text, 63), steps);
+    for (int s = 1; s <= steps; s++) {
+        const char *v = text[s - 1] + strlen("\"val_loss\":");
+        out[s] = strncmp(v, "null", 4) == 0 ? NAN : strtod(v, NULL);
+    }
+}
+
+static void test_gossip_equiv(void) {
+    /* Training losses are agreed over the ranks at steps 1, 11 and 12 only
+     * (between them rank 0 logs its own): the validation loss, averaged
+     * over the ranks every 2 steps, is compared too. */
+    const char *sgd = "--optimizer sgd --momentum 0 --clip 0 --lr 0.05 --val-split 0.1 "
+                      "--eval-every 2 --eval-batches 2";
+    for (int np = 2; np <= 4; np += 2) {
+        char a[64], b[64], ea[128], eb[160], pa_dir[192], pb_dir[192];
+        snprintf(a, sizeof a, "ddp_sgd%d", np);
+        snprintf(b, sizeof b, "cube%d", np);
+        snprintf(ea, sizeof ea, "--nproc %d %s", np, sgd);
+        snprintf(eb, sizeof eb, "--nproc %d %s --dp-mode gossip --gossip-topology hypercube", np,
+                 sgd);
+        train(a, TINY, STEPS, ea);
+        train(b, TINY, STEPS, eb);
+        double la[64], lb[64], va[64], vb[64];
+        char p[192];
+        snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, a);
+        tu_losses(p, la, 63);
+        snprintf(p, sizeof p, "%s/%s/metrics.jsonl", tu_dir, b);
+        tu_losses(p, lb, 63);
+        val_losses(a, va, STEPS);
+        val_losses(b, vb, STEPS);
+        double worst = 0;
+        for (int s = 1; s <= STEPS; s++) {
+            bool agreed = s == 1 || s == 11 || s == STEPS;
+            double d = fabs(la[s] - lb[s]) / la[s], dv = fabs(va[s] - vb[s]) / va[s];
+            if (agreed && !(d <= 1e-5))
+                TEST_FAILF("%d ranks, step %d: loss %.9g with DDP, %.9g with hypercube gossip", np,
+                           s, la[s], lb[s]);
+            if (s % 2 == 0 && !(dv <= 1e-5))
+                TEST_FAILF("%d ranks, step %d: val loss %.9g with DDP, %.9g with hypercube gossip",
+                           np, s, va[s], vb[s]);
+            worst = fmax(worst, fmax(agreed ? d : 0, s % 2 == 0 ? dv : 0));
+        }
+        size_t n1, n2;
+        snprintf(pa_dir, sizeof pa_dir, "%s/%s/ck", tu_dir, a);
+        snprintf(pb_dir, sizeof pb_dir, "%s/%s/ck", tu_dir, b);
+        float *pa = tu_params(pa_dir, &n1), *pb = tu_params(pb_dir, &n2);
+        ASSERT_EQ(n1, n2);
+        double wp = 0;
+        for (size_t i = 0; i < n1; i++) {
+            double d = fabs((double)pa[i] - pb[i]);
+            if (!(d <= 1e-5 * fabs((double)pa[i]) + 1e-6))
+                TEST_FAILF("%d ranks: param %zu = %.9g with DDP, %.9g with gossip", np, i, pa[i],
+                           pb[i]);
+            wp = fmax(wp, d);
+        }
+        printf("  %d ranks: hypercube gossip vs DDP (sgd): worst loss diff %.2g (rel), param "
+               "diff %.2g\n",
+               np, worst, wp);
+        free(pa);
+        free(pb);
+    }
+}
+
+/* bytes_sent of step `step` (1-based) of run NAME. */
+static uint64_t step_bytes(const char *name, int step) {
+    char text[64][64];
+    int n = tu_metric_text(name, "bytes_sent", text, 63);
+    ASSERT_TRUE(step <= n);
+    return strtoull(text[step - 1] + strlen("\"bytes_sent\":"), NULL, 10);
+}
+
+/* The consensus distances of run NAME (steps 1, 11, 21, ...). */
+static int consensus(const char *name, double *out, int max) {
+    char path[192], line[2048];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tu_dir, name);
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    int n = 0, step = 0;
+    while (fgets(line, sizeof line, f)) {
+        step++;
+        const char *at = strstr(line, "\"consensus\":");
+        if ((step - 1) % 10 == 0 && !at)
+            TEST_FAILF("%s: no consensus at step %d: %.200s", path, step, line);
+        if (at && n < max)
+            out[n++] = strtod(at + strlen("\"consensus\":"), NULL);
+    }
+    fclose(f);
+    return n;
+}
+
+static void test_gossip_bytes(void) {
+    size_t n;
+    char dir[192];
+    train("ddp4", LONG, LONG_STEPS, "--nproc 4");
+    double ref = val_loss();
+    snprintf(dir, sizeof dir, "%s/ddp4/ck", tu_dir);
+    free(tu_params(dir, &n));
+    /* One vector per step for exp, whatever the ranks; two for ring. */
+    static const struct {
+        const char *name, *flags;
+        int np, vectors;
+    } runs[] = {
+        {"exp2", "--dp-mode gossip --gossip-topology exp", 2, 1},
+        {"exp4", "--dp-mode gossip --gossip-topology exp", 4, 1},
+        {"ring3", "--dp-mode gossip --gossip-topology ring", 3, 2},
+        {"ring4", "--dp-mode gossip --gossip-topology ring", 4, 2},
+        {"random4", "--dp-mode gossip --gossip-topology random", 4, 1},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        char extra[160];
+        snprintf(extra, sizeof extra, "--nproc %d %s", runs[i].np, runs[i].flags);
+        train(runs[i].name, LONG, LONG_STEPS, extra);
+        double v = val_loss();
+        uint64_t b = step_bytes(runs[i].name, 5), want = (uint64_t)runs[i].vectors * n * 4;
+        if (b != want)
+            TEST_FAILF("%s: step 5 sent %llu bytes, expected %d vectors of %zu floats = %llu",
+                       runs[i].name, (unsigned long long)b, runs[i].vectors, n,
+                       (unsigned long long)want);
+        double c[16];
+        int nc = consensus(runs[i].name, c, 16);
+        ASSERT_EQ(nc, LONG_STEPS / 10);
+        ASSERT_EQ(c[0], 0.0); /* step 1: every replica starts from the same weights */
+        /* With 2 replicas (pairwise) and 3 (ring: both others, 1/3 each)
+         * every mix is an exact average, up to rounding. */
+        for (int k = 1; k < nc; k++)
+            if (!(runs[i].np < 4 ? c[k] >= 0 && c[k] < 1e-9 : c[k] > 0 && c[k] < 1.0))
+                TEST_FAILF("%s: consensus distance %g at step %d", runs[i].name, c[k], 10 * k + 1);
+        ranks_agree(runs[i].name, n, runs[i].np);
+        printf("  %s: %llu bytes per step, consensus %.3g..%.3g, val loss %.4f (DDP at 4 ranks "
+               "%.4f, %+.1f%%)\n",
+               runs[i].name, (unsigned long long)b, c[1], c[nc - 1], v, ref, 100 * (v - ref) / ref);
+        if (runs[i].np == 4 && !(v <= 1.10 * ref && v >= 0.8 * ref))
+            TEST_FAILF("%s: val loss %.4f is not within 10%% of DDP's %.4f", runs[i].name, v, ref);
+    }
+    resume_case("ring", "--nproc 3 --dp-mode gossip --gossip-topology ring", 5);
+    resume_case("random", "--nproc 4 --dp-mode gossip --gossip-topology random --gossip-every 2",
+                7);
+}
+
+static void test_errors(void) {
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 3 --dp-mode gossip "
+                     "--gossip-topology exp",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--gossip-topology exp with 3 replicas: needs a power of two");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --dp-mode local --zero 1",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--dp-mode local with --zero 1");
+    EXPECT_RC(tu_run("%s train --data %s " TINY
+                     " --steps 1 --nproc 2 --dp-mode gossip --compress int8",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--dp-mode gossip averages parameters");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --dp-mode local --sync-every 0", DTRAIN,
+                     corpus),
+              2);
+    EXPECT_OUT("--sync-every");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --dp-mode star", DTRAIN, corpus), 2);
+    EXPECT_OUT("--dp-mode");
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 1 --nproc 2 --dp-mode local "
+                     "--precision fp16",
+                     DTRAIN, corpus),
+              2);
+    EXPECT_OUT("--dp-mode local with loss scaling");
+    EXPECT_RC(tu_run("DT_FAULT_SLOW=1:x %s train --data %s " TINY " --steps 1", DTRAIN, corpus), 2);
+    EXPECT_OUT("DT_FAULT_SLOW=1:x: expected RANK:FACTOR");
+}
+
+/* The median step time of run NAME over steps 3..STEPS. */
+static double median_step_ms(const char *name) {
+    char text[64][64];
+    double v[64];
+    int n = tu_metric_text(name, "step_ms", text, 63);
+    for (int i = 2; i < n; i++)
+        v[i - 2] = strtod(text[i] + strlen("\"step_ms\":"), NULL);
+    n -= 2;
+    for (int i = 1; i < n; i++) /* insertion sort */
+        for (int j = i; j > 0 && v[j] < v[j - 1]; j--) {
+            double x = v[j];
+            v[j] = v[j - 1];
+            v[j - 1] = x;
+        }
+    return v[n / 2];
+}
+
+/* DT_FAULT_SLOW=0:4 sleeps three times the compute of the previous step:
+ * the step takes about 4x as long (at least 2x accepted on a loaded
+ * machine), and the other rank of a DDP pair waits for it. */
+static void test_slow(void) {
+    train("fast", TINY, STEPS, "");
+    EXPECT_RC(tu_run("DT_FAULT_SLOW=0:4 %s train --data %s " TINY " --steps %d --run-dir %s/slow "
+                     "--no-save",
+                     DTRAIN, corpus, STEPS, tu_dir),
+              0);
+    double fast = median_step_ms("fast"), slow = median_step_ms("slow");
+    printf("  median step %.2f ms, slowed 4x: %.2f ms (%.1fx)\n", fast, slow, slow / fast);
+    if (!(slow >= 2 * fast))
+        TEST_FAILF("DT_FAULT_SLOW=0:4: median step %.2f ms, unslowed %.2f ms", slow, fast);
+}
+
+/* --dp-mode ps: plain SGD on the servers. */
+#define PS_FLAGS LONG " --optimizer sgd --momentum 0 --lr 0.3 --weight-decay 0"
+
+/* "staleness max M (bound S)" and the update count of the summary. */
+static void ps_summary(int64_t *updates, int64_t *max) {
+    const char *at = strstr(tu_out, "parameter server: ");
+    long long u, m;
+    if (!at || sscanf(at, "parameter server: %lld updates, staleness max %lld", &u, &m) != 2) {
+        fprintf(stderr, "output was:\n%s\n", tu_out);
+        TEST_FAILF("no parameter-server summary in the output");
+    }
+    *updates = u;
+    *max = m;
+}
+
+static void test_ps_train(void) {
+    train("ps_ddp", PS_FLAGS, LONG_STEPS, "--nproc 4");
+    double ref = val_loss();
+    /* Rank 1 three times slower, so that the bound is reached. */
+    static const struct {
+        const char *name, *flags;
+        int K, S;
+        double tol; /* above DDP's validation loss */
+    } runs[] = {
+        {"ps_k2_s2", "--ps-servers 2 --staleness 2", 2, 2, 0.10},
+        {"ps_k4_s0", "--ps-servers 4 --staleness 0", 4, 0, 0.10},
+        /* g / (1 + tau) shrinks the stale steps: slower progress. */
+        {"ps_k1_s4_seed", "--ps-servers 1 --staleness 4 --delay-comp seed", 1, 4, 0.20},
+        {"ps_k2_s4_dc", "--ps-servers 2 --staleness 4 --delay-comp dcasgd", 2, 4, 0.10},
+    };
+    for (size_t i = 0; i < sizeof runs / sizeof *runs; i++) {
+        char cmd[512];
+        snprintf(cmd, sizeof cmd, "%s --nproc 4 --dp-mode ps %s", PS_FLAGS, runs[i].flags);
+        EXPECT_RC(tu_run("DT_FAULT_SLOW=1:3 %s train --data %s %s --steps %d --ckpt-dir %s/%s/ck "
+                         "--run-dir %s/%s",
+                         DTRAIN, corpus, cmd, LONG_STEPS, tu_dir, runs[i].name, tu_dir,
+                         runs[i].name),
+                  0);
+        double v = val_loss();
+        int64_t updates, max;
+        ps_summary(&updates, &max);
+        ASSERT_EQ(updates, (int64_t)LONG_STEPS * 4 * runs[i].K);
+        if (max > runs[i].S)
+            TEST_FAILF("%s: an update was applied with staleness %lld > %d", runs[i].name,
+                       (long long)max, runs[i].S);
+        if (runs[i].S > 0 && max < 1)
+            TEST_FAILF("%s: no stale update with a straggler: the bound was not exercised",
+                       runs[i].name);
+        /* Rank 0's per-step staleness in the metrics: within the bound too. */
+        char text[128][64];
+        int steps = tu_metric_text(runs[i].name, "staleness", text, 128);
+        ASSERT_EQ(steps, LONG_STEPS);
+        for (int k = 0; k < steps; k++)
+            ASSERT_TRUE(atoi(text[k] + strlen("\"staleness\":")) <= runs[i].S);
+        printf("  %s: staleness max %lld (bound %d), val loss %.4f (DDP %.4f, %+.1f%%)\n",
+               runs[i].name, (long long)max, runs[i].S, v, ref, 100 * (v - ref) / ref);
+        if (!(v <= (1 + runs[i].tol) * ref && v >= 0.8 * ref))
+            TEST_FAILF("%s: val loss %.4f is more than %.0f%% above DDP's %.4f", runs[i].name, v,
+                       100 * runs[i].tol, ref);
+    }
+}
+
+/* The delay compensation against a double-precision serial reference of
+ * the formulas, on random values. */
+static void test_ps_delay(void) {
+    enum { N = 1000 };
+    static float g[N], now[N], then[N], out[N];
+    dt_rng r;
+    dt_rng_init(&r, 3, dt_rng_stream_id(0, 0, DT_RNG_TEST));
+    for (int i = 0; i < N; i++) {
+        g[i] = dt_rng_normal(&r);
+        now[i] = dt_rng_normal(&r);
+        then[i] = now[i] + 0.1f * dt_rng_normal(&r);
+    }
+    for (int kind = 0; kind < DT_DELAY_COMP_COUNT; kind++)
+        for (int tau = 0; tau <= 5; tau += 5) {
+            memcpy(out, g, sizeof g);
+            dt_ps_delay_compensate((dt_delay_comp)kind, 0.5f, tau, out, now, then, N);
+            double worst = 0;
+            for (int i = 0; i < N; i++) {
+                double want = kind == DT_DELAY_COMP_NONE ? g[i]
+                              : kind == DT_DELAY_COMP_SEED
+                                  ? (double)g[i] / (1.0 + tau)
+                                  : g[i] + 0.5 * (double)g[i] * g[i] * ((double)now[i] - then[i]);
+                double d = fabs(out[i] - want);
+                if (!(d <= 1e-6 * fabs(want) + 1e-7))
+                    TEST_FAILF("%s, tau %d, element %d: %.9g, reference %.9g",
+                               dt_delay_comp_names[kind], tau, i, out[i], want);
+                worst = fmax(worst, d);
+            }
+            printf("  %s, tau %d: worst difference %.2g\n", dt_delay_comp_names[kind], tau, worst);
+        }
+}
+
+/* A worker and a server killed mid-run: the job fails (no hang), and the
+ * launcher names the lost rank. The survivors' own errors (their pair's
+ * transfer fails with DT_ERR_PEER, naming the worker and the server) race
+ * with the launcher's teardown, so they are printed when present but not
+ * required. */
+static void ps_kill(const char *who, int rank) {
+    EXPECT_RC(tu_run("DT_FAULT_KILL=%d:20 DT_TIMEOUT=30 %s train --data %s %s --steps %d --nproc 4 "
+                     "--dp-mode ps --ps-servers 2 --no-save",
+                     rank, DTRAIN, corpus, PS_FLAGS, LONG_STEPS),
+              137);
+    char want[64];
+    snprintf(want, sizeof want, "rank %d (node 0, local rank %d", rank, rank);
+    EXPECT_OUT(want);
+    const char *own = strstr(tu_out, "parameter server");
+    printf("  %s (rank %d) killed: reported%s%.*s\n", who, rank, own ? "; a survivor: " : "",
+           own ? (int)strcspn(own, "\n") : 0, own ? own : "");
+}
+
+static void test_ps_fault(void) {
+    ps_kill("a worker", 2);
+    ps_kill("the server of shard 1", 1);
+}
+
+int main(int argc, char **argv) {
+    static const test_case cases[] = {
+        {"local_equiv", test_local_equiv},
+        {"local_loss", test_local_loss},
+        {"local_resume", test_local_resume},
+        {"gossip_equiv", test_gossip_equiv},
+        {"gossip_bytes", test_gossip_bytes},
+        {"errors", test_errors},
+        {"slow", test_slow},
+        {"ps_train", test_ps_train},
+        {"ps_delay", test_ps_delay},
+        {"ps_fault", test_ps_fault},
+    };
+    return tu_main(argc, argv, cases, sizeof cases / sizeof cases[0], corpus, sizeof corpus);
+}
