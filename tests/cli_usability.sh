@@ -181,7 +181,7 @@ PY
         fail "bench --json is not JSON"
     ;;
 torchrun) # 9: torchrun's variables and OMP_NUM_THREADS work as DT_* do
-    port=$((30000 + $$ % 20000))
+    port=$((20000 + $$ % 12000))
     for r in 0 1; do
         env -u DT_RANK RANK=$r WORLD_SIZE=2 LOCAL_RANK=$r LOCAL_WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 \
             MASTER_PORT=$port OMP_NUM_THREADS=1 TORCHELASTIC_RUN_ID=usability \

@@ -21,7 +21,10 @@
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <netinet/in.h>
 #include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 static int test__run_count;
 static const char *test__current = "";
@@ -149,6 +152,32 @@ static inline void test_run_case(const test_case *c) {
     test__run_count++;
     printf("ok %s\n", c->name);
     fflush(stdout);
+}
+
+/* A port P with P and P + 1 free (node 0 of a multi-node launch uses both),
+ * taken outside the kernel's ephemeral range (32768-60999 by default) so that
+ * other programs' bind(0) and connect() calls do not race for it. Tests that
+ * use it hold the ctest resource lock "launch_ports", so they do not race each
+ * other either. */
+static inline int test_free_port_pair(void) {
+    unsigned seed = (unsigned)getpid() ^ (unsigned)dt_now_ns();
+    for (int attempt = 0; attempt < 1000; attempt++) {
+        seed = seed * 1103515245u + 12345u;
+        int port = 20000 + (int)((seed >> 8) % 12000);
+        int ok = 0;
+        for (int k = 0; k < 2; k++) {
+            int fd = socket(AF_INET, SOCK_STREAM, 0);
+            struct sockaddr_in sa = {.sin_family = AF_INET,
+                                     .sin_port = htons((uint16_t)(port + k))};
+            sa.sin_addr.s_addr = htonl(INADDR_ANY);
+            ok += fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
+            if (fd >= 0)
+                close(fd);
+        }
+        if (ok == 2)
+            return port;
+    }
+    TEST_FAILF("no free pair of TCP ports in [20000, 32000)");
 }
 
 #endif /* DTRAIN_TEST_H */

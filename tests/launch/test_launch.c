@@ -176,32 +176,6 @@ static void assert_all_gone(int count, double within) {
     reap_orphans();
 }
 
-/* A port P with P and P + 1 free (node 0 of a multi-node job uses both),
- * taken outside the kernel's ephemeral range so that other programs'
- * bind(0) calls do not race for it. Tests that use it hold the ctest
- * resource lock "launch_ports", so they do not race each other either. */
-static int free_port(void) {
-    static unsigned seed;
-    if (!seed)
-        seed = (unsigned)getpid() ^ (unsigned)dt_now_ns();
-    for (int attempt = 0; attempt < 1000; attempt++) {
-        seed = seed * 1103515245u + 12345u;
-        int port = 20000 + (int)((seed >> 8) % 12000);
-        int ok = 0;
-        for (int k = 0; k < 2; k++) {
-            int fd = socket(AF_INET, SOCK_STREAM, 0);
-            struct sockaddr_in sa = {.sin_family = AF_INET,
-                                     .sin_port = htons((uint16_t)(port + k))};
-            sa.sin_addr.s_addr = htonl(INADDR_ANY);
-            ok += bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0;
-            close(fd);
-        }
-        if (ok == 2)
-            return port;
-    }
-    TEST_FAILF("no free pair of TCP ports in [20000, 32000)");
-}
-
 static const char *env_value(const char *text, const char *name, char *out, size_t len) {
     char key[64];
     snprintf(key, sizeof key, "\n%s=", name);
@@ -498,7 +472,7 @@ static void test_port_in_use(void) {
 }
 
 static void test_unreachable_master(void) {
-    int port = free_port();
+    int port = test_free_port_pair();
     result r = run("DT_TIMEOUT=1 %s launch -n 2 --nnodes 2 --node-rank 1 --master 127.0.0.1:%d "
                    "%s env %s",
                    DT_CLI, port, PROBE, dir);
@@ -518,7 +492,7 @@ static void test_unreachable_master(void) {
 /* Two nodes by hand on loopback: run both launchers, return both results. */
 static void run_two_nodes(const char *node0_extra, const char *node1_extra, const char *args,
                           result *r0, char *err0, result *r1, char *err1) {
-    int port = free_port();
+    int port = test_free_port_pair();
     char c0[2048], c1[2048];
     snprintf(c0, sizeof c0, "exec %s launch --nnodes 2 --node-rank 0 --master 127.0.0.1:%d %s %s",
              DT_CLI, port, node0_extra, args);
@@ -650,7 +624,7 @@ static void test_two_nodes_slow(void) {
 
 /* ^C on node 0 stops the job on both nodes. */
 static void test_two_nodes_sigint(void) {
-    int port = free_port();
+    int port = test_free_port_pair();
     char c0[2048], c1[2048];
     snprintf(c0, sizeof c0,
              "exec %s launch --nnodes 2 --node-rank 0 --master 127.0.0.1:%d -n 2 %s hang %s",

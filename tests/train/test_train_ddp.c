@@ -31,7 +31,6 @@
  */
 #include "train_util.h"
 
-#include <arpa/inet.h>
 #include <math.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -307,18 +306,6 @@ static void test_divisible(void) {
     EXPECT_OUT("--global-batch 8 is not divisible by the 3 ranks");
 }
 
-/* A free TCP port on loopback for a launcher's store. */
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in sa = {.sin_family = AF_INET};
-    sa.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof sa;
-    ASSERT_TRUE(fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof sa) == 0 &&
-                getsockname(fd, (struct sockaddr *)&sa, &len) == 0);
-    close(fd);
-    return ntohs(sa.sin_port);
-}
-
 static void det_run(const char *name, const char *env, const char *flags) {
     EXPECT_RC(tu_run("%s %s train --data %s " TINY " --global-batch 8 --steps 5 --ckpt-dir "
                      "%s/%s/ck --run-dir %s/%s %s",
@@ -336,7 +323,7 @@ static void test_deterministic(void) {
     tu_compare_runs("ring", "tree", 5);
     tu_compare_runs("ring", "shm", 5);
     /* 2 hosts x 2 ranks: two launchers on loopback, node 1 first. */
-    int port = free_port();
+    int port = test_free_port_pair();
     char train[1024];
     snprintf(train, sizeof train,
              "%s train --data %s " TINY " --global-batch 8 --steps 5 --ckpt-dir %s/hosts/ck "
