@@ -201,7 +201,7 @@ static void matmul_forward_part(float *out, const float *inp, const float *weigh
            weight + (size_t)c0 * IC, IC, bias ? 1.0f : 0.0f, out + (size_t)r0 * OC + c0, OC);
 }
 
-void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
+void dt__matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N,
                        int IC, int OC) {
     // out (N,OC) = inp (N,IC) @ weight^T (IC,OC) [+ bias]
     /* One parallel region per layer: each thread seeds and multiplies its
@@ -303,7 +303,7 @@ static void matmul_backward_part(float *dinp, float *dweight, float *dbias, cons
     }
 }
 
-void dt_matmul_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout,
+void dt__matmul_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout,
                              const float *inp, const float *weight, int N, int IC, int OC,
                              dt_grad_mode mode) {
     bool acc = mode == DT_GRAD_ACCUMULATE;
