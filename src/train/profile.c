@@ -157,11 +157,12 @@ dt_status dt_profile_save_link(const dt_link_fit *f, char *where, size_t len) {
     dt__cpu_model(cpu, sizeof cpu);
     snprintf(key, sizeof key, "%s|%s|%s|%d", cpu, f->transport, f->op, f->ranks);
     now_text(when, sizeof when);
-    json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:i, s:f, s:f, s:f, s:s}", "alpha_us",
+    json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:i, s:f, s:I, s:I, s:s}", "alpha_us",
                           f->alpha * 1e6, "beta_gbs", isfinite(f->beta) ? f->beta * 1e-9 : 0.0,
                           "link_alpha_us", f->link_alpha * 1e6, "link_bw_gbs",
                           isfinite(f->link_bw) ? f->link_bw * 1e-9 : 0.0, "points", f->points,
-                          "max_error", f->max_error, "lo", f->lo, "hi", f->hi, "measured", when);
+                          "max_error", f->max_error, "lo", (json_int_t)f->lo, "hi",
+                          (json_int_t)f->hi, "measured", when);
     dt_status st = links && e && json_object_set_new(links, key, e) == 0
                        ? save(path, root)
                        : dt_error_set(DT_ERR_NOMEM, "machine profile: out of memory");

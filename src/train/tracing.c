@@ -158,13 +158,17 @@ static void put_escaped(text *b, const char *s) {
 /* The offset to rank 0's clock at local time x (see the file comment). */
 typedef struct clock_map {
     double l0, o0, drift; /* offset(x) = o0 + drift (x - l0) */
+    double span;          /* local time between the two samples (ns) */
     double origin;        /* rank 0's clock at time 0 */
     const char *method;   /* "reference", "same kernel", "store" */
 } clock_map;
 
 static clock_map make_map(const run_trace *tr, const dt_clock_sample *c1, int rank) {
     const dt_clock_sample *c0 = &tr->c0;
-    clock_map m = {.l0 = c0->local_ns, .origin = tr->origin, .method = "store"};
+    clock_map m = {.l0 = c0->local_ns,
+                   .span = c1->local_ns - c0->local_ns,
+                   .origin = tr->origin,
+                   .method = "store"};
     if (rank == 0) {
         m.method = "reference";
         return m;
@@ -175,8 +179,8 @@ static clock_map make_map(const run_trace *tr, const dt_clock_sample *c1, int ra
         return m;
     }
     m.o0 = c0->offset_ns;
-    double span = c1->local_ns - c0->local_ns;
-    m.drift = span > 1e6 ? (c1->offset_ns - c0->offset_ns) / span : 0;
+    m.span = c1->local_ns - c0->local_ns;
+    m.drift = m.span > 1e6 ? (c1->offset_ns - c0->offset_ns) / m.span : 0;
     return m;
 }
 
@@ -261,10 +265,10 @@ static void put_clock(text *b, int rank, const clock_map *m, const dt_clock_samp
                       const dt_clock_sample *c1, uint64_t dropped) {
     put(b,
         "{\"rank\":%d,\"method\":\"%s\",\"offset_ns\":%.1f,\"drift_ppm\":%.4f,\"error_ns\":%.1f,"
-        "\"start\":{\"offset_ns\":%.1f,\"error_ns\":%.1f},\"end\":{\"offset_ns\":%.1f,"
-        "\"error_ns\":%.1f},\"dropped\":%" PRIu64 "}",
-        rank, m->method, m->o0, m->drift * 1e6, fmax(c0->error_ns, c1->error_ns), c0->offset_ns,
-        c0->error_ns, c1->offset_ns, c1->error_ns, dropped);
+        "\"span_ns\":%.0f,\"start\":{\"offset_ns\":%.1f,\"error_ns\":%.1f},\"end\":{"
+        "\"offset_ns\":%.1f,\"error_ns\":%.1f},\"dropped\":%" PRIu64 "}",
+        rank, m->method, m->o0, m->drift * 1e6, fmax(c0->error_ns, c1->error_ns), m->span,
+        c0->offset_ns, c0->error_ns, c1->offset_ns, c1->error_ns, dropped);
 }
 
 /* The document around lines of events (without the last line's comma: a
@@ -374,11 +378,12 @@ dt_status dt__trace_finish(trainer *t) {
         return st;
     }
     /* The merged file: rank 0 receives every rank's lines and clock. */
-    enum { CLOCK_FIELDS = 8 };
+    enum { CLOCK_FIELDS = 9 };
     double mine[CLOCK_FIELDS] = {m.o0,          m.drift,       tr->c0.offset_ns, tr->c0.error_ns,
                                  c1.offset_ns,  c1.error_ns,   (double)dropped,
                                  (double)(strcmp(m.method, "store") == 0 ? 2
-                                          : strcmp(m.method, "same kernel") == 0 ? 1 : 0)};
+                                          : strcmp(m.method, "same kernel") == 0 ? 1 : 0),
+                                 m.span};
     double *clocks = t->rank == 0 ? calloc((size_t)t->size * CLOCK_FIELDS, sizeof *clocks) : NULL;
     int64_t len = (int64_t)ev.len, *lens = t->rank == 0 ? calloc((size_t)t->size, sizeof *lens) : NULL;
     if (t->rank == 0 && (!clocks || !lens))
@@ -437,6 +442,7 @@ dt_status dt__trace_finish(trainer *t) {
             const double *c = clocks + (size_t)r * CLOCK_FIELDS;
             clock_map mr = {.o0 = c[0],
                             .drift = c[1],
+                            .span = c[8],
                             .method = c[7] == 2 ? "store" : c[7] == 1 ? "same kernel" : "reference"};
             dt_clock_sample s0 = {.offset_ns = c[2], .error_ns = c[3]},
                             s1 = {.offset_ns = c[4], .error_ns = c[5]};
