@@ -93,18 +93,18 @@ typedef struct dt_trace_event {
         uint64_t flops;   /* compute: floating-point operations of the region, 0: unknown */
         uint64_t t_issue; /* comm: when the caller issued it (<= t0), 0: unknown */
     };
-    uint64_t bytes;  /* compute: the bytes a kernel must read and write at least;
-                        comm: the payload one rank contributes; data: tokens read */
-    uint32_t group;  /* comm, wait: the group (the same number on every member) */
-    uint32_t seq;    /* comm, wait: the operation's sequence number in its group */
-    int32_t idx;     /* layer, bucket, micro-batch or step; -1: none */
-    int16_t peer;    /* comm: the peer (send, recv) or root; -1: none */
-    uint16_t ranks;  /* comm: the group's size */
-    uint8_t cat;     /* dt_trace_cat */
-    uint8_t algo;    /* comm: the dt_algo that ran */
-    uint8_t link;    /* comm: dt_trace_link */
-    uint8_t dtype;   /* comm: the dt_dtype of the payload */
-    uint32_t spare;  /* zero */
+    uint64_t bytes; /* compute: the bytes a kernel must read and write at least;
+                       comm: the payload one rank contributes; data: tokens read */
+    uint32_t group; /* comm, wait: the group (the same number on every member) */
+    uint32_t seq;   /* comm, wait: the operation's sequence number in its group */
+    int32_t idx;    /* layer, bucket, micro-batch or step; -1: none */
+    int16_t peer;   /* comm: the peer (send, recv) or root; -1: none */
+    uint16_t ranks; /* comm: the group's size */
+    uint8_t cat;    /* dt_trace_cat */
+    uint8_t algo;   /* comm: the dt_algo that ran */
+    uint8_t link;   /* comm: dt_trace_link */
+    uint8_t dtype;  /* comm: the dt_dtype of the payload */
+    uint32_t spare; /* zero */
 } dt_trace_event;
 _Static_assert(sizeof(dt_trace_event) == 64, "a trace event is one cache line");
 
@@ -137,8 +137,8 @@ static inline uint64_t dt_trace_begin(void) {
 /* Record a whole event (its t0 set; t1 0 means "now"). */
 void dt_trace_put(const dt_trace_event *e);
 /* The end of a region begun at t0 (nothing when t0 is 0). */
-void dt__trace_region(uint64_t t0, dt_trace_cat cat, const char *name, int32_t idx,
-                      uint64_t flops, uint64_t bytes);
+void dt__trace_region(uint64_t t0, dt_trace_cat cat, const char *name, int32_t idx, uint64_t flops,
+                      uint64_t bytes);
 static inline void dt_trace_end(uint64_t t0, dt_trace_cat cat, const char *name, int32_t idx,
                                 uint64_t flops, uint64_t bytes) {
     if (__builtin_expect(t0 != 0, 0))

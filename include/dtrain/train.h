@@ -242,9 +242,8 @@ typedef struct dt_link_fit {
 /* Fit a model to n (bytes, seconds) points (n >= 2, two distinct sizes):
  * least squares of the relative error, alpha >= 0, beta > 0. Fills every
  * numeric field of *out (transport, op and ranks as given). */
-dt_status dt_link_fit_points(const char *transport, const char *op, int ranks,
-                             const double *bytes, const double *seconds, size_t n,
-                             dt_link_fit *out);
+dt_status dt_link_fit_points(const char *transport, const char *op, int ranks, const double *bytes,
+                             const double *seconds, size_t n, dt_link_fit *out);
 /* Store a fit for this machine (replacing the one of the same transport,
  * op and ranks). `where` (len bytes, may be NULL) gets the file's path. */
 dt_status dt_profile_save_link(const dt_link_fit *f, char *where, size_t len);

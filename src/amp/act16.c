@@ -152,7 +152,7 @@ static dt_status linear_fwd_onednn(void *out, bool out_f32, const uint16_t *inp,
 }
 
 dt_status dt__linear16_forward(dt_precision p, void *out, bool out_f32, const uint16_t *inp,
-                              const uint16_t *w, const float *bias, int N, int C, int OC) {
+                               const uint16_t *w, const float *bias, int N, int C, int OC) {
     DT_CHECK(check_linear("dt_linear16_forward", p, out, inp, w, N, C, OC));
     size_t nout = (size_t)N * OC, ninp = (size_t)N * C, nw = (size_t)OC * C;
     dt_status st = DT_OK;
@@ -218,8 +218,8 @@ dt_status dt_linear16_backward(dt_precision p, float *dinp, float *dw, float *db
 }
 
 dt_status dt__linear16_backward_mode(dt_precision p, float *dinp, float *dw, float *dbias,
-                                    const uint16_t *dout, const uint16_t *inp, const uint16_t *w,
-                                    int N, int C, int OC, dt_grad_mode mode) {
+                                     const uint16_t *dout, const uint16_t *inp, const uint16_t *w,
+                                     int N, int C, int OC, dt_grad_mode mode) {
     const bool acc = mode == DT_GRAD_ACCUMULATE;
     if (!dw && !dinp)
         return dt_error_set(DT_ERR_INVALID, "dt_linear16_backward: neither dinp nor dw");
@@ -287,8 +287,8 @@ static void layernorm16_long_row(dt_precision p, uint16_t *out, float *mean, flo
 }
 
 void dt__layernorm16_forward(dt_precision p, uint16_t *out, float *mean, float *rstd,
-                            const float *inp, const float *weight, const float *bias, int N,
-                            int C) {
+                             const float *inp, const float *weight, const float *bias, int N,
+                             int C) {
     check_precision(p);
     if (C > BLOCK) {
 #pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 1)
@@ -322,7 +322,7 @@ void dt__gelu16_forward(dt_precision p, uint16_t *out, const uint16_t *inp, size
 }
 
 void dt__gelu16_backward(dt_precision p, uint16_t *dinp, const uint16_t *inp, const float *dout,
-                        size_t n) {
+                         size_t n) {
     check_precision(p);
     size_t nb = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel for if (n > PAR_MIN) schedule(dynamic, 4)
@@ -378,7 +378,7 @@ static void scatter_head(dt_precision p, uint16_t *dst, int b, int T, int ld, in
 }
 
 void dt__attention16_forward(dt_precision p, uint16_t *out, float *lse, const uint16_t *qkv, int B,
-                            int T, int C, int NH, float *work) {
+                             int T, int C, int NH, float *work) {
     check_precision(p);
     const int HS = C / NH, C3 = 3 * C, H3 = 3 * HS, nbh = B * NH;
     const size_t slot = 8 * (size_t)T * HS;
@@ -398,9 +398,9 @@ void dt__attention16_forward(dt_precision p, uint16_t *out, float *lse, const ui
     }
 }
 
-void dt__attention16_backward(dt_precision p, uint16_t *dqkv, const float *dout, const uint16_t *qkv,
-                             const uint16_t *out, const float *lse, int B, int T, int C, int NH,
-                             float *work) {
+void dt__attention16_backward(dt_precision p, uint16_t *dqkv, const float *dout,
+                              const uint16_t *qkv, const uint16_t *out, const float *lse, int B,
+                              int T, int C, int NH, float *work) {
     check_precision(p);
     const int HS = C / NH, C3 = 3 * C, H3 = 3 * HS, nbh = B * NH;
     const size_t slot = 8 * (size_t)T * HS;

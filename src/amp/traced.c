@@ -17,8 +17,7 @@ static inline uint64_t begin(void) {
     return t ? dt_trace_kernel_enter(t, omp_get_level() > 0) : 0;
 }
 
-static inline void end(uint64_t t, dt_trace_cat cat, const char *name, double flops,
-                       double bytes) {
+static inline void end(uint64_t t, dt_trace_cat cat, const char *name, double flops, double bytes) {
     if (t)
         dt_trace_kernel_end(t, cat, name, (uint64_t)flops, (uint64_t)bytes);
 }

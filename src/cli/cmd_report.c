@@ -14,8 +14,8 @@
 
 static const cli_opt report_opts[] = {
     {"output", 'o', CLI_STRING, "FILE", NULL, "DT_REPORT_OUTPUT",
-     "the page to write (default: RUN_DIR/report.html; with --compare RUN_A/compare.html)", NULL,
-     0, 0},
+     "the page to write (default: RUN_DIR/report.html; with --compare RUN_A/compare.html)", NULL, 0,
+     0},
     {"compare", 0, CLI_FLAG, NULL, NULL, "DT_REPORT_COMPARE",
      "two run directories on one page, their curves overlaid", NULL, 0, 0},
     {"quiet", 'q', CLI_FLAG, NULL, NULL, "DT_REPORT_QUIET", "print only the page's path", NULL, 0,

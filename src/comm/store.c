@@ -4,7 +4,8 @@
  * Ranks use it to exchange addresses, host names and shared-memory names
  * when a group is created; it is idle afterwards. Operations: set, get,
  * wait (client-side polling of get with back-off, bounded by DT_TIMEOUT),
- * atomic add, and the server's trace clock (aligning the ranks' traces). One server thread multiplexes every client with poll().
+ * atomic add, and the server's trace clock (aligning the ranks' traces). One server thread
+ * multiplexes every client with poll().
  *
  * Invariants: every connection passes the token handshake first; every
  * length read from a client is checked (key 1..1024 bytes, value <= 16 MiB)

@@ -516,8 +516,8 @@ dt_status dt_compressor_set_k(dt_compressor *c, size_t k) {
 size_t dt_compressor_count(const dt_compressor *c) { return c->n; }
 bool dt_compressor_error_feedback(const dt_compressor *c) { return c->ef; }
 
-static dt_status compress(dt_compressor *c, const float *grad, uint64_t step, void *out,
-                          size_t cap, size_t *used) {
+static dt_status compress(dt_compressor *c, const float *grad, uint64_t step, void *out, size_t cap,
+                          size_t *used) {
     if (!out || !used || (c->n > 0 && !grad))
         return dt_error_set(DT_ERR_INVALID, "%s encode: NULL gradient, buffer or size",
                             c->ops->info.name);

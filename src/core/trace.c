@@ -33,8 +33,8 @@ const char *const dt_trace_link_names[DT_TRACE_LINK_COUNT] = {"self", "shm", "tc
 #define MAX_EVENTS     ((size_t)1 << 26)
 
 typedef struct ring {
-    dt_trace_event *ev;   /* (cap) */
-    size_t cap;           /* events */
+    dt_trace_event *ev;    /* (cap) */
+    size_t cap;            /* events */
     _Atomic uint64_t head; /* events ever written (the next slot is head % cap) */
     int index, tid;
     char name[16];
@@ -45,10 +45,10 @@ atomic_int dt__trace_on;
 
 /* The process's tracer (see trace.h on why it is global). */
 static pthread_mutex_t rings_mu = PTHREAD_MUTEX_INITIALIZER;
-static ring *rings;              /* every ring, newest first (under rings_mu) */
-static int nrings;               /* (under rings_mu) */
+static ring *rings; /* every ring, newest first (under rings_mu) */
+static int nrings;  /* (under rings_mu) */
 static atomic_size_t ring_cap = DEFAULT_EVENTS;
-static _Atomic uint64_t epoch;   /* bumped by reset: a thread's cached ring is stale */
+static _Atomic uint64_t epoch; /* bumped by reset: a thread's cached ring is stale */
 static _Atomic int64_t fault_offset;
 static _Atomic int64_t fault_ppb; /* drift in parts per billion */
 static _Atomic uint64_t fault_since;
@@ -84,7 +84,8 @@ void dt_trace_set_clock_fault(int64_t offset_ns, double drift_ppm) {
 
 dt_status dt_trace_configure(size_t events_per_thread) {
     if (events_per_thread < MIN_EVENTS || events_per_thread > MAX_EVENTS)
-        return dt_error_set(DT_ERR_INVALID, "trace buffer: %zu events per thread; expected %zu..%zu",
+        return dt_error_set(DT_ERR_INVALID,
+                            "trace buffer: %zu events per thread; expected %zu..%zu",
                             events_per_thread, MIN_EVENTS, MAX_EVENTS);
     atomic_store(&ring_cap, events_per_thread);
     return DT_OK;
@@ -147,8 +148,8 @@ void dt_trace_put(const dt_trace_event *e) {
     atomic_store_explicit(&r->head, h + 1, memory_order_release);
 }
 
-void dt__trace_region(uint64_t t0, dt_trace_cat cat, const char *name, int32_t idx,
-                      uint64_t flops, uint64_t bytes) {
+void dt__trace_region(uint64_t t0, dt_trace_cat cat, const char *name, int32_t idx, uint64_t flops,
+                      uint64_t bytes) {
     ring *r = my_ring();
     if (!r)
         return;

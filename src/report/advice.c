@@ -13,11 +13,18 @@
  *   exposed-comm    exposed communication > 20% of a step   3/4 of it (int8: 1/4 the bytes)
  *   pipeline-bubble measured bubble > 15%                   the bubble at twice the
  *                                                            micro-batches, from the theory
- *   memory-bound    memory-bound kernels > 15% of kernel    half their time (fusion saves a
- *                   time                                     read and a write of each output)
+ *   memory-bound    kernels below the ridge > 15% of        near the memory roof: half their
+ *                   kernel time                              time (fusion saves a read and a
+ *                                                            write of each output); far below
+ *                                                            it: their time above twice the
+ *                                                            roof's
  *   gemm-efficiency matrix products < 50% of the peak       up to 60% of the peak
- *   slow-collective a collective below half its model's     the time above the model
- *                   bandwidth, >= 5% of a step
+ *   slow-collective a collective below half its model's     the time above the model, at
+ *                   bandwidth, >= 5% of a step exposed       most the exposed communication
+ *   contention      kernels slower than their fastest call  that excess, at most the compute
+ *                   by > 10% of a step (the cores are
+ *                   shared: communication threads, other
+ *                   processes)
  *   data            reading batches > 5% of a step          all of it
  *   optimizer       the update > 15% of a step, dp > 1      (dp-1)/dp of it (ZeRO-1)
  *   idle            idle > 15% of a step, no straggler      none estimated
@@ -39,10 +46,10 @@ typedef struct advice_list {
     size_t max, n;
 } advice_list;
 
-static void add(advice_list *l, const char *rule, double gain_ms, double step_ms,
-                const char *title, const char *fmt, ...) __attribute__((format(printf, 6, 7)));
-static void add(advice_list *l, const char *rule, double gain_ms, double step_ms,
-                const char *title, const char *fmt, ...) {
+static void add(advice_list *l, const char *rule, double gain_ms, double step_ms, const char *title,
+                const char *fmt, ...) __attribute__((format(printf, 6, 7)));
+static void add(advice_list *l, const char *rule, double gain_ms, double step_ms, const char *title,
+                const char *fmt, ...) {
     if (l->n < l->max) {
         dt_advice *a = &l->out[l->n];
         memset(a, 0, sizeof *a);
@@ -71,9 +78,7 @@ static double mean_field(const dt_run *r, int k) {
     return r->bd_ranks ? s / r->bd_ranks : NAN;
 }
 
-static bool is_gemm(const char *name) {
-    return strstr(name, "matmul") || strstr(name, "linear16");
-}
+static bool is_gemm(const char *name) { return strstr(name, "matmul") || strstr(name, "linear16"); }
 
 /* Straggler: the slowest rank's compute against the median rank's. */
 static bool rule_straggler(const dt_run *r, double step, advice_list *l) {
@@ -177,7 +182,8 @@ static void rule_bubble(const dt_run *r, double step, advice_list *l) {
 
 /* Kernels per traced rank-step: time in ms. */
 static double per_step_ms(const dt_run *r, double us) {
-    double steps = (double)(r->traced_steps > 0 ? r->traced_steps : 1) * (r->world > 0 ? r->world : 1);
+    double steps =
+        (double)(r->traced_steps > 0 ? r->traced_steps : 1) * (r->world > 0 ? r->world : 1);
     return us * 1e-3 / steps;
 }
 
@@ -203,19 +209,45 @@ static void rule_roofline(const dt_run *r, double step, advice_list *l) {
     if (total > 0 && top && membound > 0.15 * total) {
         double ms = per_step_ms(r, membound), top_ms = per_step_ms(r, top->us);
         double gbs = top->us > 0 ? top->bytes / (top->us * 1e-6) * 1e-9 : 0;
+        /* The time the low-intensity kernels would take at the memory roof. */
+        double roof_us = 0;
+        for (size_t i = 0; r->mem_bw > 0 && i < r->nkernels; i++) {
+            const run_kernel *k = &r->kernels[i];
+            double ai = k->bytes > 0 ? k->flops / k->bytes : INFINITY;
+            if (!is_gemm(k->name) && (isfinite(ridge) ? ai < ridge : ai < 4))
+                roof_us += k->bytes / r->mem_bw * 1e6;
+        }
+        double roof_ms = per_step_ms(r, roof_us), at = roof_ms / ms;
         char title[160];
-        snprintf(title, sizeof title, "Memory-bound kernels take %.0f%% of the kernel time",
-                 100 * membound / total);
-        add(l, "memory-bound", 0.5 * ms, step, title,
-            "Kernels below the roofline's ridge (GELU, LayerNorm, residual adds, casts) take "
-            "%.1f ms per step, %.0f%% of the kernels' time; the largest is %s, %.1f ms per step "
-            "at %.1f GB/s%s. They read and write whole activations: fusing them into the "
-            "neighbouring matrix products (the bias and GELU into c_fc's epilogue, the residual "
-            "add into the next LayerNorm) removes a read and a write of each, about %.1f ms per "
-            "step. In %s the activations are %s bytes per value.",
-            ms, 100 * membound / total, top->name, top_ms, gbs,
-            r->mem_bw > 0 ? "" : " (no memory bandwidth measured: dtrain bench memcpy)",
-            0.5 * ms, r->precision, !strcmp(r->precision, "fp32") ? "4" : "2");
+        if (r->mem_bw > 0 && at < 0.5) {
+            snprintf(title, sizeof title,
+                     "Low-intensity kernels take %.0f%% of the kernel time at %.0f%% of the "
+                     "memory roof",
+                     100 * membound / total, 100 * at);
+            add(l, "memory-bound", ms - 2 * roof_ms, step, title,
+                "Kernels below the roofline's ridge (GELU, LayerNorm, residual adds, casts) take "
+                "%.1f ms per step, %.0f%% of the kernels' time, but moving their bytes at this "
+                "machine's %.1f GB/s would take %.1f ms: memory does not hold them back, their "
+                "arithmetic does (%s, the largest, %.1f ms per step, moves %.1f GB/s). Vectorised "
+                "(AVX-512 where the CPU has it: --isa) or with a cheaper GELU they approach the "
+                "roof; at half of it they would take %.1f ms. Fusing them into the neighbouring "
+                "products saves their traffic after that.",
+                ms, 100 * membound / total, r->mem_bw * 1e-9, roof_ms, top->name, top_ms, gbs,
+                2 * roof_ms);
+        } else {
+            snprintf(title, sizeof title, "Memory-bound kernels take %.0f%% of the kernel time",
+                     100 * membound / total);
+            add(l, "memory-bound", 0.5 * ms, step, title,
+                "Kernels below the roofline's ridge (GELU, LayerNorm, residual adds, casts) take "
+                "%.1f ms per step, %.0f%% of the kernels' time; the largest is %s, %.1f ms per "
+                "step at %.1f GB/s%s. They read and write whole activations: fusing them into "
+                "the neighbouring matrix products (the bias and GELU into c_fc's epilogue, the "
+                "residual add into the next LayerNorm) removes a read and a write of each, about "
+                "%.1f ms per step. In %s the activations are %s bytes per value.",
+                ms, 100 * membound / total, top->name, top_ms, gbs,
+                r->mem_bw > 0 ? "" : " (no memory bandwidth measured: dtrain bench memcpy)",
+                0.5 * ms, r->precision, !strcmp(r->precision, "fp32") ? "4" : "2");
+        }
     }
     if (gemm_us > 0 && r->peak_flops > 0) {
         double achieved = gemm_flops / (gemm_us * 1e-6), frac = achieved / r->peak_flops;
@@ -249,6 +281,10 @@ static void rule_collectives(const dt_run *r, double step, advice_list *l) {
             worst = c;
         }
     }
+    /* What overlapped backward costs nothing: only the exposed part can be won. */
+    double exposed = mean_field(r, F_EXPOSED);
+    if (isfinite(exposed))
+        worst_excess = fmin(worst_excess, exposed);
     if (!worst || !(worst_excess > 0.05 * step))
         return;
     double mean = worst->us / (double)worst->count;
@@ -263,6 +299,46 @@ static void rule_collectives(const dt_run *r, double step, advice_list *l) {
         "algorithm to compare (docs/comm.md).",
         worst->op, worst->size, worst->ranks, worst->link, worst->algo, mean, worst->model,
         worst_excess);
+}
+
+/* Kernels that usually run fast but often wait: their calls above the
+ * fastest one, summed, when that is a large part of the step. */
+static void rule_contention(const dt_run *r, double step, advice_list *l) {
+    if (!r->traced)
+        return;
+    double excess = 0, total = 0;
+    const run_kernel *top = NULL;
+    double top_x = 0;
+    for (size_t i = 0; i < r->nkernels; i++) {
+        const run_kernel *k = &r->kernels[i];
+        double work = k->flops > 0 ? k->flops : k->bytes;
+        if (!(k->best_rate > 0) || !(work > 0))
+            continue;
+        /* Calls of one name differ in shape (a block's products, the
+         * head's): each is held to its work at the best rate any call of
+         * the name reached; what is above twice that counts. */
+        double x = fmax(0, k->us - 2 * work / k->best_rate);
+        excess += x;
+        total += k->us;
+        if (x > top_x) {
+            top_x = x;
+            top = k;
+        }
+    }
+    double ms = per_step_ms(r, excess);
+    if (!top || !(step > 0) || !(ms > 0.1 * step))
+        return;
+    char title[160];
+    snprintf(title, sizeof title, "Kernels wait for a core: %.0f%% of the step", 100 * ms / step);
+    add(l, "contention", ms, step, title,
+        "The kernels take %.1f ms per step more than twice what their work takes at the best "
+        "rate their own calls reached (%s: %.1f ms per step above it, %.2fx its best rate on "
+        "average): their threads were not running, another thread had the core. With ranks x "
+        "--threads at or above the cores, the communication progress threads (which spin, "
+        "DT_SPIN, then yield, DT_YIELD) and other processes take turns with the compute; fewer "
+        "--threads per rank, fewer ranks per host or a quieter machine give that time back.",
+        ms, top->name, per_step_ms(r, top_x),
+        top->us * top->best_rate / (top->flops > 0 ? top->flops : top->bytes));
 }
 
 static void rule_data(const dt_run *r, double step, advice_list *l) {
@@ -346,6 +422,7 @@ size_t dt_run_advise(const dt_run *r, dt_advice *out, size_t max) {
     rule_bubble(r, step, &l);
     rule_roofline(r, step, &l);
     rule_collectives(r, step, &l);
+    rule_contention(r, step, &l);
     rule_data(r, step, &l);
     rule_optimizer(r, step, &l);
     rule_idle(r, step, straggler, &l);

@@ -97,7 +97,8 @@ static json_t *memory_json(const dt_run *r) {
     if (!m)
         return json_null();
     return json_pack("{s:O, s:O, s:O}", "planned", json_object_get(m, "planned"), "peak",
-                     json_object_get(m, "peak_resident"), "base", json_object_get(m, "base_resident"));
+                     json_object_get(m, "peak_resident"), "base",
+                     json_object_get(m, "base_resident"));
 }
 
 static json_t *roofline_json(const dt_run *r) {
@@ -147,9 +148,9 @@ static json_t *timeline_json(const dt_run *r) {
                                             str(r->threads[i].name)));
     for (size_t i = 0; i < r->nevents; i++) {
         const run_event *e = &r->events[i];
-        json_array_append_new(ev, json_pack("[i, i, f, f, o, o, i, o]", e->pid, e->tid, e->ts,
-                                            e->dur, str(e->name), str(e->cat), e->idx,
-                                            num(e->bytes)));
+        json_array_append_new(ev,
+                              json_pack("[i, i, f, f, o, o, i, o]", e->pid, e->tid, e->ts, e->dur,
+                                        str(e->name), str(e->cat), e->idx, num(e->bytes)));
     }
     return json_pack("{s:f, s:f, s:I, s:o, s:o}", "t0", r->win0, "t1", r->win1, "steps",
                      (json_int_t)r->win_steps, "threads", th, "events", ev);
@@ -189,7 +190,8 @@ static dt_status put_data(FILE *f, const dt_run *const *runs, size_t n) {
     return DT_OK;
 }
 
-static void card(FILE *f, const char *k, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static void card(FILE *f, const char *k, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 static void card(FILE *f, const char *k, const char *fmt, ...) {
     char v[128];
     va_list ap;
@@ -323,8 +325,9 @@ static void config_html(FILE *f, const dt_run *const *runs, size_t n) {
 
 static void chart(FILE *f, const char *id, const char *kind, const char *title, const char *note,
                   bool wide, int run) {
-    fprintf(f, "<section%s id=\"sec-%s\"><h2>%s</h2><div class=\"chart\" id=\"chart-%s\" "
-               "data-chart=\"%s\" data-run=\"%d\"></div>",
+    fprintf(f,
+            "<section%s id=\"sec-%s\"><h2>%s</h2><div class=\"chart\" id=\"chart-%s\" "
+            "data-chart=\"%s\" data-run=\"%d\"></div>",
             wide ? " class=\"wide\"" : "", id, title, id, kind, run);
     if (note)
         fprintf(f, "<p class=\"note\">%s</p>", note);
@@ -334,9 +337,10 @@ static void chart(FILE *f, const char *id, const char *kind, const char *title, 
 dt_status dt_report_write(const dt_run *const *runs, size_t n, FILE *f) {
     if (n < 1 || n > 2)
         return dt_error_set(DT_ERR_INVALID, "report: %zu runs (1, or 2 to compare)", n);
-    fprintf(f, "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
-               "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
-               "<meta name=\"generator\" content=\"dtrain %s\">\n<title>dtrain report: ",
+    fprintf(f,
+            "<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">\n"
+            "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+            "<meta name=\"generator\" content=\"dtrain %s\">\n<title>dtrain report: ",
             DT_VERSION_STRING);
     html_text(f, runs[0]->name);
     if (n > 1) {
@@ -360,10 +364,11 @@ dt_status dt_report_write(const dt_run *const *runs, size_t n, FILE *f) {
     for (size_t i = 0; i < n; i++)
         cards(f, runs[i]);
     fprintf(f, "</header>\n<div id=\"js-errors\"></div>\n");
-    fprintf(f, "<nav><a href=\"#sec-advice\">advice</a><a href=\"#sec-loss\">loss</a>"
-               "<a href=\"#sec-breakdown\">breakdown</a><a href=\"#sec-timeline\">timeline</a>"
-               "<a href=\"#sec-roofline\">roofline</a><a href=\"#sec-collectives\">collectives</a>"
-               "<a href=\"#sec-memory\">memory</a><a href=\"#sec-config\">configuration</a></nav>\n");
+    fprintf(f,
+            "<nav><a href=\"#sec-advice\">advice</a><a href=\"#sec-loss\">loss</a>"
+            "<a href=\"#sec-breakdown\">breakdown</a><a href=\"#sec-timeline\">timeline</a>"
+            "<a href=\"#sec-roofline\">roofline</a><a href=\"#sec-collectives\">collectives</a>"
+            "<a href=\"#sec-memory\">memory</a><a href=\"#sec-config\">configuration</a></nav>\n");
     fprintf(f, "<main>\n<section class=\"wide\" id=\"sec-advice\"><h2>Advice</h2>\n");
     for (size_t i = 0; i < n; i++)
         advice_html(f, runs[i], n > 1);
@@ -373,8 +378,7 @@ dt_status dt_report_write(const dt_run *const *runs, size_t n, FILE *f) {
     chart(f, "throughput", "throughput", "Throughput", "tokens per second of all ranks, per step",
           false, 0);
     chart(f, "mfu", "mfu", "Model FLOPs utilisation",
-          "model FLOPs (3 x forward) per second against the measured peak of every rank", false,
-          0);
+          "model FLOPs (3 x forward) per second against the measured peak of every rank", false, 0);
     chart(f, "breakdown", "breakdown", "Step breakdown per rank",
           "mean ms per step; overlapped communication ran during compute (in the tooltip)", false,
           0);
@@ -382,7 +386,8 @@ dt_status dt_report_write(const dt_run *const *runs, size_t n, FILE *f) {
     for (size_t i = 0; i < n; i++) {
         char id[32], title[300];
         snprintf(id, sizeof id, i ? "timeline-%zu" : "timeline", i);
-        snprintf(title, sizeof title, "Timeline%s%s", n > 1 ? ": " : "", n > 1 ? runs[i]->name : "");
+        snprintf(title, sizeof title, "Timeline%s%s", n > 1 ? ": " : "",
+                 n > 1 ? runs[i]->name : "");
         chart(f, id, "timeline", title,
               "every rank's threads over the last traced steps (the merged trace); the whole "
               "trace opens in ui.perfetto.dev: trace/trace.json",

@@ -32,7 +32,7 @@ int64_t dt__rj_cfg_int(const dt_run *r, const char *key, int64_t def) {
     json_t *v = r->config ? json_object_get(r->config, key) : NULL;
     if (!v && r->config)
         v = json_object_get(json_object_get(r->config, "info"), key);
-    return json_is_integer(v) ? (int64_t)json_integer_value(v)
+    return json_is_integer(v)  ? (int64_t)json_integer_value(v)
            : json_is_number(v) ? (int64_t)json_number_value(v)
                                : def;
 }
@@ -77,8 +77,7 @@ double dt__run_step_ms(const dt_run *r) {
     return m;
 }
 
-double dt__run_model_s(const dt_run *r, const char *op, const char *link, int ranks,
-                       double size) {
+double dt__run_model_s(const dt_run *r, const char *op, const char *link, int ranks, double size) {
     const run_link *best = NULL;
     for (size_t i = 0; i < r->nlinks; i++) {
         const run_link *l = &r->links[i];
@@ -210,8 +209,8 @@ static dt_status load_metrics(dt_run *r) {
         json_decref(o);
     }
     if (got < 0 && st == DT_OK)
-        st = dt_error_set(DT_ERR_CORRUPT, "%s: line %zu: longer than %zu bytes", path,
-                          lineno + 1, MAX_LINE);
+        st = dt_error_set(DT_ERR_CORRUPT, "%s: line %zu: longer than %zu bytes", path, lineno + 1,
+                          MAX_LINE);
     free(line);
     fclose(f);
     return st;
@@ -335,6 +334,7 @@ static run_kernel *kernel_slot(dt_run *r, const char *name, const char *cat, siz
     memset(k, 0, sizeof *k);
     snprintf(k->name, sizeof k->name, "%s", name);
     snprintf(k->cat, sizeof k->cat, "%s", cat);
+    k->min = INFINITY;
     return k;
 }
 
@@ -448,10 +448,8 @@ static dt_status trace_pass1(dt_run *r, FILE *f, const char *path, step_mark **m
                 }
                 *marks = nm;
             }
-            (*marks)[(*nmarks)++] =
-                (step_mark){ts, ts + dur, (int64_t)dt__rj_num(args, "step")};
-        } else if ((!strcmp(cat, "compute") || !strcmp(cat, "cast")) &&
-                   (flops > 0 || bytes > 0)) {
+            (*marks)[(*nmarks)++] = (step_mark){ts, ts + dur, (int64_t)dt__rj_num(args, "step")};
+        } else if ((!strcmp(cat, "compute") || !strcmp(cat, "cast")) && (flops > 0 || bytes > 0)) {
             run_kernel *k = kernel_slot(r, name, cat, &kcap);
             if (!k) {
                 json_decref(e);
@@ -460,6 +458,10 @@ static dt_status trace_pass1(dt_run *r, FILE *f, const char *path, step_mark **m
             }
             k->count++;
             k->us += dur;
+            k->min = fmin(k->min, dur);
+            double work = flops > 0 ? flops : bytes;
+            if (dur > 0 && work / dur > k->best_rate)
+                k->best_rate = work / dur;
             k->flops += flops > 0 ? flops : 0;
             k->bytes += bytes > 0 ? bytes : 0;
         } else if (!strcmp(cat, "comm") && bytes > 0) {
@@ -571,8 +573,8 @@ static dt_status load_trace(dt_run *r) {
     fclose(f);
     /* The collectives' model (machine.json's fits). */
     for (size_t i = 0; i < r->ncolls; i++)
-        r->colls[i].model = dt__run_model_s(r, r->colls[i].op, r->colls[i].link,
-                                            r->colls[i].ranks, r->colls[i].size) *
+        r->colls[i].model = dt__run_model_s(r, r->colls[i].op, r->colls[i].link, r->colls[i].ranks,
+                                            r->colls[i].size) *
                             1e6;
     return st;
 }

@@ -343,12 +343,26 @@
                       "(dtrain bench peak measures it again).";
       div.appendChild(n);
     }
+    var placed = [];  // label boxes already drawn: a new one moves down until it is clear
+    function place(x, y, w) {
+      for (var k = 0; k < 8; k++) {
+        var hit = placed.some(function (b) { return x < b[0] + b[2] && b[0] < x + w && Math.abs(y - b[1]) < 11; });
+        if (!hit) break;
+        y += 11;
+      }
+      placed.push([x, y, w]);
+      return y;
+    }
+    pts.sort(function (a, b) { return b.us - a.us; });
     pts.forEach(function (p) {
       var rad = 3 + 9 * Math.sqrt(p.us / total);
       withTip(el("circle", { cx: sx(p.ai), cy: sy(p.perf), r: rad.toFixed(1), fill: PALETTE[p.run % PALETTE.length], "fill-opacity": 0.55,
                              stroke: PALETTE[p.run % PALETTE.length] }, f.svg),
               p.name + ": " + fmt(p.perf) + "FLOP/s, " + fmt(p.bw) + "B/s, " + (100 * p.us / total).toFixed(1) + "% of kernel time, " + p.count + " calls");
-      if (p.us / total > 0.03) text(f.svg, sx(p.ai) + rad + 2, sy(p.perf) + 3, p.name, { "class": "lbl" });
+      if (p.us / total > 0.03) {
+        var lx = sx(p.ai) + rad + 2;
+        text(f.svg, lx, place(lx, sy(p.perf) + 3, 6 * p.name.length), p.name, { "class": "lbl" });
+      }
       f.marks++;
     });
     done(div, f);

@@ -30,6 +30,8 @@ typedef struct run_kernel {
     char cat[16];
     int64_t count;
     double us, flops, bytes; /* over every rank and traced step */
+    double min;              /* the fastest call (µs) */
+    double best_rate;        /* the most FLOPs (else bytes) per µs of a call */
 } run_kernel;
 
 /* Collectives of one operation, transport, group size and message size. */
@@ -48,8 +50,8 @@ typedef struct run_event {
     double ts, dur; /* µs on the merged clock */
     char name[32];
     char cat[12];
-    int idx;         /* layer, step, ... or -1 */
-    double bytes;    /* comm: payload */
+    int idx;      /* layer, step, ... or -1 */
+    double bytes; /* comm: payload */
 } run_event;
 
 typedef struct run_thread {
@@ -66,11 +68,11 @@ typedef struct run_link {
 
 struct dt_run {
     char dir[4096];
-    char name[256];   /* the directory's last component */
-    json_t *config;   /* config.json (NULL if missing) */
-    json_t *summary;  /* summary.json (NULL if missing) */
-    json_t *machine;  /* trace/machine.json (NULL if missing) */
-    run_step *steps;  /* metrics.jsonl, in file order */
+    char name[256];  /* the directory's last component */
+    json_t *config;  /* config.json (NULL if missing) */
+    json_t *summary; /* summary.json (NULL if missing) */
+    json_t *machine; /* trace/machine.json (NULL if missing) */
+    run_step *steps; /* metrics.jsonl, in file order */
     size_t nsteps;
     int world;
     /* Mean breakdown per rank (summary.json, else the metrics' lines). */
@@ -79,7 +81,7 @@ struct dt_run {
     int64_t bd_steps;
     /* The trace (none: traced false). */
     bool traced;
-    int64_t traced_steps; /* step events of rank 0 */
+    int64_t traced_steps;  /* step events of rank 0 */
     double clock_error_us; /* the largest alignment error of a rank */
     run_kernel *kernels;
     size_t nkernels;
@@ -109,7 +111,6 @@ double dt__run_bd(const dt_run *r, int rank, int k);
  * else the metrics' median step_ms. */
 double dt__run_step_ms(const dt_run *r);
 /* The model's time (s) for a collective (NaN without a link fit). */
-double dt__run_model_s(const dt_run *r, const char *op, const char *link, int ranks,
-                       double size);
+double dt__run_model_s(const dt_run *r, const char *op, const char *link, int ranks, double size);
 
 #endif

@@ -64,16 +64,16 @@ __attribute__((noinline)) static void layernorm_forward_row(float *y, float *mea
 }
 
 void dt__layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                          const float *weight, const float *bias, int N, int C) {
+                           const float *weight, const float *bias, int N, int C) {
 #pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 16)
     for (int i = 0; i < N; i++)
         layernorm_forward_row(out + (size_t)i * C, &mean[i], &rstd[i], inp + (size_t)i * C, weight,
                               bias, C);
 }
 
-void dt__residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
-                                   const float *b, const float *bias, const float *weight,
-                                   const float *lnbias, int N, int C) {
+void dt__residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                    const float *a, const float *b, const float *bias,
+                                    const float *weight, const float *lnbias, int N, int C) {
     /* Row by row: the sum is written and normalised while it is in L1, so
      * the LayerNorm does not read res back from L2/memory. The sum has the
      * residual kernels' formulas, the row the LayerNorm's body. */
@@ -169,8 +169,8 @@ void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
 }
 
 void dt__layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *inp, const float *weight, const float *mean,
-                                const float *rstd, int N, int C, dt_grad_mode mode) {
+                                 const float *inp, const float *weight, const float *mean,
+                                 const float *rstd, int N, int C, dt_grad_mode mode) {
     /* dweight and dbias are written once, from sums started at zero: the
      * mode only decides whether the old value is added (0 + sum else). */
     const bool acc = mode == DT_GRAD_ACCUMULATE;
@@ -296,7 +296,7 @@ void dt__gelu_bias_forward(float *out, const float *inp, const float *bias, int 
 }
 
 void dt__gelu_bias_backward(float *dinp, const float *inp, const float *bias, const float *dout,
-                           int N, int C) {
+                            int N, int C) {
     // dinp (N,C) = dout * gelu'(inp + bias), the same sum as the forward's
 #pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 4)
     for (int i = 0; i < N; i++) {
@@ -385,7 +385,7 @@ void dt_residual_backward(float *da, float *db, const float *dout, size_t n) {
 /* ------------------------------------------------------------------------ */
 
 void dt__embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                          int B, int T, int C) {
+                           int B, int T, int C) {
     int N = B * T;
 #pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 16)
     for (int i = 0; i < N; i++) {
@@ -404,7 +404,7 @@ void dt_embedding_backward(float *dwte, float *dwpe, const float *dout, const in
 }
 
 void dt__embedding_backward_mode(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                                int B, int T, int C, dt_grad_mode wpe_mode) {
+                                 int B, int T, int C, dt_grad_mode wpe_mode) {
     /* Two tokens may share a row of dwte, so threads split the columns and
      * every thread walks all positions in order: race-free and the same sum
      * order for any thread count. Overwriting dwpe: the first sequence
@@ -452,7 +452,7 @@ void dt_softmax_forward(float *probs, const float *logits, int N, int V) {
 }
 
 float dt__crossentropy_forward(float *losses, float *lse, const float *logits,
-                              const int32_t *targets, int N, int V) {
+                               const int32_t *targets, int N, int V) {
     double total = 0.0;
 #pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(dynamic, 16) reduction(+ : total)
     for (int i = 0; i < N; i++) {
@@ -466,7 +466,7 @@ float dt__crossentropy_forward(float *losses, float *lse, const float *logits,
 }
 
 void dt__crossentropy_backward(float *dlogits, const float *logits, const float *lse,
-                              const int32_t *targets, float scale, int N, int V) {
+                               const int32_t *targets, float scale, int N, int V) {
     // dlogits (N,V) = scale * (exp(logits - lse) - onehot)
 #pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(dynamic, 16)
     for (int i = 0; i < N; i++) {

@@ -57,9 +57,8 @@ void dt__gelu_backward(float *dinp, const float *inp, const float *dout, size_t 
 void dt__residual_forward(float *out, const float *a, const float *b, size_t n);
 void dt__embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
                            int B, int T, int C);
-void dt__embedding_backward_mode(float *dwte, float *dwpe, const float *dout,
-                                 const int32_t *tokens, int B, int T, int C,
-                                 dt_grad_mode wpe_mode);
+void dt__embedding_backward_mode(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                 int B, int T, int C, dt_grad_mode wpe_mode);
 float dt__crossentropy_forward(float *losses, float *lse, const float *logits,
                                const int32_t *targets, int N, int V);
 void dt__crossentropy_backward(float *dlogits, const float *logits, const float *lse,

@@ -52,8 +52,8 @@ void dt_matmul_backward_mode(float *dinp, float *dweight, float *dbias, const fl
     uint64_t t = begin();
     dt__matmul_backward_mode(dinp, dweight, dbias, dout, inp, weight, N, IC, OC, mode);
     double n = N, ic = IC, oc = OC, acc = mode == DT_GRAD_ACCUMULATE ? 2 : 1;
-    double flops = (dinp ? 2 * n * ic * oc : 0) + (dweight ? 2 * n * ic * oc : 0) +
-                   (dbias ? n * oc : 0);
+    double flops =
+        (dinp ? 2 * n * ic * oc : 0) + (dweight ? 2 * n * ic * oc : 0) + (dbias ? n * oc : 0);
     double bytes = n * oc + (dinp ? oc * ic + n * ic : 0) + (dweight ? n * ic + acc * oc * ic : 0) +
                    (dbias ? acc * oc : 0);
     end(t, "matmul_bwd", flops, F32 * bytes);

@@ -182,21 +182,19 @@ dt_status dt__train_write_summary(const trainer *t, const dt_train_result *res, 
              json_array_append_new(base, num(t->rss[2 * r + 1])) == 0;
     const dt_rank_memory *p = &t->plan;
     ok = ok &&
-         json_object_set_new(mem, "planned",
-                             json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "params",
-                                       (json_int_t)p->params, "grads", (json_int_t)p->grads,
-                                       "weights16", (json_int_t)p->weights16, "optimizer",
-                                       (json_int_t)p->optimizer, "activations",
-                                       (json_int_t)p->activations, "total",
-                                       (json_int_t)p->total)) == 0 &&
+         json_object_set_new(
+             mem, "planned",
+             json_pack("{s:I, s:I, s:I, s:I, s:I, s:I}", "params", (json_int_t)p->params, "grads",
+                       (json_int_t)p->grads, "weights16", (json_int_t)p->weights16, "optimizer",
+                       (json_int_t)p->optimizer, "activations", (json_int_t)p->activations, "total",
+                       (json_int_t)p->total)) == 0 &&
          json_object_set_new(mem, "peak_resident", peak) == 0 &&
          json_object_set_new(mem, "base_resident", base) == 0;
     if (!ok) {
         json_decref(peak);
         json_decref(base);
     }
-    ok = ok &&
-         json_object_set_new(o, "version", json_integer(1)) == 0 &&
+    ok = ok && json_object_set_new(o, "version", json_integer(1)) == 0 &&
          json_object_set_new(o, "world", json_integer(t->size)) == 0 &&
          json_object_set_new(o, "first_step", json_integer(res->first_step)) == 0 &&
          json_object_set_new(o, "last_step", json_integer(res->last_step)) == 0 &&
@@ -212,8 +210,8 @@ dt_status dt__train_write_summary(const trainer *t, const dt_train_result *res, 
          json_object_set_new(o, "peak_flops", num(t->peak_flops)) == 0 &&
          json_object_set_new(o, "peak_from", text_or_null(t->peak_from)) == 0 &&
          json_object_set_new(o, "precision", json_string(dt_precision_name(c->precision))) == 0 &&
-         json_object_set_new(o, "trace", t->trace.on ? json_string("trace/trace.json")
-                                                     : json_null()) == 0 &&
+         json_object_set_new(o, "trace",
+                             t->trace.on ? json_string("trace/trace.json") : json_null()) == 0 &&
          json_object_set_new(o, "breakdown", bd) == 0;
     if (ok)
         bd = NULL;

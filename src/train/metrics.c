@@ -35,9 +35,8 @@ const char *const dt_breakdown_names[DT_BREAKDOWN_FIELDS] = {
 
 /* Field k of a breakdown, in dt_breakdown_names' order. */
 static double breakdown_field(const dt_step_breakdown *b, int k) {
-    const double v[DT_BREAKDOWN_FIELDS] = {b->compute,   b->exposed_comm, b->overlapped_comm,
-                                           b->data,      b->optimizer,    b->idle,
-                                           b->step};
+    const double v[DT_BREAKDOWN_FIELDS] = {
+        b->compute, b->exposed_comm, b->overlapped_comm, b->data, b->optimizer, b->idle, b->step};
     return v[k];
 }
 

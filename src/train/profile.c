@@ -92,9 +92,8 @@ static void ring_model(const char *op, int n, double *steps, double *share) {
     }
 }
 
-dt_status dt_link_fit_points(const char *transport, const char *op, int ranks,
-                             const double *bytes, const double *seconds, size_t n,
-                             dt_link_fit *out) {
+dt_status dt_link_fit_points(const char *transport, const char *op, int ranks, const double *bytes,
+                             const double *seconds, size_t n, dt_link_fit *out) {
     memset(out, 0, sizeof *out);
     snprintf(out->transport, sizeof out->transport, "%s", transport);
     snprintf(out->op, sizeof out->op, "%s", op);
@@ -120,7 +119,8 @@ dt_status dt_link_fit_points(const char *transport, const char *op, int ranks,
         st += w * seconds[i];
         smt += w * bytes[i] * seconds[i];
     }
-    double det = sw * smm - sm * sm, a = (smm * st - sm * smt) / det, b = (sw * smt - sm * st) / det;
+    double det = sw * smm - sm * sm, a = (smm * st - sm * smt) / det,
+           b = (sw * smt - sm * st) / det;
     if (!(a >= 0) || !(b > 0)) { /* latency or bandwidth outside the model: the other alone */
         a = fmax(a, 0);
         b = (smt - a * sm) / smm;
@@ -157,12 +157,12 @@ dt_status dt_profile_save_link(const dt_link_fit *f, char *where, size_t len) {
     dt__cpu_model(cpu, sizeof cpu);
     snprintf(key, sizeof key, "%s|%s|%s|%d", cpu, f->transport, f->op, f->ranks);
     now_text(when, sizeof when);
-    json_t *e = json_pack("{s:f, s:f, s:f, s:f, s:i, s:f, s:I, s:I, s:s}", "alpha_us",
-                          f->alpha * 1e6, "beta_gbs", isfinite(f->beta) ? f->beta * 1e-9 : 0.0,
-                          "link_alpha_us", f->link_alpha * 1e6, "link_bw_gbs",
-                          isfinite(f->link_bw) ? f->link_bw * 1e-9 : 0.0, "points", f->points,
-                          "max_error", f->max_error, "lo", (json_int_t)f->lo, "hi",
-                          (json_int_t)f->hi, "measured", when);
+    json_t *e =
+        json_pack("{s:f, s:f, s:f, s:f, s:i, s:f, s:I, s:I, s:s}", "alpha_us", f->alpha * 1e6,
+                  "beta_gbs", isfinite(f->beta) ? f->beta * 1e-9 : 0.0, "link_alpha_us",
+                  f->link_alpha * 1e6, "link_bw_gbs",
+                  isfinite(f->link_bw) ? f->link_bw * 1e-9 : 0.0, "points", f->points, "max_error",
+                  f->max_error, "lo", (json_int_t)f->lo, "hi", (json_int_t)f->hi, "measured", when);
     dt_status st = links && e && json_object_set_new(links, key, e) == 0
                        ? save(path, root)
                        : dt_error_set(DT_ERR_NOMEM, "machine profile: out of memory");

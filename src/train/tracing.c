@@ -192,14 +192,16 @@ static double aligned_us(const clock_map *m, double x) {
 static void put_event(text *b, const dt_trace_event *e, int pid, int tid, const clock_map *m) {
     double ts = aligned_us(m, (double)e->t0), end = aligned_us(m, (double)e->t1);
     const char *cat = e->cat < DT_TRACE_CAT_COUNT ? dt_trace_cat_names[e->cat] : "other";
-    put(b, "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,"
-           "\"tid\":%d,\"args\":{",
+    put(b,
+        "{\"name\":\"%s\",\"cat\":\"%s\",\"ph\":\"X\",\"ts\":%.3f,\"dur\":%.3f,\"pid\":%d,"
+        "\"tid\":%d,\"args\":{",
         e->name ? e->name : "?", cat, ts, end - ts > 0 ? end - ts : 0, pid, tid);
     bool comm = e->cat == DT_TRACE_COMM || e->cat == DT_TRACE_WAIT;
     const char *sep = "";
     if (comm) {
-        put(b, "\"bytes\":%" PRIu64 ",\"group\":\"%08x\",\"seq\":%u,\"ranks\":%u,\"algo\":\"%s\","
-               "\"link\":\"%s\",\"dtype\":\"%s\"",
+        put(b,
+            "\"bytes\":%" PRIu64 ",\"group\":\"%08x\",\"seq\":%u,\"ranks\":%u,\"algo\":\"%s\","
+            "\"link\":\"%s\",\"dtype\":\"%s\"",
             e->bytes, e->group, e->seq, e->ranks, dt_algo_name((dt_algo)e->algo),
             e->link < DT_TRACE_LINK_COUNT ? dt_trace_link_names[e->link] : "?",
             dt_dtype_name((dt_dtype)e->dtype));
@@ -221,7 +223,9 @@ static void put_event(text *b, const dt_trace_event *e, int pid, int tid, const 
         }
         if (e->idx >= 0)
             put(b, "%s\"%s\":%d", sep,
-                e->cat == DT_TRACE_STEP ? "step" : e->cat == DT_TRACE_COMPUTE ? "layer" : "index",
+                e->cat == DT_TRACE_STEP      ? "step"
+                : e->cat == DT_TRACE_COMPUTE ? "layer"
+                                             : "index",
                 e->idx);
     }
     put(b, "}},\n");
@@ -356,8 +360,9 @@ dt_status dt__trace_finish(trainer *t) {
         put_tail(&tail, other.p ? other.p : "{}");
         st = head.failed || tail.failed || other.failed
                  ? dt_error_set(DT_ERR_NOMEM, "trace: formatting")
-                 : write_file(path, (dt_file_part[]){{head.p, head.len}, {ev.p, ev.len}, {tail.p, tail.len}},
-                              3);
+                 : write_file(
+                       path,
+                       (dt_file_part[]){{head.p, head.len}, {ev.p, ev.len}, {tail.p, tail.len}}, 3);
         free(head.p);
         free(tail.p);
         free(other.p);
@@ -379,13 +384,20 @@ dt_status dt__trace_finish(trainer *t) {
     }
     /* The merged file: rank 0 receives every rank's lines and clock. */
     enum { CLOCK_FIELDS = 9 };
-    double mine[CLOCK_FIELDS] = {m.o0,          m.drift,       tr->c0.offset_ns, tr->c0.error_ns,
-                                 c1.offset_ns,  c1.error_ns,   (double)dropped,
-                                 (double)(strcmp(m.method, "store") == 0 ? 2
-                                          : strcmp(m.method, "same kernel") == 0 ? 1 : 0),
+    double mine[CLOCK_FIELDS] = {m.o0,
+                                 m.drift,
+                                 tr->c0.offset_ns,
+                                 tr->c0.error_ns,
+                                 c1.offset_ns,
+                                 c1.error_ns,
+                                 (double)dropped,
+                                 (double)(strcmp(m.method, "store") == 0         ? 2
+                                          : strcmp(m.method, "same kernel") == 0 ? 1
+                                                                                 : 0),
                                  m.span};
     double *clocks = t->rank == 0 ? calloc((size_t)t->size * CLOCK_FIELDS, sizeof *clocks) : NULL;
-    int64_t len = (int64_t)ev.len, *lens = t->rank == 0 ? calloc((size_t)t->size, sizeof *lens) : NULL;
+    int64_t len = (int64_t)ev.len,
+            *lens = t->rank == 0 ? calloc((size_t)t->size, sizeof *lens) : NULL;
     if (t->rank == 0 && (!clocks || !lens))
         st = dt_error_set(DT_ERR_NOMEM, "trace: merging");
     if (t->world) {
@@ -443,7 +455,9 @@ dt_status dt__trace_finish(trainer *t) {
             clock_map mr = {.o0 = c[0],
                             .drift = c[1],
                             .span = c[8],
-                            .method = c[7] == 2 ? "store" : c[7] == 1 ? "same kernel" : "reference"};
+                            .method = c[7] == 2   ? "store"
+                                      : c[7] == 1 ? "same kernel"
+                                                  : "reference"};
             dt_clock_sample s0 = {.offset_ns = c[2], .error_ns = c[3]},
                             s1 = {.offset_ns = c[4], .error_ns = c[5]};
             if (r)

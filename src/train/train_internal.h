@@ -91,8 +91,8 @@ typedef struct trainer {
     double slow_factor, last_busy_ms;
     /* Observability (tracing.c, breakdown.c; docs/observability.md). */
     run_trace trace;
-    double peak_flops;   /* MFU's denominator per rank (FLOP/s), NaN if unknown */
-    char peak_from[4400]; /* where it came from */
+    double peak_flops;         /* MFU's denominator per rank (FLOP/s), NaN if unknown */
+    char peak_from[4400];      /* where it came from */
     dt_step_breakdown *bd;     /* (size) rank 0: the last exchanged step, every rank */
     dt_step_breakdown *bd_sum; /* (size) rank 0: sums over the steps counted */
     int64_t bd_steps;          /* steps in bd_sum */
