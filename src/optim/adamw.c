@@ -221,21 +221,59 @@ void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n, float lr, f
     }
 }
 
-#else /* no AVX-512: the scalar loops are the vector forms (the compiler may vectorise them) */
+#else /* no AVX-512 in this build: AVX2 forms for AdamW and SGD, the scalar loops for the rest */
+
+#include <immintrin.h>
 
 void dt__radam_range_vec(float *p, const float *g, float *m, float *v, size_t n,
                          const dt__radam_k *k) {
     dt__radam_range_scalar(p, g, m, v, n, k);
 }
 
-void dt__adamw_range_vec(float *p, const float *g, float *m, float *v, size_t n,
-                         const dt__adamw_k *k) {
-    dt__adamw_range_scalar(p, g, m, v, n, k);
+/* 8 lanes of AdamW: the scalar loop's operations in its order (no FMA:
+ * the file is compiled with -ffp-contract=off and the intrinsics are the
+ * separate multiply and add), so every lane rounds as the scalar code. The
+ * tail (< 8) is the scalar loop. */
+__attribute__((target("avx2"))) void dt__adamw_range_vec(float *p, const float *g, float *m,
+                                                         float *v, size_t n,
+                                                         const dt__adamw_k *k) {
+    const __m256 decay = _mm256_set1_ps(k->decay), b1 = _mm256_set1_ps(k->b1),
+                 omb1 = _mm256_set1_ps(k->omb1), b2 = _mm256_set1_ps(k->b2),
+                 omb2 = _mm256_set1_ps(k->omb2), bc2 = _mm256_set1_ps(k->bc2_sqrt),
+                 eps = _mm256_set1_ps(k->eps), neg = _mm256_set1_ps(k->neg_step);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
+        __m256 mi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(m + i), b1), _mm256_mul_ps(omb1, gv));
+        __m256 vi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2),
+                                  _mm256_mul_ps(_mm256_mul_ps(omb2, gv), gv));
+        __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2), eps);
+        _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_mul_ps(neg, _mm256_div_ps(mi, denom))));
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+    }
+    dt__adamw_range_scalar(p + i, g + i, m + i, v + i, n - i, k);
 }
 
-void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n, float lr, float momentum,
-                       bool nesterov, float weight_decay) {
-    dt__sgd_range_scalar(p, g, b, n, lr, momentum, nesterov, weight_decay);
+__attribute__((target("avx2"))) void dt__sgd_range_vec(float *p, const float *g, float *b,
+                                                       size_t n, float lr, float momentum,
+                                                       bool nesterov, float weight_decay) {
+    const __m256 wd = _mm256_set1_ps(weight_decay), mom = _mm256_set1_ps(momentum),
+                 neg_lr = _mm256_set1_ps(-lr);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 pv = _mm256_loadu_ps(p + i), gv = _mm256_loadu_ps(g + i);
+        __m256 d = weight_decay != 0.0f ? _mm256_add_ps(gv, _mm256_mul_ps(wd, pv)) : gv;
+        if (momentum != 0.0f) {
+            __m256 bi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(b + i), mom), d);
+            _mm256_storeu_ps(b + i, bi);
+            d = nesterov ? _mm256_add_ps(d, _mm256_mul_ps(mom, bi)) : bi;
+        }
+        _mm256_storeu_ps(p + i, _mm256_add_ps(pv, _mm256_mul_ps(neg_lr, d)));
+    }
+    dt__sgd_range_scalar(p + i, g + i, b ? b + i : NULL, n - i, lr, momentum, nesterov,
+                         weight_decay);
 }
 
 #endif

@@ -3,8 +3,8 @@
  * tests: the per-range kernels behind the public steps, in their vector and
  * scalar forms, and the OpenMP split.
  *
- * Invariant: for every kernel, the vector form (AVX-512 with a masked tail)
- * and the scalar form give bit-identical results; tests/unit/test_optim.c
+ * Invariant: for every kernel, the vector form (AVX-512 with a masked tail,
+ * or AVX2 with a scalar tail in a build without AVX-512) and the scalar form give bit-identical results; tests/unit/test_optim.c
  * checks it. Both perform the same IEEE operations in the same order, and
  * this layer is compiled with -ffp-contract=off so no a*b+c is fused.
  */
@@ -51,13 +51,16 @@ void dt__sgd_range_scalar(float *p, const float *g, float *b, size_t n, float lr
 double dt__sumsq_block_vec(const float *g, size_t n);
 double dt__sumsq_block_scalar(const float *g, size_t n);
 
-/* Whether the AVX-512 forms run: built with AVX-512 and dt_isa() (DT_ISA)
- * allows it. The two forms agree bit for bit, so this only picks a speed. */
+/* Whether the vector forms run: in a build with AVX-512, its forms when
+ * dt_isa() (DT_ISA) allows AVX-512; in a build without (portable, or an
+ * AVX2 host), AdamW's and SGD's AVX2 forms (the others' "vector" forms are
+ * their scalar loops) when dt_isa() allows AVX2. The forms agree bit for
+ * bit, so this only picks a speed. */
 static inline bool dt__optim_vec(void) {
 #ifdef __AVX512F__
     return dt_isa() >= DT_ISA_AVX512;
 #else
-    return false;
+    return dt_isa() >= DT_ISA_AVX2;
 #endif
 }
 
