@@ -130,7 +130,8 @@ struct dt_gpt {
     int max_B, max_T;      /* arena planned for these */
     size_t nparams;        /* floats in params and grads */
     float *params, *grads; /* the two flat buffers */
-    uint16_t *w16;         /* bf16/fp16: params cast once per forward (NULL in fp32) */
+    uint16_t *w16;         /* bf16/fp16: the rounded params (NULL in fp32) */
+    dt_gpt_w16 w16_state;  /* when w16 is rounded again (dt_gpt_set_weights16) */
     size_t ntensors;       /* entries of info */
     dt_param_info *info;   /* the tensors, in buffer order */
     size_t wte, wpe;       /* info index of wte / wpe (SIZE_MAX: not here) */

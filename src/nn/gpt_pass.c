@@ -135,8 +135,8 @@ static dt_status sum_partial(dt_gpt *m, float *grad, float *part, size_t n, dt_g
 /* Forward                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* bf16/fp16: round all parameters into w16, once per forward (the master
- * copy may have changed since). Chunks in parallel; each chunk's rounding
+/* bf16/fp16: round all parameters into w16 at a forward, unless the copy's
+ * owner says it is current (dt_gpt_set_weights16). Chunks in parallel; each chunk's rounding
  * is exact per element, so the thread count cannot change the result. */
 static void cast_weights(dt_gpt *m) {
     const size_t chunk = (size_t)1 << 16, n = m->nparams;
@@ -637,8 +637,12 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
     s->T = T / d->cp; /* this rank's tokens of each sequence */
     s->have_targets = false;
     const size_t ns = rows_here(m);
-    if (pr != DT_PRECISION_FP32 && !m->hooks.fetch) /* with hooks: per unit, in fetch() */
+    if (pr != DT_PRECISION_FP32 && !m->hooks.fetch && /* with hooks: per unit, in fetch() */
+        m->w16_state != DT_GPT_W16_CURRENT) {
         cast_weights(m);
+        if (m->w16_state == DT_GPT_W16_STALE)
+            m->w16_state = DT_GPT_W16_CURRENT;
+    }
     prefetch(m, block_unit(m, s->L0));
     if (s->embeds) {
         take_tokens(m, s->tokens, inputs, B, T);

@@ -278,8 +278,14 @@ __attribute__((target("avx2"))) void dt__sgd_range_vec(float *p, const float *g,
 
 #endif
 
-void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                   const dt_adamw_config *c, int64_t step, float weight_decay) {
+static void copied(const dt__copy *cp, const float *params, size_t off, size_t len) {
+    if (cp && cp->fn)
+        cp->fn(cp->user, params + off, cp->at + off, len);
+}
+
+void dt__adamw_step_copy(float *params, const float *grads, float *m, float *v, size_t n,
+                         float lr, const dt_adamw_config *c, int64_t step, float weight_decay,
+                         const dt__copy *cp) {
     DT_ASSERT(c != NULL && step >= 1);
     dt__adamw_k k;
     dt__adamw_k_init(&k, lr, c, step, weight_decay);
@@ -287,6 +293,7 @@ void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t
         dt__optim_vec() ? dt__adamw_range_vec : dt__adamw_range_scalar;
     if (n < DT__OPTIM_PAR_MIN) {
         f(params, grads, m, v, n, &k);
+        copied(cp, params, 0, n);
         return;
     }
     size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
@@ -295,11 +302,18 @@ void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t
         size_t off = ci * DT__OPTIM_CHUNK;
         size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
         f(params + off, grads + off, m + off, v + off, len, &k);
+        copied(cp, params, off, len);
     }
 }
 
+void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                   const dt_adamw_config *c, int64_t step, float weight_decay) {
+    dt__adamw_step_copy(params, grads, m, v, n, lr, c, step, weight_decay, NULL);
+}
+
 void dt__radam_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                    const dt_adamw_config *c, int64_t step, float weight_decay) {
+                    const dt_adamw_config *c, int64_t step, float weight_decay,
+                    const dt__copy *cp) {
     DT_ASSERT(c != NULL && step >= 1);
     dt__radam_k k;
     dt__radam_k_init(&k, lr, c, step, weight_decay);
@@ -307,6 +321,7 @@ void dt__radam_step(float *params, const float *grads, float *m, float *v, size_
         dt__optim_vec() ? dt__radam_range_vec : dt__radam_range_scalar;
     if (n < DT__OPTIM_PAR_MIN) {
         f(params, grads, m, v, n, &k);
+        copied(cp, params, 0, n);
         return;
     }
     size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
@@ -315,16 +330,19 @@ void dt__radam_step(float *params, const float *grads, float *m, float *v, size_
         size_t off = ci * DT__OPTIM_CHUNK;
         size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
         f(params + off, grads + off, m + off, v + off, len, &k);
+        copied(cp, params, off, len);
     }
 }
 
-void dt_sgd_step(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-                 float momentum, bool nesterov, float weight_decay) {
+void dt__sgd_step_copy(float *params, const float *grads, float *momentum_buf, size_t n,
+                       float lr, float momentum, bool nesterov, float weight_decay,
+                       const dt__copy *cp) {
     DT_ASSERT(momentum == 0.0f || momentum_buf != NULL);
     void (*f)(float *, const float *, float *, size_t, float, float, bool, float) =
         dt__optim_vec() ? dt__sgd_range_vec : dt__sgd_range_scalar;
     if (n < DT__OPTIM_PAR_MIN) {
         f(params, grads, momentum_buf, n, lr, momentum, nesterov, weight_decay);
+        copied(cp, params, 0, n);
         return;
     }
     size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
@@ -334,5 +352,11 @@ void dt_sgd_step(float *params, const float *grads, float *momentum_buf, size_t 
         size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
         f(params + off, grads + off, momentum_buf ? momentum_buf + off : NULL, len, lr, momentum,
           nesterov, weight_decay);
+        copied(cp, params, off, len);
     }
+}
+
+void dt_sgd_step(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+                 float momentum, bool nesterov, float weight_decay) {
+    dt__sgd_step_copy(params, grads, momentum_buf, n, lr, momentum, nesterov, weight_decay, NULL);
 }

@@ -46,6 +46,24 @@ void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n, float lr, f
 void dt__sgd_range_scalar(float *p, const float *g, float *b, size_t n, float lr, float momentum,
                           bool nesterov, float weight_decay);
 
+/* A compute-copy callback and where the range handed to a step starts in
+ * the caller's buffer: after each chunk [off, off + len) of the range is
+ * updated, fn(user, params + off, at + off, len). fn NULL: nothing. */
+typedef struct dt__copy {
+    dt_optim_copy_fn fn;
+    void *user;
+    size_t at;
+} dt__copy;
+
+/* dt_adamw_step / dt__radam_step / dt_sgd_step, calling cp after each
+ * chunk (cp may be NULL). */
+void dt__adamw_step_copy(float *params, const float *grads, float *m, float *v, size_t n,
+                         float lr, const dt_adamw_config *c, int64_t step, float weight_decay,
+                         const dt__copy *cp);
+void dt__sgd_step_copy(float *params, const float *grads, float *momentum_buf, size_t n,
+                       float lr, float momentum, bool nesterov, float weight_decay,
+                       const dt__copy *cp);
+
 /* Sum of squares of at most DT__SUMSQ_BLOCK elements in a fixed lane order
  * (element i into lane i % 64; lanes added in order). */
 double dt__sumsq_block_vec(const float *g, size_t n);
@@ -92,9 +110,11 @@ typedef struct dt__radam_k {
 } dt__radam_k;
 void dt__radam_k_init(dt__radam_k *k, float lr, const dt_adamw_config *c, int64_t step,
                       float weight_decay);
-/* RAdam on a range, split over OpenMP threads as dt_adamw_step is. */
+/* RAdam on a range, split over OpenMP threads as dt_adamw_step is; cp as
+ * dt__adamw_step_copy's (may be NULL). */
 void dt__radam_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                    const dt_adamw_config *c, int64_t step, float weight_decay);
+                    const dt_adamw_config *c, int64_t step, float weight_decay,
+                    const dt__copy *cp);
 void dt__radam_range_vec(float *p, const float *g, float *m, float *v, size_t n,
                          const dt__radam_k *k);
 void dt__radam_range_scalar(float *p, const float *g, float *m, float *v, size_t n,
