@@ -439,6 +439,19 @@ double dt_gpt_take_comm_ms(dt_gpt *m);
  * communication above, forward and backward) since the last call; resets. */
 double dt_gpt_take_attention_ms(dt_gpt *m);
 
+/* Where a model's passes spend their time (dtrain bench train's
+ * breakdown): wall milliseconds in the matrix products (linear layers and
+ * the LM head), attention, the elementwise kernels (LayerNorm, GELU,
+ * residual adds, embedding, the loss's softmax gradient) and 16-bit casts
+ * (the weight copy, dlogits, the residual gradient), since the last take.
+ * Off by default (then nothing is timed); the rest of a pass (the loss's
+ * log-sum-exp, copies, communication) is the difference to its total. */
+typedef struct dt_gpt_profile {
+    double products_ms, attention_ms, elementwise_ms, casts_ms;
+} dt_gpt_profile;
+void dt_gpt_profile_enable(dt_gpt *m, bool on);
+dt_gpt_profile dt_gpt_take_profile(dt_gpt *m);
+
 /* The 16-bit compute copy of the weights (bf16/fp16 models; fp32 models
  * have none and ignore these calls). By default (DT_GPT_W16_EACH_FORWARD)
  * every forward rounds all parameters into it, since the caller may have

@@ -123,6 +123,9 @@ typedef struct gpt_slot {
     bool pending_w;         /* split: backward ran, the weight gradients have not */
 } gpt_slot;
 
+/* The kinds of work a pass is split into for dt_gpt_take_profile. */
+enum { PROF_PRODUCTS, PROF_ATTENTION, PROF_ELEMENTWISE, PROF_CASTS, PROF_COUNT };
+
 struct dt_gpt {
     dt_gpt_config cfg;
     dt_gpt_options opt;    /* precision, recomputation, part */
@@ -165,6 +168,8 @@ struct dt_gpt {
     cp_scratch cp;        /* context parallelism's buffers (all NULL without it) */
     double comm_ms;       /* time spent in the tensor- and context-parallel communication */
     double cp_attn_ms;    /* time in context-parallel attention (compute and communication) */
+    bool prof_on;         /* dt_gpt_profile_enable: PROF() times its calls */
+    double prof_ms[PROF_COUNT];
     dt_param_hooks hooks; /* parameters kept elsewhere (fetch NULL: none) */
     dt_linear_stats_fn lstats; /* the linear layers' statistics (NULL: none) */
     void *lstats_user;
@@ -201,6 +206,16 @@ static inline size_t dt__act_size(dt_precision p) { return p == DT_PRECISION_FP3
         (m)->comm_ms += (dt_now() - t0_) * 1e3;                                                    \
         if (st_ != DT_OK)                                                                          \
             return st_;                                                                            \
+    } while (0)
+
+/* Run `stmt` (a kernel call of kind k), adding its wall time to the
+ * model's profile when profiling is on. Never inside a parallel region. */
+#define PROF(m, k, stmt)                                                                           \
+    do {                                                                                           \
+        double p0_ = (m)->prof_on ? dt_now() : 0.0;                                                \
+        stmt;                                                                                      \
+        if ((m)->prof_on)                                                                          \
+            (m)->prof_ms[k] += (dt_now() - p0_) * 1e3;                                             \
     } while (0)
 
 /* The sequence position of local token row i (of Tl = T/cp) on this rank. */
