@@ -269,10 +269,14 @@ static dt_status run_mode(bench_mode *bm, const dt_gpt_config *cfg, int B, int T
         if (s == 0 && bm->n == 0)
             bm->first_loss = loss;
         if (s >= warmup) {
-            const double v[BENCH_SERIES] = {
-                t3 - t0,           t1 - t0,           t2 - t1,
-                t3 - t2,           pf.products_ms * 1e-3, pf.attention_ms * 1e-3,
-                pf.elementwise_ms * 1e-3, pf.casts_ms * 1e-3};
+            const double v[BENCH_SERIES] = {t3 - t0,
+                                            t1 - t0,
+                                            t2 - t1,
+                                            t3 - t2,
+                                            pf.products_ms * 1e-3,
+                                            pf.attention_ms * 1e-3,
+                                            pf.elementwise_ms * 1e-3,
+                                            pf.casts_ms * 1e-3};
             for (int k = 0; k < BENCH_SERIES; k++)
                 bm->t[k][bm->n] = v[k];
             bm->n++;
@@ -406,11 +410,11 @@ static int run_train(cli_args *a) {
                 "saved_bytes", (json_int_t)bm->mr.saved, "recompute_bytes",
                 (json_int_t)bm->mr.recompute, "weights16_bytes", (json_int_t)bm->mr.weights16,
                 "loss_first", cli_json_num(bm->first_loss), "loss_last", cli_json_num(bm->loss));
-            json_t *o3 = json_pack("{s:o, s:o, s:o, s:o, s:s, s:s}", "products_ms",
-                                   cli_json_num(prod), "attention_ms", cli_json_num(attn),
-                                   "elementwise_ms", cli_json_num(elem), "casts_ms",
-                                   cli_json_num(cast), "isa", dt_isa_name(dt_isa()), "gemm16",
-                                   gemm16_name(bm->opt.precision));
+            json_t *o3 =
+                json_pack("{s:o, s:o, s:o, s:o, s:s, s:s}", "products_ms", cli_json_num(prod),
+                          "attention_ms", cli_json_num(attn), "elementwise_ms", cli_json_num(elem),
+                          "casts_ms", cli_json_num(cast), "isa", dt_isa_name(dt_isa()), "gemm16",
+                          gemm16_name(bm->opt.precision));
             DT_ASSERT(o3 && json_object_update(o2, o3) == 0);
             json_decref(o3);
             DT_ASSERT(o && o2 && json_object_update(o, o2) == 0);

@@ -168,12 +168,13 @@ struct dt_gpt {
     cp_scratch cp;        /* context parallelism's buffers (all NULL without it) */
     double comm_ms;       /* time spent in the tensor- and context-parallel communication */
     double cp_attn_ms;    /* time in context-parallel attention (compute and communication) */
-    bool prof_on;         /* dt_gpt_profile_enable: PROF() times its calls */
-    double prof_ms[PROF_COUNT];
     dt_param_hooks hooks; /* parameters kept elsewhere (fetch NULL: none) */
     dt_linear_stats_fn lstats; /* the linear layers' statistics (NULL: none) */
     void *lstats_user;
     float lstats_scale; /* this backward's grad_scale / N */
+
+    bool prof_on;               /* dt_gpt_profile_enable: PROF() times its calls */
+    double prof_ms[PROF_COUNT]; /* the times by kind (dt_gpt_take_profile) */
 };
 
 /* Whether block l drops its activations in forward and recomputes them. */

@@ -373,7 +373,10 @@ static dt_status head_gemm(dt_gpt *m, float *out, const void *in, int N, int v0,
         PROF(m, PROF_PRODUCTS, dt_matmul_forward(out, in, m->params + off, NULL, N, C, w));
         return DT_OK;
     }
-    return dt_linear16_forward(m->opt.precision, out, true, in, m->w16 + off, NULL, N, C, w);
+    PROF(m, PROF_PRODUCTS,
+         DT_CHECK(
+             dt_linear16_forward(m->opt.precision, out, true, in, m->w16 + off, NULL, N, C, w)));
+    return DT_OK;
 }
 
 /* Tensor parallelism: every rank's (lse, target logit) per row merged into

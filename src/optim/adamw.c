@@ -235,8 +235,7 @@ void dt__radam_range_vec(float *p, const float *g, float *m, float *v, size_t n,
  * separate multiply and add), so every lane rounds as the scalar code. The
  * tail (< 8) is the scalar loop. */
 __attribute__((target("avx2"))) void dt__adamw_range_vec(float *p, const float *g, float *m,
-                                                         float *v, size_t n,
-                                                         const dt__adamw_k *k) {
+                                                         float *v, size_t n, const dt__adamw_k *k) {
     const __m256 decay = _mm256_set1_ps(k->decay), b1 = _mm256_set1_ps(k->b1),
                  omb1 = _mm256_set1_ps(k->omb1), b2 = _mm256_set1_ps(k->b2),
                  omb2 = _mm256_set1_ps(k->omb2), bc2 = _mm256_set1_ps(k->bc2_sqrt),
@@ -245,7 +244,8 @@ __attribute__((target("avx2"))) void dt__adamw_range_vec(float *p, const float *
     for (; i + 8 <= n; i += 8) {
         __m256 gv = _mm256_loadu_ps(g + i);
         __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
-        __m256 mi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(m + i), b1), _mm256_mul_ps(omb1, gv));
+        __m256 mi =
+            _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(m + i), b1), _mm256_mul_ps(omb1, gv));
         __m256 vi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2),
                                   _mm256_mul_ps(_mm256_mul_ps(omb2, gv), gv));
         __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2), eps);
@@ -256,9 +256,9 @@ __attribute__((target("avx2"))) void dt__adamw_range_vec(float *p, const float *
     dt__adamw_range_scalar(p + i, g + i, m + i, v + i, n - i, k);
 }
 
-__attribute__((target("avx2"))) void dt__sgd_range_vec(float *p, const float *g, float *b,
-                                                       size_t n, float lr, float momentum,
-                                                       bool nesterov, float weight_decay) {
+__attribute__((target("avx2"))) void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n,
+                                                       float lr, float momentum, bool nesterov,
+                                                       float weight_decay) {
     const __m256 wd = _mm256_set1_ps(weight_decay), mom = _mm256_set1_ps(momentum),
                  neg_lr = _mm256_set1_ps(-lr);
     size_t i = 0;
@@ -283,8 +283,8 @@ static void copied(const dt__copy *cp, const float *params, size_t off, size_t l
         cp->fn(cp->user, params + off, cp->at + off, len);
 }
 
-void dt__adamw_step_copy(float *params, const float *grads, float *m, float *v, size_t n,
-                         float lr, const dt_adamw_config *c, int64_t step, float weight_decay,
+void dt__adamw_step_copy(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                         const dt_adamw_config *c, int64_t step, float weight_decay,
                          const dt__copy *cp) {
     DT_ASSERT(c != NULL && step >= 1);
     dt__adamw_k k;
@@ -334,9 +334,8 @@ void dt__radam_step(float *params, const float *grads, float *m, float *v, size_
     }
 }
 
-void dt__sgd_step_copy(float *params, const float *grads, float *momentum_buf, size_t n,
-                       float lr, float momentum, bool nesterov, float weight_decay,
-                       const dt__copy *cp) {
+void dt__sgd_step_copy(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+                       float momentum, bool nesterov, float weight_decay, const dt__copy *cp) {
     DT_ASSERT(momentum == 0.0f || momentum_buf != NULL);
     void (*f)(float *, const float *, float *, size_t, float, float, bool, float) =
         dt__optim_vec() ? dt__sgd_range_vec : dt__sgd_range_scalar;

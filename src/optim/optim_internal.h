@@ -4,9 +4,9 @@
  * scalar forms, and the OpenMP split.
  *
  * Invariant: for every kernel, the vector form (AVX-512 with a masked tail,
- * or AVX2 with a scalar tail in a build without AVX-512) and the scalar form give bit-identical results; tests/unit/test_optim.c
- * checks it. Both perform the same IEEE operations in the same order, and
- * this layer is compiled with -ffp-contract=off so no a*b+c is fused.
+ * or AVX2 with a scalar tail in a build without AVX-512) and the scalar form give bit-identical
+ * results; tests/unit/test_optim.c checks it. Both perform the same IEEE operations in the same
+ * order, and this layer is compiled with -ffp-contract=off so no a*b+c is fused.
  */
 #ifndef DTRAIN_OPTIM_INTERNAL_H
 #define DTRAIN_OPTIM_INTERNAL_H
@@ -57,12 +57,11 @@ typedef struct dt__copy {
 
 /* dt_adamw_step / dt__radam_step / dt_sgd_step, calling cp after each
  * chunk (cp may be NULL). */
-void dt__adamw_step_copy(float *params, const float *grads, float *m, float *v, size_t n,
-                         float lr, const dt_adamw_config *c, int64_t step, float weight_decay,
+void dt__adamw_step_copy(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                         const dt_adamw_config *c, int64_t step, float weight_decay,
                          const dt__copy *cp);
-void dt__sgd_step_copy(float *params, const float *grads, float *momentum_buf, size_t n,
-                       float lr, float momentum, bool nesterov, float weight_decay,
-                       const dt__copy *cp);
+void dt__sgd_step_copy(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+                       float momentum, bool nesterov, float weight_decay, const dt__copy *cp);
 
 /* Sum of squares of at most DT__SUMSQ_BLOCK elements in a fixed lane order
  * (element i into lane i % 64; lanes added in order). */
@@ -113,8 +112,7 @@ void dt__radam_k_init(dt__radam_k *k, float lr, const dt_adamw_config *c, int64_
 /* RAdam on a range, split over OpenMP threads as dt_adamw_step is; cp as
  * dt__adamw_step_copy's (may be NULL). */
 void dt__radam_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                    const dt_adamw_config *c, int64_t step, float weight_decay,
-                    const dt__copy *cp);
+                    const dt_adamw_config *c, int64_t step, float weight_decay, const dt__copy *cp);
 void dt__radam_range_vec(float *p, const float *g, float *m, float *v, size_t n,
                          const dt__radam_k *k);
 void dt__radam_range_scalar(float *p, const float *g, float *m, float *v, size_t n,

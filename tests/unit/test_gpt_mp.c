@@ -341,8 +341,8 @@ static void handle_run(const dt_gpt_config *c, dt_precision pr, dt_optim_kind ki
     for (size_t i = 0; i < nt; i++) {
         dt_param_info pi;
         dt_gpt_tensor_info(m, i, &pi);
-        tab[i] = (dt_optim_tensor){.offset = pi.offset, .count = pi.rows * pi.cols,
-                                   .decay = pi.decay};
+        tab[i] =
+            (dt_optim_tensor){.offset = pi.offset, .count = pi.rows * pi.cols, .decay = pi.decay};
     }
     dt_optim_config oc = dt_optim_config_default();
     oc.kind = kind;
