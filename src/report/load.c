@@ -28,12 +28,15 @@ double dt__rj_num(json_t *o, const char *key) {
     return json_is_number(v) ? json_number_value(v) : NAN;
 }
 
+/* A number as an integer, 0 when not finite or out of range. */
+static int64_t whole(double v) { return isfinite(v) && fabs(v) < 9e15 ? (int64_t)v : 0; }
+
 int64_t dt__rj_cfg_int(const dt_run *r, const char *key, int64_t def) {
     json_t *v = r->config ? json_object_get(r->config, key) : NULL;
     if (!v && r->config)
         v = json_object_get(json_object_get(r->config, "info"), key);
     return json_is_integer(v)  ? (int64_t)json_integer_value(v)
-           : json_is_number(v) ? (int64_t)json_number_value(v)
+           : json_is_number(v) ? whole(json_number_value(v))
                                : def;
 }
 
@@ -235,7 +238,7 @@ static dt_status mean_breakdown(dt_run *r) {
             }
         }
         r->bd_ranks = n;
-        r->bd_steps = (int64_t)dt__rj_num(bd, "steps");
+        r->bd_steps = whole(dt__rj_num(bd, "steps"));
         return DT_OK;
     }
     int w = r->world > 0 ? r->world : 1;
@@ -297,7 +300,7 @@ static dt_status load_machine(dt_run *r) {
             continue;
         snprintf(o->transport, sizeof o->transport, "%s", tp);
         snprintf(o->op, sizeof o->op, "%s", op);
-        o->ranks = (int)dt__rj_num(l, "ranks");
+        o->ranks = (int)whole(dt__rj_num(l, "ranks"));
         o->alpha = dt__rj_num(l, "alpha_s");
         o->beta = dt__rj_num(l, "beta_Bps");
         if (o->ranks > 0 && o->alpha >= 0 && o->beta > 0)
@@ -448,7 +451,7 @@ static dt_status trace_pass1(dt_run *r, FILE *f, const char *path, step_mark **m
                 }
                 *marks = nm;
             }
-            (*marks)[(*nmarks)++] = (step_mark){ts, ts + dur, (int64_t)dt__rj_num(args, "step")};
+            (*marks)[(*nmarks)++] = (step_mark){ts, ts + dur, whole(dt__rj_num(args, "step"))};
         } else if ((!strcmp(cat, "compute") || !strcmp(cat, "cast")) && (flops > 0 || bytes > 0)) {
             run_kernel *k = kernel_slot(r, name, cat, &kcap);
             if (!k) {
@@ -465,7 +468,7 @@ static dt_status trace_pass1(dt_run *r, FILE *f, const char *path, step_mark **m
             k->flops += flops > 0 ? flops : 0;
             k->bytes += bytes > 0 ? bytes : 0;
         } else if (!strcmp(cat, "comm") && bytes > 0) {
-            int ranks = (int)dt__rj_num(args, "ranks");
+            int ranks = (int)whole(dt__rj_num(args, "ranks"));
             const char *link = json_string_value(json_object_get(args, "link"));
             const char *algo = json_string_value(json_object_get(args, "algo"));
             if (ranks > 1 && link) {
@@ -534,7 +537,7 @@ static dt_status trace_pass2(dt_run *r, FILE *f, const char *path) {
         double idx = dt__rj_num(args, "layer");
         if (!isfinite(idx))
             idx = dt__rj_num(args, "step");
-        v->idx = isfinite(idx) ? (int)idx : -1;
+        v->idx = isfinite(idx) && fabs(idx) < 2e9 ? (int)idx : -1;
         v->bytes = dt__rj_num(args, "bytes");
         json_decref(e);
     }
@@ -599,7 +602,7 @@ dt_status dt_run_load(const char *run_dir, dt_run **out) {
     if (st == DT_OK) {
         int w = (int)dt__rj_cfg_int(r, "world-size", 0);
         if (r->summary && dt__rj_num(r->summary, "world") > 0)
-            w = (int)dt__rj_num(r->summary, "world");
+            w = (int)whole(dt__rj_num(r->summary, "world"));
         if (w > r->world)
             r->world = w;
         if (r->world < 1)

@@ -51,7 +51,8 @@ dt_status dt__breakdown_init(trainer *t) {
     t->bd = dt_calloc(n, sizeof *t->bd);
     t->bd_sum = dt_calloc(n, sizeof *t->bd_sum);
     t->rss = dt_calloc(2 * n, sizeof *t->rss);
-    if (!t->bd || !t->bd_sum || !t->rss)
+    t->bd_gather = dt_calloc(n * FIELDS, sizeof *t->bd_gather);
+    if (!t->bd || !t->bd_sum || !t->rss || !t->bd_gather)
         return dt_error_set(DT_ERR_NOMEM, "step breakdown of %d ranks", t->size);
     t->bd_steps = 0;
     return DT_OK;
@@ -75,19 +76,12 @@ dt_status dt__breakdown_exchange(trainer *t, const dt_step_breakdown *mine, bool
                                  int *nranks) {
     int n = 1;
     if (t->world && meet) {
-        double v[FIELDS], *all = NULL, stack[FIELDS * 16];
+        double v[FIELDS], *all = t->rank == 0 ? t->bd_gather : NULL;
         to_array(mine, v);
+        DT_CHECK(dt_group_gather(t->world, v, all, FIELDS, DT_F64, 0));
         if (t->rank == 0)
-            all = t->size <= 16 ? stack : malloc((size_t)t->size * FIELDS * sizeof *all);
-        if (t->rank == 0 && !all)
-            return dt_error_set(DT_ERR_NOMEM, "step breakdown of %d ranks", t->size);
-        dt_status st = dt_group_gather(t->world, v, all, FIELDS, DT_F64, 0);
-        if (st == DT_OK && t->rank == 0)
             for (int r = 0; r < t->size; r++)
                 from_array(all + (size_t)r * FIELDS, &t->bd[r]);
-        if (all != stack)
-            free(all);
-        DT_CHECK(st);
         n = t->size;
     } else if (t->rank == 0) {
         t->bd[0] = *mine;

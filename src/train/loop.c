@@ -234,6 +234,7 @@ static dt_status step(trainer *t, step_stats *s) {
     float lr = dt_schedule_lr(&t->sched, t->step);
     float scale = t->scaling ? dt__train_applied_scale(t) : 1.0f;
     s->scale = scale;
+    s->apply_ms = 0; /* L-BFGS's evaluations apply nothing */
     if (c->optimizer == DT_OPTIM_LBFGS)
         return step_lbfgs(t, s, lr);
     dt_optimizer_begin(t->opt, t->step, lr);
@@ -501,13 +502,13 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     t->peak_flops = peak * 1e9;
     snprintf(t->peak_from, sizeof t->peak_from, "%s", peak_from);
     DT_CHECK_GOTO(dt__breakdown_init(t), st, fail);
-    DT_CHECK_GOTO(dt__trace_start(t), st, fail);
     double flops_per_token = 3.0 * dt_gpt_flops_per_token(&t->mc, t->T);
     int64_t tokens_per_step = (int64_t)t->dp * t->B * t->T * t->K;
     if (t->rank == 0) {
         DT_CHECK_GOTO(display_open(t, d), st, fail);
         dt__train_print_header(t, peak, peak_from, stderr);
     }
+    DT_CHECK_GOTO(dt__trace_start(t), st, fail); /* collective */
 
     weights_changed(t, false); /* initialised, replicated or resumed */
     int64_t nsteps = c->steps - t->step, run_steps = 0;

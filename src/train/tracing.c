@@ -80,8 +80,12 @@ dt_status dt__trace_start(trainer *t) {
     tr->origin = tr->c0.local_ns + tr->c0.offset_ns;
     if (t->world)
         DT_CHECK(dt_group_broadcast(t->world, &tr->origin, 1, DT_F64, 0));
-    if (t->rank == 0)
+    if (t->rank == 0) {
         DT_CHECK(dt_mkdir_p(tr->dir));
+        fprintf(stderr, "trace:      steps %" PRId64 "..%" PRId64 " of every rank, %zu events per "
+                        "thread, into %s/\n",
+                tr->first, tr->last, c->trace_buffer ? c->trace_buffer : (size_t)16384, tr->dir);
+    }
     return DT_OK;
 }
 
@@ -489,5 +493,6 @@ dt_status dt__trace_finish(trainer *t) {
     free(ev.p);
     free(clocks);
     free(lens);
+    dt_trace_reset(); /* nothing records any more (rule 3 of trace.h) */
     return st;
 }

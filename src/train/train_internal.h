@@ -101,6 +101,7 @@ typedef struct trainer {
     int64_t bd_steps;          /* steps in bd_sum */
     int64_t bd_first;          /* the first of them */
     double *rss;               /* (2 size) rank 0: every rank's peak and base resident bytes */
+    double *bd_gather;         /* (size x DT_BREAKDOWN_FIELDS) rank 0: the gather's buffer */
 } trainer;
 
 /* A rejected configuration value. */
