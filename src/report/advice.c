@@ -28,6 +28,7 @@
  *   data            reading batches > 5% of a step          all of it
  *   optimizer       the update > 15% of a step, dp > 1      (dp-1)/dp of it (ZeRO-1)
  *   idle            idle > 15% of a step, no straggler      none estimated
+ *                   and no pipeline bubble
  *   stale-peak      a kernel runs > 10% above the peak      none (MFU and the roofline
  *                                                            are relative to a wrong peak)
  */
@@ -150,21 +151,21 @@ static void rule_exposed(const dt_run *r, double step, advice_list *l) {
         ex, 100 * ex / step, step, step - gain, step / (step - gain));
 }
 
-static void rule_bubble(const dt_run *r, double step, advice_list *l) {
+static bool rule_bubble(const dt_run *r, double step, advice_list *l) {
     double b[4096];
     size_t n = 0;
     for (size_t i = 1; i < r->nsteps && n < 4096; i++)
         if (isfinite(r->steps[i].pp_bubble))
             b[n++] = r->steps[i].pp_bubble;
     if (n == 0)
-        return;
+        return false;
     qsort(b, n, sizeof *b, cmp_double);
     double bubble = b[n / 2];
     if (!(bubble > 0.15))
-        return;
+        return false;
     double P = (double)dt__rj_cfg_int(r, "pp", 1), M = (double)dt__rj_cfg_int(r, "accum", 1);
     if (P < 2)
-        return;
+        return false;
     double theory = (P - 1) / (M + P - 1), twice = (P - 1) / (2 * M + P - 1);
     /* The measured bubble scaled as the theory falls (the busy time stays). */
     double busy = step * (1 - bubble);
@@ -178,6 +179,7 @@ static void rule_bubble(const dt_run *r, double step, advice_list *l) {
         "--pp-schedule interleaved:2 roughly halves the bubble for the same micro-batches "
         "(docs/pipeline.md).",
         100 * bubble, 100 * theory, P, M, 2 * M, 100 * twice, step2, step);
+    return true;
 }
 
 /* Kernels per traced rank-step: time in ms. */
@@ -371,9 +373,9 @@ static void rule_optimizer(const dt_run *r, double step, advice_list *l) {
         o, dp, dp, dp, o / dp);
 }
 
-static void rule_idle(const dt_run *r, double step, bool straggler, advice_list *l) {
+static void rule_idle(const dt_run *r, double step, bool explained, advice_list *l) {
     double idle = mean_field(r, F_IDLE);
-    if (straggler || !(step > 0) || !(idle > 0.15 * step))
+    if (explained || !(step > 0) || !(idle > 0.15 * step))
         return;
     char title[160];
     snprintf(title, sizeof title, "The ranks are idle %.0f%% of the step", 100 * idle / step);
@@ -419,13 +421,13 @@ size_t dt_run_advise(const dt_run *r, dt_advice *out, size_t max) {
     double step = dt__run_step_ms(r);
     bool straggler = rule_straggler(r, step, &l);
     rule_exposed(r, step, &l);
-    rule_bubble(r, step, &l);
+    bool bubble = rule_bubble(r, step, &l);
     rule_roofline(r, step, &l);
     rule_collectives(r, step, &l);
     rule_contention(r, step, &l);
     rule_data(r, step, &l);
     rule_optimizer(r, step, &l);
-    rule_idle(r, step, straggler, &l);
+    rule_idle(r, step, straggler || bubble, &l);
     rule_stale_peak(r, step, &l);
     size_t n = l.n < max ? l.n : max;
     qsort(out, n, sizeof *out, cmp_advice);

@@ -84,6 +84,7 @@
       return out;
     }
     var span = hi - lo, step = Math.pow(10, Math.floor(Math.log10(span / (n || 5))));
+    if (!(step > 0)) return out;
     [1, 2, 5, 10].some(function (k) { if (span / (step * k) <= (n || 5)) { step *= k; return true; } return false; });
     for (var t = Math.ceil(lo / step) * step; t <= hi + step * 1e-9; t += step) out.push(+t.toPrecision(12));
     return out;
@@ -92,7 +93,7 @@
     var g = el("g", { "class": "axis" }, f.svg), grid = el("g", { "class": "grid" }, f.svg);
     el("line", { x1: f.x0, x2: f.x1, y1: f.y0, y2: f.y0 }, g);
     el("line", { x1: f.x0, x2: f.x0, y1: f.y0, y2: f.y1 }, g);
-    ticks(sx.lo, sx.hi, sx.log, 6).forEach(function (v) {
+    ticks(sx.lo, sx.hi, sx.log, 6).filter(function (v) { return xl !== "step" || v === Math.round(v); }).forEach(function (v) {
       var x = sx(v);
       el("line", { x1: x, x2: x, y1: f.y0, y2: f.y1 }, grid);
       text(g, x, f.y0 + 14, (xfmt || fmt)(v), { "text-anchor": "middle" });
