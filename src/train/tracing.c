@@ -82,8 +82,9 @@ dt_status dt__trace_start(trainer *t) {
         DT_CHECK(dt_group_broadcast(t->world, &tr->origin, 1, DT_F64, 0));
     if (t->rank == 0) {
         DT_CHECK(dt_mkdir_p(tr->dir));
-        fprintf(stderr, "trace:      steps %" PRId64 "..%" PRId64 " of every rank, %zu events per "
-                        "thread, into %s/\n",
+        fprintf(stderr,
+                "trace:      steps %" PRId64 "..%" PRId64 " of every rank, %zu events per "
+                "thread, into %s/\n",
                 tr->first, tr->last, c->trace_buffer ? c->trace_buffer : (size_t)16384, tr->dir);
     }
     return DT_OK;
