@@ -166,8 +166,7 @@ static void abort_key(const tcp_t *t, int rank, char *key, size_t n) {
  * and the peer is blamed. Returns the recorded status, or DT_OK (also for
  * a failure in a collective after `cur`, when cur is given: see
  * dt__abort_later). */
-static dt_status recorded(tcp_t *t, tpeer *p, const dt__wire_hdr *cur, bool busy,
-                          bool *later) {
+static dt_status recorded(tcp_t *t, tpeer *p, const dt__wire_hdr *cur, bool busy, bool *later) {
     dt__store *st = t->g->job->store;
     *later = false;
     if (!st)
