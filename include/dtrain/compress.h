@@ -352,6 +352,16 @@ typedef struct dt_callreduce_config {
     const dt_powersgd_tensor *tensors;
     size_t ntensors;
     size_t min_compress; /* powersgd: smaller tensors go uncompressed */
+    /* Reduce-scatter instead of allreduce (ZeRO): the range is cut into W
+     * pieces, q = n / W values each and the last rank's also the remainder
+     * (dt_ddp_shard_ranges' cut of a bucket); on return rank r's piece of
+     * data holds the average and the rest of data is unspecified. fp16/bf16
+     * reduce-scatter their 16-bit payload; int8, qsgd, sign, topk and randk
+     * encode each piece with its own compressor (error feedback per piece),
+     * alltoall the encodings, and each rank adds its piece's W decodings in
+     * rank order; powersgd (whose factors span whole matrices) and none
+     * keep their allreduce, a superset of the piece. */
+    bool scatter;
 } dt_callreduce_config;
 
 /* seed 0, bucket 0, DT_EF_DEFAULT, no tensors. */
@@ -376,8 +386,8 @@ dt_status dt_callreduce_set_fraction(dt_callreduce *c, double fraction);
 
 /* Bytes this rank sends per run (encoded payload; see collective.c). */
 uint64_t dt_callreduce_wire_bytes(const dt_callreduce *c);
-/* "allreduce", "allreduce16", "allgather", "allreduce-k", "powersgd" or
- * "alltoall+allgather". */
+/* "allreduce", "allreduce16", "allgather", "allreduce-k", "powersgd",
+ * "alltoall+allgather", "reduce-scatter16" or "alltoall" (scatter). */
 const char *dt_callreduce_algo(const dt_callreduce *c);
 bool dt_callreduce_error_feedback(const dt_callreduce *c);
 

@@ -847,6 +847,9 @@ const dt_gpt_options *dt_gpt_get_options(const dt_gpt *m) { return &m->opt; }
 dt_status dt_gpt_set_param_hooks(dt_gpt *m, const dt_param_hooks *h) {
     if (h && (!h->fetch || !h->prefetch || !h->release))
         return dt_error_set(DT_ERR_INVALID, "parameter hooks: fetch, prefetch and release needed");
+    if (h && (!h->fetch16 != !h->prefetch16 || !h->fetch16 != !h->release16))
+        return dt_error_set(DT_ERR_INVALID,
+                            "parameter hooks: fetch16, prefetch16 and release16 go together");
     m->hooks = h ? *h : (dt_param_hooks){0};
     return DT_OK;
 }

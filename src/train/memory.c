@@ -132,37 +132,56 @@ dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replic
     return DT_OK;
 }
 
-dt_status dt__train_offload_dir(const dt_train_config *c, const char **dir) {
-    const char *spec = c->offload, *disk = "optimizer=disk:";
-    if (dir)
-        *dir = NULL;
-    if (!spec || !strcmp(spec, "optimizer=cpu"))
-        return DT_OK; /* no device: the state is in host memory already */
-    if (!strncmp(spec, "params=", 7))
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "--offload %s: parameter offload is not built yet (the optimizer "
-                            "state's is: optimizer=disk:DIR)",
-                            spec);
-    if (strncmp(spec, disk, strlen(disk)) || !spec[strlen(disk)])
-        return bad("--offload %s: expected optimizer=disk:DIR or optimizer=cpu", spec);
-    const char *d = spec + strlen(disk);
+/* One directory of --offload: it exists, is one, and is writable. */
+static dt_status offload_dir(const char *spec, const char *d, size_t len, char *out, size_t cap) {
+    if (len == 0)
+        return bad("--offload %s: a directory is missing", spec);
+    if (len >= cap)
+        return bad("--offload %s: the directory's name is longer than %zu bytes", spec, cap - 1);
+    memcpy(out, d, len);
+    out[len] = 0;
     struct stat sb;
-    if (stat(d, &sb) != 0)
-        return bad("--offload %s: directory %s: %s", spec, d, strerror(errno));
+    if (stat(out, &sb) != 0)
+        return bad("--offload %s: directory %s: %s", spec, out, strerror(errno));
     if (!S_ISDIR(sb.st_mode))
-        return bad("--offload %s: %s is not a directory", spec, d);
-    if (access(d, W_OK | X_OK) != 0)
-        return bad("--offload %s: directory %s is not writable: %s", spec, d, strerror(errno));
-    if (dir)
-        *dir = d;
+        return bad("--offload %s: %s is not a directory", spec, out);
+    if (access(out, W_OK | X_OK) != 0)
+        return bad("--offload %s: directory %s is not writable: %s", spec, out, strerror(errno));
     return DT_OK;
 }
 
-dt_optim_config dt__train_optim_config(const dt_train_config *c) {
+dt_status dt__train_offload(const dt_train_config *c, dt__offload_spec *out) {
+    memset(out, 0, sizeof *out);
+    const char *spec = c->offload;
+    if (!spec)
+        return DT_OK;
+    static const char *const od = "optimizer=disk:", *const pd = "params=disk:",
+                             *const px = "params=direct:";
+    for (const char *p = spec; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == strlen("optimizer=cpu") && !strncmp(p, "optimizer=cpu", len)) {
+            /* no device: the state is in host memory already */
+        } else if (!strncmp(p, od, strlen(od))) {
+            DT_CHECK(offload_dir(spec, p + strlen(od), len - strlen(od), out->optim_dir,
+                                 sizeof out->optim_dir));
+        } else if (!strncmp(p, pd, strlen(pd)) || !strncmp(p, px, strlen(px))) {
+            const char *d = !strncmp(p, pd, strlen(pd)) ? pd : px;
+            out->params_direct = d == px;
+            DT_CHECK(offload_dir(spec, p + strlen(d), len - strlen(d), out->params_dir,
+                                 sizeof out->params_dir));
+        } else {
+            return bad("--offload %s: expected a comma-separated list of optimizer=disk:DIR, "
+                       "optimizer=cpu, params=disk:DIR and params=direct:DIR",
+                       spec);
+        }
+        p += len + (p[len] == ',');
+    }
+    return DT_OK;
+}
+
+dt_optim_config dt__train_optim_config(const dt_train_config *c, const dt__offload_spec *off) {
     dt_optim_config oc = dt_optim_config_default();
-    /* check_config refused a bad --offload: here it is valid or absent. */
-    if (dt__train_offload_dir(c, &oc.offload_dir) != DT_OK)
-        oc.offload_dir = NULL;
+    oc.offload_dir = off && off->optim_dir[0] ? off->optim_dir : NULL;
     oc.kind = c->optimizer;
     /* L-BFGS has no weight decay (it minimises the loss as given). */
     oc.weight_decay = c->optimizer == DT_OPTIM_LBFGS ? 0.0f : (float)c->weight_decay;
@@ -309,7 +328,9 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
     for (size_t k = 0; k < nr; k++)
         count += owned[k].end - owned[k].begin;
     dt_free(owned);
-    dt_optim_config oc = dt__train_optim_config(c);
+    dt__offload_spec off;
+    DT_CHECK(dt__train_offload(c, &off));
+    dt_optim_config oc = dt__train_optim_config(c, &off);
     out->world = world;
     out->rank = rank;
     out->params =
