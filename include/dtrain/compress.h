@@ -200,6 +200,11 @@ dt_status dt_compressor_create(dt_compressor **out, const dt_codec_spec *spec, s
                                const dt_compressor_config *cfg);
 void dt_compressor_destroy(dt_compressor *c);
 
+/* Planning: the bytes dt_compressor_create allocates for n values (its
+ * residual, decode and work buffers, top-k's keys, PowerSGD's P and Q). */
+dt_status dt_compressor_plan_bytes(const dt_codec_spec *spec, size_t n,
+                                   const dt_compressor_config *cfg, size_t *out);
+
 /* Exact size of every buffer this compressor produces (header included). */
 size_t dt_compressor_encoded_bytes(const dt_compressor *c);
 /* Number of values this compressor encodes. */
@@ -366,6 +371,13 @@ typedef struct dt_callreduce_config {
 
 /* seed 0, bucket 0, DT_EF_DEFAULT, no tensors. */
 dt_callreduce_config dt_callreduce_config_default(void);
+
+/* Planning (dtrain plan memory): the bytes a dt_callreduce of n floats
+ * over `world` ranks allocates (its compressors' buffers, encodings,
+ * alltoall buffers and the state's backup), from the choices create makes
+ * (PowerSGD's factors, a few values per matrix, left out). */
+dt_status dt_callreduce_plan_bytes(const dt_codec_spec *spec, size_t n, int world,
+                                   const dt_callreduce_config *cfg, size_t *out);
 
 /* Plan a compressed allreduce of n floats over g (NULL or a group of one:
  * the codec round trip without communication). Allocates every buffer. */

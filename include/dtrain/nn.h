@@ -339,6 +339,10 @@ void dt_gpt_tensor_info(const dt_gpt *m, size_t i, dt_param_info *out);
  * draws from its own Philox stream (seed, DT_RNG_INIT, i), so the result is
  * independent of thread count and layout changes elsewhere. */
 void dt_gpt_init_params(dt_gpt *m, uint64_t seed);
+/* Only parameters [begin, end) of the flat buffer (the rest untouched),
+ * with the values dt_gpt_init_params gives them: a ZeRO 3 replica
+ * initialises its own pieces without ever holding the whole model. */
+void dt_gpt_init_params_range(dt_gpt *m, uint64_t seed, size_t begin, size_t end);
 
 /* Forward pass on inputs (B,T). With targets (B,T) the mean cross-entropy
  * loss is written to *mean_loss (may be NULL) and the pass is kept for

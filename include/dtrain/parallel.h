@@ -239,6 +239,12 @@ typedef struct dt_ddp_options {
 size_t dt_ddp_shard_count(size_t n, size_t bucket_bytes, int dp);
 size_t dt_ddp_shard_ranges(size_t n, size_t bucket_bytes, int dp, int rank, dt_range *out);
 
+/* Planning (dtrain plan memory): the bytes the buckets' codecs of a DDP
+ * (or ZeRO, o->shard) over `world` ranks allocate for n floats
+ * (dt_callreduce_plan_bytes per bucket, cut as create cuts them); 0 for a
+ * plain f32 wire. */
+dt_status dt_ddp_plan_bytes(size_t n, const dt_ddp_options *o, int world, size_t *out);
+
 /* bucket_bytes DT_DDP_DEFAULT_BUCKET_BYTES, f32, no codec, EF auto, seed 0. */
 dt_ddp_options dt_ddp_options_default(void);
 
@@ -853,6 +859,14 @@ typedef struct dt_zero_sync_config {
 } dt_zero_sync_config;
 
 dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c);
+
+/* Planning (dtrain plan memory), stage 3 with --offload params over
+ * buckets of bucket_bytes of n floats among dp replicas: the bytes of
+ * pieces kept in memory beside the units a pass holds (the reads ahead of
+ * the walk, the writes in flight and the piece being updated; O_DIRECT's
+ * bounce buffers), and the file's size. */
+void dt_zero_plan_offload(size_t n, size_t bucket_bytes, int dp, bool direct, size_t *resident,
+                          size_t *file);
 
 /* --- Beyond synchronous data parallelism: local SGD and gossip ---------- */
 /*

@@ -242,6 +242,69 @@ static dt_status create_pieces(dt_callreduce *c, const dt_compressor_config *cc)
     return DT_OK;
 }
 
+/* The schedule of a codec over `world` ranks (1: no group). */
+static cc_algo choose_algo(const dt_codec_spec *spec, int world, bool scatter) {
+    cc_algo a;
+    switch (spec->kind) {
+    case DT_CODEC_NONE: a = CC_PLAIN; break;
+    case DT_CODEC_FP16:
+    case DT_CODEC_BF16: a = CC_CAST16; break;
+    case DT_CODEC_RANDK: a = CC_VALUES; break;
+    case DT_CODEC_POWERSGD: a = CC_POWERSGD; break;
+    default: a = CC_ALLGATHER; break;
+    }
+    if ((spec->kind == DT_CODEC_INT8 || spec->kind == DT_CODEC_QSGD) && world >= RSAG_MIN_WORLD)
+        a = CC_RSAG;
+    if (scatter && a == CC_CAST16)
+        a = CC_SCATTER16;
+    else if (scatter && (a == CC_ALLGATHER || a == CC_RSAG || a == CC_VALUES))
+        a = CC_PIECES;
+    return a;
+}
+
+dt_status dt_callreduce_plan_bytes(const dt_codec_spec *spec, size_t n, int world,
+                                   const dt_callreduce_config *cfg_in, size_t *out) {
+    *out = 0;
+    dt_callreduce_config cfg = cfg_in ? *cfg_in : dt_callreduce_config_default();
+    dt_compressor_config cc = dt_compressor_config_default();
+    cc.ef = cfg.ef;
+    cc.min_compress = cfg.min_compress;
+    cc.seed = cfg.seed;
+    size_t W = world > 0 ? (size_t)world : 1, comp = 0, e = 0;
+    cc_algo a = choose_algo(spec, (int)W, cfg.scatter);
+    if (a == CC_PLAIN)
+        return DT_OK;
+    if (a == CC_POWERSGD) { /* its work and residual (n each) and the backup of the residual */
+        *out = (cfg.ef != DT_EF_OFF ? 3 : 1) * n * sizeof(float);
+        return DT_OK;
+    }
+    bool ef = cfg.ef == DT_EF_ON ||
+              (cfg.ef == DT_EF_DEFAULT && dt_codec_get_info(spec->kind)->ef_default);
+    if (a == CC_RSAG || a == CC_PIECES) { /* a compressor per chunk, cut as create_* cut */
+        size_t per = a == CC_RSAG ? (dt__nblocks(n) + W - 1) / W * DT_COMPRESS_BLOCK : n / W;
+        size_t emax = 0;
+        for (size_t j = 0; j < W; j++) {
+            size_t b = j * per < n ? j * per : n;
+            size_t end = a == CC_PIECES ? (j == W - 1 ? n : (j + 1) * per)
+                                        : ((j + 1) * per < n ? (j + 1) * per : n);
+            DT_CHECK(dt_compressor_plan_bytes(spec, end - b, &cc, &comp));
+            DT_CHECK(dt_codec_encoded_bytes(spec, end - b, 0, 0, 0, &e));
+            *out += comp;
+            emax = e > emax ? e : emax;
+        }
+        /* send, receive (and RSAG's gathered encodings), the backup of
+         * the residuals; RSAG's server compressor and sum (a chunk each). */
+        *out += (a == CC_RSAG ? 3 : 2) * W * emax + (ef ? n * sizeof(float) : 0);
+        if (a == CC_RSAG)
+            *out += 2 * (per + 1) * sizeof(float);
+        return DT_OK;
+    }
+    DT_CHECK(dt_compressor_plan_bytes(spec, n, &cc, &comp));
+    DT_CHECK(dt_codec_encoded_bytes(spec, n, 0, 0, 0, &e));
+    *out = comp + (a == CC_ALLGATHER ? W : 1) * e + (ef ? n * sizeof(float) : 0);
+    return DT_OK;
+}
+
 dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_spec *spec,
                                size_t n, const dt_callreduce_config *cfg_in) {
     *out = NULL;
@@ -263,21 +326,7 @@ dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_
     cc.bucket = cfg.bucket;
     cc.ef = cfg.ef;
     cc.min_compress = cfg.min_compress;
-    switch (spec->kind) {
-    case DT_CODEC_NONE: c->algo = CC_PLAIN; break;
-    case DT_CODEC_FP16:
-    case DT_CODEC_BF16: c->algo = CC_CAST16; break;
-    case DT_CODEC_RANDK: c->algo = CC_VALUES; break;
-    case DT_CODEC_POWERSGD: c->algo = CC_POWERSGD; break;
-    default: c->algo = CC_ALLGATHER; break;
-    }
-    if ((spec->kind == DT_CODEC_INT8 || spec->kind == DT_CODEC_QSGD) && g &&
-        c->world >= RSAG_MIN_WORLD)
-        c->algo = CC_RSAG;
-    if (cfg.scatter && c->algo == CC_CAST16)
-        c->algo = CC_SCATTER16;
-    else if (cfg.scatter && (c->algo == CC_ALLGATHER || c->algo == CC_RSAG || c->algo == CC_VALUES))
-        c->algo = CC_PIECES;
+    c->algo = choose_algo(spec, g ? c->world : 1, cfg.scatter);
     c->scatter = cfg.scatter;
     if (c->algo == CC_PLAIN) {
         c->wire = ring_bytes(c->world, n * sizeof(float));

@@ -216,6 +216,30 @@ static dt_range piece_of(size_t begin, size_t end, int dp, int r) {
     return (dt_range){begin + (size_t)r * q, r == dp - 1 ? end : begin + (size_t)(r + 1) * q};
 }
 
+dt_status dt_ddp_plan_bytes(size_t n, const dt_ddp_options *o, int world, size_t *out) {
+    *out = 0;
+    if (world < 2 || n == 0 || (o->codec.kind == DT_CODEC_NONE && o->grad_dtype == DT_F32))
+        return DT_OK;
+    /* As make_codecs: a 16-bit dtype is the cast codec without feedback. */
+    dt_codec_spec spec = o->codec;
+    dt_callreduce_config cfg = dt_callreduce_config_default();
+    cfg.ef = o->ef;
+    cfg.scatter = o->shard;
+    cfg.min_compress = spec.kind == DT_CODEC_POWERSGD ? o->dense_below : 0;
+    if (o->grad_dtype != DT_F32) {
+        spec = (dt_codec_spec){.kind = o->grad_dtype == DT_BF16 ? DT_CODEC_BF16 : DT_CODEC_FP16};
+        cfg.ef = DT_EF_OFF;
+    }
+    size_t per = bucket_floats(o->bucket_bytes, world, o->shard);
+    for (size_t end = n; end > 0;) {
+        size_t begin = end > per ? end - per : 0, b;
+        DT_CHECK(dt_callreduce_plan_bytes(&spec, end - begin, world, &cfg, &b));
+        *out += b;
+        end = begin;
+    }
+    return DT_OK;
+}
+
 size_t dt_ddp_shard_count(size_t n, size_t bucket_bytes, int dp) {
     size_t per = bucket_floats(bucket_bytes, dp, true);
     return n == 0 ? 0 : (n + per - 1) / per;

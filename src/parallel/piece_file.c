@@ -159,7 +159,7 @@ dt_status dt__piece_file_open(dt__piece_file **out, const char *dir, float *base
     }
     for (size_t i = 0; i < n; i++) {
         f->p[i].off = (off_t)f->bytes;
-        f->bytes += dt_align_up(piece_bytes(f, i), ALIGN);
+        f->bytes += dt__piece_file_slot_bytes(piece_bytes(f, i));
     }
     char path[600];
     snprintf(path, sizeof path, "%s/dtrain-params-XXXXXX", dir);
@@ -260,4 +260,6 @@ dt_status dt__piece_file_wait(dt__piece_file *f, size_t i) {
 }
 
 size_t dt__piece_file_bytes(const dt__piece_file *f) { return f->bytes; }
+size_t dt__piece_file_slot_bytes(size_t piece_bytes) { return dt_align_up(piece_bytes, ALIGN); }
+size_t dt__piece_file_buffer_bytes(void) { return THREADS * CHUNK; }
 bool dt__piece_file_direct(const dt__piece_file *f) { return f->direct; }

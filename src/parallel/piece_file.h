@@ -54,5 +54,8 @@ dt_status dt__piece_file_wait(dt__piece_file *f, size_t i);
 /* Bytes of the file, and whether it is read and written with O_DIRECT. */
 size_t dt__piece_file_bytes(const dt__piece_file *f);
 bool dt__piece_file_direct(const dt__piece_file *f);
+/* Planning: a piece's slot in the file, and the O_DIRECT bounce buffers. */
+size_t dt__piece_file_slot_bytes(size_t piece_bytes);
+size_t dt__piece_file_buffer_bytes(void);
 
 #endif

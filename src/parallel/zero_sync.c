@@ -138,8 +138,8 @@ typedef struct zero_sync {
     dt_range *pieces;   /* (nb) piece of bucket i (the file's order) */
     size_t writing[WRITES_AHEAD]; /* offload: buckets whose write is in flight, oldest first */
     int nwriting;
-    size_t last;    /* offload: the last bucket whose piece was needed */
-    int dir;        /* ... and the walk's direction (+1: towards bucket nb - 1) */
+    size_t last;    /* offload: where the last unit fetched began (a parameter offset) */
+    int dir;        /* ... and the walk's direction (+1: towards bucket nb - 1, the front) */
     dt_param_hooks hooks;
     /* Per step. */
     dt_sync_step step;
@@ -258,9 +258,14 @@ static void sweep(zero_sync *s) {
     }
 }
 
-/* Queue reads of the pieces of the buckets after i in the walk's
- * direction, READ_AHEAD bytes of buckets. */
+/* The pieces of the buckets after i in the walk's direction, READ_AHEAD
+ * bytes of buckets, are the ones kept ahead: their reads queued, and
+ * those of an earlier guess no longer kept (the sweep unloads them). */
 static void read_ahead(zero_sync *s, size_t i) {
+    if (!s->pf)
+        return;
+    for (size_t j = 0; j < s->nb; j++)
+        s->zb[j].ahead = false;
     size_t bytes = 0;
     for (size_t j = i; bytes < READ_AHEAD;) {
         if (s->dir > 0 ? j + 1 >= s->nb : j == 0)
@@ -276,19 +281,33 @@ static void read_ahead(zero_sync *s, size_t i) {
     }
 }
 
+/* The walk reaches [begin, end) (a unit the model fetches or prefetches):
+ * its direction from the last, and the reads ahead of its far edge. */
+static void walk_to(zero_sync *s, size_t begin, size_t end) {
+    if (!s->pf || begin >= end)
+        return;
+    if (begin != s->last)
+        s->dir = begin < s->last ? 1 : -1; /* bucket numbers grow towards the front */
+    s->last = begin;
+    size_t lo = SIZE_MAX, hi = 0; /* the range's buckets */
+    for (size_t i = 0; i < s->nb; i++)
+        if (s->zb[i].b < end && s->zb[i].e > begin) {
+            lo = i < lo ? i : lo;
+            hi = i > hi ? i : hi;
+        }
+    if (lo != SIZE_MAX)
+        read_ahead(s, s->dir > 0 ? hi : lo); /* from its bucket farthest along the walk */
+}
+
 /* Bucket i's piece in memory (offload: read, or waited for). */
 static dt_status need_piece(zero_sync *s, size_t i) {
     if (!s->pf)
         return DT_OK;
     zbucket *z = &s->zb[i];
-    if (i != s->last)
-        s->dir = i > s->last ? 1 : -1;
-    s->last = i;
     if (!z->loaded) {
         dt__piece_file_read(s->pf, i);
         z->loaded = true;
     }
-    read_ahead(s, i);
     z->ahead = false;
     dt_status st = dt__piece_file_wait(s->pf, i); /* a read, or a write (memory still valid) */
     if (st != DT_OK)
@@ -331,6 +350,10 @@ static dt_status writes_done(zero_sync *s) {
 /* The optimizer's update of bucket i's piece [begin, end) (offload: read,
  * updated, written back). */
 static dt_status update_piece(zero_sync *s, size_t i, size_t begin, size_t end) {
+    if (s->stage >= 3 && s->pf) { /* the update walks the buckets in order */
+        s->dir = 1;
+        read_ahead(s, i);
+    }
     if (s->stage >= 3)
         DT_CHECK(need_piece(s, i));
     dt_optimizer_update(s->opt, s->params, s->grads, begin, end);
@@ -609,6 +632,7 @@ static dt_status hook_fetch(void *user, size_t begin, size_t end) {
     DT_CHECK(fresh(s));
     if (in_exact(s, begin, end))
         return DT_OK;
+    walk_to(s, begin, end);
     DT_CHECK(for_buckets(s, begin, end, take32));
     DT_CHECK(for_buckets(s, begin, end, finish32));
     sweep(s);
@@ -623,8 +647,10 @@ static void keep_err(zero_sync *s, dt_status st) {
 static void hook_prefetch(void *user, size_t begin, size_t end) {
     zero_sync *s = user;
     keep_err(s, fresh(s));
-    if (!in_exact(s, begin, end))
-        keep_err(s, for_buckets(s, begin, end, start32));
+    if (in_exact(s, begin, end))
+        return;
+    walk_to(s, begin, end);
+    keep_err(s, for_buckets(s, begin, end, start32));
 }
 
 static void hook_release(void *user, size_t begin, size_t end) {
@@ -641,6 +667,7 @@ static dt_status hook_fetch16(void *user, size_t begin, size_t end, uint16_t *w1
     s->w16 = w16;
     DT_CHECK(s->err);
     DT_CHECK(fresh(s));
+    walk_to(s, begin, end);
     DT_CHECK(for_buckets(s, begin, end, take16));
     DT_CHECK(for_buckets(s, begin, end, finish16));
     sweep(s);
@@ -651,6 +678,7 @@ static void hook_prefetch16(void *user, size_t begin, size_t end, uint16_t *w16)
     zero_sync *s = user;
     s->w16 = w16;
     keep_err(s, fresh(s));
+    walk_to(s, begin, end);
     keep_err(s, for_buckets(s, begin, end, start16));
 }
 
@@ -744,9 +772,11 @@ static dt_status zero_replicate(dt_grad_sync *base) {
     zero_sync *s = (zero_sync *)base;
     if (s->stage < 3)
         return dt_ddp_broadcast_params(s->d);
-    /* Stage 3: replica 0's values, whole everywhere (the exact tensors
-     * stay so); then each keeps its pieces (offload: in the file). */
-    DT_CHECK(dt_ddp_broadcast_params(s->d));
+    /* Stage 3: each replica's pieces are its own already (initialised
+     * from the same streams, or loaded alike, on every replica: there is no
+     * other copy to agree with); the exact tensors from their owners to
+     * every replica; then each keeps its pieces (offload: in the file). */
+    DT_CHECK(share_exact(s));
     for (size_t i = 0; i < s->nb; i++) {
         s->zb[i].have32 = true;
         s->zb[i].loaded = true;
@@ -1032,6 +1062,29 @@ dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c) 
 fail:
     zero_destroy(&s->base);
     return st;
+}
+
+void dt_zero_plan_offload(size_t n, size_t bucket_bytes, int dp, bool direct, size_t *resident,
+                          size_t *file) {
+    size_t nb = dt_ddp_shard_count(n, bucket_bytes, dp);
+    dt_range *r = dt_calloc(nb + 1, sizeof *r);
+    *resident = *file = 0;
+    if (!r)
+        return;
+    dt_ddp_shard_ranges(n, bucket_bytes, dp, 0, r);
+    size_t piece = 0, bucket = 0;
+    for (size_t k = 0; k < nb; k++) {
+        piece = r[k].end - r[k].begin > piece ? r[k].end - r[k].begin : piece;
+        *file += dt__piece_file_slot_bytes((r[k].end - r[k].begin) * sizeof(float));
+    }
+    bucket = piece * (size_t)dp;
+    dt_free(r);
+    /* As read_ahead and write_piece walk: READ_AHEAD bytes of buckets
+     * ahead, WRITES_AHEAD writes and the piece being updated. */
+    size_t ahead = bucket ? (READ_AHEAD + bucket * sizeof(float) - 1) / (bucket * sizeof(float)) : 0;
+    size_t pieces = ahead + WRITES_AHEAD + 1;
+    *resident = (pieces < nb ? pieces : nb) * piece * sizeof(float) +
+                (direct ? dt__piece_file_buffer_bytes() : 0);
 }
 
 /* The planner's view (parallel.h, "Planning costs"), following the file

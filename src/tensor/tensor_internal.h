@@ -34,4 +34,10 @@ void dt__sgemm_tile(bool ta, bool tb, int M, int N, int K, float alpha, const fl
 bool dt__sgemm_tn(int M, int N, int K, const float *A, int lda, const float *B, int ldb, float *C,
                   int ldc, float *colsum, bool accumulate);
 
+/* Planning (dt_tensor_plan_workspace): per thread, the pack buffers of
+ * the AVX-512 dW GEMM and the attention kernels' scratch for sequences of
+ * T and heads of HS (0 where those kernels are not built). */
+size_t dt__gemm_tn_workspace_bytes(void);
+size_t dt__attention_workspace_bytes(int T, int HS);
+
 #endif /* DTRAIN_TENSOR_INTERNAL_H */

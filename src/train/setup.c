@@ -375,7 +375,18 @@ static dt_status make_model(trainer *t) {
         return explain_oom(t, &mo);
     DT_CHECK(st);
     t->n = dt_gpt_num_params(t->m);
-    dt_gpt_init_params(t->m, c->seed);
+    if (c->zero >= 3 && t->sync_size > 1 && !c->init_from) {
+        /* ZeRO 3: each replica initialises its own pieces (the same values
+         * on every replica's: one stream per tensor), never the whole. */
+        dt_range *owned;
+        size_t nr;
+        DT_CHECK(dt__train_owned(c, t->n, t->sync_size, t->sync_rank, &owned, &nr));
+        for (size_t k = 0; k < nr; k++)
+            dt_gpt_init_params_range(t->m, c->seed, owned[k].begin, owned[k].end);
+        dt_free(owned);
+    } else {
+        dt_gpt_init_params(t->m, c->seed);
+    }
     if (c->init_from)
         DT_CHECK(dt__train_init_params(t));
     if (t->pipe)
