@@ -42,7 +42,7 @@ set_tests_properties(test_train_cli PROPERTIES TIMEOUT 120 LABELS "train")
 
 # Data-parallel training with real processes, one case per ctest entry.
 dt_train_cli_test_exe(test_train_ddp)
-foreach(case equiv accum resume restart sigterm check divisible deterministic)
+foreach(case equiv accum resume restart sigterm check divisible deterministic priority)
   add_test(NAME test_train_ddp_${case} COMMAND test_train_ddp ${case})
   set_tests_properties(test_train_ddp_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
 endforeach()

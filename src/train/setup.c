@@ -534,12 +534,15 @@ static dt_status make_sync(trainer *t) {
         .nnorm = nn,
     };
     sc.ddp.bucket_bytes = c->bucket_bytes;
+    sc.ddp.priority = c->comm_priority;
+    sc.ddp.piece_bytes = c->comm_piece;
     if (t->sync_size == 1 && t->rank == 0 &&
-        (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
+        (c->compress.kind != DT_CODEC_NONE || c->compress_auto.n || c->grad_dtype != DT_F32))
         DT_WARN("--compress / --grad-dtype have no effect here: with one data-parallel rank no "
                 "gradient is exchanged");
     sc.ddp.grad_dtype = c->grad_dtype;
     sc.ddp.codec = c->compress;
+    sc.ddp.auto_codecs = c->compress_auto.n ? &c->compress_auto : NULL;
     sc.ddp.ef = c->compress_ef;
     sc.ddp.seed = c->seed;
     sc.ddp.tensors = shapes;
