@@ -21,6 +21,14 @@ foreach(c order_tcp_2 merge_shm_3 det_tcp_3 dead_tcp_2)
 endforeach()
 set_tests_properties(test_ddp_priority_merge_shm_3 PROPERTIES LABELS "parallel;multiprocess;tsan")
 
+# DDP's adaptive codec choice: every rank chooses alike, and error feedback
+# survives a switch of codec (mass conservation).
+dt_parallel_test_exe(test_ddp_auto)
+foreach(c agree_tcp_2 carry_tcp_2)
+  add_test(NAME test_ddp_auto_${c} COMMAND test_ddp_auto ${c})
+  set_tests_properties(test_ddp_auto_${c} PROPERTIES TIMEOUT 90 LABELS "parallel;multiprocess")
+endforeach()
+
 # A tensor-parallel shard of the GPT (with and without sequence parallelism,
 # fp32 and bf16, recomputation) against the whole model, 2 and 4 ranks.
 dt_parallel_test_exe(test_gpt_tp)
