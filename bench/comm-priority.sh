@@ -114,7 +114,7 @@ for ((rep = 1; rep <= repeat; rep++)); do
         port=$((30500 + 2 * run + RANDOM % 200 * 20))
         args=(train --model "$model" --data "$data" --batch "$batch" --seq "$seq" --steps "$steps"
             --threads 1 --seed 1337 --lr 3e-4 --clip 0 --eval-batches 1 --sample-tokens 0
-            --progress plain --log-every "$steps" --comm-priority "$order" "${extra[@]}")
+            --progress plain --log-every "$steps" --comm-priority "$order" --no-save "${extra[@]}")
         ip netns exec "$P-1" "$dtrain" launch --nnodes 2 --node-rank 1 --master "10.77.0.1:$port" \
             -n 1 -- "$dtrain" "${args[@]}" --run-dir "$dir" >"$dir/node1.log" 2>&1 &
         pids=($!)
@@ -124,6 +124,7 @@ for ((rep = 1; rep <= repeat; rep++)); do
         wait "${pids[0]}" || rc1=$?
         pids=()
         ((rc0 == 0 && rc1 == 0)) || die "$order run $rep failed ($rc0, $rc1): $(tail -n 5 "$dir"/node*.log)"
+        rm -f "$dir/model.dtgw" # the weights (no checkpoint: --no-save)
         python3 - "$dir/metrics.jsonl" "$skip" "$order" "$rep" <<'EOF'
 import json, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

@@ -239,9 +239,14 @@ static dt_status sync_settle(dt_grad_sync *base, dt_sync_late *out) {
  * step's buckets there are waited for and updated now. */
 static dt_status hook_fetch(void *user, size_t begin, size_t end) {
     ddp_sync *s = user;
+    double t0 = dt_now();
     dt_status st = dt_ddp_take(s->d, begin, end, on_bucket, s);
+    double t1 = dt_now();
     if (s->t_fwd == 0)
-        s->t_fwd = dt_now();
+        s->t_fwd = t1;
+    if (t1 - t0 > 1e-3)
+        DT_TRACE("ddp", "step %" PRId64 ": the forward waited %.1f ms for parameters [%zu, %zu)",
+                 s->step.step + 1, (t1 - t0) * 1e3, begin, end);
     return st;
 }
 static void hook_prefetch(void *user, size_t begin, size_t end) {
