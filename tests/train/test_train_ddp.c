@@ -33,9 +33,11 @@
  *                shared memory, 4 over TCP with --deterministic; deferred
  *                steps (--clip 0: the next forward updates each layer) with
  *                evaluations, checkpoints and 2 micro-batches between them,
- *                and steps that wait (--clip 1); a stopped and resumed
- *                critical run equals an uninterrupted one; the header says
- *                what the order does, and the metrics carry fwd_lead_ms.
+ *                and steps that wait (--clip 1), bf16 (the optimizer writes
+ *                the 16-bit weight copy in the deferred updates); a stopped
+ *                and resumed critical run equals an uninterrupted one; the
+ *                header says what the order does, and the metrics carry
+ *                fwd_lead_ms.
  * Run one case per process: test_train_ddp CASE.
  */
 #include "train_util.h"
@@ -450,6 +452,10 @@ static void test_priority(void) {
     free(y);
     prio_pair("clip2", "DT_TRANSPORT=tcp", "--nproc 2 --clip 1.0");
     EXPECT_OUT("--clip waits for every gradient");
+    /* bf16: the optimizer writes the 16-bit weight copy as it updates, here
+     * inside the next forward's parameter hooks. */
+    prio_pair("bf16", "DT_TRANSPORT=tcp", "--nproc 2 --clip 0 --precision bf16");
+    EXPECT_OUT("precision bf16");
     /* Stopped after step 3 (deferred) and resumed: the checkpoint holds
      * the completed step. */
     stop_and_resume("ra", "rb", "DT_TRANSPORT=tcp", "--comm-priority critical --clip 0", NULL);
