@@ -10,7 +10,8 @@
 #   --build DIR      build directory (default: build)
 #   --codecs LIST    comma- or space-separated codec entries (default: all
 #                    nine, and topk:0.01@20~40, powersgd:4+d30000); an entry
-#                    is SPEC[@N[~R][/v]][+dD], SPEC a --compress spec:
+#                    is SPEC[@N[~R][/v]][+dD], SPEC a --compress spec (auto
+#                    with its candidates joined by _: auto:none_fp16_int8):
 #                      @N   dense warm-up, --compress-start N
 #                      ~R   top-k density ramp, --compress-ramp R (alone: @0~R)
 #                      /v   freeze AdamW's v after the warm-up (--compress-freeze-v)
@@ -39,6 +40,11 @@
 #                    the quality runs alone
 #   --skip-quality   no quality runs in this invocation (another piece does them)
 #   -- ARGS          more `dtrain train` flags, the same for every run
+#
+# --compress auto chooses its codecs from the link it measures, so its
+# losses depend on the link: an auto entry gets its quality run on each
+# timed link (Q steps there, after the timed runs of that link) and is left
+# out of the shaped-versus-unshaped loss check.
 #
 # The same seed, data, model and flags for every codec; only --compress
 # changes. DATA defaults to tinyshakespeare.txt from the shared data
@@ -154,6 +160,7 @@ parse_entry() {
     [[ $1 =~ $entry_re ]] ||
         die "codec entry '$1': write SPEC[@N[~R][/v]][+dD], N R D whole numbers (e.g. topk:0.01@20~40, powersgd:4+d30000)"
     e_spec=${BASH_REMATCH[1]}
+    [[ $e_spec != auto* ]] || e_spec=${e_spec//_/,} # the candidates of auto:a_b_c
     e_start=$((10#${BASH_REMATCH[3]:-0}))
     e_ramp=$((10#${BASH_REMATCH[5]:-0}))
     e_v=$([[ -n ${BASH_REMATCH[6]} ]] && echo 1 || echo 0)
@@ -273,8 +280,11 @@ run_pair() {
     local dir=$1 port=$2 rc0=0 rc1=0 p0 p1
     shift 2
     mkdir -p "$dir"
+    # Both ranks get the run directory (one file system): a rank without
+    # one would wait for rank 0 to name it.
     ip netns exec "$P-1" "$dtrain" launch --nnodes 2 --node-rank 1 \
-        --master "10.77.0.1:$port" -n 1 -- "$dtrain" "$@" >"$dir/node1.log" 2>&1 &
+        --master "10.77.0.1:$port" -n 1 -- "$dtrain" "$@" --run-dir "$dir" \
+        >"$dir/node1.log" 2>&1 &
     p1=$!
     ip netns exec "$P-0" "$dtrain" launch --nnodes 2 --node-rank 0 \
         --master "10.77.0.1:$port" -n 1 -- "$dtrain" "$@" --run-dir "$dir" \
@@ -374,6 +384,28 @@ print("\t".join(map(str, [rate, entry, "ok", sum(r["step_ms"] for r in rs),
 EOF
         tail -n 1 "$ramp_tsv" | awk -F'\t' '{printf "compression-eval: %-8s %-18s ramp steps %d.. sum %8.1f ms  (%s s)\n", $1, $2, $6 + 1, $4, $7}'
     done; done
+    # Adaptive entries: the whole schedule on this link (their choices, and
+    # so their losses, follow the link), as "ENTRY@RATE" quality rows.
+    for entry in $codecs; do
+        [[ $entry == auto* ]] && ((quality > 0 && !skip_quality)) || continue
+        run=$((run + 1))
+        dir=$out/quality-$rate/${entry//[:@~\/+]/-}
+        # shellcheck disable=SC2046 # one word per flag
+        if ! time_run "$dir" $((29500 + 2 * run)) "${common[@]}" $(entry_flags "$entry") \
+            "${extra[@]}"; then
+            printf '%s\tfailed\n' "$entry@$rate" >>"$quality_tsv"
+            continue
+        fi
+        python3 - "$dir/metrics.jsonl" "$entry@$rate" "$secs" >>"$quality_tsv" <<'EOF2'
+import json, sys
+path, codec, secs = sys.argv[1], sys.argv[2], int(sys.argv[3]) / 1000
+rows = [json.loads(l) for l in open(path)]
+val = rows[-1]["val_loss"]
+print("\t".join(map(str, [codec, "ok", val if val is not None else "nan", rows[-1]["step"], 0,
+                          round(secs, 1)])))
+EOF2
+        tail -n 1 "$quality_tsv" | awk -F'\t' '{printf "compression-eval: quality  %-18s val %s after %s steps  (%s s)\n", $1, $3, $4, $6}'
+    done
     "$cluster" down 2 >/dev/null
 done
 
@@ -382,6 +414,7 @@ done
 if ((quality > 0 && !skip_quality)); then
     "$cluster" up 2 >/dev/null
     for entry in $codecs; do
+        [[ $entry != auto* ]] || continue # on each timed link instead (above)
         run=$((run + 1))
         parse_entry "$entry"
         dir=$out/quality/${entry//[:@~\/+]/-}
@@ -416,9 +449,15 @@ def parse(entry):
     return {"key": key, "start": int(m[3] or 0), "ramp": int(m[5] or 0), "v": bool(m[6])}
 runs = [l.rstrip("\n").split("\t") for l in open(path) if l.strip()]
 qual = {}  # entry -> its quality run; later pieces win
+auto_q = {}  # (link, auto entry) -> the val loss of its run on that link
 for l in open(qpath):
     f = l.rstrip("\n").split("\t")
-    qual[f[0]] = dict(parse(f[0]), val=float(f[2]) if f[1] == "ok" else float("nan"))
+    v = float(f[2]) if f[1] == "ok" else float("nan")
+    if f[0].startswith("auto"):
+        e, _, link = f[0].rpartition("@")
+        auto_q[(link, e)] = v
+        continue
+    qual[f[0]] = dict(parse(f[0]), val=v)
 ramps = {}  # (link, entry) -> its ramp runs: [ok, sum step_ms, bytes, S]
 for l in open(rpath):
     f = l.rstrip("\n").split("\t")
@@ -452,6 +491,8 @@ def speedup(r):
 def val_of(r, entry):
     if not quality:
         return float(r[8])
+    if entry.startswith("auto"):
+        return auto_q.get((r[0], entry), float("nan"))
     q = qual.get(entry)
     return q["val"] if q else float("nan")
 # Table rows: every timed (link, key) row once per quality entry of that
@@ -549,6 +590,22 @@ for r, entry in table:
                      f"{su:.2f}x" if su else "-", f"{run_s:.1f}", run_x, f"{val:.4f}", dv))
 for line in notes:
     print("ramp:", line)
+# What the adaptive entries chose: the most frequent choice over the timed
+# steps of each link, and the link estimate of the last step.
+for (rate, entry), rs in by.items():
+    if not entry.startswith("auto"):
+        continue
+    for sub in subdirs(os.path.join(out, rate, slug(entry))):
+        p = os.path.join(sub, "metrics.jsonl")
+        if not os.path.exists(p):
+            continue
+        ms = [json.loads(l) for l in open(p)]
+        ch = [m.get("codecs") for m in ms if m["step"] > skip and m.get("codecs")]
+        if ch:
+            top = max(set(ch), key=ch.count)
+            print(f"{entry} on {rate}: {top} in {ch.count(top)} of {len(ch)} timed steps, "
+                  f"link estimate {ms[-1].get('link_MBps') or 0:.1f} MB/s")
+        break
 if quality:
     print()
     if checked:

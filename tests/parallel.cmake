@@ -12,6 +12,23 @@ dt_parallel_test_exe(test_mesh)
 add_test(NAME test_mesh COMMAND test_mesh)
 set_tests_properties(test_mesh PROPERTIES TIMEOUT 300 LABELS "parallel;multiprocess")
 
+# DDP's critical-path-first schedule: order, pre-emption and merging seen in
+# the pieces' timestamps, the same bits as FIFO, a dead rank named.
+dt_parallel_test_exe(test_ddp_priority)
+foreach(c order_tcp_2 merge_shm_3 det_tcp_3 dead_tcp_2)
+  add_test(NAME test_ddp_priority_${c} COMMAND test_ddp_priority ${c})
+  set_tests_properties(test_ddp_priority_${c} PROPERTIES TIMEOUT 90 LABELS "parallel;multiprocess")
+endforeach()
+set_tests_properties(test_ddp_priority_merge_shm_3 PROPERTIES LABELS "parallel;multiprocess;tsan")
+
+# DDP's adaptive codec choice: every rank chooses alike, and error feedback
+# survives a switch of codec (mass conservation).
+dt_parallel_test_exe(test_ddp_auto)
+foreach(c agree_tcp_2 carry_tcp_2)
+  add_test(NAME test_ddp_auto_${c} COMMAND test_ddp_auto ${c})
+  set_tests_properties(test_ddp_auto_${c} PROPERTIES TIMEOUT 90 LABELS "parallel;multiprocess")
+endforeach()
+
 # A tensor-parallel shard of the GPT (with and without sequence parallelism,
 # fp32 and bf16, recomputation) against the whole model, 2 and 4 ranks.
 dt_parallel_test_exe(test_gpt_tp)

@@ -42,7 +42,7 @@ set_tests_properties(test_train_cli PROPERTIES TIMEOUT 120 LABELS "train")
 
 # Data-parallel training with real processes, one case per ctest entry.
 dt_train_cli_test_exe(test_train_ddp)
-foreach(case equiv accum resume restart sigterm check divisible deterministic)
+foreach(case equiv accum resume restart sigterm check divisible deterministic priority)
   add_test(NAME test_train_ddp_${case} COMMAND test_train_ddp ${case})
   set_tests_properties(test_train_ddp_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
 endforeach()
@@ -59,7 +59,7 @@ endforeach()
 
 # Compressed and 16-bit gradient communication in `dtrain train`, 2 ranks.
 dt_train_cli_test_exe(test_train_compress)
-foreach(case topk powersgd bf16 resume config warmup freeze dense ramp)
+foreach(case topk powersgd bf16 resume config warmup freeze dense ramp auto)
   add_test(NAME test_train_compress_${case} COMMAND test_train_compress ${case})
   set_tests_properties(test_train_compress_${case} PROPERTIES TIMEOUT 180
                        LABELS "train;multiprocess")

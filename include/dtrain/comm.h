@@ -292,6 +292,10 @@ typedef struct dt_topology {
  * DT_TOPO_PROBE=1 runs a quick probe when the world group is created. */
 dt_status dt_group_probe(dt_group *g, bool all_pairs, size_t bytes, dt_topology *out, double *lat,
                          double *bw);
+/* The link classes a probe of g (or of the group g was split from) kept:
+ * alpha and beta of each class (0 for a class not measured); false when no
+ * probe ran. */
+bool dt_group_links(const dt_group *g, dt_link_params out[DT_LINK_CLASS_COUNT]);
 
 /* ------------------------------------------------------------------------ */
 /* Clocks (for merging the ranks' traces, dtrain/trace.h)                   */

@@ -133,6 +133,42 @@ dt_status dt_codec_encoded_bytes(const dt_codec_spec *spec, size_t n, size_t row
 /* Values kept by topk/randk for a tensor of n values (1 <= k <= n when n > 0). */
 size_t dt_codec_k(const dt_codec_spec *spec, size_t n);
 
+/* ------------------------------------------------------------------------ */
+/* Adaptive choice (--compress auto)                                        */
+/* ------------------------------------------------------------------------ */
+/*
+ * A list of candidate codecs, most accurate first (more bytes per value
+ * first; equal ones in the order given): "auto" is none, fp16, int8 (no
+ * more error than int8's rounding); "auto:SPEC,SPEC,..." any 2..8 specs,
+ * e.g. auto:none,fp16,int8,topk:0.01,powersgd:4. DDP picks one per bucket
+ * and step (dt_ddp_options.auto_codecs) with dt_codec_auto_choose from
+ * what the ranks agreed they measured.
+ */
+#define DT_CODEC_AUTO_MAX 8
+typedef struct dt_codec_auto {
+    int n; /* candidates; 0: not adaptive */
+    dt_codec_spec cand[DT_CODEC_AUTO_MAX];
+} dt_codec_auto;
+
+dt_status dt_codec_auto_parse(const char *knob, const char *text, dt_codec_auto *out);
+/* "auto:none,fp16,int8"; returns buf. */
+char *dt_codec_auto_format(const dt_codec_auto *a, char *buf, size_t len);
+
+/* One bucket as the rule sees it (seconds from the start of backward). */
+typedef struct dt_auto_bucket {
+    double launch;                  /* when backward finishes it */
+    double cost[DT_CODEC_AUTO_MAX]; /* its predicted run with each candidate */
+} dt_auto_bucket;
+
+/* choice[i] for each of nb buckets (in launch order, run one after another
+ * by one worker): the most accurate candidate (lowest index) that still
+ * lets every later bucket, with its fastest candidate, finish by
+ * end * (1 + slack); where even the fastest everywhere cannot, the fastest.
+ * So a bucket is compressed only as much as hiding the communication
+ * behind backward needs. Pure: the same inputs give the same choices. */
+void dt_codec_auto_choose(const dt_auto_bucket *b, size_t nb, int ncand, double end, double slack,
+                          int *choice);
+
 /* The header of an encoded buffer, as decoded and validated. */
 typedef struct dt_codec_header {
     dt_codec_kind kind;
@@ -415,6 +451,10 @@ void dt_callreduce_reset(dt_callreduce *c);
  * loss scale going from S to S' gives factor S'/S), so that the residual
  * keeps meaning the same amount of gradient. */
 void dt_callreduce_scale_residual(dt_callreduce *c, float factor);
+/* data[0..n) += this rank's residual, which becomes zero: when another
+ * codec takes over the range, what this one still owed is sent by it
+ * (error feedback carried across a switch). Nothing without a residual. */
+void dt_callreduce_flush_residual(dt_callreduce *c, float *data);
 
 #ifdef __cplusplus
 }

@@ -167,6 +167,41 @@ int dt_mesh_replica_size(const dt_mesh_shape *s);
 /* ------------------------------------------------------------------------ */
 
 #define DT_DDP_DEFAULT_BUCKET_BYTES (25u << 20)
+#define DT_DDP_DEFAULT_PIECE_BYTES  (4u << 20)
+
+/*
+ * Priority. With DT_COMM_PRIORITY_CRITICAL the buckets are not sent in the
+ * order backward finishes them (the tail of the buffer first) but front
+ * first, in pieces of piece_bytes: before each piece the ranks agree (one
+ * 8-byte allreduce) on how far every rank's backward has got, and the
+ * lowest-offset agreed piece not yet sent goes next, so a region that
+ * became final pre-empts the rest of an earlier one and regions final
+ * together go as one run (ByteScheduler's idea). Once backward is over the
+ * rest goes front to back, so the next forward can start on its first
+ * layers while the last are on the wire: dt_ddp_finish_later returns at
+ * once, and the next forward takes each layer's buckets (dt_ddp_take) just
+ * before it reads them. Each element is reduced by the same collective as
+ * in FIFO, only cut differently, so the results are the same bits whenever
+ * the reduction of an element does not depend on where the vector is cut:
+ * on 2 ranks (a sum of two is commutative), on one host (direct: rank
+ * order) and with DT_DETERMINISTIC. (With 3+ ranks over TCP ring and
+ * halving-doubling reduce each block in an order set by its place in the
+ * vector: equally exact, other bits.)
+ */
+typedef enum dt_comm_priority {
+    DT_COMM_PRIORITY_FIFO,
+    DT_COMM_PRIORITY_CRITICAL,
+    DT_COMM_PRIORITY_COUNT
+} dt_comm_priority;
+/* "fifo", "critical" (indexable by dt_comm_priority). */
+extern const char *const dt_comm_priority_names[DT_COMM_PRIORITY_COUNT];
+
+/* One piece of a critical schedule: [begin, end) of the buffer, sent from
+ * t_start to t_end (dt_now). */
+typedef struct dt_ddp_piece {
+    size_t begin, end;
+    double t_start, t_end;
+} dt_ddp_piece;
 
 typedef struct dt_ddp dt_ddp;
 
@@ -228,6 +263,20 @@ typedef struct dt_ddp_options {
      * replica's piece is returned to the system (ZeRO stage 2); the next
      * backward must overwrite the buffer. */
     bool release;
+    /* The order of communication (see "Priority" below): FIFO (the order
+     * backward finishes the buckets) or critical (the front of the buffer,
+     * which the next forward reads first, first; pieces of piece_bytes).
+     * Critical: plain f32 only (no codec, no 16-bit dtype, not sharded). */
+    dt_comm_priority priority;
+    size_t piece_bytes; /* critical: the unit of pre-emption, >= 4 (0: 4 MiB) */
+    /* Adaptive compression (--compress auto): 2..DT_CODEC_AUTO_MAX candidate
+     * codecs (borrowed during create), one chosen per bucket and step by
+     * dt_codec_auto_choose from the link, compute window and codec times
+     * the ranks measured and agreed (a small allreduce at each
+     * dt_ddp_begin(d, true)); a switch carries the old codec's residual
+     * into the new one's run. codec must be none, f32, FIFO, not sharded.
+     * NULL: off. */
+    const dt_codec_auto *auto_codecs;
 } dt_ddp_options;
 
 /* Sharded buckets (dt_ddp_options.shard): the buckets of n floats cut by
@@ -288,6 +337,11 @@ size_t dt_ddp_num_buckets(const dt_ddp *d);
 /* Bytes this rank sends in one communicating step with the current
  * settings (codec, density, dense warm-up): what bytes_sent will say. */
 uint64_t dt_ddp_step_bytes(const dt_ddp *d);
+/* Adaptive compression: the choice of the current (or last) step, one
+ * codec per bucket in bucket order with runs merged ("none*12,int8*7"),
+ * and the agreed link estimate in bytes/s (0: none yet). NULL when not
+ * adaptive. */
+const char *dt_ddp_codec_choice(const dt_ddp *d, double *link_bytes_per_s);
 /* Bucket i's range [*begin, *end) (i = 0 is the tail of the buffer). */
 void dt_ddp_bucket(const dt_ddp *d, size_t i, size_t *begin, size_t *end);
 
@@ -314,6 +368,29 @@ void dt_ddp_grad_ready(void *user, size_t ready_from);
 dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user);
 
 const dt_ddp_stats *dt_ddp_last_stats(const dt_ddp *d);
+
+/* Critical priority (see "Priority"): finish without waiting. Starts what
+ * is not started and returns; the buckets complete in the background,
+ * front first. Until every bucket is handed out (take, settle), the
+ * gradient buffer stays borrowed; dt_ddp_begin(d, true) needs it settled.
+ * Stats: dt_ddp_last_stats is complete after settle. */
+dt_status dt_ddp_finish_later(dt_ddp *d);
+/* Wait until each bucket intersecting [begin, end) is averaged and call fn
+ * on those not handed out yet (in bucket order). Nothing pending: no-op. */
+dt_status dt_ddp_take(dt_ddp *d, size_t begin, size_t end, dt_ddp_range_fn fn, void *user);
+/* Take every bucket left; then the step's stats are complete. */
+dt_status dt_ddp_settle(dt_ddp *d, dt_ddp_range_fn fn, void *user);
+/* Buckets of a finish_later not handed out yet. */
+bool dt_ddp_pending(const dt_ddp *d);
+/* Milliseconds the caller spent blocked in finish, take and settle since
+ * the last call (which resets it). */
+double dt_ddp_take_blocked_ms(dt_ddp *d);
+/* When the last step's last bucket was averaged (dt_now; 0 before one). */
+double dt_ddp_comm_done_at(const dt_ddp *d);
+/* Critical: the last step's pieces in the order sent, and how many
+ * readiness agreements it took; NULL and 0 under FIFO. Valid until the
+ * next dt_ddp_begin(d, true). */
+const dt_ddp_piece *dt_ddp_pieces(const dt_ddp *d, size_t *count, int *agreements);
 
 /* Sharded buckets, after finish: make bucket i's parameters whole again
  * from every replica's updated piece (an in-place allgather, started at
@@ -572,6 +649,9 @@ typedef struct dt_sync_step {
     bool loss_scaling; /* the loss was scaled: unscale, and report inf/nan gradients */
     float loss_scale;  /* backward multiplied the loss by this (1 without scaling) */
     bool update_early; /* no clipping, no loss scaling: ranges may be updated as they arrive */
+    bool defer;        /* dt_grad_sync_defers said yes: the strategy brackets this step's
+                          updates with dt_optimizer_begin/end itself, and finish() may
+                          return before the last gradients are averaged */
 } dt_sync_step;
 
 /* What finish() reports. */
@@ -588,7 +668,25 @@ typedef struct dt_sync_result {
                                  to their average, NaN when not measured this step */
     int64_t staleness;        /* parameter server: the largest staleness of this rank's
                                  pushes in the step (by apply_report), -1 for others */
+    bool late;                /* deferred step: sumsq and comm_ms are not known yet (the
+                                 next finish() or dt_grad_sync_settle reports them) */
+    bool has_prev;            /* the previous, deferred step completed during this one: */
+    double prev_sumsq;        /*   its sumsq */
+    double prev_comm_ms;      /*   and its comm_ms */
+    double fwd_lead_ms;       /* how long before the previous step's gradients were all
+                                 averaged this step's forward could start (negative: it
+                                 started that long after); NaN when not measured */
+    const char *codecs;       /* adaptive compression: this step's codec per bucket
+                                 (dt_ddp_codec_choice), valid until the next step; NULL */
+    double link_bytes_per_s;  /* ... and the link estimate it used (0: none yet) */
 } dt_sync_result;
+
+/* What dt_grad_sync_settle completed: a deferred step's late figures. */
+typedef struct dt_sync_late {
+    bool pending; /* a deferred step was completed (else nothing below is set) */
+    double sumsq; /* its sumsq (as dt_sync_result.sumsq) */
+    double comm_ms;
+} dt_sync_late;
 
 /* What one step of a strategy costs on the wire, for the planner: the
  * collective it runs, over how many ranks, how many bytes each rank
@@ -604,6 +702,21 @@ typedef struct dt_sync_cost {
 
 /* Dispatch to the implementation (see the overview). */
 dt_status dt_grad_sync_begin_step(dt_grad_sync *s, const dt_sync_step *step);
+/* Deferred steps (DDP with --comm-priority critical): whether a step that
+ * may update early (update_early) can leave its last updates to the next
+ * step's forward, which then waits per layer for the averaged gradient
+ * and updates it just before reading it (the strategy's parameter hooks).
+ * The loop then sets step.defer, does not call dt_optimizer_begin/end for
+ * that step (the strategy does, around its updates), takes the step's
+ * sumsq from the next finish (has_prev) or from dt_grad_sync_settle, and
+ * settles wherever every parameter must be final (evaluation, checkpoint,
+ * replica check, the end, before a step that does not defer). False for
+ * every other strategy. */
+bool dt_grad_sync_defers(const dt_grad_sync *s, bool update_early);
+/* Complete every update a deferred step left pending and close its
+ * optimizer step; out->pending says whether there was one (its late
+ * figures follow). Local: no collective. */
+dt_status dt_grad_sync_settle(dt_grad_sync *s, dt_sync_late *out);
 /* Before each micro-batch's backward; returns how that backward writes the
  * gradient buffer: DDP and ZeRO 1 accumulate the micro-batches in it (the
  * step's first backward overwrites, the others accumulate); ZeRO 2
@@ -802,6 +915,10 @@ typedef struct dt_ddp_sync_config {
     const dt_range *norm_ranges;
     size_t nnorm;
 } dt_ddp_sync_config;
+/* With ddp.priority critical the sync installs parameter hooks
+ * (dt_grad_sync_param_hooks) that take each layer's buckets just before
+ * the forward reads them, and defers steps that update early
+ * (dt_grad_sync_defers). */
 
 /* DDP's dt_grad_sync: bucketed, overlapped allreduce over the dp group;
  * per averaged bucket the unscaling (inf/nan check), the counted sum of

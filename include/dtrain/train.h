@@ -25,6 +25,7 @@
 #include "dtrain/core.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
+#include "dtrain/parallel.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -99,6 +100,13 @@ typedef struct dt_step_metrics {
      * rank 0's only (nranks 1). */
     const dt_step_breakdown *ranks;
     int nranks;
+    const char *codecs;     /* --compress auto: the codec of each bucket this step
+                               ("none*12,int8*7"), NULL otherwise (not written) */
+    double link_mbs;        /* ... and the link estimate it used, MB/s (0: none yet) */
+    bool has_fwd_lead;      /* DDP from its second step (written then): */
+    double fwd_lead_ms;     /* how long before the previous step's gradients were all
+                               averaged this step's forward could start (negative: after;
+                               --comm-priority critical makes it positive); NaN: not known */
 } dt_step_metrics;
 
 typedef struct dt_metrics dt_metrics;
@@ -339,6 +347,12 @@ typedef struct dt_train_config {
      * (dt_model_open). The model's shape comes from the file; NULL: none. */
     const char *init_from;
     size_t bucket_bytes; /* DDP bucket size; 0: a quarter of the gradient bytes, 1-25 MiB */
+    /* Order of the DDP bucket communication (parallel.h, "Priority"):
+     * fifo, or critical (front of the buffer first, in pieces of
+     * comm_piece bytes; the next forward overlaps the last pieces when
+     * nothing global decides the update: clip 0, no loss scaling). */
+    dt_comm_priority comm_priority;
+    size_t comm_piece;   /* 0: DT_DDP_DEFAULT_PIECE_BYTES */
     int64_t check_every; /* hash-compare parameters across ranks every N steps; 0: off */
     double peak_gflops;  /* per rank, for MFU; 0: dt_peak_flops (measured once, cached) */
     int sample_tokens;   /* generated at the end; 0: none */
@@ -357,6 +371,9 @@ typedef struct dt_train_config {
     dt_dtype grad_dtype;
     dt_codec_spec compress;
     dt_ef_mode compress_ef;
+    /* --compress auto[:LIST]: a codec per bucket and step among these
+     * (dt_ddp_options.auto_codecs); compress is then none. n 0: off. */
+    dt_codec_auto compress_auto;
     /* Dense warm-up: the first compress_start steps average plain fp32
      * gradients; the codec (with zero residuals) takes over from step
      * compress_start + 1. 0: compress from the first step. */

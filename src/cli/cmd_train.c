@@ -34,6 +34,9 @@ static const char *const schedules[] = {"constant", "linear", "cosine", "invsqrt
 static const char *const progress_modes[] = {"auto", "plain", "live", NULL};
 static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const grad_dtypes[] = {"fp32", "bf16", "fp16", NULL};
+static const char *const comm_priorities[] = {"fifo", "critical", NULL};
+_Static_assert(sizeof comm_priorities / sizeof *comm_priorities == DT_COMM_PRIORITY_COUNT + 1,
+               "comm priorities");
 static const char *const on_off_auto[] = {"auto", "on", "off", NULL};
 static const char *const layouts[] = {"manual", "auto", NULL};
 /* In the order of dt_dp_mode, dt_outer_kind and dt_gossip_topology. */
@@ -115,6 +118,8 @@ static const cli_opt train_opts[] = {
     {"run-dir", 0, CLI_STRING, "DIR", NULL, "DT_RUN_DIR", "write config.json, metrics.jsonl, model.dtgw and ckpt/ here (default: runs/MODEL-YYYYmmdd-HHMMSS)", NULL, 0, 0},
     {"no-save", 0, CLI_FLAG, NULL, NULL, "DT_NO_SAVE", "write no run directory and no checkpoint unless --run-dir / --ckpt-dir ask for one", NULL, 0, 0},
     {"init-from", 0, CLI_STRING, "PATH", NULL, "DT_INIT_FROM", "start from these weights: a .dtgw, a checkpoint, a run folder, a GPT-2 .safetensors or llm.c .bin (the shape comes from the file)", NULL, 0, 0},
+    {"comm-priority", 0, CLI_ENUM, "ORDER", "fifo", "DT_COMM_PRIORITY", "order of the DDP gradient buckets: fifo (as backward finishes them) or critical (the first layers first, in pre-emptible pieces; with --clip 0 the next forward starts on its first layers while the last are on the wire; docs/comm.md)", comm_priorities, 0, 0},
+    {"comm-piece", 0, CLI_SIZE, "SIZE", "4M", "DT_COMM_PIECE", "--comm-priority critical: the unit a more urgent bucket can pre-empt", NULL, 4, 1e12},
     {"bucket-size", 0, CLI_SIZE, "SIZE", "0", "DT_BUCKET_SIZE", "gradient bucket size for the overlapped allreduce (0: a quarter of the gradient bytes, 1M-25M)", NULL, 0, 1e12},
     {"check-every", 0, CLI_INT, "N", "0", "DT_CHECK_EVERY", "compare parameter hashes across ranks every N steps (0: off; 50 with DT_LOG=debug)", NULL, 0, 1e15},
     {"peak-flops", 0, CLI_DOUBLE, "X", "0", "DT_PEAK_FLOPS", "per-rank peak FLOP/s for MFU (0: this machine's, measured once and cached; dtrain bench peak)", NULL, 0, 1e18},
@@ -130,7 +135,7 @@ static const cli_opt train_opts[] = {
     {"loss-scale-interval", 0, CLI_INT, "N", "2000", "DT_LOSS_SCALE_INTERVAL", "clean steps before the scale grows", NULL, 1, 1e15},
     {"isa", 0, CLI_STRING, "LEVEL", NULL, "DT_ISA", "cap the kernels' instruction set: scalar, avx2, avx512, avx512bf16, amx (default: the CPU's best)", NULL, 0, 0},
     {"grad-dtype", 0, CLI_ENUM, "TYPE", "fp32", "DT_GRAD_DTYPE", "dtype of the gradient allreduce (sums accumulate in fp32)", grad_dtypes, 0, 0},
-    {"compress", 0, CLI_STRING, "CODEC", "none", "DT_COMPRESS", "gradient codec: none, fp16, bf16, int8, qsgd:BITS, sign, topk:F, randk:F, powersgd:RANK", NULL, 0, 0},
+    {"compress", 0, CLI_STRING, "CODEC", "none", "DT_COMPRESS", "gradient codec: none, fp16, bf16, int8, qsgd:BITS, sign, topk:F, randk:F, powersgd:RANK; or auto (a codec per bucket and step among none, fp16, int8, from the measured link and compute window) or auto:SPEC,SPEC,... (docs/compress.md)", NULL, 0, 0},
     {"compress-ef", 0, CLI_STRING, "MODE", "auto", "DT_COMPRESS_EF", "error feedback: auto (on for sign, topk, randk, powersgd), on, off", NULL, 0, 0},
     {"compress-freeze-v", 0, CLI_FLAG, NULL, NULL, "DT_COMPRESS_FREEZE_V", "freeze AdamW's second moment when compression starts (1-bit Adam)", NULL, 0, 0},
     {"compress-start", 0, CLI_INT, "N", "0", "DT_COMPRESS_START", "dense warm-up: the first N steps send uncompressed fp32 gradients", NULL, 0, 1e15},
@@ -370,6 +375,8 @@ static int run_train(cli_args *a) {
     c.save_default = !cli_bool(a, "no-save");
     c.init_from = cli_str(a, "init-from");
     c.bucket_bytes = cli_size(a, "bucket-size");
+    c.comm_priority = (dt_comm_priority)cli_enum(a, "comm-priority");
+    c.comm_piece = cli_size(a, "comm-piece");
     c.check_every = cli_int(a, "check-every");
     c.peak_gflops = cli_double(a, "peak-flops") * 1e-9;
     c.sample_tokens = (int)cli_int(a, "sample-tokens");
@@ -396,7 +403,9 @@ static int run_train(cli_args *a) {
     /* 1-bit Adam/LAMB compress the momentum to signs unless told otherwise. */
     bool onebit = c.optimizer == DT_OPTIM_ONEBIT_ADAM || c.optimizer == DT_OPTIM_ONEBIT_LAMB;
     const char *codec = onebit && !cli_is_set(a, "compress") ? "sign" : cli_str(a, "compress");
-    if (dt_codec_parse("--compress", codec, &c.compress) != DT_OK ||
+    bool adaptive = codec && strncmp(codec, "auto", 4) == 0;
+    if ((adaptive ? dt_codec_auto_parse("--compress", codec, &c.compress_auto)
+                  : dt_codec_parse("--compress", codec, &c.compress)) != DT_OK ||
         dt_ef_parse("--compress-ef", cli_str(a, "compress-ef"), &c.compress_ef) != DT_OK)
         cli_usage_error(a->cmd, "%s", dt_last_error());
     c.compress_start = cli_int(a, "compress-start");

@@ -228,3 +228,11 @@ out:
     dt_free(buf);
     return st;
 }
+
+bool dt_group_links(const dt_group *g, dt_link_params out[DT_LINK_CLASS_COUNT]) {
+    for (int cls = 0; cls < DT_LINK_CLASS_COUNT; cls++)
+        out[cls] = (dt_link_params){.alpha = g->links.alpha[cls],
+                                    .beta = g->links.beta[cls],
+                                    .pairs = g->links.beta[cls] > 0};
+    return g->links.valid;
+}

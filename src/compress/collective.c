@@ -814,6 +814,23 @@ void dt_callreduce_scale_residual(dt_callreduce *c, float factor) {
         dt__powersgd_bucket_scale_residual(c->psgd, factor);
 }
 
+static void flush_comp(dt_compressor *comp, float *data) {
+    if (!comp || !comp->residual)
+        return;
+    for (size_t i = 0; i < comp->n; i++)
+        data[i] += comp->residual[i];
+    memset(comp->residual, 0, comp->n * sizeof *comp->residual);
+}
+
+void dt_callreduce_flush_residual(dt_callreduce *c, float *data) {
+    flush_comp(c->comp, data);
+    if (c->chunk)
+        for (int j = 0; j < c->world; j++)
+            flush_comp(c->chunk[j], data + c->off[j]);
+    if (c->psgd)
+        dt__powersgd_bucket_flush_residual(c->psgd, data);
+}
+
 void dt_callreduce_reset(dt_callreduce *c) {
     if (c->comp)
         dt_compressor_reset(c->comp);

@@ -156,6 +156,7 @@ void dt__powersgd_bucket_abandon(dt_powersgd_bucket *b);
 void dt__powersgd_bucket_reset(dt_powersgd_bucket *b);
 /* residual *= factor (Q, a warm-start direction, is left alone). */
 void dt__powersgd_bucket_scale_residual(dt_powersgd_bucket *b, float factor);
+void dt__powersgd_bucket_flush_residual(dt_powersgd_bucket *b, float *data);
 
 /* Test hook of the compressed allreduce: when set, called on this rank's
  * encoding after it is made and before it is sent (allgather codecs), so a

@@ -531,6 +531,14 @@ void dt__powersgd_bucket_reset(dt_powersgd_bucket *b) {
     b->stage = 0;
 }
 
+void dt__powersgd_bucket_flush_residual(dt_powersgd_bucket *b, float *data) {
+    if (!b->residual)
+        return;
+    for (size_t i = 0; i < b->n; i++)
+        data[i] += b->residual[i];
+    memset(b->residual, 0, b->n * sizeof(float));
+}
+
 void dt__powersgd_bucket_scale_residual(dt_powersgd_bucket *b, float factor) {
     if (b->residual)
         for (size_t i = 0; i < b->n; i++)

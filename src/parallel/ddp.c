@@ -23,7 +23,13 @@
  *     a reduce-scatter (dt_callreduce_config.scatter) cutting the bucket
  *     into the same pieces as the plain path, so only this replica's piece
  *     of the result is used; the dense warm-up reduce-scatters plain f32.
+ *   - Critical priority: the scheduler (ddp_prio.c) sends the buffer in its
+ *     own order on its thread; launch() only tells it how far this rank's
+ *     final gradients reach (bucket by bucket, after prepare). A bucket is
+ *     handed to the caller (finish's fn, take, settle) once, after the
+ *     scheduler said it is averaged.
  */
+#include "ddp_prio.h"
 #include "dtrain/parallel.h"
 #include "dtrain/tensor.h"
 
@@ -52,6 +58,12 @@ typedef struct bucket {
     double t_launch;     /* when it was started */
     double t_done;       /* when its completion was observed */
     bool launched, done; /* this step */
+    bool given;          /* critical: handed to the caller this step */
+    /* Adaptive (auto_codecs): one compressed allreduce per candidate; cc is
+     * cand[choice]; `held` ran last and may still hold a residual. */
+    dt_callreduce *cand[DT_CODEC_AUTO_MAX];
+    int choice, held, ran; /* ran: the candidate of this step's run (-1: plain) */
+    double t_run;          /* coded: when the worker started this step's run */
 } bucket;
 
 struct dt_ddp {
@@ -83,7 +95,24 @@ struct dt_ddp {
     void *prepare_user;
     bool shard;   /* buckets are reduce-scattered (ZeRO) */
     bool release; /* ... and the gradient memory outside this replica's pieces returned */
+    /* Adaptive codec choice (see "Adaptive choice" below). */
+    int ncand; /* candidates; 0: a fixed codec or none */
+    dt_codec_spec cand[DT_CODEC_AUTO_MAX];
+    double cpu[DT_CODEC_AUTO_MAX]; /* measured codec seconds per value, no communication */
+    double alpha;                  /* seconds per collective (a probe's, else 0) */
+    double beta;                   /* agreed link estimate, bytes/s; 0: none yet */
+    double t_begin, t_finish;      /* this step's backward */
+    bool measured;                 /* the last step's timings are in */
+    char report[192];              /* the last choice, "none*12,int8*7" */
+    /* Critical priority (ddp_prio.c); NULL under FIFO or without peers. */
+    dt__prio *prio;
+    bool later;        /* finish_later returned; buckets not all handed out */
+    size_t given;      /* buckets handed out this step */
+    double blocked_ms; /* waits since dt_ddp_take_blocked_ms last read it */
+    double comm_done;  /* the last step's last completion */
 };
+
+const char *const dt_comm_priority_names[DT_COMM_PRIORITY_COUNT] = {"fifo", "critical"};
 
 #define STATE_MAGIC 0x31534444u /* "DDS1" */
 
@@ -157,6 +186,29 @@ static dt_status dense_ranges(bucket *b, const dt_ddp_options *o) {
     return DT_OK;
 }
 
+/* Bucket i's compressed allreduce over g (NULL: the codec alone) with
+ * `spec`; t: scratch for PowerSGD's matrices. */
+static dt_status make_one(dt_ddp *d, const dt_ddp_options *o, const dt_codec_spec *spec,
+                          dt_ef_mode ef, size_t i, dt_group *g, dt_powersgd_tensor *t,
+                          dt_callreduce **out) {
+    dt_callreduce_config cfg = dt_callreduce_config_default();
+    cfg.seed = o->seed;
+    cfg.bucket = (uint32_t)i;
+    cfg.ef = ef;
+    cfg.scatter = d->shard; /* ZeRO: a reduce-scatter in the plain path's pieces */
+    if (spec->kind == DT_CODEC_POWERSGD) {
+        cfg.tensors = t;
+        cfg.ntensors = bucket_tensors(o, d->b[i].begin, d->b[i].end, t);
+        cfg.min_compress = o->dense_below;
+    }
+    dt_status st = dt_callreduce_create(out, g, spec, d->b[i].end - d->b[i].begin, &cfg);
+    if (st != DT_OK)
+        dt_error_prefix("bucket %zu", i);
+    return st;
+}
+
+static void measure_codecs(dt_ddp *d, const dt_ddp_options *o, dt_powersgd_tensor *t);
+
 static dt_status make_codecs(dt_ddp *d, const dt_ddp_options *o) {
     dt_codec_spec spec = o->codec;
     dt_ef_mode ef = o->ef;
@@ -165,38 +217,42 @@ static dt_status make_codecs(dt_ddp *d, const dt_ddp_options *o) {
         spec = (dt_codec_spec){.kind = o->grad_dtype == DT_BF16 ? DT_CODEC_BF16 : DT_CODEC_FP16};
         ef = DT_EF_OFF;
     }
-    dt_powersgd_tensor *t = NULL;
-    if (spec.kind == DT_CODEC_POWERSGD) {
-        t = dt_calloc(o->tensors ? o->ntensors + 1 : 1, sizeof *t);
-        if (!t)
-            return DT_ERR_NOMEM;
-    }
+    dt_powersgd_tensor *t = dt_calloc(o->tensors ? o->ntensors + 1 : 1, sizeof *t);
+    if (!t)
+        return DT_ERR_NOMEM;
+    /* Adaptive: every candidate; the dense_below staging whenever one of
+     * them is a codec (they all are but none). */
+    int nc = d->ncand ? d->ncand : 1;
+    bool any_codec = spec.kind != DT_CODEC_NONE;
+    for (int c = 0; c < d->ncand; c++)
+        any_codec |= d->cand[c].kind != DT_CODEC_NONE;
     dt_status st = DT_OK;
     for (size_t i = 0; i < d->nb && st == DT_OK; i++) {
-        dt_callreduce_config cfg = dt_callreduce_config_default();
-        cfg.seed = o->seed;
-        cfg.bucket = (uint32_t)i;
-        cfg.ef = ef;
-        cfg.scatter = d->shard;
-        if (t) {
-            cfg.tensors = t;
-            cfg.ntensors = bucket_tensors(o, d->b[i].begin, d->b[i].end, t);
-            cfg.min_compress = o->dense_below;
-        } else if (o->dense_below > 0 && spec.kind != DT_CODEC_NONE) {
-            st = dense_ranges(&d->b[i], o);
+        bool psgd = spec.kind == DT_CODEC_POWERSGD;
+        for (int c = 0; c < d->ncand; c++)
+            psgd |= d->cand[c].kind == DT_CODEC_POWERSGD;
+        if (o->dense_below > 0 && any_codec && !(psgd && !d->ncand))
+            DT_CHECK_GOTO(dense_ranges(&d->b[i], o), st, out);
+        for (int c = 0; c < nc; c++) {
+            const dt_codec_spec *sc = d->ncand ? &d->cand[c] : &spec;
+            st = make_one(d, o, sc, ef, i, d->g, t, d->ncand ? &d->b[i].cand[c] : &d->b[i].cc);
             if (st != DT_OK)
-                break;
+                goto out;
         }
-        st = dt_callreduce_create(&d->b[i].cc, d->g, &spec, d->b[i].end - d->b[i].begin, &cfg);
-        if (st != DT_OK)
-            dt_error_prefix("bucket %zu", i);
+        d->b[i].held = -1;
+        if (d->ncand)
+            d->b[i].cc = d->b[i].cand[0];
     }
+    if (d->ncand)
+        measure_codecs(d, o, t);
+out:
     dt_free(t);
     return st;
 }
 
 static void *worker_main(void *arg);
 static void release_unowned(const dt_ddp *d, const struct bucket *b);
+static void choose(dt_ddp *d);
 
 /* Values per bucket: bucket_bytes of floats, sharded rounded down to a
  * multiple of dp (at least dp). */
@@ -283,6 +339,27 @@ dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *gr
         return dt_error_set(DT_ERR_INVALID,
                             "sharded buckets (ZeRO) take no prepare callback (a premix reads "
                             "the whole averaged bucket)");
+    if ((unsigned)o.priority >= DT_COMM_PRIORITY_COUNT)
+        return dt_error_set(DT_ERR_INVALID, "communication priority %d is not one",
+                            (int)o.priority);
+    if (o.priority == DT_COMM_PRIORITY_CRITICAL &&
+        (o.shard || o.codec.kind != DT_CODEC_NONE || o.grad_dtype != DT_F32))
+        return dt_error_set(DT_ERR_INVALID,
+                            "critical communication priority schedules plain f32 allreduces: no "
+                            "codec, no 16-bit gradient dtype, no ZeRO (use fifo with those)");
+    int ncand = o.auto_codecs ? o.auto_codecs->n : 0;
+    if (ncand < 0 || ncand > DT_CODEC_AUTO_MAX || ncand == 1)
+        return dt_error_set(DT_ERR_INVALID, "adaptive codec choice: %d candidates (2..%d)", ncand,
+                            DT_CODEC_AUTO_MAX);
+    if (ncand && (o.codec.kind != DT_CODEC_NONE || o.grad_dtype != DT_F32 || o.shard ||
+                  o.priority != DT_COMM_PRIORITY_FIFO))
+        return dt_error_set(DT_ERR_INVALID,
+                            "adaptive codec choice replaces the codec: no fixed codec, no 16-bit "
+                            "gradient dtype, no ZeRO, FIFO order");
+    size_t piece_bytes = o.piece_bytes ? o.piece_bytes : DT_DDP_DEFAULT_PIECE_BYTES;
+    if (piece_bytes < sizeof(float))
+        return dt_error_set(DT_ERR_INVALID, "piece size %zu bytes: must be at least 4",
+                            piece_bytes);
     dt_ddp *d = dt_calloc(1, sizeof *d);
     if (!d)
         return DT_ERR_NOMEM;
@@ -313,8 +390,20 @@ dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *gr
         release_unowned(d, &d->b[i]);
     /* A world of one communicates nothing: no codec either (the gradient
      * stays exact, as without DDP). */
-    d->coded =
-        (o.codec.kind != DT_CODEC_NONE || o.grad_dtype != DT_F32) && g && d->world > 1 && d->nb > 0;
+    d->coded = (o.codec.kind != DT_CODEC_NONE || o.grad_dtype != DT_F32 || ncand > 0) && g &&
+               d->world > 1 && d->nb > 0;
+    if (d->coded && ncand) {
+        d->ncand = ncand;
+        memcpy(d->cand, o.auto_codecs->cand, sizeof d->cand);
+    }
+    if (o.priority == DT_COMM_PRIORITY_CRITICAL && g && d->world > 1 && d->nb > 0) {
+        dt_status st =
+            dt__prio_create(&d->prio, g, grads, n, per, d->nb, piece_bytes / sizeof(float));
+        if (st != DT_OK) {
+            dt_ddp_destroy(d);
+            return st;
+        }
+    }
     if (d->coded) {
         dt_status st;
         if (d->nb >= (1u << 24)) {
@@ -348,6 +437,7 @@ void dt_ddp_destroy(dt_ddp *d) {
             if (w[k])
                 (void)dt_work_wait(w[k]);
     }
+    dt__prio_destroy(d->prio);
     if (d->worker) {
         /* The worker finishes what is queued (each run is bounded by
          * DT_TIMEOUT) and exits. */
@@ -362,7 +452,11 @@ void dt_ddp_destroy(dt_ddp *d) {
         pthread_cond_destroy(&d->cv);
     }
     for (size_t i = 0; i < d->nb; i++) {
-        dt_callreduce_destroy(d->b[i].cc);
+        if (d->ncand)
+            for (int c = 0; c < d->ncand; c++)
+                dt_callreduce_destroy(d->b[i].cand[c]);
+        else
+            dt_callreduce_destroy(d->b[i].cc);
         dt_free(d->b[i].lo);
         dt_free(d->b[i].hi);
         dt_free(d->b[i].stage);
@@ -447,17 +541,176 @@ void dt_ddp_begin(dt_ddp *d, bool sync) {
     d->next = 0;
     d->ndone = 0;
     d->launched_in_backward = 0;
+    DT_ASSERT(!d->later); /* the last finish_later was settled */
     for (size_t i = 0; i < d->nb; i++) {
-        d->b[i].launched = d->b[i].done = false;
+        d->b[i].launched = d->b[i].done = d->b[i].given = false;
         d->b[i].work = NULL;
         d->b[i].st = DT_OK;
     }
+    d->given = 0;
+    if (d->prio)
+        dt__prio_begin(d->prio);
+    if (d->ncand)
+        choose(d); /* a small collective; the worker is idle */
+    d->t_begin = dt_now();
     if (d->coded) {
         pthread_mutex_lock(&d->mu);
         DT_ASSERT(d->w_done == d->w_queued); /* finish saw the last step through */
         d->w_queued = d->w_done = 0;
         pthread_mutex_unlock(&d->mu);
     }
+}
+
+/* ------------------------------------------------------------------------ */
+/* Adaptive choice (dt_ddp_options.auto_codecs)                             */
+/* ------------------------------------------------------------------------ */
+/*
+ * Per step, at dt_ddp_begin(d, true), every rank contributes what it
+ * measured in its last communicating step and the ranks take the maximum
+ * of each (one small allreduce), so all decide from the same numbers:
+ *   - the link: bytes sent / (run time - codec time) over the buckets,
+ *     the best rank's (the others' runs include waiting for slower peers);
+ *     averaged with the previous estimate;
+ *   - the compute window: when backward launched each bucket and when it
+ *     ended, relative to its start (the slowest rank's);
+ *   - each candidate's codec time per value, measured once at creation by
+ *     running it without communication (the slowest rank's).
+ * A bucket's predicted run with candidate c is codec time + wire bytes /
+ * link + one latency per collective; dt_codec_auto_choose picks. Until a
+ * step was measured (the first), every bucket goes uncompressed with the
+ * first candidate, unless a probe of the group (DT_TOPO_PROBE,
+ * dt_group_probe) gave the link already, in which case the rule runs
+ * with no compute window.
+ */
+
+/* Codec seconds per value, without communication, on bucket 0's size. */
+static void measure_codecs(dt_ddp *d, const dt_ddp_options *o, dt_powersgd_tensor *t) {
+    size_t m = d->b[0].end - d->b[0].begin;
+    float *x = dt_alloc((m ? m : 1) * sizeof *x);
+    for (int c = 0; c < d->ncand; c++) {
+        dt_callreduce *cc = NULL;
+        d->cpu[c] = 0;
+        if (!x || make_one(d, o, &d->cand[c], o->ef, 0, NULL, t, &cc) != DT_OK) {
+            dt_callreduce_destroy(cc);
+            continue; /* unmeasured: counted as free */
+        }
+        double best = INFINITY;
+        for (int rep = 0; rep < 2; rep++) {
+            for (size_t k = 0; k < m; k++)
+                x[k] = (float)sin(0.001 * (double)k + rep) * 1e-3f;
+            double t0 = dt_now();
+            dt_status st = dt_callreduce_run(cc, x, (uint64_t)rep);
+            double dt = dt_now() - t0;
+            best = st == DT_OK && dt < best ? dt : best;
+        }
+        d->cpu[c] = isfinite(best) && m ? best / (double)m : 0;
+        dt_callreduce_destroy(cc);
+    }
+    dt_free(x);
+    dt_link_params links[DT_LINK_CLASS_COUNT];
+    if (dt_group_links(d->g, links)) {
+        /* The slowest class measured bounds an allreduce over the group. */
+        for (int k = 0; k < DT_LINK_CLASS_COUNT; k++)
+            if (links[k].beta > 0 && (d->beta == 0 || links[k].beta < d->beta)) {
+                d->beta = links[k].beta;
+                d->alpha = links[k].alpha;
+            }
+    }
+}
+
+/* Collectives one run of candidate c issues (latency terms). */
+static int collectives_of(const dt_ddp *d, const bucket *b, int c) {
+    return (d->cand[c].kind == DT_CODEC_POWERSGD ? 2 : 1) + (b->nd > 0 && c >= 0 ? 1 : 0);
+}
+
+/* "none*12,int8*7": the choice per bucket, runs merged. */
+static void format_choice(dt_ddp *d) {
+    size_t off = 0;
+    d->report[0] = '\0';
+    for (size_t i = 0; i < d->nb && off < sizeof d->report;) {
+        size_t j = i;
+        while (j < d->nb && d->b[j].choice == d->b[i].choice)
+            j++;
+        char name[64];
+        dt_codec_format(&d->cand[d->b[i].choice], name, sizeof name);
+        int w = snprintf(d->report + off, sizeof d->report - off, "%s%s*%zu", off ? "," : "", name,
+                         j - i);
+        if (w < 0)
+            break;
+        off += (size_t)w;
+        i = j;
+    }
+}
+
+static void choose(dt_ddp *d) {
+    /* [valid, link, backward span, launch of each bucket, codec time of
+     * each candidate], maximum over the ranks. */
+    size_t nv = 3 + d->nb + (size_t)d->ncand;
+    double *v = dt_calloc(nv, sizeof *v);
+    dt_auto_bucket *ab = dt_calloc(d->nb, sizeof *ab);
+    int *pick = dt_calloc(d->nb, sizeof *pick);
+    if (!v || !ab || !pick) {
+        /* No memory for a decision: keep the last one. Every rank still
+         * takes part in the collective below on a buffer of its own. */
+        double one = 0;
+        (void)dt_group_allreduce(d->g, &one, &one, 1, DT_F64, DT_MAX);
+        goto out;
+    }
+    if (d->measured) {
+        double w = 0, t = 0;
+        for (size_t i = 0; i < d->nb; i++) {
+            const bucket *b = &d->b[i];
+            if (b->st != DT_OK || b->t_done <= b->t_run)
+                continue;
+            double codec = b->ran >= 0 ? d->cpu[b->ran] * (double)(b->end - b->begin) : 0;
+            w += (double)(b->ran >= 0
+                              ? dt_callreduce_wire_bytes(b->cand[b->ran]) + ring_bytes(d, b->nd)
+                              : ring_bytes(d, b->end - b->begin));
+            t += fmax(b->t_done - b->t_run - codec, 1e-6);
+        }
+        v[0] = t > 0 && w > 0;
+        v[1] = t > 0 ? w / t : 0;
+        v[2] = d->t_finish - d->t_begin;
+        for (size_t i = 0; i < d->nb; i++)
+            v[3 + i] = d->b[i].t_launch - d->t_begin;
+    }
+    for (int c = 0; c < d->ncand; c++)
+        v[3 + d->nb + (size_t)c] = d->cpu[c];
+    /* One more collective on the group: every rank calls begin(d, true)
+     * once per communicating step, in the same order as its buckets. */
+    if (dt_group_allreduce(d->g, v, v, nv, DT_F64, DT_MAX) != DT_OK)
+        goto out; /* the group failed: the buckets will say so */
+    for (int c = 0; c < d->ncand; c++)
+        d->cpu[c] = v[3 + d->nb + (size_t)c];
+    if (v[0] > 0)
+        d->beta = d->beta > 0 ? 0.5 * d->beta + 0.5 * v[1] : v[1];
+    if (d->beta <= 0)
+        goto out; /* nothing known of the link yet: the first candidate */
+    for (size_t i = 0; i < d->nb; i++) {
+        bucket *b = &d->b[i];
+        ab[i].launch = v[0] > 0 ? v[3 + i] : 0;
+        for (int c = 0; c < d->ncand; c++) {
+            uint64_t wire = dt_callreduce_wire_bytes(b->cand[c]) + ring_bytes(d, b->nd);
+            ab[i].cost[c] = d->cpu[c] * (double)(b->end - b->begin) + (double)wire / d->beta +
+                            d->alpha * collectives_of(d, b, c);
+        }
+    }
+    /* The bucket's cc follows when the worker runs it (it flushes the old
+     * candidate's residual first). */
+    dt_codec_auto_choose(ab, d->nb, d->ncand, v[0] > 0 ? v[2] : 0, 0.05, pick);
+    for (size_t i = 0; i < d->nb; i++)
+        d->b[i].choice = pick[i];
+out:
+    format_choice(d);
+    dt_free(v);
+    dt_free(ab);
+    dt_free(pick);
+}
+
+const char *dt_ddp_codec_choice(const dt_ddp *d, double *link_bytes_per_s) {
+    if (link_bytes_per_s)
+        *link_bytes_per_s = d->beta;
+    return d->ncand ? d->report : NULL;
 }
 
 /* One bucket through its codec; the dense_below values (if any) around it.
@@ -526,6 +779,16 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&d->mu);
         bucket *b = &d->b[i];
         float *p = d->grads + b->begin;
+        b->t_run = dt_now();
+        if (!dense && d->ncand && b->choice != b->held) {
+            /* Another codec takes the range over: what the last one still
+             * owed (its residual) goes out with this run. */
+            if (b->held >= 0)
+                dt_callreduce_flush_residual(b->cand[b->held], p);
+            b->held = b->choice;
+            b->cc = b->cand[b->choice];
+        }
+        b->ran = dense ? -1 : d->ncand ? b->choice : 0;
         dt_status st = dense ? plain_reduce(d, b, p) : run_coded(d, b, p, step);
         if (st != DT_OK && !dense) {
             snprintf(b->msg, sizeof b->msg, "bucket %zu: %s", i, dt_last_error());
@@ -552,6 +815,10 @@ static void launch(dt_ddp *d) {
     b->t_launch = dt_now();
     if (!communicates(d))
         return;
+    if (d->prio) {
+        dt__prio_ready(d->prio, b->begin);
+        return;
+    }
     if (d->coded) {
         pthread_mutex_lock(&d->mu);
         d->w_queued = d->next;
@@ -611,6 +878,11 @@ static void coded_done(dt_ddp *d, bucket *b) {
 
 /* Record completions in order without blocking. */
 static void poll(dt_ddp *d) {
+    if (d->prio) {
+        while (d->ndone < d->next && dt__prio_done(d->prio, d->ndone, &d->b[d->ndone].t_done))
+            d->b[d->ndone++].done = true;
+        return;
+    }
     if (d->coded) {
         pthread_mutex_lock(&d->mu);
         size_t done = d->w_done;
@@ -659,9 +931,117 @@ void dt_ddp_grad_ready(void *user, size_t ready_from) {
         poll(d);
 }
 
-dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
+/* ------------------------------------------------------------------------ */
+/* Handing buckets out under critical priority                              */
+/* ------------------------------------------------------------------------ */
+
+/* Bucket i to the caller once: wait until the scheduler averaged it (the
+ * wait is blocked time), then fn. Without peers it is final at launch. */
+static void give(dt_ddp *d, size_t i, dt_ddp_range_fn fn, void *user) {
+    bucket *b = &d->b[i];
+    if (b->given)
+        return;
+    if (d->prio) {
+        double t0 = dt_now();
+        dt_status st = dt__prio_wait(d->prio, i, &b->t_done);
+        double ms = (dt_now() - t0) * 1e3;
+        d->blocked_ms += ms;
+        d->stats.exposed_comm_ms += ms;
+        if (st != DT_OK && d->err == DT_OK)
+            d->err = st;
+    } else {
+        b->t_done = dt_now();
+    }
+    b->done = b->given = true;
+    d->given++;
+    if (d->err == DT_OK && fn)
+        fn(user, b->begin, b->end);
+}
+
+/* Every bucket handed out: the step's communication time (from its first
+ * piece's start to its last one's end) and when it ended. */
+static void given_all(dt_ddp *d) {
+    d->later = false;
+    if (!d->prio)
+        return;
+    size_t np;
+    int na;
+    const dt_ddp_piece *pc = dt__prio_log(d->prio, &np, &na);
+    if (np == 0)
+        return;
+    d->stats.comm_ms = (pc[np - 1].t_end - pc[0].t_start) * 1e3;
+    d->comm_done = pc[np - 1].t_end;
+}
+
+static dt_status critical_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user, bool later) {
     d->in_backward = false;
     DT_ASSERT(d->sync); /* finish follows the backward that communicates */
+    while (d->next < d->nb)
+        launch(d);
+    d->stats = (dt_ddp_stats){.buckets = (int)d->nb,
+                              .launched_in_backward = communicates(d) ? d->launched_in_backward : 0,
+                              .bytes_sent = dt_ddp_step_bytes(d)};
+    d->sync = false;
+    d->step++;
+    d->later = d->nb > 0;
+    if (later)
+        return DT_OK;
+    return dt_ddp_settle(d, fn, user);
+}
+
+dt_status dt_ddp_finish_later(dt_ddp *d) {
+    DT_ASSERT(d->prio || !communicates(d)); /* critical priority, or nothing to wait for */
+    return critical_finish(d, NULL, NULL, true);
+}
+
+dt_status dt_ddp_take(dt_ddp *d, size_t begin, size_t end, dt_ddp_range_fn fn, void *user) {
+    if (!d->later)
+        return DT_OK;
+    for (size_t i = 0; i < d->nb; i++)
+        if (d->b[i].begin < end && d->b[i].end > begin)
+            give(d, i, fn, user);
+    if (d->given == d->nb)
+        given_all(d);
+    if (d->err != DT_OK) /* kept for settle, which clears it */
+        return dt_error_set(d->err, "gradient allreduce: %s", dt_last_error());
+    return DT_OK;
+}
+
+dt_status dt_ddp_settle(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
+    if (!d->later)
+        return DT_OK;
+    for (size_t i = 0; i < d->nb; i++)
+        give(d, i, fn, user);
+    given_all(d);
+    dt_status st = d->err;
+    d->err = DT_OK;
+    if (st != DT_OK)
+        dt_error_prefix("gradient allreduce");
+    return st;
+}
+
+bool dt_ddp_pending(const dt_ddp *d) { return d->later; }
+
+double dt_ddp_take_blocked_ms(dt_ddp *d) {
+    double ms = d->blocked_ms;
+    d->blocked_ms = 0;
+    return ms;
+}
+
+double dt_ddp_comm_done_at(const dt_ddp *d) { return d->comm_done; }
+
+const dt_ddp_piece *dt_ddp_pieces(const dt_ddp *d, size_t *count, int *agreements) {
+    *count = 0;
+    *agreements = 0;
+    return d->prio ? dt__prio_log(d->prio, count, agreements) : NULL;
+}
+
+dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
+    if (d->prio)
+        return critical_finish(d, fn, user, false);
+    d->in_backward = false;
+    DT_ASSERT(d->sync); /* finish follows the backward that communicates */
+    d->t_finish = dt_now();
     while (d->next < d->nb && (d->err == DT_OK || d->coded))
         launch(d);
     dt_ddp_stats s = {.buckets = (int)d->nb, .launched_in_backward = d->launched_in_backward};
@@ -717,6 +1097,9 @@ dt_status dt_ddp_finish(dt_ddp *d, dt_ddp_range_fn fn, void *user) {
         s.launched_in_backward = 0;
     }
     d->stats = s;
+    d->blocked_ms += s.exposed_comm_ms;
+    d->comm_done = prev_done;
+    d->measured = d->ncand > 0 && d->err == DT_OK;
     dt_status st = d->err;
     d->err = DT_OK;
     if (st != DT_OK)
@@ -781,14 +1164,33 @@ dt_status dt_ddp_average(dt_ddp *d, double *values, size_t count) {
 /* Codec state for checkpoints                                              */
 /* ------------------------------------------------------------------------ */
 /* Layout: u32 magic "DDS1", u32 buckets, u64 step, then every bucket's
- * dt_callreduce state in bucket order (raw little-endian). */
+ * dt_callreduce state in bucket order (raw little-endian). Adaptive:
+ * magic "DDA1", and per bucket an i32, the candidate that ran last (-1:
+ * none yet), then every candidate's state. */
+
+#define AUTO_MAGIC 0x31414444u /* "DDA1" */
+
+/* The compressed allreduces of bucket i: its candidates, or its codec. */
+static int cands_of(const dt_ddp *d, size_t i, dt_callreduce **out) {
+    if (!d->ncand) {
+        out[0] = d->b[i].cc;
+        return 1;
+    }
+    for (int c = 0; c < d->ncand; c++)
+        out[c] = d->b[i].cand[c];
+    return d->ncand;
+}
 
 size_t dt_ddp_state_bytes(const dt_ddp *d) {
     if (!d->coded)
         return 0;
     size_t bytes = 16;
-    for (size_t i = 0; i < d->nb; i++)
-        bytes += dt_callreduce_state_bytes(d->b[i].cc);
+    dt_callreduce *cs[DT_CODEC_AUTO_MAX];
+    for (size_t i = 0; i < d->nb; i++) {
+        bytes += d->ncand ? 4 : 0;
+        for (int c = 0, k = cands_of(d, i, cs); c < k; c++)
+            bytes += dt_callreduce_state_bytes(cs[c]);
+    }
     return bytes;
 }
 
@@ -799,14 +1201,22 @@ dt_status dt_ddp_get_state(const dt_ddp *d, void *buf, size_t len) {
     if (need == 0)
         return DT_OK;
     uint8_t *p = buf;
-    uint32_t hdr[2] = {STATE_MAGIC, (uint32_t)d->nb};
+    uint32_t hdr[2] = {d->ncand ? AUTO_MAGIC : STATE_MAGIC, (uint32_t)d->nb};
     memcpy(p, hdr, 8);
     memcpy(p + 8, &d->step, 8);
     p += 16;
+    dt_callreduce *cs[DT_CODEC_AUTO_MAX];
     for (size_t i = 0; i < d->nb; i++) {
-        size_t sb = dt_callreduce_state_bytes(d->b[i].cc);
-        DT_CHECK(dt_callreduce_get_state(d->b[i].cc, p, sb));
-        p += sb;
+        if (d->ncand) {
+            int32_t held = d->b[i].held;
+            memcpy(p, &held, 4);
+            p += 4;
+        }
+        for (int c = 0, k = cands_of(d, i, cs); c < k; c++) {
+            size_t sb = dt_callreduce_state_bytes(cs[c]);
+            DT_CHECK(dt_callreduce_get_state(cs[c], p, sb));
+            p += sb;
+        }
     }
     return DT_OK;
 }
@@ -826,22 +1236,42 @@ dt_status dt_ddp_set_state(dt_ddp *d, const void *buf, size_t len) {
     uint64_t step;
     memcpy(hdr, p, 8);
     memcpy(&step, p + 8, 8);
-    if (hdr[0] != STATE_MAGIC || hdr[1] != (uint32_t)d->nb)
+    uint32_t magic = d->ncand ? AUTO_MAGIC : STATE_MAGIC;
+    if (hdr[0] != magic || hdr[1] != (uint32_t)d->nb)
         return dt_error_set(DT_ERR_CORRUPT,
                             "DDP state: magic 0x%08x, %u buckets (expected 0x%08x, %zu)", hdr[0],
-                            hdr[1], STATE_MAGIC, d->nb);
+                            hdr[1], magic, d->nb);
     if (step >= (1ull << 36))
         return dt_error_set(DT_ERR_CORRUPT, "DDP state: step %" PRIu64 " is not below 2^36", step);
     p += 16;
+    dt_callreduce *cs[DT_CODEC_AUTO_MAX];
     for (size_t i = 0; i < d->nb; i++) {
-        size_t sb = dt_callreduce_state_bytes(d->b[i].cc);
-        dt_status st = dt_callreduce_set_state(d->b[i].cc, p, sb);
-        if (st != DT_OK) {
-            dt_ddp_reset_state(d); /* no half-restored mix */
-            dt_error_prefix("DDP state of bucket %zu", i);
-            return st;
+        int32_t held = -1;
+        if (d->ncand) {
+            memcpy(&held, p, 4);
+            p += 4;
+            if (held < -1 || held >= d->ncand) {
+                dt_ddp_reset_state(d);
+                return dt_error_set(DT_ERR_CORRUPT, "DDP state of bucket %zu: candidate %d of %d",
+                                    i, (int)held, d->ncand);
+            }
         }
-        p += sb;
+        for (int c = 0, k = cands_of(d, i, cs); c < k; c++) {
+            size_t sb = dt_callreduce_state_bytes(cs[c]);
+            dt_status st = dt_callreduce_set_state(cs[c], p, sb);
+            if (st != DT_OK) {
+                dt_ddp_reset_state(d); /* no half-restored mix */
+                dt_error_prefix("DDP state of bucket %zu", i);
+                return st;
+            }
+            p += sb;
+        }
+        if (d->ncand) {
+            d->b[i].held = d->b[i].choice = held;
+            if (held < 0)
+                d->b[i].choice = 0;
+            d->b[i].cc = d->b[i].cand[d->b[i].choice];
+        }
     }
     d->step = step;
     return DT_OK;
@@ -868,13 +1298,17 @@ dt_status dt_ddp_set_fraction(dt_ddp *d, double fraction) {
 }
 
 void dt_ddp_reset_state(dt_ddp *d) {
+    dt_callreduce *cs[DT_CODEC_AUTO_MAX];
     for (size_t i = 0; i < d->nb; i++)
-        if (d->b[i].cc)
-            dt_callreduce_reset(d->b[i].cc);
+        for (int c = 0, k = cands_of(d, i, cs); c < k; c++)
+            if (cs[c])
+                dt_callreduce_reset(cs[c]);
 }
 
 void dt_ddp_scale_state(dt_ddp *d, float factor) {
+    dt_callreduce *cs[DT_CODEC_AUTO_MAX];
     for (size_t i = 0; i < d->nb; i++)
-        if (d->b[i].cc)
-            dt_callreduce_scale_residual(d->b[i].cc, factor);
+        for (int c = 0, k = cands_of(d, i, cs); c < k; c++)
+            if (cs[c])
+                dt_callreduce_scale_residual(cs[c], factor);
 }

@@ -22,7 +22,15 @@ dt_status dt_grad_sync_finish(dt_grad_sync *s, dt_sync_result *out) {
     memset(out, 0, sizeof *out);
     out->consensus = NAN; /* measured by the strategies that mix parameters */
     out->staleness = -1;  /* the parameter server's */
+    out->fwd_lead_ms = NAN;
     return s->ops->finish(s, out);
+}
+bool dt_grad_sync_defers(const dt_grad_sync *s, bool update_early) {
+    return s->ops->defers ? s->ops->defers(s, update_early) : false;
+}
+dt_status dt_grad_sync_settle(dt_grad_sync *s, dt_sync_late *out) {
+    memset(out, 0, sizeof *out);
+    return s->ops->settle ? s->ops->settle(s, out) : DT_OK;
 }
 dt_status dt_grad_sync_apply(dt_grad_sync *s, bool skip, float clip_scale) {
     return s->ops->apply(s, skip, clip_scale);

@@ -34,6 +34,9 @@ typedef struct dt__sync_ops {
     void (*apply_report)(dt_grad_sync *s, dt_sync_result *out);
     /* Optional (NULL: every step is agreed). */
     bool (*agrees)(const dt_grad_sync *s, int64_t step);
+    /* Optional (NULL: never defers; settle has nothing to do). */
+    bool (*defers)(const dt_grad_sync *s, bool update_early);
+    dt_status (*settle)(dt_grad_sync *s, dt_sync_late *out);
 } dt__sync_ops;
 
 struct dt_grad_sync {

@@ -168,6 +168,10 @@ char *dt__train_config_json(const trainer *t) {
     put(o, "seed", json_integer((json_int_t)c->seed), &ok);
     put(o, "threads", json_integer(dt_tensor_threads()), &ok);
     put(o, "bucket-size", json_integer((json_int_t)c->bucket_bytes), &ok);
+    put(o, "comm-priority", str(dt_comm_priority_names[c->comm_priority]), &ok);
+    put(o, "comm-piece",
+        json_integer((json_int_t)(c->comm_piece ? c->comm_piece : DT_DDP_DEFAULT_PIECE_BYTES)),
+        &ok);
     put(o, "zero", json_integer(c->zero), &ok);
     if (c->offload)
         put(o, "offload", str(c->offload), &ok);
@@ -206,7 +210,11 @@ char *dt__train_config_json(const trainer *t) {
                               : c->grad_dtype == DT_F16 ? DT_PRECISION_FP16
                                                         : DT_PRECISION_FP32)),
         &ok);
-    put(o, "compress", str(dt_codec_format(&c->compress, cb, sizeof cb)), &ok);
+    char ab[160];
+    put(o, "compress",
+        str(c->compress_auto.n ? dt_codec_auto_format(&c->compress_auto, ab, sizeof ab)
+                               : dt_codec_format(&c->compress, cb, sizeof cb)),
+        &ok);
     put(o, "compress-ef",
         str(c->compress_ef == DT_EF_ON    ? "on"
             : c->compress_ef == DT_EF_OFF ? "off"

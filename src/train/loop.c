@@ -16,6 +16,15 @@
  *     micro-batches at the points its line search asks for)
  *     metrics, progress, evaluation, checkpoint
  *
+ * Deferred steps (--comm-priority critical, no clipping or loss scaling):
+ * the grad sync's finish returns before the last gradients are averaged,
+ * and the next step's forward updates each layer just before it runs. The
+ * sync then opens and closes the optimizer's step itself, and the step's
+ * gradient norm is known one step later: the next step's statistics
+ * allreduce carries it, and the step's record (metrics line, progress) is
+ * written then. Evaluation, the replica check, checkpoints, a stop and the
+ * last step settle first (every update done, the norm agreed).
+ *
  * The loop knows no strategy: it drives the dt_grad_sync and the optimizer
  * object it was given, and averages over the mesh's groups.
  *
@@ -102,14 +111,17 @@ static void maybe_fault(trainer *t) {
 
 /* What one step agreed on over the world. */
 typedef struct step_stats {
-    double loss;       /* mean training loss over the replicas */
-    double sumsq;      /* global squared gradient norm */
-    double norm;       /* its square root */
-    bool stop;         /* some rank was asked to stop */
-    bool skip;         /* some rank found an inf/nan gradient (loss scaling) */
-    dt_sync_result r;  /* this rank's grad-sync report */
-    dt_run_result run; /* this rank's passes (pipeline: the bubble) */
-    float scale;       /* the loss scale applied */
+    double loss;         /* mean training loss over the replicas */
+    double sumsq;        /* global squared gradient norm */
+    double norm;         /* its square root (NaN: a deferred step, known later) */
+    bool has_prev;       /* the previous, deferred step's norm was agreed with this one's: */
+    double prev_norm;    /*   its global gradient norm */
+    double prev_comm_ms; /* and its communication time */
+    bool stop;           /* some rank was asked to stop */
+    bool skip;           /* some rank found an inf/nan gradient (loss scaling) */
+    dt_sync_result r;    /* this rank's grad-sync report */
+    dt_run_result run;   /* this rank's passes (pipeline: the bubble) */
+    float scale;         /* the loss scale applied */
     /* Where the time went (the step breakdown), ms: */
     double data_ms;           /* reading the micro-batches */
     double slow_ms;           /* DT_FAULT_SLOW's sleep (counted as compute) */
@@ -126,13 +138,15 @@ typedef struct step_stats {
  * the head; a cp part's loss is already its whole sequences'), the counted
  * sums of squares (each element once over the world), "a stop
  * was requested on some rank" and "some rank found an inf/nan gradient". */
-static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bool read) {
+static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bool defer, bool read,
+                      const dt_sync_late *before) {
     const dt_train_config *c = t->c;
     DT_CHECK(dt_grad_sync_begin_step(t->sync, &(dt_sync_step){.step = t->step,
                                                               .lr = lr,
                                                               .loss_scaling = t->scaling,
                                                               .loss_scale = s->scale,
-                                                              .update_early = update_early}));
+                                                              .update_early = update_early,
+                                                              .defer = defer}));
     /* Every rank reads the step's micro-batches (a pipeline's first stage
      * needs the inputs, its last the targets; all keep the same position). */
     size_t bt = (size_t)t->B * t->T;
@@ -171,18 +185,25 @@ static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bo
     }
     bool counts_loss = dt_mesh_coord(t->mesh, DT_AXIS_TP) == 0 &&
                        dt_mesh_coord(t->mesh, DT_AXIS_CP) == 0 && s->run.has_loss;
-    double v[4] = {counts_loss ? loss / t->K : 0.0, s->r.sumsq,
+    /* A deferred previous step's sum of squares rides along (every rank
+     * defers the same steps): completed in this step's forward (has_prev)
+     * or by the settle before it (`before`). */
+    s->has_prev = s->r.has_prev || (before && before->pending);
+    double prev = s->r.has_prev ? s->r.prev_sumsq : s->has_prev ? before->sumsq : 0.0;
+    s->prev_comm_ms = s->r.has_prev ? s->r.prev_comm_ms : s->has_prev ? before->comm_ms : NAN;
+    double v[5] = {counts_loss ? loss / t->K : 0.0, s->r.sumsq,
                    c->stop && atomic_load_explicit(c->stop, memory_order_relaxed) ? 1.0 : 0.0,
-                   s->r.found_inf ? 1.0 : 0.0};
+                   s->r.found_inf ? 1.0 : 0.0, prev};
     /* Strategies whose replicas run on their own between meetings (local
      * SGD, gossip) agree only at those: else this replica's own values,
      * and a stop request waits for the next agreed step. */
     bool agree = dt_grad_sync_agrees(t->sync, t->step);
     if (t->world && agree)
-        DT_CHECK(dt_group_allreduce(t->world, v, v, 4, DT_F64, DT_SUM));
+        DT_CHECK(dt_group_allreduce(t->world, v, v, 5, DT_F64, DT_SUM));
     s->loss = agree ? v[0] / t->dp : v[0];
     s->sumsq = v[1];
-    s->norm = sqrt(v[1]);
+    s->norm = s->r.late ? NAN : sqrt(v[1]);
+    s->prev_norm = sqrt(v[4]);
     s->stop = agree && v[2] > 0;
     s->skip = t->scaling && v[3] > 0;
     s->met = agree;
@@ -198,6 +219,13 @@ static dt_status numeric_error(const trainer *t, const step_stats *s, float lr) 
                         t->c->ckpt_dir ? "; the last good checkpoint is kept" : "");
 }
 
+/* A deferred step's gradient norm, known a step later, is not finite. */
+static dt_status late_numeric_error(const trainer *t, int64_t step1, double norm) {
+    return dt_error_set(DT_ERR_NUMERIC, "gradient norm is %s at step %" PRId64 "; stopping%s",
+                        isnan(norm) ? "NaN" : "infinite", step1,
+                        t->c->ckpt_dir ? "; the last good checkpoint is kept" : "");
+}
+
 /* One L-BFGS step: the step's micro-batches stay fixed while its line
  * search evaluates the loss and the averaged gradient at the points it
  * chooses (each evaluation a pass with no update; every rank gets the same
@@ -209,7 +237,7 @@ static dt_status step_lbfgs(trainer *t, step_stats *s, float lr) {
     step_stats first = {0};
     bool more = true;
     for (int e = 0; more; e++) {
-        DT_CHECK(pass(t, s, lr, false, e == 0));
+        DT_CHECK(pass(t, s, lr, false, false, e == 0, NULL));
         if (!isfinite(s->loss) || !isfinite(s->norm))
             return numeric_error(t, s, lr);
         DT_CHECK(dt_grad_sync_apply(t->sync, true, 1.0f)); /* no update: L-BFGS moves params */
@@ -237,22 +265,35 @@ static dt_status step(trainer *t, step_stats *s) {
     s->apply_ms = 0; /* L-BFGS's evaluations apply nothing */
     if (c->optimizer == DT_OPTIM_LBFGS)
         return step_lbfgs(t, s, lr);
-    dt_optimizer_begin(t->opt, t->step, lr);
+    /* A step the grad sync may defer (critical priority): it opens and
+     * closes the optimizer's step itself, around updates that may run in
+     * the next forward. Decided before the step opens; the strategy
+     * accepts only optimizers that are elementwise at every step. */
+    bool defer = c->clip <= 0 && !t->scaling && dt_grad_sync_defers(t->sync, true);
+    dt_sync_late before = {0};
+    if (!defer) {
+        /* The previous step may have been deferred: its updates first. */
+        DT_CHECK(dt_grad_sync_settle(t->sync, &before));
+        dt_optimizer_begin(t->opt, t->step, lr);
+    }
     /* Clipping and loss scaling decide the update from the whole gradient,
      * and so do optimizers with per-tensor statistics: then the update
      * waits for the last bucket. 1-bit Adam/LAMB's compression stage is
      * not clipped: what the ranks average there is the momentum mix, not
      * the gradient (its norm is what the metrics show). */
     bool clip = c->clip > 0 && !dt_optimizer_premixing(t->opt);
-    DT_CHECK(pass(t, s, lr, !clip && !t->scaling && dt_optimizer_rangewise(t->opt), true));
+    bool early = defer || (!clip && !t->scaling && dt_optimizer_rangewise(t->opt));
+    DT_CHECK(pass(t, s, lr, early, defer, true, &before));
     if (s->skip && scale <= FLT_MIN)
         return dt_error_set(DT_ERR_NUMERIC,
                             "gradients are inf/nan at step %" PRId64 " even at the smallest loss "
                             "scale (%g); stopping%s",
                             t->step + 1, (double)scale,
                             c->ckpt_dir ? "; the last good checkpoint is kept" : "");
-    if (!isfinite(s->loss) || (!s->skip && !isfinite(s->norm)))
+    if (!isfinite(s->loss) || (!s->skip && !s->r.late && !isfinite(s->norm)))
         return numeric_error(t, s, lr);
+    if (s->has_prev && !isfinite(s->prev_norm))
+        return late_numeric_error(t, t->step, s->prev_norm);
     /* A skipped step (PyTorch GradScaler.step) leaves parameters and
      * optimizer state alone; the schedule still advances (lr is a function
      * of the step), the optimizer's update count does not. */
@@ -274,7 +315,8 @@ static dt_status step(trainer *t, step_stats *s) {
     if (!s->skip || !t->w16_fused)
         weights_changed(t, t->w16_fused);
     dt_grad_sync_apply_report(t->sync, &s->r);
-    dt_optimizer_end(t->opt, !s->skip);
+    if (!defer)
+        dt_optimizer_end(t->opt, !s->skip);
     return DT_OK;
 }
 
@@ -331,6 +373,47 @@ static void display_close(display *d) {
     if (d->tty)
         fclose(d->tty);
     dt_metrics_destroy(d->metrics);
+}
+
+/* A step's record; a deferred step's waits for its norm (the loop). */
+typedef struct held_record {
+    bool have;    /* not written yet */
+    bool medians; /* enters the summary's medians */
+    dt_step_metrics sm;
+} held_record;
+
+static void record(display *d, const dt_step_metrics *sm);
+
+/* Write a complete record: medians, metrics line, progress (rank 0). */
+static dt_status emit(const trainer *t, display *d, held_record *h) {
+    if (!h->have)
+        return DT_OK;
+    h->have = false;
+    if (h->medians)
+        record(d, &h->sm);
+    if (t->rank != 0)
+        return DT_OK;
+    if (d->metrics)
+        DT_CHECK(dt_metrics_log(d->metrics, &h->sm));
+    dt_progress_update(d->prog, &h->sm);
+    return DT_OK;
+}
+
+/* Complete a deferred step now: its last updates, and its norm agreed over
+ * the world (every rank settles at the same steps). */
+static dt_status settle_step(trainer *t, dt_step_metrics *sm) {
+    dt_sync_late late;
+    DT_CHECK(dt_grad_sync_settle(t->sync, &late));
+    if (!late.pending)
+        return DT_OK;
+    double v = late.sumsq;
+    if (t->world)
+        DT_CHECK(dt_group_allreduce(t->world, &v, &v, 1, DT_F64, DT_SUM));
+    sm->grad_norm = sqrt(v);
+    sm->comm_ms = late.comm_ms;
+    if (!isfinite(sm->grad_norm))
+        return late_numeric_error(t, sm->step, sm->grad_norm);
+    return DT_OK;
 }
 
 static void record(display *d, const dt_step_metrics *sm) {
@@ -523,6 +606,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     res->first_step = t->step + 1;
     double loop_t0 = dt_now();
     step_stats s = {0};
+    held_record held = {0};
     const dt_gpt_part *part = dt_gpt_get_part(t->m);
     bool split = part->tp_size > 1 || part->cp_size > 1; /* the model communicates itself */
     (void)dt_gpt_take_comm_ms(t->m);                     /* count from the first step */
@@ -560,7 +644,13 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             .staleness = s.r.staleness,
             .has_consensus = isfinite(s.r.consensus),
             .consensus = s.r.consensus,
+            .codecs = s.r.codecs,
+            .link_mbs = s.r.link_bytes_per_s / 1e6,
+            .has_fwd_lead = isfinite(s.r.fwd_lead_ms),
+            .fwd_lead_ms = s.r.fwd_lead_ms,
         };
+        if (s.r.late)
+            sm.comm_ms = NAN; /* with the norm, a step later */
         sm.compute_ms = sm.step_ms - sm.exposed_comm_ms - (split ? sm.tp_comm_ms : 0);
         sm.tokens_per_s = (double)tokens_per_step / (t1 - t0);
         sm.mfu = isfinite(peak) && peak > 0
@@ -569,31 +659,42 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         if (run_steps == 1)
             res->first_loss = s.loss;
         res->last_loss = s.loss;
+        /* The previous step was deferred: its record is complete now (and
+         * written before this step's breakdown replaces the one it shows). */
+        if (held.have && s.has_prev) {
+            held.sm.grad_norm = s.prev_norm;
+            held.sm.comm_ms = s.prev_comm_ms;
+            DT_CHECK_GOTO(emit(t, d, &held), st, fail);
+        }
         bool counted = run_steps > 1 || nsteps == 1;
-        if (counted)
-            record(d, &sm);
         dt_step_breakdown mine = breakdown_of(&s, sm.step_ms, split ? sm.tp_comm_ms : 0);
         DT_CHECK_GOTO(dt__breakdown_exchange(t, &mine, s.met, counted, &sm.nranks), st, fail);
         sm.ranks = t->bd;
+        held = (held_record){.have = true, .medians = counted, .sm = sm};
         bool last = t->step == c->steps;
         bool interrupted = s.stop && !last;
         bool stop = (c->stop_after > 0 && run_steps >= c->stop_after && !last) || interrupted;
-        if (t->val && ((c->eval_every > 0 && t->step % c->eval_every == 0) || last)) {
+        bool evaluates = t->val && ((c->eval_every > 0 && t->step % c->eval_every == 0) || last);
+        bool checks = check_every > 0 && t->step % check_every == 0;
+        bool saves =
+            c->ckpt_dir && ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last || stop);
+        /* A deferred step completes before anything reads every parameter
+         * (the same steps on every rank: a collective agrees its norm). */
+        if (s.r.late && (evaluates || checks || saves || last || stop))
+            DT_CHECK_GOTO(settle_step(t, &held.sm), st, fail);
+        if (evaluates) {
             uint64_t te = dt_trace_begin();
-            DT_CHECK_GOTO(evaluate(t, &sm.val_loss), st, fail);
+            DT_CHECK_GOTO(evaluate(t, &held.sm.val_loss), st, fail);
             dt_trace_end(te, DT_TRACE_STEP, "eval", (int32_t)t->step, 0, 0);
-            res->val_loss = sm.val_loss;
+            res->val_loss = held.sm.val_loss;
             (void)dt_gpt_take_comm_ms(t->m); /* not the next step's */
             (void)dt_gpt_take_attention_ms(t->m);
         }
-        if (check_every > 0 && t->step % check_every == 0)
+        if (checks)
             DT_CHECK_GOTO(dt_grad_sync_check(t->sync, t->step), st, fail);
-        if (t->rank == 0) {
-            if (d->metrics)
-                DT_CHECK_GOTO(dt_metrics_log(d->metrics, &sm), st, fail);
-            dt_progress_update(d->prog, &sm);
-        }
-        if (c->ckpt_dir && ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last || stop)) {
+        if (!s.r.late || isfinite(held.sm.grad_norm))
+            DT_CHECK_GOTO(emit(t, d, &held), st, fail);
+        if (saves) {
             uint64_t tc = dt_trace_begin();
             DT_CHECK_GOTO(dt__train_save(t, res->checkpoint, sizeof res->checkpoint), st, fail);
             dt_trace_end(tc, DT_TRACE_CKPT, "checkpoint", (int32_t)t->step, 0, 0);

@@ -80,6 +80,12 @@ int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
             return -1;
         }
     }
+    if (s->codecs) {
+        json_object_set_new(o, "codecs", json_string(s->codecs));
+        json_object_set_new(o, "link_MBps", num(s->link_mbs));
+    }
+    if (s->has_fwd_lead && isfinite(s->fwd_lead_ms))
+        json_object_set_new(o, "fwd_lead_ms", json_real(s->fwd_lead_ms));
     /* Nine significant digits read back as the same float. */
     size_t n = json_dumpb(o, buf, len, JSON_COMPACT | JSON_REAL_PRECISION(9));
     json_decref(o);

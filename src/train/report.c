@@ -90,7 +90,8 @@ void dt__train_print_header(const trainer *t, double peak, const char *peak_from
         fprintf(f, " and keeps up to %d micro-batch(es) per chunk\n",
                 dt_gpt_get_options(t->m)->slots);
     }
-    if (t->sync_size > 1 && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
+    if (t->sync_size > 1 &&
+        (c->compress.kind != DT_CODEC_NONE || c->compress_auto.n || c->grad_dtype != DT_F32)) {
         fprintf(f, "  gradients: %s", dt_grad_sync_state_ident(t->sync));
         if (c->compress.kind != DT_CODEC_NONE && c->compress_start > 0)
             fprintf(f, ", dense (fp32) for steps 1-%" PRId64, c->compress_start);
@@ -101,6 +102,19 @@ void dt__train_print_header(const trainer *t, double peak, const char *peak_from
         if (c->compress_dense_below > 0)
             fprintf(f, ", tensors < %" PRId64 " values exact", c->compress_dense_below);
         fprintf(f, "\n");
+    }
+    if (t->sync_size > 1 && c->comm_priority == DT_COMM_PRIORITY_CRITICAL) {
+        char pb2[32];
+        fprintf(
+            f, "  gradient order: critical (the first layers first, pieces of %s)%s\n",
+            dt_format_bytes((double)(c->comm_piece ? c->comm_piece : DT_DDP_DEFAULT_PIECE_BYTES),
+                            pb2, sizeof pb2),
+            dt_grad_sync_defers(t->sync, c->clip <= 0 && !t->scaling)
+                ? "; the next forward overlaps the last pieces"
+            : c->clip > 0 ? "; --clip waits for every gradient, so the next forward does "
+                            "not overlap them (--clip 0 lets it)"
+                          : "; this optimizer or loss scaling keeps the next forward "
+                            "after them");
     }
     if (t->resumed[0]) {
         fprintf(f, "  resumed from %s at step %" PRId64, t->resumed, t->step);

@@ -532,7 +532,7 @@ static dt_status make_sync(trainer *t) {
     wire.ntensors = nt;
     wire.dense_below = (size_t)c->compress_dense_below;
     if (t->sync_size == 1 && t->rank == 0 &&
-        (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
+        (c->compress.kind != DT_CODEC_NONE || c->compress_auto.n || c->grad_dtype != DT_F32))
         DT_WARN("--compress / --grad-dtype have no effect here: with one data-parallel rank no "
                 "gradient is exchanged");
     if (c->zero) {
@@ -574,6 +574,9 @@ static dt_status make_sync(trainer *t) {
         .norm_ranges = norm,
         .nnorm = nn,
     };
+    sc.ddp.priority = c->comm_priority;
+    sc.ddp.piece_bytes = c->comm_piece;
+    sc.ddp.auto_codecs = c->compress_auto.n ? &c->compress_auto : NULL;
     st = c->dp_mode == DT_DP_MODE_DDP ? dt_ddp_sync_create(&t->sync, &sc)
                                       : dt__train_make_dp_mode_sync(t, &sc);
     dt_free(shapes);

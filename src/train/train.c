@@ -185,6 +185,18 @@ dt_status dt__train_check_config(const dt_train_config *c) {
         return bad("--grad-dtype %s with --compress: choose one (the codec defines the wire "
                    "format)",
                    dt_dtype_name(c->grad_dtype));
+    if (c->compress_auto.n) {
+        char ab[160];
+        const char *why = c->grad_dtype != DT_F32                     ? "--grad-dtype"
+                          : c->zero                                   ? "--zero"
+                          : c->dp_mode != DT_DP_MODE_DDP              ? "--dp-mode"
+                          : c->optimizer == DT_OPTIM_LBFGS            ? "--optimizer lbfgs"
+                          : c->comm_priority != DT_COMM_PRIORITY_FIFO ? "--comm-priority critical"
+                                                                      : NULL;
+        if (why)
+            return bad("--compress %s (adaptive) chooses the codec of DDP's buckets: not with %s",
+                       dt_codec_auto_format(&c->compress_auto, ab, sizeof ab), why);
+    }
     if (c->scaler.init_scale > (double)DT__MAX_APPLIED_SCALE)
         return bad("--loss-scale-init %g: at most 2^126 (%g), the largest scale whose inverse is a "
                    "normal float",
@@ -234,6 +246,23 @@ dt_status dt__train_check_config(const dt_train_config *c) {
         return bad("--compress-ramp %" PRId64 " with --zero %d: the density of ZeRO's per-piece "
                    "top-k is fixed (drop --compress-ramp)",
                    c->compress_ramp, c->zero);
+    if ((unsigned)c->comm_priority >= DT_COMM_PRIORITY_COUNT)
+        return bad("--comm-priority %d: fifo or critical", (int)c->comm_priority);
+    if (c->comm_priority == DT_COMM_PRIORITY_CRITICAL) {
+        char cb[64];
+        const char *why = c->zero                             ? "--zero"
+                          : c->dp_mode != DT_DP_MODE_DDP      ? "--dp-mode other than ddp"
+                          : c->pp > 1                         ? "--pp"
+                          : c->compress.kind != DT_CODEC_NONE ? "--compress"
+                          : c->grad_dtype != DT_F32           ? "--grad-dtype"
+                                                              : NULL;
+        if (why)
+            return bad("--comm-priority critical schedules DDP's plain fp32 bucket allreduces "
+                       "(one pipeline stage): not with %s (--zero %d, --dp-mode %s, --pp %d, "
+                       "--compress %s, --grad-dtype %s); use fifo",
+                       why, c->zero, dt_dp_mode_names[c->dp_mode], c->pp,
+                       dt_codec_format(&c->compress, cb, sizeof cb), dt_dtype_name(c->grad_dtype));
+    }
     DT_CHECK(dt__train_check_dp_mode(c));
     dt_cp_mode cpm;
     if (c->cp_mode && strcmp(c->cp_mode, "auto") != 0)

@@ -38,6 +38,14 @@
  *              fp32 bytes, steps 3-5 top-k's at the falling density
  *              (25% -> 1%, per bucket 32 + 8 ceil(f m) bytes), then top-k
  *              1%'s; ramps that cannot ramp are refused.
+ *   auto       --compress auto: every step's metrics name a codec per bucket
+ *              (the first step none: nothing measured yet) and the link
+ *              estimate, bytes_sent follows the choice (none's fp32 bytes,
+ *              less when a bucket is compressed), the ranks stay in sync
+ *              (--check-every) and the run learns; config.json keeps the
+ *              list and --config reads it back; a stopped and resumed run
+ *              restores its state (residuals of auto:none,topk:0.05 with
+ *              error feedback); combinations it cannot serve are refused.
  * Run one case per process: test_train_compress CASE.
  */
 #include "train_util.h"
@@ -399,10 +407,94 @@ static void test_config(void) {
     EXPECT_OUT("--grad-dtype bf16 with --compress: choose one");
 }
 
+/* The "codecs" of every step of NAME's metrics: each names one codec per
+ * bucket (runs "SPEC*K", K adding up to `buckets`), from the candidates. */
+static void check_codecs(const char *name, int steps, int buckets, const char *const *cands) {
+    char path[192], line[4096];
+    snprintf(path, sizeof path, "%s/%s/metrics.jsonl", tu_dir, name);
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    int n = 0;
+    while (fgets(line, sizeof line, f)) {
+        n++;
+        const char *at = strstr(line, "\"codecs\":\"");
+        if (!at || !strstr(line, "\"link_MBps\":"))
+            TEST_FAILF("%s line %d: no codecs or link: %.300s", path, n, line);
+        at += strlen("\"codecs\":\"");
+        int total = 0;
+        while (*at && *at != '"') {
+            const char *star = strchr(at, '*');
+            ASSERT_TRUE(star != NULL);
+            bool known = false;
+            for (int c = 0; cands[c]; c++)
+                known |= strlen(cands[c]) == (size_t)(star - at) &&
+                         strncmp(at, cands[c], (size_t)(star - at)) == 0;
+            if (!known)
+                TEST_FAILF("%s line %d: codec %.*s is not a candidate", path, n, (int)(star - at),
+                           at);
+            total += atoi(star + 1);
+            at = star + 1 + strspn(star + 1, "0123456789");
+            at += *at == ',';
+        }
+        ASSERT_EQ(total, buckets);
+        if (n == 1 && !strstr(line, "\"codecs\":\"none*"))
+            TEST_FAILF("step 1 is not uncompressed: %.300s", line);
+    }
+    fclose(f);
+    ASSERT_EQ(n, steps);
+}
+
+static void test_auto(void) {
+    double l[64];
+    static const char *const def[] = {"none", "fp16", "int8", NULL};
+    train("auto", 30, "--compress auto", l);
+    EXPECT_OUT("gradients: auto:none,fp16,int8 ef=auto");
+    expect_learns("auto", l, 30);
+    size_t n = nparams("auto"), buckets = (n + 4095) / 4096;
+    check_codecs("auto", 30, (int)buckets, def);
+    /* Step 1 sends the fp32 allreduce's bytes (4 per value, once at W = 2);
+     * no step sends more. */
+    uint64_t b[64];
+    ASSERT_EQ(step_bytes("auto", b, 63), 30);
+    ASSERT_EQ(b[1], 4 * n);
+    for (int s = 2; s <= 30; s++)
+        ASSERT_TRUE(b[s] <= 4 * n);
+    char cfg[192];
+    snprintf(cfg, sizeof cfg, "%s/auto/config.json", tu_dir);
+    EXPECT_RC(tu_run("grep -qF '\"compress\": \"auto:none,fp16,int8\"' %s", cfg), 0);
+    EXPECT_RC(tu_run("%s train --config %s --data %s --steps 3 --no-save", DTRAIN, cfg, corpus), 0);
+    EXPECT_OUT("gradients: auto:none,fp16,int8");
+    /* Stopped and resumed with error feedback on: the state comes back. */
+    static const char *const two[] = {"none", "topk:0.05", NULL};
+    const char *fl = "--compress auto:none,topk:0.05 --compress-ef on --ckpt-every 3";
+    train_to("auto-r", 10, 3, "--compress auto:none,topk:0.05 --compress-ef on --stop-after 3", l);
+    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps 10 --ckpt-dir %s/auto-r/ck --run-dir "
+                     "%s/auto-r %s --resume",
+                     DTRAIN, corpus, tu_dir, tu_dir, fl),
+              0);
+    EXPECT_OUT("resumed from");
+    ASSERT_TRUE(strstr(tu_out, "codec state was not restored") == NULL);
+    check_codecs("auto-r", 10, (int)buckets, two);
+    /* Refused: one candidate, ZeRO, a 16-bit dtype, critical priority. */
+    const char *bad[][2] = {
+        {"--compress auto:int8", "at least two candidates"},
+        {"--compress auto --zero 1", "not with --zero"},
+        {"--compress auto --grad-dtype bf16", "not with --grad-dtype"},
+        {"--compress auto --comm-priority critical", "not with --comm-priority critical"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        EXPECT_RC(
+            tu_run("%s train --data %s " TINY " --steps 1 --no-save %s", DTRAIN, corpus, bad[i][0]),
+            2);
+        EXPECT_OUT(bad[i][1]);
+    }
+}
+
 static const test_case cases[] = {
-    {"topk", test_topk},     {"powersgd", test_powersgd}, {"bf16", test_bf16},
-    {"resume", test_resume}, {"config", test_config},     {"warmup", test_warmup},
-    {"freeze", test_freeze}, {"dense", test_dense},       {"ramp", test_ramp},
+    {"auto", test_auto},     {"topk", test_topk},     {"powersgd", test_powersgd},
+    {"bf16", test_bf16},     {"resume", test_resume}, {"config", test_config},
+    {"warmup", test_warmup}, {"freeze", test_freeze}, {"dense", test_dense},
+    {"ramp", test_ramp},
 };
 
 int main(int argc, char **argv) {

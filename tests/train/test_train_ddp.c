@@ -27,6 +27,17 @@
  *                (two launchers on loopback: shm inside, TCP between) all
  *                give bit-identical losses and parameters; without it the
  *                ring and rhd runs differ (so the comparison can fail).
+ *   priority     --comm-priority critical gives the bits of fifo (losses,
+ *                gradient norms, parameters) where a reduction's bits do not
+ *                depend on how the buffer is cut: 2 ranks over TCP, 4 on
+ *                shared memory, 4 over TCP with --deterministic; deferred
+ *                steps (--clip 0: the next forward updates each layer) with
+ *                evaluations, checkpoints and 2 micro-batches between them,
+ *                and steps that wait (--clip 1), bf16 (the optimizer writes
+ *                the 16-bit weight copy in the deferred updates); a stopped
+ *                and resumed critical run equals an uninterrupted one; the
+ *                header says what the order does, and the metrics carry
+ *                fwd_lead_ms.
  * Run one case per process: test_train_ddp CASE.
  */
 #include "train_util.h"
@@ -155,6 +166,15 @@ static void compare_scales(const char *a, const char *b, int steps) {
     ASSERT_TRUE(steps <= 64);
     ASSERT_EQ(tu_metric_text(a, "loss_scale", la, steps), steps);
     ASSERT_EQ(tu_metric_text(b, "loss_scale", lb, steps), steps);
+    for (int i = 0; i < steps; i++) {
+        /* The two fields alone: a time (fwd_lead_ms) may follow. */
+        la[i][strcspn(la[i], "}")] = lb[i][strcspn(lb[i], "}")] = '\0';
+        char *ta = strstr(la[i], ",\"fwd_lead_ms\""), *tb = strstr(lb[i], ",\"fwd_lead_ms\"");
+        if (ta)
+            *ta = '\0';
+        if (tb)
+            *tb = '\0';
+    }
     for (int i = 0; i < steps; i++)
         if (strcmp(la[i], lb[i]) != 0)
             TEST_FAILF("step %d: %.60s uninterrupted, %.60s interrupted", i + 1, la[i], lb[i]);
@@ -353,14 +373,102 @@ static void test_deterministic(void) {
     free(y);
 }
 
+/* The grad_norm of every step of two runs agree bit for bit. */
+static void compare_norms(const char *a, const char *b, int steps) {
+    char la[64][64], lb[64][64];
+    ASSERT_EQ(tu_metric_text(a, "grad_norm", la, steps), steps);
+    ASSERT_EQ(tu_metric_text(b, "grad_norm", lb, steps), steps);
+    for (int i = 0; i < steps; i++) {
+        la[i][strcspn(la[i], ",")] = lb[i][strcspn(lb[i], ",")] = '\0';
+        if (strcmp(la[i], lb[i]) != 0 || strstr(la[i], "null"))
+            TEST_FAILF("step %d: %.60s in run %.40s, %.60s in run %.40s", i + 1, la[i], a, lb[i],
+                       b);
+    }
+}
+
+/* A 5-step run of 8 sequences per step with evaluations and checkpoints
+ * every 2 steps (where a deferred step must complete first). */
+static void prio_run(const char *name, const char *env, const char *flags) {
+    EXPECT_RC(tu_run("%s %s train --data %s " TINY " --global-batch 8 --steps 5 --val-split 0.1 "
+                     "--eval-every 2 --eval-batches 2 --ckpt-every 2 --ckpt-dir %s/%s/ck "
+                     "--run-dir %s/%s %s",
+                     env, DTRAIN, corpus, tu_dir, name, tu_dir, name, flags),
+              0);
+}
+
+static void prio_pair(const char *name, const char *env, const char *flags) {
+    char a[64], b[64], fa[256], fb[256];
+    snprintf(a, sizeof a, "%s-fifo", name);
+    snprintf(b, sizeof b, "%s-crit", name);
+    snprintf(fa, sizeof fa, "--comm-priority fifo %s", flags);
+    snprintf(fb, sizeof fb, "--comm-priority critical --comm-piece 8K %s", flags);
+    prio_run(a, env, fa);
+    prio_run(b, env, fb);
+    EXPECT_OUT("gradient order: critical (the first layers first, pieces of ");
+    tu_compare_runs(a, b, 5);
+    compare_norms(a, b, 5);
+    printf("  %s: fifo and critical agree bit for bit\n", name);
+}
+
+static void test_priority(void) {
+    prio_pair("tcp2", "DT_TRANSPORT=tcp", "--nproc 2 --clip 0");
+    EXPECT_OUT("the next forward overlaps the last pieces");
+    /* Every step after the first says how early its forward started. */
+    char path[192], line[2048];
+    snprintf(path, sizeof path, "%s/tcp2-crit/metrics.jsonl", tu_dir);
+    FILE *f = fopen(path, "r");
+    ASSERT_TRUE(f != NULL);
+    int leads = 0;
+    while (fgets(line, sizeof line, f))
+        leads += strstr(line, "\"fwd_lead_ms\":") != NULL;
+    fclose(f);
+    ASSERT_EQ(leads, 4);
+    prio_pair("shm4", "", "--nproc 4 --clip 0 --accum 2");
+    /* One bucket of the whole model in pieces of 72 KiB, both reduced by
+     * halving-doubling (above 64 KiB): each element in an order set by where
+     * its vector is cut, unless the mode fixes it. */
+    const char *cut = "--nproc 4 --clip 0 --bucket-size 1M --comm-piece 72K";
+    char flags[160];
+    snprintf(flags, sizeof flags, "%s --deterministic", cut);
+    prio_pair("det4", "DT_TRANSPORT=tcp", flags);
+    /* The control: without the mode the two orders differ (so the
+     * comparisons above can fail). */
+    prio_run("ctl-fifo", "DT_TRANSPORT=tcp", cut);
+    snprintf(flags, sizeof flags, "%s --comm-priority critical", cut);
+    prio_run("ctl-crit", "DT_TRANSPORT=tcp", flags);
+    char pa[192], pb[192];
+    snprintf(pa, sizeof pa, "%s/ctl-fifo/ck", tu_dir);
+    snprintf(pb, sizeof pb, "%s/ctl-crit/ck", tu_dir);
+    size_t na, nb;
+    float *x = tu_params(pa, &na), *y = tu_params(pb, &nb);
+    ASSERT_EQ(na, nb);
+    size_t differ = 0;
+    for (size_t i = 0; i < na; i++)
+        differ += memcmp(&x[i], &y[i], sizeof *x) != 0;
+    printf("  4 ranks over TCP without --deterministic: %zu of %zu parameters differ\n", differ,
+           na);
+    ASSERT_TRUE(differ > 0);
+    free(x);
+    free(y);
+    prio_pair("clip2", "DT_TRANSPORT=tcp", "--nproc 2 --clip 1.0");
+    EXPECT_OUT("--clip waits for every gradient");
+    /* bf16: the optimizer writes the 16-bit weight copy as it updates, here
+     * inside the next forward's parameter hooks. */
+    prio_pair("bf16", "DT_TRANSPORT=tcp", "--nproc 2 --clip 0 --precision bf16");
+    EXPECT_OUT("precision bf16");
+    /* Stopped after step 3 (deferred) and resumed: the checkpoint holds
+     * the completed step. */
+    stop_and_resume("ra", "rb", "DT_TRANSPORT=tcp", "--comm-priority critical --clip 0", NULL);
+    EXPECT_OUT("at step 3");
+    tu_compare_runs("ra", "rb", 10);
+    compare_norms("ra", "rb", 10);
+}
+
 static const test_case cases[] = {
-    {"deterministic", test_deterministic},
-    {"equiv", test_equiv},
-    {"accum", test_accum},
-    {"resume", test_resume},
-    {"restart", test_restart},
-    {"sigterm", test_sigterm},
-    {"check", test_check},
+    {"priority", test_priority},   {"deterministic", test_deterministic},
+    {"equiv", test_equiv},         {"accum", test_accum},
+    {"resume", test_resume},       {"restart", test_restart},
+    {"sigterm", test_sigterm},     {"check", test_check},
     {"divisible", test_divisible},
 };
 
