@@ -755,9 +755,9 @@ static dt_status plain_reduce(dt_ddp *d, const bucket *b, float *p) {
         return dt_group_allreduce(d->g, p, p, m, DT_F32, DT_AVG);
     size_t q = m / (size_t)d->world, tail = m - q * (size_t)d->world;
     dt_status st = dt_group_reduce_scatter(d->g, p, p, q, DT_F32, DT_AVG);
-    dt_status st2 = tail ? dt_group_allreduce(d->g, p + q * d->world, p + q * d->world, tail,
-                                              DT_F32, DT_AVG)
-                         : DT_OK; /* issued after a failure too, as every rank does */
+    dt_status st2 =
+        tail ? dt_group_allreduce(d->g, p + q * d->world, p + q * d->world, tail, DT_F32, DT_AVG)
+             : DT_OK; /* issued after a failure too, as every rank does */
     return st != DT_OK ? st : st2;
 }
 

@@ -408,7 +408,8 @@ dt_status dt_ddp_sync_create(dt_grad_sync **out, const dt_ddp_sync_config *c) {
         goto fail;
     }
     s->critical = c->ddp.priority == DT_COMM_PRIORITY_CRITICAL;
-    s->hooks = (dt_param_hooks){s, hook_fetch, hook_prefetch, hook_release};
+    s->hooks = (dt_param_hooks){
+        .user = s, .fetch = hook_fetch, .prefetch = hook_prefetch, .release = hook_release};
     static const char *const ef_names[] = {"auto", "on", "off"};
     char cb[64];
     char ab[160];

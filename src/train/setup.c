@@ -551,8 +551,8 @@ static dt_status make_sync(trainer *t) {
                                   .precision = c->precision,
                                   .exact = exact,
                                   .nexact = nx,
-                                  .offload_dir = t->offload.params_dir[0] ? t->offload.params_dir
-                                                                          : NULL,
+                                  .offload_dir =
+                                      t->offload.params_dir[0] ? t->offload.params_dir : NULL,
                                   .offload_direct = t->offload.params_direct};
         st = dt_zero_sync_create(&t->sync, &zc);
         dt_free(shapes);
