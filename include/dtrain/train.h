@@ -335,6 +335,16 @@ typedef struct dt_train_config {
     int64_t staleness;        /* SSP bound S (default 4) */
     int delay_comp;           /* dt_delay_comp (default none) */
     double dc_lambda;         /* DC-ASGD's lambda (default 0.04) */
+    /* Elastic training (docs/fault-tolerance.md, "Elastic training"): with
+     * elastic_max > 0 the job runs at any world size in [elastic_min,
+     * elastic_max]: a rank that dies is dropped and the others continue in
+     * their own processes from the most advanced replica; newcomers are let
+     * in at a step boundary and receive the state by broadcast. DDP only;
+     * the global batch (global_batch, required) is the same at every size. */
+    int elastic_min, elastic_max;
+    /* A newcomer to a running elastic job: the job's store, "ADDR:PORT"
+     * (the launcher's master address); NULL: a rank of the launcher's job. */
+    const char *join;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. Set from any thread

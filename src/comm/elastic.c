@@ -414,6 +414,7 @@ static dt_status failover(dt_elastic *e, double deadline) {
     if (!strstr(list, job_addr))
         snprintf(list + off, sizeof list - off, "%s", job_addr);
     char why[512] = "";
+    double started = dt_now();
     for (unsigned pause_ms = 2;; pause_ms = pause_ms < 200 ? 2 * pause_ms : 200) {
         char copy[sizeof list];
         snprintf(copy, sizeof copy, "%s", list);
@@ -438,10 +439,13 @@ static dt_status failover(dt_elastic *e, double deadline) {
             snprintf(why, sizeof why, "%s: %s", a, dt_last_error());
             DT_DEBUG("comm", "elastic: no store at %s", why);
         }
-        if (dt_now() > deadline)
+        /* Every address refused: the members are dead (a member always
+         * finds itself in its list, so only a newcomer gets here), the job
+         * is gone or over. A few seconds cover a host restarting. */
+        if (dt_now() > deadline || (e->rank < 0 && dt_now() - started > 3))
             return dt_error_set(DT_ERR_PEER,
-                                "elastic: the store is gone and no member serves it (tried %s; "
-                                "last: %s)",
+                                "elastic: the job is gone: neither its store nor any member "
+                                "answers (tried %s; last: %s)",
                                 list, why);
         dt_sleep_ms(pause_ms);
     }

@@ -81,7 +81,7 @@ static void maybe_fault(trainer *t) {
                 t->rank, (long long)t->step);
         dt_gpt_params(t->m)[t->n / 2] += 1.0f;
     }
-    if (t->step == t->kill_at) {
+    if (t->step == t->kill_at && !t->kill_mid) {
         fprintf(stderr, "[rank %d] DT_FAULT_KILL: killing myself after step %lld\n", t->rank,
                 (long long)t->step);
         fflush(stderr);
@@ -118,8 +118,16 @@ static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bo
     /* Every rank reads the step's micro-batches (a pipeline's first stage
      * needs the inputs, its last the targets; all keep the same position). */
     size_t bt = (size_t)t->B * t->T;
-    for (int k = 0; read && k < t->K; k++)
+    for (int k = 0; read && k < t->K; k++) {
+        dt__train_trace_batch(t, k);
         DT_CHECK(dt_loader_next(t->train, t->inputs + k * bt, t->targets + k * bt));
+    }
+    if (t->kill_mid && t->step + 1 == t->kill_at) { /* DT_FAULT_KILL=RANK:STEP:mid */
+        fprintf(stderr, "[rank %d] DT_FAULT_KILL: killing myself during step %lld\n", t->rank,
+                (long long)t->kill_at);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
     if (t->slow_factor > 1) /* DT_FAULT_SLOW: a straggler starts its passes late */
         sleep_ms((t->slow_factor - 1) * t->last_busy_ms);
     DT_CHECK(dt_runner_step(t->runner,
@@ -211,7 +219,10 @@ static dt_status step(trainer *t, step_stats *s) {
      * not clipped: what the ranks average there is the momentum mix, not
      * the gradient (its norm is what the metrics show). */
     bool clip = c->clip > 0 && !dt_optimizer_premixing(t->opt);
-    DT_CHECK(pass(t, s, lr, !clip && !t->scaling && dt_optimizer_rangewise(t->opt), true));
+    /* An elastic job updates only once the step is agreed: a rank lost
+     * mid-step must leave every survivor at a step boundary. */
+    bool early = !clip && !t->scaling && !t->elastic && dt_optimizer_rangewise(t->opt);
+    DT_CHECK(pass(t, s, lr, early, true));
     if (s->skip && scale <= FLT_MIN)
         return dt_error_set(DT_ERR_NUMERIC,
                             "gradients are inf/nan at step %" PRId64 " even at the smallest loss "
@@ -248,13 +259,15 @@ typedef struct display {
         cpa[MEDIAN_WINDOW], bubble[MEDIAN_WINDOW], mfu[MEDIAN_WINDOW];
     int peak_live; /* the most micro-batches this rank kept alive in a step */
     size_t nrec;   /* records so far (the window holds the newest) */
+    int64_t logged; /* the last step in metrics.jsonl (an elastic job's new rank 0 checks) */
 } display;
 
-static dt_status display_open(trainer *t, display *d) {
+/* keep: the steps of metrics.jsonl kept (those of the trajectory so far). */
+static dt_status display_open(trainer *t, display *d, int64_t keep) {
     const dt_train_config *c = t->c;
     if (c->run_dir) {
         DT_CHECK(dt_metrics_write_config(c->run_dir, t->cfg_text));
-        DT_CHECK(dt_metrics_create(&d->metrics, c->run_dir, t->resumed[0] ? t->step : 0));
+        DT_CHECK(dt_metrics_create(&d->metrics, c->run_dir, keep));
     }
     bool tty = c->progress < 0 ? isatty(STDERR_FILENO) : c->progress == 1;
     /* Under a launcher our stderr is a pipe relayed line by line, which
@@ -397,6 +410,39 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
     return DT_OK;
 }
 
+/* After a membership change, rank 0's metrics end at the restored step:
+ * a process that became rank 0 takes over the metrics file and the
+ * progress line, and the line of the restored step is written from the
+ * state's own record when this rank 0 had not written it (it was lost
+ * with the old rank 0, or this rank was a step behind). */
+static dt_status elastic_display(trainer *t, display *d) {
+    if (t->rank != 0)
+        return DT_OK;
+    if (!d->prog) {
+        DT_CHECK(display_open(t, d, t->step > 0 ? t->step - 1 : 0));
+        d->logged = t->step > 0 ? t->step - 1 : 0;
+    }
+    if (d->logged < t->step && t->last_sm.step == t->step) {
+        if (d->metrics)
+            DT_CHECK(dt_metrics_log(d->metrics, &t->last_sm));
+        dt_progress_update(d->prog, &t->last_sm);
+        d->logged = t->step;
+    }
+    return DT_OK;
+}
+
+/* After a call that may have lost a rank: DT_OK when it did not fail; an
+ * elastic job that lost a rank recovers (*recovered) and goes on; any other
+ * failure is returned. */
+static dt_status elastic_after(trainer *t, display *d, dt_status st, bool *recovered) {
+    *recovered = false;
+    if (st == DT_OK || !dt__train_elastic_recoverable(t, st))
+        return st;
+    DT_CHECK(dt__train_elastic_recover(t, true));
+    *recovered = true;
+    return elastic_display(t, d);
+}
+
 dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     memset(res, 0, sizeof *res);
     res->val_loss = NAN;
@@ -409,14 +455,20 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         return DT_ERR_NOMEM;
     DT_CHECK_GOTO(dt__train_setup(t), st, fail);
     c = t->c; /* with the directories and sizes setup resolved */
-    DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
-    if (c->resume) {
-        if (!c->ckpt_dir) {
-            st = bad("--resume needs --ckpt-dir");
-            goto fail;
+    if (t->newcomer) {
+        /* Joining a running elastic job: let in, then its state. */
+        DT_CHECK_GOTO(dt__train_elastic_recover(t, false), st, fail);
+    } else {
+        DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
+        if (c->resume) {
+            if (!c->ckpt_dir) {
+                st = bad("--resume needs --ckpt-dir");
+                goto fail;
+            }
+            DT_CHECK_GOTO(dt__train_resume(t), st, fail);
         }
-        DT_CHECK_GOTO(dt__train_resume(t), st, fail);
     }
+    t->committed = dt_loader_get_state(t->train);
     int64_t check_every = c->check_every;
     if (check_every == 0 && dt_log_enabled(DT_LOG_LEVEL_DEBUG, "ddp"))
         check_every = 50;
@@ -436,7 +488,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     double flops_per_token = 3.0 * dt_gpt_flops_per_token(&t->mc, t->T);
     int64_t tokens_per_step = (int64_t)t->dp * t->B * t->T * t->K;
     if (t->rank == 0) {
-        DT_CHECK_GOTO(display_open(t, d), st, fail);
+        DT_CHECK_GOTO(display_open(t, d, t->resumed[0] ? t->step : 0), st, fail);
+        d->logged = t->step;
         dt__train_print_header(t, peak, peak_from, stderr);
     }
 
@@ -451,8 +504,17 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     while (t->step < c->steps) {
         double t0 = dt_now();
         float lr = dt_schedule_lr(&t->sched, t->step);
-        DT_CHECK_GOTO(step(t, &s), st, fail);
+        /* An elastic job that loses a rank (elastic_after) goes back here
+         * on every member, at the step the new membership restored: the
+         * step that was cut short runs again; a lost rank after the step
+         * costs that step's evaluation, not the step. */
+        bool recovered;
+        st = step(t, &s);
+        DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+        if (recovered)
+            continue;
         t->step++;
+        t->committed = dt_loader_get_state(t->train);
         run_steps++;
         t->tokens += tokens_per_step;
         double t1 = dt_now();
@@ -493,22 +555,47 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         bool last = t->step == c->steps;
         bool interrupted = s.stop && !last;
         bool stop = (c->stop_after > 0 && run_steps >= c->stop_after && !last) || interrupted;
+        t->last_sm = sm; /* what a new membership's rank 0 logs if nobody did */
         if (t->val && ((c->eval_every > 0 && t->step % c->eval_every == 0) || last)) {
-            DT_CHECK_GOTO(evaluate(t, &sm.val_loss), st, fail);
+            st = evaluate(t, &sm.val_loss);
+            DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+            if (recovered)
+                continue;
             res->val_loss = sm.val_loss;
+            t->last_sm.val_loss = sm.val_loss;
             (void)dt_gpt_take_comm_ms(t->m); /* not the next step's */
             (void)dt_gpt_take_attention_ms(t->m);
         }
-        if (check_every > 0 && t->step % check_every == 0)
-            DT_CHECK_GOTO(dt_grad_sync_check(t->sync, t->step), st, fail);
+        if (check_every > 0 && t->step % check_every == 0) {
+            st = dt_grad_sync_check(t->sync, t->step);
+            DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+            if (recovered)
+                continue;
+        }
         if (t->rank == 0) {
             if (d->metrics)
                 DT_CHECK_GOTO(dt_metrics_log(d->metrics, &sm), st, fail);
+            d->logged = t->step;
             dt_progress_update(d->prog, &sm);
         }
-        if (c->ckpt_dir && ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last || stop))
-            DT_CHECK_GOTO(dt__train_save(t, res->checkpoint, sizeof res->checkpoint), st, fail);
+        if (c->ckpt_dir && ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last || stop)) {
+            st = dt__train_save(t, res->checkpoint, sizeof res->checkpoint);
+            DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+            if (recovered)
+                continue;
+        }
         maybe_fault(t);
+        if (t->elastic && !last && !stop) { /* newcomers waiting: let them in now */
+            bool grow = false;
+            st = dt__train_elastic_poll(t, &grow);
+            DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+            if (grow && !recovered) {
+                DT_CHECK_GOTO(dt__train_elastic_recover(t, false), st, fail);
+                DT_CHECK_GOTO(elastic_display(t, d), st, fail);
+            }
+            if (recovered || grow)
+                continue;
+        }
         if (stop) {
             if (t->rank == 0) {
                 dt_progress_finish(d->prog);

@@ -16,6 +16,7 @@
 #define DTRAIN_TRAIN_INTERNAL_H
 
 #include "dtrain/data.h"
+#include "dtrain/elastic.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
@@ -76,9 +77,20 @@ typedef struct trainer {
     dt_rank_memory plan;
     /* Test hooks (loop.c): the step at which this rank acts, or -1. */
     int64_t kill_at, perturb_at, overflow_at;
+    bool kill_mid; /* DT_FAULT_KILL=RANK:STEP:mid: during the step, not after it */
     /* DT_FAULT_SLOW (loop.c): this rank's slow-down factor (1: none) and
      * its last step's compute time, which sets the next step's sleep. */
     double slow_factor, last_busy_ms;
+    /* --elastic (elastic.c): the membership, NULL otherwise; the per-rank
+     * batch at the smallest world size (the model and the batch buffers
+     * are sized for it); a newcomer that has no state yet; the loader's
+     * position after the last completed step (what a recovery resumes). */
+    dt_elastic *elastic;
+    int B_max;
+    bool newcomer;
+    dt_loader_state committed;
+    dt_step_metrics last_sm; /* the metrics of the last completed step (loop.c) */
+    int trace_fd; /* DT_DATA_TRACE: this process's record of the batches it read, or -1 */
 } trainer;
 
 /* A rejected configuration value. */
@@ -161,6 +173,31 @@ dt_status dt__train_make_dp_mode_sync(trainer *t, const dt_ddp_sync_config *ddp)
 /* After the run, every rank: the mode's summary line on rank 0 (the
  * parameter server's staleness distribution over all servers). */
 dt_status dt__train_dp_mode_report(trainer *t, FILE *f);
+
+/* setup.c: the mesh over t->world and this rank's place in it (replica,
+ * dp, gradient group), the loaders of this place, the gradient
+ * synchronisation: what a membership change rebuilds. */
+dt_status dt__train_layout(trainer *t);
+dt_status dt__train_make_loaders(trainer *t);
+dt_status dt__train_make_sync(trainer *t);
+
+/* elastic.c (docs/fault-tolerance.md, "Elastic training"). */
+/* The checks of --elastic and --join that need nothing built. */
+dt_status dt__train_check_elastic(const dt_train_config *c);
+/* setup: join the elastic job (a newcomer gets no world yet). */
+dt_status dt__train_elastic_join(trainer *t);
+/* Whether st, from a step or an end-of-step collective, is a rank lost
+ * that an elastic job survives. */
+bool dt__train_elastic_recoverable(const trainer *t, dt_status st);
+/* Every member: a new membership (after a failure, after agreeing to grow,
+ * or a newcomer's first), the layout rebuilt for it and the state of its
+ * most advanced member broadcast. */
+dt_status dt__train_elastic_recover(trainer *t, bool failed);
+/* After a step: whether newcomers wait (rank 0 looks, every rank learns). */
+dt_status dt__train_elastic_poll(trainer *t, bool *grow);
+/* DT_DATA_TRACE: record the windows of micro-batch k of this step before
+ * it is read. */
+void dt__train_trace_batch(trainer *t, int k);
 
 /* state.c: every rank calls both (collective over the world). */
 dt_status dt__train_save(trainer *t, char *path, size_t len);
