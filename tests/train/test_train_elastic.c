@@ -449,10 +449,10 @@ static void test_grow(void) {
     EXPECT_RC(tu_run("mkdir -p %s", traces), 0);
     int port = test_free_port_pair();
     const char *token = "00112233445566778899aabbccddeeff";
-    /* Rank 0 a straggler (DT_FAULT_SLOW): steps of ~30 ms, so that the job
+    /* Rank 0 a straggler (DT_FAULT_SLOW): steps of ~10 ms or more, so that the job
      * is still running when the newcomer has started. */
     pid_t job = start(log,
-                      "DT_FAULT_SLOW=0:30 DT_JOB_TOKEN=%s DT_DATA_TRACE=%s %s launch --master "
+                      "DT_FAULT_SLOW=0:10 DT_JOB_TOKEN=%s DT_DATA_TRACE=%s %s launch --master "
                       "127.0.0.1:%d --elastic 2:4 -n 3 -- %s train --data %s " TINY " --steps %d "
                       "--elastic 2:4 --run-dir %s --ckpt-dir %s/ck",
                       token, traces, DTRAIN, port, DTRAIN, corpus, STEPS, run, run);
