@@ -63,9 +63,15 @@ set_tests_properties(cli_plan_search PROPERTIES TIMEOUT 60 LABELS "parallel"
                      PASS_REGULAR_EXPRESSION "searched: [0-9]+ layouts in [0-9.]+ s: [0-9]+ fit(.|\n)*1    dp [0-9]+ x tp(.|\n)*pruned \\(count, reason(.|\n)*predicted step")
 # The JSON of a 1024-GPU search: ranked, the layout covers the devices. Its
 # wall time is bounded loosely (5 s; it takes ~0.4 s alone, ~1 s beside
-# other tests): bench/planner.sh and docs/planner.md report the speed.
+# other tests; under a sanitizer only the answer is checked, not the time):
+# bench/planner.sh and docs/planner.md report the speed.
+if(DT_SANITIZE)
+  set(plan_json_seconds 600)
+else()
+  set(plan_json_seconds 5)
+endif()
 add_test(NAME cli_plan_json
-         COMMAND sh -c "$<TARGET_FILE:dtrain_cli> plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 51200 --global-batch 1536 --devices 1024 --cluster ${PROJECT_SOURCE_DIR}/examples/clusters/dgx-a100.json --precision fp16 --json --top 2 | python3 -c 'import json,sys; r=json.load(sys.stdin); c=r[\"candidates\"]; assert len(c)==2 and c[0][\"step_s\"]<=c[1][\"step_s\"], c; l=c[0][\"layout\"]; assert l[\"dp\"]*l[\"tp\"]*l[\"pp\"]*l[\"cp\"]==1024, l; assert r[\"seconds\"]<5.0, r[\"seconds\"]; assert r[\"pruned\"]; print(\"ok\", l, r[\"seconds\"])'")
+         COMMAND sh -c "$<TARGET_FILE:dtrain_cli> plan --layers 96 --hidden 12288 --heads 96 --seq 2048 --vocab 51200 --global-batch 1536 --devices 1024 --cluster ${PROJECT_SOURCE_DIR}/examples/clusters/dgx-a100.json --precision fp16 --json --top 2 | python3 -c 'import json,sys; r=json.load(sys.stdin); c=r[\"candidates\"]; assert len(c)==2 and c[0][\"step_s\"]<=c[1][\"step_s\"], c; l=c[0][\"layout\"]; assert l[\"dp\"]*l[\"tp\"]*l[\"pp\"]*l[\"cp\"]==1024, l; assert r[\"seconds\"]<${plan_json_seconds}, r[\"seconds\"]; assert r[\"pruned\"]; print(\"ok\", l, r[\"seconds\"])'")
 set_tests_properties(cli_plan_json PROPERTIES TIMEOUT 60 LABELS "parallel" PASS_REGULAR_EXPRESSION "^ok ")
 file(WRITE ${CMAKE_BINARY_DIR}/bad_cluster.json "{\"devices_per_node\": 8, \"device\": {\"memory_gib\": 80, \"memory_bw_gbs\": 2000, \"peak_tflops\": {\"bf16\": -3}}, \"intra\": {\"bw_gbs\": 300}}")
 add_test(NAME cli_plan_bad_cluster
