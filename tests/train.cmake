@@ -156,7 +156,8 @@ set_tests_properties(cli_train_offload_disk PROPERTIES TIMEOUT 300 LABELS "train
 # minimum, refusals. Each checks losses against a run resumed from the same
 # step and accounts for every sample (DT_DATA_TRACE).
 dt_train_cli_test_exe(test_train_elastic)
-foreach(case shrink_1 shrink_2 shrink_3 shrink_mid kill0 kill0_after grow below refuse)
+foreach(case shrink_1 shrink_2 shrink_3 shrink_mid shrink_fp16 kill0 kill0_after grow below
+             refuse)
   add_test(NAME test_train_elastic_${case} COMMAND test_train_elastic ${case})
   set_tests_properties(test_train_elastic_${case} PROPERTIES TIMEOUT 120
                        LABELS "train;multiprocess")

@@ -13,8 +13,8 @@
  *   E/join/n, E/join/i/N  newcomers' requests ("ID SERVE"), counted
  *   E/admitted/ID       the generation a newcomer was let into
  *   E/stores            where the store may be served, in order (for newcomers)
- *   E/done              the job has finished (newcomers stop waiting; the store
- *                       host waits until the other members have gone)
+ *   E/done              the store's host is leaving: the job has finished
+ *                       (newcomers stop waiting)
  *
  * A membership, as stored and as every member keeps it:
  *
@@ -998,7 +998,11 @@ dt_status dt_elastic_reform(dt_elastic *e, int64_t step, dt_group **world, dt_el
         }
         pause_us = 200;
         int prev = e->rank;
-        DT_CHECK(adopt(e, &t, view));
+        st = adopt(e, &t, view);
+        if (st != DT_OK) {
+            table_free(&t);
+            return st;
+        }
         /* A member that fell behind catches up through revoked generations. */
         char key[64];
         bool gone;
@@ -1039,12 +1043,13 @@ void dt_elastic_destroy(dt_elastic *e) {
         return;
     char saved[1024]; /* leaving must not eat the caller's error */
     snprintf(saved, sizeof saved, "%s", dt_last_error());
-    if (e->store && e->rank >= 0) {
-        /* The job is over for the newcomers still waiting; the host waits
-         * until the other members are gone (left, or dead), so that none
-         * loses the store mid-way. */
+    if (e->store && e->rank >= 0 && e->server) {
+        /* The store goes with its host: the job is over for the newcomers
+         * still waiting, and the host waits until the other members are
+         * gone (left, or dead), so that none loses the store mid-way. (A
+         * member that leaves alone is a lost rank to the others.) */
         double dl = dt_now() + (e->timeout < 10 ? e->timeout : 10);
-        bool others = set_text(e, "E/done", "1") == DT_OK && e->server;
+        bool others = set_text(e, "E/done", "1") == DT_OK;
         while (others && dt_now() < dl) {
             others = false;
             for (int i = 0; i < e->cur.n && !others; i++) {

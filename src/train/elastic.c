@@ -181,6 +181,8 @@ static dt_status broadcast_state(trainer *t, int root) {
     }
     DT_CHECK(dt_group_broadcast(t->world, &h, sizeof h, DT_U8, root));
     DT_CHECK(dt_group_broadcast(t->world, dt_gpt_params(t->m), t->n, DT_F32, root));
+    if (t->w16_owned) /* the model's 16-bit copy is rounded again before the next forward */
+        dt_gpt_set_weights16(t->m, DT_GPT_W16_STALE);
     DT_CHECK(broadcast_optimizer(t, root));
     t->step = h.step;
     t->tokens = h.tokens;

@@ -21,6 +21,8 @@
  *                    read again.
  *   shrink_mid   the same with a deterministic kill in the middle of step 9
  *                (DT_FAULT_KILL=2:9:mid): the survivors restore step 8.
+ *   shrink_fp16  the same in fp16 with dynamic loss scaling (the scaler's
+ *                state and the 16-bit weight copy follow the broadcast).
  *   kill0        rank 0 killed at a seeded step: the store moves, the new
  *                rank 0 writes the metrics; the same checks.
  *   kill0_after  rank 0 kills itself right after its checkpoint of step 7
@@ -51,6 +53,7 @@
     "--min-lr 1e-4 --eps 1e-4 --seed 7 --global-batch 12 --keep 1000 --ckpt-every 1"
 
 static char corpus[128];
+static const char *extra = ""; /* more flags for every run of a case (bf16) */
 
 static double realtime(void) {
     struct timeval tv;
@@ -289,9 +292,9 @@ static void compare_with_resumed(const char *run, int64_t s0, int world) {
     snprintf(ck, sizeof ck, "%s/ck", ref);
     EXPECT_RC(tu_run("mkdir -p %s && cp %s/ck/ckpt-%06lld.dtck %s/", ck, run, (long long)s0, ck),
               0);
-    EXPECT_RC(tu_run("%s train --data %s " TINY " --steps %d --nproc %d --resume --ckpt-dir %s "
+    EXPECT_RC(tu_run("%s train --data %s " TINY " %s --steps %d --nproc %d --resume --ckpt-dir %s "
                      "--run-dir %s",
-                     DTRAIN, corpus, STEPS, world, ck, ref),
+                     DTRAIN, corpus, extra, STEPS, world, ck, ref),
               0);
     double la[STEPS + 1], lb[STEPS + 1];
     char pa[300], pb[300];
@@ -334,10 +337,10 @@ static void shrink(int victim, int at, int jitter_ms, const char *fault, int64_t
     snprintf(log, sizeof log, "%s/job.log", tu_dir);
     EXPECT_RC(tu_run("mkdir -p %s", traces), 0);
     pid_t job = start(log,
-                      "%s%s DT_DATA_TRACE=%s %s train --data %s " TINY " --steps %d --nproc 4 "
+                      "%s%s DT_DATA_TRACE=%s %s train --data %s " TINY " %s --steps %d --nproc 4 "
                       "--elastic 2:4 --run-dir %s --ckpt-dir %s/ck",
                       fault ? "DT_FAULT_KILL=" : "", fault ? fault : "", traces, DTRAIN, corpus,
-                      STEPS, run, run);
+                      extra, STEPS, run, run);
     trace t = {0};
     int victim_pid = 0;
     double killed_at = 0;
@@ -430,6 +433,11 @@ static void test_shrink_1(void) { shrink_seed(1); }
 static void test_shrink_2(void) { shrink_seed(2); }
 static void test_shrink_3(void) { shrink_seed(3); }
 static void test_shrink_mid(void) { shrink(2, 0, 0, "2:9:mid", 8); }
+
+static void test_shrink_fp16(void) {
+    extra = "--precision fp16";
+    shrink(1, 0, 0, "1:6:mid", 5);
+}
 
 static void test_kill0(void) {
     uint64_t x = seed_mix(4);
@@ -555,6 +563,7 @@ int main(int argc, char **argv) {
     static const test_case cases[] = {
         {"shrink_1", test_shrink_1},     {"shrink_2", test_shrink_2},
         {"shrink_3", test_shrink_3},     {"shrink_mid", test_shrink_mid},
+        {"shrink_fp16", test_shrink_fp16},
         {"kill0", test_kill0},           {"kill0_after", test_kill0_after},
         {"grow", test_grow},             {"below", test_below},
         {"refuse", test_refuse},
