@@ -94,6 +94,12 @@ dt_status dt__train_elastic_join(trainer *t) {
     t->rank = t->world ? dt_group_rank(t->world) : 0;
     t->size = t->world ? dt_group_size(t->world) : 1;
     dt_log_set_rank(t->rank);
+    const char *addr = getenv("DT_MASTER_ADDR"), *port = getenv("DT_MASTER_PORT");
+    if (!t->newcomer && t->rank == 0 && addr && port)
+        fprintf(stderr,
+                "elastic: %d rank(s), --elastic %d:%d; newcomers join with --join %s:%s and this "
+                "job's DT_JOB_TOKEN\n",
+                t->size, c->elastic_min, c->elastic_max, addr, port);
     return DT_OK;
 }
 
