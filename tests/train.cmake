@@ -164,3 +164,9 @@ foreach(case shrink_1 shrink_2 shrink_3 shrink_mid shrink_fp16 kill0 kill0_after
 endforeach()
 # A launcher on a fixed port pair.
 set_tests_properties(test_train_elastic_grow PROPERTIES RESOURCE_LOCK launch_ports)
+# Elastic across two hosts (network namespaces, root): host 0's launcher and
+# ranks killed, the store's host among them; host 1's ranks go on.
+add_test(NAME train_elastic_netns
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train/elastic_netns.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(train_elastic_netns PROPERTIES TIMEOUT 120 LABELS "train;netns"
+                     SKIP_RETURN_CODE 77 RESOURCE_LOCK netns_eval)

@@ -118,7 +118,7 @@ typedef struct dt_elastic_view {
     int64_t root_step;  /* the step it registered */
     int lost;           /* members of the previous generation left out (dead) */
     int joined;         /* newcomers let in */
-    char lost_ranks[256]; /* their ranks in the previous generation: "1, 3" ("" if none) */
+    char lost_ranks[256]; /* their ranks in the previous generation: "1,3" ("" if none) */
     double seconds;     /* from entering dt_elastic_reform to the new world group */
 } dt_elastic_view;
 

@@ -187,9 +187,6 @@ static dt_status table_parse(const char *text, table *out) {
             goto bad;
         if (strcmp(t.lost, "-") == 0)
             t.lost[0] = 0;
-        for (char *c = t.lost; *c; c++)
-            if (*c == ',')
-                *c = ' ';
     }
     t.text = strdup(text);
     if (!t.text) {

@@ -637,6 +637,13 @@ static void on_node_message(job *j, int idx) {
         /* Node 0 is gone: nobody can coordinate the job any more. */
         close(j->meet.fds[idx]);
         j->meet.fds[idx] = -1;
+        if (j->o->elastic_max > 0) {
+            /* ... but an elastic job's ranks here go on without node 0's. */
+            fprintf(stderr, "dtrain launch: node %d: node 0's launcher is gone; the ranks here go "
+                            "on (--elastic)\n",
+                    j->o->node_rank);
+            return;
+        }
     }
     j->stopped_by_peer = true;
     begin_stop(j, SIGTERM);
@@ -1125,6 +1132,11 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
                                   "interrupted by signal %d (%s) while waiting for the other nodes",
                                   sig, strsignal(sig));
                 *exit_code = 128 + sig;
+                break;
+            }
+            if (ms != DT_OK && o.elastic_max > 0 && a.result == DT__RESULT_OK) {
+                st = DT_OK; /* an elastic job that finished here without node 0 */
+                *exit_code = 0;
                 break;
             }
             if (ms != DT_OK) {
