@@ -110,16 +110,16 @@ typedef struct dt_elastic_options {
 
 /* What a membership round decided, seen from this process. */
 typedef struct dt_elastic_view {
-    int generation;     /* 0: the launcher's ranks; +1 per round */
-    int rank, size;     /* this process in the new world */
-    int prev_rank;      /* in the previous generation; -1 for a newcomer */
-    int prev_size;      /* size of the previous generation (0 for a newcomer) */
-    int root;           /* new rank of the member whose state is the most advanced */
-    int64_t root_step;  /* the step it registered */
-    int lost;           /* members of the previous generation left out (dead) */
-    int joined;         /* newcomers let in */
+    int generation;       /* 0: the launcher's ranks; +1 per round */
+    int rank, size;       /* this process in the new world */
+    int prev_rank;        /* in the previous generation; -1 for a newcomer */
+    int prev_size;        /* size of the previous generation (0 for a newcomer) */
+    int root;             /* new rank of the member whose state is the most advanced */
+    int64_t root_step;    /* the step it registered */
+    int lost;             /* members of the previous generation left out (dead) */
+    int joined;           /* newcomers let in */
     char lost_ranks[256]; /* their ranks in the previous generation: "1,3" ("" if none) */
-    double seconds;     /* from entering dt_elastic_reform to the new world group */
+    double seconds;       /* from entering dt_elastic_reform to the new world group */
 } dt_elastic_view;
 
 /* Join the job (see dt_elastic_options.join). A rank of the first

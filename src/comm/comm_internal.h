@@ -151,8 +151,7 @@ dt_status dt__store_add(dt__store *s, const char *key, int64_t delta, int64_t *r
 
 /* For elastic jobs (elastic.c). */
 /* Serve on sockets already listening (1 or 2; the server closes them). */
-dt_status dt__store_server_adopt(const int *lfds, int n, const char *token,
-                                 dt__store_server **out);
+dt_status dt__store_server_adopt(const int *lfds, int n, const char *token, dt__store_server **out);
 /* The integer at key becomes max(it, value) (absent: value); *result = new. */
 dt_status dt__store_max(dt__store *s, const char *key, int64_t value, int64_t *result);
 /* Set key unless it exists; *stored (dt_alloc'ed) = the value it now has,

@@ -47,10 +47,10 @@
 #include <inttypes.h>
 #include <netdb.h>
 #include <poll.h>
-#include <sys/socket.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #define ID_LEN      16 /* hex digits of a process id in the protocol */
@@ -242,9 +242,9 @@ static dt_status get_i64(dt_elastic *e, const char *key, int64_t *out) {
     if (len == sizeof *out)
         memcpy(out, v, sizeof *out);
     dt_free(v);
-    return len == sizeof *out ? DT_OK
-                              : dt_error_set(DT_ERR_PROTOCOL, "elastic: %s holds %zu bytes", key,
-                                             len);
+    return len == sizeof *out
+               ? DT_OK
+               : dt_error_set(DT_ERR_PROTOCOL, "elastic: %s holds %zu bytes", key, len);
 }
 
 static dt_status set_text(dt_elastic *e, const char *key, const char *text) {
@@ -337,8 +337,8 @@ static dt_status publish(dt_elastic *e) {
         void *v = NULL;
         size_t len;
         snprintf(key, sizeof key, "E/g%d/decision", e->cur.gen);
-        DT_CHECK(dt__store_set_if_absent(e->store, key, e->cur.text, strlen(e->cur.text) + 1, &v,
-                                         &len));
+        DT_CHECK(
+            dt__store_set_if_absent(e->store, key, e->cur.text, strlen(e->cur.text) + 1, &v, &len));
         dt_free(v);
         DT_CHECK(dt__store_max(e->store, "E/gen", e->cur.gen, &g));
         if (e->revoked) {
@@ -479,9 +479,8 @@ static dt_status watch_forming(void *arg) {
     for (int i = 0; i < t->n; i++) {
         DT_CHECK(alive_member(e, &t->m[i], &yes));
         if (!yes)
-            return dt_error_set(DT_ERR_PEER,
-                                "elastic: rank %d of generation %d died while it formed", i,
-                                t->gen);
+            return dt_error_set(
+                DT_ERR_PEER, "elastic: rank %d of generation %d died while it formed", i, t->gen);
     }
     return DT_OK;
 }
@@ -593,10 +592,9 @@ dt_status dt_elastic_create(dt_elastic **out, const dt_elastic_options *o, dt_gr
     const char *tok = getenv("DT_JOB_TOKEN");
     if (!tok || strlen(tok) != DT__TOKEN_LEN ||
         strspn(tok, "0123456789abcdefABCDEF") != DT__TOKEN_LEN) {
-        st = dt_error_set(DT_ERR_INVALID,
-                          "--elastic: DT_JOB_TOKEN must hold the job's token (%d hex digits%s)",
-                          DT__TOKEN_LEN,
-                          o->join ? "; a newcomer is given the running job's own" : "");
+        st = dt_error_set(
+            DT_ERR_INVALID, "--elastic: DT_JOB_TOKEN must hold the job's token (%d hex digits%s)",
+            DT__TOKEN_LEN, o->join ? "; a newcomer is given the running job's own" : "");
         goto fail;
     }
     snprintf(e->token, sizeof e->token, "%s", tok);

@@ -142,9 +142,9 @@ static dt_status job_create(const dt_group_options *o, dt__store *borrowed, cons
             DT_CHECK_GOTO(o->on_listen(o->on_listen_arg, bound), st, fail);
     }
     if (!borrowed)
-        DT_CHECK_GOTO(dt__store_connect(job->master, job->master_port, job->token, job->timeout,
-                                        &job->store),
-                      st, fail);
+        DT_CHECK_GOTO(
+            dt__store_connect(job->master, job->master_port, job->token, job->timeout, &job->store),
+            st, fail);
     char key[64], val[512];
     snprintf(key, sizeof key, "%s/info/%d", job->prefix, rank);
     snprintf(val, sizeof val, "%d %s %s", (int)getpid(), job->addr, job->host);

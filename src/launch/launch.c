@@ -51,9 +51,10 @@ extern char **environ;
 static const char *const job_vars[] = {
     "DT_RANK",      "DT_WORLD_SIZE", "DT_LOCAL_RANK",    "DT_LOCAL_WORLD_SIZE",
     "DT_NODE_RANK", "DT_NNODES",     "DT_MASTER_ADDR",   "DT_MASTER_PORT",
-    "DT_JOB_ID",    "DT_JOB_TOKEN",  "DT_RESTART_COUNT", "DT_ELASTIC",
-    "DT_JOIN",      NULL,
+    "DT_JOB_ID",    "DT_JOB_TOKEN",  "DT_RESTART_COUNT", NULL,
 };
+/* ... and those it sets for an elastic job only. */
+static const char *const elastic_vars[] = {"DT_ELASTIC", "DT_JOIN", NULL};
 
 typedef struct stream {
     int fd;      /* read end of the rank's pipe, -1 when closed */
@@ -298,6 +299,8 @@ static dt_status build_base_env(job *j) {
         bool drop = false;
         for (int k = 0; job_vars[k] && !drop; k++)
             drop = var_is(environ[i], job_vars[k]);
+        for (int k = 0; elastic_vars[k] && !drop; k++)
+            drop = var_is(environ[i], elastic_vars[k]);
         for (int k = 0; j->o->env_unset && j->o->env_unset[k] && !drop; k++)
             drop = var_is(environ[i], j->o->env_unset[k]);
         if (!drop)
@@ -639,8 +642,9 @@ static void on_node_message(job *j, int idx) {
         j->meet.fds[idx] = -1;
         if (j->o->elastic_max > 0) {
             /* ... but an elastic job's ranks here go on without node 0's. */
-            fprintf(stderr, "dtrain launch: node %d: node 0's launcher is gone; the ranks here go "
-                            "on (--elastic)\n",
+            fprintf(stderr,
+                    "dtrain launch: node %d: node 0's launcher is gone; the ranks here go "
+                    "on (--elastic)\n",
                     j->o->node_rank);
             return;
         }
@@ -981,7 +985,7 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
                             "--elastic MIN:MAX (the job's) and takes no --master or --nnodes",
                             o->join);
     if (o->join) {
-        DT_CHECK(dt__parse_master(o->join, j->master_addr, sizeof j->master_addr, &port));
+        DT_CHECK(dt__parse_master("--join", o->join, j->master_addr, sizeof j->master_addr, &port));
         if (port == 0)
             return dt_error_set(DT_ERR_INVALID, "--join %s: the job's store port is needed",
                                 o->join);
@@ -993,7 +997,8 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
                                 DT_LAUNCH_TOKEN_HEX);
     }
     if (o->master)
-        DT_CHECK(dt__parse_master(o->master, j->master_addr, sizeof j->master_addr, &port));
+        DT_CHECK(
+            dt__parse_master("--master", o->master, j->master_addr, sizeof j->master_addr, &port));
     if (j->multi && port == 0)
         return dt_error_set(DT_ERR_INVALID, "--master: \"%s\" needs a port with --nnodes %d",
                             o->master, o->nnodes);

@@ -29,30 +29,55 @@
 
 #include <fcntl.h>
 #include <inttypes.h>
+#include <netdb.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/time.h>
 #include <unistd.h>
 
+/* --join ADDR:PORT, checked before anything connects: a typo is named
+ * here rather than reported as a store that does not answer. */
+static dt_status check_join_address(const char *join) {
+    const char *colon = strrchr(join, ':');
+    char *end = NULL;
+    long port = colon ? strtol(colon + 1, &end, 10) : 0;
+    if (!colon || colon == join || colon[1] == 0 || *end || port < 1 || port > 65535)
+        return bad("--join %s: expected ADDR:PORT (the running job's store, port 1..65535)", join);
+    char host[256];
+    if ((size_t)(colon - join) >= sizeof host)
+        return bad("--join %s: the address is longer than %zu characters", join, sizeof host - 1);
+    memcpy(host, join, (size_t)(colon - join));
+    host[colon - join] = 0;
+    struct addrinfo hints = {.ai_family = AF_INET, .ai_socktype = SOCK_STREAM}, *ai = NULL;
+    int gai = getaddrinfo(host, NULL, &hints, &ai);
+    if (gai != 0)
+        return bad("--join %s: \"%s\" is not an IPv4 address or a host name that resolves (%s)",
+                   join, host, gai_strerror(gai));
+    freeaddrinfo(ai);
+    return DT_OK;
+}
+
 dt_status dt__train_check_elastic(const dt_train_config *c) {
     if (c->join && c->elastic_max <= 0)
         return bad("--join %s needs --elastic MIN:MAX (the running job's)", c->join);
+    if (c->join)
+        DT_CHECK(check_join_address(c->join));
     if (c->elastic_max <= 0)
         return DT_OK;
     if (c->elastic_min < 1 || c->elastic_min > c->elastic_max)
         return bad("--elastic %d:%d: need 1 <= MIN <= MAX", c->elastic_min, c->elastic_max);
     /* What a survivor can restore from its own memory: every DDP rank holds
      * the whole model and optimizer state. Other layouts spread it. */
-    const char *what = c->tp > 1                        ? "--tp"
-                       : c->pp > 1                      ? "--pp"
-                       : c->cp > 1                      ? "--cp"
-                       : c->zero                        ? "--zero"
-                       : c->dp_mode != DT_DP_MODE_DDP   ? "--dp-mode"
+    const char *what = c->tp > 1                           ? "--tp"
+                       : c->pp > 1                         ? "--pp"
+                       : c->cp > 1                         ? "--cp"
+                       : c->zero                           ? "--zero"
+                       : c->dp_mode != DT_DP_MODE_DDP      ? "--dp-mode"
                        : c->compress.kind != DT_CODEC_NONE ? "--compress"
-                       : c->offload                     ? "--offload"
-                       : c->optimizer == DT_OPTIM_KFAC  ? "--optimizer kfac"
-                                                        : NULL;
+                       : c->offload                        ? "--offload"
+                       : c->optimizer == DT_OPTIM_KFAC     ? "--optimizer kfac"
+                                                           : NULL;
     if (what)
         return dt_error_set(DT_ERR_UNSUPPORTED,
                             "--elastic with %s: a survivor restores the state from its own "
@@ -187,8 +212,6 @@ static dt_status broadcast_state(trainer *t, int root) {
     }
     DT_CHECK(dt_group_broadcast(t->world, &h, sizeof h, DT_U8, root));
     DT_CHECK(dt_group_broadcast(t->world, dt_gpt_params(t->m), t->n, DT_F32, root));
-    if (t->w16_owned) /* the model's 16-bit copy is rounded again before the next forward */
-        dt_gpt_set_weights16(t->m, DT_GPT_W16_STALE);
     DT_CHECK(broadcast_optimizer(t, root));
     t->step = h.step;
     t->tokens = h.tokens;
@@ -243,12 +266,15 @@ static void log_event(const trainer *t, const dt_elastic_view *v, bool failed, d
     }
     why[n] = 0;
     fprintf(f,
-            "{\"generation\":%d,\"step\":%" PRId64 ",\"world\":%d,\"prev_world\":%d,\"lost\":\"%s\","
+            "{\"generation\":%d,\"step\":%" PRId64
+            ",\"world\":%d,\"prev_world\":%d,\"lost\":\"%s\","
             "\"joined\":%d,\"root\":%d,\"cause\":\"%s\",\"recovery_s\":%.4f,\"round_s\":%.4f,"
             "\"time\":%.6f,\"why\":\"%s\"}\n",
             v->generation, t->step, v->size, v->prev_size, v->lost_ranks, v->joined, v->root,
-            failed ? "failure" : v->prev_rank < 0 && !v->prev_size ? "start" : "grow", seconds,
-            v->seconds, (double)tv.tv_sec + tv.tv_usec * 1e-6, why);
+            failed                              ? "failure"
+            : v->prev_rank < 0 && !v->prev_size ? "start"
+                                                : "grow",
+            seconds, v->seconds, (double)tv.tv_sec + tv.tv_usec * 1e-6, why);
     fclose(f);
 }
 

@@ -272,8 +272,8 @@ typedef struct display {
     FILE *tty; /* /dev/tty when the live line cannot go to stderr */
     double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW],
         cpa[MEDIAN_WINDOW], bubble[MEDIAN_WINDOW], mfu[MEDIAN_WINDOW];
-    int peak_live; /* the most micro-batches this rank kept alive in a step */
-    size_t nrec;   /* records so far (the window holds the newest) */
+    int peak_live;  /* the most micro-batches this rank kept alive in a step */
+    size_t nrec;    /* records so far (the window holds the newest) */
     int64_t logged; /* the last step in metrics.jsonl (an elastic job's new rank 0 checks) */
 } display;
 
@@ -446,6 +446,15 @@ static dt_status elastic_display(trainer *t, display *d) {
     return DT_OK;
 }
 
+/* A new membership (a rank lost: failed; newcomers let in: !failed): the
+ * state broadcast wrote the parameters, so the 16-bit copy is stale; a new
+ * rank 0 takes over the display. */
+static dt_status elastic_recover(trainer *t, display *d, bool failed) {
+    DT_CHECK(dt__train_elastic_recover(t, failed));
+    weights_changed(t, false);
+    return elastic_display(t, d);
+}
+
 /* After a call that may have lost a rank: DT_OK when it did not fail; an
  * elastic job that lost a rank recovers (*recovered) and goes on; any other
  * failure is returned. */
@@ -453,9 +462,9 @@ static dt_status elastic_after(trainer *t, display *d, dt_status st, bool *recov
     *recovered = false;
     if (st == DT_OK || !dt__train_elastic_recoverable(t, st))
         return st;
-    DT_CHECK(dt__train_elastic_recover(t, true));
+    DT_CHECK(elastic_recover(t, d, true));
     *recovered = true;
-    return elastic_display(t, d);
+    return DT_OK;
 }
 
 dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
@@ -471,7 +480,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     DT_CHECK_GOTO(dt__train_setup(t), st, fail);
     c = t->c; /* with the directories and sizes setup resolved */
     if (t->newcomer) {
-        /* Joining a running elastic job: let in, then its state. */
+        /* Joining a running elastic job: let in, then its state (the
+         * 16-bit copy is marked stale below, with every start's). */
         DT_CHECK_GOTO(dt__train_elastic_recover(t, false), st, fail);
     } else {
         DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
@@ -605,10 +615,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             bool grow = false;
             st = dt__train_elastic_poll(t, &grow);
             DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
-            if (grow && !recovered) {
-                DT_CHECK_GOTO(dt__train_elastic_recover(t, false), st, fail);
-                DT_CHECK_GOTO(elastic_display(t, d), st, fail);
-            }
+            if (grow && !recovered)
+                DT_CHECK_GOTO(elastic_recover(t, d, false), st, fail);
             if (recovered || grow)
                 continue;
         }

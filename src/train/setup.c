@@ -25,7 +25,8 @@
 /* Test hooks, acting on the first attempt of a job only (DT_RESTART_COUNT
  * unset or 0): DT_FAULT_KILL="RANK:STEP" makes that rank SIGKILL itself
  * after finishing STEP ("RANK:STEP:mid": during step STEP, after reading
- * its batches, while the others compute and exchange); DT_FAULT_PERTURB="RANK:STEP" makes it change one
+ * its batches, while the others compute and exchange);
+ * DT_FAULT_PERTURB="RANK:STEP" makes it change one
  * parameter, which --check-every must then catch; DT_FAULT_OVERFLOW
  * "RANK:STEP" gives that rank one inf gradient after averaging at STEP.
  * Read once: the step at which this rank acts, or -1. */

@@ -194,7 +194,8 @@ dt_status dt__train_elastic_join(trainer *t);
 bool dt__train_elastic_recoverable(const trainer *t, dt_status st);
 /* Every member: a new membership (after a failure, after agreeing to grow,
  * or a newcomer's first), the layout rebuilt for it and the state of its
- * most advanced member broadcast. */
+ * most advanced member broadcast. It writes the parameters: the caller
+ * (loop.c) marks the model's 16-bit copy stale after it. */
 dt_status dt__train_elastic_recover(trainer *t, bool failed);
 /* After a step: whether newcomers wait (rank 0 looks, every rank learns). */
 dt_status dt__train_elastic_poll(trainer *t, bool *grow);

@@ -216,10 +216,8 @@ static void c_below(int rank, int size) {
 }
 
 static const hcase cases[] = {
-    {"shrink", 4, c_shrink, {NULL}, 2, 60},
-    {"host", 4, c_host, {NULL}, 0, 60},
-    {"twice", 4, c_twice, {NULL}, 3, 60},
-    {"grow", 4, c_grow, {NULL}, -1, 60},
+    {"shrink", 4, c_shrink, {NULL}, 2, 60}, {"host", 4, c_host, {NULL}, 0, 60},
+    {"twice", 4, c_twice, {NULL}, 3, 60},   {"grow", 4, c_grow, {NULL}, -1, 60},
     {"below", 4, c_below, {NULL}, 1, 60},
 };
 

@@ -35,8 +35,9 @@
  *                seconds, saying it is below its minimum.
  *   refuse       --elastic with --tp / --zero / a codec (unsupported: exit
  *                1), without --global-batch, with a global batch some size
- *                cannot divide, --join without --elastic (exit 2): clear
- *                errors.
+ *                cannot divide, --join without --elastic, MIN > MAX,
+ *                MIN < 1, a malformed or unresolvable --join ADDR:PORT,
+ *                for train and launch (exit 2): clear errors.
  */
 #include "dtrain/data.h"
 #include "train_util.h"
@@ -153,8 +154,8 @@ static int check_accounting(const trace *t, int steps) {
                 }
         reread += gens > 1;
         uint32_t want[G];
-        ASSERT_OK(dt_loader_set_state(l, (dt_loader_state){(uint64_t)(s - 1) / spe,
-                                                            (uint64_t)(s - 1) % spe}));
+        ASSERT_OK(dt_loader_set_state(
+            l, (dt_loader_state){(uint64_t)(s - 1) / spe, (uint64_t)(s - 1) % spe}));
         dt_loader_peek(l, want);
         int count[G] = {0}, world = -1, ranks = 0;
         bool rank_seen[8] = {0};
@@ -549,23 +550,57 @@ static void test_refuse(void) {
               2);
     EXPECT_OUT("--global-batch 8 is not divisible by 3 ranks");
     EXPECT_OUT("multiple of 12");
-    EXPECT_RC(tu_run("%s train --data %s %s --global-batch 8 --join 127.0.0.1:1", DTRAIN, corpus,
-                     common),
-              2);
+    EXPECT_RC(
+        tu_run("%s train --data %s %s --global-batch 8 --join 127.0.0.1:1", DTRAIN, corpus, common),
+        2);
     EXPECT_OUT("--join 127.0.0.1:1 needs --elastic");
-    EXPECT_RC(tu_run("%s train --data %s %s --elastic 3:2 --global-batch 12", DTRAIN, corpus,
-                     common),
-              2);
+    EXPECT_RC(
+        tu_run("%s train --data %s %s --elastic 3:2 --global-batch 12", DTRAIN, corpus, common), 2);
     EXPECT_OUT("--elastic 3:2");
+    EXPECT_RC(
+        tu_run("%s train --data %s %s --elastic 0:4 --global-batch 12", DTRAIN, corpus, common), 2);
+    EXPECT_OUT("--elastic 0:4: expected MIN:MAX with 1 <= MIN <= MAX");
+    EXPECT_RC(tu_run("%s train --data %s %s --elastic 4 --global-batch 12", DTRAIN, corpus, common),
+              2);
+    EXPECT_OUT("--elastic 4: expected MIN:MAX");
+    /* A bad --join is named before anything connects (not as a token or
+     * store error). */
+    static const char *const bad_join[][2] = {
+        {"127.0.0.1", "expected ADDR:PORT"},
+        {"127.0.0.1:99999", "expected ADDR:PORT"},
+        {":5", "expected ADDR:PORT"},
+        {"no-such-host.invalid:5", "is not an IPv4 address or a host name that resolves"},
+    };
+    for (size_t i = 0; i < sizeof bad_join / sizeof bad_join[0]; i++) {
+        EXPECT_RC(tu_run("%s train --data %s %s --elastic 2:4 --global-batch 12 --join %s", DTRAIN,
+                         corpus, common, bad_join[i][0]),
+                  2);
+        char want[160];
+        snprintf(want, sizeof want, "--join %s: ", bad_join[i][0]);
+        EXPECT_OUT(want);
+        EXPECT_OUT(bad_join[i][1]);
+    }
+    /* The launcher's side. */
+    EXPECT_RC(tu_run("%s launch -n 1 --elastic 3:2 -- /bin/true", DTRAIN), 2);
+    EXPECT_OUT("--elastic 3:2: expected MIN:MAX");
+    EXPECT_RC(tu_run("%s launch -n 1 --elastic 2:4 --join 127.0.0.1:99999 -- /bin/true", DTRAIN),
+              2);
+    EXPECT_OUT("--join: port \"99999\"");
+    EXPECT_RC(tu_run("%s launch -n 1 --join 127.0.0.1:5 -- /bin/true", DTRAIN), 2);
+    EXPECT_OUT("needs --elastic MIN:MAX");
 }
 
 int main(int argc, char **argv) {
     static const test_case cases[] = {
-        {"shrink_1", test_shrink_1},     {"shrink_2", test_shrink_2},
-        {"shrink_3", test_shrink_3},     {"shrink_mid", test_shrink_mid},
+        {"shrink_1", test_shrink_1},
+        {"shrink_2", test_shrink_2},
+        {"shrink_3", test_shrink_3},
+        {"shrink_mid", test_shrink_mid},
         {"shrink_fp16", test_shrink_fp16},
-        {"kill0", test_kill0},           {"kill0_after", test_kill0_after},
-        {"grow", test_grow},             {"below", test_below},
+        {"kill0", test_kill0},
+        {"kill0_after", test_kill0_after},
+        {"grow", test_grow},
+        {"below", test_below},
         {"refuse", test_refuse},
     };
     return tu_main(argc, argv, cases, sizeof cases / sizeof cases[0], corpus, sizeof corpus);
