@@ -2,7 +2,7 @@
 # program that fork/execs its ranks on loopback). Labels: "comm"; the ones
 # that exercise shared memory and the progress thread also "tsan".
 foreach(prog test_comm_sweep test_comm_groups test_comm_fail test_comm_init test_comm_fuzz
-             test_comm_det)
+             test_comm_det test_comm_elastic)
   add_executable(${prog} ${CMAKE_CURRENT_SOURCE_DIR}/comm/${prog}.c)
   target_include_directories(${prog} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(${prog} PRIVATE _GNU_SOURCE)
@@ -72,3 +72,10 @@ set_tests_properties(comm_topo_netns PROPERTIES TIMEOUT 240 LABELS "comm;netns"
 add_test(NAME comm_bench_topo COMMAND dtrain_cli bench topo --nproc 3 --bytes 64K)
 set_tests_properties(comm_bench_topo PROPERTIES TIMEOUT 60 LABELS "comm"
                      PASS_REGULAR_EXPRESSION "hierarchy: 1 host\\(s\\) x 3 rank\\(s\\).*intra +3 ")
+
+# Elastic memberships (dtrain/elastic.h): a rank, the store's host, two in a
+# row killed; a newcomer let in; a job below its minimum. One entry per case.
+foreach(case shrink host twice grow below)
+  add_test(NAME comm_elastic_${case} COMMAND test_comm_elastic ${case})
+  set_tests_properties(comm_elastic_${case} PROPERTIES TIMEOUT 90 LABELS "comm")
+endforeach()

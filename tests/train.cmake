@@ -150,3 +150,23 @@ add_test(NAME cli_train_offload_disk
                  ${PROJECT_SOURCE_DIR}/README.md)
 set_tests_properties(cli_train_offload_disk PROPERTIES TIMEOUT 300 LABELS "train;multiprocess"
                      SKIP_RETURN_CODE 77)
+
+# Elastic training (docs/fault-tolerance.md): ranks killed at random points
+# (seeds), rank 0 (the store's host), a newcomer let in, a job below its
+# minimum, refusals. Each checks losses against a run resumed from the same
+# step and accounts for every sample (DT_DATA_TRACE).
+dt_train_cli_test_exe(test_train_elastic)
+foreach(case shrink_1 shrink_2 shrink_3 shrink_mid shrink_fp16 kill0 kill0_after grow below
+             refuse)
+  add_test(NAME test_train_elastic_${case} COMMAND test_train_elastic ${case})
+  set_tests_properties(test_train_elastic_${case} PROPERTIES TIMEOUT 120
+                       LABELS "train;multiprocess")
+endforeach()
+# A launcher on a fixed port pair.
+set_tests_properties(test_train_elastic_grow PROPERTIES RESOURCE_LOCK launch_ports)
+# Elastic across two hosts (network namespaces, root): host 0's launcher and
+# ranks killed, the store's host among them; host 1's ranks go on.
+add_test(NAME train_elastic_netns
+         COMMAND ${CMAKE_CURRENT_SOURCE_DIR}/train/elastic_netns.sh $<TARGET_FILE:dtrain_cli>)
+set_tests_properties(train_elastic_netns PROPERTIES TIMEOUT 120 LABELS "train;netns"
+                     SKIP_RETURN_CODE 77 RESOURCE_LOCK netns_eval)

@@ -264,6 +264,9 @@ dt_status dt_loader_set_state(dt_loader *l, dt_loader_state s);
 
 size_t dt_loader_windows(const dt_loader *l);           /* W */
 uint64_t dt_loader_steps_per_epoch(const dt_loader *l); /* floor(W / (world*B)) */
+/* The windows (0..W-1) of the batch dt_loader_next hands out next, B of
+ * them, in order: for accounting of which samples a run used (tests). */
+void dt_loader_peek(const dt_loader *l, uint32_t *windows);
 
 #ifdef __cplusplus
 }

@@ -103,6 +103,15 @@ typedef struct dt_launch_options {
                                      looked up in PATH when it has no '/' */
     const char *const *env_unset; /* NULL-terminated names removed from the
                                      ranks' environment, or NULL */
+    /* An elastic job (docs/fault-tolerance.md, "Elastic training"): with
+     * elastic_max > 0 a rank that fails does not stop the others (they form
+     * a new membership themselves), the job succeeds when a rank finishes
+     * successfully, and the ranks get DT_ELASTIC=MIN:MAX. */
+    int elastic_min, elastic_max;
+    /* "ADDR:PORT": start newcomers for the running elastic job whose store
+     * is there (DT_JOIN, DT_MASTER_ADDR/PORT set to it; DT_JOB_TOKEN must
+     * be given, the job's). NULL: a job of its own. */
+    const char *join;
 } dt_launch_options;
 
 /* Defaults: nproc 1, nnodes 1, node_rank 0, master NULL, no tagging, no

@@ -100,13 +100,13 @@ typedef struct dt_step_metrics {
      * rank 0's only (nranks 1). */
     const dt_step_breakdown *ranks;
     int nranks;
-    const char *codecs;     /* --compress auto: the codec of each bucket this step
-                               ("none*12,int8*7"), NULL otherwise (not written) */
-    double link_mbs;        /* ... and the link estimate it used, MB/s (0: none yet) */
-    bool has_fwd_lead;      /* DDP from its second step (written then): */
-    double fwd_lead_ms;     /* how long before the previous step's gradients were all
-                               averaged this step's forward could start (negative: after;
-                               --comm-priority critical makes it positive); NaN: not known */
+    const char *codecs; /* --compress auto: the codec of each bucket this step
+                           ("none*12,int8*7"), NULL otherwise (not written) */
+    double link_mbs;    /* ... and the link estimate it used, MB/s (0: none yet) */
+    bool has_fwd_lead;  /* DDP from its second step (written then): */
+    double fwd_lead_ms; /* how long before the previous step's gradients were all
+                           averaged this step's forward could start (negative: after;
+                           --comm-priority critical makes it positive); NaN: not known */
 } dt_step_metrics;
 
 typedef struct dt_metrics dt_metrics;
@@ -444,6 +444,16 @@ typedef struct dt_train_config {
     bool trace;
     int64_t trace_first, trace_last;
     size_t trace_buffer;
+    /* Elastic training (docs/fault-tolerance.md, "Elastic training"): with
+     * elastic_max > 0 the job runs at any world size in [elastic_min,
+     * elastic_max]: a rank that dies is dropped and the others continue in
+     * their own processes from the most advanced replica; newcomers are let
+     * in at a step boundary and receive the state by broadcast. DDP only;
+     * the global batch (global_batch, required) is the same at every size. */
+    int elastic_min, elastic_max;
+    /* A newcomer to a running elastic job: the job's store, "ADDR:PORT"
+     * (the launcher's master address); NULL: a rank of the launcher's job. */
+    const char *join;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. Set from any thread

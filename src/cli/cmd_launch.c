@@ -26,6 +26,14 @@ static const cli_opt launch_opts[] = {
      "restart the whole job after a failure, up to K times", NULL, 0, 1000000},
     {"grace", 0, CLI_DOUBLE, "SECONDS", "5", "DT_GRACE",
      "after a failure, wait this long between SIGTERM and SIGKILL", NULL, 0, 3600},
+    {"elastic", 0, CLI_STRING, "MIN:MAX", NULL, "DT_ELASTIC",
+     "elastic job: a rank that fails does not stop the others (they go on at MIN..MAX ranks); "
+     "the ranks get DT_ELASTIC",
+     NULL, 0, 0},
+    {"join", 0, CLI_STRING, "ADDR:PORT", NULL, "DT_JOIN",
+     "start newcomers for the running elastic job whose master address is ADDR:PORT "
+     "(DT_JOB_TOKEN: the job's)",
+     NULL, 0, 0},
     {0},
 };
 
@@ -51,6 +59,15 @@ static int run_launch(cli_args *a) {
     o.tag_output = cli_bool(a, "tag-output");
     o.max_restarts = (int)cli_int(a, "max-restarts");
     o.grace = cli_double(a, "grace");
+    const char *elastic = cli_str(a, "elastic");
+    if (elastic && *elastic) {
+        char tail;
+        if (sscanf(elastic, "%d:%d%c", &o.elastic_min, &o.elastic_max, &tail) != 2 ||
+            o.elastic_min < 1 || o.elastic_max < o.elastic_min || o.elastic_max > 65536)
+            cli_usage_error(a->cmd, "--elastic %s: expected MIN:MAX with 1 <= MIN <= MAX <= 65536",
+                            elastic);
+    }
+    o.join = cli_str(a, "join");
     o.argv = a->argv;
     o.env_unset = unset;
     if (o.node_rank >= o.nnodes)
@@ -66,7 +83,9 @@ const cli_cmd cli_cmd_launch = {
     .name = "launch",
     .summary = "start N ranks of a program with the DT_* environment",
     .usage = "dtrain launch -n N [--nnodes M --node-rank R --master ADDR:PORT] [--tag-output]\n"
-             "                    [--max-restarts K] [--grace SECONDS] [--] PROGRAM [ARGS...]",
+             "                    [--max-restarts K] [--grace SECONDS] [--elastic MIN:MAX [--join "
+             "ADDR:PORT]]\n"
+             "                    [--] PROGRAM [ARGS...]",
     .description = launch_description,
     .opts = launch_opts,
     .run = run_launch,

@@ -64,6 +64,8 @@ static const cli_opt train_opts[] = {
     {"val-split", 0, CLI_DOUBLE, "F", "0.05", "DT_VAL_SPLIT", "fraction of --data held out for validation (0: none)", NULL, 0, 0.99},
     {"tokenizer", 0, CLI_STRING, "KIND", "char", "DT_TOKENIZER", "tokenizer for .txt data: char, byte, gpt2 (GPT-2's BPE, V=50257) or a folder with encoder.json and vocab.bpe", NULL, 0, 0},
     {"nproc", 'n', CLI_INT, "N", "1", "DT_NPROC", "ranks to start on this machine", NULL, 1, 4096},
+    {"elastic", 0, CLI_STRING, "MIN:MAX", NULL, "DT_ELASTIC", "elastic job: ranks that die are dropped and newcomers let in without restarting the others, at MIN..MAX ranks (DDP, a fixed --global-batch; docs/fault-tolerance.md)", NULL, 0, 0},
+    {"join", 0, CLI_STRING, "ADDR:PORT", NULL, "DT_JOIN", "join the running elastic job whose store (master address) is ADDR:PORT; DT_JOB_TOKEN must be the job's", NULL, 0, 0},
     {"batch", 'b', CLI_INT, "B", "8", "DT_BATCH", "sequences per rank per micro-batch (with --global-batch: G / ranks)", NULL, 1, 1 << 20},
     {"global-batch", 0, CLI_INT, "G", "0", "DT_GLOBAL_BATCH", "sequences per micro-batch over all ranks; must divide by the ranks", NULL, 0, 1 << 24},
     {"steps", 0, CLI_INT, "S", "100", "DT_STEPS", "optimizer steps of the whole run", NULL, 1, 1e15},
@@ -263,7 +265,7 @@ static void catch_stop_signals(void) {
 /* --nproc N outside a job: start N ranks of this command line, plus the
  * layout chosen here for --layout auto (as flags, which win over the
  * user's: cli args keep the last value). */
-static int launch_ranks(cli_args *a, int nproc, const char *layout_args) {
+static int launch_ranks(cli_args *a, int nproc, const dt_train_config *c, const char *layout_args) {
     char extra[512];
     snprintf(extra, sizeof extra, "%s", layout_args ? layout_args : "");
     char *words[64];
@@ -290,6 +292,9 @@ static int launch_ranks(cli_args *a, int nproc, const char *layout_args) {
     dt_launch_options o;
     dt_launch_options_init(&o);
     o.nproc = nproc;
+    o.elastic_min = c->elastic_min;
+    o.elastic_max = c->elastic_max;
+    o.join = c->join;
     int code = 1;
     dt_status st = dt_launch_self(&o, a->raw_argc + 1 + nw, argv, "--nproc", &code);
     free(argv);
@@ -451,6 +456,15 @@ static int run_train(cli_args *a) {
     c.trace_buffer = (size_t)cli_int(a, "trace-buffer");
     if (parse_trace_steps(cli_str(a, "trace-steps"), &c.trace_first, &c.trace_last) != DT_OK)
         cli_usage_error(a->cmd, "%s", dt_last_error());
+    const char *elastic = cli_str(a, "elastic");
+    if (elastic && *elastic) {
+        char tail;
+        if (sscanf(elastic, "%d:%d%c", &c.elastic_min, &c.elastic_max, &tail) != 2 ||
+            c.elastic_min < 1 || c.elastic_max < c.elastic_min || c.elastic_max > 65536)
+            cli_usage_error(a->cmd, "--elastic %s: expected MIN:MAX with 1 <= MIN <= MAX <= 65536",
+                            elastic);
+    }
+    c.join = cli_str(a, "join");
     if (!c.data)
         cli_usage_error(a->cmd, "--data FILE is required (a .txt corpus or a .tok file)");
     if (c.min_lr > c.lr)
@@ -459,10 +473,12 @@ static int run_train(cli_args *a) {
     int nproc = (int)cli_int(a, "nproc"), rc;
     dt_plan_layout layout;
     char args[320];
-    if (nproc > 1 && !dt_launch_in_job()) {
+    /* An elastic job runs under the launcher (which keeps the others when
+     * one dies), even at one rank; a newcomer joins on its own. */
+    if ((nproc > 1 || (c.elastic_max > 0 && !c.join)) && !dt_launch_in_job()) {
         if (auto_layout && (rc = cli_train_plan_layout(a, &c, nproc, false, &layout)) != 0)
             return rc;
-        return launch_ranks(a, nproc,
+        return launch_ranks(a, nproc, &c,
                             auto_layout ? dt_plan_layout_args(&layout, args, sizeof args) : NULL);
     }
     if (auto_layout) {

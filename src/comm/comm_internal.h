@@ -157,6 +157,34 @@ dt_status dt__store_add(dt__store *s, const char *key, int64_t delta, int64_t *r
  * by this process's readings just before the request and after the reply. */
 dt_status dt__store_time(dt__store *s, uint64_t *sent, uint64_t *server, uint64_t *received);
 
+/* For elastic jobs (elastic.c). */
+/* Serve on sockets already listening (1 or 2; the server closes them). */
+dt_status dt__store_server_adopt(const int *lfds, int n, const char *token, dt__store_server **out);
+/* The integer at key becomes max(it, value) (absent: value); *result = new. */
+dt_status dt__store_max(dt__store *s, const char *key, int64_t value, int64_t *result);
+/* Set key unless it exists; *stored (dt_alloc'ed) = the value it now has,
+ * ours or the earlier one. */
+dt_status dt__store_set_if_absent(dt__store *s, const char *key, const void *val, size_t len,
+                                  void **stored, size_t *stored_len);
+/* Set key until this connection closes (the process died or left). */
+dt_status dt__store_set_ephemeral(dt__store *s, const char *key, const void *val, size_t len);
+/* Move the client to the server at host:port (one connection attempt, the
+ * handshake bounded by `seconds`); on success the earlier connection is
+ * closed and the client usable again, ephemeral keys must be set anew. */
+dt_status dt__store_reconnect(dt__store *s, const char *host, int port, double seconds);
+/* While set, waits call watch(arg) every 20 ms and end with its status
+ * when that is not DT_OK; dt__store_watch runs it from other polling loops. */
+void dt__store_set_watch(dt__store *s, dt_status (*watch)(void *arg), void *arg);
+dt_status dt__store_watch(dt__store *s);
+
+/* A world group whose ranks meet through `store`, a connected client the
+ * caller keeps (it must outlive the group; nothing is served or closed
+ * here), with its keys and group id under `prefix` (1..15 characters, one
+ * per membership of an elastic job: elastic.c). o->master_port is unused;
+ * o->master_addr only picks the local address others reach us at. */
+dt_status dt__group_init_on_store(dt__store *store, const char *prefix, const dt_group_options *o,
+                                  dt_group **out);
+
 /* ------------------------------------------------------------------------ */
 /* Transfers and transports                                                 */
 /* ------------------------------------------------------------------------ */
@@ -319,6 +347,8 @@ typedef struct dt__job {
     char **host_keys; /* [world_size] */
     int *pids;        /* [world_size] */
     dt__store *store;
+    bool store_borrowed;      /* elastic: the store client is the caller's (not closed here) */
+    char prefix[16];          /* the world group's id and its store keys' prefix ("w") */
     pthread_mutex_t store_mu; /* groups may split concurrently */
     dt__store_server *server;
     _Atomic int refs;

@@ -43,7 +43,7 @@ static void job_release(dt__job *job, bool clean) {
         return;
     char saved[1024]; /* the store calls below must not eat the caller's error */
     snprintf(saved, sizeof saved, "%s", dt_last_error());
-    if (job->store) {
+    if (job->store && !job->store_borrowed) {
         /* Rank 0 serves the store: it waits (at most 10 s, 2 s after a
          * failure) until every rank has said it is done with it, so that a
          * slow rank still finishing its bootstrap is not cut off. */
@@ -92,7 +92,10 @@ static bool token_ok(const char *tok) {
            strspn(tok, "0123456789abcdefABCDEF") == DT__TOKEN_LEN;
 }
 
-static dt_status job_create(const dt_group_options *o, dt__job **out) {
+/* borrowed: an elastic job's store client (see dt__group_init_on_store),
+ * else NULL: rank 0 serves a store and every rank connects to it. */
+static dt_status job_create(const dt_group_options *o, dt__store *borrowed, const char *prefix,
+                            dt__job **out) {
     int rank = o->rank, size = o->size;
     dt__job *job = calloc(1, sizeof *job);
     if (!job)
@@ -113,6 +116,9 @@ static dt_status job_create(const dt_group_options *o, dt__job **out) {
     snprintf(job->master, sizeof job->master, "%s",
              o->master_addr && *o->master_addr ? o->master_addr : "127.0.0.1");
     job->master_port = o->master_port;
+    snprintf(job->prefix, sizeof job->prefix, "%s", prefix);
+    job->store = borrowed;
+    job->store_borrowed = borrowed != NULL;
     host_key(job->host, sizeof job->host);
     dt__net_local_addr(job->master, job->addr, sizeof job->addr);
     job->host_keys = calloc((size_t)size, sizeof *job->host_keys);
@@ -127,7 +133,7 @@ static dt_status job_create(const dt_group_options *o, dt__job **out) {
         *out = job;
         return DT_OK;
     }
-    if (rank == 0) {
+    if (rank == 0 && !borrowed) {
         int bound;
         DT_CHECK_GOTO(
             dt__store_server_start(NULL, job->master_port, job->token, &job->server, &bound), st,
@@ -136,17 +142,18 @@ static dt_status job_create(const dt_group_options *o, dt__job **out) {
         if (o->on_listen)
             DT_CHECK_GOTO(o->on_listen(o->on_listen_arg, bound), st, fail);
     }
-    DT_CHECK_GOTO(
-        dt__store_connect(job->master, job->master_port, job->token, job->timeout, &job->store), st,
-        fail);
+    if (!borrowed)
+        DT_CHECK_GOTO(
+            dt__store_connect(job->master, job->master_port, job->token, job->timeout, &job->store),
+            st, fail);
     char key[64], val[512];
-    snprintf(key, sizeof key, "w/info/%d", rank);
+    snprintf(key, sizeof key, "%s/info/%d", job->prefix, rank);
     snprintf(val, sizeof val, "%d %s %s", (int)getpid(), job->addr, job->host);
     DT_CHECK_GOTO(dt__store_set(job->store, key, val, strlen(val) + 1), st, fail);
     for (int r = 0; r < size; r++) {
         void *v = NULL;
         size_t len;
-        snprintf(key, sizeof key, "w/info/%d", r);
+        snprintf(key, sizeof key, "%s/info/%d", job->prefix, r);
         DT_CHECK_GOTO(dt__store_wait(job->store, key, &v, &len), st, fail);
         int pid = 0, consumed = 0;
         char addr[64];
@@ -375,14 +382,13 @@ fail:
     return st;
 }
 
-dt_status dt_group_init(dt_group **out, const dt_group_options *o) {
-    if (!out || !o)
-        return dt_error_set(DT_ERR_INVALID, "dt_group_init: NULL argument");
-    *out = NULL;
+/* The checks of dt_group_init's options (store: an elastic job's own). */
+static dt_status check_options(const dt_group_options *o, bool store) {
     if (o->size < 1 || o->rank < 0 || o->rank >= o->size)
         return dt_error_set(DT_ERR_INVALID, "dt_group_init: rank %d is not a rank of a group of %d",
                             o->rank, o->size);
-    if (o->master_port < 0 || o->master_port > 65535 || (o->master_port == 0 && o->rank != 0))
+    if (!store &&
+        (o->master_port < 0 || o->master_port > 65535 || (o->master_port == 0 && o->rank != 0)))
         return dt_error_set(DT_ERR_INVALID,
                             "dt_group_init: master port %d (1..65535; 0 only on rank 0)",
                             o->master_port);
@@ -391,9 +397,15 @@ dt_status dt_group_init(dt_group **out, const dt_group_options *o) {
                             "dt_group_init: the token must be %d hex digits, the same on every "
                             "rank; got \"%.40s\"",
                             DT__TOKEN_LEN, o->token ? o->token : "(null)");
+    return DT_OK;
+}
+
+/* The world group of a new job: ranks 0..size-1 of it. */
+static dt_status world_create(dt__store *store, const char *prefix, const dt_group_options *o,
+                              dt_group **out) {
     int rank = o->rank, size = o->size;
     dt__job *job = NULL;
-    DT_CHECK(job_create(o, &job));
+    DT_CHECK(job_create(o, store, prefix, &job));
     int *world = malloc((size_t)size * sizeof *world);
     if (!world) {
         job_release(job, false);
@@ -401,7 +413,7 @@ dt_status dt_group_init(dt_group **out, const dt_group_options *o) {
     }
     for (int r = 0; r < size; r++)
         world[r] = r;
-    dt_status st = group_create(job, "w", rank, size, world, out);
+    dt_status st = group_create(job, job->prefix, rank, size, world, out);
     free(world);
     job_release(job, st == DT_OK); /* the group holds its own reference */
     if (st != DT_OK)
@@ -416,6 +428,23 @@ dt_status dt_group_init(dt_group **out, const dt_group_options *o) {
         }
     }
     return st;
+}
+
+dt_status dt_group_init(dt_group **out, const dt_group_options *o) {
+    if (!out || !o)
+        return dt_error_set(DT_ERR_INVALID, "dt_group_init: NULL argument");
+    *out = NULL;
+    DT_CHECK(check_options(o, false));
+    return world_create(NULL, "w", o, out);
+}
+
+dt_status dt__group_init_on_store(dt__store *store, const char *prefix, const dt_group_options *o,
+                                  dt_group **out) {
+    if (!out || !o || !store || !prefix || !*prefix || strlen(prefix) >= 16)
+        return dt_error_set(DT_ERR_INVALID, "dt__group_init_on_store: bad argument");
+    *out = NULL;
+    DT_CHECK(check_options(o, true));
+    return world_create(store, prefix, o, out);
 }
 
 dt_status dt_group_init_from_env(dt_group **out) {

@@ -744,6 +744,7 @@ dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transpor
             goto fail;
         }
         dt_sleep_ms(1);
+        DT_CHECK_GOTO(dt__store_watch(g->job->store), st, fail); /* elastic: a member died */
         DT_CHECK_GOTO(dt__store_add(g->job->store, key, 0, &cnt), st, fail);
     }
     shm_unlink(name);

@@ -4,8 +4,14 @@
  * Ranks use it to exchange addresses, host names and shared-memory names
  * when a group is created; it is idle afterwards. Operations: set, get,
  * wait (client-side polling of get with back-off, bounded by DT_TIMEOUT),
- * atomic add, and the server's trace clock (aligning the ranks' traces). One server thread
- * multiplexes every client with poll().
+ * atomic add, and the server's trace clock (aligning the ranks' traces).
+ * One server thread multiplexes every client with poll().
+ * For elastic jobs (elastic.c) three more: set-if-absent (the first value
+ * written wins: a decision), max (a counter that only grows), and
+ * ephemeral set (the key disappears when the connection that set it
+ * closes: a process's liveness, as the kernel sees its socket close). A
+ * client can also move to another server (dt__store_reconnect) and be
+ * given a watch that ends its waits early.
  *
  * Invariants: every connection passes the token handshake first; every
  * length read from a client is checked (key 1..1024 bytes, value <= 16 MiB)
@@ -32,7 +38,16 @@
 #define KV_MAX_CLIENTS 4096
 #define KV_IO_SECONDS  10.0 /* a client must finish a request this fast */
 
-enum { KV_SET = 1, KV_GET = 2, KV_ADD = 3, KV_TIME = 4 };
+enum {
+    KV_SET = 1,
+    KV_GET = 2,
+    KV_ADD = 3,
+    KV_TIME = 4,
+    KV_SETNX = 5,
+    KV_MAX = 6,
+    KV_SET_EPHEMERAL = 7
+};
+#define KV_MAX_LISTEN 2 /* listening sockets of one server */
 
 typedef struct kv_req {
     uint32_t magic;
@@ -52,10 +67,12 @@ typedef struct kv_entry {
     char *key;
     char *val;
     size_t len;
+    int owner; /* an ephemeral key's client socket, else -1 */
 } kv_entry;
 
 struct dt__store_server {
-    int lfd;
+    int lfd[KV_MAX_LISTEN];
+    int nlfd;
     int wake[2]; /* pipe: stop request */
     char token[DT__TOKEN_LEN];
     dt_thread *thread;
@@ -70,7 +87,15 @@ struct dt__store {
     double timeout;
     bool broken; /* a request was cut mid-way: the stream is out of step */
     pthread_mutex_t mu;
+    char token[DT__TOKEN_LEN]; /* for dt__store_reconnect */
+    /* Called by waits every WATCH_SECONDS: a status other than DT_OK ends
+     * the wait with it (elastic.c: a member of a forming group died). */
+    dt_status (*watch)(void *arg);
+    void *watch_arg;
+    double watched; /* when watch last ran */
 };
+
+#define WATCH_SECONDS 0.02
 
 static kv_entry *kv_find(dt__store_server *s, const char *key) {
     for (size_t i = 0; i < s->nkv; i++)
@@ -79,13 +104,14 @@ static kv_entry *kv_find(dt__store_server *s, const char *key) {
     return NULL;
 }
 
-static dt_status kv_put(dt__store_server *s, char *key, char *val, size_t len) {
+static dt_status kv_put(dt__store_server *s, char *key, char *val, size_t len, int owner) {
     kv_entry *e = kv_find(s, key);
     if (e) {
         free(key);
         free(e->val);
         e->val = val;
         e->len = len;
+        e->owner = owner;
         return DT_OK;
     }
     if (s->nkv == s->cap) {
@@ -96,8 +122,19 @@ static dt_status kv_put(dt__store_server *s, char *key, char *val, size_t len) {
         s->kv = kv;
         s->cap = cap;
     }
-    s->kv[s->nkv++] = (kv_entry){key, val, len};
+    s->kv[s->nkv++] = (kv_entry){key, val, len, owner};
     return DT_OK;
+}
+
+/* The client on socket fd left: its ephemeral keys go with it. */
+static void kv_drop_owned(dt__store_server *s, int fd) {
+    for (size_t i = s->nkv; i-- > 0;) {
+        if (s->kv[i].owner != fd)
+            continue;
+        free(s->kv[i].key);
+        free(s->kv[i].val);
+        s->kv[i] = s->kv[--s->nkv];
+    }
 }
 
 static dt_status reply(int fd, dt_status st, const void *val, size_t len) {
@@ -137,31 +174,52 @@ static dt_status serve(dt__store_server *s, int fd) {
     }
     switch (req.cmd) {
     case KV_SET:
-        st = kv_put(s, key, val, req.vallen);
+    case KV_SET_EPHEMERAL:
+        st = kv_put(s, key, val, req.vallen, req.cmd == KV_SET_EPHEMERAL ? fd : -1);
         if (st != DT_OK) {
             free(val);
             return st;
         }
         return reply(fd, DT_OK, NULL, 0);
+    case KV_SETNX: {
+        /* The first value stays; the reply is the value now stored. */
+        kv_entry *e = kv_find(s, key);
+        if (e) {
+            free(key);
+            free(val);
+            return reply(fd, DT_OK, e->val, e->len);
+        }
+        st = kv_put(s, key, val, req.vallen, -1);
+        if (st != DT_OK) {
+            free(val);
+            return st;
+        }
+        e = &s->kv[s->nkv - 1];
+        return reply(fd, DT_OK, e->val, e->len);
+    }
     case KV_GET: {
         kv_entry *e = kv_find(s, key);
         free(key);
         free(val);
         return e ? reply(fd, DT_OK, e->val, e->len) : reply(fd, DT_ERR_NOT_FOUND, NULL, 0);
     }
-    case KV_ADD: {
+    case KV_ADD:
+    case KV_MAX: {
         int64_t delta, cur = 0;
         if (req.vallen != sizeof delta) {
             free(key);
             free(val);
-            return dt_error_set(DT_ERR_PROTOCOL, "store: add with a %llu-byte value",
-                                (unsigned long long)req.vallen);
+            return dt_error_set(DT_ERR_PROTOCOL, "store: %s with a %llu-byte value",
+                                req.cmd == KV_ADD ? "add" : "max", (unsigned long long)req.vallen);
         }
         memcpy(&delta, val, sizeof delta);
         kv_entry *e = kv_find(s, key);
         if (e && e->len == sizeof cur)
             memcpy(&cur, e->val, sizeof cur);
-        cur = (int64_t)((uint64_t)cur + (uint64_t)delta);
+        if (req.cmd == KV_ADD)
+            cur = (int64_t)((uint64_t)cur + (uint64_t)delta);
+        else if (delta > cur || !e)
+            cur = delta;
         memcpy(val, &cur, sizeof cur);
         char *copy = malloc(sizeof cur);
         if (!copy) {
@@ -170,7 +228,7 @@ static dt_status serve(dt__store_server *s, int fd) {
             return dt_error_set(DT_ERR_NOMEM, "store: out of memory");
         }
         memcpy(copy, &cur, sizeof cur);
-        st = kv_put(s, key, copy, sizeof cur);
+        st = kv_put(s, key, copy, sizeof cur, -1);
         if (st != DT_OK) {
             free(copy);
             free(val);
@@ -196,6 +254,7 @@ static dt_status serve(dt__store_server *s, int fd) {
 }
 
 static void drop_client(dt__store_server *s, size_t i) {
+    kv_drop_owned(s, s->clients[i]);
     close(s->clients[i]);
     s->clients[i] = s->clients[--s->nclients];
 }
@@ -205,7 +264,7 @@ static void *server_main(void *arg) {
     struct pollfd *pf = NULL;
     size_t pfcap = 0;
     for (;;) {
-        size_t n = s->nclients + 2;
+        size_t nl = (size_t)s->nlfd, n = s->nclients + 1 + nl;
         if (n > pfcap) {
             struct pollfd *np = realloc(pf, n * sizeof *pf);
             if (!np) {
@@ -216,9 +275,10 @@ static void *server_main(void *arg) {
             pfcap = n;
         }
         pf[0] = (struct pollfd){.fd = s->wake[0], .events = POLLIN};
-        pf[1] = (struct pollfd){.fd = s->lfd, .events = POLLIN};
+        for (size_t l = 0; l < nl; l++)
+            pf[1 + l] = (struct pollfd){.fd = s->lfd[l], .events = POLLIN};
         for (size_t i = 0; i < s->nclients; i++)
-            pf[i + 2] = (struct pollfd){.fd = s->clients[i], .events = POLLIN};
+            pf[i + 1 + nl] = (struct pollfd){.fd = s->clients[i], .events = POLLIN};
         int rc = poll(pf, (nfds_t)n, 1000);
         if (rc < 0 && errno != EINTR)
             break;
@@ -229,7 +289,7 @@ static void *server_main(void *arg) {
         /* Serve existing clients first (from the back: drop_client moves
          * the last one into the hole). */
         for (size_t i = s->nclients; i-- > 0;) {
-            if (!pf[i + 2].revents)
+            if (!pf[i + 1 + nl].revents)
                 continue;
             if (serve(s, s->clients[i]) != DT_OK) {
                 if (dt_last_error()[0] && !strstr(dt_last_error(), "closed by peer"))
@@ -237,8 +297,10 @@ static void *server_main(void *arg) {
                 drop_client(s, i);
             }
         }
-        if (pf[1].revents & POLLIN) {
-            int fd = accept4(s->lfd, NULL, NULL, SOCK_CLOEXEC);
+        for (size_t l = 0; l < nl; l++) {
+            if (!(pf[1 + l].revents & POLLIN))
+                continue;
+            int fd = accept4(s->lfd[l], NULL, NULL, SOCK_CLOEXEC);
             if (fd < 0)
                 continue;
             dt__net_tune(fd, 0);
@@ -247,7 +309,12 @@ static void *server_main(void *arg) {
             memcpy(tok, s->token, DT__TOKEN_LEN);
             if (dt__net_hs_server(fd, tok, DT__HS_STORE, &hs, dt_now() + KV_IO_SECONDS) != DT_OK ||
                 s->nclients >= KV_MAX_CLIENTS) {
-                DT_WARN("store: %s", dt_last_error());
+                /* A connection closed before a word is a liveness probe
+                 * (elastic.c), not a problem. */
+                if (strstr(dt_last_error(), "closed by peer"))
+                    DT_DEBUG("comm", "store: %s", dt_last_error());
+                else
+                    DT_WARN("store: %s", dt_last_error());
                 close(fd);
                 continue;
             }
@@ -264,28 +331,24 @@ static void *server_main(void *arg) {
     return NULL;
 }
 
-dt_status dt__store_server_start(const char *addr, int port, const char *token,
-                                 dt__store_server **out, int *bound_port) {
+/* Serve on sockets already listening (adopted: the server closes them). */
+static dt_status server_start(const int *lfds, int nlfd, const char *token,
+                              dt__store_server **out) {
     dt__store_server *s = calloc(1, sizeof *s);
     if (!s)
         return dt_error_set(DT_ERR_NOMEM, "store: out of memory");
     s->wake[0] = s->wake[1] = -1;
     memcpy(s->token, token, DT__TOKEN_LEN);
-    dt_status st = dt__net_listen(addr, port, &s->lfd, bound_port);
-    if (st != DT_OK) {
-        free(s);
-        dt_error_prefix("store server on port %d", port);
-        return st;
-    }
+    for (int i = 0; i < nlfd; i++)
+        s->lfd[s->nlfd++] = lfds[i];
+    dt_status st = DT_OK;
     if (pipe2(s->wake, O_CLOEXEC) < 0) {
         st = dt_error_set_errno(DT_ERR_SYSTEM, "pipe");
-        close(s->lfd);
         free(s);
         return st;
     }
     st = dt_thread_create(&s->thread, "dt-store", server_main, s);
     if (st != DT_OK) {
-        close(s->lfd);
         close(s->wake[0]);
         close(s->wake[1]);
         free(s);
@@ -293,6 +356,28 @@ dt_status dt__store_server_start(const char *addr, int port, const char *token,
     }
     *out = s;
     return DT_OK;
+}
+
+dt_status dt__store_server_start(const char *addr, int port, const char *token,
+                                 dt__store_server **out, int *bound_port) {
+    int lfd;
+    dt_status st = dt__net_listen(addr, port, &lfd, bound_port);
+    if (st != DT_OK) {
+        dt_error_prefix("store server on port %d", port);
+        return st;
+    }
+    st = server_start(&lfd, 1, token, out);
+    if (st != DT_OK)
+        close(lfd);
+    return st;
+}
+
+dt_status dt__store_server_adopt(const int *lfds, int n, const char *token,
+                                 dt__store_server **out) {
+    if (n < 1 || n > KV_MAX_LISTEN)
+        return dt_error_set(DT_ERR_INVALID, "store: %d listening sockets (1..%d)", n,
+                            KV_MAX_LISTEN);
+    return server_start(lfds, n, token, out);
 }
 
 void dt__store_server_stop(dt__store_server *s) {
@@ -312,17 +397,20 @@ void dt__store_server_stop(dt__store_server *s) {
         free(s->kv[i].val);
     }
     free(s->kv);
-    close(s->lfd);
+    for (int l = 0; l < s->nlfd; l++)
+        close(s->lfd[l]);
     close(s->wake[0]);
     close(s->wake[1]);
     free(s);
 }
 
-dt_status dt__store_connect(const char *host, int port, const char *token, double timeout,
-                            dt__store **out) {
-    double dl = dt_now() + timeout;
+/* A connection to the server at host:port that passed the handshake.
+ * retry: keep trying a refused connection until the deadline (the server
+ * may not listen yet); else one attempt. */
+static dt_status open_conn(const char *host, int port, const char *token, double dl, bool retry,
+                           int *out) {
     int fd;
-    DT_CHECK(dt__net_connect(host, port, dl, &fd));
+    DT_CHECK(dt__net_connect(host, port, retry ? dl : 0, &fd));
     dt__net_tune(fd, 0);
     dt__hs hs = {.purpose = DT__HS_STORE, .rank = -1, .index = 0};
     memcpy(hs.token, token, DT__TOKEN_LEN);
@@ -332,6 +420,14 @@ dt_status dt__store_connect(const char *host, int port, const char *token, doubl
         dt_error_prefix("store at %s:%d", host, port);
         return st;
     }
+    *out = fd;
+    return DT_OK;
+}
+
+dt_status dt__store_connect(const char *host, int port, const char *token, double timeout,
+                            dt__store **out) {
+    int fd;
+    DT_CHECK(open_conn(host, port, token, dt_now() + timeout, true, &fd));
     dt__store *s = calloc(1, sizeof *s);
     if (!s) {
         close(fd);
@@ -339,9 +435,40 @@ dt_status dt__store_connect(const char *host, int port, const char *token, doubl
     }
     s->fd = fd;
     s->timeout = timeout;
+    memcpy(s->token, token, DT__TOKEN_LEN);
     pthread_mutex_init(&s->mu, NULL);
     *out = s;
     return DT_OK;
+}
+
+dt_status dt__store_reconnect(dt__store *s, const char *host, int port, double seconds) {
+    int fd;
+    DT_CHECK(open_conn(host, port, s->token, dt_now() + seconds, false, &fd));
+    pthread_mutex_lock(&s->mu);
+    close(s->fd);
+    s->fd = fd;
+    s->broken = false;
+    pthread_mutex_unlock(&s->mu);
+    return DT_OK;
+}
+
+void dt__store_set_watch(dt__store *s, dt_status (*watch)(void *arg), void *arg) {
+    pthread_mutex_lock(&s->mu);
+    s->watch = watch;
+    s->watch_arg = arg;
+    s->watched = 0;
+    pthread_mutex_unlock(&s->mu);
+}
+
+dt_status dt__store_watch(dt__store *s) {
+    pthread_mutex_lock(&s->mu);
+    dt_status (*watch)(void *) = s->watch;
+    void *arg = s->watch_arg;
+    bool due = watch && dt_now() - s->watched >= WATCH_SECONDS;
+    if (due)
+        s->watched = dt_now();
+    pthread_mutex_unlock(&s->mu);
+    return due ? watch(arg) : DT_OK;
 }
 
 void dt__store_close(dt__store *s) {
@@ -444,6 +571,7 @@ dt_status dt__store_wait(dt__store *s, const char *key, void **val, size_t *len)
                                 "store: key \"%s\" did not appear within DT_TIMEOUT=%.0f s (a rank "
                                 "did not join?)",
                                 key, s->timeout);
+        DT_CHECK(dt__store_watch(s));
         usleep(us);
         if (us < 5000)
             us *= 2;
@@ -476,4 +604,25 @@ dt_status dt__store_time(dt__store *s, uint64_t *sent, uint64_t *server, uint64_
     memcpy(server, v, sizeof *server);
     dt_free(v);
     return DT_OK;
+}
+dt_status dt__store_max(dt__store *s, const char *key, int64_t value, int64_t *result) {
+    void *v = NULL;
+    size_t len = 0;
+    DT_CHECK(request(s, KV_MAX, key, &value, sizeof value, &v, &len, s->timeout));
+    if (len != sizeof *result) {
+        dt_free(v);
+        return dt_error_set(DT_ERR_PROTOCOL, "store: max replied %zu bytes", len);
+    }
+    memcpy(result, v, sizeof *result);
+    dt_free(v);
+    return DT_OK;
+}
+
+dt_status dt__store_set_if_absent(dt__store *s, const char *key, const void *val, size_t len,
+                                  void **stored, size_t *stored_len) {
+    return request(s, KV_SETNX, key, val, len, stored, stored_len, s->timeout);
+}
+
+dt_status dt__store_set_ephemeral(dt__store *s, const char *key, const void *val, size_t len) {
+    return request(s, KV_SET_EPHEMERAL, key, val, len, NULL, NULL, s->timeout);
 }

@@ -145,4 +145,10 @@ dt_status dt_loader_set_state(dt_loader *l, dt_loader_state s) {
 }
 
 size_t dt_loader_windows(const dt_loader *l) { return l->windows; }
+
+void dt_loader_peek(const dt_loader *l, uint32_t *windows) {
+    size_t row0 = (size_t)l->pos.step * (size_t)l->world * (size_t)l->B + (size_t)l->rank * l->B;
+    for (int b = 0; b < l->B; b++)
+        windows[b] = l->perm[row0 + (size_t)b];
+}
 uint64_t dt_loader_steps_per_epoch(const dt_loader *l) { return l->steps_per_epoch; }

@@ -53,6 +53,8 @@ static const char *const job_vars[] = {
     "DT_NODE_RANK", "DT_NNODES",     "DT_MASTER_ADDR",   "DT_MASTER_PORT",
     "DT_JOB_ID",    "DT_JOB_TOKEN",  "DT_RESTART_COUNT", NULL,
 };
+/* ... and those it sets for an elastic job only. */
+static const char *const elastic_vars[] = {"DT_ELASTIC", "DT_JOIN", NULL};
 
 typedef struct stream {
     int fd;      /* read end of the rank's pipe, -1 when closed */
@@ -297,6 +299,8 @@ static dt_status build_base_env(job *j) {
         bool drop = false;
         for (int k = 0; job_vars[k] && !drop; k++)
             drop = var_is(environ[i], job_vars[k]);
+        for (int k = 0; elastic_vars[k] && !drop; k++)
+            drop = var_is(environ[i], elastic_vars[k]);
         for (int k = 0; j->o->env_unset && j->o->env_unset[k] && !drop; k++)
             drop = var_is(environ[i], j->o->env_unset[k]);
         if (!drop)
@@ -308,7 +312,7 @@ static dt_status build_base_env(job *j) {
 /* The complete environment of one rank: base + the job variables. The
  * strings live in `store` (freed by the caller after fork). */
 static char **rank_env(const job *j, const proc *p, int restart, char *store, size_t store_len) {
-    char **env = calloc(j->base_count + 12, sizeof *env);
+    char **env = calloc(j->base_count + 14, sizeof *env);
     if (!env)
         return NULL;
     memcpy(env, j->base_env, j->base_count * sizeof *env);
@@ -330,6 +334,10 @@ static char **rank_env(const job *j, const proc *p, int restart, char *store, si
     PUT("DT_JOB_ID=%s", j->job_id);
     PUT("DT_JOB_TOKEN=%s", j->token);
     PUT("DT_RESTART_COUNT=%d", restart);
+    if (j->o->elastic_max > 0)
+        PUT("DT_ELASTIC=%d:%d", j->o->elastic_min, j->o->elastic_max);
+    if (j->o->join)
+        PUT("DT_JOIN=%s", j->o->join);
 #undef PUT
     env[k] = NULL;
     return env;
@@ -451,7 +459,7 @@ static void child_exec(job *j, proc *p, char **env, int out_w, int err_w, int ex
 
 static dt_status spawn(job *j, proc *p, int restart) {
     int out[2] = {-1, -1}, err[2] = {-1, -1}, ex[2] = {-1, -1};
-    char store[1024];
+    char store[2048];
     char **env = NULL;
     dt_status st = DT_OK;
     if (pipe2(out, O_CLOEXEC) != 0 || pipe2(err, O_CLOEXEC) != 0 || pipe2(ex, O_CLOEXEC) != 0) {
@@ -498,6 +506,8 @@ fail:
     return st;
 }
 
+static int code_of(int ws);
+
 static void reap(job *j) {
     for (int i = 0; i < j->nproc; i++) {
         proc *p = &j->p[i];
@@ -510,6 +520,22 @@ static void reap(job *j) {
         p->reaped = true;
         p->wstatus = ws;
         bool ok = WIFEXITED(ws) && WEXITSTATUS(ws) == 0;
+        if (!ok && j->o->elastic_max > 0 && !j->stopping && j->exec_fail < 0) {
+            /* Elastic: the others form a new membership without it. */
+            if (j->first_fail < 0)
+                j->first_fail = i;
+            if (WIFSIGNALED(ws))
+                fprintf(stderr,
+                        "dtrain launch: rank %d (pid %d) was killed by signal %d (%s); the job "
+                        "goes on without it (--elastic)\n",
+                        p->rank, (int)p->pid, WTERMSIG(ws), strsignal(WTERMSIG(ws)));
+            else
+                fprintf(stderr,
+                        "dtrain launch: rank %d (pid %d) exited with code %d; the job goes on "
+                        "without it (--elastic)\n",
+                        p->rank, (int)p->pid, code_of(ws));
+            continue;
+        }
         if (!ok && j->first_fail < 0 && !j->stopping && j->exec_fail < 0) {
             j->first_fail = i;
             begin_stop(j, SIGTERM);
@@ -556,7 +582,8 @@ static void summarize(const job *j, char *out, size_t len) {
 /* ---------------------------------------------------------------------- */
 
 static void send_stop_to_nodes(job *j) {
-    if (!j->multi || j->o->node_rank != 0)
+    /* An elastic job's other nodes go on without a failed node's ranks. */
+    if (!j->multi || j->o->node_rank != 0 || (j->o->elastic_max > 0 && !j->interrupted))
         return;
     for (int i = 0; i < j->o->nnodes - 1; i++)
         if (j->meet.fds[i] >= 0)
@@ -603,7 +630,7 @@ static bool record_node_message(job *j, int idx) {
 
 static void on_node_message(job *j, int idx) {
     if (j->o->node_rank == 0) {
-        if (record_node_message(j, idx))
+        if (record_node_message(j, idx) && j->o->elastic_max <= 0)
             begin_stop(j, SIGTERM);
         return;
     }
@@ -613,6 +640,14 @@ static void on_node_message(job *j, int idx) {
         /* Node 0 is gone: nobody can coordinate the job any more. */
         close(j->meet.fds[idx]);
         j->meet.fds[idx] = -1;
+        if (j->o->elastic_max > 0) {
+            /* ... but an elastic job's ranks here go on without node 0's. */
+            fprintf(stderr,
+                    "dtrain launch: node %d: node 0's launcher is gone; the ranks here go "
+                    "on (--elastic)\n",
+                    j->o->node_rank);
+            return;
+        }
     }
     j->stopped_by_peer = true;
     begin_stop(j, SIGTERM);
@@ -657,6 +692,17 @@ static int wait_fds_or_signal(const int *fds, int nfds, int *ready) {
 /* ---------------------------------------------------------------------- */
 /* One attempt                                                              */
 /* ---------------------------------------------------------------------- */
+
+/* An elastic job whose ranks failed: it finished when one of its ranks
+ * (one that went on without them) exited successfully. */
+static bool elastic_done(const job *j) {
+    if (j->o->elastic_max <= 0)
+        return false;
+    for (int i = 0; i < j->nproc; i++)
+        if (j->p[i].reaped && WIFEXITED(j->p[i].wstatus) && WEXITSTATUS(j->p[i].wstatus) == 0)
+            return true;
+    return false;
+}
 
 typedef struct attempt {
     dt_status st; /* DT_OK, DT_ERR_PEER (a rank failed), DT_ERR_ABORTED, launch errors */
@@ -848,6 +894,8 @@ static void run_attempt(job *j, int restart, attempt *a) {
                  strsignal(j->interrupted));
         a->code = 128 + j->interrupted;
         a->result = DT__RESULT_FAILED;
+    } else if (j->first_fail >= 0 && elastic_done(j)) {
+        a->result = DT__RESULT_OK; /* lost ranks, but the job finished */
     } else if (j->first_fail >= 0) {
         a->st = DT_ERR_PEER;
         summarize(j, a->summary, sizeof a->summary);
@@ -931,8 +979,26 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
 
     int port = 0;
     snprintf(j->master_addr, sizeof j->master_addr, "127.0.0.1");
+    if (o->join && (j->multi || o->master || o->elastic_max <= 0))
+        return dt_error_set(DT_ERR_INVALID,
+                            "--join %s starts newcomers for a running elastic job: it needs "
+                            "--elastic MIN:MAX (the job's) and takes no --master or --nnodes",
+                            o->join);
+    if (o->join) {
+        DT_CHECK(dt__parse_master("--join", o->join, j->master_addr, sizeof j->master_addr, &port));
+        if (port == 0)
+            return dt_error_set(DT_ERR_INVALID, "--join %s: the job's store port is needed",
+                                o->join);
+        const char *tok = getenv("DT_JOB_TOKEN");
+        if (!tok || !is_token(tok))
+            return dt_error_set(DT_ERR_INVALID,
+                                "--join: DT_JOB_TOKEN must hold the running job's token (%d "
+                                "hexadecimal characters)",
+                                DT_LAUNCH_TOKEN_HEX);
+    }
     if (o->master)
-        DT_CHECK(dt__parse_master(o->master, j->master_addr, sizeof j->master_addr, &port));
+        DT_CHECK(
+            dt__parse_master("--master", o->master, j->master_addr, sizeof j->master_addr, &port));
     if (j->multi && port == 0)
         return dt_error_set(DT_ERR_INVALID, "--master: \"%s\" needs a port with --nnodes %d",
                             o->master, o->nnodes);
@@ -963,7 +1029,7 @@ static dt_status prepare(job *j, const dt_launch_options *o) {
     if (!j->multi) {
         if (port == 0)
             DT_CHECK(dt__free_port(&port));
-        else
+        else if (!o->join) /* a newcomer's is the running job's, in use */
             DT_CHECK(dt__check_port_free(port, "master"));
         j->store_port = port;
         return DT_OK;
@@ -1073,6 +1139,11 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
                 *exit_code = 128 + sig;
                 break;
             }
+            if (ms != DT_OK && o.elastic_max > 0 && a.result == DT__RESULT_OK) {
+                st = DT_OK; /* an elastic job that finished here without node 0 */
+                *exit_code = 0;
+                break;
+            }
             if (ms != DT_OK) {
                 st = dt_error_set(DT_ERR_PEER, "lost the connection to node 0's launcher%s%s",
                                   a.result == DT__RESULT_OK ? "" : "; this node: ",
@@ -1096,7 +1167,13 @@ dt_status dt_launch_run(const dt_launch_options *opts, int *exit_code) {
             if (a.result == DT__RESULT_FAILED)
                 note_failure(&j, -1, a.code, NULL);
             collect_results(&j);
-            if (j.fail_source >= 0) {
+            /* Elastic: the job finished if some node's ranks did. */
+            bool some_ok = o.elastic_max > 0 && a.result == DT__RESULT_OK;
+            for (int i = 0; o.elastic_max > 0 && i < o.nnodes - 1; i++)
+                some_ok |= j.node_result[i] == DT__RESULT_OK;
+            if (some_ok) {
+                result = DT__RESULT_OK;
+            } else if (j.fail_source >= 0) {
                 result = DT__RESULT_FAILED;
                 code = j.remote_code ? j.remote_code : 1;
                 summary = j.remote_summary;

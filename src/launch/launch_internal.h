@@ -56,8 +56,10 @@ typedef struct dt__msg {
 dt_status dt__msg_send(int fd, uint32_t type, int32_t a, int32_t b, int32_t c, const char *text);
 dt_status dt__msg_recv(int fd, double timeout, dt__msg *m);
 
-/* Parse "ADDR:PORT" or "ADDR" (port 0); ADDR must resolve to an IPv4 address. */
-dt_status dt__parse_master(const char *master, char *addr, size_t addr_len, int *port);
+/* Parse "ADDR:PORT" or "ADDR" (port 0); ADDR must resolve to an IPv4 address.
+ * Errors name the flag the value came from ("--master", "--join"). */
+dt_status dt__parse_master(const char *flag, const char *master, char *addr, size_t addr_len,
+                           int *port);
 
 /* Fail with a clear message when TCP port `port` cannot be bound here. */
 dt_status dt__check_port_free(int port, const char *what);

@@ -122,11 +122,12 @@ dt_status dt__msg_recv(int fd, double timeout, dt__msg *m) {
 /* Addresses and ports                                                      */
 /* ---------------------------------------------------------------------- */
 
-dt_status dt__parse_master(const char *master, char *addr, size_t addr_len, int *port) {
+dt_status dt__parse_master(const char *flag, const char *master, char *addr, size_t addr_len,
+                           int *port) {
     const char *colon = strrchr(master, ':');
     size_t n = colon ? (size_t)(colon - master) : strlen(master);
     if (n == 0 || n >= addr_len)
-        return dt_error_set(DT_ERR_INVALID, "--master: \"%s\" is not ADDR:PORT", master);
+        return dt_error_set(DT_ERR_INVALID, "%s: \"%s\" is not ADDR:PORT", flag, master);
     memcpy(addr, master, n);
     addr[n] = '\0';
     *port = 0;
@@ -134,9 +135,8 @@ dt_status dt__parse_master(const char *master, char *addr, size_t addr_len, int 
         char *end;
         long p = strtol(colon + 1, &end, 10);
         if (colon[1] == '\0' || *end != '\0' || p < 1 || p > 65534)
-            return dt_error_set(DT_ERR_INVALID,
-                                "--master: port \"%s\" in \"%s\" is not in [1, 65534]", colon + 1,
-                                master);
+            return dt_error_set(DT_ERR_INVALID, "%s: port \"%s\" in \"%s\" is not in [1, 65534]",
+                                flag, colon + 1, master);
         *port = (int)p;
     }
     /* Resolved here, before anything starts: an address nobody can reach
@@ -145,9 +145,9 @@ dt_status dt__parse_master(const char *master, char *addr, size_t addr_len, int 
     int gai = getaddrinfo(addr, NULL, &hints, &ai);
     if (gai != 0)
         return dt_error_set(DT_ERR_INVALID,
-                            "--master: \"%s\" is not an IPv4 address or a host name that "
+                            "%s: \"%s\" is not an IPv4 address or a host name that "
                             "resolves (%s)",
-                            addr, gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
+                            flag, addr, gai == EAI_SYSTEM ? strerror(errno) : gai_strerror(gai));
     freeaddrinfo(ai);
     return DT_OK;
 }

@@ -47,7 +47,8 @@ static void from_array(const double *v, dt_step_breakdown *b) {
 }
 
 dt_status dt__breakdown_init(trainer *t) {
-    size_t n = (size_t)t->size;
+    /* An elastic job may grow to elastic_max ranks. */
+    size_t n = (size_t)(t->size > t->c->elastic_max ? t->size : t->c->elastic_max);
     t->bd = dt_calloc(n, sizeof *t->bd);
     t->bd_sum = dt_calloc(n, sizeof *t->bd_sum);
     t->rss = dt_calloc(2 * n, sizeof *t->rss);
@@ -56,6 +57,12 @@ dt_status dt__breakdown_init(trainer *t) {
         return dt_error_set(DT_ERR_NOMEM, "step breakdown of %d ranks", t->size);
     t->bd_steps = 0;
     return DT_OK;
+}
+
+void dt__breakdown_restart(trainer *t) {
+    size_t n = (size_t)(t->size > t->c->elastic_max ? t->size : t->c->elastic_max);
+    memset(t->bd_sum, 0, n * sizeof *t->bd_sum);
+    t->bd_steps = 0;
 }
 
 /* Waiting for a slower rank, moved from exposed communication to idle. */

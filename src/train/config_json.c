@@ -107,6 +107,12 @@ char *dt__train_config_json(const trainer *t) {
         &ok);
     put(o, "init-from", str(c->init_from), &ok);
     put(o, "nproc", json_integer(t->size), &ok);
+    if (c->elastic_max > 0) {
+        char el[32];
+        snprintf(el, sizeof el, "%d:%d", c->elastic_min, c->elastic_max);
+        put(o, "elastic", str(el), &ok);
+        put(o, "global-batch", json_integer(c->global_batch), &ok);
+    }
     /* The degrees as given: dp 0 stays "the ranks left over", so that the
      * file also serves another layout (--nproc 4 --tp 2). */
     for (int a = 0; a < DT_AXIS_COUNT; a++)
@@ -117,7 +123,8 @@ char *dt__train_config_json(const trainer *t) {
         put(o, "cp-mode", str(dt_cp_mode_name(dt__train_cp_mode(c, &t->mc))), &ok);
     if (c->pp > 1)
         put(o, "pp-schedule", str(c->pp_schedule ? c->pp_schedule : "1f1b"), &ok);
-    put(o, "batch", json_integer(t->B), &ok);
+    if (c->elastic_max <= 0) /* elastic: the global batch above, the per-rank share varies */
+        put(o, "batch", json_integer(t->B), &ok);
     put(o, "accum", json_integer(t->K), &ok);
     put(o, "steps", json_integer(c->steps), &ok);
     put(o, "optimizer", str(dt_optim_names[c->optimizer]), &ok);

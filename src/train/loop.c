@@ -101,7 +101,7 @@ static void maybe_fault(trainer *t) {
         dt_gpt_params(t->m)[t->n / 2] += 1.0f;
         weights_changed(t, false);
     }
-    if (t->step == t->kill_at) {
+    if (t->step == t->kill_at && !t->kill_mid) {
         fprintf(stderr, "[rank %d] DT_FAULT_KILL: killing myself after step %lld\n", t->rank,
                 (long long)t->step);
         fflush(stderr);
@@ -152,11 +152,19 @@ static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bo
     size_t bt = (size_t)t->B * t->T;
     uint64_t tr = dt_trace_begin();
     double t0 = dt_now();
-    for (int k = 0; read && k < t->K; k++)
+    for (int k = 0; read && k < t->K; k++) {
+        dt__train_trace_batch(t, k);
         DT_CHECK(dt_loader_next(t->train, t->inputs + k * bt, t->targets + k * bt));
+    }
     s->data_ms = read ? (dt_now() - t0) * 1e3 : 0;
     if (read)
         dt_trace_end(tr, DT_TRACE_DATA, "data", -1, 0, (uint64_t)t->K * bt);
+    if (t->kill_mid && t->step + 1 == t->kill_at) { /* DT_FAULT_KILL=RANK:STEP:mid */
+        fprintf(stderr, "[rank %d] DT_FAULT_KILL: killing myself during step %lld\n", t->rank,
+                (long long)t->kill_at);
+        fflush(stderr);
+        raise(SIGKILL);
+    }
     s->slow_ms = 0;
     if (t->slow_factor > 1) { /* DT_FAULT_SLOW: a straggler starts its passes late */
         double ts = dt_now();
@@ -282,7 +290,10 @@ static dt_status step(trainer *t, step_stats *s) {
      * not clipped: what the ranks average there is the momentum mix, not
      * the gradient (its norm is what the metrics show). */
     bool clip = c->clip > 0 && !dt_optimizer_premixing(t->opt);
-    bool early = defer || (!clip && !t->scaling && dt_optimizer_rangewise(t->opt));
+    /* An elastic job updates only once the step is agreed: a rank lost
+     * mid-step must leave every survivor at a step boundary (and defers
+     * nothing: critical priority is refused with --elastic). */
+    bool early = defer || (!clip && !t->scaling && !t->elastic && dt_optimizer_rangewise(t->opt));
     DT_CHECK(pass(t, s, lr, early, defer, true, &before));
     if (s->skip && scale <= FLT_MIN)
         return dt_error_set(DT_ERR_NUMERIC,
@@ -345,15 +356,17 @@ typedef struct display {
     FILE *tty; /* /dev/tty when the live line cannot go to stderr */
     double tps[MEDIAN_WINDOW], comm[MEDIAN_WINDOW], exposed[MEDIAN_WINDOW], tp[MEDIAN_WINDOW],
         cpa[MEDIAN_WINDOW], bubble[MEDIAN_WINDOW], mfu[MEDIAN_WINDOW];
-    int peak_live; /* the most micro-batches this rank kept alive in a step */
-    size_t nrec;   /* records so far (the window holds the newest) */
+    int peak_live;  /* the most micro-batches this rank kept alive in a step */
+    size_t nrec;    /* records so far (the window holds the newest) */
+    int64_t logged; /* the last step in metrics.jsonl (an elastic job's new rank 0 checks) */
 } display;
 
-static dt_status display_open(trainer *t, display *d) {
+/* keep: the steps of metrics.jsonl kept (those of the trajectory so far). */
+static dt_status display_open(trainer *t, display *d, int64_t keep) {
     const dt_train_config *c = t->c;
     if (c->run_dir) {
         DT_CHECK(dt_metrics_write_config(c->run_dir, t->cfg_text));
-        DT_CHECK(dt_metrics_create(&d->metrics, c->run_dir, t->resumed[0] ? t->step : 0));
+        DT_CHECK(dt_metrics_create(&d->metrics, c->run_dir, keep));
     }
     bool tty = c->progress < 0 ? isatty(STDERR_FILENO) : c->progress == 1;
     /* Under a launcher our stderr is a pipe relayed line by line, which
@@ -395,6 +408,7 @@ static dt_status emit(const trainer *t, display *d, held_record *h) {
         return DT_OK;
     if (d->metrics)
         DT_CHECK(dt_metrics_log(d->metrics, &h->sm));
+    d->logged = h->sm.step;
     dt_progress_update(d->prog, &h->sm);
     return DT_OK;
 }
@@ -554,6 +568,49 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
     return DT_OK;
 }
 
+/* After a membership change, rank 0's metrics end at the restored step:
+ * a process that became rank 0 takes over the metrics file and the
+ * progress line, and the line of the restored step is written from the
+ * state's own record when this rank 0 had not written it (it was lost
+ * with the old rank 0, or this rank was a step behind). */
+static dt_status elastic_display(trainer *t, display *d) {
+    if (t->rank != 0)
+        return DT_OK;
+    if (!d->prog) {
+        DT_CHECK(display_open(t, d, t->step > 0 ? t->step - 1 : 0));
+        d->logged = t->step > 0 ? t->step - 1 : 0;
+    }
+    if (d->logged < t->step && t->last_sm.step == t->step) {
+        if (d->metrics)
+            DT_CHECK(dt_metrics_log(d->metrics, &t->last_sm));
+        dt_progress_update(d->prog, &t->last_sm);
+        d->logged = t->step;
+    }
+    return DT_OK;
+}
+
+/* A new membership (a rank lost: failed; newcomers let in: !failed): the
+ * state broadcast wrote the parameters, so the 16-bit copy is stale; a new
+ * rank 0 takes over the display. */
+static dt_status elastic_recover(trainer *t, display *d, bool failed) {
+    DT_CHECK(dt__train_elastic_recover(t, failed));
+    weights_changed(t, false);
+    dt__breakdown_restart(t);
+    return elastic_display(t, d);
+}
+
+/* After a call that may have lost a rank: DT_OK when it did not fail; an
+ * elastic job that lost a rank recovers (*recovered) and goes on; any other
+ * failure is returned. */
+static dt_status elastic_after(trainer *t, display *d, dt_status st, bool *recovered) {
+    *recovered = false;
+    if (st == DT_OK || !dt__train_elastic_recoverable(t, st))
+        return st;
+    DT_CHECK(elastic_recover(t, d, true));
+    *recovered = true;
+    return DT_OK;
+}
+
 dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     memset(res, 0, sizeof *res);
     res->val_loss = NAN;
@@ -566,14 +623,21 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         return DT_ERR_NOMEM;
     DT_CHECK_GOTO(dt__train_setup(t), st, fail);
     c = t->c; /* with the directories and sizes setup resolved */
-    DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
-    if (c->resume) {
-        if (!c->ckpt_dir) {
-            st = bad("--resume needs --ckpt-dir");
-            goto fail;
+    if (t->newcomer) {
+        /* Joining a running elastic job: let in, then its state (the
+         * 16-bit copy is marked stale below, with every start's). */
+        DT_CHECK_GOTO(dt__train_elastic_recover(t, false), st, fail);
+    } else {
+        DT_CHECK_GOTO(dt_grad_sync_replicate(t->sync), st, fail);
+        if (c->resume) {
+            if (!c->ckpt_dir) {
+                st = bad("--resume needs --ckpt-dir");
+                goto fail;
+            }
+            DT_CHECK_GOTO(dt__train_resume(t), st, fail);
         }
-        DT_CHECK_GOTO(dt__train_resume(t), st, fail);
     }
+    t->committed = dt_loader_get_state(t->train);
     int64_t check_every = c->check_every;
     if (check_every == 0 && dt_log_enabled(DT_LOG_LEVEL_DEBUG, "ddp"))
         check_every = 50;
@@ -596,7 +660,8 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     double flops_per_token = 3.0 * dt_gpt_flops_per_token(&t->mc, t->T);
     int64_t tokens_per_step = (int64_t)t->dp * t->B * t->T * t->K;
     if (t->rank == 0) {
-        DT_CHECK_GOTO(display_open(t, d), st, fail);
+        DT_CHECK_GOTO(display_open(t, d, t->resumed[0] ? t->step : 0), st, fail);
+        d->logged = t->step;
         dt__train_print_header(t, peak, peak_from, stderr);
     }
     DT_CHECK_GOTO(dt__trace_start(t), st, fail); /* collective */
@@ -615,8 +680,19 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         uint64_t t_step = dt__trace_step_begin(t);
         double t0 = dt_now();
         float lr = dt_schedule_lr(&t->sched, t->step);
-        DT_CHECK_GOTO(step(t, &s), st, fail);
+        /* An elastic job that loses a rank (elastic_after) goes back here
+         * on every member, at the step the new membership restored: the
+         * step that was cut short runs again; a lost rank after the step
+         * costs that step's evaluation, not the step. */
+        bool recovered;
+        st = step(t, &s);
+        DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+        if (recovered) {
+            dt__trace_step_end(t, t_step);
+            continue;
+        }
         t->step++;
+        t->committed = dt_loader_get_state(t->train);
         run_steps++;
         t->tokens += tokens_per_step;
         double t1 = dt_now();
@@ -668,7 +744,10 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         }
         bool counted = run_steps > 1 || nsteps == 1;
         dt_step_breakdown mine = breakdown_of(&s, sm.step_ms, split ? sm.tp_comm_ms : 0);
-        DT_CHECK_GOTO(dt__breakdown_exchange(t, &mine, s.met, counted, &sm.nranks), st, fail);
+        st = dt__breakdown_exchange(t, &mine, s.met, counted, &sm.nranks);
+        DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+        if (recovered)
+            continue;
         sm.ranks = t->bd;
         held = (held_record){.have = true, .medians = counted, .sm = sm};
         bool last = t->step == c->steps;
@@ -678,28 +757,49 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         bool checks = check_every > 0 && t->step % check_every == 0;
         bool saves =
             c->ckpt_dir && ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last || stop);
+        t->last_sm = sm; /* what a new membership's rank 0 logs if nobody did */
         /* A deferred step completes before anything reads every parameter
          * (the same steps on every rank: a collective agrees its norm). */
         if (s.r.late && (evaluates || checks || saves || last || stop))
             DT_CHECK_GOTO(settle_step(t, &held.sm), st, fail);
         if (evaluates) {
             uint64_t te = dt_trace_begin();
-            DT_CHECK_GOTO(evaluate(t, &held.sm.val_loss), st, fail);
+            st = evaluate(t, &held.sm.val_loss);
             dt_trace_end(te, DT_TRACE_STEP, "eval", (int32_t)t->step, 0, 0);
+            DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+            if (recovered)
+                continue;
             res->val_loss = held.sm.val_loss;
+            t->last_sm.val_loss = held.sm.val_loss;
             (void)dt_gpt_take_comm_ms(t->m); /* not the next step's */
             (void)dt_gpt_take_attention_ms(t->m);
         }
-        if (checks)
-            DT_CHECK_GOTO(dt_grad_sync_check(t->sync, t->step), st, fail);
+        if (checks) {
+            st = dt_grad_sync_check(t->sync, t->step);
+            DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+            if (recovered)
+                continue;
+        }
         if (!s.r.late || isfinite(held.sm.grad_norm))
             DT_CHECK_GOTO(emit(t, d, &held), st, fail);
         if (saves) {
             uint64_t tc = dt_trace_begin();
-            DT_CHECK_GOTO(dt__train_save(t, res->checkpoint, sizeof res->checkpoint), st, fail);
+            st = dt__train_save(t, res->checkpoint, sizeof res->checkpoint);
             dt_trace_end(tc, DT_TRACE_CKPT, "checkpoint", (int32_t)t->step, 0, 0);
+            DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+            if (recovered)
+                continue;
         }
         maybe_fault(t);
+        if (t->elastic && !last && !stop) { /* newcomers waiting: let them in now */
+            bool grow = false;
+            st = dt__train_elastic_poll(t, &grow);
+            DT_CHECK_GOTO(elastic_after(t, d, st, &recovered), st, fail);
+            if (grow && !recovered)
+                DT_CHECK_GOTO(elastic_recover(t, d, false), st, fail);
+            if (recovered || grow)
+                continue;
+        }
         if (stop) {
             if (t->rank == 0) {
                 dt_progress_finish(d->prog);

@@ -24,7 +24,9 @@
 
 /* Test hooks, acting on the first attempt of a job only (DT_RESTART_COUNT
  * unset or 0): DT_FAULT_KILL="RANK:STEP" makes that rank SIGKILL itself
- * after finishing STEP; DT_FAULT_PERTURB="RANK:STEP" makes it change one
+ * after finishing STEP ("RANK:STEP:mid": during step STEP, after reading
+ * its batches, while the others compute and exchange);
+ * DT_FAULT_PERTURB="RANK:STEP" makes it change one
  * parameter, which --check-every must then catch; DT_FAULT_OVERFLOW
  * "RANK:STEP" gives that rank one inf gradient after averaging at STEP.
  * Read once: the step at which this rank acts, or -1. */
@@ -34,7 +36,7 @@ static int64_t fault_step(const trainer *t, const char *var) {
     int r;
     long long s;
     if (!f || (rc && *rc && strcmp(rc, "0") != 0) || sscanf(f, "%d:%lld", &r, &s) != 2 ||
-        r != t->rank)
+        r != t->rank || t->newcomer) /* a newcomer has no rank of the job's start */
         return -1;
     return s;
 }
@@ -60,16 +62,10 @@ static dt_status slow_factor(trainer *t) {
     return DT_OK;
 }
 
-/* The job (or a single process) and its layout: the mesh from --tp, --pp,
- * --cp and --dp (the ranks left over) in --mesh-order. */
-static dt_status join(trainer *t) {
+/* The mesh over t->world from --tp, --pp, --cp and --dp (the ranks left
+ * over) in --mesh-order, and this rank's place in it. */
+dt_status dt__train_layout(trainer *t) {
     const dt_train_config *c = t->c;
-    if (dt_launch_in_job()) {
-        DT_CHECK(dt_group_init_from_env(&t->world));
-        t->rank = dt_group_rank(t->world);
-        t->size = dt_group_size(t->world);
-        dt_log_set_rank(t->rank);
-    }
     dt_mesh_shape shape;
     DT_CHECK(dt__train_mesh_shape(c, t->size, &shape));
     DT_CHECK(dt_mesh_create(&t->mesh, t->world, &shape));
@@ -79,6 +75,21 @@ static dt_status join(trainer *t) {
     dt_mesh_coords_of(&shape, t->rank, coord);
     t->sync_rank = dt_mesh_replica_rank(&shape, coord);
     t->sync_size = dt_mesh_replica_size(&shape);
+    return DT_OK;
+}
+
+/* The job (or a single process) and its layout. */
+static dt_status join(trainer *t) {
+    const dt_train_config *c = t->c;
+    if (c->elastic_max > 0) {
+        DT_CHECK(dt__train_elastic_join(t));
+    } else if (dt_launch_in_job()) {
+        DT_CHECK(dt_group_init_from_env(&t->world));
+        t->rank = dt_group_rank(t->world);
+        t->size = dt_group_size(t->world);
+        dt_log_set_rank(t->rank);
+    }
+    DT_CHECK(dt__train_layout(t));
     if (c->cp > 1)
         DT_CHECK(dt_cp_create(&t->cp, dt_mesh_group(t->mesh, DT_AXIS_CP)));
     if (c->tp > 1)
@@ -137,7 +148,7 @@ static dt_status name_run_dir(const trainer *t, char *out, size_t len) {
  * the run directory and tells the others). */
 static dt_status resolve_dirs(trainer *t) {
     dt_train_config *c = &t->cfg;
-    if (!c->save_default)
+    if (!c->save_default || t->newcomer) /* a newcomer gets the job's with the state */
         return DT_OK;
     if (!c->run_dir) {
         struct {
@@ -187,6 +198,14 @@ static dt_status sizes(trainer *t) {
     dt_tensor_set_threads(threads);
     DT_CHECK(dt__train_batch(c, t->dp, t->size, &t->B));
     t->K = c->accum;
+    /* An elastic job keeps the global batch at every size: the model and
+     * the batch buffers hold the smallest world's per-rank share (a
+     * newcomer, alone until it is let in, uses that too). */
+    if (c->elastic_max > 0) {
+        t->B_max = c->global_batch / c->elastic_min;
+        if (t->newcomer)
+            t->B = t->B_max;
+    }
     return DT_OK;
 }
 
@@ -282,8 +301,9 @@ dt_status dt_train_model_config(const dt_train_config *c, dt_gpt_config *out) {
 
 /* Loaders over the training range and the validation range (a file or the
  * tail split off the training data); each data-parallel replica reads its
- * share. */
-static dt_status make_loaders(trainer *t) {
+ * share. The batch buffers are made once (an elastic job rebuilds the
+ * loaders at each membership). */
+dt_status dt__train_make_loaders(trainer *t) {
     const dt_train_config *c = t->c;
     size_t count = dt_token_file_count(t->data), train_end = count;
     bool have_val = c->val_data != NULL || c->val_split > 0;
@@ -307,11 +327,14 @@ static dt_status make_loaders(trainer *t) {
             return st;
         }
     }
-    size_t tokens = (size_t)t->K * t->B * t->T;
+    if (t->inputs)
+        return DT_OK;
+    int B = t->B_max > t->B ? t->B_max : t->B;
+    size_t tokens = (size_t)t->K * B * t->T;
     t->inputs = dt_alloc(tokens * sizeof(int32_t));
     t->targets = dt_alloc(tokens * sizeof(int32_t));
     if (!t->inputs || !t->targets)
-        return dt_error_set(DT_ERR_NOMEM, "batch buffers of %d x %d x %d tokens", t->K, t->B, t->T);
+        return dt_error_set(DT_ERR_NOMEM, "batch buffers of %d x %d x %d tokens", t->K, B, t->T);
     return DT_OK;
 }
 
@@ -370,7 +393,7 @@ static dt_status make_model(trainer *t) {
     if (t->pipe)
         dt_pp_report_free(&rep);
     DT_CHECK(st);
-    st = dt_gpt_create_with(&t->m, &t->mc, t->B, t->T, &mo);
+    st = dt_gpt_create_with(&t->m, &t->mc, t->B_max > t->B ? t->B_max : t->B, t->T, &mo);
     if (st == DT_ERR_NOMEM)
         return explain_oom(t, &mo);
     DT_CHECK(st);
@@ -486,7 +509,7 @@ dt_status dt__train_optim_reduce(void *user, double *values, size_t n) {
 
 /* Data parallelism over the mesh's dp group, with the wire format of the
  * config; PowerSGD sees the model's matrices. */
-static dt_status make_sync(trainer *t) {
+dt_status dt__train_make_sync(trainer *t) {
     const dt_train_config *c = t->c;
     size_t nt = dt_gpt_num_tensors(t->m);
     dt_powersgd_tensor *shapes = dt_calloc(nt + 1, sizeof *shapes);
@@ -624,6 +647,8 @@ dt_status dt__train_setup(trainer *t) {
     DT_CHECK(join(t));
     DT_CHECK(resolve_dirs(t));
     t->kill_at = fault_step(t, "DT_FAULT_KILL");
+    const char *kill = getenv("DT_FAULT_KILL");
+    t->kill_mid = kill && strstr(kill, ":mid"); /* "RANK:STEP:mid": during step STEP */
     t->perturb_at = fault_step(t, "DT_FAULT_PERTURB");
     t->overflow_at = fault_step(t, "DT_FAULT_OVERFLOW");
     DT_CHECK(slow_factor(t));
@@ -632,11 +657,11 @@ dt_status dt__train_setup(trainer *t) {
     DT_CHECK(dt__train_offload(t->c, &t->offload));
     DT_CHECK(open_data(t));
     DT_CHECK(model_config(t));
-    DT_CHECK(make_loaders(t));
+    DT_CHECK(dt__train_make_loaders(t));
     DT_CHECK(dt_train_plan_memory(t->c, &t->mc, t->size, t->rank, &t->plan));
     DT_CHECK(make_model(t));
     DT_CHECK(make_optimizer(t));
-    DT_CHECK(make_sync(t));
+    DT_CHECK(dt__train_make_sync(t));
     /* A strategy that keeps parameters elsewhere (ZeRO 3) fetches them
      * around every read of the model. */
     const dt_param_hooks *hooks = dt_grad_sync_param_hooks(t->sync);
@@ -672,4 +697,7 @@ void dt__train_free(trainer *t) {
     dt_cp_destroy(t->cp);
     dt_mesh_destroy(t->mesh);
     dt_group_destroy(t->world);
+    dt_elastic_destroy(t->elastic);
+    if (t->trace_fd > 0)
+        close(t->trace_fd);
 }

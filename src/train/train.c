@@ -264,6 +264,7 @@ dt_status dt__train_check_config(const dt_train_config *c) {
                        dt_codec_format(&c->compress, cb, sizeof cb), dt_dtype_name(c->grad_dtype));
     }
     DT_CHECK(dt__train_check_dp_mode(c));
+    DT_CHECK(dt__train_check_elastic(c));
     dt_cp_mode cpm;
     if (c->cp_mode && strcmp(c->cp_mode, "auto") != 0)
         DT_CHECK(dt_cp_mode_parse("--cp-mode", c->cp_mode, &cpm));

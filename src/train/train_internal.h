@@ -16,6 +16,7 @@
 #define DTRAIN_TRAIN_INTERNAL_H
 
 #include "dtrain/data.h"
+#include "dtrain/elastic.h"
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
 #include "dtrain/parallel.h"
@@ -77,7 +78,7 @@ typedef struct trainer {
     size_t n; /* parameters of this rank's model */
     dt_optimizer *opt;
     dt_grad_sync *sync;
-    dt_runner *runner; /* the step's forwards and backwards (sequential or a pipeline) */
+    dt_runner *runner;        /* the step's forwards and backwards (sequential or a pipeline) */
     dt__offload_spec offload; /* --offload, parsed */
     dt_schedule sched;
     bool scaling; /* dynamic loss scaling (docs/amp.md) */
@@ -98,6 +99,7 @@ typedef struct trainer {
     dt_rank_memory plan;
     /* Test hooks (loop.c): the step at which this rank acts, or -1. */
     int64_t kill_at, perturb_at, overflow_at;
+    bool kill_mid; /* DT_FAULT_KILL=RANK:STEP:mid: during the step, not after it */
     /* DT_FAULT_SLOW (loop.c): this rank's slow-down factor (1: none) and
      * its last step's compute time, which sets the next step's sleep. */
     double slow_factor, last_busy_ms;
@@ -111,6 +113,16 @@ typedef struct trainer {
     int64_t bd_first;          /* the first of them */
     double *rss;               /* (2 size) rank 0: every rank's peak and base resident bytes */
     double *bd_gather;         /* (size x DT_BREAKDOWN_FIELDS) rank 0: the gather's buffer */
+    /* --elastic (elastic.c): the membership, NULL otherwise; the per-rank
+     * batch at the smallest world size (the model and the batch buffers
+     * are sized for it); a newcomer that has no state yet; the loader's
+     * position after the last completed step (what a recovery resumes). */
+    dt_elastic *elastic;
+    int B_max;
+    bool newcomer;
+    dt_loader_state committed;
+    dt_step_metrics last_sm; /* the metrics of the last completed step (loop.c) */
+    int trace_fd; /* DT_DATA_TRACE: this process's record of the batches it read, or -1 */
 } trainer;
 
 /* A rejected configuration value. */
@@ -195,6 +207,32 @@ dt_status dt__train_make_dp_mode_sync(trainer *t, const dt_ddp_sync_config *ddp)
  * parameter server's staleness distribution over all servers). */
 dt_status dt__train_dp_mode_report(trainer *t, FILE *f);
 
+/* setup.c: the mesh over t->world and this rank's place in it (replica,
+ * dp, gradient group), the loaders of this place, the gradient
+ * synchronisation: what a membership change rebuilds. */
+dt_status dt__train_layout(trainer *t);
+dt_status dt__train_make_loaders(trainer *t);
+dt_status dt__train_make_sync(trainer *t);
+
+/* elastic.c (docs/fault-tolerance.md, "Elastic training"). */
+/* The checks of --elastic and --join that need nothing built. */
+dt_status dt__train_check_elastic(const dt_train_config *c);
+/* setup: join the elastic job (a newcomer gets no world yet). */
+dt_status dt__train_elastic_join(trainer *t);
+/* Whether st, from a step or an end-of-step collective, is a rank lost
+ * that an elastic job survives. */
+bool dt__train_elastic_recoverable(const trainer *t, dt_status st);
+/* Every member: a new membership (after a failure, after agreeing to grow,
+ * or a newcomer's first), the layout rebuilt for it and the state of its
+ * most advanced member broadcast. It writes the parameters: the caller
+ * (loop.c) marks the model's 16-bit copy stale after it. */
+dt_status dt__train_elastic_recover(trainer *t, bool failed);
+/* After a step: whether newcomers wait (rank 0 looks, every rank learns). */
+dt_status dt__train_elastic_poll(trainer *t, bool *grow);
+/* DT_DATA_TRACE: record the windows of micro-batch k of this step before
+ * it is read. */
+void dt__train_trace_batch(trainer *t, int k);
+
 /* state.c: every rank calls both (collective over the world). */
 dt_status dt__train_save(trainer *t, char *path, size_t len);
 dt_status dt__train_resume(trainer *t);
@@ -233,6 +271,8 @@ dt_status dt__trace_finish(trainer *t);
  * a slower one out of its exposed communication into idle; `count` adds
  * the step to the run's means. *nranks: how many breakdowns t->bd holds. */
 dt_status dt__breakdown_init(trainer *t);
+/* A new membership (--elastic): the sums start again, ranks renumbered. */
+void dt__breakdown_restart(trainer *t);
 dt_status dt__breakdown_exchange(trainer *t, const dt_step_breakdown *mine, bool meet, bool count,
                                  int *nranks);
 /* Collective at the end of the run: every rank's resident memory to rank 0. */
