@@ -33,6 +33,8 @@ typedef struct dt__sync_ops {
     void (*apply_report)(dt_grad_sync *s, dt_sync_result *out);
     /* Optional (NULL: every step is agreed). */
     bool (*agrees)(const dt_grad_sync *s, int64_t step);
+    /* Optional (NULL: a checkpoint writes the model's own parameters). */
+    dt_status (*save_params)(dt_grad_sync *s, const float **params);
 } dt__sync_ops;
 
 struct dt_grad_sync {
