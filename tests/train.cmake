@@ -129,7 +129,7 @@ endforeach()
 # bytes per step constant in the ranks, resumed bit-identically.
 dt_train_cli_test_exe(test_train_async)
 foreach(case local_equiv local_loss local_resume gossip_equiv gossip_bytes errors slow
-             ps_train ps_delay ps_fault)
+             ps_train ps_equiv ps_resume ps_delay ps_fault mode_fault)
   add_test(NAME test_train_async_${case} COMMAND test_train_async ${case})
   set_tests_properties(test_train_async_${case} PROPERTIES TIMEOUT 300
                        LABELS "train;multiprocess")
