@@ -10,6 +10,8 @@
 #   bench/async-eval.sh [OPTIONS]
 #
 #   --dtrain PATH   the dtrain binary (default: build/dtrain)
+#   --data PATH     the corpus (default: ../shared/data/tinyshakespeare.txt
+#                   beside the checkout, else README.md)
 #   --nproc N       ranks (default 4)
 #   --steps N       DDP's steps; the target is its validation loss there
 #                   (default 64)
@@ -40,7 +42,7 @@
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dtrain=$root/build/dtrain
-nproc=4 steps=64 eval_every=8 slow=1:2 repeat=3 out='' hosts=0 rate=''
+nproc=4 steps=64 eval_every=8 slow=1:2 repeat=3 out='' hosts=0 rate='' data=''
 modes="ddp=--dp-mode ddp;local-h8=--dp-mode local --sync-every 8;gossip-ring=--dp-mode gossip --gossip-topology ring;ps-k4-s4=--dp-mode ps --ps-servers 4 --staleness 4"
 extra=()
 die() {
@@ -50,6 +52,7 @@ die() {
 while (($#)); do
     case $1 in
     --dtrain) dtrain=$2 && shift 2 ;;
+    --data) data=$2 && shift 2 ;;
     --nproc) nproc=$2 && shift 2 ;;
     --steps) steps=$2 && shift 2 ;;
     --eval-every) eval_every=$2 && shift 2 ;;
@@ -66,8 +69,11 @@ while (($#)); do
 done
 [[ -x $dtrain ]] || die "no dtrain binary at $dtrain (make build, or --dtrain PATH)"
 [[ $slow == none || $slow =~ ^[0-9]+:[0-9.]+$ ]] || die "--slow $slow: expected RANK:FACTOR or none"
-data=$root/../shared/data/tinyshakespeare.txt
-[[ -f $data ]] || data=$root/README.md
+if [[ -z $data ]]; then
+    data=$root/../shared/data/tinyshakespeare.txt
+    [[ -f $data ]] || data=$root/README.md
+fi
+[[ -f $data ]] || die "--data $data: no such file"
 if ! [[ $hosts =~ ^[0-9]+$ ]] || ((hosts > 0 && nproc % hosts != 0)); then
     die "--hosts $hosts: must divide --nproc $nproc"
 fi

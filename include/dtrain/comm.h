@@ -485,6 +485,12 @@ typedef struct dt_msg_info {
 
 /* Collective over g (see rule 4). */
 dt_status dt_mailbox_create(dt_mailbox **out, dt_group *g);
+/* The same with another eager limit (0: the default 64 KiB; the same on
+ * every rank). A protocol whose receives are always posted before their
+ * messages can come (a server's, which posts the next push's receives
+ * before it replies) raises it to skip the rendezvous round trip; a message
+ * that does arrive early is then held in memory of its size. */
+dt_status dt_mailbox_create_with(dt_mailbox **out, dt_group *g, size_t eager_bytes);
 /* Close this rank's mailbox: the peers are told (their operations that
  * need this rank fail), then its thread and connections end. NULL-safe. */
 void dt_mailbox_destroy(dt_mailbox *mb);

@@ -10,7 +10,7 @@
  * 64-byte envelope (mb_env); the receiver always has the next envelope from
  * each open peer posted, and learns from it what follows:
  *
- *   EAGER  tag, count, dtype  + payload    a message of <= MB_EAGER bytes
+ *   EAGER  tag, count, dtype  + payload    a message up to the eager limit
  *   RTS    tag, count, dtype, id           a larger message asks to be sent
  *   CTS    id                              the receiver posted a match: send
  *   DATA   id  + payload                   the payload, into that receive
@@ -54,12 +54,12 @@
 #include <string.h>
 
 #define MB_MAGIC 0x584f424du   /* "MBOX" */
-#define MB_EAGER (64u << 10)   /* largest message sent with its envelope */
+#define MB_EAGER (64u << 10)   /* default: largest message sent with its envelope */
 #define MB_TAG_ENV 0x4d42      /* transport tags of envelope and payload frames */
 #define MB_TAG_PAY 0x4d43
 #define MB_CHECK_SECONDS 0.05  /* liveness and timeout checks */
 #define MB_CLOSE_SECONDS 10.0  /* at most this long to deliver CLOSE on destroy */
-#define MB_YIELDS 200          /* sched_yield()s after work before sleeping */
+#define MB_YIELDS 0            /* sched_yield()s after work before sleeping */
 
 enum { MB_EAGER_MSG = 1, MB_RTS, MB_CTS, MB_DATA, MB_CLOSE, MB_KIND_END };
 
@@ -143,6 +143,7 @@ typedef struct mb_peer {
 struct dt_mailbox {
     dt_group *g; /* the split: its transports are the mailbox's */
     int rank, size;
+    uint64_t eager; /* messages up to this many bytes go with their envelope */
     dt__op svc; /* the descriptor transfers are posted under */
     mb_peer *peers;
     /* Handed over by callers (under mu). */
@@ -542,7 +543,7 @@ static dt_status start_send(dt_mailbox *mb, mb_req *r) {
             return dt_error_set(DT_ERR_NOMEM, "mailbox: out of memory");
         *u = (mb_unexp){.src = r->peer, .tag = r->tag, .dtype = r->dtype, .count = r->count,
                         .bytes = r->bytes, .ready = true};
-        if (r->bytes <= MB_EAGER) { /* small: copied aside, the send is done */
+        if (r->bytes <= mb->eager) { /* small: copied aside, the send is done */
             u->data = malloc(r->bytes ? r->bytes : 1);
             if (!u->data) {
                 free(u);
@@ -567,7 +568,7 @@ static dt_status start_send(dt_mailbox *mb, mb_req *r) {
         complete(mb, r, DT_ERR_PEER, m);
         return DT_OK;
     }
-    bool eager = r->bytes <= MB_EAGER;
+    bool eager = r->bytes <= mb->eager;
     r->env = (mb_env){.magic = MB_MAGIC,
                       .kind = (uint8_t)(eager ? MB_EAGER_MSG : MB_RTS),
                       .dtype = (uint8_t)r->dtype,
@@ -644,7 +645,7 @@ static dt_status on_envelope(dt_mailbox *mb, mb_peer *p) {
     }
     if (e.tag < 0)
         return bad_env(mb, p, "negative tag");
-    if (e.kind == MB_EAGER_MSG && e.bytes > MB_EAGER)
+    if (e.kind == MB_EAGER_MSG && e.bytes > mb->eager)
         return bad_env(mb, p, "an eager message above the eager limit");
     mb_req *r = take_posted(mb, p->rank, e.tag);
     if (r) {
@@ -996,12 +997,20 @@ static void *mb_main(void *arg) {
 /* ------------------------------------------------------------------------ */
 
 dt_status dt_mailbox_create(dt_mailbox **out, dt_group *g) {
+    return dt_mailbox_create_with(out, g, 0);
+}
+
+dt_status dt_mailbox_create_with(dt_mailbox **out, dt_group *g, size_t eager_bytes) {
     if (!out || !g)
         return dt_error_set(DT_ERR_INVALID, "dt_mailbox_create: NULL argument");
     *out = NULL;
+    if (eager_bytes > DT__WIRE_MAX_LEN)
+        return dt_error_set(DT_ERR_INVALID, "dt_mailbox_create: eager_bytes %zu exceeds %llu",
+                            eager_bytes, (unsigned long long)DT__WIRE_MAX_LEN);
     dt_mailbox *mb = calloc(1, sizeof *mb);
     if (!mb)
         return dt_error_set(DT_ERR_NOMEM, "mailbox: out of memory");
+    mb->eager = eager_bytes ? eager_bytes : MB_EAGER;
     dt_status st = dt_group_split(g, 0, dt_group_rank(g), &mb->g);
     if (st != DT_OK) {
         free(mb);
