@@ -3,8 +3,9 @@
 # straggler: N ranks on this machine train the same GPT (same seed, data
 # and flags; only --dp-mode changes), one rank slowed by DT_FAULT_SLOW.
 # DDP's validation loss at step --steps is the target; every other mode
-# runs twice as many steps and the table shows the wall-clock (the sum of
-# the steps' times, evaluation excluded) to the first evaluation at or
+# runs twice as many steps and the table shows the wall-clock (rank 0's
+# elapsed_s: from the start of the loop to the end of the evaluation,
+# evaluations and their waits included) to the first evaluation at or
 # below the target.
 #
 #   bench/async-eval.sh [OPTIONS]
@@ -33,12 +34,12 @@
 #   -- ARGS         more `dtrain train` flags for every run
 #
 # Columns: mode; wall-clock to the target (median, and the speed-up over
-# DDP's median); samples/s over the whole run; communication time per
+# DDP's median); samples/s over the whole run (its elapsed_s); communication time per
 # sample (rank 0's comm_ms over the run / samples); bytes each rank sent per
 # step (mean; the parameter server: pushes and the replies of its server
-# thread); validation loss at step --steps (equal samples; median);
-# the step that reached the target. Run it alone: flock -x
-# /tmp/dtrain-cpu.lock bench/async-eval.sh. See docs/async.md.
+# thread, not what goes to the rank's own server); validation loss at step --steps (equal samples; median);
+# the step that reached the target. Run it alone: /work/tools/cpu-exclusive
+# bench/async-eval.sh (or flock -x /tmp/dtrain-cpu.lock ...). See docs/async.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dtrain=$root/build/dtrain
@@ -162,14 +163,17 @@ def load(name, rep):
 runs = {n: [load(n, r) for r in range(1, repeat + 1)] for n in names}
 target = statistics.median(m[steps]["val_loss"] for m in runs["ddp"])
 
+# Wall-clock: elapsed_s, taken after each step's evaluation. Evaluations
+# are meetings of every rank, where one that ran ahead (the parameter
+# server's fast workers) waits for the straggler: summing step_ms, which
+# leaves them out, would hide that wait.
 def summary(m):
-    t, reached, at = 0.0, None, None
+    reached, at = None, None
     for s in sorted(m):
-        t += m[s]["step_ms"] / 1e3
         v = m[s]["val_loss"]
         if reached is None and v is not None and v <= target:
-            reached, at = t, s
-    total = sum(r["step_ms"] for r in m.values()) / 1e3
+            reached, at = m[s]["elapsed_s"], s
+    total = max(r["elapsed_s"] for r in m.values())
     samples = 32 * len(m)
     return dict(time=reached, at=at, sps=samples / total,
                 comm=sum(r["comm_ms"] or 0 for r in m.values()) / samples,

@@ -70,6 +70,9 @@ typedef struct dt_step_metrics {
     int64_t staleness;      /* the largest staleness of rank 0's pushes in the step */
     bool has_consensus;     /* --dp-mode gossip measured (every 10 steps, written then): */
     double consensus;       /* the replicas' mean squared distance to their average */
+    double elapsed_s;       /* wall time since this process's loop started, at the end of the
+                               step's evaluation (waits included: a strategy that lets rank 0
+                               run ahead pays at the next meeting); 0: not written */
 } dt_step_metrics;
 
 typedef struct dt_metrics dt_metrics;

@@ -501,6 +501,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         }
         if (check_every > 0 && t->step % check_every == 0)
             DT_CHECK_GOTO(dt_grad_sync_check(t->sync, t->step), st, fail);
+        sm.elapsed_s = dt_now() - loop_t0;
         if (t->rank == 0) {
             if (d->metrics)
                 DT_CHECK_GOTO(dt_metrics_log(d->metrics, &sm), st, fail);

@@ -48,6 +48,8 @@ int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
         json_object_set_new(o, "staleness", json_integer(s->staleness));
     if (s->has_consensus) /* only the steps that measured it */
         json_object_set_new(o, "consensus", json_real(s->consensus));
+    if (isfinite(s->elapsed_s) && s->elapsed_s > 0) /* the loop's; 0 from other writers */
+        json_object_set_new(o, "elapsed_s", json_real(s->elapsed_s));
     /* Nine significant digits read back as the same float. */
     size_t n = json_dumpb(o, buf, len, JSON_COMPACT | JSON_REAL_PRECISION(9));
     json_decref(o);
