@@ -1026,6 +1026,15 @@ dt_status dt_ps_sync_histogram(const dt_grad_sync *s, int64_t hist[DT_PS_HIST]);
  */
 #define DT_COST_MAX 12
 
+/* The replica group's strategy a query prices (with zero 0; docs/async.md). */
+typedef enum dt_sync_mode {
+    DT_SYNC_MODE_DDP, /* bucketed allreduce every step (the default) */
+    DT_SYNC_MODE_LOCAL,
+    DT_SYNC_MODE_GOSSIP,
+    DT_SYNC_MODE_PS,
+    DT_SYNC_MODE_COUNT
+} dt_sync_mode;
+
 typedef struct dt_cost_query {
     const dt_gpt_config *model;
     int B, T;                  /* sequences and tokens (whole sequence) per micro-batch */
@@ -1040,6 +1049,11 @@ typedef struct dt_cost_query {
     int zero;                  /* ZeRO stage on the replica group */
     double params;             /* floats of this rank's model part */
     size_t bucket_bytes;       /* gradient buckets */
+    /* Beyond synchronous data parallelism (zero-initialised: DDP). */
+    dt_sync_mode sync_mode;
+    int64_t sync_every; /* local SGD's H, gossip's K: steps per exchange (0 counts as 1) */
+    int gossip_vectors; /* parameter vectors a rank sends per gossip round (ring 2, exp 1) */
+    int ps_servers;     /* the parameter server's shards (0 counts as 1) */
 } dt_cost_query;
 
 typedef struct dt_comm_cost {
@@ -1062,10 +1076,17 @@ typedef struct dt_strategy_cost {
 void dt_strategy_cost_add(dt_strategy_cost *out, dt_comm_cost c);
 
 /* The hooks, each in its strategy's file. The gradient synchronisation's
- * is chosen by q->zero through a table in sync.c (the same choice the
- * trainer's setup makes): DDP for 0, ZeRO's for 1-3. */
+ * is chosen by q->zero and q->sync_mode through tables in sync.c (the same
+ * choice the trainer's setup makes): ZeRO's for stages 1-3; else DDP,
+ * local SGD (the parameter average every H steps, blocking), gossip (the
+ * exchange with its peers every K steps) or the parameter server (the
+ * bucket pushes during backward; the replies of a server's rank, the
+ * busiest, to the other workers). */
 void dt_ddp_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
 void dt_zero_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_local_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_gossip_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_ps_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
 void dt_grad_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
 void dt_tp_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
 void dt_cp_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);

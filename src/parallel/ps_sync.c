@@ -1055,3 +1055,28 @@ dt_status dt_ps_sync_histogram(const dt_grad_sync *base, int64_t hist[DT_PS_HIST
     }
     return s->world ? dt_group_allreduce(s->world, hist, hist, DT_PS_HIST, DT_I64, DT_SUM) : DT_OK;
 }
+
+/* The planner's view from a server's rank (the busiest): its worker's
+ * pushes to the other servers, a shard each, sent as backward finishes
+ * them; its server's replies, a shard to each other worker, while they
+ * wait. */
+void dt_ps_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
+    int W = q->degree[DT_AXIS_DP] * q->degree[DT_AXIS_CP];
+    int K = q->ps_servers > 0 ? q->ps_servers : 1;
+    if (W <= 1)
+        return;
+    double shard = q->params * sizeof(float) / K;
+    if (K > 1)
+        dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_SEND,
+                                                 .axis = DT_AXIS_DP,
+                                                 .bytes = shard,
+                                                 .calls = K - 1,
+                                                 .backward = true,
+                                                 .overlapped = true,
+                                                 .what = "ps gradient pushes"});
+    dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_SEND,
+                                             .axis = DT_AXIS_DP,
+                                             .bytes = shard,
+                                             .calls = W - 1,
+                                             .what = "ps replies (a server's)"});
+}
