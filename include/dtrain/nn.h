@@ -24,7 +24,8 @@
  *  - ONE activation arena, sized at create time from (config, max_batch,
  *    max_seq, precision, recomputation). forward/backward never allocate.
  *  - bf16/fp16 (dt_gpt_options.precision): params and grads stay fp32; the
- *    weights are rounded into a 16-bit copy once per forward; block
+ *    weights are rounded into a 16-bit copy once per forward, or once per
+ *    step by its owner (dt_gpt_set_weights16: the optimizer writes it); block
  *    activations are 16-bit; the residual stream, LayerNorm statistics,
  *    logits and loss stay fp32 (docs/engine.md).
  *  - Recomputation (dt_gpt_options.recompute_every): a chosen block keeps
@@ -437,6 +438,43 @@ double dt_gpt_take_comm_ms(dt_gpt *m);
 /* Milliseconds in context-parallel attention (its kernels and the
  * communication above, forward and backward) since the last call; resets. */
 double dt_gpt_take_attention_ms(dt_gpt *m);
+
+/* Where a model's passes spend their time (dtrain bench train's
+ * breakdown): wall milliseconds in the matrix products (linear layers and
+ * the LM head), attention, the elementwise kernels (LayerNorm, GELU,
+ * residual adds, embedding, the loss's softmax gradient) and 16-bit casts
+ * (the weight copy, dlogits, the residual gradient), since the last take.
+ * Off by default (then nothing is timed); the rest of a pass (the loss's
+ * log-sum-exp, copies, communication) is the difference to its total. */
+typedef struct dt_gpt_profile {
+    double products_ms, attention_ms, elementwise_ms, casts_ms;
+} dt_gpt_profile;
+void dt_gpt_profile_enable(dt_gpt *m, bool on);
+dt_gpt_profile dt_gpt_take_profile(dt_gpt *m);
+
+/* The 16-bit compute copy of the weights (bf16/fp16 models; fp32 models
+ * have none and ignore these calls). By default (DT_GPT_W16_EACH_FORWARD)
+ * every forward rounds all parameters into it, since the caller may have
+ * changed them. A training loop that knows when parameters change takes
+ * the copy over: it sets DT_GPT_W16_STALE after anything that writes
+ * parameters without updating the copy (the next forward rounds them once,
+ * then the copy is current for every later forward and backward: all
+ * micro-batches of a step), or DT_GPT_W16_CURRENT after an optimizer wrote
+ * the copy as it updated the master (dt_gpt_write_weights16). With
+ * parameter hooks (ZeRO 3) each fetched unit is rounded as it arrives,
+ * whatever the state. */
+typedef enum dt_gpt_w16 {
+    DT_GPT_W16_EACH_FORWARD, /* the default: round at every forward */
+    DT_GPT_W16_STALE,        /* round at the next forward, then current */
+    DT_GPT_W16_CURRENT       /* the copy equals the rounded parameters */
+} dt_gpt_w16;
+void dt_gpt_set_weights16(dt_gpt *m, dt_gpt_w16 state);
+dt_gpt_w16 dt_gpt_weights16_state(const dt_gpt *m);
+/* Round src[0, count), the new values of parameters [begin, begin + count),
+ * into the 16-bit copy: the shape of dt_optim_copy_fn (optim.h), `model`
+ * being the dt_gpt. Safe on disjoint ranges from several threads; nothing
+ * in fp32. Bit-identical to the forward's own rounding. */
+void dt_gpt_write_weights16(void *model, const float *src, size_t begin, size_t count);
 
 /* The last forward's logits, fp32, valid until the next backward:
  *  - recompute_every == 0: all of them, (B,T,V);

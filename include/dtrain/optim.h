@@ -436,6 +436,26 @@ int dt_lbfgs_evals(const dt_optimizer *o);
 dt_status dt_kfac_accumulate(dt_optimizer *o, size_t weight_offset, const float *x, const float *dy,
                              int N, int in, int out, float scale);
 
+/*
+ * The compute copy (mixed precision: issue 28's weight handle). With a copy
+ * function set, the elementwise update rules (AdamW, 1-bit Adam, RAdam,
+ * SGD: dt_optimizer_writes_copy) call fn(user, src, begin, count) right
+ * after they wrote parameters [begin, begin + count) (src points at the
+ * first), chunk by chunk while the chunk is still in cache, so the caller
+ * rounds the new values into its 16-bit copy without a pass of its own
+ * (dt_gpt_write_weights16 has this shape). Chunks are disjoint and may be
+ * handed to fn from several OpenMP threads at once. The other kinds never
+ * call it. fn NULL: no copy (the default). The parameters' bits do not
+ * depend on it.
+ */
+typedef void (*dt_optim_copy_fn)(void *user, const float *src, size_t begin, size_t count);
+void dt_optimizer_set_copy(dt_optimizer *o, dt_optim_copy_fn fn, void *user);
+/* Whether this optimizer's updates call the copy function for every
+ * parameter it writes: an elementwise kind whose step writes parameters
+ * through the update rule only (not Lookahead, whose slow-weight sync
+ * writes them too). */
+bool dt_optimizer_writes_copy(const dt_optimizer *o);
+
 const dt_optim_config *dt_optimizer_config(const dt_optimizer *o);
 /* The owned ranges, and the parameters they hold in all. */
 size_t dt_optimizer_num_owned(const dt_optimizer *o);

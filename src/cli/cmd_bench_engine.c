@@ -172,37 +172,17 @@ static const cli_opt train_opts[] = {
     {0},
 };
 
-/* A piece of the flat buffer for the optimizer: one tensor or a slice of a
- * large one. AdamW is elementwise, so any cut gives the same result. */
-typedef struct opt_piece {
-    size_t off, n;
-    bool decay;
-} opt_piece;
-
-#define OPT_PIECE_MAX ((size_t)1 << 20)
-
-/* Cut the model's tensors into pieces of <= OPT_PIECE_MAX floats; returns
- * the count (out may be NULL to count only). */
-static size_t opt_pieces(dt_gpt *m, opt_piece *out) {
-    size_t k = 0;
-    for (size_t i = 0; i < dt_gpt_num_tensors(m); i++) {
-        dt_param_info p;
-        dt_gpt_tensor_info(m, i, &p);
-        size_t n = p.rows * p.cols;
-        for (size_t o = 0; o < n; o += OPT_PIECE_MAX, k++)
-            if (out)
-                out[k] = (opt_piece){p.offset + o, n - o < OPT_PIECE_MAX ? n - o : OPT_PIECE_MAX,
-                                     p.decay};
-    }
-    return k;
-}
+/* Samples per step: step, fwd, bwd, opt, products, attention, elementwise, casts. */
+#define BENCH_SERIES 8
 
 /* One mode of `bench train`: a compute type and a recomputation setting,
  * with its samples accumulated over the rounds. */
 typedef struct bench_mode {
     dt_gpt_options opt;
-    double *t_step, *t_fwd, *t_bwd, *t_opt; /* rounds x steps samples */
-    int n;                                  /* samples so far */
+    /* rounds x steps samples of: the step, forward, backward, optimizer,
+     * and the passes' products, attention, elementwise kernels and casts */
+    double *t[BENCH_SERIES];
+    int n; /* samples so far */
     float first_loss, loss;
     dt_memory_report mr;
 } bench_mode;
@@ -237,62 +217,87 @@ static dt_status parse_modes(const char *precs, const char *recs, bench_mode *ou
 }
 
 /* Create a model for mode bm, run warmup + steps training steps on (in, tg)
- * and append the timed ones to bm's samples. */
+ * and append the timed ones to bm's samples. The optimizer is the
+ * trainer's: AdamW over every tensor (decay on matrices), and in bf16/fp16
+ * the weight handle (it writes the 16-bit copy as it updates; the model
+ * rounds the weights once, at the first forward). */
 static dt_status run_mode(bench_mode *bm, const dt_gpt_config *cfg, int B, int T, int warmup,
                           int steps, const int32_t *in, const int32_t *tg) {
     dt_gpt *m = NULL;
-    float *mom = NULL, *var = NULL;
-    opt_piece *pieces = NULL;
+    dt_optimizer *o = NULL;
+    dt_optim_tensor *tab = NULL;
     dt_status st;
     DT_CHECK(dt_gpt_create_with(&m, cfg, B, T, &bm->opt));
     dt_gpt_init_params(m, 1);
     dt_gpt_memory(m, &bm->mr);
-    size_t n = dt_gpt_num_params(m), npieces = opt_pieces(m, NULL);
-    mom = dt_calloc(n, sizeof(float));
-    var = dt_calloc(n, sizeof(float));
-    pieces = malloc(npieces * sizeof *pieces);
-    if (!mom || !var || !pieces) {
-        st = dt_error_set(DT_ERR_NOMEM, "cannot allocate optimizer state for %zu parameters", n);
+    size_t n = dt_gpt_num_params(m), nt = dt_gpt_num_tensors(m);
+    tab = calloc(nt, sizeof *tab);
+    if (!tab) {
+        st = dt_error_set(DT_ERR_NOMEM, "cannot allocate the optimizer's tensor table");
         goto done;
     }
-    opt_pieces(m, pieces);
-    dt_adamw_config ac = {0.9f, 0.95f, 1e-8f, 0.1f};
+    for (size_t i = 0; i < nt; i++) {
+        dt_param_info p;
+        dt_gpt_tensor_info(m, i, &p);
+        tab[i] = (dt_optim_tensor){.offset = p.offset, .count = p.rows * p.cols, .decay = p.decay};
+    }
+    dt_optim_config oc = dt_optim_config_default();
+    oc.adamw = (dt_adamw_config){0.9f, 0.95f, 1e-8f, 0.1f};
+    DT_CHECK_GOTO(dt_optimizer_create(&o, &oc, tab, nt, &(dt_range){0, n}, 1), st, done);
+    bool low = bm->opt.precision != DT_PRECISION_FP32;
+    if (low) {
+        dt_optimizer_set_copy(o, dt_gpt_write_weights16, m);
+        dt_gpt_set_weights16(m, DT_GPT_W16_STALE);
+    }
+    dt_gpt_profile_enable(m, true);
     float loss = 0.0f;
     for (int s = 0; s < warmup + steps; s++) {
+        (void)dt_gpt_take_profile(m);
         double t0 = dt_now();
         /* No zero_grads: the step's one backward overwrites the gradients. */
         DT_CHECK_GOTO(dt_gpt_forward(m, in, tg, B, T, &loss), st, done);
         double t1 = dt_now();
         DT_CHECK_GOTO(dt_gpt_backward_mode(m, 1.0f, DT_GRAD_OVERWRITE, NULL, NULL), st, done);
         double t2 = dt_now();
-        /* AdamW over the flat buffer in ONE parallel region: pieces taken
-         * dynamically, each a single-threaded range update (the nested
-         * region inside dt_adamw_step runs on one thread). */
-        float *P = dt_gpt_params(m), *G = dt_gpt_grads(m);
-#pragma omp parallel for schedule(dynamic, 1)
-        for (size_t k = 0; k < npieces; k++) {
-            const opt_piece *q = &pieces[k];
-            dt_adamw_step(P + q->off, G + q->off, mom + q->off, var + q->off, q->n, 3e-4f, &ac,
-                          s + 1, q->decay ? ac.weight_decay : 0.0f);
-        }
+        dt_optimizer_begin(o, s, 3e-4f);
+        DT_CHECK_GOTO(dt_optimizer_step(o, dt_gpt_params(m), dt_gpt_grads(m)), st, done);
+        dt_optimizer_end(o, true);
+        if (low)
+            dt_gpt_set_weights16(m, DT_GPT_W16_CURRENT);
         double t3 = dt_now();
+        dt_gpt_profile pf = dt_gpt_take_profile(m);
         if (s == 0 && bm->n == 0)
             bm->first_loss = loss;
         if (s >= warmup) {
-            bm->t_step[bm->n] = t3 - t0;
-            bm->t_fwd[bm->n] = t1 - t0;
-            bm->t_bwd[bm->n] = t2 - t1;
-            bm->t_opt[bm->n] = t3 - t2;
+            const double v[BENCH_SERIES] = {t3 - t0,
+                                            t1 - t0,
+                                            t2 - t1,
+                                            t3 - t2,
+                                            pf.products_ms * 1e-3,
+                                            pf.attention_ms * 1e-3,
+                                            pf.elementwise_ms * 1e-3,
+                                            pf.casts_ms * 1e-3};
+            for (int k = 0; k < BENCH_SERIES; k++)
+                bm->t[k][bm->n] = v[k];
             bm->n++;
         }
     }
     bm->loss = loss;
     st = DT_OK;
 done:
-    free(pieces);
-    dt_free(mom), dt_free(var);
+    dt_optimizer_destroy(o);
+    free(tab);
     dt_gpt_destroy(m);
     return st;
+}
+
+/* The backend of a mode's 16-bit products. */
+static const char *gemm16_name(dt_precision p) {
+    if (p == DT_PRECISION_FP32)
+        return "fp32 sgemm";
+    if (p == DT_PRECISION_FP16)
+        return "sgemm (widened)";
+    return dt_gemm_backend_name(dt_gemm_backend_default());
 }
 
 static int run_train(cli_args *a) {
@@ -324,17 +329,14 @@ static int run_train(cli_args *a) {
     size_t n = dt_gpt_config_num_params(&cfg), samples = (size_t)rounds * steps;
     int32_t *in = malloc((size_t)B * T * sizeof(int32_t));
     int32_t *tg = malloc((size_t)B * T * sizeof(int32_t));
-    double *buf = calloc((size_t)nmodes * 4 * samples, sizeof(double));
+    double *buf = calloc((size_t)nmodes * BENCH_SERIES * samples, sizeof(double));
     if (!in || !tg || !buf) {
         st = dt_error_set(DT_ERR_NOMEM, "cannot allocate the benchmark's batch and samples");
         goto done;
     }
     for (int k = 0; k < nmodes; k++) {
-        double *b = buf + (size_t)k * 4 * samples;
-        modes[k].t_step = b;
-        modes[k].t_fwd = b + samples;
-        modes[k].t_bwd = b + 2 * samples;
-        modes[k].t_opt = b + 3 * samples;
+        for (int j = 0; j < BENCH_SERIES; j++)
+            modes[k].t[j] = buf + ((size_t)k * BENCH_SERIES + (size_t)j) * samples;
     }
     dt_rng r;
     dt_rng_init(&r, 1, dt_rng_stream_id(0, 0, DT_RNG_TEST));
@@ -366,17 +368,23 @@ static int run_train(cli_args *a) {
                    dt_format_bytes((double)(p.attention + p.attention_naive), y, sizeof y));
         }
         printf("\n");
-        printf("%-18s %4s %5s %7s %5s %9s %10s %9s %9s %9s %11s %9s %7s %10s %8s\n", "model", "B",
-               "T", "threads", "prec", "recompute", "ms/step", "fwd ms", "bwd ms", "opt ms",
-               "tokens/s", "GFLOP/s", "MFU", "act peak", "x first");
+        printf("# kernels %s; 16-bit products: bf16 %s, fp16 widened to fp32 sgemm\n",
+               dt_isa_name(dt_isa()), gemm16_name(DT_PRECISION_BF16));
+        printf("%-18s %4s %5s %7s %5s %9s %10s %9s %9s %9s %9s %9s %9s %9s %9s %11s %9s %7s %10s "
+               "%8s\n",
+               "model", "B", "T", "threads", "prec", "recompute", "ms/step", "fwd ms", "bwd ms",
+               "opt ms", "prod ms", "attn ms", "elem ms", "cast ms", "rest ms", "tokens/s",
+               "GFLOP/s", "MFU", "act peak", "x first");
     }
     double tok_first = 0.0;
     for (int k = 0; k < nmodes; k++) {
         bench_mode *bm = &modes[k];
         int ns = bm->n;
-        double ms = median(bm->t_step, ns) * 1e3;
-        double fwd = median(bm->t_fwd, ns) * 1e3, bwd = median(bm->t_bwd, ns) * 1e3;
-        double opt = median(bm->t_opt, ns) * 1e3;
+        double ms = median(bm->t[0], ns) * 1e3;
+        double fwd = median(bm->t[1], ns) * 1e3, bwd = median(bm->t[2], ns) * 1e3;
+        double opt = median(bm->t[3], ns) * 1e3;
+        double prod = median(bm->t[4], ns) * 1e3, attn = median(bm->t[5], ns) * 1e3;
+        double elem = median(bm->t[6], ns) * 1e3, cast = median(bm->t[7], ns) * 1e3;
         double tok_s = (double)B * T / (ms * 1e-3);
         double gflops = 3.0 * dt_gpt_flops_per_token(&cfg, T) * B * T / (ms * 1e-3) * 1e-9;
         dt_precision pr = bm->opt.precision;
@@ -402,14 +410,22 @@ static int run_train(cli_args *a) {
                 "saved_bytes", (json_int_t)bm->mr.saved, "recompute_bytes",
                 (json_int_t)bm->mr.recompute, "weights16_bytes", (json_int_t)bm->mr.weights16,
                 "loss_first", cli_json_num(bm->first_loss), "loss_last", cli_json_num(bm->loss));
+            json_t *o3 =
+                json_pack("{s:o, s:o, s:o, s:o, s:s, s:s}", "products_ms", cli_json_num(prod),
+                          "attention_ms", cli_json_num(attn), "elementwise_ms", cli_json_num(elem),
+                          "casts_ms", cli_json_num(cast), "isa", dt_isa_name(dt_isa()), "gemm16",
+                          gemm16_name(bm->opt.precision));
+            DT_ASSERT(o3 && json_object_update(o2, o3) == 0);
+            json_decref(o3);
             DT_ASSERT(o && o2 && json_object_update(o, o2) == 0);
             json_decref(o2);
             cli_json_line(o);
         } else {
-            printf("%-18s %4d %5d %7d %5s %9s %10.2f %9.2f %9.2f %9.2f %11.1f %9.1f %6.1f%% %10s "
-                   "%7.2fx\n",
+            printf("%-18s %4d %5d %7d %5s %9s %10.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f %9.2f "
+                   "%9.2f %11.1f %9.1f %6.1f%% %10s %7.2fx\n",
                    cli_str(a, "model"), B, T, threads, dt_precision_name(bm->opt.precision), rc, ms,
-                   fwd, bwd, opt, tok_s, gflops, mfu * 100,
+                   fwd, bwd, opt, prod, attn, elem, cast, ms - opt - prod - attn - elem - cast,
+                   tok_s, gflops, mfu * 100,
                    dt_format_bytes((double)bm->mr.activations, act, sizeof act), tok_s / tok_first);
         }
     }
@@ -417,7 +433,9 @@ static int run_train(cli_args *a) {
         printf("# median of %d rounds x %d steps after %d warm-up each (modes alternate per "
                "round); MFU against this machine's cached peak of each compute type (fp32 %.1f "
                "GFLOP/s; dtrain bench peak); act peak = the activation arena (forward/backward "
-               "never allocate); loss %.4f -> %.4f in the first mode (same batch every step)\n",
+               "never allocate); prod/attn/elem/cast = the passes' matrix products, attention, "
+               "elementwise kernels and 16-bit casts, rest = the step less those and opt; loss "
+               "%.4f -> %.4f in the first mode (same batch every step)\n",
                rounds, steps, warmup, peaks[DT_PRECISION_FP32] * 1e-9, modes[0].first_loss,
                modes[0].loss);
 done:
@@ -433,7 +451,11 @@ const cli_cmd cli_bench_train = {
     .usage = "dtrain bench train [--model PRESET] [--batch B] [--seq T] [--threads N] "
              "[--precision fp32,bf16] [--recompute none,blocks] [--rounds R] [--steps N] [--json]",
     .description = "Times forward + backward (overwriting the gradients: no zeroing pass) +\n"
-                   "AdamW (flat buffer) per step on a fixed random batch; MFU is against the\n"
+                   "AdamW (the trainer's optimizer object; in bf16/fp16 it writes the 16-bit\n"
+                   "weight copy as it updates) per step on a fixed random batch, and splits\n"
+                   "the passes into matrix products, attention, elementwise kernels and\n"
+                   "16-bit casts (the ISA level and 16-bit GEMM backend are printed); MFU is\n"
+                   "against the\n"
                    "sgemm peak measured in the same run (n = 1536, see 'dtrain bench gemm').\n"
                    "Every combination of --precision and --recompute runs in the same process,\n"
                    "one fresh model each, alternating per round; the table shows tokens/s and\n"

@@ -72,10 +72,15 @@ dt_status dt__wire_check(const dt__wire_hdr *got, const dt__wire_hdr *want, int 
 /* A frame found queued (no receive posted for it) while this rank runs
  * `cur`: DT_ERR_MISMATCH if it can only belong to a different call. */
 dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int me, int from);
-/* Is news that a peer gave up in collective `seq` (0: unknown) for a later
- * collective than `cur`? Then every byte of `cur` the peer was to send was
- * sent before it failed, and `cur` can still complete here. */
-bool dt__abort_later(uint64_t seq, const dt__wire_hdr *cur);
+/* Can `cur` still complete here although a peer gave up in collective
+ * `seq` (0: unknown, or a point-to-point call)? For a collective `cur`: if
+ * the peer failed in a later collective, every byte of `cur` it was to send
+ * was sent before it failed. For a point-to-point `cur` (not ordered against
+ * collectives): if the peer failed in a collective and `cur` has nothing in
+ * flight with it (`busy` false); a receive posted later reads the failure
+ * itself, and a send waiting on the peer must not wait for a rank that gave
+ * up. */
+bool dt__abort_later(uint64_t seq, const dt__wire_hdr *cur, bool busy);
 /* Send, recv and batches: numbered per (direction, peer), not in the
  * group's sequence of collectives. */
 bool dt__is_p2p(unsigned coll);

@@ -355,7 +355,7 @@ static dt_status shm_check(dt__transport *tr, const dt__wire_hdr *cur) {
             continue;
         speer *p = &t->peers[i];
         int32_t ab = atomic_load(&p->ctrl->abort_status);
-        if (ab > 0 && dt__abort_later(atomic_load(&p->ctrl->abort_seq), cur))
+        if (ab > 0 && dt__abort_later(atomic_load(&p->ctrl->abort_seq), cur, p->sq || p->rq))
             ab = 0; /* this call can still complete: fail at the next */
         if (ab == DT_ERR_MISMATCH)
             return dt__abort_error(p->rank, DT_ERR_MISMATCH, -1, t->g->size, false);
@@ -391,6 +391,10 @@ static dt_status shm_check(dt__transport *tr, const dt__wire_hdr *cur) {
             continue;
         bool busy = p->sq || p->rq;
         if (atomic_load(&p->ctrl->departed) && !busy)
+            continue;
+        /* gone after giving up where this call does not need it */
+        if (atomic_load(&p->ctrl->abort_status) > 0 &&
+            dt__abort_later(atomic_load(&p->ctrl->abort_seq), cur, busy))
             continue;
         atomic_store(&t->g->lost, p->rank);
         return dt_error_set(DT_ERR_PEER, "rank %d (pid %d) %s: rank %d is lost", p->rank, p->pid,

@@ -51,6 +51,9 @@ typedef struct tsock {
     dt__part *sq, *sq_tail; /* parts to send, FIFO */
     dt__part *rq, *rq_tail; /* parts to receive, FIFO */
     bool quiet;             /* peer closed after BYE: stop watching it */
+    bool parked;            /* peer gave up in a collective while a point-to-point
+                               call ran that does not use this socket: not
+                               watched until a later call must hear it */
     bool midframe;          /* a frame is partly written (abort must not cut in) */
 } tsock;
 
@@ -165,7 +168,7 @@ static void abort_key(const tcp_t *t, int rank, char *key, size_t n) {
  * and the peer is blamed. Returns the recorded status, or DT_OK (also for
  * a failure in a collective after `cur`, when cur is given: see
  * dt__abort_later). */
-static dt_status recorded(tcp_t *t, tpeer *p, const dt__wire_hdr *cur, bool *later) {
+static dt_status recorded(tcp_t *t, tpeer *p, const dt__wire_hdr *cur, bool busy, bool *later) {
     dt__store *st = t->g->job->store;
     *later = false;
     if (!st)
@@ -183,7 +186,7 @@ static dt_status recorded(tcp_t *t, tpeer *p, const dt__wire_hdr *cur, bool *lat
               ((status == DT_ERR_PEER && root >= 0 && root < t->g->size) ||
                (status == DT_ERR_MISMATCH && root == -1));
     dt_free(v);
-    if (ok && cur && dt__abort_later(seq, cur))
+    if (ok && cur && dt__abort_later(seq, cur, busy))
         *later = true;
     if (!ok || *later)
         return DT_OK;
@@ -196,7 +199,7 @@ static dt_status lost(tcp_t *t, tpeer *p, const char *what, int err) {
     bool later;
     dt_status why = explain(t, p);
     if (why == DT_OK)
-        why = recorded(t, p, NULL, &later);
+        why = recorded(t, p, NULL, true, &later);
     if (why != DT_OK)
         return why;
     atomic_store(&t->g->lost, p->rank);
@@ -341,7 +344,7 @@ static int fill_pollfds(tcp_t *t) {
                 ev |= POLLIN;
             if (s->sq)
                 ev |= POLLOUT;
-            if (!s->quiet && !p->bye)
+            if (!s->quiet && !p->bye && !s->parked)
                 ev |= POLLRDHUP;
             t->pfd[n++] = (struct pollfd){.fd = ev ? s->fd : -1, .events = ev};
         }
@@ -374,9 +377,11 @@ static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const dt__wire_hdr *cur, 
             return DT_OK;
         }
         bool later;
-        dt_status why = recorded(t, p, cur, &later);
-        if (why != DT_OK || later) /* later: finish this call, fail at the next */
+        dt_status why = recorded(t, p, cur, s->sq != NULL, &later);
+        if (why != DT_OK || later) { /* later: finish this call, fail at the next */
+            s->parked = later && dt__is_p2p(cur->coll);
             return why;
+        }
         atomic_store(&t->g->lost, p->rank);
         return dt_error_set(DT_ERR_PEER,
                             "connection to rank %d closed without goodbye (the process died?): "
@@ -390,8 +395,10 @@ static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const dt__wire_hdr *cur, 
         p->bye = true;
         s->quiet = true;
     } else if (h.kind == DT__MSG_ABORT) {
-        if (dt__abort_later(h.seq, cur))
+        if (dt__abort_later(h.seq, cur, s->sq != NULL)) {
+            s->parked = dt__is_p2p(cur->coll);
             return DT_OK; /* this call can still complete: fail at the next */
+        }
         if (h.root >= 0 && h.root < t->g->size)
             atomic_store(&t->g->lost, h.root);
         return dt__abort_error(p->rank, (dt_status)h.status, h.root, t->g->size, false);
@@ -402,9 +409,11 @@ static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const dt__wire_hdr *cur, 
              * queued behind data nobody will read: its store record says
              * why. Otherwise stop watching until a recv is posted. */
             bool later;
-            dt_status why = recorded(t, p, cur, &later);
-            if (why != DT_OK || later)
+            dt_status why = recorded(t, p, cur, s->sq != NULL, &later);
+            if (why != DT_OK || later) {
+                s->parked = later && dt__is_p2p(cur->coll);
                 return why;
+            }
             s->quiet = true;
         }
     }
@@ -413,6 +422,15 @@ static dt_status inspect(tcp_t *t, tpeer *p, tsock *s, const dt__wire_hdr *cur, 
 
 static dt_status tcp_check(dt__transport *tr, const dt__wire_hdr *cur) {
     tcp_t *t = (tcp_t *)tr;
+    /* A parked failure is heard by the first call that cannot ignore it. */
+    for (int i = 0; i < t->npeers; i++)
+        for (int j = 0; j < t->peers[i].nsock; j++) {
+            tsock *s = &t->peers[i].s[j];
+            if (s->parked && !s->rq && (!dt__is_p2p(cur->coll) || s->sq)) {
+                s->parked = false;
+                DT_CHECK(inspect(t, &t->peers[i], s, cur, true));
+            }
+        }
     int n = fill_pollfds(t);
     for (int i = 0; i < n; i++) {
         t->pfd[i].events &= POLLRDHUP;

@@ -157,8 +157,10 @@ bool dt__is_p2p(unsigned coll) {
     return coll == DT_COLL_SEND || coll == DT_COLL_RECV || coll == DT_COLL_BATCH;
 }
 
-bool dt__abort_later(uint64_t seq, const dt__wire_hdr *cur) {
-    return seq > 0 && !dt__is_p2p(cur->coll) && seq > cur->seq;
+bool dt__abort_later(uint64_t seq, const dt__wire_hdr *cur, bool busy) {
+    if (dt__is_p2p(cur->coll))
+        return seq > 0 && !busy;
+    return seq > 0 && seq > cur->seq;
 }
 
 dt_status dt__wire_early(const dt__wire_hdr *got, const dt__wire_hdr *cur, int me, int from) {

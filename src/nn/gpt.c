@@ -889,6 +889,26 @@ double dt_gpt_take_comm_ms(dt_gpt *m) {
     return ms;
 }
 
+void dt_gpt_profile_enable(dt_gpt *m, bool on) { m->prof_on = on; }
+
+dt_gpt_profile dt_gpt_take_profile(dt_gpt *m) {
+    dt_gpt_profile p = {m->prof_ms[PROF_PRODUCTS], m->prof_ms[PROF_ATTENTION],
+                        m->prof_ms[PROF_ELEMENTWISE], m->prof_ms[PROF_CASTS]};
+    memset(m->prof_ms, 0, sizeof m->prof_ms);
+    return p;
+}
+
+void dt_gpt_set_weights16(dt_gpt *m, dt_gpt_w16 state) { m->w16_state = state; }
+dt_gpt_w16 dt_gpt_weights16_state(const dt_gpt *m) { return m->w16_state; }
+
+void dt_gpt_write_weights16(void *model, const float *src, size_t begin, size_t count) {
+    dt_gpt *m = model;
+    if (m->w16 && count > 0) {
+        DT_ASSERT(begin <= m->nparams && count <= m->nparams - begin);
+        dt_act16_from_f32(m->opt.precision, m->w16 + begin, src, count);
+    }
+}
+
 double dt_gpt_take_attention_ms(dt_gpt *m) {
     double ms = m->cp_attn_ms;
     m->cp_attn_ms = 0;

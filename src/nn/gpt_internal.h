@@ -123,6 +123,9 @@ typedef struct gpt_slot {
     bool pending_w;         /* split: backward ran, the weight gradients have not */
 } gpt_slot;
 
+/* The kinds of work a pass is split into for dt_gpt_take_profile. */
+enum { PROF_PRODUCTS, PROF_ATTENTION, PROF_ELEMENTWISE, PROF_CASTS, PROF_COUNT };
+
 struct dt_gpt {
     dt_gpt_config cfg;
     dt_gpt_options opt;    /* precision, recomputation, part */
@@ -130,7 +133,8 @@ struct dt_gpt {
     int max_B, max_T;      /* arena planned for these */
     size_t nparams;        /* floats in params and grads */
     float *params, *grads; /* the two flat buffers */
-    uint16_t *w16;         /* bf16/fp16: params cast once per forward (NULL in fp32) */
+    uint16_t *w16;         /* bf16/fp16: the rounded params (NULL in fp32) */
+    dt_gpt_w16 w16_state;  /* when w16 is rounded again (dt_gpt_set_weights16) */
     size_t ntensors;       /* entries of info */
     dt_param_info *info;   /* the tensors, in buffer order */
     size_t wte, wpe;       /* info index of wte / wpe (SIZE_MAX: not here) */
@@ -168,6 +172,9 @@ struct dt_gpt {
     dt_linear_stats_fn lstats; /* the linear layers' statistics (NULL: none) */
     void *lstats_user;
     float lstats_scale; /* this backward's grad_scale / N */
+
+    bool prof_on;               /* dt_gpt_profile_enable: PROF() times its calls */
+    double prof_ms[PROF_COUNT]; /* the times by kind (dt_gpt_take_profile) */
 };
 
 /* Whether block l drops its activations in forward and recomputes them. */
@@ -200,6 +207,16 @@ static inline size_t dt__act_size(dt_precision p) { return p == DT_PRECISION_FP3
         (m)->comm_ms += (dt_now() - t0_) * 1e3;                                                    \
         if (st_ != DT_OK)                                                                          \
             return st_;                                                                            \
+    } while (0)
+
+/* Run `stmt` (a kernel call of kind k), adding its wall time to the
+ * model's profile when profiling is on. Never inside a parallel region. */
+#define PROF(m, k, stmt)                                                                           \
+    do {                                                                                           \
+        double p0_ = (m)->prof_on ? dt_now() : 0.0;                                                \
+        stmt;                                                                                      \
+        if ((m)->prof_on)                                                                          \
+            (m)->prof_ms[k] += (dt_now() - p0_) * 1e3;                                             \
     } while (0)
 
 /* The sequence position of local token row i (of Tl = T/cp) on this rank. */

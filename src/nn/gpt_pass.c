@@ -135,8 +135,8 @@ static dt_status sum_partial(dt_gpt *m, float *grad, float *part, size_t n, dt_g
 /* Forward                                                                  */
 /* ------------------------------------------------------------------------ */
 
-/* bf16/fp16: round all parameters into w16, once per forward (the master
- * copy may have changed since). Chunks in parallel; each chunk's rounding
+/* bf16/fp16: round all parameters into w16 at a forward, unless the copy's
+ * owner says it is current (dt_gpt_set_weights16). Chunks in parallel; each chunk's rounding
  * is exact per element, so the thread count cannot change the result. */
 static void cast_weights(dt_gpt *m) {
     const size_t chunk = (size_t)1 << 16, n = m->nparams;
@@ -166,7 +166,8 @@ static dt_status embed_forward(dt_gpt *m) {
     const float *wte = m->params + m->info[m->wte].offset,
                 *wpe = m->params + m->info[m->wpe].offset;
     if (m->d.tp == 1 && m->d.cp == 1) {
-        dt_embedding_forward(m->s->encoded, m->s->tokens, wte, wpe, B, T, C);
+        PROF(m, PROF_ELEMENTWISE,
+             dt_embedding_forward(m->s->encoded, m->s->tokens, wte, wpe, B, T, C));
         return DT_OK;
     }
     const size_t N = (size_t)B * T, v0 = (size_t)m->d.r * (size_t)m->d.Vl;
@@ -209,82 +210,105 @@ dt_status dt__gpt_block_forward(dt_gpt *m, int l, const float *x, bool full, boo
     const block_acts *a = acts_of(m, l);
     if (pr == DT_PRECISION_FP32) {
         if (!ln1_done)
-            dt_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
-                                 bt(m, p, l, P_LN1B), Ns, C);
+            PROF(m, PROF_ELEMENTWISE,
+                 dt_layernorm_forward(a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
+                                      bt(m, p, l, P_LN1B), Ns, C));
         DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
         if (d->cp == 1) {
-            dt_matmul_forward(a->qkv, in, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * Ct);
-            dt_attention_forward(a->atty, a->att_lse, a->qkv, B, T, Ct, NHt);
+            PROF(m, PROF_PRODUCTS,
+                 dt_matmul_forward(a->qkv, in, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C,
+                                   3 * Ct));
+            PROF(m, PROF_ATTENTION,
+                 dt_attention_forward(a->atty, a->att_lse, a->qkv, B, T, Ct, NHt));
         } else {
             float *qkv = dt__gpt_cp_qkv_target(m, a);
-            dt_matmul_forward(qkv, in, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * Ct);
-            DT_CHECK(dt__gpt_cp_attention_forward(m, a, qkv));
+            PROF(
+                m, PROF_PRODUCTS,
+                dt_matmul_forward(qkv, in, bt(m, p, l, P_QKVW), bt(m, p, l, P_QKVB), N, C, 3 * Ct));
+            PROF(m, PROF_ATTENTION, DT_CHECK(dt__gpt_cp_attention_forward(m, a, qkv)));
         }
         /* The biases of c_proj and c_fc are added by the pass that reads
          * the product next (residual add, GELU), not seeded into the
          * product's output: one write and one read of that output fewer
          * (and a row-parallel bias is added once, after the reduction). */
-        dt_matmul_forward(m->dbuf, a->atty, bt(m, p, l, P_ATTPROJW), NULL, N, Ct, C);
+        PROF(m, PROF_PRODUCTS,
+             dt_matmul_forward(m->dbuf, a->atty, bt(m, p, l, P_ATTPROJW), NULL, N, Ct, C));
         DT_CHECK(region_out_forward(m, m->dbuf, &y));
-        dt_residual_layernorm_forward(a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, y,
-                                      bt(m, p, l, P_ATTPROJB), bt(m, p, l, P_LN2W),
-                                      bt(m, p, l, P_LN2B), Ns, C);
+        PROF(m, PROF_ELEMENTWISE,
+             dt_residual_layernorm_forward(a->res2, a->ln2, a->ln2_mean, a->ln2_rstd, x, y,
+                                           bt(m, p, l, P_ATTPROJB), bt(m, p, l, P_LN2W),
+                                           bt(m, p, l, P_LN2B), Ns, C));
         DT_CHECK(region_in_forward(m, a->ln2, &in, 4));
-        dt_matmul_forward(a->fch, in, bt(m, p, l, P_FCW), NULL, N, C, Ft);
-        dt_gelu_bias_forward(a->fch_gelu, a->fch, bt(m, p, l, P_FCB), N, Ft);
+        PROF(m, PROF_PRODUCTS, dt_matmul_forward(a->fch, in, bt(m, p, l, P_FCW), NULL, N, C, Ft));
+        PROF(m, PROF_ELEMENTWISE,
+             dt_gelu_bias_forward(a->fch_gelu, a->fch, bt(m, p, l, P_FCB), N, Ft));
         if (!full)
             return DT_OK;
-        dt_matmul_forward(m->dbuf, a->fch_gelu, bt(m, p, l, P_FCPROJW), NULL, N, Ft, C);
+        PROF(m, PROF_PRODUCTS,
+             dt_matmul_forward(m->dbuf, a->fch_gelu, bt(m, p, l, P_FCPROJW), NULL, N, Ft, C));
         DT_CHECK(region_out_forward(m, m->dbuf, &y));
         if (l + 1 < m->s->L1) {
             const block_acts *nx = acts_of(m, l + 1);
-            dt_residual_layernorm_forward(a->res3, nx->ln1, nx->ln1_mean, nx->ln1_rstd, a->res2, y,
-                                          bt(m, p, l, P_FCPROJB), bt(m, p, l + 1, P_LN1W),
-                                          bt(m, p, l + 1, P_LN1B), Ns, C);
+            PROF(m, PROF_ELEMENTWISE,
+                 dt_residual_layernorm_forward(a->res3, nx->ln1, nx->ln1_mean, nx->ln1_rstd,
+                                               a->res2, y, bt(m, p, l, P_FCPROJB),
+                                               bt(m, p, l + 1, P_LN1W), bt(m, p, l + 1, P_LN1B), Ns,
+                                               C));
         } else if (m->s->head) {
             const size_t lnw = m->info[m->lnf].offset, lnb = m->info[m->lnf + 1].offset;
-            dt_residual_layernorm_forward(a->res3, m->s->lnf_out, m->s->lnf_mean, m->s->lnf_rstd,
-                                          a->res2, y, bt(m, p, l, P_FCPROJB), p + lnw, p + lnb, Ns,
-                                          C);
+            PROF(m, PROF_ELEMENTWISE,
+                 dt_residual_layernorm_forward(a->res3, m->s->lnf_out, m->s->lnf_mean,
+                                               m->s->lnf_rstd, a->res2, y, bt(m, p, l, P_FCPROJB),
+                                               p + lnw, p + lnb, Ns, C));
         } else { /* a pipeline stage's output: the next stage normalises it */
-            residual_bias(a->res3, a->res2, y, bt(m, p, l, P_FCPROJB), (size_t)Ns, (size_t)C);
+            PROF(m, PROF_ELEMENTWISE,
+                 residual_bias(a->res3, a->res2, y, bt(m, p, l, P_FCPROJB), (size_t)Ns, (size_t)C));
         }
         return DT_OK;
     }
     /* bf16/fp16: a16 activations, fp32 residual stream and statistics; the
      * c_proj outputs are fp32 so the residual adds are exact fp32 adds. */
-    dt_layernorm16_forward(pr, a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
-                           bt(m, p, l, P_LN1B), Ns, C);
+    PROF(m, PROF_ELEMENTWISE,
+         dt_layernorm16_forward(pr, a->ln1, a->ln1_mean, a->ln1_rstd, x, bt(m, p, l, P_LN1W),
+                                bt(m, p, l, P_LN1B), Ns, C));
     DT_CHECK(region_in_forward(m, a->ln1, &in, 2));
     void *qkv = d->cp == 1 ? a->qkv : dt__gpt_cp_qkv_target(m, a);
-    DT_CHECK(dt_linear16_forward(pr, qkv, false, in, wt(m, l, P_QKVW), bt(m, p, l, P_QKVB), N, C,
-                                 3 * Ct));
+    PROF(m, PROF_PRODUCTS,
+         DT_CHECK(dt_linear16_forward(pr, qkv, false, in, wt(m, l, P_QKVW), bt(m, p, l, P_QKVB), N,
+                                      C, 3 * Ct)));
     if (d->cp == 1)
-        dt_attention16_forward(pr, a->atty, a->att_lse, a->qkv, B, T, Ct, NHt, m->attn_work);
+        PROF(m, PROF_ATTENTION,
+             dt_attention16_forward(pr, a->atty, a->att_lse, a->qkv, B, T, Ct, NHt, m->attn_work));
     else
-        DT_CHECK(dt__gpt_cp_attention_forward(m, a, qkv));
-    DT_CHECK(dt_linear16_forward(pr, m->dbuf, true, a->atty, wt(m, l, P_ATTPROJW),
-                                 sharded ? NULL : bt(m, p, l, P_ATTPROJB), N, Ct, C));
+        PROF(m, PROF_ATTENTION, DT_CHECK(dt__gpt_cp_attention_forward(m, a, qkv)));
+    PROF(m, PROF_PRODUCTS,
+         DT_CHECK(dt_linear16_forward(pr, m->dbuf, true, a->atty, wt(m, l, P_ATTPROJW),
+                                      sharded ? NULL : bt(m, p, l, P_ATTPROJB), N, Ct, C)));
     DT_CHECK(region_out_forward(m, m->dbuf, &y));
     if (sharded)
-        residual_bias(a->res2, x, y, bt(m, p, l, P_ATTPROJB), (size_t)Ns, (size_t)C);
+        PROF(m, PROF_ELEMENTWISE,
+             residual_bias(a->res2, x, y, bt(m, p, l, P_ATTPROJB), (size_t)Ns, (size_t)C));
     else
-        dt_residual_forward(a->res2, x, y, (size_t)N * C);
-    dt_layernorm16_forward(pr, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, bt(m, p, l, P_LN2W),
-                           bt(m, p, l, P_LN2B), Ns, C);
+        PROF(m, PROF_ELEMENTWISE, dt_residual_forward(a->res2, x, y, (size_t)N * C));
+    PROF(m, PROF_ELEMENTWISE,
+         dt_layernorm16_forward(pr, a->ln2, a->ln2_mean, a->ln2_rstd, a->res2, bt(m, p, l, P_LN2W),
+                                bt(m, p, l, P_LN2B), Ns, C));
     DT_CHECK(region_in_forward(m, a->ln2, &in, 2));
-    DT_CHECK(
-        dt_linear16_forward(pr, a->fch, false, in, wt(m, l, P_FCW), bt(m, p, l, P_FCB), N, C, Ft));
-    dt_gelu16_forward(pr, a->fch_gelu, a->fch, (size_t)N * Ft);
+    PROF(m, PROF_PRODUCTS,
+         DT_CHECK(dt_linear16_forward(pr, a->fch, false, in, wt(m, l, P_FCW), bt(m, p, l, P_FCB), N,
+                                      C, Ft)));
+    PROF(m, PROF_ELEMENTWISE, dt_gelu16_forward(pr, a->fch_gelu, a->fch, (size_t)N * Ft));
     if (!full)
         return DT_OK;
-    DT_CHECK(dt_linear16_forward(pr, m->dbuf, true, a->fch_gelu, wt(m, l, P_FCPROJW),
-                                 sharded ? NULL : bt(m, p, l, P_FCPROJB), N, Ft, C));
+    PROF(m, PROF_PRODUCTS,
+         DT_CHECK(dt_linear16_forward(pr, m->dbuf, true, a->fch_gelu, wt(m, l, P_FCPROJW),
+                                      sharded ? NULL : bt(m, p, l, P_FCPROJB), N, Ft, C)));
     DT_CHECK(region_out_forward(m, m->dbuf, &y));
     if (sharded)
-        residual_bias(a->res3, a->res2, y, bt(m, p, l, P_FCPROJB), (size_t)Ns, (size_t)C);
+        PROF(m, PROF_ELEMENTWISE,
+             residual_bias(a->res3, a->res2, y, bt(m, p, l, P_FCPROJB), (size_t)Ns, (size_t)C));
     else
-        dt_residual_forward(a->res3, a->res2, y, (size_t)N * C);
+        PROF(m, PROF_ELEMENTWISE, dt_residual_forward(a->res3, a->res2, y, (size_t)N * C));
     return DT_OK;
 }
 
@@ -346,10 +370,13 @@ static dt_status head_gemm(dt_gpt *m, float *out, const void *in, int N, int v0,
     const int C = m->d.C;
     size_t off = m->info[m->wte].offset + (size_t)v0 * C;
     if (m->opt.precision == DT_PRECISION_FP32) {
-        dt_matmul_forward(out, in, m->params + off, NULL, N, C, w);
+        PROF(m, PROF_PRODUCTS, dt_matmul_forward(out, in, m->params + off, NULL, N, C, w));
         return DT_OK;
     }
-    return dt_linear16_forward(m->opt.precision, out, true, in, m->w16 + off, NULL, N, C, w);
+    PROF(m, PROF_PRODUCTS,
+         DT_CHECK(
+             dt_linear16_forward(m->opt.precision, out, true, in, m->w16 + off, NULL, N, C, w)));
+    return DT_OK;
 }
 
 /* Tensor parallelism: every rank's (lse, target logit) per row merged into
@@ -486,7 +513,9 @@ static dt_status fetch(dt_gpt *m, span r) {
         return DT_OK;
     DT_CHECK(m->hooks.fetch(m->hooks.user, r.begin, r.end));
     if (m->w16)
-        dt_act16_from_f32(m->opt.precision, m->w16 + r.begin, m->params + r.begin, r.end - r.begin);
+        PROF(m, PROF_CASTS,
+             dt_act16_from_f32(m->opt.precision, m->w16 + r.begin, m->params + r.begin,
+                               r.end - r.begin));
     return DT_OK;
 }
 static void prefetch(dt_gpt *m, span r) {
@@ -565,8 +594,9 @@ static dt_status head_pass(dt_gpt *m, const float *x, const int32_t *targets, in
     const float *p = m->params;
     const size_t lnw = m->info[m->lnf].offset, lnb = m->info[m->lnf + 1].offset;
     if (pr != DT_PRECISION_FP32)
-        dt_layernorm16_forward(pr, m->s->lnf_out, m->s->lnf_mean, m->s->lnf_rstd, x, p + lnw,
-                               p + lnb, (int)ns, C);
+        PROF(m, PROF_ELEMENTWISE,
+             dt_layernorm16_forward(pr, m->s->lnf_out, m->s->lnf_mean, m->s->lnf_rstd, x, p + lnw,
+                                    p + lnb, (int)ns, C));
     const void *xf;
     DT_CHECK(region_in_forward(m, m->s->lnf_out, &xf, dt__act_size(pr)));
     if (!targets && !m->s->logits) {
@@ -637,8 +667,12 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
     s->T = T / d->cp; /* this rank's tokens of each sequence */
     s->have_targets = false;
     const size_t ns = rows_here(m);
-    if (pr != DT_PRECISION_FP32 && !m->hooks.fetch) /* with hooks: per unit, in fetch() */
-        cast_weights(m);
+    if (pr != DT_PRECISION_FP32 && !m->hooks.fetch && /* with hooks: per unit, in fetch() */
+        m->w16_state != DT_GPT_W16_CURRENT) {
+        PROF(m, PROF_CASTS, cast_weights(m));
+        if (m->w16_state == DT_GPT_W16_STALE)
+            m->w16_state = DT_GPT_W16_CURRENT;
+    }
     prefetch(m, block_unit(m, s->L0));
     if (s->embeds) {
         take_tokens(m, s->tokens, inputs, B, T);
@@ -677,11 +711,11 @@ static const uint16_t *head_dout16(dt_gpt *m, float *buf, size_t N, size_t V) {
     const dt_precision pr = m->opt.precision;
     const float *in = buf;
     uint16_t *out = (uint16_t *)(void *)buf;
-    dt_act16_from_f32(pr, m->row16, in, V);
+    PROF(m, PROF_CASTS, dt_act16_from_f32(pr, m->row16, in, V));
     memcpy(out, m->row16, V * sizeof(uint16_t));
     for (size_t r = 1; r < N; r *= 2) {
         size_t e = 2 * r < N ? 2 * r : N;
-        dt_act16_from_f32(pr, out + r * V, in + r * V, (e - r) * V);
+        PROF(m, PROF_CASTS, dt_act16_from_f32(pr, out + r * V, in + r * V, (e - r) * V));
     }
     return out;
 }
@@ -719,17 +753,20 @@ static dt_status head_backward(dt_gpt *m, const void *x, float scale, dt_grad_mo
             for (int i = 0; i < N; i++)
                 memcpy(c + (size_t)i * w, m->s->logits + (size_t)i * Vl + v0, sizeof(float) * w);
         if (w == Vl && m->d.tp == 1)
-            dt_crossentropy_backward(c, c, m->s->ce_lse, m->s->targets, scale, N, Vl);
+            PROF(m, PROF_ELEMENTWISE,
+                 dt_crossentropy_backward(c, c, m->s->ce_lse, m->s->targets, scale, N, Vl));
         else
             chunk_dlogits(m, c, N, v0, w, scale);
         /* dlnf (N,C) (+)= dchunk @ wte[v0:v0+w); dwte[v0:v0+w) += dchunk^T @ lnf. */
         if (pr == DT_PRECISION_FP32)
-            dt_matmul_backward_mode(dst, m->grads + wte + (size_t)v0 * C, NULL, c, x,
-                                    m->params + wte + (size_t)v0 * C, N, C, w, mode);
+            PROF(m, PROF_PRODUCTS,
+                 dt_matmul_backward_mode(dst, m->grads + wte + (size_t)v0 * C, NULL, c, x,
+                                         m->params + wte + (size_t)v0 * C, N, C, w, mode));
         else
-            DT_CHECK(dt_linear16_backward_mode(pr, dst, m->grads + wte + (size_t)v0 * C, NULL,
-                                               head_dout16(m, c, (size_t)N, (size_t)w), x,
-                                               m->w16 + wte + (size_t)v0 * C, N, C, w, mode));
+            PROF(m, PROF_PRODUCTS,
+                 DT_CHECK(dt_linear16_backward_mode(pr, dst, m->grads + wte + (size_t)v0 * C, NULL,
+                                                    head_dout16(m, c, (size_t)N, (size_t)w), x,
+                                                    m->w16 + wte + (size_t)v0 * C, N, C, w, mode)));
         if (v0 > 0)
             for (size_t k = 0; k < (size_t)N * C; k++)
                 m->dbuf[k] += dst[k];
@@ -746,12 +783,15 @@ static void ln_backward(dt_gpt *m, float *dinp, bool weights, float *gw, float *
                         const float *rstd, dt_grad_mode mode) {
     const int C = m->d.C, Ns = (int)rows_here(m);
     if (!weights)
-        dt_layernorm_backward_mode(dinp, NULL, NULL, dout, inp, w, mean, rstd, Ns, C, mode);
+        PROF(m, PROF_ELEMENTWISE,
+             dt_layernorm_backward_mode(dinp, NULL, NULL, dout, inp, w, mean, rstd, Ns, C, mode));
     else if (m->d.sp)
-        dt_layernorm_backward_mode(dinp, stage, stage + C, dout, inp, w, mean, rstd, Ns, C,
-                                   DT_GRAD_OVERWRITE);
+        PROF(m, PROF_ELEMENTWISE,
+             dt_layernorm_backward_mode(dinp, stage, stage + C, dout, inp, w, mean, rstd, Ns, C,
+                                        DT_GRAD_OVERWRITE));
     else
-        dt_layernorm_backward_mode(dinp, gw, gb, dout, inp, w, mean, rstd, Ns, C, mode);
+        PROF(m, PROF_ELEMENTWISE,
+             dt_layernorm_backward_mode(dinp, gw, gb, dout, inp, w, mean, rstd, Ns, C, mode));
 }
 
 /* The gradient of this block's output, as the row-parallel c_proj layers
@@ -768,7 +808,7 @@ static dt_status dout_rows(dt_gpt *m, const void **dout) {
         *dout = m->gathered;
         return region_out_backward(m, m->gathered, 4);
     }
-    dt_act16_from_f32(pr, m->dres16 + off, m->dres, ns);
+    PROF(m, PROF_CASTS, dt_act16_from_f32(pr, m->dres16 + off, m->dres, ns));
     *dout = m->dres16;
     return region_out_backward(m, m->dres16, 2);
 }
@@ -803,27 +843,32 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode m
         memcpy(w->d_fcproj, dout, (size_t)N * C * A);
     if (pr == DT_PRECISION_FP32) {
         float *dfc = w ? (float *)w->d_fc : m->dfch;
-        dt_matmul_backward_mode(m->dfch, G(P_FCPROJW), G(P_FCPROJB), dout, a->fch_gelu,
-                                bt(m, p, l, P_FCPROJW), N, Ft, C, mode);
+        PROF(m, PROF_PRODUCTS,
+             dt_matmul_backward_mode(m->dfch, G(P_FCPROJW), G(P_FCPROJB), dout, a->fch_gelu,
+                                     bt(m, p, l, P_FCPROJW), N, Ft, C, mode));
         linear_stats(m, weights, l, P_FCPROJW, a->fch_gelu, dout, N, Ft, C);
-        dt_gelu_bias_backward(dfc, a->fch, bt(m, p, l, P_FCB), m->dfch, N, Ft);
+        PROF(m, PROF_ELEMENTWISE,
+             dt_gelu_bias_backward(dfc, a->fch, bt(m, p, l, P_FCB), m->dfch, N, Ft));
         if (weights)
             DT_CHECK(region_in_forward(m, a->ln2, &in, 4)); /* SP: gathered again */
-        dt_matmul_backward_mode(m->dbuf, G(P_FCW), G(P_FCB), dfc, in, bt(m, p, l, P_FCW), N, C, Ft,
-                                mode);
+        PROF(m, PROF_PRODUCTS,
+             dt_matmul_backward_mode(m->dbuf, G(P_FCW), G(P_FCB), dfc, in, bt(m, p, l, P_FCW), N, C,
+                                     Ft, mode));
         linear_stats(m, weights, l, P_FCW, in, dfc, N, C, Ft);
     } else {
-        DT_CHECK(dt_linear16_backward_mode(pr, m->dfch, G(P_FCPROJW), G(P_FCPROJB), dout,
-                                           a->fch_gelu, wt(m, l, P_FCPROJW), N, Ft, C, mode));
+        PROF(m, PROF_PRODUCTS,
+             DT_CHECK(dt_linear16_backward_mode(pr, m->dfch, G(P_FCPROJW), G(P_FCPROJB), dout,
+                                                a->fch_gelu, wt(m, l, P_FCPROJW), N, Ft, C, mode)));
         /* The GELU output was only needed for c_proj's weight gradient: its
          * memory now takes the rounded gradient of the c_fc output (split:
          * the slot keeps it, the weight gradient still needs the output). */
         uint16_t *dfch16 = w ? w->d_fc : a->fch_gelu;
-        dt_gelu16_backward(pr, dfch16, a->fch, m->dfch, (size_t)N * Ft);
+        PROF(m, PROF_ELEMENTWISE, dt_gelu16_backward(pr, dfch16, a->fch, m->dfch, (size_t)N * Ft));
         if (weights)
             DT_CHECK(region_in_forward(m, a->ln2, &in, 2));
-        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_FCW), G(P_FCB), dfch16, in,
-                                           wt(m, l, P_FCW), N, C, Ft, mode));
+        PROF(m, PROF_PRODUCTS,
+             DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_FCW), G(P_FCB), dfch16, in,
+                                                wt(m, l, P_FCW), N, C, Ft, mode)));
     }
     DT_CHECK(region_in_backward(m, m->dbuf, &dln));
     if (w)
@@ -836,31 +881,37 @@ static dt_status block_backward(dt_gpt *m, int l, const float *x, dt_grad_mode m
         memcpy(w->d_attproj, dout, (size_t)N * C * A);
     if (pr == DT_PRECISION_FP32) {
         float *dqkv = w ? (float *)w->d_qkv : m->dqkv;
-        dt_matmul_backward_mode(m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout, a->atty,
-                                bt(m, p, l, P_ATTPROJW), N, Ct, C, mode);
+        PROF(m, PROF_PRODUCTS,
+             dt_matmul_backward_mode(m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout, a->atty,
+                                     bt(m, p, l, P_ATTPROJW), N, Ct, C, mode));
         linear_stats(m, weights, l, P_ATTPROJW, a->atty, dout, N, Ct, C);
         if (d->cp == 1)
-            dt_attention_backward(dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt);
+            PROF(m, PROF_ATTENTION,
+                 dt_attention_backward(dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt));
         else
-            DT_CHECK(dt__gpt_cp_attention_backward(m, a, m->dbuf, dqkv));
+            PROF(m, PROF_ATTENTION, DT_CHECK(dt__gpt_cp_attention_backward(m, a, m->dbuf, dqkv)));
         if (weights)
             DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
-        dt_matmul_backward_mode(m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in, bt(m, p, l, P_QKVW), N, C,
-                                3 * Ct, mode);
+        PROF(m, PROF_PRODUCTS,
+             dt_matmul_backward_mode(m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in, bt(m, p, l, P_QKVW),
+                                     N, C, 3 * Ct, mode));
         linear_stats(m, weights, l, P_QKVW, in, dqkv, N, C, 3 * Ct);
     } else {
         uint16_t *dqkv = w ? w->d_qkv : m->dqkv;
-        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout, a->atty,
-                                           wt(m, l, P_ATTPROJW), N, Ct, C, mode));
+        PROF(m, PROF_PRODUCTS,
+             DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_ATTPROJW), G(P_ATTPROJB), dout,
+                                                a->atty, wt(m, l, P_ATTPROJW), N, Ct, C, mode)));
         if (d->cp == 1)
-            dt_attention16_backward(pr, dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct, NHt,
-                                    m->attn_work);
+            PROF(m, PROF_ATTENTION,
+                 dt_attention16_backward(pr, dqkv, m->dbuf, a->qkv, a->atty, a->att_lse, B, T, Ct,
+                                         NHt, m->attn_work));
         else
-            DT_CHECK(dt__gpt_cp_attention_backward(m, a, m->dbuf, dqkv));
+            PROF(m, PROF_ATTENTION, DT_CHECK(dt__gpt_cp_attention_backward(m, a, m->dbuf, dqkv)));
         if (weights)
             DT_CHECK(region_in_forward(m, a->ln1, &in, 2));
-        DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in,
-                                           wt(m, l, P_QKVW), N, C, 3 * Ct, mode));
+        PROF(m, PROF_PRODUCTS,
+             DT_CHECK(dt_linear16_backward_mode(pr, m->dbuf, G(P_QKVW), G(P_QKVB), dqkv, in,
+                                                wt(m, l, P_QKVW), N, C, 3 * Ct, mode)));
     }
     DT_CHECK(region_in_backward(m, m->dbuf, &dln));
     if (w)
@@ -889,33 +940,42 @@ static dt_status block_weights(dt_gpt *m, int l, const float *x, dt_grad_mode mo
     const block_wgrad *w = &m->s->wg[l - m->s->L0];
     const size_t A = dt__act_size(pr);
     if (pr == DT_PRECISION_FP32) {
-        dt_matmul_backward_mode(NULL, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB), w->d_fcproj,
-                                a->fch_gelu, NULL, N, Ft, C, mode);
+        PROF(m, PROF_PRODUCTS,
+             dt_matmul_backward_mode(NULL, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB),
+                                     w->d_fcproj, a->fch_gelu, NULL, N, Ft, C, mode));
         DT_CHECK(region_in_forward(m, a->ln2, &in, 4));
-        dt_matmul_backward_mode(NULL, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), w->d_fc, in, NULL, N,
-                                C, Ft, mode);
+        PROF(m, PROF_PRODUCTS,
+             dt_matmul_backward_mode(NULL, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB), w->d_fc, in,
+                                     NULL, N, C, Ft, mode));
     } else {
-        DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_FCPROJW), bt(m, g, l, P_FCPROJB),
-                                           w->d_fcproj, a->fch_gelu, NULL, N, Ft, C, mode));
+        PROF(m, PROF_PRODUCTS,
+             DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_FCPROJW),
+                                                bt(m, g, l, P_FCPROJB), w->d_fcproj, a->fch_gelu,
+                                                NULL, N, Ft, C, mode)));
         DT_CHECK(region_in_forward(m, a->ln2, &in, A));
-        DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB),
-                                           w->d_fc, in, NULL, N, C, Ft, mode));
+        PROF(m, PROF_PRODUCTS,
+             DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_FCW), bt(m, g, l, P_FCB),
+                                                w->d_fc, in, NULL, N, C, Ft, mode)));
     }
     ln_backward(m, NULL, true, bt(m, g, l, P_LN2W), bt(m, g, l, P_LN2B), stage + 2 * C, w->d_ln2,
                 a->res2, bt(m, p, l, P_LN2W), a->ln2_mean, a->ln2_rstd, mode);
     if (pr == DT_PRECISION_FP32) {
-        dt_matmul_backward_mode(NULL, bt(m, g, l, P_ATTPROJW), bt(m, g, l, P_ATTPROJB),
-                                w->d_attproj, a->atty, NULL, N, Ct, C, mode);
+        PROF(m, PROF_PRODUCTS,
+             dt_matmul_backward_mode(NULL, bt(m, g, l, P_ATTPROJW), bt(m, g, l, P_ATTPROJB),
+                                     w->d_attproj, a->atty, NULL, N, Ct, C, mode));
         DT_CHECK(region_in_forward(m, a->ln1, &in, 4));
-        dt_matmul_backward_mode(NULL, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), w->d_qkv, in, NULL,
-                                N, C, 3 * Ct, mode);
+        PROF(m, PROF_PRODUCTS,
+             dt_matmul_backward_mode(NULL, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB), w->d_qkv, in,
+                                     NULL, N, C, 3 * Ct, mode));
     } else {
-        DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_ATTPROJW),
-                                           bt(m, g, l, P_ATTPROJB), w->d_attproj, a->atty, NULL, N,
-                                           Ct, C, mode));
+        PROF(m, PROF_PRODUCTS,
+             DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_ATTPROJW),
+                                                bt(m, g, l, P_ATTPROJB), w->d_attproj, a->atty,
+                                                NULL, N, Ct, C, mode)));
         DT_CHECK(region_in_forward(m, a->ln1, &in, A));
-        DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB),
-                                           w->d_qkv, in, NULL, N, C, 3 * Ct, mode));
+        PROF(m, PROF_PRODUCTS,
+             DT_CHECK(dt_linear16_backward_mode(pr, NULL, bt(m, g, l, P_QKVW), bt(m, g, l, P_QKVB),
+                                                w->d_qkv, in, NULL, N, C, 3 * Ct, mode)));
     }
     ln_backward(m, NULL, true, bt(m, g, l, P_LN1W), bt(m, g, l, P_LN1B), stage, w->d_ln1, x,
                 bt(m, p, l, P_LN1W), a->ln1_mean, a->ln1_rstd, mode);
@@ -940,7 +1000,8 @@ static dt_status embed_backward(dt_gpt *m, dt_grad_mode mode) {
     if (!m->d.last && mode == DT_GRAD_OVERWRITE)
         memset(dwte, 0, rows * C * sizeof(float));
     if (m->d.tp == 1 && m->d.cp == 1) {
-        dt_embedding_backward_mode(dwte, dwpe, m->dres, m->s->tokens, B, T, C, mode);
+        PROF(m, PROF_ELEMENTWISE,
+             dt_embedding_backward_mode(dwte, dwpe, m->dres, m->s->tokens, B, T, C, mode));
     } else {
         /* wte: every token row of this rank's vocabulary, from all N rows
          * of the gradient (gathered under SP: g's backward). */

@@ -221,27 +221,71 @@ void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n, float lr, f
     }
 }
 
-#else /* no AVX-512: the scalar loops are the vector forms (the compiler may vectorise them) */
+#else /* no AVX-512 in this build: AVX2 forms for AdamW and SGD, the scalar loops for the rest */
+
+#include <immintrin.h>
 
 void dt__radam_range_vec(float *p, const float *g, float *m, float *v, size_t n,
                          const dt__radam_k *k) {
     dt__radam_range_scalar(p, g, m, v, n, k);
 }
 
-void dt__adamw_range_vec(float *p, const float *g, float *m, float *v, size_t n,
-                         const dt__adamw_k *k) {
-    dt__adamw_range_scalar(p, g, m, v, n, k);
+/* 8 lanes of AdamW: the scalar loop's operations in its order (no FMA:
+ * the file is compiled with -ffp-contract=off and the intrinsics are the
+ * separate multiply and add), so every lane rounds as the scalar code. The
+ * tail (< 8) is the scalar loop. */
+__attribute__((target("avx2"))) void dt__adamw_range_vec(float *p, const float *g, float *m,
+                                                         float *v, size_t n, const dt__adamw_k *k) {
+    const __m256 decay = _mm256_set1_ps(k->decay), b1 = _mm256_set1_ps(k->b1),
+                 omb1 = _mm256_set1_ps(k->omb1), b2 = _mm256_set1_ps(k->b2),
+                 omb2 = _mm256_set1_ps(k->omb2), bc2 = _mm256_set1_ps(k->bc2_sqrt),
+                 eps = _mm256_set1_ps(k->eps), neg = _mm256_set1_ps(k->neg_step);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 gv = _mm256_loadu_ps(g + i);
+        __m256 pi = _mm256_mul_ps(_mm256_loadu_ps(p + i), decay);
+        __m256 mi =
+            _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(m + i), b1), _mm256_mul_ps(omb1, gv));
+        __m256 vi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), b2),
+                                  _mm256_mul_ps(_mm256_mul_ps(omb2, gv), gv));
+        __m256 denom = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), bc2), eps);
+        _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_mul_ps(neg, _mm256_div_ps(mi, denom))));
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+    }
+    dt__adamw_range_scalar(p + i, g + i, m + i, v + i, n - i, k);
 }
 
-void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n, float lr, float momentum,
-                       bool nesterov, float weight_decay) {
-    dt__sgd_range_scalar(p, g, b, n, lr, momentum, nesterov, weight_decay);
+__attribute__((target("avx2"))) void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n,
+                                                       float lr, float momentum, bool nesterov,
+                                                       float weight_decay) {
+    const __m256 wd = _mm256_set1_ps(weight_decay), mom = _mm256_set1_ps(momentum),
+                 neg_lr = _mm256_set1_ps(-lr);
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 pv = _mm256_loadu_ps(p + i), gv = _mm256_loadu_ps(g + i);
+        __m256 d = weight_decay != 0.0f ? _mm256_add_ps(gv, _mm256_mul_ps(wd, pv)) : gv;
+        if (momentum != 0.0f) {
+            __m256 bi = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(b + i), mom), d);
+            _mm256_storeu_ps(b + i, bi);
+            d = nesterov ? _mm256_add_ps(d, _mm256_mul_ps(mom, bi)) : bi;
+        }
+        _mm256_storeu_ps(p + i, _mm256_add_ps(pv, _mm256_mul_ps(neg_lr, d)));
+    }
+    dt__sgd_range_scalar(p + i, g + i, b ? b + i : NULL, n - i, lr, momentum, nesterov,
+                         weight_decay);
 }
 
 #endif
 
-void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                   const dt_adamw_config *c, int64_t step, float weight_decay) {
+static void copied(const dt__copy *cp, const float *params, size_t off, size_t len) {
+    if (cp && cp->fn)
+        cp->fn(cp->user, params + off, cp->at + off, len);
+}
+
+void dt__adamw_step_copy(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                         const dt_adamw_config *c, int64_t step, float weight_decay,
+                         const dt__copy *cp) {
     DT_ASSERT(c != NULL && step >= 1);
     dt__adamw_k k;
     dt__adamw_k_init(&k, lr, c, step, weight_decay);
@@ -249,6 +293,7 @@ void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t
         dt__optim_vec() ? dt__adamw_range_vec : dt__adamw_range_scalar;
     if (n < DT__OPTIM_PAR_MIN) {
         f(params, grads, m, v, n, &k);
+        copied(cp, params, 0, n);
         return;
     }
     size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
@@ -257,11 +302,18 @@ void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t
         size_t off = ci * DT__OPTIM_CHUNK;
         size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
         f(params + off, grads + off, m + off, v + off, len, &k);
+        copied(cp, params, off, len);
     }
 }
 
+void dt_adamw_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                   const dt_adamw_config *c, int64_t step, float weight_decay) {
+    dt__adamw_step_copy(params, grads, m, v, n, lr, c, step, weight_decay, NULL);
+}
+
 void dt__radam_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                    const dt_adamw_config *c, int64_t step, float weight_decay) {
+                    const dt_adamw_config *c, int64_t step, float weight_decay,
+                    const dt__copy *cp) {
     DT_ASSERT(c != NULL && step >= 1);
     dt__radam_k k;
     dt__radam_k_init(&k, lr, c, step, weight_decay);
@@ -269,6 +321,7 @@ void dt__radam_step(float *params, const float *grads, float *m, float *v, size_
         dt__optim_vec() ? dt__radam_range_vec : dt__radam_range_scalar;
     if (n < DT__OPTIM_PAR_MIN) {
         f(params, grads, m, v, n, &k);
+        copied(cp, params, 0, n);
         return;
     }
     size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
@@ -277,16 +330,18 @@ void dt__radam_step(float *params, const float *grads, float *m, float *v, size_
         size_t off = ci * DT__OPTIM_CHUNK;
         size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
         f(params + off, grads + off, m + off, v + off, len, &k);
+        copied(cp, params, off, len);
     }
 }
 
-void dt_sgd_step(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
-                 float momentum, bool nesterov, float weight_decay) {
+void dt__sgd_step_copy(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+                       float momentum, bool nesterov, float weight_decay, const dt__copy *cp) {
     DT_ASSERT(momentum == 0.0f || momentum_buf != NULL);
     void (*f)(float *, const float *, float *, size_t, float, float, bool, float) =
         dt__optim_vec() ? dt__sgd_range_vec : dt__sgd_range_scalar;
     if (n < DT__OPTIM_PAR_MIN) {
         f(params, grads, momentum_buf, n, lr, momentum, nesterov, weight_decay);
+        copied(cp, params, 0, n);
         return;
     }
     size_t nchunks = (n + DT__OPTIM_CHUNK - 1) / DT__OPTIM_CHUNK;
@@ -296,5 +351,11 @@ void dt_sgd_step(float *params, const float *grads, float *momentum_buf, size_t 
         size_t len = n - off < DT__OPTIM_CHUNK ? n - off : DT__OPTIM_CHUNK;
         f(params + off, grads + off, momentum_buf ? momentum_buf + off : NULL, len, lr, momentum,
           nesterov, weight_decay);
+        copied(cp, params, off, len);
     }
+}
+
+void dt_sgd_step(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+                 float momentum, bool nesterov, float weight_decay) {
+    dt__sgd_step_copy(params, grads, momentum_buf, n, lr, momentum, nesterov, weight_decay, NULL);
 }

@@ -3,10 +3,10 @@
  * tests: the per-range kernels behind the public steps, in their vector and
  * scalar forms, and the OpenMP split.
  *
- * Invariant: for every kernel, the vector form (AVX-512 with a masked tail)
- * and the scalar form give bit-identical results; tests/unit/test_optim.c
- * checks it. Both perform the same IEEE operations in the same order, and
- * this layer is compiled with -ffp-contract=off so no a*b+c is fused.
+ * Invariant: for every kernel, the vector form (AVX-512 with a masked tail,
+ * or AVX2 with a scalar tail in a build without AVX-512) and the scalar form give bit-identical
+ * results; tests/unit/test_optim.c checks it. Both perform the same IEEE operations in the same
+ * order, and this layer is compiled with -ffp-contract=off so no a*b+c is fused.
  */
 #ifndef DTRAIN_OPTIM_INTERNAL_H
 #define DTRAIN_OPTIM_INTERNAL_H
@@ -46,18 +46,38 @@ void dt__sgd_range_vec(float *p, const float *g, float *b, size_t n, float lr, f
 void dt__sgd_range_scalar(float *p, const float *g, float *b, size_t n, float lr, float momentum,
                           bool nesterov, float weight_decay);
 
+/* A compute-copy callback and where the range handed to a step starts in
+ * the caller's buffer: after each chunk [off, off + len) of the range is
+ * updated, fn(user, params + off, at + off, len). fn NULL: nothing. */
+typedef struct dt__copy {
+    dt_optim_copy_fn fn;
+    void *user;
+    size_t at;
+} dt__copy;
+
+/* dt_adamw_step / dt__radam_step / dt_sgd_step, calling cp after each
+ * chunk (cp may be NULL). */
+void dt__adamw_step_copy(float *params, const float *grads, float *m, float *v, size_t n, float lr,
+                         const dt_adamw_config *c, int64_t step, float weight_decay,
+                         const dt__copy *cp);
+void dt__sgd_step_copy(float *params, const float *grads, float *momentum_buf, size_t n, float lr,
+                       float momentum, bool nesterov, float weight_decay, const dt__copy *cp);
+
 /* Sum of squares of at most DT__SUMSQ_BLOCK elements in a fixed lane order
  * (element i into lane i % 64; lanes added in order). */
 double dt__sumsq_block_vec(const float *g, size_t n);
 double dt__sumsq_block_scalar(const float *g, size_t n);
 
-/* Whether the AVX-512 forms run: built with AVX-512 and dt_isa() (DT_ISA)
- * allows it. The two forms agree bit for bit, so this only picks a speed. */
+/* Whether the vector forms run: in a build with AVX-512, its forms when
+ * dt_isa() (DT_ISA) allows AVX-512; in a build without (portable, or an
+ * AVX2 host), AdamW's and SGD's AVX2 forms (the others' "vector" forms are
+ * their scalar loops) when dt_isa() allows AVX2. The forms agree bit for
+ * bit, so this only picks a speed. */
 static inline bool dt__optim_vec(void) {
 #ifdef __AVX512F__
     return dt_isa() >= DT_ISA_AVX512;
 #else
-    return false;
+    return dt_isa() >= DT_ISA_AVX2;
 #endif
 }
 
@@ -89,9 +109,10 @@ typedef struct dt__radam_k {
 } dt__radam_k;
 void dt__radam_k_init(dt__radam_k *k, float lr, const dt_adamw_config *c, int64_t step,
                       float weight_decay);
-/* RAdam on a range, split over OpenMP threads as dt_adamw_step is. */
+/* RAdam on a range, split over OpenMP threads as dt_adamw_step is; cp as
+ * dt__adamw_step_copy's (may be NULL). */
 void dt__radam_step(float *params, const float *grads, float *m, float *v, size_t n, float lr,
-                    const dt_adamw_config *c, int64_t step, float weight_decay);
+                    const dt_adamw_config *c, int64_t step, float weight_decay, const dt__copy *cp);
 void dt__radam_range_vec(float *p, const float *g, float *m, float *v, size_t n,
                          const dt__radam_k *k);
 void dt__radam_range_scalar(float *p, const float *g, float *m, float *v, size_t n,

@@ -110,6 +110,8 @@ struct dt_optimizer {
     int64_t step;               /* the step begun last */
     float lr;                   /* its learning rate */
     bool frozen;                /* AdamW, 1-bit Adam/LAMB: beta2 = 1 for this step */
+    dt_optim_copy_fn copy;      /* the compute copy (dt_optimizer_set_copy), or NULL */
+    void *copy_user;
 };
 
 dt_adafactor_config dt_adafactor_config_default(void) {
@@ -855,6 +857,7 @@ static void update_range(dt_optimizer *o, float *params, const float *grads, siz
             continue;
         float wd = decay_of(o, pc->t);
         size_t s = lo + base;
+        const dt__copy cp = {o->copy, o->copy_user, lo};
         switch (o->c.kind) {
         case DT_OPTIM_ONEBIT_ADAM:
             /* Compression stage: grads hold the averaged premix x, and
@@ -863,16 +866,16 @@ static void update_range(dt_optimizer *o, float *params, const float *grads, siz
                 memset(o->st[0].buf + s, 0, (hi - lo) * sizeof(float));
             /* fall through */
         case DT_OPTIM_ADAMW:
-            dt_adamw_step(params + lo, grads + lo, o->st[0].buf + s, o->st[1].buf + s, hi - lo,
-                          o->lr, ac, o->count + 1, wd);
+            dt__adamw_step_copy(params + lo, grads + lo, o->st[0].buf + s, o->st[1].buf + s,
+                                hi - lo, o->lr, ac, o->count + 1, wd, &cp);
             break;
         case DT_OPTIM_RADAM:
             dt__radam_step(params + lo, grads + lo, o->st[0].buf + s, o->st[1].buf + s, hi - lo,
-                           o->lr, &o->c.adamw, o->count + 1, wd);
+                           o->lr, &o->c.adamw, o->count + 1, wd, &cp);
             break;
         case DT_OPTIM_SGD:
-            dt_sgd_step(params + lo, grads + lo, o->nstates ? o->st[0].buf + s : NULL, hi - lo,
-                        o->lr, o->c.momentum, o->c.nesterov, wd);
+            dt__sgd_step_copy(params + lo, grads + lo, o->nstates ? o->st[0].buf + s : NULL,
+                              hi - lo, o->lr, o->c.momentum, o->c.nesterov, wd, &cp);
             break;
         case DT_OPTIM_ONEBIT_LAMB: onebit_lamb_range(o, params, grads, lo, hi, s, pc->t); break;
         default: DT_ASSERT(!"not a rangewise kind");
@@ -1375,6 +1378,21 @@ size_t dt_optimizer_offload_bytes(const dt_optimizer *o) {
 /* ------------------------------------------------------------------------ */
 /* Accessors and state                                                      */
 /* ------------------------------------------------------------------------ */
+
+void dt_optimizer_set_copy(dt_optimizer *o, dt_optim_copy_fn fn, void *user) {
+    o->copy = fn;
+    o->copy_user = user;
+}
+
+bool dt_optimizer_writes_copy(const dt_optimizer *o) {
+    switch (o->c.kind) {
+    case DT_OPTIM_ADAMW:
+    case DT_OPTIM_ONEBIT_ADAM:
+    case DT_OPTIM_RADAM:
+    case DT_OPTIM_SGD: return true;
+    default: return false;
+    }
+}
 
 const dt_optim_config *dt_optimizer_config(const dt_optimizer *o) { return &o->c; }
 size_t dt_optimizer_num_owned(const dt_optimizer *o) { return o->nowned; }

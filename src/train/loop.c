@@ -75,11 +75,21 @@ static void sleep_ms(double ms) {
     }
 }
 
+/* The parameters changed (the loop owns the model's 16-bit copy, see
+ * setup.c): the next forward rounds them, unless the optimizer just wrote
+ * the copy itself. Everything in train/ that writes parameters outside
+ * dt_gpt calls this after it. */
+static void weights_changed(trainer *t, bool copy_written) {
+    if (t->w16_owned)
+        dt_gpt_set_weights16(t->m, copy_written ? DT_GPT_W16_CURRENT : DT_GPT_W16_STALE);
+}
+
 static void maybe_fault(trainer *t) {
     if (t->step == t->perturb_at) {
         fprintf(stderr, "[rank %d] DT_FAULT_PERTURB: changing a parameter after step %lld\n",
                 t->rank, (long long)t->step);
         dt_gpt_params(t->m)[t->n / 2] += 1.0f;
+        weights_changed(t, false);
     }
     if (t->step == t->kill_at) {
         fprintf(stderr, "[rank %d] DT_FAULT_KILL: killing myself after step %lld\n", t->rank,
@@ -185,6 +195,7 @@ static dt_status step_lbfgs(trainer *t, step_stats *s, float lr) {
         if (e == 0)
             first = *s;
         DT_CHECK(dt_lbfgs_next(t->opt, params, grads, s->loss, &more));
+        weights_changed(t, false);
     }
     dt_optimizer_end(t->opt, true);
     step_stats last = *s;
@@ -234,6 +245,10 @@ static dt_status step(trainer *t, step_stats *s) {
     }
     DT_CHECK(dt_grad_sync_apply(t->sync, s->skip,
                                 clip ? dt_clip_scale(s->sumsq, (float)c->clip) : 1.0f));
+    /* A skipped step wrote nothing (update_early is off under loss
+     * scaling), so the copy stays as it was. */
+    if (!s->skip || !t->w16_fused)
+        weights_changed(t, t->w16_fused);
     dt_grad_sync_apply_report(t->sync, &s->r);
     dt_optimizer_end(t->opt, !s->skip);
     return DT_OK;
@@ -440,6 +455,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         dt__train_print_header(t, peak, peak_from, stderr);
     }
 
+    weights_changed(t, false); /* initialised, replicated or resumed */
     int64_t nsteps = c->steps - t->step, run_steps = 0;
     res->first_step = t->step + 1;
     double loop_t0 = dt_now();

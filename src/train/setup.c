@@ -549,6 +549,18 @@ static dt_status make_sync(trainer *t) {
                                       : dt__train_make_dp_mode_sync(t, &sc);
     dt_free(shapes);
     dt_free(norm);
+    /* The 16-bit weight copy (docs/engine.md, "The weight handle"): the
+     * loop tells the model when parameters changed, so the copy is rounded
+     * once per step, not once per micro-batch forward. Where the optimizer
+     * alone writes every parameter of this rank (DDP without ZeRO, an
+     * elementwise rule), it writes the copy as it updates the master: no
+     * rounding pass at all. ZeRO (a shard updated, the rest gathered) and
+     * the replica-averaging modes write parameters outside the optimizer. */
+    t->w16_owned = st == DT_OK && c->precision != DT_PRECISION_FP32;
+    t->w16_fused = t->w16_owned && c->dp_mode == DT_DP_MODE_DDP && c->zero == 0 &&
+                   dt_optimizer_writes_copy(t->opt) && dt_optimizer_owned_count(t->opt) == t->n;
+    if (t->w16_fused)
+        dt_optimizer_set_copy(t->opt, dt_gpt_write_weights16, t->m);
     return st;
 }
 

@@ -62,6 +62,9 @@ typedef struct trainer {
     dt_runner *runner; /* the step's forwards and backwards (sequential or a pipeline) */
     dt_schedule sched;
     bool scaling; /* dynamic loss scaling (docs/amp.md) */
+    /* bf16/fp16: the loop owns the model's 16-bit weight copy (loop.c,
+     * weights_changed); w16_fused: the optimizer writes it as it updates. */
+    bool w16_owned, w16_fused;
     dt_scaler scaler;
     char *cfg_text; /* config.json: the resolved config (dt__train_config_json) */
     /* Progress of the trajectory (what a checkpoint restores). */

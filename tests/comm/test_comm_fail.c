@@ -8,7 +8,10 @@
  *     every rank gets DT_ERR_MISMATCH;
  *   - a rank stopped with SIGSTOP: the others time out naming the call, its
  *     sequence number and the rank they wait for;
- *   - a process with the wrong job token is refused by the store.
+ *   - a process with the wrong job token is refused by the store;
+ *   - a rank that gives up in a collective does not fail point-to-point
+ *     calls of others that no longer need it: they complete, and the next
+ *     collective reports the failure.
  */
 #include "harness.h"
 
@@ -211,6 +214,36 @@ static void stop_case(int rank, int size) {
     dt_group_destroy(w);
 }
 
+/* Ranks 1 and 2 are still inside point-to-point calls (rank 1 waits for
+ * rank 2's late message) when ranks 0 and 3 disagree about collective #2
+ * and give up. Rank 1 has everything it wanted from rank 0 already: its
+ * batch must complete, and so must rank 2's send; collective #2 then
+ * reports the mismatch on every rank. */
+static void p2p_outlives_case(int rank, int size) {
+    (void)size;
+    dt_group *w = init_world();
+    float v[4] = {1, 2, 3, 4}, a = (float)rank, b = -1, c = -1;
+    ASSERT_OK(dt_group_allreduce(w, v, v, 4, DT_F32, DT_SUM)); /* #1 */
+    if (rank == 0) {
+        dt_p2p ops[2] = {{true, &a, 1, DT_F32, 1, 7}, {false, &b, 1, DT_F32, 1, 7}};
+        ASSERT_OK(dt_group_sendrecv_batch(w, ops, 2));
+        ASSERT_TRUE(b == 1.0f);
+    } else if (rank == 1) {
+        dt_p2p ops[3] = {{true, &a, 1, DT_F32, 0, 7},
+                         {false, &b, 1, DT_F32, 0, 7},
+                         {false, &c, 1, DT_F32, 2, 8}};
+        ASSERT_OK(dt_group_sendrecv_batch(w, ops, 3));
+        ASSERT_TRUE(b == 0.0f && c == 2.0f);
+    } else if (rank == 2) {
+        usleep(1000 * 1000); /* ranks 0 and 3 have given up by now */
+        ASSERT_OK(dt_group_send(w, &a, 1, DT_F32, 1, 8));
+    }
+    size_t n = rank == 3 ? 5 : 4; /* rank 3 calls a different count */
+    float x[5] = {0};
+    ASSERT_STATUS(dt_group_allreduce(w, x, x, n, DT_F32, DT_SUM), DT_ERR_MISMATCH); /* #2 */
+    dt_group_destroy(w);
+}
+
 static void token_case(int rank, int size) {
     (void)size;
     if (rank == 1) { /* an impostor: right address, wrong secret */
@@ -258,6 +291,9 @@ static const hcase cases[] = {
     C("mismatch_tcp_3", 3, mismatch_case, -1, "DT_TIMEOUT=20", "DT_TRANSPORT=tcp", NULL),
     C("stop_shm_3", 3, stop_case, VICTIM, "DT_TIMEOUT=3", NULL),
     C("stop_tcp_3", 3, stop_case, VICTIM, "DT_TIMEOUT=3", "DT_TRANSPORT=tcp", "DT_ALGO=ring", NULL),
+    C("p2p_outlives_shm_4", 4, p2p_outlives_case, -1, "DT_TIMEOUT=20", "DT_ALGO=ring", NULL),
+    C("p2p_outlives_tcp_4", 4, p2p_outlives_case, -1, "DT_TIMEOUT=20", "DT_ALGO=ring",
+      "DT_TRANSPORT=tcp", NULL),
     C("wrong_token_2", 2, token_case, -1, "DT_TIMEOUT=2", NULL),
     C("bad_env_1", 2, bad_env_case, -1, NULL),
 };

@@ -8,7 +8,9 @@
  * several vocabulary chunks (which agree with one chunk within rounding);
  * sampling (forward without targets) sees the same last logits; and the
  * memory plan shrinks as documented in docs/engine.md, including the
- * issue's target for --recompute blocks.
+ * issue's target for --recompute blocks. The weight handle: the
+ * optimizer-written 16-bit copy trains bit for bit like rounding at every
+ * forward.
  */
 #include "dtrain/nn.h"
 #include "dtrain/optim.h"
@@ -319,6 +321,88 @@ static void test_overfit(void) {
     }
 }
 
+/* The weight handle (dt_gpt_set_weights16 + dt_optimizer_set_copy): a
+ * model whose copy the optimizer writes as it updates, rounded by the
+ * model only when told STALE, trains bit for bit like the default model
+ * that rounds at every forward (3 steps of 2 micro-batches, AdamW and SGD
+ * with momentum, the params above the optimizer's parallel split). A model
+ * told CURRENT whose optimizer did not write the copy computes with the
+ * old weights: the state is obeyed, so the equality is the copy's. */
+static void handle_run(const dt_gpt_config *c, dt_precision pr, dt_optim_kind kind, int mode,
+                       float loss[6], float **params) {
+    enum { B = 2, T = 16 };
+    dt_gpt_options opt = {.precision = pr};
+    dt_gpt *m;
+    ASSERT_OK(dt_gpt_create_with(&m, c, B, T, &opt));
+    dt_gpt_init_params(m, 5);
+    size_t n = dt_gpt_num_params(m), nt = dt_gpt_num_tensors(m);
+    dt_optim_tensor *tab = calloc(nt, sizeof *tab);
+    ASSERT_TRUE(tab != NULL);
+    for (size_t i = 0; i < nt; i++) {
+        dt_param_info pi;
+        dt_gpt_tensor_info(m, i, &pi);
+        tab[i] =
+            (dt_optim_tensor){.offset = pi.offset, .count = pi.rows * pi.cols, .decay = pi.decay};
+    }
+    dt_optim_config oc = dt_optim_config_default();
+    oc.kind = kind;
+    oc.momentum = 0.9f;
+    dt_optimizer *o;
+    ASSERT_OK(dt_optimizer_create(&o, &oc, tab, nt, &(dt_range){0, n}, 1));
+    ASSERT_TRUE(dt_optimizer_writes_copy(o));
+    if (mode == 1) /* the handle: the optimizer writes the copy */
+        dt_optimizer_set_copy(o, dt_gpt_write_weights16, m);
+    if (mode > 0)
+        dt_gpt_set_weights16(m, DT_GPT_W16_STALE);
+    int32_t in[B * T], tg[B * T];
+    for (int s = 0; s < 3; s++) {
+        dt_optimizer_begin(o, s, 1e-2f);
+        for (int k = 0; k < 2; k++) {
+            fill_tokens(in, B * T, c->vocab, 31 + 2 * s + k);
+            fill_tokens(tg, B * T, c->vocab, 61 + 2 * s + k);
+            ASSERT_OK(dt_gpt_forward(m, in, tg, B, T, &loss[2 * s + k]));
+            if (mode > 0)
+                ASSERT_EQ(dt_gpt_weights16_state(m), DT_GPT_W16_CURRENT);
+            ASSERT_OK(dt_gpt_backward_mode(m, 0.5f, k ? DT_GRAD_ACCUMULATE : DT_GRAD_OVERWRITE,
+                                           NULL, NULL));
+        }
+        ASSERT_OK(dt_optimizer_step(o, dt_gpt_params(m), dt_gpt_grads(m)));
+        dt_optimizer_end(o, true);
+        if (mode > 0) /* mode 2 claims so without the copy: stale weights */
+            dt_gpt_set_weights16(m, DT_GPT_W16_CURRENT);
+    }
+    *params = malloc(n * sizeof(float));
+    ASSERT_TRUE(*params != NULL);
+    memcpy(*params, dt_gpt_params(m), n * sizeof(float));
+    dt_optimizer_destroy(o);
+    free(tab);
+    dt_gpt_destroy(m);
+}
+
+static void test_weight_handle(void) {
+    dt_gpt_config c;
+    ASSERT_OK(dt_gpt_preset("tiny", &c));
+    const dt_precision ps[2] = {DT_PRECISION_BF16, DT_PRECISION_FP16};
+    const dt_optim_kind ks[2] = {DT_OPTIM_ADAMW, DT_OPTIM_SGD};
+    for (int i = 0; i < 2; i++)
+        for (int j = 0; j < 2; j++) {
+            float ref[6], got[6], lie[6], *pref, *pgot, *plie;
+            handle_run(&c, ps[i], ks[j], 0, ref, &pref);
+            handle_run(&c, ps[i], ks[j], 1, got, &pgot);
+            handle_run(&c, ps[i], ks[j], 2, lie, &plie);
+            size_t n = dt_gpt_config_num_params(&c);
+            ASSERT_TRUE(n >= (1u << 16)); /* the optimizer's chunked path */
+            if (memcmp(ref, got, sizeof ref) != 0 || memcmp(pref, pgot, n * sizeof(float)) != 0)
+                TEST_FAILF("%s %s: the handle's run differs (loss at step 3 %.9g vs %.9g)",
+                           dt_precision_name(ps[i]), dt_optim_names[ks[j]], got[5], ref[5]);
+            ASSERT_TRUE(memcmp(ref, lie, 2 * sizeof(float)) == 0); /* step 1: rounded once */
+            ASSERT_TRUE(lie[2] != ref[2]); /* step 2 ran with step 1's weights */
+            free(pref);
+            free(pgot);
+            free(plie);
+        }
+}
+
 int main(void) {
     dt_tensor_set_threads(2);
     RUN(test_identical_fp32);
@@ -328,5 +412,6 @@ int main(void) {
     RUN(test_options_rejected);
     RUN(test_memory_plan);
     RUN(test_overfit);
+    RUN(test_weight_handle);
     return TEST_SUMMARY();
 }
