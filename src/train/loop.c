@@ -556,6 +556,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
          * (ZeRO 3 gathers them all: the model's hooks then find each
          * block resident and communicate nothing). */
         DT_CHECK_GOTO(dt_grad_sync_gather_params(t->sync, true), st, fail);
+        weights_changed(t, false); /* e.g. the parameter server's model after an early stop */
         DT_CHECK_GOTO(dt__train_whole_model(t, &whole), st, fail);
     }
     st = dt__train_dp_mode_report(t, stderr); /* collective: the strategy's summary */
