@@ -7,8 +7,10 @@
 #   scripts/install-deps.sh            build, test and demo dependencies
 #   scripts/install-deps.sh --torch    also PyTorch and what the PyTorch backend
 #                                      (bindings/torch) builds against; its tests run;
-#                                      node and npm for the tokenizer's reference
+#                                      node and npm for the tokenizer's reference;
+#                                      chromium for the report's browser tests (CI)
 #   scripts/install-deps.sh --bench    the same, for the peers used by bench/
+#   scripts/install-deps.sh --browser  the build's packages and chromium only
 #
 # Where python3-torch is already installed, the backend's headers come too:
 # its tests then run in `make test` and need the backend built.
@@ -42,6 +44,11 @@ NODE_PACKAGES=(
     nodejs
     npm
 )
+# `dtrain report`'s page is tested in a real headless browser
+# (tests/obs_report.sh; skipped without it).
+BROWSER_PACKAGES=(
+    chromium          # headless Chromium: the report's DOM and screenshot tests
+)
 TORCH_BUILD_PACKAGES=(
     libtorch-dev      # c10d headers and libraries the PyTorch backend builds against
     pybind11-dev      # the backend's Python module (the pybind11 torch was built with)
@@ -54,14 +61,17 @@ installed() {
 want=("${PACKAGES[@]}")
 case "${1:-}" in
     "") ;;
+    --browser)
+        want+=("${BROWSER_PACKAGES[@]}")
+        ;;
     --torch | --bench)
-        want+=("${TORCH_PACKAGES[@]}" "${TORCH_BUILD_PACKAGES[@]}")
+        want+=("${TORCH_PACKAGES[@]}" "${TORCH_BUILD_PACKAGES[@]}" "${BROWSER_PACKAGES[@]}")
         if ! command -v node > /dev/null || ! command -v npm > /dev/null; then
             want+=("${NODE_PACKAGES[@]}")
         fi
         ;;
     *)
-        echo "usage: $0 [--torch | --bench]" >&2
+        echo "usage: $0 [--torch | --bench | --browser]" >&2
         exit 2
         ;;
 esac

@@ -282,6 +282,28 @@ dt_status dt_group_probe(dt_group *g, bool all_pairs, size_t bytes, dt_topology 
                          double *bw);
 
 /* ------------------------------------------------------------------------ */
+/* Clocks (for merging the ranks' traces, dtrain/trace.h)                   */
+/* ------------------------------------------------------------------------ */
+
+/* This rank's trace clock (dt_trace_now) against world rank 0's, measured
+ * through the rendezvous store: a probe reads this clock (t1), asks the
+ * store, which rank 0's process serves, for its clock (T), and reads this
+ * clock again (t2). T was taken between t1 and t2, so rank 0's clock minus
+ * this one lies in [T - t2, T - t1]: the sample keeps the probe with the
+ * shortest round trip, its midpoint and half its width. */
+typedef struct dt_clock_sample {
+    double local_ns;  /* this rank's trace clock at the probe's midpoint */
+    double offset_ns; /* rank 0's clock minus this rank's, the interval's midpoint */
+    double error_ns;  /* the true offset is within offset_ns +- error_ns */
+    bool same_kernel; /* this rank and rank 0 run on one kernel (one boot id), so
+                         their CLOCK_MONOTONIC is the same clock */
+} dt_clock_sample;
+
+/* Not collective: any rank, any time (rank 0 and a world of one get an
+ * offset and error of 0). `probes` round trips (1..10000), the best kept. */
+dt_status dt_group_clock_sample(dt_group *g, int probes, dt_clock_sample *out);
+
+/* ------------------------------------------------------------------------ */
 /* Non-blocking handles                                                     */
 /* ------------------------------------------------------------------------ */
 

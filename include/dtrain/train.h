@@ -37,6 +37,29 @@ extern "C" {
 /* Metrics: RUN_DIR/metrics.jsonl and RUN_DIR/config.json                   */
 /* ------------------------------------------------------------------------ */
 
+/* Where one step's time went on one rank (docs/observability.md, "Step
+ * breakdown"), in ms. compute + exposed_comm + data + optimizer + idle =
+ * step; overlapped_comm ran at the same time as compute and is not in
+ * the sum. */
+typedef struct dt_step_breakdown {
+    double compute;         /* forward and backward (a DT_FAULT_SLOW straggler's sleep too) */
+    double exposed_comm;    /* communication the rank waited for: the gradient
+                               synchronisation after backward, tensor- and
+                               context-parallel communication */
+    double overlapped_comm; /* gradient communication hidden behind backward */
+    double data;            /* reading the step's micro-batches */
+    double optimizer;       /* the update and what goes with it (unscaling, clipping), not
+                               waiting for communication */
+    double idle;            /* the rest: waiting for other ranks (a straggler, the pipeline's
+                               bubble, the step's agreement) */
+    double step;            /* this rank's step time */
+} dt_step_breakdown;
+
+/* The order dt_step_breakdown's fields are written in, and their names in
+ * metrics.jsonl ("compute", "exposed_comm", ...). */
+#define DT_BREAKDOWN_FIELDS 7
+extern const char *const dt_breakdown_names[DT_BREAKDOWN_FIELDS];
+
 /* What one optimizer step measured. A NaN double is written as null (for
  * example val_loss on steps without evaluation). */
 typedef struct dt_step_metrics {
@@ -73,6 +96,12 @@ typedef struct dt_step_metrics {
     double elapsed_s;       /* wall time since this process's loop started, at the end of the
                                step's evaluation (waits included: a strategy that lets rank 0
                                run ahead pays at the next meeting); 0: not written */
+    /* Every rank's breakdown (ranks[r] of world rank r), written as
+     * "breakdown": {"compute": [r0, r1, ...], ...}; nranks 0: not written.
+     * A step on which the replicas do not meet (local SGD, gossip) has
+     * rank 0's only (nranks 1). */
+    const dt_step_breakdown *ranks;
+    int nranks;
 } dt_step_metrics;
 
 typedef struct dt_metrics dt_metrics;
@@ -178,6 +207,60 @@ dt_status dt_peak_flops(dt_precision p, bool remeasure, double *flops, char *fro
 /* The cache file's path ($XDG_CACHE_HOME or $HOME/.cache, then
  * dtrain/peak.json) into buf; DT_ERR_NOT_FOUND without either variable. */
 dt_status dt_peak_cache_path(char *buf, size_t len);
+
+/* ------------------------------------------------------------------------ */
+/* The machine profile: measured peaks, memory bandwidth, link models       */
+/* ------------------------------------------------------------------------ */
+/*
+ * The peak cache above is this machine's profile (docs/observability.md,
+ * "Machine profile"): besides the peaks it keeps the memory bandwidth
+ * (`dtrain bench memcpy`, or measured once by a traced run) and, per
+ * transport, collective and rank count, the alpha-beta model of the
+ * collective fitted to `dtrain bench comm`'s timings. A traced run copies
+ * the figures of this machine into RUN_DIR/trace/machine.json for its
+ * report (the roofline and the collectives against their model); the
+ * planner's `--cluster this` takes its link figures from here.
+ */
+
+/* One collective's alpha-beta model on one transport: a call on m bytes
+ * (the nccl-tests "size": the whole buffer of an allgather, reduce-scatter
+ * or alltoall) takes alpha + m / beta seconds. link_alpha and link_bw are
+ * the same fit read as the ring model of a link (allreduce: 2(n-1) steps
+ * of latency and 2(n-1)/n of the bytes per rank; allgather, reduce-scatter,
+ * alltoall: n-1 and (n-1)/n; broadcast: log2 n and 1), the form the
+ * planner's link figures take. */
+typedef struct dt_link_fit {
+    char transport[16]; /* "shm", "tcp", "shm+tcp", "mpi" */
+    char op[24];        /* dt_coll_name: "allreduce", ... */
+    int ranks;          /* group size it was measured on */
+    double alpha;       /* seconds */
+    double beta;        /* bytes per second */
+    double link_alpha;  /* seconds per step of the ring model */
+    double link_bw;     /* bytes per second of one link in the ring model */
+    int points;         /* sizes fitted */
+    double max_error;   /* largest |fit - measured| / measured over them */
+    double lo, hi;      /* smallest and largest size fitted (bytes) */
+} dt_link_fit;
+
+/* Fit a model to n (bytes, seconds) points (n >= 2, two distinct sizes):
+ * least squares of the relative error, alpha >= 0, beta > 0. Fills every
+ * numeric field of *out (transport, op and ranks as given). */
+dt_status dt_link_fit_points(const char *transport, const char *op, int ranks, const double *bytes,
+                             const double *seconds, size_t n, dt_link_fit *out);
+/* Store a fit for this machine (replacing the one of the same transport,
+ * op and ranks). `where` (len bytes, may be NULL) gets the file's path. */
+dt_status dt_profile_save_link(const dt_link_fit *f, char *where, size_t len);
+/* This machine's fits: up to max into out[], *n the count stored. */
+dt_status dt_profile_links(dt_link_fit *out, size_t max, size_t *n);
+/* The fit for (transport, op, ranks): the stored one with that transport
+ * and op and the nearest rank count; DT_ERR_NOT_FOUND without. */
+dt_status dt_profile_link(const char *transport, const char *op, int ranks, dt_link_fit *out);
+/* Memory bandwidth of `threads` concurrent copies (bytes read + written per
+ * second: what the memory sustains), from the profile, else measured now
+ * (about 0.1 s) and stored. `from` (may be NULL) says which. */
+dt_status dt_profile_mem_bw(int threads, double *traffic, char *from, size_t len);
+/* Store a measured bandwidth (dtrain bench memcpy). */
+dt_status dt_profile_save_mem_bw(int threads, double traffic);
 
 /* ------------------------------------------------------------------------ */
 /* The training loop                                                        */
@@ -338,6 +421,15 @@ typedef struct dt_train_config {
     int64_t staleness;        /* SSP bound S (default 4) */
     int delay_comp;           /* dt_delay_comp (default none) */
     double dc_lambda;         /* DC-ASGD's lambda (default 0.04) */
+    /* Tracing (docs/observability.md): record every rank's timeline of
+     * steps trace_first..trace_last (1-based; 0, 0: every step) into rings
+     * of trace_buffer events per thread (0: 16384), written at the end as
+     * RUN_DIR/trace/rank-R.json and the merged RUN_DIR/trace/trace.json
+     * (Chrome trace / Perfetto JSON, the ranks' clocks aligned). Needs a
+     * run directory. */
+    bool trace;
+    int64_t trace_first, trace_last;
+    size_t trace_buffer;
     /* Polled once a step; non-zero on any rank stops every rank after that
      * step, with a checkpoint (the CLI sets it from SIGINT/SIGTERM). May be
      * NULL. dt_train_run then returns DT_ERR_ABORTED. Set from any thread

@@ -57,7 +57,7 @@ static inline void narrow(dt_precision p, uint16_t *out, const float *in, size_t
 
 /* Conversions of arrays of any size, split into BLOCK-aligned chunks over
  * the OpenMP threads above PAR_MIN (activations are 10^5..10^7 elements). */
-void dt_act16_from_f32(dt_precision p, uint16_t *out, const float *in, size_t n) {
+void dt__act16_from_f32(dt_precision p, uint16_t *out, const float *in, size_t n) {
     check_precision(p);
     size_t nb = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
@@ -67,7 +67,7 @@ void dt_act16_from_f32(dt_precision p, uint16_t *out, const float *in, size_t n)
     }
 }
 
-void dt_act16_to_f32(dt_precision p, float *out, const uint16_t *in, size_t n) {
+void dt__act16_to_f32(dt_precision p, float *out, const uint16_t *in, size_t n) {
     check_precision(p);
     size_t nb = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel for if (n > PAR_MIN) schedule(static)
@@ -151,8 +151,8 @@ static dt_status linear_fwd_onednn(void *out, bool out_f32, const uint16_t *inp,
     return dt__gemm_onednn(&g);
 }
 
-dt_status dt_linear16_forward(dt_precision p, void *out, bool out_f32, const uint16_t *inp,
-                              const uint16_t *w, const float *bias, int N, int C, int OC) {
+dt_status dt__linear16_forward(dt_precision p, void *out, bool out_f32, const uint16_t *inp,
+                               const uint16_t *w, const float *bias, int N, int C, int OC) {
     DT_CHECK(check_linear("dt_linear16_forward", p, out, inp, w, N, C, OC));
     size_t nout = (size_t)N * OC, ninp = (size_t)N * C, nw = (size_t)OC * C;
     dt_status st = DT_OK;
@@ -217,9 +217,9 @@ dt_status dt_linear16_backward(dt_precision p, float *dinp, float *dw, float *db
                                      DT_GRAD_ACCUMULATE);
 }
 
-dt_status dt_linear16_backward_mode(dt_precision p, float *dinp, float *dw, float *dbias,
-                                    const uint16_t *dout, const uint16_t *inp, const uint16_t *w,
-                                    int N, int C, int OC, dt_grad_mode mode) {
+dt_status dt__linear16_backward_mode(dt_precision p, float *dinp, float *dw, float *dbias,
+                                     const uint16_t *dout, const uint16_t *inp, const uint16_t *w,
+                                     int N, int C, int OC, dt_grad_mode mode) {
     const bool acc = mode == DT_GRAD_ACCUMULATE;
     if (!dw && !dinp)
         return dt_error_set(DT_ERR_INVALID, "dt_linear16_backward: neither dinp nor dw");
@@ -286,9 +286,9 @@ static void layernorm16_long_row(dt_precision p, uint16_t *out, float *mean, flo
     *rstd = r;
 }
 
-void dt_layernorm16_forward(dt_precision p, uint16_t *out, float *mean, float *rstd,
-                            const float *inp, const float *weight, const float *bias, int N,
-                            int C) {
+void dt__layernorm16_forward(dt_precision p, uint16_t *out, float *mean, float *rstd,
+                             const float *inp, const float *weight, const float *bias, int N,
+                             int C) {
     check_precision(p);
     if (C > BLOCK) {
 #pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 1)
@@ -308,7 +308,7 @@ void dt_layernorm16_forward(dt_precision p, uint16_t *out, float *mean, float *r
     }
 }
 
-void dt_gelu16_forward(dt_precision p, uint16_t *out, const uint16_t *inp, size_t n) {
+void dt__gelu16_forward(dt_precision p, uint16_t *out, const uint16_t *inp, size_t n) {
     check_precision(p);
     size_t nb = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel for if (n > PAR_MIN) schedule(dynamic, 4)
@@ -321,8 +321,8 @@ void dt_gelu16_forward(dt_precision p, uint16_t *out, const uint16_t *inp, size_
     }
 }
 
-void dt_gelu16_backward(dt_precision p, uint16_t *dinp, const uint16_t *inp, const float *dout,
-                        size_t n) {
+void dt__gelu16_backward(dt_precision p, uint16_t *dinp, const uint16_t *inp, const float *dout,
+                         size_t n) {
     check_precision(p);
     size_t nb = (n + BLOCK - 1) / BLOCK;
 #pragma omp parallel for if (n > PAR_MIN) schedule(dynamic, 4)
@@ -377,8 +377,8 @@ static void scatter_head(dt_precision p, uint16_t *dst, int b, int T, int ld, in
         narrow(p, dst + ((size_t)b * T + t) * ld + col, src + (size_t)t * sld, (size_t)HS);
 }
 
-void dt_attention16_forward(dt_precision p, uint16_t *out, float *lse, const uint16_t *qkv, int B,
-                            int T, int C, int NH, float *work) {
+void dt__attention16_forward(dt_precision p, uint16_t *out, float *lse, const uint16_t *qkv, int B,
+                             int T, int C, int NH, float *work) {
     check_precision(p);
     const int HS = C / NH, C3 = 3 * C, H3 = 3 * HS, nbh = B * NH;
     const size_t slot = 8 * (size_t)T * HS;
@@ -398,9 +398,9 @@ void dt_attention16_forward(dt_precision p, uint16_t *out, float *lse, const uin
     }
 }
 
-void dt_attention16_backward(dt_precision p, uint16_t *dqkv, const float *dout, const uint16_t *qkv,
-                             const uint16_t *out, const float *lse, int B, int T, int C, int NH,
-                             float *work) {
+void dt__attention16_backward(dt_precision p, uint16_t *dqkv, const float *dout,
+                              const uint16_t *qkv, const uint16_t *out, const float *lse, int B,
+                              int T, int C, int NH, float *work) {
     check_precision(p);
     const int HS = C / NH, C3 = 3 * C, H3 = 3 * HS, nbh = B * NH;
     const size_t slot = 8 * (size_t)T * HS;

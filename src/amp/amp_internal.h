@@ -48,4 +48,25 @@ dt_gemm_backend dt__gemm_backend_for_op(dt_gemm_op op);
 /* The 16-bit linear layers' scratch (act16.c). */
 void dt__act16_release(void);
 
+/* The 16-bit kernels of amp.h without their trace regions: each public
+ * kernel (traced.c) records one region around its dt__ body. */
+void dt__act16_from_f32(dt_precision p, uint16_t *out, const float *in, size_t n);
+void dt__act16_to_f32(dt_precision p, float *out, const uint16_t *in, size_t n);
+dt_status dt__linear16_forward(dt_precision p, void *out, bool out_f32, const uint16_t *inp,
+                               const uint16_t *w, const float *bias, int N, int C, int OC);
+dt_status dt__linear16_backward_mode(dt_precision p, float *dinp, float *dw, float *dbias,
+                                     const uint16_t *dout, const uint16_t *inp, const uint16_t *w,
+                                     int N, int C, int OC, dt_grad_mode mode);
+void dt__layernorm16_forward(dt_precision p, uint16_t *out, float *mean, float *rstd,
+                             const float *inp, const float *weight, const float *bias, int N,
+                             int C);
+void dt__gelu16_forward(dt_precision p, uint16_t *out, const uint16_t *inp, size_t n);
+void dt__gelu16_backward(dt_precision p, uint16_t *dinp, const uint16_t *inp, const float *dout,
+                         size_t n);
+void dt__attention16_forward(dt_precision p, uint16_t *out, float *lse, const uint16_t *qkv, int B,
+                             int T, int C, int NH, float *work);
+void dt__attention16_backward(dt_precision p, uint16_t *dqkv, const float *dout,
+                              const uint16_t *qkv, const uint16_t *out, const float *lse, int B,
+                              int T, int C, int NH, float *work);
+
 #endif /* DTRAIN_AMP_INTERNAL_H */

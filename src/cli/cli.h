@@ -165,6 +165,7 @@ extern const cli_cmd cli_bench_tokenizer;   /* bench_tokenizer.c */
 extern const cli_cmd cli_cmd_launch;
 extern const cli_cmd cli_cmd_export;
 extern const cli_cmd cli_cmd_train;
+extern const cli_cmd cli_cmd_report;                   /* cmd_report.c */
 extern const cli_cmd cli_bench_comm, cli_bench_memcpy; /* cmd_bench_comm.c */
 extern const cli_cmd cli_bench_topo;                   /* cmd_bench_topo.c */
 /* `dtrain bench NAME` with a's flags (minus --nproc) as np local ranks

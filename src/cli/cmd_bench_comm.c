@@ -17,6 +17,7 @@
 #include "cli.h"
 #include "dtrain/comm.h"
 #include "dtrain/launch.h"
+#include "dtrain/train.h"
 
 #include <arpa/inet.h>
 #include <fcntl.h>
@@ -62,6 +63,10 @@ static const cli_opt comm_opts[] = {
      0},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "one JSON object per row instead of the table", NULL, 0,
      0},
+    {"profile", 0, CLI_BOOL, "BOOL", "true", NULL,
+     "fit alpha + size / beta to the rows (3 sizes or more, --algo auto) and store it in this "
+     "machine's profile, for dtrain report and dtrain plan --cluster this",
+     NULL, 0, 0},
     {0},
 };
 
@@ -296,6 +301,32 @@ static void check_memory(const cli_args *a, int local_ranks, size_t hi) {
                     local_ranks, BUFFERS_PER_RANK, dt_format_bytes((double)avail, v, sizeof v));
 }
 
+/* The alpha-beta model of the sweep into the machine profile (train.h,
+ * dt_link_fit): what `dtrain report` draws the collectives against and
+ * `dtrain plan --cluster this` prices links with. Only the algorithm the
+ * chooser picks (--algo auto) describes what training will see. */
+static void store_fit(const cli_args *a, dt_coll coll, const char *transport, int n,
+                      const double *bytes, const double *secs, size_t k, bool json) {
+    if (strcmp(cli_str(a, "algo"), "auto") != 0 || cli_bool(a, "read") ||
+        cli_bool(a, "deterministic"))
+        return;
+    dt_link_fit f;
+    char where[4200] = "";
+    dt_status st = dt_link_fit_points(transport, dt_coll_name(coll), n, bytes, secs, k, &f);
+    if (st == DT_OK)
+        st = dt_profile_save_link(&f, where, sizeof where);
+    if (json)
+        return;
+    if (st != DT_OK) {
+        printf("# alpha-beta fit not stored: %s\n", dt_last_error());
+        return;
+    }
+    printf("# alpha-beta fit: %s on %s, %d ranks: alpha %.2f us, beta %.3f GB/s (largest error "
+           "%.0f%% over %d sizes); as a ring link: %.2f us, %.3f GB/s; stored in %s\n",
+           f.op, f.transport, n, f.alpha * 1e6, f.beta * 1e-9, 100 * f.max_error, f.points,
+           f.link_alpha * 1e6, f.link_bw * 1e-9, where);
+}
+
 static int run_comm(cli_args *a) {
     int np = (int)cli_int(a, "nproc");
     bool launching = np > 0 && !getenv("DT_RANK") && !getenv("OMPI_COMM_WORLD_RANK");
@@ -345,6 +376,11 @@ static int run_comm(cli_args *a) {
     }
     int rc = 0;
     bool first = true;
+    /* The rows for the alpha-beta fit (rank 0). */
+    enum { MAX_ROWS = 64 };
+    double fit_bytes[MAX_ROWS], fit_secs[MAX_ROWS];
+    size_t nfit = 0;
+    long wrong_total = 0;
     for (size_t bytes = lo; bytes <= hi && st == DT_OK; bytes *= 2) {
         size_t cnt = count_for(coll, bytes, es, n);
         if (cnt == 0)
@@ -397,6 +433,11 @@ static int run_comm(cli_args *a) {
         double algbw = (double)bytes / t * 1e-9, busbw = algbw * busbw_factor(coll, n);
         if (wrong)
             rc = 1;
+        wrong_total += wrong;
+        if (nfit < MAX_ROWS) {
+            fit_bytes[nfit] = (double)bytes;
+            fit_secs[nfit++] = t;
+        }
         if (me == 0) {
             if (json)
                 cli_json_line(json_pack(
@@ -418,6 +459,8 @@ static int run_comm(cli_args *a) {
         dt_group_destroy(g);
         return code;
     }
+    if (me == 0 && n > 1 && cli_bool(a, "profile") && wrong_total == 0 && nfit >= 3)
+        store_fit(a, coll, dt_group_transport(g), n, fit_bytes, fit_secs, nfit, json);
     dt_group_destroy(g);
     return rc;
 }
@@ -481,7 +524,8 @@ static int run_memcpy(cli_args *a) {
     size_t size = cli_size(a, "size");
     int iters = (int)cli_int(a, "iters");
     printf("# memcpy bandwidth: %d thread(s), %zu MiB buffers; copy GB/s counts bytes copied,\n"
-           "# traffic GB/s counts bytes read + written (what memory must sustain)\n",
+           "# traffic GB/s counts bytes read + written (what memory must sustain; stored in the\n"
+           "# machine profile as the roofline's memory roof)\n",
            nt, size >> 20);
     printf("# %8s %12s %14s\n", "threads", "copy(GB/s)", "traffic(GB/s)");
     for (int t = 1; t <= nt; t *= 2) {
@@ -501,6 +545,10 @@ static int run_memcpy(cli_args *a) {
         }
         double copy = (double)size * iters * t / worst * 1e-9;
         printf("  %8d %12.2f %14.2f\n", t, copy, 2 * copy);
+        /* The machine profile's memory roof for t threads (docs/observability.md). */
+        if (dt_profile_save_mem_bw(t, 2 * copy * 1e9) != DT_OK)
+            fprintf(stderr, "dtrain bench memcpy: not stored in the machine profile: %s\n",
+                    dt_last_error());
         if (t < nt && t * 2 > nt)
             t = nt / 2; /* end exactly at nt */
     }

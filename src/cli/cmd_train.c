@@ -162,6 +162,9 @@ static const cli_opt train_opts[] = {
     {"delay-comp", 0, CLI_ENUM, "KIND", "none", "DT_DELAY_COMP", "--dp-mode ps: delay compensation: none, seed (g / (1 + tau)), dcasgd (g + lambda g*g*(w - w_read))", delay_comps, 0, 0},
     {"dc-lambda", 0, CLI_DOUBLE, "X", "0.04", "DT_DC_LAMBDA", "--dp-mode ps --delay-comp dcasgd: lambda", NULL, 0, 100},
     {"compress-dense-below", 0, CLI_INT, "N", "0", "DT_COMPRESS_DENSE_BELOW", "tensors of fewer than N values (biases, LayerNorm) are averaged exactly (fp32)", NULL, 0, 1e15},
+    {"trace", 0, CLI_FLAG, NULL, NULL, "DT_TRACE", "record every rank's timeline (kernels, collectives, waits, data, optimizer) into RUN_DIR/trace/ (Perfetto / chrome://tracing; dtrain report)", NULL, 0, 0},
+    {"trace-steps", 0, CLI_STRING, "A:B", "all", "DT_TRACE_STEPS", "--trace: record steps A to B (1-based), or all", NULL, 0, 0},
+    {"trace-buffer", 0, CLI_INT, "N", "16384", "DT_TRACE_BUFFER", "--trace: events kept per thread (64 bytes each; the newest are kept)", NULL, 64, 1 << 26},
     {0},
 };
 /* clang-format on */
@@ -180,6 +183,21 @@ static const char train_description[] =
     "  dtrain train --model shakespeare-char --data input.txt --nproc 2 --batch 8 \\\n"
     "               --steps 500 --warmup 50 --eval-every 100 --ckpt-every 100 --run-dir run\n"
     "  dtrain train --config run/config.json --run-dir run --resume --steps 1000";
+
+/* --trace-steps: "all" (0, 0) or "A:B" with 1 <= A <= B. */
+static dt_status parse_trace_steps(const char *text, int64_t *first, int64_t *last) {
+    *first = *last = 0;
+    if (!text || !strcmp(text, "all"))
+        return DT_OK;
+    char a[64];
+    const char *colon = strchr(text, ':');
+    if (!colon || (size_t)(colon - text) >= sizeof a)
+        return dt_error_set(DT_ERR_INVALID, "--trace-steps: \"%s\" is not A:B or all", text);
+    snprintf(a, sizeof a, "%.*s", (int)(colon - text), text);
+    DT_CHECK(dt_config_parse_int("--trace-steps", a, 1, INT64_MAX, first));
+    DT_CHECK(dt_config_parse_int("--trace-steps", colon + 1, *first, INT64_MAX, last));
+    return DT_OK;
+}
 
 /* SIGINT/SIGTERM (also forwarded by a launcher) ask the run to finish its
  * step, save a checkpoint and stop; a second one ends the process at once.
@@ -420,6 +438,10 @@ static int run_train(cli_args *a) {
     c.staleness = cli_int(a, "staleness");
     c.delay_comp = cli_enum(a, "delay-comp");
     c.dc_lambda = cli_double(a, "dc-lambda");
+    c.trace = cli_bool(a, "trace");
+    c.trace_buffer = (size_t)cli_int(a, "trace-buffer");
+    if (parse_trace_steps(cli_str(a, "trace-steps"), &c.trace_first, &c.trace_last) != DT_OK)
+        cli_usage_error(a->cmd, "%s", dt_last_error());
     if (!c.data)
         cli_usage_error(a->cmd, "--data FILE is required (a .txt corpus or a .tok file)");
     if (c.min_lr > c.lr)

@@ -19,6 +19,7 @@ static const cli_cmd *const commands[] = {
     &cli_cmd_ckpt,
     &cli_cmd_export,
     &cli_cmd_plan,
+    &cli_cmd_report,
     &cli_cmd_bench,
     &cli_cmd_version,
 };

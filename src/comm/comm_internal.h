@@ -153,6 +153,9 @@ dt_status dt__store_get_within(dt__store *s, const char *key, void **val, size_t
 dt_status dt__store_wait(dt__store *s, const char *key, void **val, size_t *len);
 /* Atomically add delta to the integer at key (absent = 0); *result = new. */
 dt_status dt__store_add(dt__store *s, const char *key, int64_t delta, int64_t *result);
+/* The server's trace clock (dt_trace_now of rank 0's process), bracketed
+ * by this process's readings just before the request and after the reply. */
+dt_status dt__store_time(dt__store *s, uint64_t *sent, uint64_t *server, uint64_t *received);
 
 /* ------------------------------------------------------------------------ */
 /* Transfers and transports                                                 */
@@ -395,6 +398,10 @@ struct dt_group {
      * (probed together, or inherited from the group split), so every rank
      * picks the same algorithm. */
     dt__links links;
+    /* Tracing (dtrain/trace.h): a number for this group that every member
+     * computes alike (a hash of id), and the transport its events cross. */
+    uint32_t trace_id;
+    uint8_t trace_link; /* dt_trace_link */
 };
 
 /* The running operation: its descriptor and arguments. */
@@ -423,6 +430,7 @@ typedef struct dt__op {
 struct dt_work {
     dt__op op;
     dt_work *next;
+    uint64_t t_issue; /* trace clock when issued; 0: not traced */
     bool done;
     bool inline_run;
     dt_status status;

@@ -16,6 +16,7 @@
  *   4. Arguments are validated before anything is queued or sent.
  */
 #include "backend.h"
+#include "dtrain/trace.h"
 #include "jobenv.h"
 
 #include <ctype.h>
@@ -211,6 +212,21 @@ static void group_free(dt_group *g, bool clean) {
     free(g);
 }
 
+/* The group's number in trace events (FNV-1a of its id, the same on every
+ * member) and the link its operations cross (after the backend's init,
+ * which may rename the transport). */
+static void trace_ids(dt_group *g) {
+    uint32_t h = 2166136261u;
+    for (const char *c = g->id; *c; c++)
+        h = (h ^ (uint8_t)*c) * 16777619u;
+    g->trace_id = h;
+    g->trace_link = !strcmp(g->tpname, "shm")       ? DT_TRACE_LINK_SHM
+                    : !strcmp(g->tpname, "tcp")     ? DT_TRACE_LINK_TCP
+                    : !strcmp(g->tpname, "shm+tcp") ? DT_TRACE_LINK_MIXED
+                    : !strcmp(g->tpname, "mpi")     ? DT_TRACE_LINK_MPI
+                                                    : DT_TRACE_LINK_SELF;
+}
+
 static dt_status group_create(dt__job *job, const char *id, int rank, int size, const int *world,
                               dt_group **out) {
     dt_status st = DT_OK;
@@ -347,6 +363,7 @@ static dt_status group_create(dt__job *job, const char *id, int rank, int size, 
     DT_ASSERT(g->backend->api_version == DT__BACKEND_API);
     if (g->backend->init)
         DT_CHECK_GOTO(g->backend->init(g), st, fail);
+    trace_ids(g);
     g->last_progress = dt_now();
     DT_CHECK_GOTO(dt_thread_create(&g->thread, "dt-comm", progress_main, g), st, fail);
     DT_DEBUG("comm", "group %s: rank %d of %d, %d host(s), %d local, transport %s", g->id, rank,
@@ -454,6 +471,45 @@ void dt_group_abort(dt_group *g) {
     pthread_mutex_unlock(&g->mu);
 }
 
+/* The boot id part of a host key ("host|boot|node"). */
+static void boot_of(const char *key, char *out, size_t len) {
+    const char *a = strchr(key, '|'), *b = a ? strchr(a + 1, '|') : NULL;
+    snprintf(out, len, "%.*s", a && b ? (int)(b - a - 1) : 0, a ? a + 1 : "");
+}
+
+dt_status dt_group_clock_sample(dt_group *g, int probes, dt_clock_sample *out) {
+    if (!g || !out || probes < 1 || probes > 10000)
+        return dt_error_set(DT_ERR_INVALID, "dt_group_clock_sample: bad arguments (probes %d)",
+                            probes);
+    dt__job *job = g->job;
+    uint64_t now = dt_trace_now();
+    *out = (dt_clock_sample){.local_ns = (double)now, .same_kernel = true};
+    if (!job->store || job->world_rank == 0)
+        return DT_OK;
+    char mine[80], theirs[80];
+    boot_of(job->host_keys[job->world_rank], mine, sizeof mine);
+    boot_of(job->host_keys[0], theirs, sizeof theirs);
+    out->same_kernel = mine[0] && strcmp(mine, theirs) == 0;
+    double best = -1;
+    dt_status st = DT_OK;
+    for (int i = 0; i < probes && st == DT_OK; i++) {
+        uint64_t t1, T, t2;
+        st = dt__store_time(job->store, &t1, &T, &t2);
+        if (st != DT_OK)
+            break;
+        double rtt = (double)(t2 - t1);
+        if (best < 0 || rtt < best) {
+            best = rtt;
+            out->local_ns = 0.5 * ((double)t1 + (double)t2);
+            out->offset_ns = (double)T - out->local_ns;
+            out->error_ns = 0.5 * rtt;
+        }
+    }
+    if (st != DT_OK)
+        dt_error_prefix("measuring the clock offset to rank 0");
+    return st;
+}
+
 int dt_group_rank(const dt_group *g) { return g ? g->rank : -1; }
 int dt_group_size(const dt_group *g) { return g ? g->size : 0; }
 int dt_group_world_rank(const dt_group *g, int r) {
@@ -493,9 +549,40 @@ static void fail_group(dt_group *g, const dt__op *op, dt_status st) {
         g->tcp->ops->reset(g->tcp);
 }
 
+/* Payload bytes one rank contributes to op (a batch: all its transfers). */
+static uint64_t op_bytes(const dt__op *op) {
+    if (op->coll != DT_COLL_BATCH)
+        return (uint64_t)op->count * dt_dtype_size(op->dtype);
+    uint64_t b = 0;
+    for (size_t i = 0; i < op->count; i++)
+        b += (uint64_t)op->items[i].p.count * dt_dtype_size(op->items[i].p.dtype);
+    return b;
+}
+
+/* The trace event of an operation that ran from t0 until now. */
+static void trace_op(const dt_group *g, const dt_work *w, uint64_t t0, dt_trace_cat cat) {
+    const dt__op *op = &w->op;
+    int peer = op->coll == DT_COLL_BATCH ? (op->count ? op->items[0].p.peer : -1) : op->root;
+    dt_trace_event e = {.t0 = t0,
+                        .name = dt_coll_name(op->coll),
+                        .t_issue = w->t_issue,
+                        .bytes = op_bytes(op),
+                        .group = g->trace_id,
+                        .seq = (uint32_t)op->desc.seq,
+                        .idx = op->coll == DT_COLL_BATCH ? (int32_t)op->count : -1,
+                        .peer = (int16_t)peer,
+                        .ranks = (uint16_t)g->size,
+                        .cat = (uint8_t)cat,
+                        .algo = (uint8_t)op->algo,
+                        .link = g->trace_link,
+                        .dtype = (uint8_t)op->dtype};
+    dt_trace_put(&e);
+}
+
 static void execute(dt_group *g, dt_work *w) {
     dt__op *op = &w->op;
     dt_status st;
+    uint64_t t_start = dt_trace_begin();
     int failed = atomic_load(&g->failed);
     if (failed) {
         char d[160];
@@ -537,11 +624,16 @@ static void execute(dt_group *g, dt_work *w) {
     if (st != DT_OK)
         snprintf(w->err, sizeof w->err, "%s", dt_last_error());
     atomic_store(&g->last_algo, (int)op->algo);
+    if (t_start)
+        trace_op(g, w, t_start, DT_TRACE_COMM);
 }
 
 static void *progress_main(void *arg) {
     dt_group *g = arg;
     dt_log_set_rank(g->job->world_rank);
+    char tname[16]; /* the trace's name of this thread: "comm " and the group's id */
+    snprintf(tname, sizeof tname, "comm %.10s", g->id);
+    dt_trace_name_thread(tname);
     pthread_mutex_lock(&g->mu);
     for (;;) {
         while (!g->stop && (!g->head || g->busy))
@@ -582,7 +674,10 @@ dt_status dt_work_test(dt_work *w, bool *done) {
 static dt_status work_finish(dt_work *w, bool free_it) {
     dt_group *g = w->op.g;
     dt_status st;
+    uint64_t t_wait = dt_trace_begin();
+    bool ran_here = false;
     pthread_mutex_lock(&g->mu);
+    bool was_done = w->done;
     if (!w->done && g->head == w && !g->busy) {
         /* Nobody has started it: run it here, as a blocking call on an idle
          * group does, rather than sleep until the progress thread wakes,
@@ -594,6 +689,7 @@ static dt_status work_finish(dt_work *w, bool free_it) {
         g->busy = true;
         pthread_mutex_unlock(&g->mu);
         execute(g, w);
+        ran_here = true;
         pthread_mutex_lock(&g->mu);
         g->busy = false;
         w->done = true;
@@ -619,6 +715,10 @@ static dt_status work_finish(dt_work *w, bool free_it) {
         }
     }
     pthread_mutex_unlock(&g->mu);
+    /* Time the caller spent blocked on an operation another thread ran
+     * (one it ran itself is its comm event). */
+    if (t_wait && !was_done && !ran_here && !w->inline_run)
+        trace_op(g, w, t_wait, DT_TRACE_WAIT);
     st = w->status;
     if (st != DT_OK)
         dt_error_set(st, "%s", w->err);
@@ -734,6 +834,7 @@ static dt_status submit(dt_group *g, dt_coll coll, const void *send, void *recv,
             return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
     }
     w->next = NULL;
+    w->t_issue = dt_trace_begin();
     w->done = false;
     w->inline_run = false;
     w->status = DT_OK;
@@ -797,6 +898,7 @@ static dt_status submit_batch(dt_group *g, const dt_p2p *ops, size_t n, dt_work 
     if (!w)
         return dt_error_set(DT_ERR_NOMEM, "comm: out of memory");
     memset(w, 0, sizeof *w);
+    w->t_issue = dt_trace_begin();
     dt__op *op = &w->op;
     op->g = g;
     op->coll = DT_COLL_BATCH;

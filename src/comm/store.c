@@ -3,8 +3,9 @@
  *
  * Ranks use it to exchange addresses, host names and shared-memory names
  * when a group is created; it is idle afterwards. Operations: set, get,
- * wait (client-side polling of get with back-off, bounded by DT_TIMEOUT)
- * and atomic add. One server thread multiplexes every client with poll().
+ * wait (client-side polling of get with back-off, bounded by DT_TIMEOUT),
+ * atomic add, and the server's trace clock (aligning the ranks' traces). One server thread
+ * multiplexes every client with poll().
  *
  * Invariants: every connection passes the token handshake first; every
  * length read from a client is checked (key 1..1024 bytes, value <= 16 MiB)
@@ -14,6 +15,7 @@
  * out of step, so later requests fail at once instead of misreading it.
  */
 #include "comm_internal.h"
+#include "dtrain/trace.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -30,7 +32,7 @@
 #define KV_MAX_CLIENTS 4096
 #define KV_IO_SECONDS  10.0 /* a client must finish a request this fast */
 
-enum { KV_SET = 1, KV_GET = 2, KV_ADD = 3 };
+enum { KV_SET = 1, KV_GET = 2, KV_ADD = 3, KV_TIME = 4 };
 
 typedef struct kv_req {
     uint32_t magic;
@@ -177,6 +179,14 @@ static dt_status serve(dt__store_server *s, int fd) {
         st = reply(fd, DT_OK, val, sizeof cur);
         free(val);
         return st;
+    }
+    case KV_TIME: {
+        /* Stamped as late as possible: the client brackets the request
+         * with its own clock, and this reading lies inside the bracket. */
+        free(key);
+        free(val);
+        uint64_t now = dt_trace_now();
+        return reply(fd, DT_OK, &now, sizeof now);
     }
     default:
         free(key);
@@ -449,6 +459,21 @@ dt_status dt__store_add(dt__store *s, const char *key, int64_t delta, int64_t *r
         return dt_error_set(DT_ERR_PROTOCOL, "store: add replied %zu bytes", len);
     }
     memcpy(result, v, sizeof *result);
+    dt_free(v);
+    return DT_OK;
+}
+
+dt_status dt__store_time(dt__store *s, uint64_t *sent, uint64_t *server, uint64_t *received) {
+    void *v = NULL;
+    size_t len = 0;
+    *sent = dt_trace_now();
+    DT_CHECK(request(s, KV_TIME, "t", NULL, 0, &v, &len, s->timeout));
+    *received = dt_trace_now();
+    if (len != sizeof *server) {
+        dt_free(v);
+        return dt_error_set(DT_ERR_PROTOCOL, "store: time replied %zu bytes", len);
+    }
+    memcpy(server, v, sizeof *server);
     dt_free(v);
     return DT_OK;
 }

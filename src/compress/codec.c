@@ -38,6 +38,8 @@
  */
 #include "internal.h"
 
+#include "dtrain/trace.h"
+
 #include <ctype.h>
 #include <errno.h>
 #include <inttypes.h>
@@ -359,7 +361,9 @@ dt_status dt_codec_decode(const void *buf, size_t len, size_t n, float *out, dt_
     const uint8_t *payload = (const uint8_t *)buf + DT_COMPRESS_HEADER_BYTES;
     if (codecs[h.kind]->validate)
         DT_CHECK(codecs[h.kind]->validate(&h, payload));
+    uint64_t t = dt_trace_begin();
     codecs[h.kind]->decode(&h, payload, out, mode);
+    dt_trace_end(t, DT_TRACE_COMPRESS, "decode", -1, 0, len + n * sizeof(float));
     return DT_OK;
 }
 
@@ -512,8 +516,8 @@ dt_status dt_compressor_set_k(dt_compressor *c, size_t k) {
 size_t dt_compressor_count(const dt_compressor *c) { return c->n; }
 bool dt_compressor_error_feedback(const dt_compressor *c) { return c->ef; }
 
-dt_status dt_compressor_compress(dt_compressor *c, const float *grad, uint64_t step, void *out,
-                                 size_t cap, size_t *used) {
+static dt_status compress(dt_compressor *c, const float *grad, uint64_t step, void *out, size_t cap,
+                          size_t *used) {
     if (!out || !used || (c->n > 0 && !grad))
         return dt_error_set(DT_ERR_INVALID, "%s encode: NULL gradient, buffer or size",
                             c->ops->info.name);
@@ -567,6 +571,14 @@ dt_status dt_compressor_compress(dt_compressor *c, const float *grad, uint64_t s
     }
     *used = c->encoded_bytes;
     return DT_OK;
+}
+
+dt_status dt_compressor_compress(dt_compressor *c, const float *grad, uint64_t step, void *out,
+                                 size_t cap, size_t *used) {
+    uint64_t t = dt_trace_begin();
+    dt_status st = compress(c, grad, step, out, cap, used);
+    dt_trace_end(t, DT_TRACE_COMPRESS, "encode", -1, 0, c->n * sizeof(float) + c->encoded_bytes);
+    return st;
 }
 
 size_t dt_compressor_residual_bytes(const dt_compressor *c) {

@@ -37,6 +37,7 @@
  * which gpt_cp.c runs with the other ranks' tokens.
  */
 #include "../tensor/simd.h"
+#include "dtrain/trace.h"
 #include "gpt_internal.h"
 
 #include <math.h>
@@ -546,7 +547,9 @@ static dt_status blocks_forward(dt_gpt *m, const float *x, bool fused) {
         if (l + 2 < s->L1)
             prefetch(m, block_unit(m, l + 2));
         /* fp32: block l - 1 wrote block l's ln_1 (and the last block ln_f). */
+        uint64_t tb = dt_trace_begin();
         DT_CHECK(dt__gpt_block_forward(m, l, x, true, fused && l > s->L0));
+        dt_trace_end(tb, DT_TRACE_COMPUTE, "block_fwd", l, 0, 0);
         release(m, block_unit(m, l));
         x = acts_of(m, l)->res3;
     }
@@ -669,7 +672,9 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
     const size_t ns = rows_here(m);
     if (pr != DT_PRECISION_FP32 && !m->hooks.fetch && /* with hooks: per unit, in fetch() */
         m->w16_state != DT_GPT_W16_CURRENT) {
+        uint64_t tc = dt_trace_begin();
         PROF(m, PROF_CASTS, cast_weights(m));
+        dt_trace_end(tc, DT_TRACE_CAST, "cast_weights", -1, m->nparams, 6 * m->nparams);
         if (m->w16_state == DT_GPT_W16_STALE)
             m->w16_state = DT_GPT_W16_CURRENT;
     }
@@ -678,7 +683,9 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
         take_tokens(m, s->tokens, inputs, B, T);
         DT_CHECK(fetch(m, other_unit(m, U_WTE)));
         DT_CHECK(fetch(m, other_unit(m, U_WPE)));
+        uint64_t te = dt_trace_begin();
         DT_CHECK(embed_forward(m));
+        dt_trace_end(te, DT_TRACE_COMPUTE, "embed_fwd", -1, 0, 0);
         release(m, other_unit(m, U_WTE));
         release(m, other_unit(m, U_WPE));
     } else if (x_in != s->encoded) {
@@ -691,7 +698,9 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
         return DT_OK;
     }
     DT_CHECK(fetch(m, other_unit(m, U_WTE))); /* the tied head; ln_f was fetched */
+    uint64_t th = dt_trace_begin();
     dt_status hst = head_pass(m, x, targets, B, s->T, mean_loss);
+    dt_trace_end(th, DT_TRACE_COMPUTE, "head_fwd", -1, 0, 0);
     release(m, other_unit(m, U_WTE));
     release(m, other_unit(m, U_LNF));
     return hst;
@@ -1080,6 +1089,7 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, int chunk, int slot, const float *dx_
         const dt_param_info *lnw = &m->info[m->lnf], *lnb = &m->info[m->lnf + 1];
         const void *x;
         float *dlnf;
+        uint64_t th = dt_trace_begin();
         DT_CHECK(fetch(m, other_unit(m, U_LNF)));
         DT_CHECK(fetch(m, other_unit(m, U_WTE)));
         DT_CHECK(region_in_forward(m, s->lnf_out, &x, dt__act_size(m->opt.precision)));
@@ -1092,6 +1102,7 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, int chunk, int slot, const float *dx_
         release(m, other_unit(m, U_LNF));
         if (d->sp)
             DT_CHECK(sum_partial(m, g + lnw->offset, m->gscratch, 2 * (size_t)C, mode));
+        dt_trace_end(th, DT_TRACE_COMPUTE, "head_bwd", -1, 0, 0);
     } else {
         memcpy(m->dres, dx_out, sizeof(float) * (size_t)Ns * C);
     }
@@ -1101,16 +1112,21 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, int chunk, int slot, const float *dx_
         if (l > s->L0)
             prefetch(m, block_unit(m, l - 1));
         /* A recomputed block refills the shared set from its kept input. */
+        uint64_t tb = dt_trace_begin();
         if (dt__gpt_recomputed(m->opt.recompute_every, l))
             DT_CHECK(dt__gpt_block_forward(m, l, x, false, false));
         DT_CHECK(block_backward(m, l, x, mode, !split));
+        dt_trace_end(tb, DT_TRACE_COMPUTE, "block_bwd", l, 0, 0);
         release(m, block_unit(m, l));
         /* m->dres holds d(x); every gradient from block l onwards is final. */
         if (hook && !split)
             hook(user, block_offset(m, l));
     }
-    if (s->embeds)
+    if (s->embeds) {
+        uint64_t te = dt_trace_begin();
         DT_CHECK(embed_backward(m, mode));
+        dt_trace_end(te, DT_TRACE_COMPUTE, "embed_bwd", -1, 0, 0);
+    }
     s->pending_w = split;
     if (hook && !split && chunk == 0)
         hook(user, 0);
@@ -1134,9 +1150,11 @@ dt_status dt_gpt_weight_stage(dt_gpt *m, int chunk, int slot, dt_grad_mode mode,
     for (int l = s->L1 - 1; l >= s->L0; l--) {
         const float *x = block_input(m, l);
         DT_CHECK(fetch(m, block_unit(m, l)));
+        uint64_t tb = dt_trace_begin();
         if (dt__gpt_recomputed(m->opt.recompute_every, l))
             DT_CHECK(dt__gpt_block_forward(m, l, x, false, false));
         DT_CHECK(block_weights(m, l, x, mode));
+        dt_trace_end(tb, DT_TRACE_COMPUTE, "block_wgrad", l, 0, 0);
         release(m, block_unit(m, l));
         if (hook)
             hook(user, block_offset(m, l));

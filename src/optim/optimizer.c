@@ -36,6 +36,8 @@
  */
 #include "optim_internal.h"
 
+#include "dtrain/trace.h"
+
 #include <inttypes.h>
 #include <math.h>
 #include <string.h>
@@ -889,8 +891,10 @@ void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, siz
     if (begin >= end)
         return;
     size_t k = range_of(o, begin, end);
+    uint64_t t = dt_trace_begin();
     if (!o->disk || !touches_state(o)) {
         update_range(o, params, grads, begin, end, k);
+        dt_trace_end(t, DT_TRACE_OPTIM, "optimizer_update", -1, 0, 0);
         return;
     }
     /* Offloaded: in pieces, each reported, so the file streams through a
@@ -902,6 +906,7 @@ void dt_optimizer_update(dt_optimizer *o, float *params, const float *grads, siz
         update_range(o, params, grads, lo, hi, k);
         dt__offload_updated(o->disk, lo + base, hi + base);
     }
+    dt_trace_end(t, DT_TRACE_OPTIM, "optimizer_update", -1, 0, 0);
 }
 
 static dt_status reduce(dt_optimizer *o, double *v, size_t n) {
@@ -1313,7 +1318,16 @@ dt_status dt_kfac_accumulate(dt_optimizer *o, size_t weight_offset, const float 
     return dt__kfac_accumulate(o->kfac, weight_offset, x, dy, N, in, out, scale);
 }
 
+static dt_status step_untraced(dt_optimizer *o, float *params, float *grads);
+
 dt_status dt_optimizer_step(dt_optimizer *o, float *params, float *grads) {
+    uint64_t t = dt_trace_begin();
+    dt_status st = step_untraced(o, params, grads);
+    dt_trace_end(t, DT_TRACE_OPTIM, "optimizer_step", -1, 0, 0);
+    return st;
+}
+
+static dt_status step_untraced(dt_optimizer *o, float *params, float *grads) {
     DT_ASSERT(o->step >= 0);
     if (o->c.centralize)
         DT_CHECK(centralize(o, grads));

@@ -254,9 +254,26 @@ dt_status dt_cluster_measure(dt_cluster *out) {
      * the shm transport's small-message round (docs/comm.md). */
     out->intra = (dt_link){.bw = bw, .alpha = 5e-6, .rails = 1};
     snprintf(out->intra.topology, sizeof out->intra.topology, "shm");
+    /* The shared-memory allreduce `dtrain bench comm` fitted on this
+     * machine (the machine profile, train.h), read as a ring link, when
+     * there is one: measured instead of assumed. */
+    dt_link_fit fit;
+    char link[160] = "shm link assumed: copy bandwidth, 5 us (no dtrain bench comm fit)";
+    if (dt_profile_link("shm", "allreduce", out->devices_per_node, &fit) == DT_OK &&
+        fit.link_bw > 0 && isfinite(fit.link_bw)) {
+        out->intra.bw = fit.link_bw;
+        out->intra.alpha = fit.link_alpha;
+        snprintf(link, sizeof link,
+                 "shm link from the machine profile (bench comm allreduce, %d ranks): %.2f us, "
+                 "%.2f GB/s",
+                 fit.ranks, fit.link_alpha * 1e6, fit.link_bw * 1e-9);
+    } else {
+        dt_error_clear();
+    }
     snprintf(out->source, sizeof out->source,
              "measured by dtrain plan --cluster this: %ld CPU(s), peak from dtrain bench peak's "
-             "cache, efficiency from fp32 passes at C 128 (%.2f) and C 512 (%.2f), copy %.1f GB/s",
-             cpus, e1, e2, bw / 1e9);
+             "cache, efficiency from fp32 passes at C 128 (%.2f) and C 512 (%.2f), copy %.1f GB/s; "
+             "%s",
+             cpus, e1, e2, bw / 1e9, link);
     return DT_OK;
 }

@@ -212,13 +212,13 @@ void dt__attention_backward_tiles(float *dqkv, const float *dout, const float *q
 /* The register-tile kernels where they run (attention_avx512.c), the tiles
  * otherwise; the choice depends only on the head size and dt_isa(), never on
  * the thread count. */
-void dt_attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
+void dt__attention_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH) {
     if (!dt__attention_forward_avx512(out, lse, qkv, B, T, C, NH))
         dt__attention_forward_tiles(out, lse, qkv, B, T, C, NH);
 }
 
-void dt_attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
-                           const float *lse, int B, int T, int C, int NH) {
+void dt__attention_backward(float *dqkv, const float *dout, const float *qkv, const float *out,
+                            const float *lse, int B, int T, int C, int NH) {
     if (!dt__attention_backward_avx512(dqkv, dout, qkv, out, lse, B, T, C, NH))
         dt__attention_backward_tiles(dqkv, dout, qkv, out, lse, B, T, C, NH);
 }
@@ -334,15 +334,15 @@ void dt__attention_cross_backward_tiles(float *dq, float *dkv, const float *dout
 }
 
 /* avx512 where it runs, tiles otherwise (as for causal attention). */
-void dt_attention_cross_forward(float *out, float *lse, size_t ld_lse, const float *q, size_t ldq,
-                                const float *kv, size_t ldkv, int Tq, int Tk, int C, int NH) {
+void dt__attention_cross_forward(float *out, float *lse, size_t ld_lse, const float *q, size_t ldq,
+                                 const float *kv, size_t ldkv, int Tq, int Tk, int C, int NH) {
     if (!dt__attention_cross_forward_avx512(out, lse, ld_lse, q, ldq, kv, ldkv, Tq, Tk, C, NH))
         dt__attention_cross_forward_tiles(out, lse, ld_lse, q, ldq, kv, ldkv, Tq, Tk, C, NH);
 }
 
-void dt_attention_cross_backward(float *dq, float *dkv, const float *dout, const float *q,
-                                 size_t ldq, const float *kv, size_t ldkv, const float *out,
-                                 const float *lse, size_t ld_lse, int Tq, int Tk, int C, int NH) {
+void dt__attention_cross_backward(float *dq, float *dkv, const float *dout, const float *q,
+                                  size_t ldq, const float *kv, size_t ldkv, const float *out,
+                                  const float *lse, size_t ld_lse, int Tq, int Tk, int C, int NH) {
     if (!dt__attention_cross_backward_avx512(dq, dkv, dout, q, ldq, kv, ldkv, out, lse, ld_lse, Tq,
                                              Tk, C, NH))
         dt__attention_cross_backward_tiles(dq, dkv, dout, q, ldq, kv, ldkv, out, lse, ld_lse, Tq,

@@ -13,6 +13,7 @@
 #include "dtrain/tensor.h"
 
 #include "simd.h"
+#include "tensor_internal.h"
 
 #include <math.h>
 #include <omp.h>
@@ -62,17 +63,17 @@ __attribute__((noinline)) static void layernorm_forward_row(float *y, float *mea
     *rstd = r;
 }
 
-void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
-                          const float *weight, const float *bias, int N, int C) {
+void dt__layernorm_forward(float *out, float *mean, float *rstd, const float *inp,
+                           const float *weight, const float *bias, int N, int C) {
 #pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 16)
     for (int i = 0; i < N; i++)
         layernorm_forward_row(out + (size_t)i * C, &mean[i], &rstd[i], inp + (size_t)i * C, weight,
                               bias, C);
 }
 
-void dt_residual_layernorm_forward(float *res, float *out, float *mean, float *rstd, const float *a,
-                                   const float *b, const float *bias, const float *weight,
-                                   const float *lnbias, int N, int C) {
+void dt__residual_layernorm_forward(float *res, float *out, float *mean, float *rstd,
+                                    const float *a, const float *b, const float *bias,
+                                    const float *weight, const float *lnbias, int N, int C) {
     /* Row by row: the sum is written and normalised while it is in L1, so
      * the LayerNorm does not read res back from L2/memory. The sum has the
      * residual kernels' formulas, the row the LayerNorm's body. */
@@ -167,9 +168,9 @@ void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
                                DT_GRAD_ACCUMULATE);
 }
 
-void dt_layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout,
-                                const float *inp, const float *weight, const float *mean,
-                                const float *rstd, int N, int C, dt_grad_mode mode) {
+void dt__layernorm_backward_mode(float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *weight, const float *mean,
+                                 const float *rstd, int N, int C, dt_grad_mode mode) {
     /* dweight and dbias are written once, from sums started at zero: the
      * mode only decides whether the old value is added (0 + sum else). */
     const bool acc = mode == DT_GRAD_ACCUMULATE;
@@ -259,7 +260,7 @@ static inline __m512 gelu_grad16(__m512 x) {
 }
 #endif
 
-void dt_gelu_forward(float *out, const float *inp, size_t n) {
+void dt__gelu_forward(float *out, const float *inp, size_t n) {
     // out (n) = 0.5 x (1 + tanh(k (x + a x^3)))
     const size_t chunk = 4096;
     size_t nchunks = (n + chunk - 1) / chunk;
@@ -275,7 +276,7 @@ void dt_gelu_forward(float *out, const float *inp, size_t n) {
     }
 }
 
-void dt_gelu_bias_forward(float *out, const float *inp, const float *bias, int N, int C) {
+void dt__gelu_bias_forward(float *out, const float *inp, const float *bias, int N, int C) {
     // out (N,C) = gelu(inp + bias): the linear layer's bias added in the GELU
     // pass instead of seeding the product's output with it. inp is not
     // written back (backward adds the bias again): one stream of (N,C) fewer
@@ -294,8 +295,8 @@ void dt_gelu_bias_forward(float *out, const float *inp, const float *bias, int N
     }
 }
 
-void dt_gelu_bias_backward(float *dinp, const float *inp, const float *bias, const float *dout,
-                           int N, int C) {
+void dt__gelu_bias_backward(float *dinp, const float *inp, const float *bias, const float *dout,
+                            int N, int C) {
     // dinp (N,C) = dout * gelu'(inp + bias), the same sum as the forward's
 #pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 4)
     for (int i = 0; i < N; i++) {
@@ -313,7 +314,7 @@ void dt_gelu_bias_backward(float *dinp, const float *inp, const float *bias, con
     }
 }
 
-void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+void dt__gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
     const size_t chunk = 4096;
     size_t nchunks = (n + chunk - 1) / chunk;
 #pragma omp parallel for if (n > PAR_MIN) schedule(dynamic, 16)
@@ -349,7 +350,7 @@ bool dt_all_finite(const float *x, size_t n) {
  * thread, 3-4x the add itself). */
 #define RES_BLOCK 4096
 
-void dt_residual_forward(float *out, const float *a, const float *b, size_t n) {
+void dt__residual_forward(float *out, const float *a, const float *b, size_t n) {
     size_t nb = (n + RES_BLOCK - 1) / RES_BLOCK;
 #pragma omp parallel for if (n > PAR_MIN) schedule(dynamic, 4)
     for (size_t blk = 0; blk < nb; blk++) {
@@ -383,8 +384,8 @@ void dt_residual_backward(float *da, float *db, const float *dout, size_t n) {
 /* Embedding: token + position                                              */
 /* ------------------------------------------------------------------------ */
 
-void dt_embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
-                          int B, int T, int C) {
+void dt__embedding_forward(float *out, const int32_t *tokens, const float *wte, const float *wpe,
+                           int B, int T, int C) {
     int N = B * T;
 #pragma omp parallel for if ((size_t)N * C > PAR_MIN) schedule(dynamic, 16)
     for (int i = 0; i < N; i++) {
@@ -402,8 +403,8 @@ void dt_embedding_backward(float *dwte, float *dwpe, const float *dout, const in
     dt_embedding_backward_mode(dwte, dwpe, dout, tokens, B, T, C, DT_GRAD_ACCUMULATE);
 }
 
-void dt_embedding_backward_mode(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
-                                int B, int T, int C, dt_grad_mode wpe_mode) {
+void dt__embedding_backward_mode(float *dwte, float *dwpe, const float *dout, const int32_t *tokens,
+                                 int B, int T, int C, dt_grad_mode wpe_mode) {
     /* Two tokens may share a row of dwte, so threads split the columns and
      * every thread walks all positions in order: race-free and the same sum
      * order for any thread count. Overwriting dwpe: the first sequence
@@ -450,8 +451,8 @@ void dt_softmax_forward(float *probs, const float *logits, int N, int V) {
     }
 }
 
-float dt_crossentropy_forward(float *losses, float *lse, const float *logits,
-                              const int32_t *targets, int N, int V) {
+float dt__crossentropy_forward(float *losses, float *lse, const float *logits,
+                               const int32_t *targets, int N, int V) {
     double total = 0.0;
 #pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(dynamic, 16) reduction(+ : total)
     for (int i = 0; i < N; i++) {
@@ -464,8 +465,8 @@ float dt_crossentropy_forward(float *losses, float *lse, const float *logits,
     return N > 0 ? (float)(total / N) : 0.0f;
 }
 
-void dt_crossentropy_backward(float *dlogits, const float *logits, const float *lse,
-                              const int32_t *targets, float scale, int N, int V) {
+void dt__crossentropy_backward(float *dlogits, const float *logits, const float *lse,
+                               const int32_t *targets, float scale, int N, int V) {
     // dlogits (N,V) = scale * (exp(logits - lse) - onehot)
 #pragma omp parallel for if ((size_t)N * V > PAR_MIN) schedule(dynamic, 16)
     for (int i = 0; i < N; i++) {

@@ -27,6 +27,7 @@
  *     a fixed window (the newest DT__MEDIAN_WINDOW steps), whatever --steps.
  */
 #include "dtrain/launch.h"
+#include "dtrain/trace.h"
 #include "train_internal.h"
 
 #include <errno.h>
@@ -109,6 +110,13 @@ typedef struct step_stats {
     dt_sync_result r;  /* this rank's grad-sync report */
     dt_run_result run; /* this rank's passes (pipeline: the bubble) */
     float scale;       /* the loss scale applied */
+    /* Where the time went (the step breakdown), ms: */
+    double data_ms;           /* reading the micro-batches */
+    double slow_ms;           /* DT_FAULT_SLOW's sleep (counted as compute) */
+    double finish_ms;         /* in the grad sync's finish (waits and early updates) */
+    double exposed_at_finish; /* r.exposed_comm_ms when finish returned */
+    double apply_ms;          /* in the grad sync's apply (the update) */
+    bool met;                 /* the ranks met on this step's statistics */
 } step_stats;
 
 /* Forward, backward and the gradient synchronisation of the step's
@@ -128,10 +136,19 @@ static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bo
     /* Every rank reads the step's micro-batches (a pipeline's first stage
      * needs the inputs, its last the targets; all keep the same position). */
     size_t bt = (size_t)t->B * t->T;
+    uint64_t tr = dt_trace_begin();
+    double t0 = dt_now();
     for (int k = 0; read && k < t->K; k++)
         DT_CHECK(dt_loader_next(t->train, t->inputs + k * bt, t->targets + k * bt));
-    if (t->slow_factor > 1) /* DT_FAULT_SLOW: a straggler starts its passes late */
+    s->data_ms = read ? (dt_now() - t0) * 1e3 : 0;
+    if (read)
+        dt_trace_end(tr, DT_TRACE_DATA, "data", -1, 0, (uint64_t)t->K * bt);
+    s->slow_ms = 0;
+    if (t->slow_factor > 1) { /* DT_FAULT_SLOW: a straggler starts its passes late */
+        double ts = dt_now();
         sleep_ms((t->slow_factor - 1) * t->last_busy_ms);
+        s->slow_ms = (dt_now() - ts) * 1e3;
+    }
     DT_CHECK(dt_runner_step(t->runner,
                             &(dt_run_batch){.inputs = t->inputs,
                                             .targets = t->targets,
@@ -142,7 +159,10 @@ static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bo
                             t->sync, &s->run));
     t->last_busy_ms = s->run.busy_ms;
     double loss = s->run.loss;
+    double tf = dt_now();
     DT_CHECK(dt_grad_sync_finish(t->sync, &s->r));
+    s->finish_ms = (dt_now() - tf) * 1e3;
+    s->exposed_at_finish = s->r.exposed_comm_ms;
     if (t->step + 1 == t->overflow_at) {
         /* DT_FAULT_OVERFLOW: after averaging, only this rank sees it. */
         dt_gpt_grads(t->m)[t->n / 2] = INFINITY;
@@ -165,6 +185,7 @@ static dt_status pass(trainer *t, step_stats *s, float lr, bool update_early, bo
     s->norm = sqrt(v[1]);
     s->stop = agree && v[2] > 0;
     s->skip = t->scaling && v[3] > 0;
+    s->met = agree;
     return DT_OK;
 }
 
@@ -213,6 +234,7 @@ static dt_status step(trainer *t, step_stats *s) {
     float lr = dt_schedule_lr(&t->sched, t->step);
     float scale = t->scaling ? dt__train_applied_scale(t) : 1.0f;
     s->scale = scale;
+    s->apply_ms = 0; /* L-BFGS's evaluations apply nothing */
     if (c->optimizer == DT_OPTIM_LBFGS)
         return step_lbfgs(t, s, lr);
     dt_optimizer_begin(t->opt, t->step, lr);
@@ -243,8 +265,10 @@ static dt_status step(trainer *t, step_stats *s) {
                                 : "another rank found inf/nan gradients",
                  (double)scale, (double)dt__train_applied_scale(t));
     }
+    double ta = dt_now();
     DT_CHECK(dt_grad_sync_apply(t->sync, s->skip,
                                 clip ? dt_clip_scale(s->sumsq, (float)c->clip) : 1.0f));
+    s->apply_ms = (dt_now() - ta) * 1e3;
     /* A skipped step wrote nothing (update_early is off under loss
      * scaling), so the copy stays as it was. */
     if (!s->skip || !t->w16_fused)
@@ -252,6 +276,24 @@ static dt_status step(trainer *t, step_stats *s) {
     dt_grad_sync_apply_report(t->sync, &s->r);
     dt_optimizer_end(t->opt, !s->skip);
     return DT_OK;
+}
+
+/* This rank's step breakdown (train.h, dt_step_breakdown) from what the
+ * step measured; model_ms is the model's own (tensor- and context-parallel)
+ * communication, inside its forward and backward. */
+static dt_step_breakdown breakdown_of(const step_stats *s, double step_ms, double model_ms) {
+    double exposed_apply = s->r.exposed_comm_ms - s->exposed_at_finish;
+    dt_step_breakdown b = {
+        .compute = fmax(0, s->run.busy_ms - model_ms) + s->slow_ms,
+        .exposed_comm = s->r.exposed_comm_ms + model_ms,
+        .overlapped_comm = fmax(0, s->r.comm_ms - s->r.exposed_comm_ms),
+        .data = s->data_ms,
+        .optimizer = fmax(0, s->finish_ms - s->exposed_at_finish) +
+                     fmax(0, s->apply_ms - fmax(0, exposed_apply)),
+        .step = step_ms,
+    };
+    b.idle = fmax(0, step_ms - b.compute - b.exposed_comm - b.data - b.optimizer);
+    return b;
 }
 
 /* Rank 0's view of the loop: metrics file, progress line, the medians. */
@@ -366,6 +408,7 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                     dt_format_bytes((double)last->r.bytes_sent, wb, sizeof wb));
         }
         fprintf(stderr, "\n");
+        dt__breakdown_print(t, stderr);
         /* Above 100% the peak is wrong, not the run: a cached peak taken
          * while the machine was busy, or a --peak-flops below this CPU's. */
         if (mfu > 1.0)
@@ -388,8 +431,16 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
                 dt_format_bytes((double)peak, a, sizeof a),
                 dt_format_bytes((double)t->rss_base, b, sizeof b));
     }
-    if (c->run_dir)
-        fprintf(stderr, "run:        %s (config.json, metrics.jsonl, model.dtgw)\n", c->run_dir);
+    if (c->run_dir) {
+        DT_CHECK(dt__train_write_summary(t, res, mfu));
+        fprintf(stderr, "run:        %s (config.json, metrics.jsonl, summary.json, model.dtgw)\n",
+                c->run_dir);
+    }
+    if (t->trace.on)
+        fprintf(stderr,
+                "trace:      %s/trace.json (ui.perfetto.dev, chrome://tracing); dtrain report "
+                "%s\n",
+                t->trace.dir, c->run_dir);
     if (res->checkpoint[0])
         fprintf(stderr, "checkpoint: %s (the same command with --resume continues)\n",
                 res->checkpoint);
@@ -448,12 +499,16 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             snprintf(peak_from, sizeof peak_from, "unknown: %s", dt_last_error());
         peak = f * 1e-9;
     }
+    t->peak_flops = peak * 1e9;
+    snprintf(t->peak_from, sizeof t->peak_from, "%s", peak_from);
+    DT_CHECK_GOTO(dt__breakdown_init(t), st, fail);
     double flops_per_token = 3.0 * dt_gpt_flops_per_token(&t->mc, t->T);
     int64_t tokens_per_step = (int64_t)t->dp * t->B * t->T * t->K;
     if (t->rank == 0) {
         DT_CHECK_GOTO(display_open(t, d), st, fail);
         dt__train_print_header(t, peak, peak_from, stderr);
     }
+    DT_CHECK_GOTO(dt__trace_start(t), st, fail); /* collective */
 
     weights_changed(t, false); /* initialised, replicated or resumed */
     int64_t nsteps = c->steps - t->step, run_steps = 0;
@@ -465,6 +520,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
     (void)dt_gpt_take_comm_ms(t->m);                     /* count from the first step */
     (void)dt_gpt_take_attention_ms(t->m);
     while (t->step < c->steps) {
+        uint64_t t_step = dt__trace_step_begin(t);
         double t0 = dt_now();
         float lr = dt_schedule_lr(&t->sched, t->step);
         DT_CHECK_GOTO(step(t, &s), st, fail);
@@ -472,6 +528,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         run_steps++;
         t->tokens += tokens_per_step;
         double t1 = dt_now();
+        dt__trace_step_end(t, t_step);
         dt_step_metrics sm = {
             .step = t->step,
             .total_steps = c->steps,
@@ -504,13 +561,19 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         if (run_steps == 1)
             res->first_loss = s.loss;
         res->last_loss = s.loss;
-        if (run_steps > 1 || nsteps == 1)
+        bool counted = run_steps > 1 || nsteps == 1;
+        if (counted)
             record(d, &sm);
+        dt_step_breakdown mine = breakdown_of(&s, sm.step_ms, split ? sm.tp_comm_ms : 0);
+        DT_CHECK_GOTO(dt__breakdown_exchange(t, &mine, s.met, counted, &sm.nranks), st, fail);
+        sm.ranks = t->bd;
         bool last = t->step == c->steps;
         bool interrupted = s.stop && !last;
         bool stop = (c->stop_after > 0 && run_steps >= c->stop_after && !last) || interrupted;
         if (t->val && ((c->eval_every > 0 && t->step % c->eval_every == 0) || last)) {
+            uint64_t te = dt_trace_begin();
             DT_CHECK_GOTO(evaluate(t, &sm.val_loss), st, fail);
+            dt_trace_end(te, DT_TRACE_STEP, "eval", (int32_t)t->step, 0, 0);
             res->val_loss = sm.val_loss;
             (void)dt_gpt_take_comm_ms(t->m); /* not the next step's */
             (void)dt_gpt_take_attention_ms(t->m);
@@ -523,8 +586,11 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
                 DT_CHECK_GOTO(dt_metrics_log(d->metrics, &sm), st, fail);
             dt_progress_update(d->prog, &sm);
         }
-        if (c->ckpt_dir && ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last || stop))
+        if (c->ckpt_dir && ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last || stop)) {
+            uint64_t tc = dt_trace_begin();
             DT_CHECK_GOTO(dt__train_save(t, res->checkpoint, sizeof res->checkpoint), st, fail);
+            dt_trace_end(tc, DT_TRACE_CKPT, "checkpoint", (int32_t)t->step, 0, 0);
+        }
         maybe_fault(t);
         if (stop) {
             if (t->rank == 0) {
@@ -560,6 +626,10 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         DT_CHECK_GOTO(dt__train_whole_model(t, &whole), st, fail);
     }
     st = dt__train_dp_mode_report(t, stderr); /* collective: the strategy's summary */
+    if (st == DT_OK)
+        st = dt__trace_finish(t); /* collective: RUN_DIR/trace/ */
+    if (st == DT_OK)
+        st = dt__breakdown_collect(t); /* collective: every rank's memory */
     if (st == DT_OK)
         st = finish_report(t, d, res, run_steps, &s, whole);
     if (whole != t->m)

@@ -30,6 +30,31 @@ struct dt_metrics {
 /* A real, or null when not finite (JSON has no NaN). */
 static json_t *num(double v) { return isfinite(v) ? json_real(v) : json_null(); }
 
+const char *const dt_breakdown_names[DT_BREAKDOWN_FIELDS] = {
+    "compute", "exposed_comm", "overlapped_comm", "data", "optimizer", "idle", "step"};
+
+/* Field k of a breakdown, in dt_breakdown_names' order. */
+static double breakdown_field(const dt_step_breakdown *b, int k) {
+    const double v[DT_BREAKDOWN_FIELDS] = {
+        b->compute, b->exposed_comm, b->overlapped_comm, b->data, b->optimizer, b->idle, b->step};
+    return v[k];
+}
+
+/* "breakdown": {"compute": [rank 0, rank 1, ...], ...}, ms rounded to the µs. */
+static json_t *breakdown_json(const dt_step_breakdown *r, int n) {
+    json_t *o = json_object();
+    for (int k = 0; o && k < DT_BREAKDOWN_FIELDS; k++) {
+        json_t *a = json_array();
+        for (int i = 0; a && i < n; i++)
+            json_array_append_new(a, num(round(breakdown_field(&r[i], k) * 1e3) / 1e3));
+        if (!a || json_object_set_new(o, dt_breakdown_names[k], a) != 0) {
+            json_decref(o);
+            return NULL;
+        }
+    }
+    return o;
+}
+
 int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
     json_t *o = json_pack(
         "{s:I, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:o, s:i, s:o, s:I, s:I, "
@@ -50,6 +75,13 @@ int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
         json_object_set_new(o, "consensus", json_real(s->consensus));
     if (isfinite(s->elapsed_s) && s->elapsed_s > 0) /* the loop's; 0 from other writers */
         json_object_set_new(o, "elapsed_s", json_real(s->elapsed_s));
+    if (s->ranks && s->nranks > 0) {
+        json_t *b = breakdown_json(s->ranks, s->nranks);
+        if (!b || json_object_set_new(o, "breakdown", b) != 0) {
+            json_decref(o);
+            return -1;
+        }
+    }
     /* Nine significant digits read back as the same float. */
     size_t n = json_dumpb(o, buf, len, JSON_COMPACT | JSON_REAL_PRECISION(9));
     json_decref(o);
@@ -137,14 +169,22 @@ dt_status dt_metrics_create(dt_metrics **out, const char *run_dir, int64_t resum
 }
 
 dt_status dt_metrics_log(dt_metrics *m, const dt_step_metrics *s) {
-    char line[1024];
-    int n = dt_metrics_format(line, sizeof line, s);
+    /* A breakdown adds 7 numbers per rank, each at most ~20 characters. */
+    char small[4096];
+    size_t cap = 1024 + (size_t)(s->ranks ? s->nranks : 0) * DT_BREAKDOWN_FIELDS * 24;
+    char *line = cap <= sizeof small ? small : malloc(cap);
+    if (!line)
+        return dt_error_set(DT_ERR_NOMEM, "metrics line of %zu bytes", cap);
+    int n = dt_metrics_format(line, cap <= sizeof small ? sizeof small : cap, s);
     DT_ASSERT(n > 0);
+    dt_status st = DT_OK;
     if (fwrite(line, 1, (size_t)n, m->f) != (size_t)n || fflush(m->f) != 0) {
-        dt_status st = errno == ENOSPC ? DT_ERR_NOSPACE : DT_ERR_IO;
-        return dt_error_set_errno(st, "cannot write %s", m->path);
+        st = errno == ENOSPC ? DT_ERR_NOSPACE : DT_ERR_IO;
+        st = dt_error_set_errno(st, "cannot write %s", m->path);
     }
-    return DT_OK;
+    if (line != small)
+        free(line);
+    return st;
 }
 
 void dt_metrics_destroy(dt_metrics *m) {

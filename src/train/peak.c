@@ -40,7 +40,7 @@ dt_status dt_peak_cache_path(char *buf, size_t len) {
 }
 
 /* "model name" of /proc/cpuinfo, or "unknown CPU". */
-static void cpu_model(char *out, size_t len) {
+void dt__cpu_model(char *out, size_t len) {
     snprintf(out, len, "unknown CPU");
     FILE *f = fopen("/proc/cpuinfo", "r");
     if (!f)
@@ -102,7 +102,7 @@ static dt_status measure(dt_precision p, int n, int bursts, double *flops) {
 
 dt_status dt_peak_flops(dt_precision p, bool remeasure, double *flops, char *from, size_t len) {
     char cpu[256], key[400], path[4096];
-    cpu_model(cpu, sizeof cpu);
+    dt__cpu_model(cpu, sizeof cpu);
     snprintf(key, sizeof key, "%s|%s|%d|%s", cpu, dt_isa_name(dt_isa()), dt_tensor_threads(),
              dt_precision_name(p));
     bool have_path = dt_peak_cache_path(path, sizeof path) == DT_OK;

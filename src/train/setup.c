@@ -617,6 +617,10 @@ dt_status dt__train_setup(trainer *t) {
 }
 
 void dt__train_free(trainer *t) {
+    dt_free(t->bd);
+    dt_free(t->bd_sum);
+    dt_free(t->rss);
+    dt_free(t->bd_gather);
     dt_model_close(&t->init);
     dt_bpe_destroy(t->bpe);
     dt_runner_destroy(t->runner);

@@ -64,11 +64,22 @@ void dt_train_config_init(dt_train_config *c) {
     c->ps_servers = 1;
     c->staleness = 4;
     c->dc_lambda = 0.04;
+    c->trace_buffer = 16384;
 }
 
 dt_status dt__train_check_config(const dt_train_config *c) {
     if (!c->data || !*c->data)
         return bad("--data: a training text (.txt) or token file (.tok) is required");
+    if (c->trace && !c->run_dir && !c->save_default)
+        return bad("--trace writes RUN_DIR/trace/: give --run-dir (--no-save writes no run "
+                   "directory)");
+    if (c->trace_first < 0 || c->trace_last < 0 ||
+        (c->trace_last > 0 && c->trace_last < c->trace_first))
+        return bad("--trace-steps %" PRId64 ":%" PRId64 ": expected A:B with 1 <= A <= B",
+                   c->trace_first, c->trace_last);
+    if (c->trace && (c->trace_buffer < 64 || c->trace_buffer > ((size_t)1 << 26)))
+        return bad("--trace-buffer %zu: expected 64..%zu events per thread", c->trace_buffer,
+                   (size_t)1 << 26);
     if (c->steps < 1)
         return bad("--steps %" PRId64 ": must be at least 1", c->steps);
     if (c->accum < 1)

@@ -26,6 +26,16 @@
  * layer), so unscaling by a subnormal 1/scale would zero every gradient. */
 #define DT__MAX_APPLIED_SCALE 0x1p126f
 
+/* --trace (tracing.c). */
+typedef struct run_trace {
+    bool on;             /* --trace */
+    bool recording;      /* the recorder is on (a step of --trace-steps) */
+    int64_t first, last; /* 1-based steps recorded */
+    double origin;       /* rank 0's trace clock (ns) when tracing started: time 0 */
+    dt_clock_sample c0;  /* this rank's clock against rank 0's then */
+    char dir[4200];      /* RUN_DIR/trace */
+} run_trace;
+
 typedef struct trainer {
     const dt_train_config *c; /* &cfg once set up */
     /* The caller's config with what setup resolved: the run and checkpoint
@@ -82,6 +92,16 @@ typedef struct trainer {
     /* DT_FAULT_SLOW (loop.c): this rank's slow-down factor (1: none) and
      * its last step's compute time, which sets the next step's sleep. */
     double slow_factor, last_busy_ms;
+    /* Observability (tracing.c, breakdown.c; docs/observability.md). */
+    run_trace trace;
+    double peak_flops;         /* MFU's denominator per rank (FLOP/s), NaN if unknown */
+    char peak_from[4400];      /* where it came from */
+    dt_step_breakdown *bd;     /* (size) rank 0: the last exchanged step, every rank */
+    dt_step_breakdown *bd_sum; /* (size) rank 0: sums over the steps counted */
+    int64_t bd_steps;          /* steps in bd_sum */
+    int64_t bd_first;          /* the first of them */
+    double *rss;               /* (2 size) rank 0: every rank's peak and base resident bytes */
+    double *bd_gather;         /* (size x DT_BREAKDOWN_FIELDS) rank 0: the gather's buffer */
 } trainer;
 
 /* A rejected configuration value. */
@@ -186,5 +206,33 @@ dt_status dt__train_generate(trainer *t, dt_gpt *m, FILE *out);
  * destroys), NULL elsewhere. */
 dt_status dt__train_whole_model(trainer *t, dt_gpt **out);
 double dt__median(double *v, size_t n);
+
+/* tracing.c: --trace. start: collective over the world (clock samples,
+ * time 0); step_begin turns recording on at the first step of
+ * --trace-steps and returns the step's region start; step_end records
+ * the step and turns recording off after the last; finish: collective,
+ * writes RUN_DIR/trace/ (rank-R.json, trace.json and machine.json). */
+dt_status dt__trace_start(trainer *t);
+uint64_t dt__trace_step_begin(trainer *t);
+void dt__trace_step_end(trainer *t, uint64_t t0);
+dt_status dt__trace_finish(trainer *t);
+
+/* breakdown.c: every rank's step breakdown on rank 0. exchange: collective
+ * over the world (a gather) on the steps where the replicas meet (`meet`;
+ * else rank 0 keeps its own), then rank 0 moves what a rank waited for
+ * a slower one out of its exposed communication into idle; `count` adds
+ * the step to the run's means. *nranks: how many breakdowns t->bd holds. */
+dt_status dt__breakdown_init(trainer *t);
+dt_status dt__breakdown_exchange(trainer *t, const dt_step_breakdown *mine, bool meet, bool count,
+                                 int *nranks);
+/* Collective at the end of the run: every rank's resident memory to rank 0. */
+dt_status dt__breakdown_collect(trainer *t);
+/* Rank 0: the means per rank (table) into f. */
+void dt__breakdown_print(const trainer *t, FILE *f);
+/* Rank 0: RUN_DIR/summary.json (the run's figures for `dtrain report`). */
+dt_status dt__train_write_summary(const trainer *t, const dt_train_result *res, double mfu);
+
+/* peak.c: "model name" of /proc/cpuinfo, or "unknown CPU". */
+void dt__cpu_model(char *out, size_t len);
 
 #endif
