@@ -3,13 +3,16 @@
 # straggler: N ranks on this machine train the same GPT (same seed, data
 # and flags; only --dp-mode changes), one rank slowed by DT_FAULT_SLOW.
 # DDP's validation loss at step --steps is the target; every other mode
-# runs twice as many steps and the table shows the wall-clock (the sum of
-# the steps' times, evaluation excluded) to the first evaluation at or
+# runs twice as many steps and the table shows the wall-clock (rank 0's
+# elapsed_s: from the start of the loop to the end of the evaluation,
+# evaluations and their waits included) to the first evaluation at or
 # below the target.
 #
 #   bench/async-eval.sh [OPTIONS]
 #
 #   --dtrain PATH   the dtrain binary (default: build/dtrain)
+#   --data PATH     the corpus (default: ../shared/data/tinyshakespeare.txt
+#                   beside the checkout, else README.md)
 #   --nproc N       ranks (default 4)
 #   --steps N       DDP's steps; the target is its validation loss there
 #                   (default 64)
@@ -31,16 +34,16 @@
 #   -- ARGS         more `dtrain train` flags for every run
 #
 # Columns: mode; wall-clock to the target (median, and the speed-up over
-# DDP's median); samples/s over the whole run; communication time per
+# DDP's median); samples/s over the whole run (its elapsed_s); communication time per
 # sample (rank 0's comm_ms over the run / samples); bytes each rank sent per
 # step (mean; the parameter server: pushes and the replies of its server
-# thread); validation loss at step --steps (equal samples; median);
-# the step that reached the target. Run it alone: flock -x
-# /tmp/dtrain-cpu.lock bench/async-eval.sh. See docs/async.md.
+# thread, not what goes to the rank's own server); validation loss at step --steps (equal samples; median);
+# the step that reached the target. Run it alone: /work/tools/cpu-exclusive
+# bench/async-eval.sh (or flock -x /tmp/dtrain-cpu.lock ...). See docs/async.md.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 dtrain=$root/build/dtrain
-nproc=4 steps=64 eval_every=8 slow=1:2 repeat=3 out='' hosts=0 rate=''
+nproc=4 steps=64 eval_every=8 slow=1:2 repeat=3 out='' hosts=0 rate='' data=''
 modes="ddp=--dp-mode ddp;local-h8=--dp-mode local --sync-every 8;gossip-ring=--dp-mode gossip --gossip-topology ring;ps-k4-s4=--dp-mode ps --ps-servers 4 --staleness 4"
 extra=()
 die() {
@@ -50,6 +53,7 @@ die() {
 while (($#)); do
     case $1 in
     --dtrain) dtrain=$2 && shift 2 ;;
+    --data) data=$2 && shift 2 ;;
     --nproc) nproc=$2 && shift 2 ;;
     --steps) steps=$2 && shift 2 ;;
     --eval-every) eval_every=$2 && shift 2 ;;
@@ -66,8 +70,11 @@ while (($#)); do
 done
 [[ -x $dtrain ]] || die "no dtrain binary at $dtrain (make build, or --dtrain PATH)"
 [[ $slow == none || $slow =~ ^[0-9]+:[0-9.]+$ ]] || die "--slow $slow: expected RANK:FACTOR or none"
-data=$root/../shared/data/tinyshakespeare.txt
-[[ -f $data ]] || data=$root/README.md
+if [[ -z $data ]]; then
+    data=$root/../shared/data/tinyshakespeare.txt
+    [[ -f $data ]] || data=$root/README.md
+fi
+[[ -f $data ]] || die "--data $data: no such file"
 if ! [[ $hosts =~ ^[0-9]+$ ]] || ((hosts > 0 && nproc % hosts != 0)); then
     die "--hosts $hosts: must divide --nproc $nproc"
 fi
@@ -156,14 +163,17 @@ def load(name, rep):
 runs = {n: [load(n, r) for r in range(1, repeat + 1)] for n in names}
 target = statistics.median(m[steps]["val_loss"] for m in runs["ddp"])
 
+# Wall-clock: elapsed_s, taken after each step's evaluation. Evaluations
+# are meetings of every rank, where one that ran ahead (the parameter
+# server's fast workers) waits for the straggler: summing step_ms, which
+# leaves them out, would hide that wait.
 def summary(m):
-    t, reached, at = 0.0, None, None
+    reached, at = None, None
     for s in sorted(m):
-        t += m[s]["step_ms"] / 1e3
         v = m[s]["val_loss"]
         if reached is None and v is not None and v <= target:
-            reached, at = t, s
-    total = sum(r["step_ms"] for r in m.values()) / 1e3
+            reached, at = m[s]["elapsed_s"], s
+    total = max(r["elapsed_s"] for r in m.values())
     samples = 32 * len(m)
     return dict(time=reached, at=at, sps=samples / total,
                 comm=sum(r["comm_ms"] or 0 for r in m.values()) / samples,

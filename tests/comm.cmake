@@ -2,7 +2,7 @@
 # program that fork/execs its ranks on loopback). Labels: "comm"; the ones
 # that exercise shared memory and the progress thread also "tsan".
 foreach(prog test_comm_sweep test_comm_groups test_comm_fail test_comm_init test_comm_fuzz
-             test_comm_det test_comm_elastic)
+             test_comm_det test_comm_elastic test_comm_mailbox)
   add_executable(${prog} ${CMAKE_CURRENT_SOURCE_DIR}/comm/${prog}.c)
   target_include_directories(${prog} PRIVATE ${CMAKE_CURRENT_SOURCE_DIR} ${PROJECT_SOURCE_DIR}/src)
   target_compile_definitions(${prog} PRIVATE _GNU_SOURCE)
@@ -18,6 +18,12 @@ set_tests_properties(comm_sweep_shm comm_sweep_tcp comm_sweep_hier comm_sweep_to
 target_link_libraries(test_comm_groups PRIVATE Threads::Threads)
 add_test(NAME comm_groups COMMAND test_comm_groups)
 set_tests_properties(comm_groups PROPERTIES TIMEOUT 300 LABELS "comm;tsan")
+# Tagged messages and receives from any source (dt_mailbox): out of order,
+# fan-in, mixed with the group's collectives and threads, every size class,
+# shm and TCP, a truncated message, a killed sender, a timeout, a closed peer.
+target_link_libraries(test_comm_mailbox PRIVATE Threads::Threads)
+add_test(NAME comm_mailbox COMMAND test_comm_mailbox)
+set_tests_properties(comm_mailbox PROPERTIES TIMEOUT 300 LABELS "comm;tsan")
 add_test(NAME comm_init COMMAND test_comm_init)
 set_tests_properties(comm_init PROPERTIES TIMEOUT 120 LABELS "comm")
 add_test(NAME comm_fail COMMAND test_comm_fail)

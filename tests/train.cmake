@@ -126,10 +126,12 @@ endforeach()
 
 # --dp-mode local and gossip (docs/async.md) against DDP: bit-identical
 # where they must be, within a stated loss tolerance at equal samples,
-# bytes per step constant in the ranks, resumed bit-identically.
+# bytes per step constant in the ranks, resumed bit-identically; the
+# parameter server against DDP; bf16 runs whose weight copy follows every
+# write of the parameters.
 dt_train_cli_test_exe(test_train_async)
 foreach(case local_equiv local_loss local_resume gossip_equiv gossip_bytes errors slow
-             ps_train ps_delay ps_fault)
+             ps_train ps_equiv ps_resume ps_delay ps_fault mode_fault bf16)
   add_test(NAME test_train_async_${case} COMMAND test_train_async ${case})
   set_tests_properties(test_train_async_${case} PROPERTIES TIMEOUT 300
                        LABELS "train;multiprocess")

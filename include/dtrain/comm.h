@@ -63,7 +63,8 @@
  *      Point-to-point send/recv are queued in the same order as collectives,
  *      so a send must be matched by a recv at the same position; to send
  *      and receive at once without deadlock, batch them
- *      (dt_group_sendrecv_batch).
+ *      (dt_group_sendrecv_batch). Messages matched by source and tag in
+ *      any order, and receives from any source: a mailbox (below).
  *   4. counts are in elements of the dtype; 0 is allowed everywhere (a
  *      collective of count 0 moves nothing but still synchronises like a
  *      barrier: it checks that every rank made the same call).
@@ -426,6 +427,128 @@ typedef struct dt_p2p {
  * ranks that are not in it need not call anything. */
 dt_status dt_group_sendrecv_batch(dt_group *g, const dt_p2p *ops, size_t n);
 dt_status dt_group_isendrecv_batch(dt_group *g, const dt_p2p *ops, size_t n, dt_work **work);
+
+/* ------------------------------------------------------------------------ */
+/* Tagged messages: the mailbox                                             */
+/* ------------------------------------------------------------------------ */
+/*
+ * A group's point-to-point calls above match "at the same position": the
+ * n-th send from a to b meets the n-th receive b posts from a. A server
+ * does not know who will call next, and a receiver may want a later
+ * message before an earlier one. A mailbox on a group is MPI-style
+ * messaging: a receive names a source (or DT_ANY_SOURCE) and a tag (or
+ * DT_ANY_TAG) and takes the oldest message that matches, whatever was sent
+ * before or after it.
+ *
+ *   - Channels. dt_mailbox_create splits the group (a collective on it) and
+ *     runs the messages on the split's own connections (shared memory, TCP)
+ *     from a thread of its own: they never queue behind the group's
+ *     collectives, and collectives never wait for them. Every rank of the
+ *     group can then message every other, and itself.
+ *   - Protocol. A message of up to 64 KiB travels at once (eager) and waits
+ *     at the receiver, copied aside, until a receive takes it; a larger one
+ *     sends a request first and its payload only once a matching receive
+ *     was posted (rendezvous), straight into that receive's buffer. So the
+ *     memory a mailbox holds for messages nobody asked for yet is bounded by
+ *     64 KiB per such message; a large send completes when its receiver has
+ *     taken it.
+ *   - Matching. Messages from one source with one tag are received in the
+ *     order they were sent (no overtaking); receives are matched in the
+ *     order they were posted. Between different sources, or different tags,
+ *     nothing is ordered.
+ *   - Failure. A peer that dies, or whose mailbox failed, fails every
+ *     pending and later operation of this mailbox with DT_ERR_PEER naming
+ *     the lost rank, within a second or two. A peer that destroyed its
+ *     mailbox (cleanly) fails only what needed it: a receive from it, a
+ *     send to it ("rank 2 closed its mailbox"). A message larger than the
+ *     receive that matched it, or of another dtype, is DT_ERR_MISMATCH
+ *     naming both. Every operation is bounded by DT_TIMEOUT seconds without
+ *     progress (DT_ERR_TIMEOUT naming the operation and the ranks it waited
+ *     for). Any of these errors fails the mailbox: every later call returns
+ *     the same status, and the peers learn it (DT_ERR_PEER).
+ *   - Under DT_BACKEND=mpi the mailbox still runs over dtrain's own
+ *     transports (the split group keeps them).
+ *
+ * Ownership and rules
+ * -------------------
+ *   1. The caller owns every buffer: a send's buffer is borrowed until its
+ *      wait returns (it may still be read), a receive's (and its
+ *      dt_msg_info) until its wait returns (it is written).
+ *   2. count is the message's length in elements for a send, the room
+ *      for one for a receive; the message received may be shorter (its
+ *      length is in dt_msg_info.count), never longer (rule of the failure
+ *      paragraph). The dtype of a send and of the receive that takes it
+ *      must be equal. Tags are >= 0; DT_ANY_TAG and DT_ANY_SOURCE only in
+ *      receives.
+ *   3. Handles are dt_work (dt_work_wait / dt_work_test); wait for every
+ *      one before dt_mailbox_destroy.
+ *   4. dt_mailbox_create is collective over the group (it splits it); the
+ *      group may be used (and destroyed) independently afterwards.
+ *      dt_mailbox_destroy is not collective: each rank closes its own.
+ *   5. Calls on one mailbox are thread-safe: any thread may post and wait.
+ *
+ * Worked example: a server that serves whoever asks first
+ * -------------------------------------------------------
+ *     dt_mailbox *mb = NULL;
+ *     DT_CHECK(dt_mailbox_create(&mb, world));           // every rank
+ *     if (dt_group_rank(world) == 0) {                   // the server
+ *         for (int i = 0; i < dt_group_size(world) - 1; i++) {
+ *             float req[256];
+ *             dt_msg_info info;
+ *             DT_CHECK(dt_mailbox_recv(mb, req, 256, DT_F32, DT_ANY_SOURCE,
+ *                                      TAG_ASK, &info));  // whoever is first
+ *             DT_CHECK(dt_mailbox_send(mb, answer, info.count, DT_F32,
+ *                                      info.source, TAG_ANSWER));
+ *         }
+ *     } else {                                           // a client
+ *         dt_work *w = NULL;
+ *         DT_CHECK(dt_mailbox_irecv(mb, answer, 256, DT_F32, 0, TAG_ANSWER,
+ *                                   NULL, &w));          // posted first
+ *         DT_CHECK(dt_mailbox_send(mb, question, 100, DT_F32, 0, TAG_ASK));
+ *         DT_CHECK(dt_work_wait(w));
+ *     }
+ *     dt_mailbox_destroy(mb);
+ */
+
+#define DT_ANY_SOURCE (-1)
+#define DT_ANY_TAG    (-1)
+
+typedef struct dt_mailbox dt_mailbox;
+
+/* What a receive got (filled when it completes). */
+typedef struct dt_msg_info {
+    int source;   /* the sender's rank in the group */
+    int tag;      /* the message's tag */
+    size_t count; /* elements received (<= the receive's count) */
+} dt_msg_info;
+
+/* Collective over g (see rule 4). */
+dt_status dt_mailbox_create(dt_mailbox **out, dt_group *g);
+/* The same with another eager limit (0: the default 64 KiB; the same on
+ * every rank). A protocol whose receives are always posted before their
+ * messages can come (a server's, which posts the next push's receives
+ * before it replies) raises it to skip the rendezvous round trip; a message
+ * that does arrive early is then held in memory of its size. */
+dt_status dt_mailbox_create_with(dt_mailbox **out, dt_group *g, size_t eager_bytes);
+/* Close this rank's mailbox: the peers are told (their operations that
+ * need this rank fail), then its thread and connections end. NULL-safe. */
+void dt_mailbox_destroy(dt_mailbox *mb);
+/* Fail every current and future operation with DT_ERR_ABORTED (the peers
+ * see DT_ERR_PEER). Safe from any thread; destroy it still. */
+void dt_mailbox_abort(dt_mailbox *mb);
+/* Send count elements to rank dest (of the group; may be this rank). */
+dt_status dt_mailbox_isend(dt_mailbox *mb, const void *buf, size_t count, dt_dtype dtype, int dest,
+                           int tag, dt_work **work);
+dt_status dt_mailbox_send(dt_mailbox *mb, const void *buf, size_t count, dt_dtype dtype, int dest,
+                          int tag);
+/* Receive the oldest message from `source` (or DT_ANY_SOURCE) with `tag`
+ * (or DT_ANY_TAG) into buf (room for count elements); info may be NULL. */
+dt_status dt_mailbox_irecv(dt_mailbox *mb, void *buf, size_t count, dt_dtype dtype, int source,
+                           int tag, dt_msg_info *info, dt_work **work);
+dt_status dt_mailbox_recv(dt_mailbox *mb, void *buf, size_t count, dt_dtype dtype, int source,
+                          int tag, dt_msg_info *info);
+int dt_mailbox_rank(const dt_mailbox *mb);
+int dt_mailbox_size(const dt_mailbox *mb);
 
 /* ------------------------------------------------------------------------ */
 /* Reduction kernels (also used by compress/ and optim/)                    */

@@ -773,6 +773,14 @@ const dt_param_hooks *dt_grad_sync_param_hooks(const dt_grad_sync *s);
  * group; while whole, a pass on one rank alone communicates nothing (every
  * fetch finds its block resident). !whole: local. */
 dt_status dt_grad_sync_gather_params(dt_grad_sync *s, bool whole);
+/* Collective over the replica group, at a checkpoint after a step, before
+ * anything is written: settle the strategy and say which parameters the
+ * checkpoint's shared section holds. *params = NULL: the model's own
+ * (every strategy but the parameter server). The parameter server waits
+ * until every server applied every push of the step and sent every reply,
+ * and gathers the servers' shards — the model after this step — on the
+ * first replica (*params, valid until the next call; NULL elsewhere). */
+dt_status dt_grad_sync_save_params(dt_grad_sync *s, const float **params);
 void dt_grad_sync_cost(const dt_grad_sync *s, dt_sync_cost *out);
 /* This rank's own state (DDP: codec residuals), in the units of the loss
  * scale `unit` it was saved at, and a text naming what it belongs to
@@ -1086,11 +1094,14 @@ dt_status dt_gossip_sync_create(dt_grad_sync **out, const dt_gossip_sync_config 
  * An asynchronous parameter server on the training ranks (BytePS-style):
  * the parameters are cut into `servers` equal shards, rank k < servers
  * serves shard k from a thread of its own, every rank is a worker that
- * pushes its gradient shards and reads the parameters back, never waiting
- * for the others but under SSP: a worker more than `staleness` steps ahead
- * of the slowest waits for its reply. The server steps plain SGD with the
- * pushed learning rate over 1/W of each push and compensates the delay
- * (docs/async.md):
+ * pushes its gradient in buckets as backward finishes them (tagged
+ * messages of one mailbox, comm.h) and reads the parameters back, never
+ * waiting for the others but under SSP: a worker more than `staleness`
+ * steps ahead of the slowest waits for its reply. Each server steps its
+ * shard with an optimizer object of its own (the run's settings; an
+ * elementwise kind: adamw, sgd, radam, adamw8bit), one update per push
+ * with 1/W of the pushed learning rate, after clipping by the worker's
+ * own norm and compensating the delay (docs/async.md):
  *
  *     none     g
  *     seed     g / (1 + tau)
@@ -1100,8 +1111,13 @@ dt_status dt_gossip_sync_create(dt_grad_sync **out, const dt_gossip_sync_config 
  * clock when the parameters it used were read); every server asserts
  * tau <= staleness for every update and counts it (dt_ps_sync_histogram).
  * The last step of the run is a meeting: every rank ends with the servers'
- * parameters. Not reproducible bit for bit; no consistent intermediate
- * checkpoint; the run goes to total_steps (no early stop).
+ * parameters. With staleness 0 a server applies each step's pushes in
+ * worker order: the run is deterministic bit for bit (and resumes so);
+ * with staleness > 0 pushes apply in arrival order. A checkpoint
+ * (dt_grad_sync_save_params) is the servers' model after one step on every
+ * server at once; each rank's sync state holds its worker's own (stale)
+ * view and, on a server, its shard, optimizer state and clocks, so a
+ * resume continues from exactly the state that was saved.
  */
 typedef enum dt_delay_comp {
     DT_DELAY_COMP_NONE,
@@ -1116,10 +1132,17 @@ extern const char *const dt_delay_comp_names[DT_DELAY_COMP_COUNT];
 #define DT_PS_MAX_SERVERS 64 /* shards */
 
 typedef struct dt_ps_sync_config {
-    dt_group *group; /* the replica group (NULL: one worker, plain SGD) */
+    dt_group *group; /* the replica group (NULL or size 1: `opt` steps, as DDP's) */
     float *params;   /* (n) */
     float *grads;    /* (n) */
     size_t n;
+    dt_optimizer *opt; /* one rank: the run's optimizer, over [0, n) */
+    /* The servers' optimizers: these settings over the model's tensors
+     * (decay flags; shapes are dropped where a shard cuts a tensor). */
+    const dt_optim_config *optim;
+    const dt_optim_tensor *tensors;
+    size_t ntensors;
+    size_t bucket_bytes; /* pushes of about this size, inside each shard */
     const dt_range *norm_ranges; /* as dt_ddp_sync_config; copied */
     size_t nnorm;
     int servers;       /* K in [1, group size] */
@@ -1129,7 +1152,7 @@ typedef struct dt_ps_sync_config {
     int64_t total_steps; /* the step total_steps - 1 is the meeting */
 } dt_ps_sync_config;
 
-/* Collective over the group (splits two groups per worker-server pair). */
+/* Collective over the group (creates a mailbox on it). */
 dt_status dt_ps_sync_create(dt_grad_sync **out, const dt_ps_sync_config *c);
 /* g <- the compensated gradient (see above), g, w_now, w_then (n). */
 void dt_ps_delay_compensate(dt_delay_comp kind, float lambda, int64_t tau, float *g,
@@ -1168,6 +1191,15 @@ dt_status dt_ps_sync_histogram(const dt_grad_sync *s, int64_t hist[DT_PS_HIST]);
  */
 #define DT_COST_MAX 12
 
+/* The replica group's strategy a query prices (with zero 0; docs/async.md). */
+typedef enum dt_sync_mode {
+    DT_SYNC_MODE_DDP, /* bucketed allreduce every step (the default) */
+    DT_SYNC_MODE_LOCAL,
+    DT_SYNC_MODE_GOSSIP,
+    DT_SYNC_MODE_PS,
+    DT_SYNC_MODE_COUNT
+} dt_sync_mode;
+
 typedef struct dt_cost_query {
     const dt_gpt_config *model;
     int B, T;                  /* sequences and tokens (whole sequence) per micro-batch */
@@ -1182,6 +1214,11 @@ typedef struct dt_cost_query {
     int zero;                  /* ZeRO stage on the replica group */
     double params;             /* floats of this rank's model part */
     size_t bucket_bytes;       /* gradient buckets */
+    /* Beyond synchronous data parallelism (zero-initialised: DDP). */
+    dt_sync_mode sync_mode;
+    int64_t sync_every; /* local SGD's H, gossip's K: steps per exchange (0 counts as 1) */
+    int gossip_vectors; /* parameter vectors a rank sends per gossip round (ring 2, exp 1) */
+    int ps_servers;     /* the parameter server's shards (0 counts as 1) */
 } dt_cost_query;
 
 typedef struct dt_comm_cost {
@@ -1204,10 +1241,17 @@ typedef struct dt_strategy_cost {
 void dt_strategy_cost_add(dt_strategy_cost *out, dt_comm_cost c);
 
 /* The hooks, each in its strategy's file. The gradient synchronisation's
- * is chosen by q->zero through a table in sync.c (the same choice the
- * trainer's setup makes): DDP for 0, ZeRO's for 1-3. */
+ * is chosen by q->zero and q->sync_mode through tables in sync.c (the same
+ * choice the trainer's setup makes): ZeRO's for stages 1-3; else DDP,
+ * local SGD (the parameter average every H steps, blocking), gossip (the
+ * exchange with its peers every K steps) or the parameter server (the
+ * bucket pushes during backward; the replies of a server's rank, the
+ * busiest, to the other workers). */
 void dt_ddp_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
 void dt_zero_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_local_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_gossip_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
+void dt_ps_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
 void dt_grad_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
 void dt_tp_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);
 void dt_cp_plan_cost(const dt_cost_query *q, dt_strategy_cost *out);

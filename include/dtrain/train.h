@@ -94,6 +94,9 @@ typedef struct dt_step_metrics {
     int64_t staleness;      /* the largest staleness of rank 0's pushes in the step */
     bool has_consensus;     /* --dp-mode gossip measured (every 10 steps, written then): */
     double consensus;       /* the replicas' mean squared distance to their average */
+    double elapsed_s;       /* wall time since this process's loop started, at the end of the
+                               step's evaluation (waits included: a strategy that lets rank 0
+                               run ahead pays at the next meeting); 0: not written */
     /* Every rank's breakdown (ranks[r] of world rank r), written as
      * "breakdown": {"compute": [r0, r1, ...], ...}; nranks 0: not written.
      * A step on which the replicas do not meet (local SGD, gossip) has

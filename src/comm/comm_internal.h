@@ -314,7 +314,9 @@ typedef struct dt__transport_ops {
     void (*abort)(dt__transport *t, dt_status st, int lost_rank, uint64_t seq, bool owner);
     /* Drop queued transfers after a failure (they point into user memory). */
     void (*reset)(dt__transport *t);
-    /* wake local waiters on peer (after publishing a flag) */
+    /* wake local waiters on peer (after publishing a flag); peer == this
+     * rank: end this rank's own block() early, from any thread (the
+     * mailbox's callers wake its thread so) */
     void (*notify)(dt__transport *t, int peer);
     void (*destroy)(dt__transport *t, bool clean);
 } dt__transport_ops;

@@ -39,6 +39,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
@@ -72,6 +73,7 @@ typedef struct tcp_t {
     int *idx; /* [group size] index into peers or -1 */
     struct pollfd *pfd;
     size_t stripe;
+    int wake_fd; /* eventfd: notify(own rank) ends a block() from another thread */
 } tcp_t;
 
 static tpeer *peer_of(tcp_t *t, int rank) {
@@ -354,7 +356,12 @@ static void tcp_block(dt__transport *tr, uint64_t tok, int ms) {
     (void)tok;
     tcp_t *t = (tcp_t *)tr;
     int n = fill_pollfds(t);
-    (void)poll(t->pfd, (nfds_t)n, ms);
+    if (t->wake_fd >= 0)
+        t->pfd[n++] = (struct pollfd){.fd = t->wake_fd, .events = POLLIN};
+    if (poll(t->pfd, (nfds_t)n, ms) > 0 && t->wake_fd >= 0 && t->pfd[n - 1].revents) {
+        uint64_t v;
+        (void)!read(t->wake_fd, &v, sizeof v);
+    }
 }
 
 /* A socket with no receive posted that is readable or hung up: look at
@@ -518,9 +525,15 @@ static void tcp_reset(dt__transport *tr) {
         }
 }
 
+/* Peers learn of data from their sockets; only a wake-up of this rank's
+ * own sleeper (the mailbox's thread, woken by a caller that queued work
+ * for it) needs anything here. Thread-safe. */
 static void tcp_notify(dt__transport *tr, int peer) {
-    (void)tr;
-    (void)peer;
+    tcp_t *t = (tcp_t *)tr;
+    if (peer == t->g->rank && t->wake_fd >= 0) {
+        uint64_t one = 1;
+        (void)!write(t->wake_fd, &one, sizeof one);
+    }
 }
 
 static void tcp_destroy(dt__transport *tr, bool clean) {
@@ -542,6 +555,8 @@ static void tcp_destroy(dt__transport *tr, bool clean) {
             if (p->s[j].fd >= 0)
                 close(p->s[j].fd);
     }
+    if (t->wake_fd >= 0)
+        close(t->wake_fd);
     free(t->peers);
     free(t->idx);
     free(t->pfd);
@@ -575,11 +590,13 @@ dt_status dt__tcp_create(dt_group *g, const int *peers, int npeers, dt__transpor
     t->g = g;
     t->npeers = npeers;
     t->stripe = g->cfg.tcp_stripe;
+    t->wake_fd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
     t->peers = calloc((size_t)npeers, sizeof *t->peers);
     t->idx = malloc((size_t)g->size * sizeof *t->idx);
     t->pfd = calloc((size_t)npeers * DT__MAX_SOCKS + 1, sizeof *t->pfd);
-    if (!t->peers || !t->idx || !t->pfd) {
-        st = dt_error_set(DT_ERR_NOMEM, "tcp: out of memory");
+    if (!t->peers || !t->idx || !t->pfd || t->wake_fd < 0) {
+        st = t->wake_fd < 0 ? dt_error_set_errno(DT_ERR_SYSTEM, "tcp: eventfd")
+                            : dt_error_set(DT_ERR_NOMEM, "tcp: out of memory");
         goto fail;
     }
     for (int r = 0; r < g->size; r++)

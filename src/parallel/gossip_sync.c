@@ -358,3 +358,17 @@ fail:
     gossip_destroy(&s->base);
     return st;
 }
+
+/* The planner's view: every K steps, a parameter vector to each peer of
+ * the round (point to point, blocking; the pairs run at once). */
+void dt_gossip_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
+    int64_t every = q->sync_every > 0 ? q->sync_every : 1;
+    int vectors = q->gossip_vectors > 0 ? q->gossip_vectors : 1;
+    if (q->degree[DT_AXIS_DP] * q->degree[DT_AXIS_CP] <= 1)
+        return;
+    dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_SEND,
+                                             .axis = DT_AXIS_DP,
+                                             .bytes = q->params * sizeof(float),
+                                             .calls = (double)vectors / (double)every,
+                                             .what = "gossip parameter exchange"});
+}

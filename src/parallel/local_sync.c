@@ -332,3 +332,16 @@ fail:
     local_destroy(&s->base);
     return st;
 }
+
+/* The planner's view: one parameter allreduce every H steps, blocking
+ * (after the update, before the next step's passes). */
+void dt_local_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
+    int64_t every = q->sync_every > 0 ? q->sync_every : 1;
+    if (q->degree[DT_AXIS_DP] * q->degree[DT_AXIS_CP] <= 1)
+        return;
+    dt_strategy_cost_add(out, (dt_comm_cost){.coll = DT_COLL_ALLREDUCE,
+                                             .axis = DT_AXIS_DP,
+                                             .bytes = q->params * sizeof(float),
+                                             .calls = 1.0 / (double)every,
+                                             .what = "local SGD parameter average"});
+}

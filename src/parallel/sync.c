@@ -76,6 +76,10 @@ dt_status dt_grad_sync_gather_params(dt_grad_sync *s, bool whole) {
 dt_status dt_grad_sync_hold_params(dt_grad_sync *s, bool hold, bool written) {
     return s->ops->hold_params ? s->ops->hold_params(s, hold, written) : DT_OK;
 }
+dt_status dt_grad_sync_save_params(dt_grad_sync *s, const float **params) {
+    *params = NULL;
+    return s->ops->save_params ? s->ops->save_params(s, params) : DT_OK;
+}
 
 dt_status dt__norm_ranges_init(dt__norm_ranges *out, const dt_range *ranges, size_t n,
                                size_t floats) {
@@ -109,13 +113,19 @@ void dt_strategy_cost_add(dt_strategy_cost *out, dt_comm_cost c) {
         out->item[out->n++] = c;
 }
 
-/* The gradient synchronisation a ZeRO stage selects: the trainer's setup
- * makes the same choice (DDP without ZeRO, zero_sync for stages 1-3). */
+/* The gradient synchronisation a ZeRO stage, or without ZeRO the replica
+ * mode, selects: the trainer's setup makes the same choice. */
 typedef void (*plan_cost_fn)(const dt_cost_query *q, dt_strategy_cost *out);
 static const plan_cost_fn grad_sync_plan_costs[4] = {
-    dt_ddp_sync_plan_cost, dt_zero_sync_plan_cost, dt_zero_sync_plan_cost, dt_zero_sync_plan_cost};
+    NULL, dt_zero_sync_plan_cost, dt_zero_sync_plan_cost, dt_zero_sync_plan_cost};
+static const plan_cost_fn mode_plan_costs[DT_SYNC_MODE_COUNT] = {
+    dt_ddp_sync_plan_cost, dt_local_sync_plan_cost, dt_gossip_sync_plan_cost, dt_ps_sync_plan_cost};
 
 void dt_grad_sync_plan_cost(const dt_cost_query *q, dt_strategy_cost *out) {
     DT_ASSERT(q->zero >= 0 && q->zero <= 3);
-    grad_sync_plan_costs[q->zero](q, out);
+    DT_ASSERT((unsigned)q->sync_mode < DT_SYNC_MODE_COUNT);
+    if (q->zero)
+        grad_sync_plan_costs[q->zero](q, out);
+    else
+        mode_plan_costs[q->sync_mode](q, out);
 }

@@ -37,6 +37,8 @@ typedef struct dt__sync_ops {
     /* Optional (NULL: never defers; settle has nothing to do). */
     bool (*defers)(const dt_grad_sync *s, bool update_early);
     dt_status (*settle)(dt_grad_sync *s, dt_sync_late *out);
+    /* Optional (NULL: a checkpoint writes the model's own parameters). */
+    dt_status (*save_params)(dt_grad_sync *s, const float **params);
 } dt__sync_ops;
 
 struct dt_grad_sync {

@@ -47,13 +47,14 @@ dt_status dt__train_check_dp_mode(const dt_train_config *c) {
         return bad("--outer %d: sgd, slowmo or nesterov", c->outer);
     if (c->gossip_topology < 0 || c->gossip_topology >= DT_GOSSIP_COUNT)
         return bad("--gossip-topology %d: ring, exp, random or hypercube", c->gossip_topology);
-    if (c->dp_mode == DT_DP_MODE_PS && (c->optimizer != DT_OPTIM_SGD || c->momentum != 0))
-        return bad("--dp-mode ps with --optimizer %s --momentum %g: the servers step plain SGD "
-                   "(give --optimizer sgd --momentum 0)",
-                   dt_optim_names[c->optimizer], c->momentum);
-    if (c->dp_mode == DT_DP_MODE_PS && c->stop_after > 0)
-        return bad("--dp-mode ps with --stop-after %" PRId64 ": the servers run to --steps",
-                   c->stop_after);
+    bool elementwise = c->optimizer == DT_OPTIM_ADAMW || c->optimizer == DT_OPTIM_SGD ||
+                       c->optimizer == DT_OPTIM_RADAM || c->optimizer == DT_OPTIM_ADAMW8BIT;
+    if (c->dp_mode == DT_DP_MODE_PS && (!elementwise || c->grad_centralization))
+        return bad("--dp-mode ps with --optimizer %s%s: each server steps its shard of the "
+                   "parameters alone, so the update must be elementwise (adamw, sgd, radam, "
+                   "adamw8bit; no --grad-centralization)",
+                   dt_optim_names[c->optimizer],
+                   c->grad_centralization ? " --grad-centralization" : "");
     if (c->delay_comp < 0 || c->delay_comp >= DT_DELAY_COMP_COUNT)
         return bad("--delay-comp %d: none, seed or dcasgd", c->delay_comp);
     if (!(c->outer_lr > 0))
@@ -77,10 +78,33 @@ dt_status dt__train_make_dp_mode_sync(trainer *t, const dt_ddp_sync_config *ddp)
         return dt_local_sync_create(&t->sync, &lc);
     }
     if (c->dp_mode == DT_DP_MODE_PS) {
+        /* The servers' optimizers: the run's settings over the model's
+         * tensors (the run's own optimizer owns nothing here, see
+         * dt__train_owned, unless one rank trains alone). */
+        size_t nt = dt_gpt_num_tensors(t->m);
+        dt_optim_tensor *tens = dt_calloc(nt + 1, sizeof *tens);
+        if (!tens)
+            return DT_ERR_NOMEM;
+        for (size_t i = 0; i < nt; i++) {
+            dt_param_info pi;
+            dt_gpt_tensor_info(t->m, i, &pi);
+            bool mat = pi.rows > 1;
+            tens[i] = (dt_optim_tensor){.offset = pi.offset,
+                                        .count = pi.rows * pi.cols,
+                                        .decay = pi.decay,
+                                        .rows = mat ? pi.rows : 0,
+                                        .cols = mat ? pi.cols : 0};
+        }
+        dt_optim_config oc = dt__train_optim_config(c, &t->offload);
         dt_ps_sync_config pc = {.group = ddp->group,
                                 .params = ddp->params,
                                 .grads = ddp->grads,
                                 .n = ddp->n,
+                                .opt = ddp->opt,
+                                .optim = &oc,
+                                .tensors = tens,
+                                .ntensors = nt,
+                                .bucket_bytes = ddp->ddp.bucket_bytes,
                                 .norm_ranges = ddp->norm_ranges,
                                 .nnorm = ddp->nnorm,
                                 .servers = c->ps_servers,
@@ -88,7 +112,9 @@ dt_status dt__train_make_dp_mode_sync(trainer *t, const dt_ddp_sync_config *ddp)
                                 .delay_comp = (dt_delay_comp)c->delay_comp,
                                 .dc_lambda = c->dc_lambda,
                                 .total_steps = c->steps};
-        return dt_ps_sync_create(&t->sync, &pc);
+        dt_status st = dt_ps_sync_create(&t->sync, &pc);
+        dt_free(tens);
+        return st;
     }
     DT_ASSERT(c->dp_mode == DT_DP_MODE_GOSSIP);
     dt_gossip_sync_config gc = {.group = ddp->group,

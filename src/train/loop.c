@@ -780,6 +780,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             if (recovered)
                 continue;
         }
+        held.sm.elapsed_s = dt_now() - loop_t0;
         if (!s.r.late || isfinite(held.sm.grad_norm))
             DT_CHECK_GOTO(emit(t, d, &held), st, fail);
         if (saves) {
@@ -830,6 +831,7 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
          * (ZeRO 3 gathers them all: the model's hooks then find each
          * block resident and communicate nothing). */
         DT_CHECK_GOTO(dt_grad_sync_gather_params(t->sync, true), st, fail);
+        weights_changed(t, false); /* e.g. the parameter server's model after an early stop */
         DT_CHECK_GOTO(dt__train_whole_model(t, &whole), st, fail);
     }
     st = dt__train_dp_mode_report(t, stderr); /* collective: the strategy's summary */

@@ -125,6 +125,8 @@ dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replic
         return DT_ERR_NOMEM;
     if (c->zero) {
         *nr = dt_ddp_shard_ranges(n, bucket, dp, replica, *out);
+    } else if (c->dp_mode == DT_DP_MODE_PS && dp > 1) {
+        *nr = 0; /* the parameter servers step the model with optimizers of their own */
     } else {
         (*out)[0] = (dt_range){0, n};
         *nr = 1;

@@ -73,6 +73,8 @@ int dt_metrics_format(char *buf, size_t len, const dt_step_metrics *s) {
         json_object_set_new(o, "staleness", json_integer(s->staleness));
     if (s->has_consensus) /* only the steps that measured it */
         json_object_set_new(o, "consensus", json_real(s->consensus));
+    if (isfinite(s->elapsed_s) && s->elapsed_s > 0) /* the loop's; 0 from other writers */
+        json_object_set_new(o, "elapsed_s", json_real(s->elapsed_s));
     if (s->ranks && s->nranks > 0) {
         json_t *b = breakdown_json(s->ranks, s->nranks);
         if (!b || json_object_set_new(o, "breakdown", b) != 0) {

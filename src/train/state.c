@@ -161,7 +161,7 @@ static void unpack(float *buf, const float *packed, const dt_range *r, size_t nr
     }
 }
 
-static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p) {
+static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p, const float *model) {
     dt_sync_layout sl;
     dt_grad_sync_layout(t->sync, &sl);
     dt_range all = {0, t->n};
@@ -181,13 +181,17 @@ static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p) {
         dt_free(owned);
         DT_CHECK(st);
     } else if (!sl.params_replicated || t->sync_rank == 0) {
-        DT_CHECK(add_state(&p->l, sh, "params", dt_gpt_params(t->m), &all, 1, &p->map_names[0]));
+        const float *src = model ? model : dt_gpt_params(t->m);
+        DT_CHECK(add_state(&p->l, sh, "params", src, &all, 1, &p->map_names[0]));
     }
     /* Optimizer state: each per-parameter state over its own ranges (a
      * state kept another way, 8-bit codes, is written as the fp32 values
      * it holds), the per-tensor state keyed by tensor, the scalars once
      * (rank 0, in the manifest). */
-    bool writes = !sl.optim_replicated || t->sync_rank == 0;
+    /* An optimizer that owns nothing (the parameter server's workers: the
+     * servers keep theirs in the sync state) writes no empty sections. */
+    bool writes = (!sl.optim_replicated || t->sync_rank == 0) &&
+                  dt_optimizer_owned_count(t->opt) > 0;
     size_t ns = dt_optimizer_num_states(t->opt);
     DT_ASSERT(ns <= MAX_OPTIM_STATES);
     for (size_t i = 0; writes && i < ns; i++) {
@@ -291,7 +295,12 @@ dt_status dt__train_save(trainer *t, char *path, size_t len) {
     DT_CHECK(dt__shards_make(t, &sh));
     rank_part p = {0};
     report mine = {.status = DT_OK, .rec = {.rank = t->rank}}, *all = NULL;
-    dt_status st = rank_part_make(t, &sh, &p);
+    /* The strategy's parameters at this step (the parameter server's
+     * servers'), else the model's: collective. */
+    const float *model = NULL;
+    dt_status st = dt_grad_sync_save_params(t->sync, &model);
+    if (st == DT_OK)
+        st = rank_part_make(t, &sh, &p, model);
     if (st == DT_OK && t->rank != 0 && p.l.n > 0) {
         char shard[4096 + 64];
         dt_ckpt_shard_path(shard, sizeof shard, c->ckpt_dir, t->step, t->rank);
