@@ -318,9 +318,6 @@ static dt_status evaluate(const dt_plan_request *rq, const dt_cluster *cl, const
     return predict(rq, cl, l, true, out, keep);
 }
 
-/* The step of l: exact (the trainer's float count, the simulated
- * schedule) or estimated (the formula's float count, the theoretical
- * bubble), for ordering the search. */
 dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
                            dt_plan_candidate *out) {
     return evaluate(rq, cl, l, out, NULL);
@@ -332,6 +329,9 @@ dt_status dt__plan_step_inputs(const dt_plan_request *rq, const dt_cluster *cl,
     return evaluate(rq, cl, l, &out->cand, out);
 }
 
+/* The step of l: exact (the trainer's float count, the simulated
+ * schedule) or estimated (the formula's float count, the theoretical
+ * bubble), for ordering the search. */
 static dt_status predict(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
                          bool exact, dt_plan_candidate *out, dt__plan_step *keep) {
     const dt_gpt_config *m = &rq->model;
