@@ -111,7 +111,7 @@ endforeach()
 # ZeRO stages 1 and 2 against DDP: bit-identical where the reduction order
 # is, resumed across stages and dp sizes, memory measured against the plan.
 dt_train_cli_test_exe(test_train_zero)
-foreach(case equiv resume memory offload errors)
+foreach(case equiv resume memory offload compress params errors)
   add_test(NAME test_train_zero_${case} COMMAND test_train_zero ${case})
   set_tests_properties(test_train_zero_${case} PROPERTIES TIMEOUT 600 LABELS "train;multiprocess")
 endforeach()

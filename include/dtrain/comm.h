@@ -217,6 +217,19 @@ dt_status dt_job_info_read(dt_job_info *out);
  * (key, rank in g). A color of DT_UNDEFINED gives *out = NULL. */
 dt_status dt_group_split(dt_group *g, int color, int key, dt_group **out);
 
+/* Planning (dtrain plan memory): the shared memory one rank of a group
+ * with `local` members on its host has resident for the shm transport,
+ * from the layout the transport builds (the DT_SHM_* settings of the
+ * environment): the control pages and the pages of the rings small
+ * messages touch; with `bulk` traffic (a gradient or model-parallel
+ * group) its own window, which large collectives stage through; and with
+ * `staged` bulk traffic (messages the direct algorithm moves through the
+ * windows rather than single-copy: below DT_SHM_CMA_MIN, a codec's
+ * encodings) the peers' windows it reads. The segments are larger (slots
+ * of DT_SHM_SLOT x DT_SHM_SLOTS per peer) but resident only where touched.
+ * 0 below two local members. */
+dt_status dt_comm_plan_shm_bytes(int local, bool bulk, bool staged, size_t *out);
+
 /* Stop the progress thread, close connections, unmap shared memory.
  * Outstanding dt_work handles must have been waited for. NULL-safe. */
 void dt_group_destroy(dt_group *g);

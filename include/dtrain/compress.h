@@ -200,6 +200,11 @@ dt_status dt_compressor_create(dt_compressor **out, const dt_codec_spec *spec, s
                                const dt_compressor_config *cfg);
 void dt_compressor_destroy(dt_compressor *c);
 
+/* Planning: the bytes dt_compressor_create allocates for n values (its
+ * residual, decode and work buffers, top-k's keys, PowerSGD's P and Q). */
+dt_status dt_compressor_plan_bytes(const dt_codec_spec *spec, size_t n,
+                                   const dt_compressor_config *cfg, size_t *out);
+
 /* Exact size of every buffer this compressor produces (header included). */
 size_t dt_compressor_encoded_bytes(const dt_compressor *c);
 /* Number of values this compressor encodes. */
@@ -352,10 +357,27 @@ typedef struct dt_callreduce_config {
     const dt_powersgd_tensor *tensors;
     size_t ntensors;
     size_t min_compress; /* powersgd: smaller tensors go uncompressed */
+    /* Reduce-scatter instead of allreduce (ZeRO): the range is cut into W
+     * pieces, q = n / W values each and the last rank's also the remainder
+     * (dt_ddp_shard_ranges' cut of a bucket); on return rank r's piece of
+     * data holds the average and the rest of data is unspecified. fp16/bf16
+     * reduce-scatter their 16-bit payload; int8, qsgd, sign, topk and randk
+     * encode each piece with its own compressor (error feedback per piece),
+     * alltoall the encodings, and each rank adds its piece's W decodings in
+     * rank order; powersgd (whose factors span whole matrices) and none
+     * keep their allreduce, a superset of the piece. */
+    bool scatter;
 } dt_callreduce_config;
 
 /* seed 0, bucket 0, DT_EF_DEFAULT, no tensors. */
 dt_callreduce_config dt_callreduce_config_default(void);
+
+/* Planning (dtrain plan memory): the bytes a dt_callreduce of n floats
+ * over `world` ranks allocates (its compressors' buffers, encodings,
+ * alltoall buffers and the state's backup), from the choices create makes
+ * (PowerSGD's factors, a few values per matrix, left out). */
+dt_status dt_callreduce_plan_bytes(const dt_codec_spec *spec, size_t n, int world,
+                                   const dt_callreduce_config *cfg, size_t *out);
 
 /* Plan a compressed allreduce of n floats over g (NULL or a group of one:
  * the codec round trip without communication). Allocates every buffer. */
@@ -376,8 +398,8 @@ dt_status dt_callreduce_set_fraction(dt_callreduce *c, double fraction);
 
 /* Bytes this rank sends per run (encoded payload; see collective.c). */
 uint64_t dt_callreduce_wire_bytes(const dt_callreduce *c);
-/* "allreduce", "allreduce16", "allgather", "allreduce-k", "powersgd" or
- * "alltoall+allgather". */
+/* "allreduce", "allreduce16", "allgather", "allreduce-k", "powersgd",
+ * "alltoall+allgather", "reduce-scatter16" or "alltoall" (scatter). */
 const char *dt_callreduce_algo(const dt_callreduce *c);
 bool dt_callreduce_error_feedback(const dt_callreduce *c);
 

@@ -198,6 +198,9 @@ bool dt_mem_available(uint64_t *bytes);
 /* This process's resident memory now and its high-water mark (VmRSS and
  * VmHWM of /proc/self/status), in bytes; false when unreadable. */
 bool dt_mem_resident(uint64_t *now, uint64_t *peak);
+/* Bytes of shared memory this process has resident now (RssShmem: the
+ * communication segments it maps and touched); false where unknown. */
+bool dt_mem_shared(uint64_t *now);
 /* Zeroed allocation; a large one is zero without being resident (see
  * dt_mem_zero). */
 void *dt_calloc(size_t count, size_t size);

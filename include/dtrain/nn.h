@@ -340,6 +340,10 @@ void dt_gpt_tensor_info(const dt_gpt *m, size_t i, dt_param_info *out);
  * draws from its own Philox stream (seed, DT_RNG_INIT, i), so the result is
  * independent of thread count and layout changes elsewhere. */
 void dt_gpt_init_params(dt_gpt *m, uint64_t seed);
+/* Only parameters [begin, end) of the flat buffer (the rest untouched),
+ * with the values dt_gpt_init_params gives them: a ZeRO 3 replica
+ * initialises its own pieces without ever holding the whole model. */
+void dt_gpt_init_params_range(dt_gpt *m, uint64_t seed, size_t begin, size_t end);
 
 /* Forward pass on inputs (B,T). With targets (B,T) the mean cross-entropy
  * loss is written to *mean_loss (may be NULL) and the pass is kept for
@@ -406,12 +410,26 @@ typedef struct dt_param_hooks {
     dt_status (*fetch)(void *user, size_t begin, size_t end);
     void (*prefetch)(void *user, size_t begin, size_t end);
     void (*release)(void *user, size_t begin, size_t end);
+    /* Optional (all three or none), for 16-bit compute: the same for the
+     * ranges the model reads through its 16-bit copy w16 (indexed like the
+     * parameters: a block, a piece of the tied head's vocabulary). fetch16
+     * leaves w16[begin, end) the parameters rounded as the model rounds
+     * them (dt_act16_from_f32), and the one-row tensors of the range
+     * (biases, LayerNorm parameters, which the model reads in fp32) valid
+     * in the parameter buffer; the rest of params[begin, end) need not be.
+     * NULL: fetch, prefetch and release, and the model rounds. */
+    dt_status (*fetch16)(void *user, size_t begin, size_t end, uint16_t *w16);
+    void (*prefetch16)(void *user, size_t begin, size_t end, uint16_t *w16);
+    void (*release16)(void *user, size_t begin, size_t end);
 } dt_param_hooks;
 
 /* Install (NULL: remove) the parameter hooks; copied. With bf16/fp16
  * compute, a unit's 16-bit weights are cast as it is fetched and their
  * pages given back as it is released (instead of the whole buffer cast at
- * every forward). */
+ * every forward), or come from fetch16. With hooks, the tied embedding is
+ * fetched in pieces of the vocabulary (the head's chunks; the embedding's
+ * lookup too, without tensor or context parallelism), so no pass holds it
+ * whole. */
 dt_status dt_gpt_set_param_hooks(dt_gpt *m, const dt_param_hooks *h);
 
 /* The linear layers' statistics (K-FAC): during a backward that writes

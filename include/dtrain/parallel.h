@@ -219,7 +219,9 @@ typedef struct dt_ddp_options {
     /* ZeRO: every bucket is reduce-scattered instead of allreduced: replica
      * r receives the average of its piece only (dt_ddp_shard_ranges), and
      * finish() hands fn that piece. The parameters are then made whole
-     * again by dt_ddp_gather. Plain f32 only (no codec, no 16-bit dtype). */
+     * again by dt_ddp_gather. With a codec or a 16-bit grad_dtype, each
+     * bucket's compressed reduce-scatter (dt_callreduce_config.scatter).
+     * No prepare callback. */
     bool shard;
     /* Sharded: once a bucket's reduce-scatter completed (during backward or
      * in finish), the memory of the whole gradient pages outside this
@@ -236,6 +238,12 @@ typedef struct dt_ddp_options {
  * one per bucket: at most dt_ddp_shard_count) and returns their number. */
 size_t dt_ddp_shard_count(size_t n, size_t bucket_bytes, int dp);
 size_t dt_ddp_shard_ranges(size_t n, size_t bucket_bytes, int dp, int rank, dt_range *out);
+
+/* Planning (dtrain plan memory): the bytes the buckets' codecs of a DDP
+ * (or ZeRO, o->shard) over `world` ranks allocate for n floats
+ * (dt_callreduce_plan_bytes per bucket, cut as create cuts them); 0 for a
+ * plain f32 wire. */
+dt_status dt_ddp_plan_bytes(size_t n, const dt_ddp_options *o, int world, size_t *out);
 
 /* bucket_bytes DT_DDP_DEFAULT_BUCKET_BYTES, f32, no codec, EF auto, seed 0. */
 dt_ddp_options dt_ddp_options_default(void);
@@ -662,6 +670,16 @@ dt_status dt_grad_sync_get_state(const dt_grad_sync *s, void *buf, size_t len, f
 dt_status dt_grad_sync_set_state(dt_grad_sync *s, const void *buf, size_t len, float unit);
 /* Forget the state (zero residuals, fresh PowerSGD factors). */
 void dt_grad_sync_reset_state(dt_grad_sync *s);
+/* The parameters this rank owns in a sharded layout (params_sharded),
+ * readable and writable in place in the parameter buffer (hold), or given
+ * back to the strategy (!hold; `written`: they were changed meanwhile, so
+ * the strategy stores them again and re-shares what every replica keeps
+ * whole). ZeRO 3 with --offload params keeps them in a file between uses;
+ * around a checkpoint's save (hold; read; give back unwritten) and a
+ * resume's load (hold; write; give back written). Local (what replicas
+ * keep whole is re-shared at the next pass's first fetch). No-op for
+ * strategies that keep every parameter in place. */
+dt_status dt_grad_sync_hold_params(dt_grad_sync *s, bool hold, bool written);
 void dt_grad_sync_destroy(dt_grad_sync *s);
 
 /* ------------------------------------------------------------------------ */
@@ -803,7 +821,7 @@ dt_status dt_ddp_sync_create(dt_grad_sync **out, const dt_ddp_sync_config *c);
  * each bucket's gradient memory is returned to the system at once.
  */
 typedef struct dt_zero_sync_config {
-    int stage;         /* 1 or 2 */
+    int stage;         /* 1, 2 or 3 */
     int accum;         /* micro-batches per step (stage 2 keeps the sum of their shards) */
     dt_group *group;   /* the data-parallel group (NULL or size 1: nothing to reduce) */
     float *params;     /* (n) */
@@ -816,9 +834,39 @@ typedef struct dt_zero_sync_config {
      * replica that owns it. Copied. */
     const dt_range *norm_ranges;
     size_t nnorm;
+    /* The wire (docs/zero.md, "Compression"): NULL or a plain codec-less
+     * f32: plain reduce-scatters. Otherwise its codec, ef, grad_dtype,
+     * seed, tensors and dense_below shape each bucket's compressed
+     * reduce-scatter (its bucket_bytes, shard, release and prepare are
+     * ignored: ZeRO's own); the error-feedback residuals are per piece and
+     * are this rank's state (dt_grad_sync_get_state). Copied. */
+    const dt_ddp_options *wire;
+    int64_t compress_start; /* dense warm-up steps: plain f32, codec state untouched */
+    /* Stage 3 with 16-bit compute (bf16/fp16): the model's 16-bit copy is
+     * gathered in 16 bits (half the volume; the master pieces stay fp32)
+     * through the hooks' fetch16; the tensors the model reads in fp32 then
+     * (`exact`, sorted: biases and LayerNorm parameters) are kept whole on
+     * every replica, shared once per step after the update. Copied. */
+    dt_precision precision;
+    const dt_range *exact;
+    size_t nexact;
+    /* Stage 3: this replica's parameter pieces live in a file in this
+     * directory (NULL: in memory), read ahead before the gathers and the
+     * update that need them and written back after the update, by I/O
+     * threads; offload_direct opens it with O_DIRECT. */
+    const char *offload_dir;
+    bool offload_direct;
 } dt_zero_sync_config;
 
 dt_status dt_zero_sync_create(dt_grad_sync **out, const dt_zero_sync_config *c);
+
+/* Planning (dtrain plan memory), stage 3 with --offload params over
+ * buckets of bucket_bytes of n floats among dp replicas: the bytes of
+ * pieces kept in memory beside the units a pass holds (the reads ahead of
+ * the walk, the writes in flight and the piece being updated; O_DIRECT's
+ * bounce buffers), and the file's size. */
+void dt_zero_plan_offload(size_t n, size_t bucket_bytes, int dp, bool direct, size_t *resident,
+                          size_t *file);
 
 /* --- Beyond synchronous data parallelism: local SGD and gossip ---------- */
 /*

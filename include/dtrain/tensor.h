@@ -71,6 +71,11 @@ typedef enum dt_grad_mode {
 void dt_tensor_set_threads(int n);
 /* The count last set (or the default: DT_THREADS, else the CPU count). */
 int dt_tensor_threads(void);
+/* Planning (dtrain plan memory): the scratch this layer's kernels keep in
+ * all over `threads` pool threads (the AVX-512 dW GEMM's packs, the
+ * attention kernels' scratch for sequences of T and heads of head_size).
+ * The BLAS's own buffers (OpenBLAS) are not in it. */
+size_t dt_tensor_plan_workspace(int threads, int T, int head_size);
 /* Read DT_THREADS (1..1024; unset = dt_cpu_count()) and apply it. */
 dt_status dt_tensor_threads_from_env(int *out);
 

@@ -460,6 +460,12 @@ typedef struct dt_rank_memory {
     int world, rank;
     size_t params, grads, weights16, optimizer, activations;
     size_t optimizer_file; /* --offload optimizer=disk: the state's file (not in total) */
+    size_t params_file;    /* --offload params (ZeRO 3): the pieces' file (not in total) */
+    /* The communication buffers (transport segments, the gradient codec's
+     * buffers and state, ZeRO 2's shard sum) and the kernels' workspace
+     * (GEMM packing, attention scratch, the BLAS's buffers). */
+    size_t comm, workspace;
+    size_t comm_shm; /* of comm: the transports' shared-memory segments */
     /* Rank 0 at the end of a run whose model is split (tp, cp, pp) and
      * that writes a weights file or samples: the whole model's parameters,
      * one received part and, with a sample, its activations (not in total:

@@ -580,6 +580,38 @@ static void seg_name(const dt_group *g, int rank, char *buf, size_t n) {
              g->id, rank);
 }
 
+/* A segment's layout for n local members (see the file comment): its
+ * slots, the ring of one sender, the window, and the whole size. */
+static void shm_layout(const dt__config *cfg, int n, size_t *slot, size_t *nslots, size_t *window,
+                       size_t *ring, size_t *seg) {
+    *slot = dt_align_up(cfg->shm_slot, 64);
+    *nslots = (size_t)cfg->shm_slots;
+    *window = dt_align_up(cfg->shm_window, 4096);
+    *ring = dt_align_up(128 + *nslots * (sizeof(dt__wire_hdr) + *slot), 4096);
+    *seg = CTRL_SIZE + (size_t)n * *ring + 2 * *window;
+}
+
+dt_status dt_comm_plan_shm_bytes(int local, bool bulk, bool staged, size_t *out) {
+    *out = 0;
+    if (local < 2)
+        return DT_OK;
+    dt__config cfg;
+    DT_CHECK(dt__config_read(&cfg));
+    size_t slot, nslots, window, ring, seg;
+    shm_layout(&cfg, local, &slot, &nslots, &window, &ring, &seg);
+    (void)seg;
+    /* Pages are resident once touched: its own ctrl, each peer's ctrl and
+     * the first page of a ring per peer (small messages; large ones go
+     * single-copy, process_vm_readv, not through the rings); with bulk
+     * traffic its window, which large collectives (a broadcast) stage
+     * through, and with staged traffic the peers' windows too, which the
+     * direct algorithm reads. */
+    size_t page = 4096, peers = (size_t)(local - 1);
+    *out = CTRL_SIZE + peers * (page + CTRL_SIZE) + (bulk ? 2 * window : 0) +
+           (bulk && staged ? peers * 2 * window : 0);
+    return DT_OK;
+}
+
 static dt_status map_segment(const char *name, size_t size, bool create, char **out) {
     int fd = shm_open(name, create ? O_RDWR | O_CREAT | O_EXCL : O_RDWR, 0600);
     if (fd < 0 && create && errno == EEXIST) { /* a stale one from a crashed run */
@@ -625,13 +657,9 @@ dt_status dt__shm_create(dt_group *g, const int *peers, int npeers, dt__transpor
     t->base.ops = &shm_ops;
     t->g = g;
     t->n = npeers + 1;
-    t->slot = dt_align_up(g->cfg.shm_slot, 64);
-    t->nslots = (size_t)g->cfg.shm_slots;
-    t->window = dt_align_up(g->cfg.shm_window, 4096);
+    shm_layout(&g->cfg, t->n, &t->slot, &t->nslots, &t->window, &t->ring_size, &t->seg_size);
     t->ring_off = CTRL_SIZE;
-    t->ring_size = dt_align_up(128 + t->nslots * slot_stride(t), 4096);
     t->win_off = t->ring_off + (size_t)t->n * t->ring_size;
-    t->seg_size = t->win_off + 2 * t->window;
     t->idx = malloc((size_t)g->size * sizeof *t->idx);
     t->peers = calloc((size_t)t->n, sizeof *t->peers);
     t->pfd = calloc((size_t)t->n, sizeof *t->pfd);

@@ -448,6 +448,42 @@ dt_status dt_codec_encoded_bytes(const dt_codec_spec *spec, size_t n, size_t row
     return DT_OK;
 }
 
+/* The buffers a compressor of n values holds, in values of 4 bytes:
+ * residual, decode buffer, work buffer, top-k's keys, PowerSGD's P and Q
+ * (0: none). dt_compressor_create allocates exactly these;
+ * dt_compressor_plan_bytes adds them up. */
+enum { BUF_RESIDUAL, BUF_DECODED, BUF_WORK, BUF_KEYS, BUF_P, BUF_Q, BUF_COUNT };
+static void buffers_of(const dt_codec_spec *spec, const dt_codec_header *hdr, size_t n, bool ef,
+                       size_t out[BUF_COUNT]) {
+    const dt__codec_ops *ops = codecs[spec->kind];
+    bool generic_ef = ef && !ops->ef_sent, psgd = spec->kind == DT_CODEC_POWERSGD;
+    size_t rows = psgd && hdr->k ? (size_t)hdr->k : 0, cols = rows ? n / rows : 0,
+           r = psgd ? (size_t)hdr->rank : 0;
+    out[BUF_RESIDUAL] = ef ? n : 0;
+    out[BUF_DECODED] = generic_ef ? n : 0;
+    out[BUF_WORK] = generic_ef || psgd ? n : 0;
+    out[BUF_KEYS] = spec->kind == DT_CODEC_TOPK ? n : 0;
+    out[BUF_P] = psgd ? (r ? rows * r : n) : 0;
+    out[BUF_Q] = psgd ? cols * r : 0;
+}
+
+static bool ef_of(const dt_codec_spec *spec, dt_ef_mode ef) {
+    return ef == DT_EF_ON || (ef == DT_EF_DEFAULT && codecs[spec->kind]->info.ef_default);
+}
+
+dt_status dt_compressor_plan_bytes(const dt_codec_spec *spec, size_t n,
+                                   const dt_compressor_config *cfg_in, size_t *out) {
+    dt_compressor_config cfg = cfg_in ? *cfg_in : dt_compressor_config_default();
+    dt_codec_header hdr;
+    DT_CHECK(plan_header(spec, n, cfg.rows, cfg.cols, cfg.min_compress, &hdr));
+    size_t b[BUF_COUNT], sum = 0;
+    buffers_of(spec, &hdr, n, ef_of(spec, cfg.ef), b);
+    for (int k = 0; k < BUF_COUNT; k++)
+        sum += b[k] * sizeof(float);
+    *out = sum;
+    return DT_OK;
+}
+
 dt_status dt_compressor_create(dt_compressor **out, const dt_codec_spec *spec, size_t n,
                                const dt_compressor_config *cfg_in) {
     dt_compressor_config cfg = cfg_in ? *cfg_in : dt_compressor_config_default();
@@ -467,7 +503,7 @@ dt_status dt_compressor_create(dt_compressor **out, const dt_codec_spec *spec, s
     c->ops = ops;
     c->n = n;
     c->cfg = cfg;
-    c->ef = cfg.ef == DT_EF_ON || (cfg.ef == DT_EF_DEFAULT && ops->info.ef_default);
+    c->ef = ef_of(spec, cfg.ef);
     c->hdr = hdr;
     if (spec->kind == DT_CODEC_POWERSGD) {
         c->rows = hdr.k ? (size_t)hdr.k : 0;
@@ -478,20 +514,22 @@ dt_status dt_compressor_create(dt_compressor **out, const dt_codec_spec *spec, s
     DT_ASSERT(ops->payload_bytes(&c->hdr, &payload));
     c->encoded_bytes = DT_COMPRESS_HEADER_BYTES + payload;
 
-    bool generic_ef = c->ef && !ops->ef_sent;
-    if (c->ef)
-        DT_CHECK_GOTO(alloc_array(&c->residual, n, sizeof(float), "residual"), st, fail);
-    if (generic_ef)
-        DT_CHECK_GOTO(alloc_array(&c->decoded, n, sizeof(float), "decode buffer"), st, fail);
-    if (generic_ef || spec->kind == DT_CODEC_POWERSGD)
-        DT_CHECK_GOTO(alloc_array(&c->work, n, sizeof(float), "work buffer"), st, fail);
-    if (spec->kind == DT_CODEC_TOPK)
-        DT_CHECK_GOTO(alloc_array(&c->keys, n, sizeof(uint32_t), "selection keys"), st, fail);
-    if (spec->kind == DT_CODEC_POWERSGD) {
-        size_t r = (size_t)c->prank;
-        DT_CHECK_GOTO(alloc_array(&c->P, r ? c->rows * r : n, sizeof(float), "powersgd P"), st,
+    size_t b[BUF_COUNT];
+    buffers_of(spec, &hdr, n, c->ef, b);
+    if (b[BUF_RESIDUAL])
+        DT_CHECK_GOTO(alloc_array(&c->residual, b[BUF_RESIDUAL], sizeof(float), "residual"), st,
                       fail);
-        DT_CHECK_GOTO(alloc_array(&c->Q, c->cols * r, sizeof(float), "powersgd Q"), st, fail);
+    if (b[BUF_DECODED])
+        DT_CHECK_GOTO(alloc_array(&c->decoded, b[BUF_DECODED], sizeof(float), "decode buffer"), st,
+                      fail);
+    if (b[BUF_WORK])
+        DT_CHECK_GOTO(alloc_array(&c->work, b[BUF_WORK], sizeof(float), "work buffer"), st, fail);
+    if (b[BUF_KEYS])
+        DT_CHECK_GOTO(alloc_array(&c->keys, b[BUF_KEYS], sizeof(uint32_t), "selection keys"), st,
+                      fail);
+    if (spec->kind == DT_CODEC_POWERSGD) {
+        DT_CHECK_GOTO(alloc_array(&c->P, b[BUF_P], sizeof(float), "powersgd P"), st, fail);
+        DT_CHECK_GOTO(alloc_array(&c->Q, b[BUF_Q], sizeof(float), "powersgd Q"), st, fail);
     }
     *out = c;
     return DT_OK;

@@ -20,6 +20,18 @@
  *   powersgd            begin, allreduce P, middle,            2 (W-1)/W * 4 (|P| + |Q|)
  *                       allreduce Q, end (dt_powersgd_bucket)
  *
+ * Reduce-scatter (cfg.scatter, ZeRO: rank r needs the average of piece r
+ * only, pieces cut as in dt_ddp_shard_ranges):
+ *
+ *   fp16, bf16          encode, reduce-scatter the u16 payload   (W-1)/W * 2n
+ *                       (the remainder's few values allreduced),
+ *                       decode
+ *   int8, qsgd, sign,   encode each piece with its own            (W-1) * E_piece
+ *   topk, randk         compressor (error feedback per piece),
+ *                       alltoall, decode and add piece r's W
+ *                       encodings in rank order
+ *   none, powersgd      as above (the whole average)
+ *
  * (E = the codec's exact encoded size, header included; n values, W ranks.
  * "Bytes sent" counts payload under the bandwidth-optimal schedule — ring
  * allreduce, ring allgather — and excludes comm's 64-byte framing per
@@ -88,6 +100,8 @@ typedef enum cc_algo {
     CC_VALUES,    /* randk: allreduce the kept values */
     CC_POWERSGD,  /* P and Q allreduces */
     CC_RSAG,      /* int8/qsgd at W >= RSAG_MIN_WORLD: alltoall chunks, re-encode, allgather */
+    CC_SCATTER16, /* fp16/bf16, scatter: 16-bit reduce-scatter of the payload */
+    CC_PIECES,    /* other codecs, scatter: alltoall of per-piece encodings */
 } cc_algo;
 
 /* From this many ranks, int8 and qsgd use the two-phase scheme: it sends
@@ -97,9 +111,10 @@ typedef enum cc_algo {
 #define NF_MAGIC 0x464E5444u /* "DTNF" read as a little-endian u32 */
 #define CE_MAGIC 0x45435444u /* "DTCE": an owner received a corrupt encoding */
 
-static const char *const algo_names[] = {"allreduce",   "allreduce16", "allgather",
-                                         "allreduce-k", "powersgd",    "alltoall+allgather"};
-_Static_assert(sizeof algo_names / sizeof algo_names[0] == CC_RSAG + 1, "one name per algo");
+static const char *const algo_names[] = {
+    "allreduce", "allreduce16",        "allgather",        "allreduce-k",
+    "powersgd",  "alltoall+allgather", "reduce-scatter16", "alltoall"};
+_Static_assert(sizeof algo_names / sizeof algo_names[0] == CC_PIECES + 1, "one name per algo");
 
 struct dt_callreduce {
     dt_group *g;     /* NULL: one process */
@@ -116,14 +131,15 @@ struct dt_callreduce {
     bool ef;                  /* error feedback on */
     uint8_t *backup;          /* (state bytes) the state before the run, or NULL */
     size_t state_bytes;
-    /* Two-phase scheme (CC_RSAG): chunk j = [off[j], off[j+1]) is owned by
-     * rank j; every chunk encoding fits emax bytes (chunk 0 is the largest). */
+    /* Two-phase scheme (CC_RSAG) and pieces (CC_PIECES): chunk j = [off[j],
+     * off[j+1]) is owned by rank j; every chunk encoding fits emax bytes. */
     dt_compressor **chunk; /* (world) this rank's compressor of each chunk, with EF */
     dt_compressor *server; /* EF off: re-encodes the reduced chunk this rank owns */
     size_t *off;           /* (world + 1) */
     size_t emax;           /* bytes per slot */
     uint8_t *send, *recv;  /* (world * emax) alltoall buffers */
     float *sum;            /* (own chunk) the decoded sum */
+    bool scatter;          /* reduce-scatter: only this rank's piece is the result */
 };
 
 uint64_t dt__callreduce_chunk_seed(uint64_t seed, size_t j) {
@@ -203,6 +219,92 @@ static dt_status create_rsag(dt_callreduce *c, const dt_compressor_config *cc) {
     return DT_OK;
 }
 
+/* Scatter (CC_PIECES): ZeRO's pieces (q = n / W each, the last also the
+ * remainder), a compressor with error feedback per piece, and the
+ * alltoall's buffers. */
+static dt_status create_pieces(dt_callreduce *c, const dt_compressor_config *cc) {
+    size_t W = (size_t)c->world, q = c->n / W;
+    DT_CHECK(alloc_bytes(&c->chunk, W, sizeof *c->chunk));
+    DT_CHECK(alloc_bytes(&c->off, W + 1, sizeof *c->off));
+    for (size_t j = 0; j <= W; j++)
+        c->off[j] = j == W ? c->n : j * q;
+    for (size_t j = 0; j < W; j++) {
+        dt_compressor_config cj = *cc;
+        cj.seed = dt__callreduce_chunk_seed(cc->seed, j);
+        DT_CHECK(dt_compressor_create(&c->chunk[j], &c->spec, c->off[j + 1] - c->off[j], &cj));
+        size_t e = dt_compressor_encoded_bytes(c->chunk[j]);
+        c->emax = e > c->emax ? e : c->emax;
+    }
+    DT_CHECK(alloc_bytes(&c->send, W, c->emax));
+    DT_CHECK(alloc_bytes(&c->recv, W, c->emax));
+    c->ef = dt_compressor_error_feedback(c->chunk[0]);
+    c->wire = (uint64_t)(W - 1) * c->emax;
+    return DT_OK;
+}
+
+/* The schedule of a codec over `world` ranks (1: no group). */
+static cc_algo choose_algo(const dt_codec_spec *spec, int world, bool scatter) {
+    cc_algo a;
+    switch (spec->kind) {
+    case DT_CODEC_NONE: a = CC_PLAIN; break;
+    case DT_CODEC_FP16:
+    case DT_CODEC_BF16: a = CC_CAST16; break;
+    case DT_CODEC_RANDK: a = CC_VALUES; break;
+    case DT_CODEC_POWERSGD: a = CC_POWERSGD; break;
+    default: a = CC_ALLGATHER; break;
+    }
+    if ((spec->kind == DT_CODEC_INT8 || spec->kind == DT_CODEC_QSGD) && world >= RSAG_MIN_WORLD)
+        a = CC_RSAG;
+    if (scatter && a == CC_CAST16)
+        a = CC_SCATTER16;
+    else if (scatter && (a == CC_ALLGATHER || a == CC_RSAG || a == CC_VALUES))
+        a = CC_PIECES;
+    return a;
+}
+
+dt_status dt_callreduce_plan_bytes(const dt_codec_spec *spec, size_t n, int world,
+                                   const dt_callreduce_config *cfg_in, size_t *out) {
+    *out = 0;
+    dt_callreduce_config cfg = cfg_in ? *cfg_in : dt_callreduce_config_default();
+    dt_compressor_config cc = dt_compressor_config_default();
+    cc.ef = cfg.ef;
+    cc.min_compress = cfg.min_compress;
+    cc.seed = cfg.seed;
+    size_t W = world > 0 ? (size_t)world : 1, comp = 0, e = 0;
+    cc_algo a = choose_algo(spec, (int)W, cfg.scatter);
+    if (a == CC_PLAIN)
+        return DT_OK;
+    if (a == CC_POWERSGD) { /* its work and residual (n each) and the backup of the residual */
+        *out = (cfg.ef != DT_EF_OFF ? 3 : 1) * n * sizeof(float);
+        return DT_OK;
+    }
+    bool ef = cfg.ef == DT_EF_ON ||
+              (cfg.ef == DT_EF_DEFAULT && dt_codec_get_info(spec->kind)->ef_default);
+    if (a == CC_RSAG || a == CC_PIECES) { /* a compressor per chunk, cut as create_* cut */
+        size_t per = a == CC_RSAG ? (dt__nblocks(n) + W - 1) / W * DT_COMPRESS_BLOCK : n / W;
+        size_t emax = 0;
+        for (size_t j = 0; j < W; j++) {
+            size_t b = j * per < n ? j * per : n;
+            size_t end = a == CC_PIECES ? (j == W - 1 ? n : (j + 1) * per)
+                                        : ((j + 1) * per < n ? (j + 1) * per : n);
+            DT_CHECK(dt_compressor_plan_bytes(spec, end - b, &cc, &comp));
+            DT_CHECK(dt_codec_encoded_bytes(spec, end - b, 0, 0, 0, &e));
+            *out += comp;
+            emax = e > emax ? e : emax;
+        }
+        /* send, receive (and RSAG's gathered encodings), the backup of
+         * the residuals; RSAG's server compressor and sum (a chunk each). */
+        *out += (a == CC_RSAG ? 3 : 2) * W * emax + (ef ? n * sizeof(float) : 0);
+        if (a == CC_RSAG)
+            *out += 2 * (per + 1) * sizeof(float);
+        return DT_OK;
+    }
+    DT_CHECK(dt_compressor_plan_bytes(spec, n, &cc, &comp));
+    DT_CHECK(dt_codec_encoded_bytes(spec, n, 0, 0, 0, &e));
+    *out = comp + (a == CC_ALLGATHER ? W : 1) * e + (ef ? n * sizeof(float) : 0);
+    return DT_OK;
+}
+
 dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_spec *spec,
                                size_t n, const dt_callreduce_config *cfg_in) {
     *out = NULL;
@@ -224,21 +326,14 @@ dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_
     cc.bucket = cfg.bucket;
     cc.ef = cfg.ef;
     cc.min_compress = cfg.min_compress;
-    switch (spec->kind) {
-    case DT_CODEC_NONE: c->algo = CC_PLAIN; break;
-    case DT_CODEC_FP16:
-    case DT_CODEC_BF16: c->algo = CC_CAST16; break;
-    case DT_CODEC_RANDK: c->algo = CC_VALUES; break;
-    case DT_CODEC_POWERSGD: c->algo = CC_POWERSGD; break;
-    default: c->algo = CC_ALLGATHER; break;
-    }
-    if ((spec->kind == DT_CODEC_INT8 || spec->kind == DT_CODEC_QSGD) && g &&
-        c->world >= RSAG_MIN_WORLD)
-        c->algo = CC_RSAG;
+    c->algo = choose_algo(spec, g ? c->world : 1, cfg.scatter);
+    c->scatter = cfg.scatter;
     if (c->algo == CC_PLAIN) {
         c->wire = ring_bytes(c->world, n * sizeof(float));
     } else if (c->algo == CC_RSAG) {
         DT_CHECK_GOTO(create_rsag(c, &cc), st, fail);
+    } else if (c->algo == CC_PIECES) {
+        DT_CHECK_GOTO(create_pieces(c, &cc), st, fail);
     } else if (c->algo == CC_POWERSGD) {
         DT_CHECK_GOTO(
             dt_powersgd_bucket_create(&c->psgd, spec->rank, n, cfg.tensors, cfg.ntensors, &cc), st,
@@ -268,6 +363,9 @@ dt_status dt_callreduce_create(dt_callreduce **out, dt_group *g, const dt_codec_
         }
         if (c->algo == CC_CAST16)
             c->wire = ring_bytes(c->world, n * 2);
+        else if (c->algo == CC_SCATTER16) /* a reduce-scatter: half a ring allreduce */
+            c->wire = ring_bytes(c->world, (n - n % (size_t)c->world) * 2) / 2 +
+                      ring_bytes(c->world, n % (size_t)c->world * 2);
         else if (c->algo == CC_VALUES)
             c->wire = ring_bytes(c->world, dt_codec_k(spec, n) * sizeof(float));
         else
@@ -295,6 +393,9 @@ dt_status dt_callreduce_set_fraction(dt_callreduce *c, double fraction) {
         return dt_error_set(DT_ERR_INVALID,
                             "compressed allreduce: a density is for topk only, not %s",
                             dt_codec_get_info(c->spec.kind)->name);
+    if (c->algo == CC_PIECES)
+        return dt_error_set(DT_ERR_UNSUPPORTED,
+                            "compressed reduce-scatter: topk's density is fixed (no ramp)");
     if (!(fraction >= 0 && fraction <= 1))
         return dt_error_set(DT_ERR_INVALID, "topk density %g: must be in (0, 1], or 0", fraction);
     dt_codec_spec s = c->spec;
@@ -506,6 +607,96 @@ abandon:
     return st;
 }
 
+/* This rank's piece [off[me], off[me + 1]) of a scatter, as create_pieces
+ * cuts it (also for CC_SCATTER16, which keeps no offsets). */
+static void own_piece(const dt_callreduce *c, size_t *begin, size_t *end) {
+    size_t q = c->n / (size_t)c->world;
+    *begin = (size_t)c->rank * q;
+    *end = c->rank == c->world - 1 ? c->n : *begin + q;
+}
+
+/*
+ * fp16/bf16 reduce-scatter, drawn for 2 ranks and n = 2q + t:
+ *
+ *   encode   x + residual -> 16-bit payload p (one rounding, as allreduce16)
+ *   rs       rank r gets p_0[r q, (r+1) q) + p_1[...] in fp32, rounded once
+ *   tail     the t < W values past W q: a 16-bit allreduce (rank W-1 owns them)
+ *   decode   piece r to fp32, times 1/W
+ *
+ * A rank whose input is not finite sends NaN everywhere, so that every
+ * piece, not only the one holding the inf, comes out non-finite.
+ */
+static dt_status run_scatter16(dt_callreduce *c, float *data, uint64_t step, bool finite) {
+    size_t used;
+    DT_CHECK(dt_compressor_compress(c->comp, data, step, c->enc, c->ebytes, &used));
+    uint8_t *payload = c->enc + DT_COMPRESS_HEADER_BYTES;
+    dt_dtype t16 = c->spec.kind == DT_CODEC_FP16 ? DT_F16 : DT_BF16;
+    if (!finite) {
+        uint16_t nan16 = t16 == DT_F16 ? 0x7E00u : 0x7FC0u;
+        for (size_t i = 0; i < c->n; i++)
+            memcpy(payload + 2 * i, &nan16, 2);
+    }
+    size_t W = (size_t)c->world, q = c->n / W, tail = c->n - q * W;
+    if (communicates(c) && q > 0)
+        DT_CHECK(dt_group_reduce_scatter(c->g, payload, payload, q, t16, DT_SUM));
+    if (communicates(c) && tail > 0)
+        DT_CHECK(dt_group_allreduce(c->g, payload + 2 * q * W, payload + 2 * q * W, tail, t16,
+                                    DT_SUM));
+    /* Decode the whole payload (the header is ours; every 16-bit pattern
+     * is a value), then scale this rank's piece only. */
+    DT_CHECK(dt_codec_decode(c->enc, used, c->n, data, DT_DECODE_SET));
+    size_t b, e;
+    own_piece(c, &b, &e);
+    scale(data + b, e - b, c->world);
+    return DT_OK;
+}
+
+/*
+ * Per-piece encodings, drawn for 3 ranks (piece j owned by rank j):
+ *
+ *   encode   rank r encodes x_r's pieces 0..2, each with its own compressor
+ *            (its own residual, its own random stream)
+ *   alltoall piece j of every rank goes to rank j            (W-1) E_piece
+ *   decode   rank j: sum_r decode(enc_r[j]) in rank order, times 1/W
+ *
+ * A marker (DTNF) in place of an encoding carries a non-finite input: every
+ * rank then fills its piece with NaN.
+ */
+static dt_status run_pieces(dt_callreduce *c, float *data, uint64_t step, bool finite) {
+    const size_t E = c->emax, W = (size_t)c->world, me = (size_t)c->rank;
+    for (size_t j = 0; j < W; j++) {
+        uint8_t *slot = c->send + j * E;
+        size_t used;
+        if (finite)
+            DT_CHECK(dt_compressor_compress(c->chunk[j], data + c->off[j], step, slot, E, &used));
+        else
+            put_marker(slot, E, NF_MAGIC, 0);
+        if (dt__callreduce_tamper)
+            dt__callreduce_tamper(c->rank, slot, E);
+    }
+    if (communicates(c))
+        DT_CHECK(dt_group_alltoall(c->g, c->send, c->recv, E, DT_U8));
+    else
+        memcpy(c->recv, c->send, E);
+    float *out = data + c->off[me];
+    size_t len = c->off[me + 1] - c->off[me], Ej = dt_compressor_encoded_bytes(c->chunk[me]);
+    for (size_t r = 0; r < W; r++)
+        if (is_marker(c->recv + r * E)) {
+            fill_nan(out, len);
+            return DT_OK;
+        }
+    for (size_t r = 0; r < W; r++) {
+        dt_status st = dt_codec_decode(c->recv + r * E, Ej, len, out,
+                                       r == 0 ? DT_DECODE_SET : DT_DECODE_ADD);
+        if (st != DT_OK) {
+            dt_error_prefix("encoding of piece %zu from rank %zu", me, r);
+            return st;
+        }
+    }
+    scale(out, len, c->world);
+    return DT_OK;
+}
+
 static dt_status run_algo(dt_callreduce *c, float *data, uint64_t step, bool finite) {
     switch (c->algo) {
     case CC_PLAIN:
@@ -518,6 +709,8 @@ static dt_status run_algo(dt_callreduce *c, float *data, uint64_t step, bool fin
     case CC_VALUES: return run_values(c, data, step, finite);
     case CC_POWERSGD: return run_powersgd(c, data, step);
     case CC_RSAG: return run_rsag(c, data, step, finite);
+    case CC_SCATTER16: return run_scatter16(c, data, step, finite);
+    case CC_PIECES: return run_pieces(c, data, step, finite);
     }
     return DT_ERR_INTERNAL;
 }
@@ -529,7 +722,12 @@ dt_status dt_callreduce_run(dt_callreduce *c, float *data, uint64_t step) {
     if (c->backup)
         DT_CHECK(dt_callreduce_get_state(c, c->backup, c->state_bytes));
     DT_CHECK(run_algo(c, data, step, finite));
-    if (c->backup && (!finite || !dt_all_finite(data, c->n))) {
+    /* A scatter's result is this rank's piece (every rank's piece is
+     * non-finite when any input was: see run_scatter16, run_pieces). */
+    size_t b = 0, e = c->n;
+    if (c->scatter && (c->algo == CC_SCATTER16 || c->algo == CC_PIECES))
+        own_piece(c, &b, &e);
+    if (c->backup && (!finite || !dt_all_finite(data + b, e - b))) {
         /* A step nobody will apply: forget what it did to the state. The
          * backup is finite (states always are), so this cannot fail. */
         DT_CHECK(dt_callreduce_set_state(c, c->backup, c->state_bytes));

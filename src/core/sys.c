@@ -77,6 +77,14 @@ bool dt_mem_resident(uint64_t *now, uint64_t *peak) {
     return true;
 }
 
+bool dt_mem_shared(uint64_t *now) {
+    int64_t kb = file_value("/proc/self/status", "RssShmem");
+    if (kb < 0)
+        return false;
+    *now = (uint64_t)kb << 10;
+    return true;
+}
+
 bool dt_mem_available(uint64_t *bytes) {
     /* kB of memory that can be had without swapping, plus free swap */
     int64_t avail = file_value("/proc/meminfo", "MemAvailable");

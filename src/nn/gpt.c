@@ -847,6 +847,9 @@ const dt_gpt_options *dt_gpt_get_options(const dt_gpt *m) { return &m->opt; }
 dt_status dt_gpt_set_param_hooks(dt_gpt *m, const dt_param_hooks *h) {
     if (h && (!h->fetch || !h->prefetch || !h->release))
         return dt_error_set(DT_ERR_INVALID, "parameter hooks: fetch, prefetch and release needed");
+    if (h && (!h->fetch16 != !h->prefetch16 || !h->fetch16 != !h->release16))
+        return dt_error_set(DT_ERR_INVALID,
+                            "parameter hooks: fetch16, prefetch16 and release16 go together");
     m->hooks = h ? *h : (dt_param_hooks){0};
     return DT_OK;
 }
@@ -920,11 +923,18 @@ double dt_gpt_take_attention_ms(dt_gpt *m) {
  * tensor from position 2e of the stream (a normal takes two 32-bit
  * draws), so a shard draws exactly the values the unsharded model has in
  * its box, and padding rows stay zero. */
-static void init_tensor(dt_gpt *m, size_t i, uint64_t seed) {
+/* Tensor i's values at flat offsets [lo, hi) of the buffer (the rest of
+ * it untouched): each value from its own place in the tensor's stream, so
+ * any cut gives the bits of the whole. */
+static void init_tensor(dt_gpt *m, size_t i, uint64_t seed, size_t lo, size_t hi) {
     const float std = 0.02f, proj_std = 0.02f / sqrtf(2.0f * (float)m->cfg.layers);
     const dt_param_info *p = &m->info[i];
-    float *w = m->params + p->offset;
-    memset(w, 0, p->rows * p->cols * sizeof(float));
+    size_t n = p->rows * p->cols, t0 = p->offset;
+    lo = lo > t0 ? lo : t0;
+    hi = hi < t0 + n ? hi : t0 + n;
+    if (lo >= hi)
+        return;
+    memset(m->params + lo, 0, (hi - lo) * sizeof(float));
     const char *nm = p->name;
     size_t len = strlen(nm);
     bool is_bias = len >= 4 && strcmp(nm + len - 4, "bias") == 0;
@@ -933,25 +943,33 @@ static void init_tensor(dt_gpt *m, size_t i, uint64_t seed) {
         return;
     if (is_ln) {
         for (size_t j = 0; j < p->extent[0]; j++)
-            w[j] = 1.0f;
+            if (t0 + j >= lo && t0 + j < hi)
+                m->params[t0 + j] = 1.0f;
         return;
     }
     float s = strstr(nm, "c_proj") ? proj_std : std;
     dt_rng r;
     dt_rng_init(&r, seed, dt_rng_stream_id(0, (uint64_t)p->global, DT_RNG_INIT));
-    /* The box, one run along the last dimension at a time. */
+    /* The box, one run along the last dimension at a time, stored from t0
+     * in order. */
+    size_t f = t0;
     for (size_t i0 = 0; i0 < p->extent[0]; i0++)
-        for (size_t i1 = 0; i1 < p->extent[1]; i1++) {
+        for (size_t i1 = 0; i1 < p->extent[1]; i1++, f += p->extent[2]) {
+            size_t a = f > lo ? f : lo, b = f + p->extent[2] < hi ? f + p->extent[2] : hi;
+            if (a >= b)
+                continue;
             size_t e =
                 ((p->begin[0] + i0) * p->shape[1] + p->begin[1] + i1) * p->shape[2] + p->begin[2];
-            dt_rng_seek(&r, 2 * (uint64_t)e);
-            for (size_t i2 = 0; i2 < p->extent[2]; i2++)
-                *w++ = s * dt_rng_normal(&r);
+            dt_rng_seek(&r, 2 * (uint64_t)(e + (a - f)));
+            for (size_t k = a; k < b; k++)
+                m->params[k] = s * dt_rng_normal(&r);
         }
 }
 
-void dt_gpt_init_params(dt_gpt *m, uint64_t seed) {
+void dt_gpt_init_params(dt_gpt *m, uint64_t seed) { dt_gpt_init_params_range(m, seed, 0, m->nparams); }
+
+void dt_gpt_init_params_range(dt_gpt *m, uint64_t seed, size_t begin, size_t end) {
 #pragma omp parallel for schedule(dynamic, 1)
     for (size_t i = 0; i < m->ntensors; i++)
-        init_tensor(m, i, seed);
+        init_tensor(m, i, seed, begin, end);
 }

@@ -133,6 +133,83 @@ static dt_status sum_partial(dt_gpt *m, float *grad, float *part, size_t n, dt_g
 }
 
 /* ------------------------------------------------------------------------ */
+/* Parameters kept elsewhere (dt_param_hooks): the ranges a pass reads       */
+/* ------------------------------------------------------------------------ */
+
+typedef enum { U_WTE, U_WPE, U_LNF } unit_kind;
+
+/* A range of the flat parameter buffer. */
+typedef struct span {
+    size_t begin, end;
+} span;
+
+/* The parameters of block l, and of wte, wpe or ln_f. */
+static span block_unit(const dt_gpt *m, int l) {
+    size_t b = block_offset(m, l);
+    const dt_param_info *lastt =
+        &m->info[m->blocks + (size_t)m->lidx[l] * P_BLOCK_COUNT + P_BLOCK_COUNT - 1];
+    return (span){b, lastt->offset + lastt->rows * lastt->cols};
+}
+static span other_unit(const dt_gpt *m, unit_kind k) {
+    size_t i = k == U_WTE ? m->wte : k == U_WPE ? m->wpe : m->lnf;
+    const dt_param_info *p = &m->info[i];
+    size_t n = p->rows * p->cols * (k == U_LNF ? 2 : 1); /* ln_f: weight and bias */
+    return (span){p->offset, p->offset + n};
+}
+/* With the hooks, bf16/fp16 round a unit's weights into w16 as it is
+ * fetched (the whole buffer is not there to cast at the forward's start)
+ * and give w16's pages back as it is released: only the units in use hold
+ * 16-bit copies, as only they hold fp32 parameters. With fetch16 the hooks
+ * deliver the 16-bit copy themselves (and take its pages back). */
+static dt_status fetch(dt_gpt *m, span r) {
+    if (!m->hooks.fetch)
+        return DT_OK;
+    DT_CHECK(m->hooks.fetch(m->hooks.user, r.begin, r.end));
+    if (m->w16 && !m->hooks.fetch16)
+        PROF(m, PROF_CASTS,
+             dt_act16_from_f32(m->opt.precision, m->w16 + r.begin, m->params + r.begin,
+                               r.end - r.begin));
+    return DT_OK;
+}
+static void prefetch(dt_gpt *m, span r) {
+    if (m->hooks.prefetch)
+        m->hooks.prefetch(m->hooks.user, r.begin, r.end);
+}
+static void release(dt_gpt *m, span r) {
+    if (!m->hooks.release)
+        return;
+    m->hooks.release(m->hooks.user, r.begin, r.end);
+    if (m->w16 && !m->hooks.fetch16)
+        dt_mem_discard(m->w16 + r.begin, (r.end - r.begin) * sizeof *m->w16);
+}
+/* The same for a range read through the 16-bit copy in bf16/fp16 (the
+ * blocks, the head's rows): fetch16 when the hooks gather 16 bits. */
+static dt_status fetch_w(dt_gpt *m, span r) {
+    if (m->w16 && m->hooks.fetch16)
+        return m->hooks.fetch16(m->hooks.user, r.begin, r.end, m->w16);
+    return fetch(m, r);
+}
+static void prefetch_w(dt_gpt *m, span r) {
+    if (m->w16 && m->hooks.prefetch16)
+        m->hooks.prefetch16(m->hooks.user, r.begin, r.end, m->w16);
+    else
+        prefetch(m, r);
+}
+static void release_w(dt_gpt *m, span r) {
+    if (m->w16 && m->hooks.release16)
+        m->hooks.release16(m->hooks.user, r.begin, r.end);
+    else
+        release(m, r);
+}
+
+/* Rows [v0, v0 + w) of this rank's tied embedding (the head's vocabulary
+ * chunk, or a piece of the lookup's). */
+static span wte_rows(const dt_gpt *m, int v0, int w) {
+    size_t o = m->info[m->wte].offset, C = (size_t)m->d.C;
+    return (span){o + (size_t)v0 * C, o + (size_t)(v0 + w) * C};
+}
+
+/* ------------------------------------------------------------------------ */
 /* Forward                                                                  */
 /* ------------------------------------------------------------------------ */
 
@@ -189,6 +266,14 @@ static dt_status embed_forward(dt_gpt *m) {
     }
     return DT_OK;
 }
+
+/* With parameter hooks (ZeRO 3) and neither tensor nor context
+ * parallelism, the lookup reads wte in the head's pieces of the vocabulary
+ * (each fetched, the next prefetched, its tokens' rows copied, released),
+ * so the tied embedding is never whole; then the position embedding is
+ * added: the one add per value of dt_embedding_forward, the same bits.
+ * Defined after the hooks' helpers below. */
+static dt_status embed_forward_pieces(dt_gpt *m);
 
 /* Block l's forward from its input x (Ns,C) into its activations. With
  * `full` false it stops once everything backward reads is there: a
@@ -425,7 +510,10 @@ static dt_status head_forward(dt_gpt *m, const void *x, bool targets, float *mea
     const bool tp1 = m->d.tp == 1;
     *mean_loss = 0.0f;
     if (tp1 && hc >= Vl) { /* one chunk: the unchunked computation */
-        DT_CHECK(head_gemm(m, m->s->chunk, x, N, 0, Vl));
+        DT_CHECK(fetch_w(m, wte_rows(m, 0, Vl)));
+        dt_status st = head_gemm(m, m->s->chunk, x, N, 0, Vl);
+        release_w(m, wte_rows(m, 0, Vl));
+        DT_CHECK(st);
         if (targets)
             *mean_loss = dt_crossentropy_forward(m->s->losses, m->s->ce_lse, m->s->chunk,
                                                  m->s->targets, N, Vl);
@@ -439,10 +527,19 @@ static dt_status head_forward(dt_gpt *m, const void *x, bool targets, float *mea
         m->s->ce_lse[i] = -INFINITY;
         m->s->losses[i] = 0.0f; /* the target's logit, if this rank holds it */
     }
+    /* With parameter hooks each chunk's rows of wte are fetched, the
+     * next chunk's prefetched, and released after its product. */
+    DT_CHECK(fetch_w(m, wte_rows(m, 0, Vl < hc ? Vl : hc)));
     for (int v0 = 0; v0 < Vl; v0 += hc) {
         const int w = Vl - v0 < hc ? Vl - v0 : hc, wv = valid_cols(m, v0, w);
+        const int v1 = v0 + w, wn = Vl - v1 < hc ? Vl - v1 : hc;
         float *c = m->s->chunk;
+        if (v1 < Vl)
+            prefetch_w(m, wte_rows(m, v1, wn));
         DT_CHECK(head_gemm(m, c, x, N, v0, w));
+        if (v1 < Vl)
+            DT_CHECK(fetch_w(m, wte_rows(m, v1, wn)));
+        release_w(m, wte_rows(m, v0, w));
         for (int i = 0; wv < w && i < N; i++) /* mask the padding */
             for (int j = wv; j < w; j++)
                 c[(size_t)i * w + j] = -INFINITY;
@@ -481,54 +578,32 @@ dt_status dt_gpt_forward(dt_gpt *m, const int32_t *inputs, const int32_t *target
     return dt_gpt_forward_stage(m, 0, 0, inputs, NULL, targets, B, T, mean_loss);
 }
 
-/* ------------------------------------------------------------------------ */
-/* Parameters kept elsewhere (dt_param_hooks): the ranges a pass reads       */
-/* ------------------------------------------------------------------------ */
-
-typedef enum { U_WTE, U_WPE, U_LNF } unit_kind;
-
-/* A range of the flat parameter buffer. */
-typedef struct span {
-    size_t begin, end;
-} span;
-
-/* The parameters of block l, and of wte, wpe or ln_f. */
-static span block_unit(const dt_gpt *m, int l) {
-    size_t b = block_offset(m, l);
-    const dt_param_info *lastt =
-        &m->info[m->blocks + (size_t)m->lidx[l] * P_BLOCK_COUNT + P_BLOCK_COUNT - 1];
-    return (span){b, lastt->offset + lastt->rows * lastt->cols};
-}
-static span other_unit(const dt_gpt *m, unit_kind k) {
-    size_t i = k == U_WTE ? m->wte : k == U_WPE ? m->wpe : m->lnf;
-    const dt_param_info *p = &m->info[i];
-    size_t n = p->rows * p->cols * (k == U_LNF ? 2 : 1); /* ln_f: weight and bias */
-    return (span){p->offset, p->offset + n};
-}
-/* With the hooks, bf16/fp16 round a unit's weights into w16 as it is
- * fetched (the whole buffer is not there to cast at the forward's start)
- * and give w16's pages back as it is released: only the units in use hold
- * 16-bit copies, as only they hold fp32 parameters. */
-static dt_status fetch(dt_gpt *m, span r) {
-    if (!m->hooks.fetch)
-        return DT_OK;
-    DT_CHECK(m->hooks.fetch(m->hooks.user, r.begin, r.end));
-    if (m->w16)
-        PROF(m, PROF_CASTS,
-             dt_act16_from_f32(m->opt.precision, m->w16 + r.begin, m->params + r.begin,
-                               r.end - r.begin));
+static dt_status embed_forward_pieces(dt_gpt *m) {
+    const int B = m->s->B, T = m->s->T, C = m->d.C, N = B * T, V = m->d.Vl, hc = m->head_cols;
+    const float *wte = m->params + m->info[m->wte].offset,
+                *wpe = m->params + m->info[m->wpe].offset;
+    float *out = m->s->encoded;
+    DT_CHECK(fetch(m, wte_rows(m, 0, V < hc ? V : hc)));
+    for (int v0 = 0; v0 < V; v0 += hc) {
+        const int w = V - v0 < hc ? V - v0 : hc, v1 = v0 + w, wn = V - v1 < hc ? V - v1 : hc;
+        if (v1 < V)
+            prefetch(m, wte_rows(m, v1, wn));
+        for (int i = 0; i < N; i++) {
+            const int t = m->s->tokens[i];
+            if (t >= v0 && t < v1)
+                memcpy(out + (size_t)i * C, wte + (size_t)t * C, sizeof(float) * C);
+        }
+        if (v1 < V)
+            DT_CHECK(fetch(m, wte_rows(m, v1, wn)));
+        release(m, wte_rows(m, v0, w));
+    }
+    for (int i = 0; i < N; i++) {
+        const float *pe = wpe + (size_t)(i % T) * C; // (C)
+        float *o = out + (size_t)i * C;
+        for (int c = 0; c < C; c++)
+            o[c] += pe[c];
+    }
     return DT_OK;
-}
-static void prefetch(dt_gpt *m, span r) {
-    if (m->hooks.prefetch)
-        m->hooks.prefetch(m->hooks.user, r.begin, r.end);
-}
-static void release(dt_gpt *m, span r) {
-    if (!m->hooks.release)
-        return;
-    m->hooks.release(m->hooks.user, r.begin, r.end);
-    if (m->w16)
-        dt_mem_discard(m->w16 + r.begin, (r.end - r.begin) * sizeof *m->w16);
 }
 
 /* Forward of the current slot's blocks from x, with the parameter hooks:
@@ -538,19 +613,19 @@ static void release(dt_gpt *m, span r) {
  * after that prefetched; ln_f stays fetched for the head. */
 static dt_status blocks_forward(dt_gpt *m, const float *x, bool fused) {
     gpt_slot *s = m->s;
-    DT_CHECK(fetch(m, block_unit(m, s->L0)));
+    DT_CHECK(fetch_w(m, block_unit(m, s->L0)));
     for (int l = s->L0; l < s->L1; l++) {
         if (l + 1 < s->L1)
-            DT_CHECK(fetch(m, block_unit(m, l + 1)));
+            DT_CHECK(fetch_w(m, block_unit(m, l + 1)));
         else if (s->head)
             DT_CHECK(fetch(m, other_unit(m, U_LNF)));
         if (l + 2 < s->L1)
-            prefetch(m, block_unit(m, l + 2));
+            prefetch_w(m, block_unit(m, l + 2));
         /* fp32: block l - 1 wrote block l's ln_1 (and the last block ln_f). */
         uint64_t tb = dt_trace_begin();
         DT_CHECK(dt__gpt_block_forward(m, l, x, true, fused && l > s->L0));
         dt_trace_end(tb, DT_TRACE_COMPUTE, "block_fwd", l, 0, 0);
-        release(m, block_unit(m, l));
+        release_w(m, block_unit(m, l));
         x = acts_of(m, l)->res3;
     }
     return DT_OK;
@@ -608,7 +683,10 @@ static dt_status head_pass(dt_gpt *m, const float *x, const int32_t *targets, in
         for (int b = 0; b < B; b++)
             memcpy((char *)m->lnf_last + (size_t)b * row,
                    (const char *)xf + ((size_t)b * T + (size_t)T - 1) * row, row);
-        DT_CHECK(head_gemm(m, m->last, m->lnf_last, B, 0, d->Vl));
+        DT_CHECK(fetch_w(m, wte_rows(m, 0, d->Vl)));
+        dt_status st = head_gemm(m, m->last, m->lnf_last, B, 0, d->Vl);
+        release_w(m, wte_rows(m, 0, d->Vl));
+        DT_CHECK(st);
         return d->tp > 1 ? gather_last(m) : DT_OK;
     }
     if (targets)
@@ -678,8 +756,13 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
         if (m->w16_state == DT_GPT_W16_STALE)
             m->w16_state = DT_GPT_W16_CURRENT;
     }
-    prefetch(m, block_unit(m, s->L0));
-    if (s->embeds) {
+    prefetch_w(m, block_unit(m, s->L0));
+    if (s->embeds && m->hooks.fetch && d->tp == 1 && d->cp == 1) {
+        take_tokens(m, s->tokens, inputs, B, T);
+        DT_CHECK(fetch(m, other_unit(m, U_WPE)));
+        DT_CHECK(embed_forward_pieces(m));
+        release(m, other_unit(m, U_WPE));
+    } else if (s->embeds) {
         take_tokens(m, s->tokens, inputs, B, T);
         DT_CHECK(fetch(m, other_unit(m, U_WTE)));
         DT_CHECK(fetch(m, other_unit(m, U_WPE)));
@@ -697,11 +780,10 @@ dt_status dt_gpt_forward_stage(dt_gpt *m, int chunk, int slot, const int32_t *in
         s->have_targets = true; /* a stage without the head differentiates its output */
         return DT_OK;
     }
-    DT_CHECK(fetch(m, other_unit(m, U_WTE))); /* the tied head; ln_f was fetched */
+    /* The tied head fetches its rows of wte chunk by chunk; ln_f was fetched. */
     uint64_t th = dt_trace_begin();
     dt_status hst = head_pass(m, x, targets, B, s->T, mean_loss);
     dt_trace_end(th, DT_TRACE_COMPUTE, "head_fwd", -1, 0, 0);
-    release(m, other_unit(m, U_WTE));
     release(m, other_unit(m, U_LNF));
     return hst;
 }
@@ -753,9 +835,13 @@ static dt_status head_backward(dt_gpt *m, const void *x, float scale, dt_grad_mo
     const int N = m->s->B * m->s->T, Vl = m->d.Vl, C = m->d.C, hc = m->head_cols;
     const dt_precision pr = m->opt.precision;
     const size_t wte = m->info[m->wte].offset;
+    DT_CHECK(fetch_w(m, wte_rows(m, 0, Vl < hc ? Vl : hc))); /* the chunks' rows, as forward */
     for (int v0 = 0; v0 < Vl; v0 += hc) {
         const int w = Vl - v0 < hc ? Vl - v0 : hc;
+        const int v1 = v0 + w, wn = Vl - v1 < hc ? Vl - v1 : hc;
         float *c = m->s->chunk, *dst = v0 == 0 ? m->dbuf : m->dfch;
+        if (v1 < Vl)
+            prefetch_w(m, wte_rows(m, v1, wn));
         if (!m->s->logits)
             DT_CHECK(head_gemm(m, c, x, N, v0, w));
         else if (c != m->s->logits)
@@ -776,6 +862,9 @@ static dt_status head_backward(dt_gpt *m, const void *x, float scale, dt_grad_mo
                  DT_CHECK(dt_linear16_backward_mode(pr, dst, m->grads + wte + (size_t)v0 * C, NULL,
                                                     head_dout16(m, c, (size_t)N, (size_t)w), x,
                                                     m->w16 + wte + (size_t)v0 * C, N, C, w, mode)));
+        if (v1 < Vl)
+            DT_CHECK(fetch_w(m, wte_rows(m, v1, wn)));
+        release_w(m, wte_rows(m, v0, w));
         if (v0 > 0)
             for (size_t k = 0; k < (size_t)N * C; k++)
                 m->dbuf[k] += dst[k];
@@ -1084,17 +1173,15 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, int chunk, int slot, const float *dx_
     const int C = d->C, Ns = (int)rows_here(m);
     float *p = m->params, *g = m->grads;
     const float *xL = acts_of(m, s->L1 - 1)->res3;
-    prefetch(m, block_unit(m, s->L1 - 1));
+    prefetch_w(m, block_unit(m, s->L1 - 1));
     if (s->head) {
         const dt_param_info *lnw = &m->info[m->lnf], *lnb = &m->info[m->lnf + 1];
         const void *x;
         float *dlnf;
         uint64_t th = dt_trace_begin();
         DT_CHECK(fetch(m, other_unit(m, U_LNF)));
-        DT_CHECK(fetch(m, other_unit(m, U_WTE)));
         DT_CHECK(region_in_forward(m, s->lnf_out, &x, dt__act_size(m->opt.precision)));
         DT_CHECK(head_backward(m, x, grad_scale / (float)(s->B * s->T), mode));
-        release(m, other_unit(m, U_WTE));
         DT_CHECK(region_in_backward(m, m->dbuf, &dlnf));
         memset(m->dres, 0, sizeof(float) * (size_t)Ns * C);
         ln_backward(m, m->dres, true, g + lnw->offset, g + lnb->offset, m->gscratch, dlnf, xL,
@@ -1108,16 +1195,16 @@ dt_status dt_gpt_backward_stage(dt_gpt *m, int chunk, int slot, const float *dx_
     }
     for (int l = s->L1 - 1; l >= s->L0; l--) {
         const float *x = block_input(m, l);
-        DT_CHECK(fetch(m, block_unit(m, l)));
+        DT_CHECK(fetch_w(m, block_unit(m, l)));
         if (l > s->L0)
-            prefetch(m, block_unit(m, l - 1));
+            prefetch_w(m, block_unit(m, l - 1));
         /* A recomputed block refills the shared set from its kept input. */
         uint64_t tb = dt_trace_begin();
         if (dt__gpt_recomputed(m->opt.recompute_every, l))
             DT_CHECK(dt__gpt_block_forward(m, l, x, false, false));
         DT_CHECK(block_backward(m, l, x, mode, !split));
         dt_trace_end(tb, DT_TRACE_COMPUTE, "block_bwd", l, 0, 0);
-        release(m, block_unit(m, l));
+        release_w(m, block_unit(m, l));
         /* m->dres holds d(x); every gradient from block l onwards is final. */
         if (hook && !split)
             hook(user, block_offset(m, l));
@@ -1149,13 +1236,13 @@ dt_status dt_gpt_weight_stage(dt_gpt *m, int chunk, int slot, dt_grad_mode mode,
      * parameters do not change within a step). */
     for (int l = s->L1 - 1; l >= s->L0; l--) {
         const float *x = block_input(m, l);
-        DT_CHECK(fetch(m, block_unit(m, l)));
+        DT_CHECK(fetch_w(m, block_unit(m, l)));
         uint64_t tb = dt_trace_begin();
         if (dt__gpt_recomputed(m->opt.recompute_every, l))
             DT_CHECK(dt__gpt_block_forward(m, l, x, false, false));
         DT_CHECK(block_weights(m, l, x, mode));
         dt_trace_end(tb, DT_TRACE_COMPUTE, "block_wgrad", l, 0, 0);
-        release(m, block_unit(m, l));
+        release_w(m, block_unit(m, l));
         if (hook)
             hook(user, block_offset(m, l));
     }

@@ -19,6 +19,10 @@
  *   - dense_below ranges (codecs other than PowerSGD) are zero in what the
  *     codec sees, so its residual there stays zero; their values travel in
  *     a plain f32 allreduce right after the codec's run, on the worker.
+ *   - Sharded and coded (ZeRO with a codec): each bucket's dt_callreduce is
+ *     a reduce-scatter (dt_callreduce_config.scatter) cutting the bucket
+ *     into the same pieces as the plain path, so only this replica's piece
+ *     of the result is used; the dense warm-up reduce-scatters plain f32.
  */
 #include "dtrain/parallel.h"
 #include "dtrain/tensor.h"
@@ -173,6 +177,7 @@ static dt_status make_codecs(dt_ddp *d, const dt_ddp_options *o) {
         cfg.seed = o->seed;
         cfg.bucket = (uint32_t)i;
         cfg.ef = ef;
+        cfg.scatter = d->shard;
         if (t) {
             cfg.tensors = t;
             cfg.ntensors = bucket_tensors(o, d->b[i].begin, d->b[i].end, t);
@@ -209,6 +214,30 @@ static size_t bucket_floats(size_t bucket_bytes, int dp, bool shard) {
 static dt_range piece_of(size_t begin, size_t end, int dp, int r) {
     size_t q = (end - begin) / (size_t)dp;
     return (dt_range){begin + (size_t)r * q, r == dp - 1 ? end : begin + (size_t)(r + 1) * q};
+}
+
+dt_status dt_ddp_plan_bytes(size_t n, const dt_ddp_options *o, int world, size_t *out) {
+    *out = 0;
+    if (world < 2 || n == 0 || (o->codec.kind == DT_CODEC_NONE && o->grad_dtype == DT_F32))
+        return DT_OK;
+    /* As make_codecs: a 16-bit dtype is the cast codec without feedback. */
+    dt_codec_spec spec = o->codec;
+    dt_callreduce_config cfg = dt_callreduce_config_default();
+    cfg.ef = o->ef;
+    cfg.scatter = o->shard;
+    cfg.min_compress = spec.kind == DT_CODEC_POWERSGD ? o->dense_below : 0;
+    if (o->grad_dtype != DT_F32) {
+        spec = (dt_codec_spec){.kind = o->grad_dtype == DT_BF16 ? DT_CODEC_BF16 : DT_CODEC_FP16};
+        cfg.ef = DT_EF_OFF;
+    }
+    size_t per = bucket_floats(o->bucket_bytes, world, o->shard);
+    for (size_t end = n; end > 0;) {
+        size_t begin = end > per ? end - per : 0, b;
+        DT_CHECK(dt_callreduce_plan_bytes(&spec, end - begin, world, &cfg, &b));
+        *out += b;
+        end = begin;
+    }
+    return DT_OK;
 }
 
 size_t dt_ddp_shard_count(size_t n, size_t bucket_bytes, int dp) {
@@ -250,10 +279,10 @@ dt_status dt_ddp_create_with(dt_ddp **out, dt_group *g, float *params, float *gr
                             "goes on the wire)",
                             dt_dtype_name(o.grad_dtype), dt_codec_format(&o.codec, cb, sizeof cb));
     }
-    if (o.shard && (o.codec.kind != DT_CODEC_NONE || o.grad_dtype != DT_F32))
+    if (o.shard && o.prepare)
         return dt_error_set(DT_ERR_INVALID,
-                            "sharded buckets (ZeRO) reduce-scatter plain f32: no codec and no "
-                            "16-bit gradient dtype");
+                            "sharded buckets (ZeRO) take no prepare callback (a premix reads "
+                            "the whole averaged bucket)");
     dt_ddp *d = dt_calloc(1, sizeof *d);
     if (!d)
         return DT_ERR_NOMEM;
@@ -362,10 +391,11 @@ static uint64_t ring_bytes(const dt_ddp *d, size_t count) {
  * ring allreduce during the dense warm-up and without a codec; sharded, a
  * ring reduce-scatter ((W-1)/W of the bucket, the gather counted apart). */
 static uint64_t bucket_bytes(const dt_ddp *d, const bucket *b) {
+    if (b->cc && !d->dense)
+        return dt_callreduce_wire_bytes(b->cc) + ring_bytes(d, b->nd);
     if (d->shard)
         return ring_bytes(d, b->end - b->begin) / 2;
-    return b->cc && !d->dense ? dt_callreduce_wire_bytes(b->cc) + ring_bytes(d, b->nd)
-                              : ring_bytes(d, b->end - b->begin);
+    return ring_bytes(d, b->end - b->begin);
 }
 
 uint64_t dt_ddp_step_bytes(const dt_ddp *d) {
@@ -464,6 +494,20 @@ static dt_status run_coded(dt_ddp *d, bucket *b, float *p, uint64_t step) {
     return st;
 }
 
+/* The dense warm-up's plain f32 average of bucket b at p, blocking: an
+ * allreduce, or sharded, the reduce-scatter of the plain path (launch). */
+static dt_status plain_reduce(dt_ddp *d, const bucket *b, float *p) {
+    size_t m = b->end - b->begin;
+    if (!d->shard)
+        return dt_group_allreduce(d->g, p, p, m, DT_F32, DT_AVG);
+    size_t q = m / (size_t)d->world, tail = m - q * (size_t)d->world;
+    dt_status st = dt_group_reduce_scatter(d->g, p, p, q, DT_F32, DT_AVG);
+    dt_status st2 = tail ? dt_group_allreduce(d->g, p + q * d->world, p + q * d->world, tail,
+                                              DT_F32, DT_AVG)
+                         : DT_OK; /* issued after a failure too, as every rank does */
+    return st != DT_OK ? st : st2;
+}
+
 /* The worker: runs queued buckets' compressed allreduces in order. A
  * failed run does not stop the queue: the later buckets still issue their
  * collectives (failing fast on a failed group), so no rank is left waiting
@@ -482,8 +526,7 @@ static void *worker_main(void *arg) {
         pthread_mutex_unlock(&d->mu);
         bucket *b = &d->b[i];
         float *p = d->grads + b->begin;
-        dt_status st = dense ? dt_group_allreduce(d->g, p, p, b->end - b->begin, DT_F32, DT_AVG)
-                             : run_coded(d, b, p, step);
+        dt_status st = dense ? plain_reduce(d, b, p) : run_coded(d, b, p, step);
         if (st != DT_OK && !dense) {
             snprintf(b->msg, sizeof b->msg, "bucket %zu: %s", i, dt_last_error());
             dt_callreduce_reset(b->cc);
@@ -563,6 +606,7 @@ static void coded_done(dt_ddp *d, bucket *b) {
     if (b->st != DT_OK && d->err == DT_OK) {
         d->err = dt_error_set(b->st, "%s", b->msg);
     }
+    release_unowned(d, b);
 }
 
 /* Record completions in order without blocking. */

@@ -65,6 +65,9 @@ const dt_param_hooks *dt_grad_sync_param_hooks(const dt_grad_sync *s) {
 dt_status dt_grad_sync_gather_params(dt_grad_sync *s, bool whole) {
     return s->ops->gather_params ? s->ops->gather_params(s, whole) : DT_OK;
 }
+dt_status dt_grad_sync_hold_params(dt_grad_sync *s, bool hold, bool written) {
+    return s->ops->hold_params ? s->ops->hold_params(s, hold, written) : DT_OK;
+}
 
 dt_status dt__norm_ranges_init(dt__norm_ranges *out, const dt_range *ranges, size_t n,
                                size_t floats) {

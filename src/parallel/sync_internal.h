@@ -29,6 +29,7 @@ typedef struct dt__sync_ops {
     /* Optional (NULL: every parameter stays in place). */
     const dt_param_hooks *(*param_hooks)(const dt_grad_sync *s);
     dt_status (*gather_params)(dt_grad_sync *s, bool whole);
+    dt_status (*hold_params)(dt_grad_sync *s, bool hold, bool written);
     /* Optional (NULL: apply communicates nothing). */
     void (*apply_report)(dt_grad_sync *s, dt_sync_result *out);
     /* Optional (NULL: every step is agreed). */

@@ -42,6 +42,7 @@
  * use and kept (like gemm_tn.c's pack buffers).
  */
 #include "attention_internal.h"
+#include "tensor_internal.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -78,6 +79,15 @@ bool dt__attention_avx512_ok(int C, int NH) {
     (void)C, (void)NH;
     return false;
 #endif
+}
+
+size_t dt__attention_workspace_bytes(int T, int HS) {
+    if (!HAVE_ATT_AVX512)
+        return 0;
+    /* The largest get_scratch below: a forward block's, or a backward's. */
+    size_t nblk = ((size_t)T + QB - 1) / QB, Tp = ((size_t)T + 15) / 16 * 16;
+    size_t fwd = ((size_t)HS + 1 + nblk * QB) * QB, bwd = (2 * (size_t)HS + 2 + 2 * KB) * Tp;
+    return (fwd > bwd ? fwd : bwd) * sizeof(float);
 }
 
 #if HAVE_ATT_AVX512

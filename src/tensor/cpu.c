@@ -13,6 +13,7 @@
  * atomic int so a kernel reads it with one load.
  */
 #include "dtrain/tensor.h"
+#include "tensor_internal.h"
 
 #include <cpuid.h>
 #include <pthread.h>
@@ -176,4 +177,9 @@ dt_status dt_isa_set(dt_isa_level level) {
         return unsupported("dt_isa_set", level);
     atomic_store(&active_level, (int)level);
     return DT_OK;
+}
+
+size_t dt_tensor_plan_workspace(int threads, int T, int head_size) {
+    size_t t = threads > 0 ? (size_t)threads : 1;
+    return t * (dt__gemm_tn_workspace_bytes() + dt__attention_workspace_bytes(T, head_size));
 }

@@ -61,6 +61,10 @@
 #endif
 _Static_assert(MC % MR == 0 && NR % 16 == 0 && MR <= 16, "tile sizes");
 
+size_t dt__gemm_tn_workspace_bytes(void) {
+    return HAVE_TN_AVX512 ? sizeof(float) * ((size_t)MC * KC + (size_t)KC * NR) : 0;
+}
+
 #if HAVE_TN_AVX512
 
 /* Per-thread pack buffers (MC x KC and KC x NR floats, 448 KiB), allocated

@@ -72,4 +72,10 @@ void dt__attention_cross_backward(float *dq, float *dkv, const float *dout, cons
                                   size_t ldq, const float *kv, size_t ldkv, const float *out,
                                   const float *lse, size_t ld_lse, int Tq, int Tk, int C, int NH);
 
+/* Planning (dt_tensor_plan_workspace): per thread, the pack buffers of
+ * the AVX-512 dW GEMM and the attention kernels' scratch for sequences of
+ * T and heads of HS (0 where those kernels are not built). */
+size_t dt__gemm_tn_workspace_bytes(void);
+size_t dt__attention_workspace_bytes(int T, int HS);
+
 #endif /* DTRAIN_TENSOR_INTERNAL_H */

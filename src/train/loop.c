@@ -424,12 +424,20 @@ static dt_status finish_report(trainer *t, display *d, dt_train_result *res, int
         if (whole && t->plan.assembly)
             snprintf(w, sizeof w, " + %s at the end (the whole model)",
                      dt_format_bytes((double)t->plan.assembly, a, sizeof a));
+        /* The communication buffers' shared memory is measured apart
+         * (RssShmem): the plan's transport segments. */
+        uint64_t shm = 0;
+        char sm[32], sp[32], shmtxt[96] = "";
+        if (dt_mem_shared(&shm))
+            snprintf(shmtxt, sizeof shmtxt, "; shared memory %s resident (planned %s)",
+                     dt_format_bytes((double)shm, sm, sizeof sm),
+                     dt_format_bytes((double)t->plan.comm_shm, sp, sizeof sp));
         fprintf(stderr,
                 "memory:     planned %s per rank (rank 0)%s, measured peak resident %s of "
-                "which %s before the model\n",
+                "which %s before the model%s\n",
                 dt_format_bytes((double)t->plan.total, p, sizeof p), w,
                 dt_format_bytes((double)peak, a, sizeof a),
-                dt_format_bytes((double)t->rss_base, b, sizeof b));
+                dt_format_bytes((double)t->rss_base, b, sizeof b), shmtxt);
     }
     if (c->run_dir) {
         DT_CHECK(dt__train_write_summary(t, res, mfu));

@@ -132,37 +132,56 @@ dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replic
     return DT_OK;
 }
 
-dt_status dt__train_offload_dir(const dt_train_config *c, const char **dir) {
-    const char *spec = c->offload, *disk = "optimizer=disk:";
-    if (dir)
-        *dir = NULL;
-    if (!spec || !strcmp(spec, "optimizer=cpu"))
-        return DT_OK; /* no device: the state is in host memory already */
-    if (!strncmp(spec, "params=", 7))
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "--offload %s: parameter offload is not built yet (the optimizer "
-                            "state's is: optimizer=disk:DIR)",
-                            spec);
-    if (strncmp(spec, disk, strlen(disk)) || !spec[strlen(disk)])
-        return bad("--offload %s: expected optimizer=disk:DIR or optimizer=cpu", spec);
-    const char *d = spec + strlen(disk);
+/* One directory of --offload: it exists, is one, and is writable. */
+static dt_status offload_dir(const char *spec, const char *d, size_t len, char *out, size_t cap) {
+    if (len == 0)
+        return bad("--offload %s: a directory is missing", spec);
+    if (len >= cap)
+        return bad("--offload %s: the directory's name is longer than %zu bytes", spec, cap - 1);
+    memcpy(out, d, len);
+    out[len] = 0;
     struct stat sb;
-    if (stat(d, &sb) != 0)
-        return bad("--offload %s: directory %s: %s", spec, d, strerror(errno));
+    if (stat(out, &sb) != 0)
+        return bad("--offload %s: directory %s: %s", spec, out, strerror(errno));
     if (!S_ISDIR(sb.st_mode))
-        return bad("--offload %s: %s is not a directory", spec, d);
-    if (access(d, W_OK | X_OK) != 0)
-        return bad("--offload %s: directory %s is not writable: %s", spec, d, strerror(errno));
-    if (dir)
-        *dir = d;
+        return bad("--offload %s: %s is not a directory", spec, out);
+    if (access(out, W_OK | X_OK) != 0)
+        return bad("--offload %s: directory %s is not writable: %s", spec, out, strerror(errno));
     return DT_OK;
 }
 
-dt_optim_config dt__train_optim_config(const dt_train_config *c) {
+dt_status dt__train_offload(const dt_train_config *c, dt__offload_spec *out) {
+    memset(out, 0, sizeof *out);
+    const char *spec = c->offload;
+    if (!spec)
+        return DT_OK;
+    static const char *const od = "optimizer=disk:", *const pd = "params=disk:",
+                             *const px = "params=direct:";
+    for (const char *p = spec; *p;) {
+        size_t len = strcspn(p, ",");
+        if (len == strlen("optimizer=cpu") && !strncmp(p, "optimizer=cpu", len)) {
+            /* no device: the state is in host memory already */
+        } else if (!strncmp(p, od, strlen(od))) {
+            DT_CHECK(offload_dir(spec, p + strlen(od), len - strlen(od), out->optim_dir,
+                                 sizeof out->optim_dir));
+        } else if (!strncmp(p, pd, strlen(pd)) || !strncmp(p, px, strlen(px))) {
+            const char *d = !strncmp(p, pd, strlen(pd)) ? pd : px;
+            out->params_direct = d == px;
+            DT_CHECK(offload_dir(spec, p + strlen(d), len - strlen(d), out->params_dir,
+                                 sizeof out->params_dir));
+        } else {
+            return bad("--offload %s: expected a comma-separated list of optimizer=disk:DIR, "
+                       "optimizer=cpu, params=disk:DIR and params=direct:DIR",
+                       spec);
+        }
+        p += len + (p[len] == ',');
+    }
+    return DT_OK;
+}
+
+dt_optim_config dt__train_optim_config(const dt_train_config *c, const dt__offload_spec *off) {
     dt_optim_config oc = dt_optim_config_default();
-    /* check_config refused a bad --offload: here it is valid or absent. */
-    if (dt__train_offload_dir(c, &oc.offload_dir) != DT_OK)
-        oc.offload_dir = NULL;
+    oc.offload_dir = off && off->optim_dir[0] ? off->optim_dir : NULL;
     oc.kind = c->optimizer;
     /* L-BFGS has no weight decay (it minimises the loss as given). */
     oc.weight_decay = c->optimizer == DT_OPTIM_LBFGS ? 0.0f : (float)c->weight_decay;
@@ -238,32 +257,130 @@ static size_t grads_resident(const dt_train_config *c, const dt_gpt_config *mc,
     return resident(n, owned, held);
 }
 
-/* ZeRO 3: the parameter pages resident at the peak: this replica's pieces
- * and what a pass holds whole at once (gpt_pass.c's hooks): three blocks in
- * the forward (the one running, the next, fetched for its ln_1 fused into
- * this one's residual add, and the one after, prefetched), or the tied
- * embedding with the position embedding or a block. A bucket is gathered
- * whole, so the window reaches into the buckets at either end: one bucket
- * on average. */
-static size_t params_resident(const dt_train_config *c, const dt_gpt_config *mc,
-                              const dt_gpt_options *o, size_t n, size_t owned, int dp) {
+/* ZeRO 3: what a pass holds whole at once, in floats (gpt_pass.c's
+ * hooks): the forward's three blocks (the one running, the next, fetched
+ * for its ln_1 fused into this one's residual add, and the one after,
+ * prefetched); the lookup's position embedding with two buckets of the
+ * tied embedding's pieces (the one read, the next prefetched) and, in
+ * fp32, the first block (prefetched); or the head's two buckets of pieces
+ * with ln_f and a block (the backward's first, prefetched). A bucket is
+ * gathered whole, so the blocks' window reaches into the buckets at either
+ * end: one more bucket. In 16-bit compute (fetch16) the blocks and the
+ * head gather 16-bit copies; the lookup alone reads fp32. */
+typedef struct window {
+    size_t blocks, lookup, head; /* floats */
+} window;
+
+static window window_of(const dt_train_config *c, const dt_gpt_config *mc,
+                        const dt_gpt_options *o, size_t n) {
     part_sizes z = sizes_of(mc, o, n);
-    size_t blocks = 3 * z.block, embeds = z.wte + (z.wpe > z.block ? z.wpe : z.block);
-    size_t whole = blocks > embeds ? blocks : embeds;
-    return resident(n, owned,
-                    whole - whole / (size_t)dp + dt__train_bucket_bytes(c, n) / sizeof(float));
+    size_t bucket = dt__train_bucket_bytes(c, n) / sizeof(float);
+    bool w16 = c->precision != DT_PRECISION_FP32;
+    return (window){.blocks = 3 * z.block + bucket,
+                    .lookup = z.wpe ? z.wpe + 2 * bucket + (w16 ? 0 : z.block) : 0,
+                    .head = z.wte ? 2 * bucket + z.lnf + z.block : 0};
 }
 
-/* ZeRO 3 with bf16/fp16: the 16-bit copies resident at the peak. A unit's
- * copy is cast as it is fetched and its pages given back as it is released
- * (gpt_pass.c), so only fetched units have one. The peak comes as the
- * backward starts (every activation still held): the head's tied
- * embedding and ln_f, then one block at a time. (The forward holds two
- * blocks' copies, but few activations yet.) */
-static size_t weights16_resident(const dt_gpt_config *mc, const dt_gpt_options *o, size_t n) {
+/* The one-row tensors (biases, LayerNorm parameters) 16-bit compute reads
+ * in fp32, which ZeRO 3 then keeps whole on every replica: ln_1, ln_2 and
+ * the biases of c_attn, attn.c_proj, c_fc and mlp.c_proj per block, and
+ * ln_f. */
+static size_t exact_floats(const dt_gpt_config *mc, const dt_gpt_options *o, size_t n) {
     part_sizes z = sizes_of(mc, o, n);
-    size_t head = z.wte + z.lnf, whole = z.block > head ? z.block : head;
+    size_t C = (size_t)mc->dim, tp = o->part.tp_size > 1 ? (size_t)o->part.tp_size : 1;
+    size_t blocks = z.block ? (n - z.wte - z.wpe - z.lnf) / z.block : 0;
+    return blocks * (6 * C + 7 * C / tp) + z.lnf;
+}
+
+static size_t max3(size_t a, size_t b, size_t c) {
+    size_t m = a > b ? a : b;
+    return m > c ? m : c;
+}
+
+/* ZeRO 3: the parameter pages resident at the peak: this replica's pieces
+ * (with --offload params, only those in flight: dt_zero_plan_offload) and
+ * what a pass holds whole in fp32 (the window; 16-bit: the lookup's, and
+ * the exact tensors). */
+static size_t params_resident(const dt_train_config *c, const dt_gpt_config *mc,
+                              const dt_gpt_options *o, size_t n, size_t owned, int dp,
+                              size_t offload) {
+    window w = window_of(c, mc, o, n);
+    bool w16 = c->precision != DT_PRECISION_FP32;
+    size_t whole = w16 ? w.lookup : max3(w.blocks, w.lookup, w.head);
+    size_t exact = w16 ? exact_floats(mc, o, n) : 0;
+    if (offload) {
+        /* The window whole (its pieces read for it), the exact tensors and
+         * the pieces in flight. Where the gradients and activations peak,
+         * in the backward, the window is two blocks (the one running, the
+         * next prefetched) and a bucket: the pieces no longer add a
+         * constant, so the plan counts that moment's. */
+        part_sizes z = sizes_of(mc, o, n);
+        size_t bwd = 2 * z.block + dt__train_bucket_bytes(c, n) / sizeof(float);
+        size_t held = (w16 ? whole : (bwd < whole ? bwd : whole)) + exact - exact / (size_t)dp;
+        return (held < n ? held : n) * sizeof(float) + offload;
+    }
+    return resident(n, owned, whole - whole / (size_t)dp + exact - exact / (size_t)dp);
+}
+
+/* ZeRO 3 with bf16/fp16: the 16-bit copies resident at the peak, gathered
+ * (fetch16) for the blocks' window or the head's pieces with a block. */
+static size_t weights16_resident(const dt_train_config *c, const dt_gpt_config *mc,
+                                 const dt_gpt_options *o, size_t n) {
+    window w = window_of(c, mc, o, n);
+    size_t whole = w.blocks > w.head ? w.blocks : w.head;
     return (whole < n ? whole : n) * sizeof(uint16_t);
+}
+
+/* The communication buffers of one rank: each group it belongs to maps
+ * the shared-memory segments of its transport (all ranks on one host:
+ * dt_comm_plan_shm_bytes), the gradient codec's buffers and state
+ * (dt_ddp_plan_bytes), and ZeRO 2's shard sum of earlier micro-batches. */
+static dt_status comm_bytes(const dt_train_config *c, const dt_mesh_shape *shape, int world,
+                            size_t n, size_t owned, size_t *out, size_t *shm) {
+    int sizes[DT_AXIS_COUNT + 5], ng = 0;
+    bool bulk[DT_AXIS_COUNT + 5];
+    int sync = dt_mesh_replica_size(shape);
+    bool cp = shape->degree[DT_AXIS_CP] > 1;
+    sizes[ng] = world, bulk[ng++] = false; /* the job's: losses, agreement */
+    for (int a = 0; a < DT_AXIS_COUNT; a++)
+        sizes[ng] = shape->degree[a], bulk[ng++] = !(a == DT_AXIS_DP && cp);
+    if (cp)
+        sizes[ng] = sync, bulk[ng++] = true; /* the dp x cp gradient group */
+    if (c->pp > 1) {                         /* the pipeline's gradient and embedding groups */
+        sizes[ng] = c->pp, bulk[ng++] = true;
+        sizes[ng] = 2, bulk[ng++] = true;
+    }
+    bool coded = c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32;
+    int grads = ng - 1 - (c->pp > 1 ? 2 : 0); /* the gradient group's index */
+    if (!cp)
+        grads = 1 + DT_AXIS_DP;
+    if (c->zero >= 3 && coded && sync > 1)
+        sizes[ng] = sync, bulk[ng++] = true; /* ZeRO 3's gathers beside the codec's worker */
+    /* The gradient group's window carries the parameters' broadcast at the
+     * start (stages 0-2; stage 3 shares no parameter) and a codec's
+     * encodings, which go through the peers' windows too. */
+    bulk[grads] = c->zero < 3 || coded;
+    *out = 0;
+    for (int i = 0; i < ng; i++) {
+        size_t b;
+        DT_CHECK(dt_comm_plan_shm_bytes(sizes[i], bulk[i], coded && i == grads, &b));
+        *out += b;
+    }
+    *shm = *out;
+    dt_ddp_options wire = dt_ddp_options_default();
+    wire.bucket_bytes = dt__train_bucket_bytes(c, n);
+    wire.grad_dtype = c->grad_dtype;
+    wire.codec = c->compress;
+    wire.ef = c->compress_ef;
+    wire.dense_below = (size_t)c->compress_dense_below;
+    wire.shard = c->zero > 0;
+    size_t codec = 0;
+    if (c->dp_mode == DT_DP_MODE_DDP)
+        DT_CHECK(dt_ddp_plan_bytes(n, &wire, sync, &codec));
+    *out += codec;
+    if (c->zero >= 2 && c->accum > 1 && sync > 1)
+        *out += owned * sizeof(float);
+    return DT_OK;
 }
 
 dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc, int world,
@@ -309,20 +426,34 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
     for (size_t k = 0; k < nr; k++)
         count += owned[k].end - owned[k].begin;
     dt_free(owned);
-    dt_optim_config oc = dt__train_optim_config(c);
+    dt__offload_spec off;
+    DT_CHECK(dt__train_offload(c, &off));
+    dt_optim_config oc = dt__train_optim_config(c, &off);
     out->world = world;
     out->rank = rank;
-    out->params =
-        c->zero >= 3 && sync > 1 ? params_resident(c, mc, &o, n, count, sync) : out->model.params;
+    size_t offload = 0;
+    if (c->zero >= 3 && off.params_dir[0])
+        dt_zero_plan_offload(n, dt__train_bucket_bytes(c, n), sync, off.params_direct, &offload,
+                             &out->params_file);
+    out->params = c->zero >= 3 && (sync > 1 || offload)
+                      ? params_resident(c, mc, &o, n, count, sync, offload)
+                      : out->model.params;
     out->grads =
         c->zero >= 2 && sync > 1 ? grads_resident(c, mc, &o, n, count, sync) : out->model.grads;
     out->weights16 = c->zero >= 3 && sync > 1 && out->model.weights16
-                         ? weights16_resident(mc, &o, n)
+                         ? weights16_resident(c, mc, &o, n)
                          : out->model.weights16;
     out->optimizer = dt_optimizer_plan_resident(&oc, count);
     out->optimizer_file = oc.offload_dir ? dt_optimizer_plan_bytes(&oc, count) : 0;
     out->activations = out->model.activations;
-    out->total = out->params + out->grads + out->weights16 + out->optimizer + out->activations;
+    DT_CHECK(comm_bytes(c, &shape, world, n, count, &out->comm, &out->comm_shm));
+    /* The kernels' scratch per thread (threads as setup's sizes() picks them
+     * on one host); the BLAS's own buffers are outside it. */
+    int threads = c->threads > 0 ? c->threads : dt_cpu_count() / world;
+    out->workspace = dt_tensor_plan_workspace(threads < 1 ? 1 : threads, mc->max_seq / c->cp,
+                                              mc->dim / mc->heads);
+    out->total = out->params + out->grads + out->weights16 + out->optimizer + out->activations +
+                 out->comm + out->workspace;
     /* dt__train_whole_model: the unsharded model's parameters (its
      * gradients stay untouched, so not resident), rank 0's own part's worth
      * of received parameters, and with a sample the activations of its
@@ -335,19 +466,28 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
         out->assembly =
             whole.params + out->model.params + (c->sample_tokens > 0 ? whole.activations : 0);
     }
+    /* ZeRO 3 gathers every parameter of its part for that (and for rank
+     * 0's sample) on every rank. */
+    if (c->zero >= 3 && out->params < out->model.params &&
+        (c->run_dir || c->save_default || c->sample_tokens > 0))
+        out->assembly += out->model.params - out->params;
     return DT_OK;
 }
 
 void dt_rank_memory_print(const dt_rank_memory *m, FILE *f) {
-    char a[32], b[32], c[32], d[32], e[32], t[32], o[32];
-    fprintf(f, "params %s, grads %s, optimizer %s%s%s%s%s%s, activations %s: %s",
-            dt_format_bytes((double)m->params, a, sizeof a),
-            dt_format_bytes((double)m->grads, b, sizeof b),
+    char a[32], b[32], c[32], d[32], e[32], t[32], o[32], pf[32], cm[32], ws[32];
+    fprintf(f, "params %s%s%s%s, grads %s, optimizer %s%s%s%s%s%s, activations %s, "
+               "communication %s, workspace %s: %s",
+            dt_format_bytes((double)m->params, a, sizeof a), m->params_file ? " (of " : "",
+            m->params_file ? dt_format_bytes((double)m->params_file, pf, sizeof pf) : "",
+            m->params_file ? " on disk)" : "", dt_format_bytes((double)m->grads, b, sizeof b),
             dt_format_bytes((double)m->optimizer, c, sizeof c), m->optimizer_file ? " (of " : "",
             m->optimizer_file ? dt_format_bytes((double)m->optimizer_file, o, sizeof o) : "",
             m->optimizer_file ? " on disk)" : "", m->weights16 ? ", 16-bit weights " : "",
             m->weights16 ? dt_format_bytes((double)m->weights16, d, sizeof d) : "",
             dt_format_bytes((double)m->activations, e, sizeof e),
+            dt_format_bytes((double)m->comm, cm, sizeof cm),
+            dt_format_bytes((double)m->workspace, ws, sizeof ws),
             dt_format_bytes((double)m->total, t, sizeof t));
     if (m->assembly)
         fprintf(f, " (+%s at the end: the whole model assembled)",

@@ -375,7 +375,18 @@ static dt_status make_model(trainer *t) {
         return explain_oom(t, &mo);
     DT_CHECK(st);
     t->n = dt_gpt_num_params(t->m);
-    dt_gpt_init_params(t->m, c->seed);
+    if (c->zero >= 3 && t->sync_size > 1 && !c->init_from) {
+        /* ZeRO 3: each replica initialises its own pieces (the same values
+         * on every replica's: one stream per tensor), never the whole. */
+        dt_range *owned;
+        size_t nr;
+        DT_CHECK(dt__train_owned(c, t->n, t->sync_size, t->sync_rank, &owned, &nr));
+        for (size_t k = 0; k < nr; k++)
+            dt_gpt_init_params_range(t->m, c->seed, owned[k].begin, owned[k].end);
+        dt_free(owned);
+    } else {
+        dt_gpt_init_params(t->m, c->seed);
+    }
     if (c->init_from)
         DT_CHECK(dt__train_init_params(t));
     if (t->pipe)
@@ -425,7 +436,7 @@ static dt_status make_optimizer(trainer *t) {
                                     .cols = mat ? pi.cols : 0,
                                     .linear = mat && is_block_linear(pi.name)};
     }
-    dt_optim_config oc = dt__train_optim_config(c);
+    dt_optim_config oc = dt__train_optim_config(c, &t->offload);
     /* Per-tensor statistics (LAMB and LARS trust ratios, Adafactor's
      * factors, centralisation's row means) need the sum over the replicas
      * that share a tensor's parameters: under ZeRO each of the dp x cp
@@ -479,19 +490,24 @@ static dt_status make_sync(trainer *t) {
     const dt_train_config *c = t->c;
     size_t nt = dt_gpt_num_tensors(t->m);
     dt_powersgd_tensor *shapes = dt_calloc(nt + 1, sizeof *shapes);
-    dt_range *norm = dt_calloc(nt + 1, sizeof *norm);
-    if (!shapes || !norm) {
+    dt_range *norm = dt_calloc(nt + 1, sizeof *norm), *exact = dt_calloc(nt + 1, sizeof *exact);
+    if (!shapes || !norm || !exact) {
         dt_free(shapes);
         dt_free(norm);
+        dt_free(exact);
         return DT_ERR_NOMEM;
     }
     /* The norm counts what this rank owns: tensors every tensor-parallel
      * rank holds whole are counted by one of them. */
-    size_t nn = 0;
+    size_t nn = 0, nx = 0;
     for (size_t i = 0; i < nt; i++) {
         dt_param_info pi;
         dt_gpt_tensor_info(t->m, i, &pi);
         shapes[i] = (dt_powersgd_tensor){.offset = pi.offset, .rows = pi.rows, .cols = pi.cols};
+        /* 16-bit compute reads the one-row tensors (biases, LayerNorm) in
+         * fp32: ZeRO 3 keeps them whole (nn.h, dt_param_hooks.fetch16). */
+        if (pi.rows == 1 && pi.rows * pi.cols > 0)
+            exact[nx++] = (dt_range){pi.offset, pi.offset + pi.cols};
         if (!pi.owner)
             continue;
         if (nn > 0 && norm[nn - 1].end == pi.offset)
@@ -504,6 +520,21 @@ static dt_status make_sync(trainer *t) {
      * the value used. */
     t->cfg.bucket_bytes = dt__train_bucket_bytes(c, t->n);
     dt_status st;
+    /* The wire: the codec (or 16-bit dtype) on DDP's allreduce or ZeRO's
+     * reduce-scatter. */
+    dt_ddp_options wire = dt_ddp_options_default();
+    wire.bucket_bytes = c->bucket_bytes;
+    wire.grad_dtype = c->grad_dtype;
+    wire.codec = c->compress;
+    wire.ef = c->compress_ef;
+    wire.seed = c->seed;
+    wire.tensors = shapes;
+    wire.ntensors = nt;
+    wire.dense_below = (size_t)c->compress_dense_below;
+    if (t->sync_size == 1 && t->rank == 0 &&
+        (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
+        DT_WARN("--compress / --grad-dtype have no effect here: with one data-parallel rank no "
+                "gradient is exchanged");
     if (c->zero) {
         dt_zero_sync_config zc = {.stage = c->zero,
                                   .accum = t->K,
@@ -514,37 +545,35 @@ static dt_status make_sync(trainer *t) {
                                   .opt = t->opt,
                                   .bucket_bytes = c->bucket_bytes,
                                   .norm_ranges = norm,
-                                  .nnorm = nn};
+                                  .nnorm = nn,
+                                  .wire = &wire,
+                                  .compress_start = c->compress_start,
+                                  .precision = c->precision,
+                                  .exact = exact,
+                                  .nexact = nx,
+                                  .offload_dir = t->offload.params_dir[0] ? t->offload.params_dir
+                                                                          : NULL,
+                                  .offload_direct = t->offload.params_direct};
         st = dt_zero_sync_create(&t->sync, &zc);
         dt_free(shapes);
         dt_free(norm);
+        dt_free(exact);
         return st;
     }
+    dt_free(exact);
     dt_ddp_sync_config sc = {
         .group = dt_mesh_replica_group(t->mesh),
         .params = dt_gpt_params(t->m),
         .grads = dt_gpt_grads(t->m),
         .n = t->n,
         .opt = t->opt,
-        .ddp = dt_ddp_options_default(),
+        .ddp = wire,
         .compress_start = c->compress_start,
         .compress_ramp = c->compress_ramp,
         .ramp_start = DT_TRAIN_RAMP_START,
         .norm_ranges = norm,
         .nnorm = nn,
     };
-    sc.ddp.bucket_bytes = c->bucket_bytes;
-    if (t->sync_size == 1 && t->rank == 0 &&
-        (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32))
-        DT_WARN("--compress / --grad-dtype have no effect here: with one data-parallel rank no "
-                "gradient is exchanged");
-    sc.ddp.grad_dtype = c->grad_dtype;
-    sc.ddp.codec = c->compress;
-    sc.ddp.ef = c->compress_ef;
-    sc.ddp.seed = c->seed;
-    sc.ddp.tensors = shapes;
-    sc.ddp.ntensors = nt;
-    sc.ddp.dense_below = (size_t)c->compress_dense_below;
     st = c->dp_mode == DT_DP_MODE_DDP ? dt_ddp_sync_create(&t->sync, &sc)
                                       : dt__train_make_dp_mode_sync(t, &sc);
     dt_free(shapes);
@@ -597,6 +626,7 @@ dt_status dt__train_setup(trainer *t) {
     DT_CHECK(slow_factor(t));
     t->ckpt_precision = t->c->precision;
     DT_CHECK(sizes(t));
+    DT_CHECK(dt__train_offload(t->c, &t->offload));
     DT_CHECK(open_data(t));
     DT_CHECK(model_config(t));
     DT_CHECK(make_loaders(t));

@@ -169,9 +169,15 @@ static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p) {
         /* ZeRO 3: this replica holds only the pieces its optimizer owns. */
         dt_range *owned = dt__owned_ranges(t->opt);
         size_t nown = dt_optimizer_num_owned(t->opt);
-        float *mine = owned ? own(&p->l, pack(dt_gpt_params(t->m), owned, nown)) : NULL;
-        dt_status st = mine ? add_state(&p->l, sh, "params", mine, owned, nown, &p->map_names[0])
-                            : DT_ERR_NOMEM;
+        /* (With --offload params they come from their file for the copy.) */
+        dt_status st = dt_grad_sync_hold_params(t->sync, true, false);
+        float *mine =
+            owned && st == DT_OK ? own(&p->l, pack(dt_gpt_params(t->m), owned, nown)) : NULL;
+        dt_status back = dt_grad_sync_hold_params(t->sync, false, false);
+        st = st != DT_OK ? st : back;
+        if (st == DT_OK)
+            st = mine ? add_state(&p->l, sh, "params", mine, owned, nown, &p->map_names[0])
+                      : DT_ERR_NOMEM;
         dt_free(owned);
         DT_CHECK(st);
     } else if (!sl.params_replicated || t->sync_rank == 0) {
@@ -582,8 +588,15 @@ static dt_status read_shards(trainer *t, const dt_ckpt_set *set, bool params, bo
     if (st == DT_OK && params)
         st = dt_ckpt_set_read_boxes(set, "params", sh.tensors, sh.ng, boxes, nb,
                                     packed ? packed : dt_gpt_params(t->m));
-    if (st == DT_OK && packed)
-        unpack(dt_gpt_params(t->m), packed, pr, npr);
+    /* ZeRO 3: the pieces written in place, then stored (--offload params:
+     * in their file) and what replicas keep whole re-shared. */
+    if (st == DT_OK && packed) {
+        st = dt_grad_sync_hold_params(t->sync, true, false);
+        if (st == DT_OK)
+            unpack(dt_gpt_params(t->m), packed, pr, npr);
+        dt_status back = dt_grad_sync_hold_params(t->sync, false, st == DT_OK);
+        st = st != DT_OK ? st : back;
+    }
     dt_free(packed);
     dt_free(boxes);
     boxes = NULL;

@@ -201,8 +201,17 @@ dt_status dt__train_check_config(const dt_train_config *c) {
                        c->pp);
     }
     if (c->offload) {
-        const char *dir;
-        DT_CHECK(dt__train_offload_dir(c, &dir));
+        dt__offload_spec off;
+        DT_CHECK(dt__train_offload(c, &off));
+        const char *dir = off.optim_dir[0] ? off.optim_dir : NULL;
+        if (off.params_dir[0] && c->zero != 3)
+            return bad("--offload %s: the parameters live in a file only where they are "
+                       "sharded, under --zero 3 (got --zero %d)",
+                       c->offload, c->zero);
+        if (off.params_dir[0] && c->optimizer == DT_OPTIM_LOOKAHEAD)
+            return bad("--offload %s with --optimizer lookahead: its slow-weight sync writes "
+                       "every parameter at once, outside the pieces' stream",
+                       c->offload);
         /* The others stream their owned-range state in pieces (optim.h). */
         if (dir && (c->optimizer == DT_OPTIM_KFAC || c->optimizer == DT_OPTIM_LBFGS))
             return bad("--optimizer %s with --offload %s: %s, so its state cannot stream "
@@ -217,14 +226,14 @@ dt_status dt__train_check_config(const dt_train_config *c) {
     }
     if (c->zero < 0 || c->zero > 3)
         return bad("--zero %d: the ZeRO stage is 0, 1, 2 or 3", c->zero);
-    if (c->zero && (c->compress.kind != DT_CODEC_NONE || c->grad_dtype != DT_F32)) {
-        char cb[64];
-        return dt_error_set(DT_ERR_UNSUPPORTED,
-                            "--zero %d with --compress %s / --grad-dtype %s: ZeRO reduce-scatters "
-                            "plain fp32 gradients in this build",
-                            c->zero, dt_codec_format(&c->compress, cb, sizeof cb),
-                            dt_dtype_name(c->grad_dtype));
-    }
+    if (c->zero && onebit)
+        return bad("--optimizer %s with --zero %d: its compression stage sends a momentum mix "
+                   "of whole buckets, which a reduce-scatter does not carry (use --zero 0)",
+                   dt_optim_names[c->optimizer], c->zero);
+    if (c->zero && c->compress_ramp > 0)
+        return bad("--compress-ramp %" PRId64 " with --zero %d: the density of ZeRO's per-piece "
+                   "top-k is fixed (drop --compress-ramp)",
+                   c->compress_ramp, c->zero);
     DT_CHECK(dt__train_check_dp_mode(c));
     dt_cp_mode cpm;
     if (c->cp_mode && strcmp(c->cp_mode, "auto") != 0)

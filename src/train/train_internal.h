@@ -36,6 +36,14 @@ typedef struct run_trace {
     char dir[4200];      /* RUN_DIR/trace */
 } run_trace;
 
+/* --offload, parsed: a comma-separated list of optimizer=disk:DIR,
+ * optimizer=cpu, params=disk:DIR and params=direct:DIR (O_DIRECT). */
+typedef struct dt__offload_spec {
+    char optim_dir[1024];  /* the optimizer state's directory; "": memory */
+    char params_dir[1024]; /* ZeRO 3's parameter pieces'; "": memory */
+    bool params_direct;
+} dt__offload_spec;
+
 typedef struct trainer {
     const dt_train_config *c; /* &cfg once set up */
     /* The caller's config with what setup resolved: the run and checkpoint
@@ -70,6 +78,7 @@ typedef struct trainer {
     dt_optimizer *opt;
     dt_grad_sync *sync;
     dt_runner *runner; /* the step's forwards and backwards (sequential or a pipeline) */
+    dt__offload_spec offload; /* --offload, parsed */
     dt_schedule sched;
     bool scaling; /* dynamic loss scaling (docs/amp.md) */
     /* bf16/fp16: the loop owns the model's 16-bit weight copy (loop.c,
@@ -158,10 +167,11 @@ dt_cp_mode dt__train_cp_mode(const dt_train_config *c, const dt_gpt_config *mc);
 size_t dt__train_bucket_bytes(const dt_train_config *c, size_t n);
 dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replica, dt_range **out,
                           size_t *nr);
-dt_optim_config dt__train_optim_config(const dt_train_config *c);
-/* --offload's directory for the optimizer state (NULL: memory), or the
- * error that names what is wrong with it. */
-dt_status dt__train_offload_dir(const dt_train_config *c, const char **dir);
+/* Parse and check --offload (each directory exists and is writable), or
+ * the error that names what is wrong with it. */
+dt_status dt__train_offload(const dt_train_config *c, dt__offload_spec *out);
+/* The optimizer's configuration; its offload_dir points into *off. */
+dt_optim_config dt__train_optim_config(const dt_train_config *c, const dt__offload_spec *off);
 
 /* setup.c. dt__train_model_group: collective over the world, the ranks
  * that hold the first replica's model parts (all of them when the model is

@@ -735,21 +735,38 @@ static void test_split_weights(void) {
  * them all, in forward, backward, recomputation, the split W and
  * sampling, in fp32 and bf16 (whose 16-bit copies are cast per fetched
  * unit and discarded on release): every parameter read is covered by a
- * fetch. */
+ * fetch. With the 16-bit hooks (fetch16: the copy delivered by the hooks,
+ * NaN outside what they delivered, and in fp32 only the one-row tensors)
+ * the same bits. The head's chunks narrower than the vocabulary: the
+ * tied embedding is never fetched whole. */
 typedef struct poison {
     float *params;       /* the model's buffer */
     const float *backup; /* the real values */
     int *refs;           /* per float */
     size_t n;
     int fetches;
+    uint16_t *w16;       /* fetch16: the model's 16-bit copy */
+    int *refs16;         /* per value of it */
+    const bool *one_row; /* per float: a one-row tensor's (exact in fp32 under fetch16) */
+    size_t wte0, wte1;   /* the tied embedding's range */
+    size_t wte_held, wte_peak; /* its floats fetched (either form), and the most at once */
 } poison;
+
+static void poison_count(poison *p, size_t i, int delta) {
+    if (i >= p->wte0 && i < p->wte1) {
+        p->wte_held += (size_t)(long)delta;
+        p->wte_peak = p->wte_held > p->wte_peak ? p->wte_held : p->wte_peak;
+    }
+}
 
 static dt_status poison_fetch(void *user, size_t b, size_t e) {
     poison *p = user;
     ASSERT_TRUE(b < e && e <= p->n);
     for (size_t i = b; i < e; i++)
-        if (p->refs[i]++ == 0)
+        if (p->refs[i]++ == 0) {
             p->params[i] = p->backup[i];
+            poison_count(p, i, 1);
+        }
     p->fetches++;
     return DT_OK;
 }
@@ -761,8 +778,40 @@ static void poison_release(void *user, size_t b, size_t e) {
     poison *p = user;
     for (size_t i = b; i < e; i++) {
         ASSERT_TRUE(p->refs[i] > 0);
-        if (--p->refs[i] == 0)
+        if (--p->refs[i] == 0) {
             p->params[i] = NAN;
+            poison_count(p, i, -1);
+        }
+    }
+}
+static dt_status poison_fetch16(void *user, size_t b, size_t e, uint16_t *w16) {
+    poison *p = user;
+    ASSERT_TRUE(b < e && e <= p->n);
+    p->w16 = w16;
+    for (size_t i = b; i < e; i++)
+        if (p->refs16[i]++ == 0) {
+            dt_act16_from_f32(DT_PRECISION_BF16, w16 + i, p->backup + i, 1);
+            if (p->one_row[i])
+                p->params[i] = p->backup[i];
+            poison_count(p, i, 1);
+        }
+    p->fetches++;
+    return DT_OK;
+}
+static void poison_prefetch16(void *user, size_t b, size_t e, uint16_t *w16) {
+    poison *p = user;
+    ASSERT_TRUE(b < e && e <= p->n && w16);
+}
+static void poison_release16(void *user, size_t b, size_t e) {
+    poison *p = user;
+    for (size_t i = b; i < e; i++) {
+        ASSERT_TRUE(p->refs16[i] > 0);
+        if (--p->refs16[i] == 0) {
+            p->w16[i] = 0x7fc0; /* NaN */
+            if (p->one_row[i] && p->refs[i] == 0)
+                p->params[i] = NAN;
+            poison_count(p, i, -1);
+        }
     }
 }
 
@@ -776,23 +825,51 @@ static void test_param_hooks(void) {
         fill_tokens(x[k], B * T, c.vocab, 70 + (uint64_t)k);
         fill_tokens(y[k], B * T, c.vocab, 80 + (uint64_t)k);
     }
-    for (int v = 0; v < 8; v++) {
+    for (int v = 0; v < 12; v++) {
+        /* 8..11: bf16 with the 16-bit hooks. */
+        bool h16 = v >= 8;
         dt_gpt_options o = {.recompute_every = v & 1 ? 1 : 0,
                             .split_weight_grads = (v & 2) != 0,
                             .precision = v >= 4 ? DT_PRECISION_BF16 : DT_PRECISION_FP32};
         dt_gpt *ref, *m;
+        dt__gpt_head_cols_override(16); /* the head in chunks of 16 rows of the vocabulary */
         ASSERT_OK(dt_gpt_create_with(&ref, &c, B, T, &o));
         ASSERT_OK(dt_gpt_create_with(&m, &c, B, T, &o));
+        dt__gpt_head_cols_override(0);
         dt_gpt_init_params(ref, 4);
         dt_gpt_init_params(m, 4);
         size_t n = dt_gpt_num_params(m);
         float *backup = malloc(n * sizeof(float));
         memcpy(backup, dt_gpt_params(m), n * sizeof(float));
-        poison p = {dt_gpt_params(m), backup, calloc(n, sizeof(int)), n, 0};
+        poison p = {.params = dt_gpt_params(m),
+                    .backup = backup,
+                    .refs = calloc(n, sizeof(int)),
+                    .refs16 = calloc(n, sizeof(int)),
+                    .n = n};
+        bool *one_row = calloc(n, sizeof(bool));
+        for (size_t t = 0; t < dt_gpt_num_tensors(m); t++) {
+            dt_param_info pi;
+            dt_gpt_tensor_info(m, t, &pi);
+            for (size_t i = 0; pi.rows == 1 && i < pi.cols; i++)
+                one_row[pi.offset + i] = true;
+            if (strstr(pi.name, "wte")) { /* the tied embedding */
+                p.wte0 = pi.offset;
+                p.wte1 = pi.offset + pi.rows * pi.cols;
+            }
+        }
+        p.one_row = one_row;
         for (size_t i = 0; i < n; i++)
             p.params[i] = NAN;
-        ASSERT_OK(dt_gpt_set_param_hooks(
-            m, &(dt_param_hooks){&p, poison_fetch, poison_prefetch, poison_release}));
+        dt_param_hooks hk = {.user = &p,
+                             .fetch = poison_fetch,
+                             .prefetch = poison_prefetch,
+                             .release = poison_release};
+        if (h16) {
+            hk.fetch16 = poison_fetch16;
+            hk.prefetch16 = poison_prefetch16;
+            hk.release16 = poison_release16;
+        }
+        ASSERT_OK(dt_gpt_set_param_hooks(m, &hk));
         for (int k = 0; k < 2; k++) {
             dt_grad_mode mode = k ? DT_GRAD_ACCUMULATE : DT_GRAD_OVERWRITE;
             float lr, lm;
@@ -807,17 +884,28 @@ static void test_param_hooks(void) {
                 ASSERT_OK(dt_gpt_weight_stage(m, 0, 0, mode, NULL, NULL));
         }
         assert_same_bits(ref, dt_gpt_grads(ref), dt_gpt_grads(m), "param hooks");
+        /* Training passes hold the tied embedding in pieces: at most a
+         * chunk and the next. (Sampling with recomputation reads it whole,
+         * once per token: a trainer gathers every parameter for it.) */
+        if (p.wte_peak > 2 * 16 * (size_t)c.dim)
+            TEST_FAILF("v %d: %zu floats of wte fetched at once (2 chunks are %d)", v, p.wte_peak,
+                       2 * 16 * c.dim);
+        ASSERT_TRUE(p.wte_peak > 0);
         /* Sampling (no targets): the last logits. */
         ASSERT_OK(dt_gpt_forward(ref, x[0], NULL, B, T, NULL));
         ASSERT_OK(dt_gpt_forward(m, x[0], NULL, B, T, NULL));
         ASSERT_EQ(memcmp(dt_gpt_last_logits(ref, 1), dt_gpt_last_logits(m, 1),
                          (size_t)c.vocab * sizeof(float)),
                   0);
-        for (size_t i = 0; i < n; i++)
+        for (size_t i = 0; i < n; i++) {
             ASSERT_EQ(p.refs[i], 0); /* every fetch released */
+            ASSERT_EQ(p.refs16[i], 0);
+        }
         ASSERT_TRUE(p.fetches > 0);
         ASSERT_OK(dt_gpt_set_param_hooks(m, NULL));
         free(p.refs);
+        free(p.refs16);
+        free(one_row);
         free(backup);
         dt_gpt_destroy(ref);
         dt_gpt_destroy(m);
