@@ -9,10 +9,19 @@ foreach(case ranks3 skew window)
                    ${PROJECT_SOURCE_DIR} ${case})
   set_tests_properties(obs_trace_${case} PROPERTIES TIMEOUT 180 LABELS "train;multiprocess")
 endforeach()
-foreach(case page straggler)
+foreach(case page straggler predicted)
   add_test(NAME obs_report_${case}
            COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/obs_report.sh $<TARGET_FILE:dtrain_cli>
                    ${PROJECT_SOURCE_DIR} ${CMAKE_BINARY_DIR} ${case})
   set_tests_properties(obs_report_${case} PROPERTIES TIMEOUT 240 SKIP_RETURN_CODE 77
                        LABELS "browser;multiprocess")
+endforeach()
+# The planner's predicted timeline (dtrain plan --timeline-json): the
+# simulator and the step's agreement with the analytic model are in
+# unit/test_plan_sim.c; here the command line and the report's overlay.
+foreach(case timeline errors)
+  add_test(NAME plan_sim_${case}
+           COMMAND sh ${CMAKE_CURRENT_SOURCE_DIR}/plan_sim.sh $<TARGET_FILE:dtrain_cli>
+                   ${PROJECT_SOURCE_DIR} ${case})
+  set_tests_properties(plan_sim_${case} PROPERTIES TIMEOUT 120 LABELS "parallel")
 endforeach()

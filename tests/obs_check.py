@@ -11,6 +11,12 @@
       means. With --skew the named rank's clock was skewed (DT_FAULT_CLOCK): the
       alignment must have found the offset and drift within its bounds.
 
+  obs_check.py predicted FILE [--processes N] [--step-s S]
+      A predicted timeline (dtrain plan --timeline-json): JSON with the Chrome
+      trace fields, every lane's events one after another (a lane runs one
+      task at a time), otherData.predicted true, N processes (pipeline
+      stages) and, with --step-s, the last event ending at S seconds (0.1%).
+
   obs_check.py dom DOM_FILE --charts a,b,... [--advice-rule RULE --advice-text TEXT]
       The DOM chromium dumped after the page's scripts ran: no JavaScript
       error, every chart drawn (data-rendered="1", marks > 0, an <svg>), the
@@ -276,6 +282,24 @@ def check_dom(path, charts, rule, text):
             fail("%s: no %s advice mentioning %r" % (path, rule, text))
 
 
+def check_predicted(path, processes, step_s):
+    doc = load_trace(path)
+    if doc is None:
+        return
+    n = check_schema(path, doc)
+    check_nesting(path, doc)
+    if not (doc.get("otherData") or {}).get("predicted") is True:
+        fail("%s: otherData.predicted is not true" % path)
+    xs = [e for e in doc["traceEvents"] if e["ph"] == "X"]
+    pids = {e["pid"] for e in xs}
+    if processes is not None and len(pids) != processes:
+        fail("%s: %d processes %s, expected %d" % (path, len(pids), sorted(pids), processes))
+    end = max((e["ts"] + e["dur"] for e in xs), default=0) * 1e-6
+    if step_s is not None and abs(end - step_s) > 1e-3 * step_s + 1e-6:
+        fail("%s: the last event ends at %.6g s, the simulated step is %.6g s" % (path, end, step_s))
+    print("predicted timeline: %d events, %d processes, %.6g s" % (n, len(pids), end))
+
+
 def main():
     a = sys.argv[1:]
     if len(a) >= 2 and a[0] == "trace":
@@ -289,6 +313,16 @@ def main():
                 skew = (int(r), float(o), float(p))
             i += 2
         check_trace(a[1], world, skew)
+    elif len(a) >= 2 and a[0] == "predicted":
+        processes, step_s = None, None
+        i = 2
+        while i < len(a):
+            if a[i] == "--processes":
+                processes = int(a[i + 1])
+            elif a[i] == "--step-s":
+                step_s = float(a[i + 1])
+            i += 2
+        check_predicted(a[1], processes, step_s)
     elif len(a) >= 2 and a[0] == "dom":
         charts, rule, text = [], None, None
         i = 2

@@ -7,6 +7,11 @@
 #              BUILD/report-screenshot.png; --compare with a second run
 #   straggler  rank 1 made 4x slower (DT_FAULT_SLOW=1:4): the page's and the
 #              terminal's advice name rank 1 as the straggler
+#   predicted  a 2-rank dp run with the planner's predicted step for its
+#              layout in RUN_DIR/trace/predicted.json (dtrain plan
+#              --timeline-json): the report reads it by itself, prints
+#              predicted against measured, and the page's timeline draws
+#              the predicted lanes under the measured ones
 # Exits 77 (skipped), saying why, only when chromium is not installed.
 set -u
 DTRAIN=$1 SRC=$2 BUILD=$3 CASE=$4
@@ -55,6 +60,19 @@ straggler)
     chrome --dump-dom "file://$dir/slow/report.html" > dom.html || { cat chrome.err; fail "chromium"; }
     $PY "$SRC/tests/obs_check.py" dom dom.html --charts breakdown,timeline \
         --advice-rule straggler --advice-text "Rank 1 computes" || fail "DOM checks"
+    ;;
+predicted)
+    train --nproc 2 --steps 8 --trace --run-dir a
+    "$DTRAIN" plan --cluster this --model tiny --seq 64 --devices 2 --dp 2 --tp 1 --pp 1 --cp 1 \
+        --micro-batch 4 --global-batch 8 --zero 0 --recompute none --precision fp32 \
+        --timeline-json a/trace/predicted.json > plan.log 2>&1 || { cat plan.log; fail "plan"; }
+    "$DTRAIN" report a > report.log 2>&1 || { cat report.log; fail "dtrain report"; }
+    grep -q "^predicted: .* ms/step by dtrain plan (dp 2 x tp 1 x pp 1.*; measured .* ms" report.log ||
+        fail "no predicted line: $(cat report.log)"
+    chrome --dump-dom "file://$dir/a/report.html" > dom.html || { cat chrome.err; fail "chromium"; }
+    $PY "$SRC/tests/obs_check.py" dom dom.html --charts timeline || fail "DOM checks"
+    grep -q 'class="lbl pred"[^>]*>predicted rank 0 compute' dom.html || fail "no predicted lane drawn"
+    grep -q '<rect[^>]*class="pred"' dom.html || fail "no predicted event drawn"
     ;;
 *) fail "unknown case" ;;
 esac

@@ -219,6 +219,25 @@ char *dt_plan_layout_args(const dt_plan_layout *l, char *buf, size_t len);
 dt_status dt_plan_timeline(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
                            FILE *f);
 
+/* The step of l as a discrete-event simulation (dtrain/sim.h; src/plan/
+ * step_sim.c; docs/planner.md, "The step simulation"): the schedule table
+ * action by action, each action's compute and communication from the
+ * same inputs as dt_plan_evaluate, the collectives on the links they cross
+ * sharing their bandwidth when they overlap. */
+typedef struct dt_plan_sim {
+    double step_s;     /* the simulated step */
+    double alone_s;    /* the same with every transfer alone on its link (no contention) */
+    double analytic_s; /* dt_plan_evaluate's step_s */
+} dt_plan_sim;
+
+/* Simulate one step of l; with `trace`, write its timeline there as a
+ * Chrome trace (the format of `dtrain train --trace`, one process per
+ * pipeline stage's first rank: `dtrain report --predicted` overlays it).
+ * DT_ERR_INVALID when l cannot run (dt_plan_evaluate's reasons) or has
+ * more than 2e6 schedule actions. */
+dt_status dt_plan_simulate(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                           dt_plan_sim *out, FILE *trace);
+
 #ifdef __cplusplus
 }
 #endif

@@ -66,6 +66,13 @@ void dt_run_destroy(dt_run *r);
 /* The directory it was read from. */
 const char *dt_run_dir(const dt_run *r);
 
+/* Overlay a predicted step (the Chrome trace `dtrain plan --timeline-json`
+ * writes) on r's timeline. dt_run_load reads RUN_DIR/trace/predicted.json
+ * by itself when it is there; this reads another file. DT_ERR_NOT_FOUND
+ * when path does not exist, DT_ERR_INVALID (naming the file and what is
+ * wrong) when it is not a predicted timeline. */
+dt_status dt_run_load_predicted(dt_run *r, const char *path);
+
 /* One piece of advice. */
 typedef struct dt_advice {
     char rule[32];   /* "straggler", "exposed-comm", ... (docs/observability.md) */

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 static const char *const precisions[] = {"fp32", "bf16", "fp16", NULL};
 static const char *const optimizers[] = {"adamw", "sgd", NULL};
@@ -303,6 +304,7 @@ static const cli_opt plan_opts[] = {
     {"keep", 0, CLI_INT, "K", "64", NULL, "layouts evaluated exactly (memory plan, simulated schedule), fastest estimates first; 0: all", NULL, 0, 1 << 20},
     {"json", 0, CLI_FLAG, NULL, NULL, NULL, "print the ranked candidates and the pruning reasons as JSON", NULL, 0, 0},
     {"timeline", 0, CLI_FLAG, NULL, NULL, NULL, "print the best layout's predicted step breakdown and pipeline timeline", NULL, 0, 0},
+    {"timeline-json", 0, CLI_STRING, "FILE", NULL, "DT_PLAN_TIMELINE_JSON", "simulate the best layout's step (links shared by overlapping collectives) and write its timeline as a Chrome trace (dtrain report --predicted)", NULL, 0, 0},
     {"save-cluster", 0, CLI_STRING, "FILE", NULL, NULL, "write the cluster description used (with --cluster this: the measurement)", NULL, 0, 0},
     {0},
 };
@@ -354,6 +356,33 @@ static int print_json(const dt_plan_request *rq, const dt_cluster *cl, const dt_
     puts(text);
     free(text);
     return 0;
+}
+
+/* The simulated step of l, its timeline written to path (through a
+ * temporary file and a rename). */
+static dt_status write_timeline(const dt_plan_request *rq, const dt_cluster *cl,
+                                const dt_plan_layout *l, const char *path, FILE *say) {
+    DT_CHECK(dt_file_check_replaceable(path));
+    char tmp[4200];
+    snprintf(tmp, sizeof tmp, "%s.tmp.%d", path, (int)getpid());
+    FILE *f = fopen(tmp, "w");
+    if (!f)
+        return dt_error_set_errno(DT_ERR_IO, "--timeline-json: cannot write %s", tmp);
+    dt_plan_sim sim;
+    dt_status st = dt_plan_simulate(rq, cl, l, &sim, f);
+    if (fclose(f) != 0 && st == DT_OK)
+        st = dt_error_set_errno(DT_ERR_IO, "--timeline-json: cannot write %s", tmp);
+    if (st == DT_OK && rename(tmp, path) != 0)
+        st = dt_error_set_errno(DT_ERR_IO, "--timeline-json: cannot rename %s to %s", tmp, path);
+    if (st != DT_OK) {
+        unlink(tmp);
+        return st;
+    }
+    fprintf(say,
+            "simulated: %.4g s/step (analytic %.4g s, %+.1f%%; without link contention %.4g s); "
+            "timeline %s\n",
+            sim.step_s, sim.analytic_s, 100 * (sim.step_s / sim.analytic_s - 1), sim.alone_s, path);
+    return DT_OK;
 }
 
 static int run_search(cli_args *a) {
@@ -414,7 +443,13 @@ static int run_search(cli_args *a) {
     if (st != DT_OK)
         return cli_fail(st);
     int top = (int)cli_int(a, "top");
+    const char *tlj = cli_str(a, "timeline-json");
     if (cli_bool(a, "json")) {
+        if (r.n && tlj && *tlj &&
+            (st = write_timeline(&rq, &cl, &r.ranked[0].layout, tlj, stderr)) != DT_OK) {
+            dt_plan_result_free(&r);
+            return cli_fail(st);
+        }
         int rc = print_json(&rq, &cl, &r, top);
         dt_plan_result_free(&r);
         return rc;
@@ -458,6 +493,8 @@ static int run_search(cli_args *a) {
         printf("\n");
         st = dt_plan_timeline(&rq, &cl, &c->layout, stdout);
     }
+    if (st == DT_OK && r.n && tlj && *tlj)
+        st = write_timeline(&rq, &cl, &r.ranked[0].layout, tlj, stdout);
     int rc = r.n ? 0 : 1;
     dt_plan_result_free(&r);
     return st != DT_OK ? cli_fail(st) : rc;

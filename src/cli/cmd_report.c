@@ -18,6 +18,10 @@ static const cli_opt report_opts[] = {
      0},
     {"compare", 0, CLI_FLAG, NULL, NULL, "DT_REPORT_COMPARE",
      "two run directories on one page, their curves overlaid", NULL, 0, 0},
+    {"predicted", 0, CLI_STRING, "FILE", NULL, "DT_REPORT_PREDICTED",
+     "overlay this predicted step (dtrain plan --timeline-json) on the timeline (default: "
+     "RUN_DIR/trace/predicted.json when it exists)",
+     NULL, 0, 0},
     {"quiet", 'q', CLI_FLAG, NULL, NULL, "DT_REPORT_QUIET", "print only the page's path", NULL, 0,
      0},
     {0},
@@ -35,6 +39,15 @@ static int run_report(cli_args *a) {
         dt_status st = dt_run_load(a->argv[i], &runs[i]);
         if (st != DT_OK) {
             dt_run_destroy(runs[0]);
+            return cli_fail(st);
+        }
+    }
+    const char *pred = cli_str(a, "predicted");
+    if (pred && *pred) {
+        dt_status st = dt_run_load_predicted(runs[0], pred);
+        if (st != DT_OK) {
+            for (int i = 0; i < want; i++)
+                dt_run_destroy(runs[i]);
             return cli_fail(st);
         }
     }
@@ -86,7 +99,8 @@ static int run_report(cli_args *a) {
 const cli_cmd cli_cmd_report = {
     .name = "report",
     .summary = "a run's page: loss, throughput, step breakdown, timeline, roofline, advice",
-    .usage = "dtrain report RUN_DIR [-o FILE] | dtrain report --compare RUN_A RUN_B [-o FILE]",
+    .usage = "dtrain report RUN_DIR [-o FILE] [--predicted FILE] | dtrain report --compare RUN_A "
+             "RUN_B [-o FILE]",
     .description =
         "Reads a run directory of `dtrain train` (metrics.jsonl, summary.json, config.json and,\n"
         "with --trace, trace/) and writes one self-contained HTML page: loss and validation\n"
@@ -97,6 +111,8 @@ const cli_cmd cli_cmd_report = {
         "Example:\n"
         "  dtrain train --data input.txt --nproc 2 --steps 50 --trace --run-dir run\n"
         "  dtrain report run            # run/report.html\n"
+        "  dtrain plan --cluster this --devices 2 --dp 2 ... --timeline-json pred.json\n"
+        "  dtrain report run --predicted pred.json   # the predicted step over the measured one\n"
         "  dtrain report --compare run run-int8 -o compare.html",
     .opts = report_opts,
     .run = run_report,

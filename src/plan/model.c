@@ -5,7 +5,7 @@
  * costs"), the pipeline's timing is its own checker's simulation, and the
  * memory is the trainer's own plan.
  */
-#include "dtrain/plan.h"
+#include "plan_internal.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -81,6 +81,7 @@ typedef struct placement {
     double mem_bw;               /* bytes/s of one rank */
     double memory;               /* bytes one rank may fill */
     dt_link link[DT_AXIS_COUNT]; /* the link each axis's group crosses, per rank */
+    bool across[DT_AXIS_COUNT];  /* ... is the inter-node one */
 } placement;
 
 /* Ranks are placed tp fastest, then cp, dp, pp (the mesh's default
@@ -105,28 +106,46 @@ static void place(const dt_cluster *cl, const dt_plan_layout *l, placement *p) {
         long span = stride * deg[a];
         bool across = cl->nodes != 1 && span > cl->devices_per_node;
         p->link[a] = across ? cl->inter : cl->intra;
+        p->across[a] = across;
         if (across)
             p->link[a].bw = cl->inter.bw / p->ranks_on_node;
         stride = span;
     }
     /* The replica group (ZeRO and DDP's) is dp x cp: it crosses nodes when
      * either does. */
-    if (p->link[DT_AXIS_CP].bw < p->link[DT_AXIS_DP].bw && l->cp > 1)
+    if (p->link[DT_AXIS_CP].bw < p->link[DT_AXIS_DP].bw && l->cp > 1) {
         p->link[DT_AXIS_DP] = p->link[DT_AXIS_CP];
+        p->across[DT_AXIS_DP] = p->across[DT_AXIS_CP];
+    }
 }
 
-/* Alpha-beta time of one call (ring algorithms; docs/planner.md). */
-static double coll_time(const dt_comm_cost *c, int n, const dt_link *k) {
+/* Alpha-beta cost of one call (ring algorithms; docs/planner.md): the
+ * latency terms and the bytes through the link. */
+void dt__plan_coll_parts(const dt_comm_cost *c, int n, const dt_link *k, double *latency,
+                         double *bytes) {
+    *latency = *bytes = 0;
     if (n <= 1)
-        return 0;
+        return;
     double f = (double)(n - 1) / n;
     switch (c->coll) {
-    case DT_COLL_ALLREDUCE: return 2 * f * c->bytes / k->bw + 2 * (n - 1) * k->alpha;
+    case DT_COLL_ALLREDUCE:
+        *bytes = 2 * f * c->bytes;
+        *latency = 2 * (n - 1) * k->alpha;
+        break;
     case DT_COLL_REDUCE_SCATTER:
     case DT_COLL_ALLGATHER:
-    case DT_COLL_ALLTOALL: return f * c->bytes / k->bw + (n - 1) * k->alpha;
-    default: /* point to point */ return c->bytes / k->bw + k->alpha;
+    case DT_COLL_ALLTOALL:
+        *bytes = f * c->bytes;
+        *latency = (n - 1) * k->alpha;
+        break;
+    default: /* point to point */ *bytes = c->bytes; *latency = k->alpha;
     }
+}
+
+static double coll_time(const dt_comm_cost *c, int n, const dt_link *k) {
+    double lat, bytes;
+    dt__plan_coll_parts(c, n, k, &lat, &bytes);
+    return lat + bytes / k->bw;
 }
 
 static int group_size(const dt_plan_layout *l, dt_axis a) {
@@ -224,7 +243,7 @@ static dt_cost_query query_of(const dt_plan_request *rq, const dt_plan_layout *l
 }
 
 static dt_status predict(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
-                         bool exact, dt_plan_candidate *out);
+                         bool exact, dt_plan_candidate *out, dt__plan_step *keep);
 
 static dt_status check_layout(const dt_plan_request *rq, const dt_cluster *cl,
                               const dt_plan_layout *l) {
@@ -277,11 +296,11 @@ dt_status dt_plan_estimate(const dt_plan_request *rq, const dt_cluster *cl, cons
                             dt_format_bytes(states + acts, need, sizeof need),
                             dt_format_bytes(p.memory, have, sizeof have));
     }
-    return predict(rq, cl, l, false, out);
+    return predict(rq, cl, l, false, out, NULL);
 }
 
-dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
-                           dt_plan_candidate *out) {
+static dt_status evaluate(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                          dt_plan_candidate *out, dt__plan_step *keep) {
     memset(out, 0, sizeof *out);
     out->layout = *l;
     dt_status st = check_layout(rq, cl, l);
@@ -296,14 +315,25 @@ dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl, cons
                             dt_format_bytes(out->memory, need, sizeof need),
                             dt_format_bytes(p.memory, have, sizeof have));
     }
-    return predict(rq, cl, l, true, out);
+    return predict(rq, cl, l, true, out, keep);
+}
+
+dt_status dt_plan_evaluate(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
+                           dt_plan_candidate *out) {
+    return evaluate(rq, cl, l, out, NULL);
+}
+
+dt_status dt__plan_step_inputs(const dt_plan_request *rq, const dt_cluster *cl,
+                               const dt_plan_layout *l, dt__plan_step *out) {
+    memset(out, 0, sizeof *out);
+    return evaluate(rq, cl, l, &out->cand, out);
 }
 
 /* The step of l: exact (the trainer's float count, the simulated
  * schedule) or estimated (the formula's float count, the theoretical
  * bubble), for ordering the search. */
 static dt_status predict(const dt_plan_request *rq, const dt_cluster *cl, const dt_plan_layout *l,
-                         bool exact, dt_plan_candidate *out) {
+                         bool exact, dt_plan_candidate *out, dt__plan_step *keep) {
     const dt_gpt_config *m = &rq->model;
     const int devices = rq->devices;
     placement p;
@@ -419,6 +449,26 @@ static dt_status predict(const dt_plan_request *rq, const dt_cluster *cl, const 
     out->tflops_device = 3 * fpt * tok / out->step_s / devices / 1e12;
     out->hw_tflops_device = (l->recompute_every ? 4 : 3) * fpt * tok / out->step_s / devices / 1e12;
     out->mfu = out->tflops_device * 1e12 / (cl->shared_compute ? p.peak : cl->peak[l->precision]);
+    if (keep) {
+        keep->f = pc.f;
+        keep->b = pc.b;
+        keep->w = pc.w;
+        keep->model = model;
+        keep->sync = sync;
+        for (int a = 0; a < DT_AXIS_COUNT; a++) {
+            keep->group[a] = group_size(l, (dt_axis)a);
+            keep->link[a] = p.link[a];
+            keep->across[a] = p.across[a];
+            if (p.across[a])
+                keep->inter_bw = p.link[a].bw;
+            else
+                keep->intra_bw = p.link[a].bw;
+        }
+        if (keep->inter_bw <= 0)
+            keep->inter_bw = cl->inter.bw / p.ranks_on_node;
+        if (keep->intra_bw <= 0)
+            keep->intra_bw = cl->intra.bw;
+    }
     return DT_OK;
 }
 

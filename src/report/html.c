@@ -139,21 +139,41 @@ static json_t *links_json(const dt_run *r) {
     return a;
 }
 
-static json_t *timeline_json(const dt_run *r) {
-    if (!r->traced || r->nevents == 0)
-        return json_null();
-    json_t *th = json_array(), *ev = json_array();
-    for (size_t i = 0; i < r->nthreads; i++)
-        json_array_append_new(th, json_pack("[i, i, o]", r->threads[i].pid, r->threads[i].tid,
-                                            str(r->threads[i].name)));
-    for (size_t i = 0; i < r->nevents; i++) {
-        const run_event *e = &r->events[i];
+static json_t *events_json(const run_event *evs, size_t n) {
+    json_t *ev = json_array();
+    for (size_t i = 0; i < n; i++) {
+        const run_event *e = &evs[i];
         json_array_append_new(ev,
                               json_pack("[i, i, f, f, o, o, i, o]", e->pid, e->tid, e->ts, e->dur,
                                         str(e->name), str(e->cat), e->idx, num(e->bytes)));
     }
-    return json_pack("{s:f, s:f, s:I, s:o, s:o}", "t0", r->win0, "t1", r->win1, "steps",
-                     (json_int_t)r->win_steps, "threads", th, "events", ev);
+    return ev;
+}
+
+static json_t *threads_json(const run_thread *t, size_t n) {
+    json_t *th = json_array();
+    for (size_t i = 0; i < n; i++)
+        json_array_append_new(th, json_pack("[i, i, o]", t[i].pid, t[i].tid, str(t[i].name)));
+    return th;
+}
+
+/* The measured window and, overlaid, the predicted step (dtrain plan). */
+static json_t *timeline_json(const dt_run *r) {
+    bool measured = r->traced && r->nevents > 0;
+    if (!measured && r->npred == 0)
+        return json_null();
+    json_t *o = json_pack("{s:f, s:f, s:I, s:o, s:o}", "t0", measured ? r->win0 : 0.0, "t1",
+                          measured ? r->win1 : r->pred_step_us, "steps",
+                          (json_int_t)(measured ? r->win_steps : 0), "threads",
+                          measured ? threads_json(r->threads, r->nthreads) : json_array(), "events",
+                          measured ? events_json(r->events, r->nevents) : json_array());
+    if (r->npred)
+        json_object_set_new(o, "predicted",
+                            json_pack("{s:f, s:o, s:o, s:o}", "step_us", r->pred_step_us, "layout",
+                                      str(r->pred_layout), "threads",
+                                      threads_json(r->pred_threads, r->npred_threads), "events",
+                                      events_json(r->pred, r->npred)));
+    return o;
 }
 
 static json_t *run_json(const dt_run *r) {

@@ -18,6 +18,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #define MAX_LINE     ((size_t)4 << 20)
 #define WINDOW_STEPS 3
@@ -582,6 +583,100 @@ static dt_status load_trace(dt_run *r) {
     return st;
 }
 
+/* ------------------------------------------------------------------------ */
+/* A predicted step                                                         */
+/* ------------------------------------------------------------------------ */
+
+static dt_status bad_pred(const char *path, const char *what) {
+    return dt_error_set(DT_ERR_INVALID,
+                        "%s: %s: not a predicted timeline (`dtrain plan --timeline-json FILE` "
+                        "writes one)",
+                        path, what);
+}
+
+dt_status dt_run_load_predicted(dt_run *r, const char *path) {
+    if (access(path, F_OK) != 0)
+        return dt_error_set(DT_ERR_NOT_FOUND, "predicted timeline %s: no such file", path);
+    json_error_t err;
+    json_t *doc = json_load_file(path, 0, &err);
+    if (!doc)
+        return dt_error_set(DT_ERR_INVALID, "%s: line %d: %s", path, err.line, err.text);
+    json_t *evs = json_object_get(doc, "traceEvents");
+    json_t *other = json_object_get(doc, "otherData");
+    dt_status st = DT_OK;
+    if (!json_is_array(evs))
+        st = bad_pred(path, "no traceEvents array");
+    else if (!json_is_true(json_object_get(other, "predicted")))
+        st = bad_pred(path, "otherData.predicted is not true");
+    size_t n = st == DT_OK ? json_array_size(evs) : 0;
+    free(r->pred);
+    free(r->pred_threads);
+    r->pred = calloc(n ? n : 1, sizeof *r->pred);
+    r->pred_threads = calloc(n ? n : 1, sizeof *r->pred_threads);
+    r->npred = r->npred_threads = 0;
+    if (st == DT_OK && (!r->pred || !r->pred_threads))
+        st = dt_error_set(DT_ERR_NOMEM, "%s: out of memory", path);
+    double end = 0;
+    for (size_t i = 0; st == DT_OK && i < n; i++) {
+        json_t *e = json_array_get(evs, i);
+        const char *ph = json_string_value(json_object_get(e, "ph"));
+        const char *name = json_string_value(json_object_get(e, "name"));
+        json_t *pid = json_object_get(e, "pid"), *tid = json_object_get(e, "tid");
+        if (!ph || !name || !json_is_integer(pid) || !json_is_integer(tid)) {
+            char what[64];
+            snprintf(what, sizeof what, "event %zu lacks ph, name, pid or tid", i);
+            st = bad_pred(path, what);
+            break;
+        }
+        json_t *args = json_object_get(e, "args");
+        if (!strcmp(ph, "M") && !strcmp(name, "thread_name")) {
+            run_thread *t = &r->pred_threads[r->npred_threads++];
+            t->pid = (int)json_integer_value(pid);
+            t->tid = (int)json_integer_value(tid);
+            const char *tn = json_string_value(json_object_get(args, "name"));
+            snprintf(t->name, sizeof t->name, "%s", tn ? tn : "?");
+            continue;
+        }
+        if (strcmp(ph, "X") != 0)
+            continue;
+        double ts = dt__rj_num(e, "ts"), dur = dt__rj_num(e, "dur");
+        if (!isfinite(ts) || !isfinite(dur) || ts < 0 || dur < 0) {
+            char what[160];
+            snprintf(what, sizeof what, "event %zu (%.40s): ts %g, dur %g", i, name, ts, dur);
+            st = bad_pred(path, what);
+            break;
+        }
+        run_event *v = &r->pred[r->npred++];
+        const char *cat = json_string_value(json_object_get(e, "cat"));
+        snprintf(v->name, sizeof v->name, "%s", name);
+        snprintf(v->cat, sizeof v->cat, "%s", cat ? cat : "?");
+        v->pid = (int)json_integer_value(pid);
+        v->tid = (int)json_integer_value(tid);
+        v->ts = ts;
+        v->dur = dur;
+        double idx = dt__rj_num(args, "index");
+        v->idx = isfinite(idx) && fabs(idx) < 2e9 ? (int)idx : -1;
+        v->bytes = dt__rj_num(args, "bytes");
+        end = fmax(end, ts + dur);
+    }
+    if (st == DT_OK && r->npred == 0)
+        st = bad_pred(path, "no complete (X) events");
+    if (st == DT_OK && r->npred > MAX_EVENTS) { /* the longest ones */
+        qsort(r->pred, r->npred, sizeof *r->pred, cmp_event_dur);
+        r->npred = MAX_EVENTS;
+    }
+    if (st == DT_OK) {
+        r->pred_step_us = end;
+        const char *lay = json_string_value(json_object_get(other, "layout"));
+        snprintf(r->pred_layout, sizeof r->pred_layout, "%s", lay ? lay : "");
+        snprintf(r->pred_path, sizeof r->pred_path, "%s", path);
+    } else {
+        r->npred = r->npred_threads = 0;
+    }
+    json_decref(doc);
+    return st;
+}
+
 dt_status dt_run_load(const char *run_dir, dt_run **out) {
     *out = NULL;
     dt_run *r = calloc(1, sizeof *r);
@@ -613,6 +708,15 @@ dt_status dt_run_load(const char *run_dir, dt_run **out) {
         st = load_machine(r);
     if (st == DT_OK)
         st = load_trace(r);
+    if (st == DT_OK) {
+        char pred[4400];
+        snprintf(pred, sizeof pred, "%s/trace/predicted.json", r->dir);
+        st = dt_run_load_predicted(r, pred);
+        if (st == DT_ERR_NOT_FOUND) {
+            dt_error_clear();
+            st = DT_OK;
+        }
+    }
     if (st != DT_OK) {
         dt_run_destroy(r);
         return st;
@@ -636,6 +740,8 @@ void dt_run_destroy(dt_run *r) {
     free(r->events);
     free(r->threads);
     free(r->links);
+    free(r->pred);
+    free(r->pred_threads);
     free(r);
 }
 
@@ -665,6 +771,15 @@ void dt_run_print_summary(const dt_run *r, FILE *f) {
                 s, worst, 100 * dt__run_bd(r, worst, 0) / s, 100 * dt__run_bd(r, worst, 1) / s,
                 100 * dt__run_bd(r, worst, 3) / s, 100 * dt__run_bd(r, worst, 4) / s,
                 100 * dt__run_bd(r, worst, 5) / s, dt__run_bd(r, worst, 2));
+    }
+    if (r->npred) {
+        double meas = dt__run_step_ms(r);
+        fprintf(f, "predicted:  %.1f ms/step by dtrain plan (%s)", r->pred_step_us / 1e3,
+                r->pred_layout[0] ? r->pred_layout : r->pred_path);
+        if (isfinite(meas) && meas > 0)
+            fprintf(f, "; measured %.1f ms (prediction %+.1f%%)", meas,
+                    100 * (r->pred_step_us / 1e3 / meas - 1));
+        fprintf(f, "\n");
     }
     if (!r->traced)
         fprintf(f, "trace:      none (dtrain train --trace records one: timeline, roofline)\n");

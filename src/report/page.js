@@ -269,39 +269,55 @@
   }
 
   function drawTimeline(div, r) {
-    var tl = r.timeline;
-    if (!tl || !tl.events.length) return empty(div, "no trace (dtrain train --trace)");
+    var tl = r.timeline, pr = tl && tl.predicted;
+    if (!tl || (!tl.events.length && !pr)) return empty(div, "no trace (dtrain train --trace)");
     var lanes = [], laneOf = {};
-    tl.threads.forEach(function (t) { var key = t[0] + ":" + t[1]; if (!(key in laneOf)) { laneOf[key] = lanes.length; lanes.push(t); } });
-    tl.events.forEach(function (e) { var key = e[0] + ":" + e[1]; if (!(key in laneOf)) { laneOf[key] = lanes.length; lanes.push([e[0], e[1], "thread " + e[1]]); } });
+    function addLane(key, t, label) { if (!(key in laneOf)) { laneOf[key] = lanes.length; lanes.push({ key: key, label: label }); } }
+    tl.threads.forEach(function (t) { addLane(t[0] + ":" + t[1], t, "rank " + t[0] + " " + t[2]); });
+    tl.events.forEach(function (e) { addLane(e[0] + ":" + e[1], e, "rank " + e[0] + " thread " + e[1]); });
+    // The predicted step (dtrain plan --timeline-json) starts where the last
+    // measured step starts, on lanes of its own below the measured ones.
+    var evs = tl.events.map(function (e) { var c = e.slice(); c.key = e[0] + ":" + e[1]; return c; });
+    var t0 = tl.t0, t1 = tl.t1, off = tl.t0;
+    if (pr) {
+      tl.events.forEach(function (e) { if (e[5] === "step" && e[0] === 0) off = Math.max(off, e[2]); });
+      pr.threads.forEach(function (t) { addLane("p" + t[0] + ":" + t[1], t, "predicted rank " + t[0] + " " + t[2]); });
+      pr.events.forEach(function (e) {
+        var c = e.slice(); c[2] = e[2] + off; c.key = "p" + e[0] + ":" + e[1]; c.pred = true;
+        addLane(c.key, e, "predicted rank " + e[0] + " thread " + e[1]);
+        evs.push(c);
+      });
+      t1 = Math.max(t1, off + pr.step_us);
+    }
     // depth of nesting per lane: longer events first
-    var evs = tl.events.slice().sort(function (a, b) { return a[2] - b[2] || b[3] - a[3]; });
+    evs.sort(function (a, b) { return a[2] - b[2] || b[3] - a[3]; });
     var maxDepth = {}, stacks = {};
     evs.forEach(function (e) {
-      var key = e[0] + ":" + e[1], st = stacks[key] || (stacks[key] = []);
+      var st = stacks[e.key] || (stacks[e.key] = []);
       while (st.length && st[st.length - 1] <= e[2] + 1e-6) st.pop();
       e.d = st.length;
       st.push(e[2] + e[3]);
-      maxDepth[key] = Math.max(maxDepth[key] || 0, st.length);
+      maxDepth[e.key] = Math.max(maxDepth[e.key] || 0, st.length);
     });
     var rowH = 9, y = 30, laneY = {};
-    lanes.forEach(function (t) { var key = t[0] + ":" + t[1]; laneY[key] = y; y += Math.max(1, maxDepth[key] || 1) * rowH + 10; });
-    var f = frame(div, { width: 1100, height: y + 64, margin: { l: 150, r: 12, t: 26, b: 36 }, label: "timeline" });
-    var sx = scale(0, (tl.t1 - tl.t0) / 1000, f.x0, f.x1);
-    axes(f, sx, { lo: 0, hi: 0, log: false }, "ms (last " + tl.steps + " traced steps, clocks aligned)", null);
-    lanes.forEach(function (t) {
-      var key = t[0] + ":" + t[1];
-      text(f.svg, f.x0 - 6, laneY[key] + 8, "rank " + t[0] + " " + t[2], { "text-anchor": "end", "class": "lbl" });
+    lanes.forEach(function (l) { laneY[l.key] = y; y += Math.max(1, maxDepth[l.key] || 1) * rowH + 10; });
+    var f = frame(div, { width: 1100, height: y + 64, margin: { l: 190, r: 12, t: 26, b: 36 }, label: "timeline" });
+    var sx = scale(0, (t1 - t0) / 1000, f.x0, f.x1);
+    axes(f, sx, { lo: 0, hi: 0, log: false }, "ms (" + (tl.steps ? "last " + tl.steps + " traced steps, clocks aligned" : "one step") +
+         (pr ? "; predicted: " + (pr.step_us / 1000).toFixed(2) + " ms/step, from the last step's start" : "") + ")", null);
+    lanes.forEach(function (l) {
+      text(f.svg, f.x0 - 6, laneY[l.key] + 8, l.label, { "text-anchor": "end", "class": l.key[0] === "p" ? "lbl pred" : "lbl" });
     });
     evs.forEach(function (e) {
-      var key = e[0] + ":" + e[1], x0 = sx(Math.max(0, (e[2] - tl.t0) / 1000)), x1 = sx(Math.min(tl.t1 - tl.t0, e[2] + e[3] - tl.t0) / 1000);
-      var node = el("rect", { x: x0, y: laneY[key] + e.d * rowH, width: Math.max(0.4, x1 - x0), height: rowH - 1,
-                              fill: CAT[e[5]] || "#999" }, f.svg);
-      withTip(node, e[4] + (e[6] >= 0 ? " [" + e[6] + "]" : "") + " (" + e[5] + ")\n" + (e[3] / 1000).toFixed(3) + " ms" +
+      var x0 = sx(Math.max(0, (e[2] - t0) / 1000)), x1 = sx(Math.min(t1 - t0, e[2] + e[3] - t0) / 1000);
+      var attrs = { x: x0, y: laneY[e.key] + e.d * rowH, width: Math.max(0.4, x1 - x0), height: rowH - 1, fill: CAT[e[5]] || "#999" };
+      if (e.pred) { attrs["fill-opacity"] = 0.55; attrs.stroke = "#333"; attrs["stroke-dasharray"] = "2,1"; attrs["class"] = "pred"; }
+      var node = el("rect", attrs, f.svg);
+      withTip(node, (e.pred ? "predicted: " : "") + e[4] + (e[6] >= 0 ? " [" + e[6] + "]" : "") + " (" + e[5] + ")\n" + (e[3] / 1000).toFixed(3) + " ms" +
               (e[7] > 0 ? ", " + bytes(e[7]) : ""));
       f.marks++;
     });
-    legend(f, Object.keys(CAT).filter(function (k) { return tl.events.some(function (e) { return e[5] === k; }); })
+    legend(f, Object.keys(CAT).filter(function (k) { return evs.some(function (e) { return e[5] === k; }); })
       .map(function (k) { return { name: k, color: CAT[k] }; }));
     done(div, f);
   }

@@ -98,6 +98,14 @@ struct dt_run {
     char precision[8];
     run_link *links;
     size_t nlinks;
+    /* A predicted step (dtrain plan --timeline-json), none: npred 0. */
+    run_event *pred;
+    size_t npred;
+    run_thread *pred_threads;
+    size_t npred_threads;
+    double pred_step_us; /* its simulated step */
+    char pred_layout[200];
+    char pred_path[4400];
 };
 
 /* A number of a JSON object, NaN when missing or null. */
