@@ -133,7 +133,8 @@ static void product_out(float *out, const float *P, const float *Q, size_t rows,
 
 static dt_status psgd_encode(dt_compressor *c, const float *x, uint64_t step, uint8_t *p) {
     if (c->prank == 0) {
-        memcpy(p, x, c->n * sizeof(float));
+        if (c->n) /* x may be NULL for an empty tensor */
+            memcpy(p, x, c->n * sizeof(float));
         return DT_OK;
     }
     if (c->rows > INT32_MAX || c->cols > INT32_MAX)
