@@ -742,6 +742,10 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
             held.sm.comm_ms = s.prev_comm_ms;
             DT_CHECK_GOTO(emit(t, d, &held), st, fail);
         }
+        /* What a new membership's rank 0 logs if nobody did: set before
+         * the first collective after the step, which may be where a rank
+         * is found lost. */
+        t->last_sm = sm;
         bool counted = run_steps > 1 || nsteps == 1;
         dt_step_breakdown mine = breakdown_of(&s, sm.step_ms, split ? sm.tp_comm_ms : 0);
         st = dt__breakdown_exchange(t, &mine, s.met, counted, &sm.nranks);
@@ -757,7 +761,6 @@ dt_status dt_train_run(const dt_train_config *c, dt_train_result *res) {
         bool checks = check_every > 0 && t->step % check_every == 0;
         bool saves =
             c->ckpt_dir && ((c->ckpt_every > 0 && t->step % c->ckpt_every == 0) || last || stop);
-        t->last_sm = sm; /* what a new membership's rank 0 logs if nobody did */
         /* A deferred step completes before anything reads every parameter
          * (the same steps on every rank: a collective agrees its norm). */
         if (s.r.late && (evaluates || checks || saves || last || stop))
