@@ -1142,7 +1142,7 @@ typedef struct dt_ps_sync_config {
     const dt_optim_config *optim;
     const dt_optim_tensor *tensors;
     size_t ntensors;
-    size_t bucket_bytes; /* pushes of about this size, inside each shard */
+    size_t bucket_bytes;         /* pushes of about this size, inside each shard */
     const dt_range *norm_ranges; /* as dt_ddp_sync_config; copied */
     size_t nnorm;
     int servers;       /* K in [1, group size] */

@@ -53,13 +53,13 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MB_MAGIC 0x584f424du   /* "MBOX" */
-#define MB_EAGER (64u << 10)   /* default: largest message sent with its envelope */
-#define MB_TAG_ENV 0x4d42      /* transport tags of envelope and payload frames */
-#define MB_TAG_PAY 0x4d43
-#define MB_CHECK_SECONDS 0.05  /* liveness and timeout checks */
-#define MB_CLOSE_SECONDS 10.0  /* at most this long to deliver CLOSE on destroy */
-#define MB_YIELDS 0            /* sched_yield()s after work before sleeping */
+#define MB_MAGIC         0x584f424du /* "MBOX" */
+#define MB_EAGER         (64u << 10) /* default: largest message sent with its envelope */
+#define MB_TAG_ENV       0x4d42      /* transport tags of envelope and payload frames */
+#define MB_TAG_PAY       0x4d43
+#define MB_CHECK_SECONDS 0.05 /* liveness and timeout checks */
+#define MB_CLOSE_SECONDS 10.0 /* at most this long to deliver CLOSE on destroy */
+#define MB_YIELDS        0    /* sched_yield()s after work before sleeping */
 
 enum { MB_EAGER_MSG = 1, MB_RTS, MB_CTS, MB_DATA, MB_CLOSE, MB_KIND_END };
 
@@ -68,7 +68,7 @@ typedef struct mb_env {
     uint8_t kind;   /* MB_* */
     uint8_t dtype;  /* dt_dtype of the message */
     uint16_t zero;
-    int32_t tag;    /* EAGER, RTS: the message's tag (>= 0) */
+    int32_t tag; /* EAGER, RTS: the message's tag (>= 0) */
     int32_t zero2;
     uint64_t count; /* EAGER, RTS, DATA: elements */
     uint64_t bytes; /* EAGER, DATA: the payload that follows; RTS: the one announced */
@@ -84,8 +84,8 @@ struct mb_req {
     dt_work w;
     mb_req *next; /* in at most one list at a time */
     bool is_send;
-    int peer;     /* dest; or source, maybe DT_ANY_SOURCE */
-    int tag;      /* maybe DT_ANY_TAG for a receive */
+    int peer; /* dest; or source, maybe DT_ANY_SOURCE */
+    int tag;  /* maybe DT_ANY_TAG for a receive */
     char *buf;
     size_t count; /* elements: the message's (send), the room (receive) */
     dt_dtype dtype;
@@ -107,12 +107,12 @@ typedef struct mb_unexp {
     int src, tag;
     dt_dtype dtype;
     uint64_t count, bytes;
-    uint64_t id;        /* RTS: the message number to answer */
-    bool rts;           /* only the envelope is here; the payload waits at its sender */
-    char *data;         /* eager: the payload (being received until ready) */
-    bool ready;         /* eager: payload complete */
-    mb_req *self_send;  /* a large send to this rank, waiting for a receive */
-    mb_req *claimed;    /* eager, not ready: the receive that took it */
+    uint64_t id;       /* RTS: the message number to answer */
+    bool rts;          /* only the envelope is here; the payload waits at its sender */
+    char *data;        /* eager: the payload (being received until ready) */
+    bool ready;        /* eager: payload complete */
+    mb_req *self_send; /* a large send to this rank, waiting for a receive */
+    mb_req *claimed;   /* eager, not ready: the receive that took it */
 } mb_unexp;
 
 /* A control frame (CTS, CLOSE) on its way out. */
@@ -125,14 +125,14 @@ typedef struct mb_ctl {
 
 typedef struct mb_peer {
     int rank;
-    bool closed;       /* it sent CLOSE: nothing more comes from it */
-    bool close_sent;   /* we sent CLOSE (destroy) */
+    bool closed;           /* it sent CLOSE: nothing more comes from it */
+    bool close_sent;       /* we sent CLOSE (destroy) */
     uint64_t fsent, frcvd; /* frames numbered per direction (the transport's check) */
-    uint64_t next_id;  /* RTS message numbers */
-    mb_env in;         /* the envelope being received */
+    uint64_t next_id;      /* RTS message numbers */
+    mb_env in;             /* the envelope being received */
     dt__xfer inx;
     bool in_posted;
-    dt__xfer payx;     /* the payload being received, into pay_req or pay_unexp */
+    dt__xfer payx; /* the payload being received, into pay_req or pay_unexp */
     bool pay_posted;
     mb_req *pay_req;
     mb_unexp *pay_unexp;
@@ -144,7 +144,7 @@ struct dt_mailbox {
     dt_group *g; /* the split: its transports are the mailbox's */
     int rank, size;
     uint64_t eager; /* messages up to this many bytes go with their envelope */
-    dt__op svc; /* the descriptor transfers are posted under */
+    dt__op svc;     /* the descriptor transfers are posted under */
     mb_peer *peers;
     /* Handed over by callers (under mu). */
     pthread_mutex_t mu;
@@ -193,8 +193,8 @@ static void describe(const mb_req *r, char *buf, size_t n) {
 static void complete(dt_mailbox *mb, mb_req *r, dt_status st, const char *msg) {
     dt_group *g = mb->g;
     if (st == DT_OK && !r->is_send && r->info)
-        *r->info = (dt_msg_info){.source = r->msg_src, .tag = r->msg_tag,
-                                 .count = (size_t)r->msg_count};
+        *r->info =
+            (dt_msg_info){.source = r->msg_src, .tag = r->msg_tag, .count = (size_t)r->msg_count};
     r->w.status = st;
     if (st != DT_OK)
         snprintf(r->w.err, sizeof r->w.err, "%s", msg);
@@ -264,8 +264,12 @@ static dt_status fits(const dt_mailbox *mb, const mb_req *r, int src, int tag, d
 static dt_status post_frame(dt_mailbox *mb, dt__xfer *x, int peer, bool send, void *buf,
                             uint64_t bytes, int tag) {
     mb_peer *p = &mb->peers[peer];
-    dt__p2p_item it = {.p = {.send = send, .buf = buf, .count = (size_t)bytes, .dtype = DT_U8,
-                             .peer = peer, .tag = tag},
+    dt__p2p_item it = {.p = {.send = send,
+                             .buf = buf,
+                             .count = (size_t)bytes,
+                             .dtype = DT_U8,
+                             .peer = peer,
+                             .tag = tag},
                        .seq = send ? ++p->fsent : ++p->frcvd};
     return dt__post_item(&mb->svc, x, &it);
 }
@@ -541,8 +545,12 @@ static dt_status start_send(dt_mailbox *mb, mb_req *r) {
         mb_unexp *u = calloc(1, sizeof *u);
         if (!u)
             return dt_error_set(DT_ERR_NOMEM, "mailbox: out of memory");
-        *u = (mb_unexp){.src = r->peer, .tag = r->tag, .dtype = r->dtype, .count = r->count,
-                        .bytes = r->bytes, .ready = true};
+        *u = (mb_unexp){.src = r->peer,
+                        .tag = r->tag,
+                        .dtype = r->dtype,
+                        .count = r->count,
+                        .bytes = r->bytes,
+                        .ready = true};
         if (r->bytes <= mb->eager) { /* small: copied aside, the send is done */
             u->data = malloc(r->bytes ? r->bytes : 1);
             if (!u->data) {
@@ -670,8 +678,13 @@ static dt_status on_envelope(dt_mailbox *mb, mb_peer *p) {
     mb_unexp *u = calloc(1, sizeof *u);
     if (!u)
         return dt_error_set(DT_ERR_NOMEM, "mailbox: out of memory");
-    *u = (mb_unexp){.src = p->rank, .tag = e.tag, .dtype = (dt_dtype)e.dtype, .count = e.count,
-                    .bytes = e.bytes, .id = e.id, .rts = e.kind == MB_RTS};
+    *u = (mb_unexp){.src = p->rank,
+                    .tag = e.tag,
+                    .dtype = (dt_dtype)e.dtype,
+                    .count = e.count,
+                    .bytes = e.bytes,
+                    .id = e.id,
+                    .rts = e.kind == MB_RTS};
     if (u->rts || e.bytes == 0) {
         u->ready = true;
         if (!u->rts && !(u->data = malloc(1))) {

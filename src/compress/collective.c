@@ -111,9 +111,9 @@ typedef enum cc_algo {
 #define NF_MAGIC 0x464E5444u /* "DTNF" read as a little-endian u32 */
 #define CE_MAGIC 0x45435444u /* "DTCE": an owner received a corrupt encoding */
 
-static const char *const algo_names[] = {
-    "allreduce", "allreduce16",        "allgather",        "allreduce-k",
-    "powersgd",  "alltoall+allgather", "reduce-scatter16", "alltoall"};
+static const char *const algo_names[] = {"allreduce",        "allreduce16", "allgather",
+                                         "allreduce-k",      "powersgd",    "alltoall+allgather",
+                                         "reduce-scatter16", "alltoall"};
 _Static_assert(sizeof algo_names / sizeof algo_names[0] == CC_PIECES + 1, "one name per algo");
 
 struct dt_callreduce {
@@ -640,8 +640,8 @@ static dt_status run_scatter16(dt_callreduce *c, float *data, uint64_t step, boo
     if (communicates(c) && q > 0)
         DT_CHECK(dt_group_reduce_scatter(c->g, payload, payload, q, t16, DT_SUM));
     if (communicates(c) && tail > 0)
-        DT_CHECK(dt_group_allreduce(c->g, payload + 2 * q * W, payload + 2 * q * W, tail, t16,
-                                    DT_SUM));
+        DT_CHECK(
+            dt_group_allreduce(c->g, payload + 2 * q * W, payload + 2 * q * W, tail, t16, DT_SUM));
     /* Decode the whole payload (the header is ours; every 16-bit pattern
      * is a value), then scale this rank's piece only. */
     DT_CHECK(dt_codec_decode(c->enc, used, c->n, data, DT_DECODE_SET));
@@ -686,8 +686,8 @@ static dt_status run_pieces(dt_callreduce *c, float *data, uint64_t step, bool f
             return DT_OK;
         }
     for (size_t r = 0; r < W; r++) {
-        dt_status st = dt_codec_decode(c->recv + r * E, Ej, len, out,
-                                       r == 0 ? DT_DECODE_SET : DT_DECODE_ADD);
+        dt_status st =
+            dt_codec_decode(c->recv + r * E, Ej, len, out, r == 0 ? DT_DECODE_SET : DT_DECODE_ADD);
         if (st != DT_OK) {
             dt_error_prefix("encoding of piece %zu from rank %zu", me, r);
             return st;

@@ -966,7 +966,9 @@ static void init_tensor(dt_gpt *m, size_t i, uint64_t seed, size_t lo, size_t hi
         }
 }
 
-void dt_gpt_init_params(dt_gpt *m, uint64_t seed) { dt_gpt_init_params_range(m, seed, 0, m->nparams); }
+void dt_gpt_init_params(dt_gpt *m, uint64_t seed) {
+    dt_gpt_init_params_range(m, seed, 0, m->nparams);
+}
 
 void dt_gpt_init_params_range(dt_gpt *m, uint64_t seed, size_t begin, size_t end) {
 #pragma omp parallel for schedule(dynamic, 1)

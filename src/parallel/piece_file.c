@@ -34,7 +34,7 @@
 #define THREADS 2
 #define ALIGN   4096u
 #define CHUNK   ((size_t)4 << 20) /* bytes per pread/pwrite (and per bounce buffer) */
-#define MSG     800             /* an error message: the directory (512) and the cause */
+#define MSG     800               /* an error message: the directory (512) and the cause */
 
 typedef enum { OP_NONE, OP_READ, OP_WRITE } op_kind;
 

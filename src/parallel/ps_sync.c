@@ -68,7 +68,7 @@
 const char *const dt_delay_comp_names[DT_DELAY_COMP_COUNT] = {"none", "seed", "dcasgd"};
 
 /* Tags of the mailbox: buckets use their own index (< TAG_HDR). */
-#define TAG_HDR  (1 << 24) /* worker -> server: {step, lr, clip, 0} */
+#define TAG_HDR  (1 << 24)     /* worker -> server: {step, lr, clip, 0} */
 #define TAG_RHDR (TAG_HDR + 1) /* server -> worker: {clock, 0, tau, 0} */
 #define TAG_RPAR (TAG_HDR + 2) /* server -> worker: the shard */
 #define HDR      4
@@ -98,19 +98,19 @@ typedef struct ps_bucket {
 } ps_bucket;
 
 typedef struct ps_server {
-    size_t begin, len;     /* its shard of the flat buffer */
-    float *w;              /* (len) the parameters */
-    dt_optimizer *opt;     /* over [0, len) of w */
-    float *then;           /* (W x len) dcasgd: what each worker last read */
-    float *grad;           /* (W x len) receive buffers of the pushes */
-    float *rbuf;           /* (W x len) reply buffers */
-    int nb;                /* its buckets */
-    int *bucket;           /* (nb) their indices in ps_sync.bucket */
-    dt_work **brecv;       /* (W x nb) posted bucket receives */
-    dt_work **rsend;       /* (W x 2) reply sends in flight */
-    int64_t (*rhdr)[HDR];  /* (W) reply headers */
-    int64_t (*push)[HDR];  /* (W) a received push header not yet applied */
-    bool *pushed;          /* (W) push[w] is there */
+    size_t begin, len;    /* its shard of the flat buffer */
+    float *w;             /* (len) the parameters */
+    dt_optimizer *opt;    /* over [0, len) of w */
+    float *then;          /* (W x len) dcasgd: what each worker last read */
+    float *grad;          /* (W x len) receive buffers of the pushes */
+    float *rbuf;          /* (W x len) reply buffers */
+    int nb;               /* its buckets */
+    int *bucket;          /* (nb) their indices in ps_sync.bucket */
+    dt_work **brecv;      /* (W x nb) posted bucket receives */
+    dt_work **rsend;      /* (W x 2) reply sends in flight */
+    int64_t (*rhdr)[HDR]; /* (W) reply headers */
+    int64_t (*push)[HDR]; /* (W) a received push header not yet applied */
+    bool *pushed;         /* (W) push[w] is there */
     /* Under mu (the main thread reads them at checkpoints). */
     int64_t *clock;           /* (W) pushes applied: the next step of each worker */
     int64_t *read_at;         /* (W) min(clock) when each worker last read */
@@ -141,17 +141,17 @@ typedef struct ps_sync {
     size_t *shard_begin; /* (K + 1) */
     ps_bucket *bucket;   /* (nbuckets), descending: bucket 0 ends at n */
     int nbuckets;
-    ps_server *srv; /* this rank's server, NULL if rank >= K */
+    ps_server *srv;  /* this rank's server, NULL if rank >= K */
     float *gathered; /* (n) rank 0: the servers' shards for a checkpoint */
     bool restored;   /* set_state gave the server its clocks */
     /* Per step. */
     dt_sync_step step;
     int backwards;
     bool last_backward;
-    int next_bucket;   /* the next bucket to push */
-    dt_work **bsend;   /* (nbuckets) this step's bucket sends */
-    dt_work **hsend;   /* (K) header sends */
-    dt_work **rrecv;   /* (2 K) reply receives */
+    int next_bucket; /* the next bucket to push */
+    dt_work **bsend; /* (nbuckets) this step's bucket sends */
+    dt_work **hsend; /* (K) header sends */
+    dt_work **rrecv; /* (2 K) reply receives */
     int64_t hdr_out[HDR];
     int64_t *hdr_in; /* (K x HDR) replies */
     dt_sync_result done;
@@ -208,8 +208,7 @@ static dt_status server_apply(ps_sync *s, ps_server *v, int w) {
     DT_ASSERT(tau >= 0 && tau <= s->S); /* SSP: never applied staler than S */
     if (clip != 1.0f)
         dt_scale(g, v->len, clip);
-    dt_ps_delay_compensate(s->comp, s->lambda, tau, g, v->w, v->then + (size_t)w * v->len,
-                           v->len);
+    dt_ps_delay_compensate(s->comp, s->lambda, tau, g, v->w, v->then + (size_t)w * v->len, v->len);
     int64_t count = dt_optimizer_count(v->opt);
     dt_optimizer_begin(v->opt, count, lr / (float)s->W);
     dt_status st = dt_optimizer_step(v->opt, v->w, g);
@@ -327,8 +326,8 @@ static void *server_main(void *arg) {
         v->pushed[w] = true;
         pthread_mutex_unlock(&v->mu);
         if (headers_left(s, v) > 0 &&
-            (st = dt_mailbox_irecv(s->mb, hbuf, HDR, DT_I64, DT_ANY_SOURCE, TAG_HDR, &info,
-                                   &hw)) != DT_OK)
+            (st = dt_mailbox_irecv(s->mb, hbuf, HDR, DT_I64, DT_ANY_SOURCE, TAG_HDR, &info, &hw)) !=
+                DT_OK)
             break;
         if ((st = wait_buckets(v, w)) != DT_OK)
             break;
@@ -449,8 +448,8 @@ static dt_status push_ready(ps_sync *s, size_t ready_from) {
         const ps_bucket *b = &s->bucket[s->next_bucket];
         if (!s->t_push)
             s->t_push = dt_now();
-        DT_CHECK(dt_mailbox_isend(s->mb, s->grads + b->begin, b->end - b->begin, DT_F32,
-                                  b->server, s->next_bucket, &s->bsend[s->next_bucket]));
+        DT_CHECK(dt_mailbox_isend(s->mb, s->grads + b->begin, b->end - b->begin, DT_F32, b->server,
+                                  s->next_bucket, &s->bsend[s->next_bucket]));
         if (b->server != s->rank) /* to this rank's own server: a copy, not traffic */
             s->done.bytes_sent += (b->end - b->begin) * sizeof(float);
         s->done.collectives++;
@@ -507,7 +506,7 @@ static dt_status wait_all(dt_work **h, int n, dt_status st) {
 static dt_status ps_apply(dt_grad_sync *base, bool skip, float clip_scale) {
     ps_sync *s = (ps_sync *)base;
     DT_ASSERT(!skip); /* no loss scaling with --dp-mode ps */
-    if (!s->mb) { /* one rank: the run's optimizer, as DDP's */
+    if (!s->mb) {     /* one rank: the run's optimizer, as DDP's */
         if (clip_scale != 1.0f)
             dt_scale(s->grads, s->n, clip_scale);
         return dt_optimizer_step(s->opt, s->params, s->grads);
@@ -560,7 +559,7 @@ static dt_status ps_apply(dt_grad_sync *base, bool skip, float clip_scale) {
     s->max_tau = 0;
     for (int k = 0; k < s->K; k++)
         s->max_tau = s->hdr_in[(size_t)k * HDR + 2] > s->max_tau ? s->hdr_in[(size_t)k * HDR + 2]
-                                                                  : s->max_tau;
+                                                                 : s->max_tau;
     double t1 = dt_now();
     s->done.comm_ms = (t1 - (s->t_push ? s->t_push : t0)) * 1e3;
     s->done.exposed_comm_ms = (t1 - t0) * 1e3;
@@ -944,8 +943,8 @@ static dt_status server_create(ps_sync *s, const dt_ps_sync_config *c, ps_server
     v->tau = dt_calloc(W, sizeof *v->tau);
     v->waiting = dt_calloc(W, sizeof *v->waiting);
     if (!v->w || !v->grad || !v->rbuf || (s->comp == DT_DELAY_COMP_DCASGD && !v->then) ||
-        !v->bucket || !v->brecv || !v->rsend || !v->rhdr || !v->push || !v->pushed ||
-        !v->clock || !v->read_at || !v->tau || !v->waiting)
+        !v->bucket || !v->brecv || !v->rsend || !v->rhdr || !v->push || !v->pushed || !v->clock ||
+        !v->read_at || !v->tau || !v->waiting)
         return dt_error_set(DT_ERR_NOMEM, "parameter server: buffers of %zu x %zu floats", W, len);
     for (int i = 0, j = 0; i < s->nbuckets; i++)
         if (s->bucket[i].server == s->rank)

@@ -124,22 +124,22 @@ typedef struct zero_sync {
     /* Stage 3 (see the file comment). */
     zbucket *zb;
     size_t nb;
-    dt_group *gg;    /* the gathers' group: g, or a split of it (with a codec) */
-    bool own_gg;     /* gg was split here */
+    dt_group *gg; /* the gathers' group: g, or a split of it (with a codec) */
+    bool own_gg;  /* gg was split here */
     dt_precision prec;
     uint16_t *w16;   /* the model's 16-bit copy (from the fetch16 calls) */
     dt_range *exact; /* (nexact) sorted, merged */
     size_t nexact;
-    xseg *xs; /* (nxs) the exact ranges cut by owner, by offset */
-    size_t nxs, xmax; /* ... and the most values any replica owns of them */
-    float *xbuf;      /* (xmax (1 + dp)) the allgather's send and receive */
-    bool xstale;      /* the owners' exact values changed outside a step (a resume) */
-    dt__piece_file *pf; /* offload: NULL in memory */
-    dt_range *pieces;   /* (nb) piece of bucket i (the file's order) */
+    xseg *xs;                     /* (nxs) the exact ranges cut by owner, by offset */
+    size_t nxs, xmax;             /* ... and the most values any replica owns of them */
+    float *xbuf;                  /* (xmax (1 + dp)) the allgather's send and receive */
+    bool xstale;                  /* the owners' exact values changed outside a step (a resume) */
+    dt__piece_file *pf;           /* offload: NULL in memory */
+    dt_range *pieces;             /* (nb) piece of bucket i (the file's order) */
     size_t writing[WRITES_AHEAD]; /* offload: buckets whose write is in flight, oldest first */
     int nwriting;
-    size_t last;    /* offload: where the last unit fetched began (a parameter offset) */
-    int dir;        /* ... and the walk's direction (+1: towards bucket nb - 1, the front) */
+    size_t last; /* offload: where the last unit fetched began (a parameter offset) */
+    int dir;     /* ... and the walk's direction (+1: towards bucket nb - 1, the front) */
     dt_param_hooks hooks;
     /* Per step. */
     dt_sync_step step;
@@ -1081,7 +1081,8 @@ void dt_zero_plan_offload(size_t n, size_t bucket_bytes, int dp, bool direct, si
     dt_free(r);
     /* As read_ahead and write_piece walk: READ_AHEAD bytes of buckets
      * ahead, WRITES_AHEAD writes and the piece being updated. */
-    size_t ahead = bucket ? (READ_AHEAD + bucket * sizeof(float) - 1) / (bucket * sizeof(float)) : 0;
+    size_t ahead =
+        bucket ? (READ_AHEAD + bucket * sizeof(float) - 1) / (bucket * sizeof(float)) : 0;
     size_t pieces = ahead + WRITES_AHEAD + 1;
     *resident = (pieces < nb ? pieces : nb) * piece * sizeof(float) +
                 (direct ? dt__piece_file_buffer_bytes() : 0);

@@ -273,8 +273,8 @@ typedef struct window {
     size_t blocks, lookup, head; /* floats */
 } window;
 
-static window window_of(const dt_train_config *c, const dt_gpt_config *mc,
-                        const dt_gpt_options *o, size_t n) {
+static window window_of(const dt_train_config *c, const dt_gpt_config *mc, const dt_gpt_options *o,
+                        size_t n) {
     part_sizes z = sizes_of(mc, o, n);
     size_t bucket = dt__train_bucket_bytes(c, n) / sizeof(float);
     bool w16 = c->precision != DT_PRECISION_FP32;
@@ -478,8 +478,9 @@ dt_status dt_train_plan_memory(const dt_train_config *c, const dt_gpt_config *mc
 
 void dt_rank_memory_print(const dt_rank_memory *m, FILE *f) {
     char a[32], b[32], c[32], d[32], e[32], t[32], o[32], pf[32], cm[32], ws[32];
-    fprintf(f, "params %s%s%s%s, grads %s, optimizer %s%s%s%s%s%s, activations %s, "
-               "communication %s, workspace %s: %s",
+    fprintf(f,
+            "params %s%s%s%s, grads %s, optimizer %s%s%s%s%s%s, activations %s, "
+            "communication %s, workspace %s: %s",
             dt_format_bytes((double)m->params, a, sizeof a), m->params_file ? " (of " : "",
             m->params_file ? dt_format_bytes((double)m->params_file, pf, sizeof pf) : "",
             m->params_file ? " on disk)" : "", dt_format_bytes((double)m->grads, b, sizeof b),

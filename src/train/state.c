@@ -190,8 +190,8 @@ static dt_status rank_part_make(trainer *t, const shards *sh, rank_part *p, cons
      * (rank 0, in the manifest). */
     /* An optimizer that owns nothing (the parameter server's workers: the
      * servers keep theirs in the sync state) writes no empty sections. */
-    bool writes = (!sl.optim_replicated || t->sync_rank == 0) &&
-                  dt_optimizer_owned_count(t->opt) > 0;
+    bool writes =
+        (!sl.optim_replicated || t->sync_rank == 0) && dt_optimizer_owned_count(t->opt) > 0;
     size_t ns = dt_optimizer_num_states(t->opt);
     DT_ASSERT(ns <= MAX_OPTIM_STATES);
     for (size_t i = 0; writes && i < ns; i++) {
