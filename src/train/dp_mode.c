@@ -81,20 +81,10 @@ dt_status dt__train_make_dp_mode_sync(trainer *t, const dt_ddp_sync_config *ddp)
         /* The servers' optimizers: the run's settings over the model's
          * tensors (the run's own optimizer owns nothing here, see
          * dt__train_owned, unless one rank trains alone). */
-        size_t nt = dt_gpt_num_tensors(t->m);
-        dt_optim_tensor *tens = dt_calloc(nt + 1, sizeof *tens);
+        size_t nt;
+        dt_optim_tensor *tens = dt__train_optim_tensors(t, &nt);
         if (!tens)
             return DT_ERR_NOMEM;
-        for (size_t i = 0; i < nt; i++) {
-            dt_param_info pi;
-            dt_gpt_tensor_info(t->m, i, &pi);
-            bool mat = pi.rows > 1;
-            tens[i] = (dt_optim_tensor){.offset = pi.offset,
-                                        .count = pi.rows * pi.cols,
-                                        .decay = pi.decay,
-                                        .rows = mat ? pi.rows : 0,
-                                        .cols = mat ? pi.cols : 0};
-        }
         dt_optim_config oc = dt__train_optim_config(c, &t->offload);
         dt_ps_sync_config pc = {.group = ddp->group,
                                 .params = ddp->params,

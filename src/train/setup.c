@@ -438,14 +438,11 @@ static void kfac_stats(void *user, size_t offset, const float *x, const float *d
     DT_ASSERT(st == DT_OK);
 }
 
-/* The optimizer over this rank's parameters, tensor by tensor (decay
- * differs between matrices and biases/norms). */
-static dt_status make_optimizer(trainer *t) {
-    const dt_train_config *c = t->c;
+dt_optim_tensor *dt__train_optim_tensors(const trainer *t, size_t *n) {
     size_t nt = dt_gpt_num_tensors(t->m);
-    dt_optim_tensor *tens = dt_calloc(nt ? nt : 1, sizeof *tens);
+    dt_optim_tensor *tens = dt_calloc(nt + 1, sizeof *tens);
     if (!tens)
-        return DT_ERR_NOMEM;
+        return NULL;
     for (size_t i = 0; i < nt; i++) {
         dt_param_info pi;
         dt_gpt_tensor_info(t->m, i, &pi);
@@ -459,6 +456,18 @@ static dt_status make_optimizer(trainer *t) {
                                     .cols = mat ? pi.cols : 0,
                                     .linear = mat && is_block_linear(pi.name)};
     }
+    *n = nt;
+    return tens;
+}
+
+/* The optimizer over this rank's parameters, tensor by tensor (decay
+ * differs between matrices and biases/norms). */
+static dt_status make_optimizer(trainer *t) {
+    const dt_train_config *c = t->c;
+    size_t nt;
+    dt_optim_tensor *tens = dt__train_optim_tensors(t, &nt);
+    if (!tens)
+        return DT_ERR_NOMEM;
     dt_optim_config oc = dt__train_optim_config(c, &t->offload);
     /* Per-tensor statistics (LAMB and LARS trust ratios, Adafactor's
      * factors, centralisation's row means) need the sum over the replicas

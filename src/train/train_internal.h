@@ -183,6 +183,9 @@ dt_status dt__train_owned(const dt_train_config *c, size_t n, int dp, int replic
  * the error that names what is wrong with it. */
 dt_status dt__train_offload(const dt_train_config *c, dt__offload_spec *out);
 /* The optimizer's configuration; its offload_dir points into *off. */
+/* The model's tensors as the optimizer sees them ([*n], freed by the caller;
+ * NULL: out of memory). */
+dt_optim_tensor *dt__train_optim_tensors(const trainer *t, size_t *n);
 dt_optim_config dt__train_optim_config(const dt_train_config *c, const dt__offload_spec *off);
 
 /* setup.c. dt__train_model_group: collective over the world, the ranks
